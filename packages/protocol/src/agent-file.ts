@@ -1,0 +1,77 @@
+import { isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
+import { AgentDefinition } from "./agent.js";
+import { BoxcarError, ErrorCode, type ErrorIssue, formatPath } from "./errors.js";
+
+/** A problem in an agent file, located by line and column (1-based). */
+export interface AgentFileIssue extends ErrorIssue {
+  line: number;
+  column: number;
+}
+
+/** An agent file that cannot be read as an agent definition. */
+export class AgentFileError extends BoxcarError {
+  override readonly name = "AgentFileError";
+  readonly file: string;
+  readonly locations: readonly AgentFileIssue[];
+
+  constructor(file: string, locations: readonly AgentFileIssue[]) {
+    const lines = locations.map((l) => `${file}:${l.line}:${l.column}: ${l.path ? `${l.path}: ` : ""}${l.message}`);
+    super(ErrorCode.invalid, `invalid agent file\n${lines.join("\n")}`, { issues: locations });
+    this.file = file;
+    this.locations = locations;
+  }
+}
+
+/**
+ * Parses one agent definition from YAML text. Errors name the file, line, column and field.
+ * `file` is only used in messages.
+ */
+export function parseAgentFile(text: string, file: string): AgentDefinition {
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true });
+  if (doc.errors.length > 0) {
+    throw new AgentFileError(
+      file,
+      doc.errors.map((e) => {
+        const pos = lineCounter.linePos(e.pos[0]);
+        return { path: "", message: e.message.split("\n")[0] ?? e.message, line: pos.line, column: pos.col };
+      }),
+    );
+  }
+  const value: unknown = doc.toJS();
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new AgentFileError(file, [{ path: "", message: "expected a mapping with name, command and other fields", line: 1, column: 1 }]);
+  }
+  const result = AgentDefinition.safeParse(value);
+  if (result.success) return result.data;
+  throw new AgentFileError(
+    file,
+    result.error.issues.map((issue) => {
+      const offset = locate(doc.contents, issue.path);
+      const pos = lineCounter.linePos(offset);
+      return { path: formatPath(issue.path), message: issue.message, line: pos.line, column: pos.col };
+    }),
+  );
+}
+
+/** Offset of the deepest node on `path` that exists: the key of a bad field, or its parent. */
+function locate(root: unknown, path: readonly PropertyKey[]): number {
+  let node = root as Node | null | undefined;
+  let offset = node?.range?.[0] ?? 0;
+  for (const seg of path) {
+    if (isMap(node)) {
+      const pair = node.items.find((p) => (p.key as { value?: unknown } | null)?.value === seg);
+      if (!pair) break;
+      offset = (pair.key as Node).range?.[0] ?? offset;
+      node = pair.value as Node | null;
+    } else if (isSeq(node) && typeof seg === "number") {
+      const item = node.items[seg] as Node | undefined;
+      if (!item) break;
+      offset = item.range?.[0] ?? offset;
+      node = item;
+    } else {
+      break;
+    }
+  }
+  return offset;
+}

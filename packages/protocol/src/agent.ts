@@ -1,0 +1,72 @@
+import { z } from "zod";
+import { TOKEN_PATTERN } from "./names.js";
+import { durationMs, sizeBytes } from "./units.js";
+
+export const PROTOCOL_VERSION = 1 as const;
+
+const token = (what: string) =>
+  z.string().regex(TOKEN_PATTERN, `${what} must be 1-64 letters, digits, '-' or '_'`);
+
+export const AgentName = token("agent name");
+export const PoolName = token("pool name");
+
+export const SandboxKind = z.enum(["auto", "host", "docker", "e2b"]);
+export type SandboxKind = z.infer<typeof SandboxKind>;
+
+/** `none` (default), `bridge`, or the name of a Docker network. */
+export const NetworkWish = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, "network must be none, bridge or a network name");
+
+export const MAX_TIMEOUT_MS = 7 * 24 * 3_600_000;
+
+export const ResourceLimits = z.strictObject({
+  cpus: z.number().positive().max(256).optional().describe("CPU cores, fractions allowed"),
+  memory: sizeBytes({ min: 4 * 1024 ** 2, max: 1024 ** 4 }).optional().describe('memory limit, e.g. "512Mi"'),
+  pids: z.number().int().min(8).max(1_000_000).optional().describe("maximum number of processes"),
+});
+export type ResourceLimits = z.infer<typeof ResourceLimits>;
+
+export const RuntimeWishes = z.strictObject({
+  sandbox: SandboxKind.default("auto").describe("where the agent runs; auto picks the strongest isolation the worker offers"),
+  image: z.string().min(1).max(512).optional().describe("container image (docker)"),
+  template: z.string().min(1).max(256).optional().describe("sandbox template (e2b)"),
+  network: NetworkWish.default("none"),
+  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).default(600_000).describe('run-time limit, e.g. "10m"'),
+  limits: ResourceLimits.default({}),
+});
+export type RuntimeWishes = z.infer<typeof RuntimeWishes>;
+
+const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name");
+
+export const SecretRef = z.union([
+  EnvName.transform((name) => ({ name, from: name })),
+  z.strictObject({ name: EnvName, from: EnvName.describe("variable in the worker's environment") }),
+]);
+export type SecretRef = z.infer<typeof SecretRef>;
+
+/** A glob relative to the workspace: `*`, `**` and `?` are understood; no `..`, no absolute paths. */
+export const OutputGlob = z
+  .string()
+  .min(1)
+  .max(256)
+  .refine((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a relative path without '..'");
+
+export const AgentDefinition = z.strictObject({
+  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION),
+  name: AgentName,
+  description: z.string().max(1024).optional(),
+  command: z
+    .union([z.string().min(1).transform((s) => ["sh", "-c", s]), z.array(z.string()).min(1)], {
+      error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
+    })
+    .describe("argv, or a string run with sh -c"),
+  pool: PoolName.default("default").describe("work pool whose workers run this agent"),
+  runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }),
+  env: z.record(EnvName, z.string().max(32_768)).default({}),
+  secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
+  outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
+  handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
+});
+/** An agent definition as stored and run (defaults filled, units converted). */
+export type AgentDefinition = z.infer<typeof AgentDefinition>;
+/** An agent definition as written in a file. */
+export type AgentDefinitionInput = z.input<typeof AgentDefinition>;

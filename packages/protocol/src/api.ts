@@ -1,0 +1,45 @@
+import { z } from "zod";
+import { AgentDefinition, AgentName } from "./agent.js";
+import { ErrorInfo } from "./errors.js";
+import { JobRecord, JobState } from "./job.js";
+import { WorkerInfo } from "./worker-info.js";
+
+/** Every API reply is `{ ok: true, data }` or `{ ok: false, error }`. */
+export const ApiReply = z.discriminatedUnion("ok", [
+  z.strictObject({ ok: z.literal(true), data: z.unknown() }),
+  z.strictObject({ ok: z.literal(false), error: ErrorInfo }),
+]);
+export type ApiReply = z.infer<typeof ApiReply>;
+
+export const JobRef = z.strictObject({ id: z.string().min(1).max(128) });
+
+export const SubmitReply = z.strictObject({
+  job: JobRecord,
+  /** True when an earlier job with the same idempotency key was returned. */
+  duplicate: z.boolean(),
+});
+export type SubmitReply = z.infer<typeof SubmitReply>;
+
+export const ListJobsRequest = z.strictObject({
+  state: JobState.optional(),
+  agent: AgentName.optional(),
+  limit: z.number().int().min(1).max(1000).default(50),
+  /** Continue after this job id (ids sort by creation time, newest first). */
+  after: z.string().optional(),
+});
+export type ListJobsRequest = z.input<typeof ListJobsRequest>;
+
+export const ListJobsReply = z.strictObject({
+  jobs: z.array(JobRecord),
+  /** Pass as `after` to get the next page; absent on the last page. */
+  next: z.string().optional(),
+});
+export type ListJobsReply = z.infer<typeof ListJobsReply>;
+
+export const CancelReply = z.strictObject({ job: JobRecord });
+
+export const AgentRef = z.strictObject({ name: AgentName });
+export const ApplyAgentRequest = z.strictObject({ definition: z.unknown() });
+export const ApplyAgentReply = z.strictObject({ agent: AgentDefinition, created: z.boolean() });
+export const ListAgentsReply = z.strictObject({ agents: z.array(AgentDefinition) });
+export const ListWorkersReply = z.strictObject({ workers: z.array(WorkerInfo) });

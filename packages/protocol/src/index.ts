@@ -1,0 +1,72 @@
+export {
+  AgentDefinition,
+  AgentName,
+  MAX_TIMEOUT_MS,
+  NetworkWish,
+  OutputGlob,
+  PoolName,
+  PROTOCOL_VERSION,
+  ResourceLimits,
+  RuntimeWishes,
+  SandboxKind,
+  SecretRef,
+} from "./agent.js";
+export { AgentFileError, parseAgentFile } from "./agent-file.js";
+export {
+  AgentRef,
+  ApiReply,
+  ApplyAgentReply,
+  ApplyAgentRequest,
+  CancelReply,
+  JobRef,
+  ListAgentsReply,
+  ListJobsReply,
+  ListJobsRequest,
+  ListWorkersReply,
+  SubmitReply,
+} from "./api.js";
+export {
+  BoxcarError,
+  decodeMessage,
+  ErrorCode,
+  ErrorInfo,
+  ErrorIssue,
+  formatPath,
+  parseWith,
+  toErrorInfo,
+  ValidationError,
+  zodIssues,
+} from "./errors.js";
+export {
+  BoxcarEvent,
+  JobEvent,
+  JobEventType,
+  SandboxEvent,
+  SandboxEventType,
+  WorkerEvent,
+  WorkerEventType,
+} from "./events.js";
+export {
+  AgentResultFile,
+  Artifact,
+  InputFileRef,
+  isTerminal,
+  JobRecord,
+  JobResult,
+  JobSpec,
+  JobState,
+  MAX_INPUT_FILES,
+  MAX_SPEC_BYTES,
+  SandboxInfo,
+  TERMINAL_STATES,
+  WorkItem,
+  WorkspacePath,
+} from "./job.js";
+export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
+export { WorkerInfo, WorkerState } from "./worker-info.js";
+
+export type { AgentFileIssue } from "./agent-file.js";
+export type { AgentDefinitionInput } from "./agent.js";
+export type { JobSpecInput } from "./job.js";
+export type { EventKind, Names } from "./names.js";

@@ -1,0 +1,110 @@
+import { z } from "zod";
+import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PROTOCOL_VERSION, PoolName } from "./agent.js";
+import { ErrorInfo } from "./errors.js";
+import { durationMs } from "./units.js";
+
+/** The largest job spec accepted inline; files travel through the Object Store (claim-check). */
+export const MAX_SPEC_BYTES = 256 * 1024;
+export const MAX_INPUT_FILES = 256;
+
+/** A path inside the workspace: relative, no `..`, no empty or hidden-control segments. */
+export const WorkspacePath = z
+  .string()
+  .min(1)
+  .max(512)
+  .refine(
+    (p) => !p.startsWith("/") && p.split("/").every((s) => s !== "" && s !== "." && s !== "..") && !p.startsWith(".boxcar/"),
+    "must be a relative path without '.', '..', empty segments or the reserved .boxcar/ folder",
+  );
+
+/** A file the submitter put in the Object Store beforehand; the job carries only the reference. */
+export const InputFileRef = z.strictObject({
+  path: WorkspacePath.describe("where the file appears in the agent's workspace"),
+  object: z.string().min(1).max(1024).describe("name of the object in the artifacts Object Store"),
+});
+export type InputFileRef = z.infer<typeof InputFileRef>;
+
+export const JobSpec = z.strictObject({
+  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION),
+  agent: AgentName,
+  input: z.json().default(null).describe("the job's input, any JSON; the agent reads it from $BOXCAR_INPUT_FILE"),
+  files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]),
+  idempotencyKey: z.string().min(1).max(256).optional().describe("a second submission with the same key returns the first job"),
+  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("overrides the agent's run-time limit"),
+  pool: PoolName.optional().describe("overrides the agent's pool"),
+  labels: z.record(z.string().max(64), z.string().max(256)).default({}),
+});
+/** A job spec after validation (defaults filled, durations in ms). */
+export type JobSpec = z.infer<typeof JobSpec>;
+/** A job spec as a client writes it. */
+export type JobSpecInput = z.input<typeof JobSpec>;
+
+export const JobState = z.enum(["accepted", "queued", "running", "succeeded", "failed", "timed_out", "cancelled", "rejected"]);
+export type JobState = z.infer<typeof JobState>;
+
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(["succeeded", "failed", "timed_out", "cancelled", "rejected"]);
+export const isTerminal = (state: JobState): boolean => TERMINAL_STATES.has(state);
+
+export const Artifact = z.strictObject({
+  path: z.string(),
+  object: z.string(),
+  size: z.number().int().nonnegative(),
+  sha256: z.string(),
+});
+export type Artifact = z.infer<typeof Artifact>;
+
+/** What the agent wrote to $BOXCAR_RESULT_FILE. Every field is optional. */
+export const AgentResultFile = z.looseObject({
+  output: z.json().optional().describe("the job's result, any JSON"),
+  summary: z.string().max(4096).optional().describe("one line for people"),
+  error: z.string().max(4096).optional().describe("set to report failure even with exit code 0"),
+});
+export type AgentResultFile = z.infer<typeof AgentResultFile>;
+
+export const JobResult = z.strictObject({
+  exitCode: z.number().int().nullable(),
+  signal: z.string().nullable(),
+  output: z.json().nullable(),
+  summary: z.string().optional(),
+  durationMs: z.number().nonnegative(),
+});
+export type JobResult = z.infer<typeof JobResult>;
+
+export const SandboxInfo = z.strictObject({
+  kind: z.enum(["host", "docker", "e2b"]),
+  id: z.string(),
+  reason: z.string().describe("why the resolver chose this sandbox"),
+});
+export type SandboxInfo = z.infer<typeof SandboxInfo>;
+
+export const JobRecord = z.strictObject({
+  v: z.literal(PROTOCOL_VERSION),
+  id: z.string(),
+  agent: AgentName,
+  pool: PoolName,
+  state: JobState,
+  spec: JobSpec,
+  attempt: z.number().int().nonnegative(),
+  workerId: z.string().optional(),
+  sandbox: SandboxInfo.optional(),
+  createdAt: z.iso.datetime(),
+  queuedAt: z.iso.datetime().optional(),
+  startedAt: z.iso.datetime().optional(),
+  finishedAt: z.iso.datetime().optional(),
+  cancelRequested: z.boolean().optional(),
+  result: JobResult.optional(),
+  artifacts: z.array(Artifact).default([]),
+  error: ErrorInfo.optional(),
+});
+export type JobRecord = z.infer<typeof JobRecord>;
+
+/** What a worker pulls from `<prefix>.work.<pool>`: everything needed to run, no large data. */
+export const WorkItem = z.strictObject({
+  v: z.literal(PROTOCOL_VERSION),
+  jobId: z.string(),
+  agent: AgentDefinition,
+  input: z.json(),
+  files: z.array(InputFileRef),
+  timeoutMs: z.number().int().positive(),
+});
+export type WorkItem = z.infer<typeof WorkItem>;

@@ -1,0 +1,112 @@
+/**
+ * Every NATS name Boxcar uses, derived from one prefix so several Boxcar systems can share a
+ * NATS account. The default prefix is `boxcar`.
+ */
+
+export const DEFAULT_PREFIX = "boxcar";
+
+/** A subject token: no dots, spaces or wildcards. Job ids, agent names and pools are tokens. */
+export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
+
+export const LogStream = { stdout: "stdout", stderr: "stderr" } as const;
+export type LogStream = (typeof LogStream)[keyof typeof LogStream];
+
+export type EventKind = "job" | "sandbox" | "worker";
+
+export interface Names {
+  readonly prefix: string;
+  readonly streams: {
+    /** Durable intake: `<prefix>.submit.<agent>`, work-queue retention. */
+    readonly submit: string;
+    /** Work items: `<prefix>.work.<pool>`, work-queue retention, one consumer per pool. */
+    readonly work: string;
+    /** Job, sandbox and worker events: `<prefix>.evt.>`, limits retention. */
+    readonly events: string;
+    /** Live agent output: `<prefix>.log.<jobId>.<stdout|stderr>`, size-capped. */
+    readonly logs: string;
+  };
+  readonly buckets: {
+    readonly jobs: string;
+    readonly agents: string;
+    readonly workers: string;
+    readonly idempotency: string;
+    readonly artifacts: string;
+  };
+  /** The durable consumer all dispatchers share on the intake stream. */
+  readonly intakeConsumer: string;
+  /** The durable consumer all workers of `pool` share on the work stream. */
+  poolConsumer(pool: string): string;
+  /** Service name under which dispatchers register with the NATS services API. */
+  readonly serviceName: string;
+  readonly subjects: {
+    submit(agent: string): string;
+    submitAll: string;
+    work(pool: string): string;
+    workAll: string;
+    api(endpoint: ApiEndpoint): string;
+    event(kind: EventKind, id: string, type: string): string;
+    /** All events of one job (job and sandbox kinds). */
+    jobEvents(jobId: string): string;
+    eventsAll: string;
+    log(jobId: string, stream: LogStream): string;
+    jobLogs(jobId: string): string;
+    logsAll: string;
+    cancel(jobId: string): string;
+    cancelAll: string;
+  };
+}
+
+export const ApiEndpoint = {
+  jobsSubmit: "jobs.submit",
+  jobsGet: "jobs.get",
+  jobsList: "jobs.list",
+  jobsCancel: "jobs.cancel",
+  agentsApply: "agents.apply",
+  agentsGet: "agents.get",
+  agentsList: "agents.list",
+  agentsRemove: "agents.remove",
+  workersList: "workers.list",
+} as const;
+export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
+
+export function names(prefix: string = DEFAULT_PREFIX): Names {
+  if (!/^[a-z][a-z0-9_-]{0,31}$/.test(prefix)) {
+    throw new RangeError(`invalid prefix ${JSON.stringify(prefix)}: use lowercase letters, digits, '-' or '_'`);
+  }
+  const upper = prefix.toUpperCase().replaceAll("-", "_");
+  const bucket = prefix.replaceAll("-", "_");
+  return {
+    prefix,
+    streams: {
+      submit: `${upper}_SUBMIT`,
+      work: `${upper}_WORK`,
+      events: `${upper}_EVENTS`,
+      logs: `${upper}_LOGS`,
+    },
+    buckets: {
+      jobs: `${bucket}_jobs`,
+      agents: `${bucket}_agents`,
+      workers: `${bucket}_workers`,
+      idempotency: `${bucket}_idempotency`,
+      artifacts: `${bucket}_artifacts`,
+    },
+    intakeConsumer: "dispatcher",
+    poolConsumer: (pool) => `pool-${pool}`,
+    serviceName: `${prefix}-dispatcher`,
+    subjects: {
+      submit: (agent) => `${prefix}.submit.${agent}`,
+      submitAll: `${prefix}.submit.>`,
+      work: (pool) => `${prefix}.work.${pool}`,
+      workAll: `${prefix}.work.>`,
+      api: (endpoint) => `${prefix}.api.${endpoint}`,
+      event: (kind, id, type) => `${prefix}.evt.${kind}.${id}.${type}`,
+      jobEvents: (jobId) => `${prefix}.evt.*.${jobId}.*`,
+      eventsAll: `${prefix}.evt.>`,
+      log: (jobId, stream) => `${prefix}.log.${jobId}.${stream}`,
+      jobLogs: (jobId) => `${prefix}.log.${jobId}.*`,
+      logsAll: `${prefix}.log.>`,
+      cancel: (jobId) => `${prefix}.ctl.cancel.${jobId}`,
+      cancelAll: `${prefix}.ctl.cancel.*`,
+    },
+  };
+}
