@@ -27,6 +27,8 @@ export const ErrorCode = {
   missingSecret: "missing_secret",
   /** The worker stopped while the job ran and handed it back. */
   workerStopped: "worker_stopped",
+  /** No dispatcher answered, or NATS is unreachable. */
+  unavailable: "unavailable",
   internal: "internal",
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];

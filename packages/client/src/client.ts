@@ -1,0 +1,218 @@
+import { createWriteStream } from "node:fs";
+import { mkdir, open } from "node:fs/promises";
+import { dirname, join, resolve, sep } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import {
+  type AgentDefinition,
+  ApiEndpoint,
+  ApiReply,
+  ApplyAgentReply,
+  BoxcarError,
+  BoxcarEvent,
+  CancelReply,
+  ErrorCode,
+  type InputFileRef,
+  isTerminal,
+  JobRecord,
+  type JobSpecInput,
+  ListAgentsReply,
+  ListJobsReply,
+  type ListJobsRequest,
+  ListWorkersReply,
+  type LogStream,
+  parseWith,
+  SubmitReply,
+  type WorkerInfo,
+} from "@boxcar/protocol";
+import type { JsMsg } from "@nats-io/jetstream";
+import { errors as natsErrors } from "@nats-io/transport-node";
+import type { z } from "zod";
+import { readStream } from "./stream-reader.js";
+import type { Topology } from "./topology.js";
+
+export interface ClientOptions {
+  /** How long to wait for a dispatcher's reply; default 10 s. */
+  requestTimeoutMs?: number;
+}
+
+export interface LogChunk {
+  stream: LogStream;
+  data: Uint8Array;
+}
+
+export interface FollowOptions {
+  follow?: boolean;
+  signal?: AbortSignal;
+}
+
+/** Submits and watches jobs, manages agents, reads results and artifacts. */
+export interface BoxcarClient {
+  submit(spec: JobSpecInput): Promise<{ job: JobRecord; duplicate: boolean }>;
+  /** Puts a local file in the Object Store and returns the reference a job spec carries. */
+  uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef>;
+  getJob(id: string): Promise<JobRecord>;
+  listJobs(request?: ListJobsRequest): Promise<{ jobs: JobRecord[]; next?: string }>;
+  cancelJob(id: string): Promise<JobRecord>;
+  /** Resolves with the job's record once it reaches a final state. */
+  waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord>;
+  /** The job's events in order; with `follow`, until its final event. */
+  events(jobId: string, opts?: FollowOptions): AsyncGenerator<BoxcarEvent>;
+  /** The job's output in order; with `follow`, until the job is final and its output is read. */
+  logs(jobId: string, opts?: FollowOptions): AsyncGenerator<LogChunk>;
+  /** Downloads the job's artifacts under `dir`; returns the paths written. */
+  downloadArtifacts(jobId: string, dir: string): Promise<string[]>;
+  applyAgent(definition: unknown): Promise<{ agent: AgentDefinition; created: boolean }>;
+  getAgent(name: string): Promise<AgentDefinition>;
+  listAgents(): Promise<AgentDefinition[]>;
+  removeAgent(name: string): Promise<void>;
+  listWorkers(): Promise<WorkerInfo[]>;
+}
+
+export function createClient(topology: Topology, opts: ClientOptions = {}): BoxcarClient {
+  return new Client(topology, opts.requestTimeoutMs ?? 10_000);
+}
+
+class Client implements BoxcarClient {
+  constructor(
+    private readonly topology: Topology,
+    private readonly timeoutMs: number,
+  ) {}
+
+  private async request<S extends z.ZodType>(endpoint: ApiEndpoint, body: unknown, schema: S): Promise<z.infer<S>> {
+    const subject = this.topology.names.subjects.api(endpoint);
+    let reply: Uint8Array;
+    try {
+      const msg = await this.topology.nc.request(subject, JSON.stringify(body), { timeout: this.timeoutMs });
+      reply = msg.data;
+    } catch (err) {
+      if (err instanceof natsErrors.NoRespondersError || (err as Error).name === "NoRespondersError") {
+        throw new BoxcarError(ErrorCode.unavailable, `no dispatcher answers on ${subject}: is one running?`, { cause: err });
+      }
+      if (err instanceof natsErrors.TimeoutError) {
+        throw new BoxcarError(ErrorCode.unavailable, `no reply on ${subject} within ${this.timeoutMs} ms`, { cause: err });
+      }
+      throw err;
+    }
+    const parsed = parseWith(ApiReply, JSON.parse(new TextDecoder().decode(reply)), `reply from ${subject}`);
+    if (!parsed.ok) throw BoxcarError.fromInfo(parsed.error);
+    return parseWith(schema, parsed.data, `reply from ${subject}`);
+  }
+
+  submit(spec: JobSpecInput) {
+    return this.request(ApiEndpoint.jobsSubmit, spec, SubmitReply);
+  }
+
+  async uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef> {
+    const file = await open(localPath);
+    try {
+      const object = `inputs/${crypto.randomUUID()}/${workspacePath}`;
+      const body = Readable.toWeb(file.createReadStream()) as ReadableStream<Uint8Array>;
+      await this.topology.artifacts.put({ name: object }, body);
+      return { path: workspacePath, object };
+    } finally {
+      await file.close();
+    }
+  }
+
+  async getJob(id: string) {
+    return (await this.request(ApiEndpoint.jobsGet, { id }, SubmitReply.pick({ job: true }))).job;
+  }
+
+  listJobs(request: ListJobsRequest = {}) {
+    return this.request(ApiEndpoint.jobsList, request, ListJobsReply);
+  }
+
+  async cancelJob(id: string) {
+    return (await this.request(ApiEndpoint.jobsCancel, { id }, CancelReply)).job;
+  }
+
+  async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
+    const watch = await this.topology.jobs.watch({ key: id });
+    const onAbort = () => watch.stop();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      for await (const entry of watch) {
+        if (entry.operation !== "PUT") continue;
+        const record = parseWith(JobRecord, entry.json(), `job record ${id}`);
+        if (isTerminal(record.state)) return record;
+      }
+      throw new BoxcarError(ErrorCode.cancelled, `stopped waiting for job ${id}`);
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      watch.stop();
+    }
+  }
+
+  async *events(jobId: string, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+    const { names } = this.topology;
+    for await (const msg of readStream(this.topology, names.streams.events, names.subjects.jobEvents(jobId), opts)) {
+      const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
+      yield event;
+      if (opts.follow && event.kind === "job" && isTerminal(event.state)) return;
+    }
+  }
+
+  async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
+    const { names } = this.topology;
+    const filter = names.subjects.jobLogs(jobId);
+    const toChunk = (msg: JsMsg): LogChunk => ({ stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream, data: msg.data });
+    let lastSeq = 0;
+    if (opts.follow) {
+      // The worker stores all output before it writes the final record: once the job is final,
+      // stop following and read what is left up to the end of the stream.
+      const final = new AbortController();
+      const signal = opts.signal ? AbortSignal.any([opts.signal, final.signal]) : final.signal;
+      this.waitForJob(jobId, signal).then(
+        () => final.abort(),
+        () => {},
+      );
+      for await (const msg of readStream(this.topology, names.streams.logs, filter, { follow: true, signal })) {
+        lastSeq = msg.seq;
+        yield toChunk(msg);
+      }
+      final.abort();
+      if (opts.signal?.aborted) return;
+    }
+    for await (const msg of readStream(this.topology, names.streams.logs, filter, { startSeq: lastSeq + 1 })) {
+      yield toChunk(msg);
+    }
+  }
+
+  async downloadArtifacts(jobId: string, dir: string): Promise<string[]> {
+    const job = await this.getJob(jobId);
+    const root = resolve(dir);
+    const written: string[] = [];
+    for (const artifact of job.artifacts) {
+      const target = resolve(join(root, artifact.path));
+      if (!target.startsWith(root + sep)) throw new BoxcarError(ErrorCode.invalid, `artifact path escapes ${dir}: ${artifact.path}`);
+      const result = await this.topology.artifacts.get(artifact.object);
+      if (!result) throw new BoxcarError(ErrorCode.notFound, `artifact ${artifact.path} of job ${jobId} is missing from the Object Store`);
+      await mkdir(dirname(target), { recursive: true });
+      await pipeline(Readable.fromWeb(result.data as import("node:stream/web").ReadableStream), createWriteStream(target));
+      if (await result.error) throw new BoxcarError(ErrorCode.internal, `artifact ${artifact.path} arrived incomplete`);
+      written.push(target);
+    }
+    return written;
+  }
+
+  applyAgent(definition: unknown) {
+    return this.request(ApiEndpoint.agentsApply, { definition }, ApplyAgentReply);
+  }
+
+  async getAgent(name: string) {
+    return (await this.request(ApiEndpoint.agentsGet, { name }, ApplyAgentReply.pick({ agent: true }))).agent;
+  }
+
+  async listAgents() {
+    return (await this.request(ApiEndpoint.agentsList, {}, ListAgentsReply)).agents;
+  }
+
+  async removeAgent(name: string) {
+    await this.request(ApiEndpoint.agentsRemove, { name }, ApplyAgentReply.pick({ agent: true }));
+  }
+
+  async listWorkers() {
+    return (await this.request(ApiEndpoint.workersList, {}, ListWorkersReply)).workers;
+  }
+}

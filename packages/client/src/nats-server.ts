@@ -1,0 +1,136 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { connect, createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { delimiter, join } from "node:path";
+import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+
+export interface NatsServerOptions {
+  /** TCP port for clients; default: a free port. */
+  port?: number;
+  /** Where JetStream keeps its data; default: a new temporary folder, removed on stop. */
+  storeDir?: string;
+  /** The nats-server binary; default: `$BOXCAR_NATS_SERVER`, then `.boxcar/tools/bin`, then PATH. */
+  binary?: string;
+  /** Extra lines for the server's config file (e.g. a cluster block). */
+  extraConfig?: string;
+  serverName?: string;
+}
+
+/** A nats-server child process with JetStream enabled. */
+export interface NatsServer extends AsyncDisposable {
+  readonly url: string;
+  readonly port: number;
+  readonly storeDir: string;
+  readonly pid: number;
+  /** Stops the server (SIGTERM, then SIGKILL after 5 s). Safe to call twice. */
+  stop(): Promise<void>;
+  /** Kills the server at once, as a crash would, keeping its store. */
+  kill(): Promise<void>;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const address = srv.address();
+      srv.close(() => (typeof address === "object" && address ? resolvePort(address.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+/** Finds a nats-server binary: the option, `$BOXCAR_NATS_SERVER`, the repo's tools folder, then PATH. */
+export function findNatsServer(binary?: string, env: NodeJS.ProcessEnv = process.env): string {
+  const candidates = [binary, env.BOXCAR_NATS_SERVER, join(process.cwd(), ".boxcar", "tools", "bin", "nats-server"), repoTool()];
+  for (const c of candidates) if (c && existsSync(c)) return c;
+  for (const dir of (env.PATH ?? "").split(delimiter)) {
+    const p = join(dir, "nats-server");
+    if (dir && existsSync(p)) return p;
+  }
+  throw new BoxcarError(
+    ErrorCode.unavailable,
+    "no nats-server found: run scripts/install-nats-server.sh, put nats-server >= 2.10 on PATH, or set BOXCAR_NATS_SERVER",
+  );
+}
+
+/** `.boxcar/tools/bin/nats-server` at the root of the Boxcar checkout this file lives in. */
+function repoTool(): string {
+  return new URL("../../../.boxcar/tools/bin/nats-server", import.meta.url).pathname;
+}
+
+/** Starts a nats-server with JetStream and waits until it accepts connections. */
+export async function startNatsServer(opts: NatsServerOptions = {}): Promise<NatsServer> {
+  const binary = findNatsServer(opts.binary);
+  const port = opts.port ?? (await freePort());
+  const ownStore = opts.storeDir === undefined;
+  const storeDir = opts.storeDir ?? (await mkdtemp(join(tmpdir(), "boxcar-nats-")));
+  await mkdir(storeDir, { recursive: true });
+  const configFile = join(storeDir, "nats-server.conf");
+  await writeFile(
+    configFile,
+    [
+      `listen: "127.0.0.1:${port}"`,
+      `server_name: ${JSON.stringify(opts.serverName ?? `boxcar-${port}`)}`,
+      `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))} }`,
+      "max_payload: 1MB",
+      opts.extraConfig ?? "",
+    ].join("\n"),
+  );
+  const child = spawn(binary, ["-c", configFile], { stdio: ["ignore", "ignore", "pipe"] });
+  let stderr = "";
+  child.stderr?.setEncoding("utf8").on("data", (d: string) => {
+    stderr = (stderr + d).slice(-8192);
+  });
+  const url = `nats://127.0.0.1:${port}`;
+  await waitReady(child, port, () => stderr);
+
+  let stopped: Promise<void> | undefined;
+  const stopWith = (signal: NodeJS.Signals, removeStore: boolean) =>
+    (stopped ??= (async () => {
+      await terminate(child, signal);
+      if (removeStore && ownStore) await rm(storeDir, { recursive: true, force: true });
+    })());
+  return {
+    url,
+    port,
+    storeDir,
+    pid: child.pid ?? -1,
+    stop: () => stopWith("SIGTERM", true),
+    kill: () => stopWith("SIGKILL", false),
+    [Symbol.asyncDispose]: () => stopWith("SIGTERM", true),
+  };
+}
+
+async function waitReady(child: ChildProcess, port: number, stderr: () => string): Promise<void> {
+  const deadline = Date.now() + 15_000;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`nats-server exited with ${child.exitCode}: ${stderr()}`);
+    if (await canConnect(port)) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  child.kill("SIGKILL");
+  throw new Error(`nats-server did not listen on ${port} within 15 s: ${stderr()}`);
+}
+
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolveConn) => {
+    const socket = connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolveConn(true);
+    });
+    socket.once("error", () => resolveConn(false));
+  });
+}
+
+async function terminate(child: ChildProcess, signal: NodeJS.Signals): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((r) => child.once("exit", () => r()));
+  child.kill(signal);
+  const timer = setTimeout(() => child.kill("SIGKILL"), 5_000);
+  await exited;
+  clearTimeout(timer);
+}

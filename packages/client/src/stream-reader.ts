@@ -1,0 +1,42 @@
+import { DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
+import type { Topology } from "./topology.js";
+
+export interface ReadStreamOptions {
+  /** Keep reading new messages as they arrive, until `until` says stop or `signal` aborts. */
+  follow?: boolean;
+  signal?: AbortSignal;
+  /** Start at this stream sequence instead of the first message. */
+  startSeq?: number;
+}
+
+/**
+ * Reads the messages of one stream that match `filter`, oldest first, through an ordered
+ * consumer. Without `follow` it ends at the last stored message.
+ */
+export async function* readStream(
+  topology: Topology,
+  stream: string,
+  filter: string,
+  opts: ReadStreamOptions = {},
+): AsyncGenerator<JsMsg> {
+  const consumer = await topology.js.consumers.get(stream, {
+    filter_subjects: filter,
+    ...(opts.startSeq ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: opts.startSeq } : { deliver_policy: DeliverPolicy.All }),
+  });
+  if (!opts.follow) {
+    const info = await consumer.info();
+    if (info.num_pending === 0) return;
+  }
+  const messages = await consumer.consume({ max_messages: 256 });
+  const onAbort = () => void messages.stop();
+  opts.signal?.addEventListener("abort", onAbort, { once: true });
+  try {
+    for await (const msg of messages) {
+      yield msg;
+      if (!opts.follow && msg.info.pending === 0) break;
+    }
+  } finally {
+    opts.signal?.removeEventListener("abort", onAbort);
+    await messages.close().catch(() => {});
+  }
+}

@@ -1,0 +1,176 @@
+import { type Names, names as namesFor } from "@boxcar/protocol";
+import {
+  AckPolicy,
+  type JetStreamClient,
+  type JetStreamManager,
+  jetstream,
+  jetstreamManager,
+  JetStreamApiError,
+  RetentionPolicy,
+  StorageType,
+  type StreamConfig,
+} from "@nats-io/jetstream";
+import { type KV, Kvm } from "@nats-io/kv";
+import { type ObjectStore, Objm } from "@nats-io/obj";
+import type { NatsConnection } from "@nats-io/transport-node";
+
+export interface TopologyOptions {
+  /** Subject and bucket prefix; default `boxcar`. */
+  prefix?: string;
+  /** Replicas of every stream, bucket and object store; default 1 (use 3 on a cluster). */
+  replicas?: number;
+  /** How long a worker may stay silent on a job before JetStream redelivers it; default 30 s. */
+  ackWaitMs?: number;
+  /** How long an idempotency key is remembered; default 24 h. */
+  idempotencyWindowMs?: number;
+  /** How long a worker's presence entry lives without a heartbeat; default 30 s. */
+  workerTtlMs?: number;
+}
+
+export interface ResolvedTopologyOptions {
+  prefix: string;
+  replicas: number;
+  ackWaitMs: number;
+  idempotencyWindowMs: number;
+  workerTtlMs: number;
+}
+
+export function resolveTopologyOptions(opts: TopologyOptions = {}): ResolvedTopologyOptions {
+  const resolved = {
+    prefix: opts.prefix ?? "boxcar",
+    replicas: opts.replicas ?? 1,
+    ackWaitMs: opts.ackWaitMs ?? 30_000,
+    idempotencyWindowMs: opts.idempotencyWindowMs ?? 24 * 3_600_000,
+    workerTtlMs: opts.workerTtlMs ?? 30_000,
+  };
+  if (![1, 3, 5].includes(resolved.replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${resolved.replicas}`);
+  if (resolved.ackWaitMs < 1_000) throw new RangeError(`ackWaitMs must be at least 1000, got ${resolved.ackWaitMs}`);
+  return resolved;
+}
+
+/** Handles on every stream, bucket and store of one Boxcar system. */
+export interface Topology {
+  readonly names: Names;
+  readonly options: ResolvedTopologyOptions;
+  readonly nc: NatsConnection;
+  readonly js: JetStreamClient;
+  readonly jsm: JetStreamManager;
+  readonly jobs: KV;
+  readonly agents: KV;
+  readonly workers: KV;
+  readonly idempotency: KV;
+  readonly artifacts: ObjectStore;
+  /** Creates the durable consumer of a pool's work if it does not exist yet. */
+  ensurePoolConsumer(pool: string): Promise<void>;
+}
+
+const MiB = 1024 * 1024;
+const DAY_NS = 24 * 3_600 * 1e9;
+const nanos = (ms: number): number => ms * 1_000_000;
+
+/**
+ * Opens (creating where missing) the streams, KV buckets and Object Store of a Boxcar system.
+ * Safe to call from many processes at once.
+ */
+export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {}): Promise<Topology> {
+  const options = resolveTopologyOptions(opts);
+  const names = namesFor(options.prefix);
+  const jsm = await jetstreamManager(nc);
+  const js = jetstream(nc);
+  const num_replicas = options.replicas;
+
+  const streams: (Partial<StreamConfig> & { name: string })[] = [
+    {
+      name: names.streams.submit,
+      subjects: [names.subjects.submitAll],
+      retention: RetentionPolicy.Workqueue,
+      max_msg_size: MiB,
+      duplicate_window: nanos(120_000),
+    },
+    {
+      name: names.streams.work,
+      subjects: [names.subjects.workAll],
+      retention: RetentionPolicy.Workqueue,
+      max_msg_size: MiB,
+      duplicate_window: nanos(120_000),
+    },
+    {
+      name: names.streams.events,
+      subjects: [names.subjects.eventsAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 7 * DAY_NS,
+      max_bytes: 1024 * MiB,
+    },
+    {
+      name: names.streams.logs,
+      subjects: [names.subjects.logsAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 7 * DAY_NS,
+      max_bytes: 512 * MiB,
+      max_msg_size: MiB,
+    },
+  ];
+  for (const config of streams) {
+    await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
+  }
+
+  const kvm = new Kvm(js);
+  const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
+    kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}) });
+  const [jobs, agents, workers, idempotency] = await Promise.all([
+    kv(names.buckets.jobs, { history: 5 }),
+    kv(names.buckets.agents, { history: 5 }),
+    kv(names.buckets.workers, { ttl: options.workerTtlMs }),
+    kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
+  ]);
+  const artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
+
+  const ensuredPools = new Set<string>();
+  return {
+    names,
+    options,
+    nc,
+    js,
+    jsm,
+    jobs,
+    agents,
+    workers,
+    idempotency,
+    artifacts,
+    async ensurePoolConsumer(pool) {
+      if (ensuredPools.has(pool)) return;
+      const durable = names.poolConsumer(pool);
+      try {
+        await jsm.consumers.info(names.streams.work, durable);
+      } catch (err) {
+        if (!isNotFound(err)) throw err;
+        await jsm.consumers.add(names.streams.work, {
+          durable_name: durable,
+          filter_subject: names.subjects.work(pool),
+          ack_policy: AckPolicy.Explicit,
+          ack_wait: nanos(options.ackWaitMs),
+          max_ack_pending: 10_000,
+        });
+      }
+      ensuredPools.add(pool);
+    },
+  };
+}
+
+async function ensureStream(jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }): Promise<void> {
+  try {
+    await jsm.streams.info(config.name);
+  } catch (err) {
+    if (!isNotFound(err)) throw err;
+    try {
+      await jsm.streams.add(config);
+    } catch (addErr) {
+      // Another process created it between our info and add.
+      if (!(addErr instanceof JetStreamApiError && addErr.code === 10058)) throw addErr;
+    }
+  }
+}
+
+export function isNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && (err.status === 404 || err.code === 10014 || err.code === 10059);
+}
