@@ -83,7 +83,8 @@ export const JobRecord = z.strictObject({
   agent: AgentName,
   pool: PoolName,
   state: JobState,
-  spec: JobSpec,
+  /** Absent only on a `rejected` submission whose spec did not validate. */
+  spec: JobSpec.optional(),
   attempt: z.number().int().nonnegative(),
   workerId: z.string().optional(),
   sandbox: SandboxInfo.optional(),

@@ -1,0 +1,17 @@
+#!/usr/bin/env node
+import { main } from "../main.js";
+
+const controller = new AbortController();
+let signals = 0;
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    signals += 1;
+    if (signals > 1) process.exit(130); // a second Ctrl-C: stop waiting for a clean shutdown
+    controller.abort();
+  });
+}
+
+const code = await main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, env: process.env, signal: controller.signal });
+process.exitCode = code;
+// Anything still holding the event loop (a stray timer, a socket) must not keep a finished CLI alive.
+setTimeout(() => process.exit(code), 2_000).unref();

@@ -1,0 +1,70 @@
+import { readFile } from "node:fs/promises";
+import { parseAgentFile } from "@boxcar/protocol";
+import type { Command } from "../command.js";
+import { ExitCode } from "../exit-codes.js";
+import { json, table } from "../output.js";
+import { UsageError } from "../usage-error.js";
+
+const usage = "boxcar agent apply -f FILE... | ls | get NAME | rm NAME";
+
+/** Reads and validates an agent file; errors name the file, line and field. */
+export async function readAgentFile(file: string) {
+  let text: string;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (err) {
+    throw new UsageError(`cannot read agent file ${file}: ${(err as Error).message}`);
+  }
+  return parseAgentFile(text, file);
+}
+
+export const agent: Command = {
+  name: "agent",
+  usage,
+  summary: "apply, list, show or remove agent definitions",
+  options: { file: { type: "string", short: "f", multiple: true, default: [] } },
+  async run(ctx) {
+    const [verb, ...args] = ctx.positionals;
+    const files = ctx.values.file as string[];
+    switch (verb) {
+      case "apply": {
+        if (files.length === 0 || args.length > 0) throw new UsageError(`agent apply needs -f FILE\n\nusage: ${usage}`);
+        const definitions = await Promise.all(files.map(readAgentFile)); // all files valid before any is applied
+        await using session = await ctx.session("boxcar-agent");
+        for (const definition of definitions) {
+          const { agent, created } = await session.client.applyAgent(definition);
+          ctx.print(ctx.values.json ? JSON.stringify({ agent: agent.name, created }) : `agent ${agent.name} ${created ? "created" : "updated"}`);
+        }
+        return ExitCode.ok;
+      }
+      case "ls": {
+        await using session = await ctx.session("boxcar-agent");
+        const agents = await session.client.listAgents();
+        if (ctx.values.json) ctx.print(json(agents));
+        else
+          ctx.print(
+            table(
+              ["NAME", "POOL", "SANDBOX", "TIMEOUT", "COMMAND"],
+              agents.map((a) => [a.name, a.pool, a.runtime.sandbox, `${a.runtime.timeout / 1000}s`, a.command.join(" ").slice(0, 60)]),
+            ),
+          );
+        return ExitCode.ok;
+      }
+      case "get":
+      case "rm": {
+        const [name, ...rest] = args;
+        if (!name || rest.length > 0) throw new UsageError(`agent ${verb} needs one NAME\n\nusage: ${usage}`);
+        await using session = await ctx.session("boxcar-agent");
+        if (verb === "get") {
+          ctx.print(json(await session.client.getAgent(name)));
+        } else {
+          await session.client.removeAgent(name);
+          ctx.print(ctx.values.json ? JSON.stringify({ removed: name }) : `agent ${name} removed`);
+        }
+        return ExitCode.ok;
+      }
+      default:
+        throw new UsageError(`${verb ? `unknown agent command ${verb}` : "missing agent command"}\n\nusage: ${usage}`);
+    }
+  },
+};

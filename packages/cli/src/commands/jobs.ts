@@ -1,0 +1,217 @@
+import { basename, resolve } from "node:path";
+import type { BoxcarClient } from "@boxcar/client";
+import { type InputFileRef, isTerminal, type JobRecord, JobState } from "@boxcar/protocol";
+import type { Command, Values } from "../command.js";
+import type { CommandContext } from "../context.js";
+import { ExitCode } from "../exit-codes.js";
+import { ago, describeEvent, describeJob, json, table } from "../output.js";
+import { UsageError } from "../usage-error.js";
+
+const exitFor = (job: JobRecord): number => (job.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
+
+function one(ctx: CommandContext<Values>, what: string, usage: string): string {
+  const [value, ...rest] = ctx.positionals;
+  if (!value || rest.length > 0) throw new UsageError(`expected one ${what}\n\nusage: ${usage}`);
+  return value;
+}
+
+function parseInput(values: Values): unknown {
+  const input = values.input as string | undefined;
+  const prompt = values.prompt as string | undefined;
+  if (input !== undefined && prompt !== undefined) throw new UsageError("give --input or --prompt, not both");
+  if (prompt !== undefined) return { prompt };
+  if (input === undefined) return null;
+  try {
+    return JSON.parse(input);
+  } catch (err) {
+    throw new UsageError(`--input is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+/** `--file PATH` puts PATH's file at its base name in the workspace; `--file DEST=PATH` at DEST. */
+async function uploadFiles(client: BoxcarClient, specs: string[]): Promise<InputFileRef[]> {
+  const refs: InputFileRef[] = [];
+  for (const spec of specs) {
+    const eq = spec.indexOf("=");
+    const [dest, local] = eq > 0 ? [spec.slice(0, eq), spec.slice(eq + 1)] : [basename(spec), spec];
+    try {
+      refs.push(await client.uploadInput(resolve(local), dest));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") throw new UsageError(`--file ${spec}: no such file ${local}`);
+      throw err;
+    }
+  }
+  return refs;
+}
+
+/** Streams a job's events and output to the terminal until it ends; returns the final record. */
+async function follow(ctx: CommandContext<Values>, client: BoxcarClient, jobId: string): Promise<JobRecord> {
+  const events = (async () => {
+    for await (const event of client.events(jobId, { follow: true, signal: ctx.io.signal })) {
+      ctx.io.stderr.write(`${ctx.values.json ? JSON.stringify(event) : describeEvent(event)}\n`);
+    }
+  })();
+  const logs = (async () => {
+    for await (const chunk of client.logs(jobId, { follow: true, signal: ctx.io.signal })) {
+      (chunk.stream === "stdout" ? ctx.io.stdout : ctx.io.stderr).write(chunk.data);
+    }
+  })();
+  await Promise.all([events, logs]);
+  return client.getJob(jobId);
+}
+
+export const submit: Command = {
+  name: "submit",
+  usage: "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--pool POOL]",
+  summary: "submit a job to an agent",
+  options: {
+    input: { type: "string" },
+    prompt: { type: "string" },
+    file: { type: "string", multiple: true, default: [] },
+    wait: { type: "boolean", default: false },
+    follow: { type: "boolean", short: "f", default: false },
+    "idempotency-key": { type: "string" },
+    timeout: { type: "string" },
+    pool: { type: "string" },
+  },
+  async run(ctx) {
+    const agent = one(ctx, "AGENT", this.usage);
+    const input = parseInput(ctx.values);
+    await using session = await ctx.session("boxcar-submit");
+    const { client } = session;
+    const files = await uploadFiles(client, ctx.values.file as string[]);
+    const { job, duplicate } = await client.submit({
+      agent,
+      input: input as never,
+      files,
+      ...(ctx.values["idempotency-key"] ? { idempotencyKey: ctx.values["idempotency-key"] as string } : {}),
+      ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
+      ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
+    });
+    if (!ctx.values.wait && !ctx.values.follow) {
+      ctx.print(ctx.values.json ? json({ job, duplicate }) : `${job.id}${duplicate ? " (existing job for this idempotency key)" : ""}`);
+      return ExitCode.ok;
+    }
+    if (!ctx.values.json) ctx.io.stderr.write(`submitted ${job.id}${duplicate ? " (existing job for this idempotency key)" : ""}\n`);
+    const final = ctx.values.follow ? await follow(ctx, client, job.id) : await client.waitForJob(job.id, ctx.io.signal);
+    ctx.print(ctx.values.json ? json(final) : `\n${describeJob(final)}`);
+    return exitFor(final);
+  },
+};
+
+export const status: Command = {
+  name: "status",
+  usage: "boxcar status JOB [--wait]",
+  summary: "show a job's state and result",
+  options: { wait: { type: "boolean", default: false } },
+  async run(ctx) {
+    const id = one(ctx, "JOB", this.usage);
+    await using session = await ctx.session("boxcar-status");
+    let job = await session.client.getJob(id);
+    if (ctx.values.wait && !isTerminal(job.state)) job = await session.client.waitForJob(id, ctx.io.signal);
+    ctx.print(ctx.values.json ? json(job) : describeJob(job));
+    return ctx.values.wait ? exitFor(job) : ExitCode.ok;
+  },
+};
+
+export const logs: Command = {
+  name: "logs",
+  usage: "boxcar logs JOB [--follow]",
+  summary: "print a job's output (stdout to stdout, stderr to stderr)",
+  options: { follow: { type: "boolean", short: "f", default: false } },
+  async run(ctx) {
+    const id = one(ctx, "JOB", this.usage);
+    await using session = await ctx.session("boxcar-logs");
+    await session.client.getJob(id); // a clear not_found for a wrong id
+    for await (const chunk of session.client.logs(id, { follow: ctx.values.follow as boolean, signal: ctx.io.signal })) {
+      if (ctx.values.json) ctx.print(JSON.stringify({ stream: chunk.stream, text: new TextDecoder().decode(chunk.data) }));
+      else (chunk.stream === "stdout" ? ctx.io.stdout : ctx.io.stderr).write(chunk.data);
+    }
+    return ExitCode.ok;
+  },
+};
+
+export const events: Command = {
+  name: "events",
+  usage: "boxcar events JOB [--follow]",
+  summary: "print a job's job and sandbox events in order",
+  options: { follow: { type: "boolean", short: "f", default: false } },
+  async run(ctx) {
+    const id = one(ctx, "JOB", this.usage);
+    await using session = await ctx.session("boxcar-events");
+    await session.client.getJob(id);
+    for await (const event of session.client.events(id, { follow: ctx.values.follow as boolean, signal: ctx.io.signal })) {
+      ctx.print(ctx.values.json ? JSON.stringify(event) : describeEvent(event));
+    }
+    return ExitCode.ok;
+  },
+};
+
+export const artifacts: Command = {
+  name: "artifacts",
+  usage: "boxcar artifacts JOB [--out DIR]",
+  summary: "list a job's artifacts, or download them into DIR",
+  options: { out: { type: "string" } },
+  async run(ctx) {
+    const id = one(ctx, "JOB", this.usage);
+    await using session = await ctx.session("boxcar-artifacts");
+    if (ctx.values.out) {
+      const written = await session.client.downloadArtifacts(id, ctx.values.out as string);
+      ctx.print(ctx.values.json ? json(written) : written.join("\n") || "(no artifacts)");
+      return ExitCode.ok;
+    }
+    const job = await session.client.getJob(id);
+    if (ctx.values.json) ctx.print(json(job.artifacts));
+    else ctx.print(table(["PATH", "SIZE", "SHA256"], job.artifacts.map((a) => [a.path, String(a.size), a.sha256.slice(0, 16)])));
+    return ExitCode.ok;
+  },
+};
+
+export const cancel: Command = {
+  name: "cancel",
+  usage: "boxcar cancel JOB",
+  summary: "cancel a queued or running job",
+  options: {},
+  async run(ctx) {
+    const id = one(ctx, "JOB", this.usage);
+    await using session = await ctx.session("boxcar-cancel");
+    const job = await session.client.cancelJob(id);
+    ctx.print(ctx.values.json ? json(job) : job.state === "cancelled" ? `${id} cancelled` : `${id} cancel requested (running on ${job.workerId})`);
+    return ExitCode.ok;
+  },
+};
+
+export const jobs: Command = {
+  name: "jobs",
+  usage: "boxcar jobs [--state STATE] [--agent AGENT] [--limit N] [--after JOB]",
+  summary: "list jobs, newest first",
+  options: { state: { type: "string" }, agent: { type: "string" }, limit: { type: "string" }, after: { type: "string" } },
+  async run(ctx) {
+    if (ctx.positionals.length > 0) throw new UsageError(`unexpected argument ${ctx.positionals[0]}\n\nusage: ${this.usage}`);
+    const state = ctx.values.state as string | undefined;
+    if (state !== undefined && !JobState.safeParse(state).success) {
+      throw new UsageError(`--state must be one of ${JobState.options.join(", ")}, got ${state}`);
+    }
+    const limit = ctx.values.limit === undefined ? undefined : Number(ctx.values.limit);
+    if (limit !== undefined && !(Number.isInteger(limit) && limit > 0 && limit <= 1000)) throw new UsageError("--limit must be a whole number from 1 to 1000");
+    await using session = await ctx.session("boxcar-jobs");
+    const page = await session.client.listJobs({
+      ...(state ? { state: state as JobState } : {}),
+      ...(ctx.values.agent ? { agent: ctx.values.agent as string } : {}),
+      ...(limit ? { limit } : {}),
+      ...(ctx.values.after ? { after: ctx.values.after as string } : {}),
+    });
+    if (ctx.values.json) {
+      ctx.print(json(page));
+      return ExitCode.ok;
+    }
+    ctx.print(
+      table(
+        ["JOB", "AGENT", "STATE", "ATTEMPT", "CREATED", "WORKER"],
+        page.jobs.map((j) => [j.id, j.agent, j.state, String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
+      ),
+    );
+    if (page.next) ctx.print(`more: boxcar jobs --after ${page.next}`);
+    return ExitCode.ok;
+  },
+};

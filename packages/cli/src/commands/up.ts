@@ -1,0 +1,113 @@
+import { existsSync } from "node:fs";
+import { readdir } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { type NatsServer, startNatsServer } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { isTerminal } from "@boxcar/protocol";
+import { createWorker, type Worker } from "@boxcar/worker";
+import type { Command } from "../command.js";
+import { openSession } from "../context.js";
+import { ExitCode } from "../exit-codes.js";
+import { createLogger } from "../logger.js";
+import { describeEvent, describeJob } from "../output.js";
+import { UsageError } from "../usage-error.js";
+import { readAgentFile } from "./agent.js";
+import { logFormat, positiveInt, readLogFormat } from "./roles.js";
+
+/** The examples shipped with Boxcar, at the root of the checkout this CLI runs from. */
+const EXAMPLE_AGENTS = fileURLToPath(new URL("../../../../examples/agents", import.meta.url));
+
+const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["queue", "workers", "sandboxes"] };
+
+export const up: Command = {
+  name: "up",
+  usage: "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--log-format json|pretty]",
+  summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
+  options: {
+    port: { type: "string" },
+    data: { type: "string" },
+    workers: { type: "string" },
+    concurrency: { type: "string" },
+    agents: { type: "string", multiple: true, default: [] },
+    demo: { type: "boolean", default: false },
+    ...logFormat,
+  },
+  async run(ctx) {
+    if (ctx.positionals.length > 0) throw new UsageError(`unexpected argument ${ctx.positionals[0]}\n\nusage: ${this.usage}`);
+    const port = positiveInt(ctx.values.port ?? "4222", "--port", 4222);
+    const workerCount = positiveInt(ctx.values.workers, "--workers", 2);
+    const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
+    const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [EXAMPLE_AGENTS];
+    const storeDir = resolve((ctx.values.data as string | undefined) ?? join(".boxcar", "data"));
+    const demo = ctx.values.demo as boolean;
+    const logger = createLogger(readLogFormat(ctx.values["log-format"]), ctx.io.env.BOXCAR_LOG_LEVEL ?? (demo ? "warn" : "info"));
+
+    // Every agent file must be valid before anything starts.
+    const definitions = [];
+    for (const dir of agentDirs) {
+      if (!existsSync(dir)) throw new UsageError(`--agents ${dir}: no such folder`);
+      for (const file of (await readdir(dir)).filter((f) => /\.ya?ml$/.test(f)).sort()) {
+        definitions.push(await readAgentFile(join(dir, file)));
+      }
+    }
+
+    const say = (line: string) => ctx.io.stderr.write(`${line}\n`);
+    const cleanup: (() => Promise<unknown>)[] = [];
+    let server: NatsServer;
+    try {
+      server = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
+    } catch (err) {
+      throw new UsageError(`cannot start nats-server on port ${port}: ${(err as Error).message.split("\n")[0]} (is another server using it? try --port)`);
+    }
+    cleanup.push(() => server.stop());
+    try {
+      const session = await openSession(server.url, ctx.values.prefix as string | undefined, "boxcar-up");
+      cleanup.unshift(async () => await session[Symbol.asyncDispose]());
+      const dispatcher = await startDispatcher({ topology: session.topology, logger });
+      cleanup.unshift(() => dispatcher.close());
+      const workers: Worker[] = [];
+      for (let i = 0; i < workerCount; i++) {
+        const w = createWorker({ topology: session.topology, logger, concurrency, drainGraceMs: 10_000 });
+        workers.push(w);
+        void w.run();
+      }
+      cleanup.unshift(() => Promise.allSettled(workers.map((w) => w.drain().then(() => w.close()))));
+      for (const definition of definitions) await session.client.applyAgent(definition);
+
+      say(`boxcar is up: NATS ${server.url} (JetStream data in ${storeDir})`);
+      say(`  1 dispatcher, ${workerCount} workers x ${concurrency} jobs, agents: ${definitions.map((d) => d.name).join(", ") || "(none)"}`);
+      if (demo) return await runDemo(ctx, session.client, say);
+      say("");
+      say(`  export BOXCAR_NATS_URL=${server.url}`);
+      say(`  boxcar submit hello --prompt "hi" --follow`);
+      say("  boxcar jobs");
+      say("");
+      say("Ctrl-C stops everything.");
+      await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
+      say("stopping: draining workers...");
+      return ExitCode.ok;
+    } finally {
+      for (const step of cleanup) await step().catch((err) => logger.warn({ err }, "shutdown step failed"));
+    }
+  },
+};
+
+async function runDemo(ctx: Parameters<Command["run"]>[0], client: import("@boxcar/client").BoxcarClient, say: (l: string) => void) {
+  say(`\ndemo: boxcar submit report --input '${JSON.stringify(DEMO_INPUT)}' --follow\n`);
+  const { job } = await client.submit({ agent: "report", input: DEMO_INPUT });
+  const logs = (async () => {
+    for await (const chunk of client.logs(job.id, { follow: true, signal: ctx.io.signal })) ctx.io.stdout.write(chunk.data);
+  })();
+  for await (const event of client.events(job.id, { follow: true, signal: ctx.io.signal })) say(describeEvent(event));
+  await logs;
+  const final = await client.getJob(job.id);
+  say(`\n${describeJob(final)}`);
+  if (isTerminal(final.state) && final.artifacts.length > 0) {
+    const dir = resolve(".boxcar", "demo-artifacts", job.id);
+    const written = await client.downloadArtifacts(job.id, dir);
+    say(`\nartifacts downloaded to ${dir}:`);
+    for (const file of written) say(`  ${file}`);
+  }
+  return final.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed;
+}

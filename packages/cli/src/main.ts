@@ -1,0 +1,64 @@
+import { toErrorInfo } from "@boxcar/protocol";
+import type { Command, Values } from "./command.js";
+import { agent } from "./commands/agent.js";
+import { artifacts, cancel, events, jobs, logs, status, submit } from "./commands/jobs.js";
+import { dispatcher, worker, workers } from "./commands/roles.js";
+import { up } from "./commands/up.js";
+import { type CommandContext, type Io, natsUrl, openSession, parseCommandLine } from "./context.js";
+import { ExitCode } from "./exit-codes.js";
+import { exitCodeFor, UsageError } from "./usage-error.js";
+
+const COMMANDS: readonly Command[] = [up, dispatcher, worker, agent, submit, status, logs, events, artifacts, cancel, jobs, workers];
+
+function help(): string {
+  const width = Math.max(...COMMANDS.map((c) => c.name.length));
+  return [
+    "boxcar: run AI agents as durable jobs over NATS",
+    "",
+    "usage: boxcar COMMAND [flags]",
+    "",
+    ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
+    "",
+    "flags for every command:",
+    "  --nats URL     NATS server (default $BOXCAR_NATS_URL, then nats://127.0.0.1:4222)",
+    "  --prefix P     subject and bucket prefix (default boxcar)",
+    "  --json         machine-readable output",
+    "  -h, --help     help for a command",
+    "",
+    "exit codes: 0 ok, 1 job did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
+  ].join("\n");
+}
+
+/** Runs one `boxcar` command line and returns its exit code. Never exits the process. */
+export async function main(argv: string[], io: Io): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === "--help" || name === "-h" || name === "help") {
+    io.stdout.write(`${help()}\n`);
+    return name ? ExitCode.ok : ExitCode.usage;
+  }
+  const command = COMMANDS.find((c) => c.name === name);
+  try {
+    if (!command) throw new UsageError(`unknown command ${JSON.stringify(name)}\n\n${help()}`);
+    const { values, positionals } = parseCommandLine(rest, command.options, command.usage);
+    if (values.help) {
+      io.stdout.write(`usage: ${command.usage}\n\n${command.summary}\n`);
+      return ExitCode.ok;
+    }
+    const ctx: CommandContext<Values> = {
+      values: values as CommandContext<Values>["values"],
+      positionals,
+      io,
+      print: (text) => io.stdout.write(`${text}\n`),
+      session: (clientName = `boxcar-${name}`) => openSession(natsUrl(values.nats as string | undefined, io.env), values.prefix as string | undefined, clientName),
+    };
+    return await command.run(ctx);
+  } catch (err) {
+    const code = exitCodeFor(err);
+    const info = toErrorInfo(err);
+    if (argv.includes("--json") && !(err instanceof UsageError)) io.stdout.write(`${JSON.stringify({ error: info })}\n`);
+    io.stderr.write(`boxcar ${name}: ${err instanceof UsageError ? err.message : `${info.code}: ${info.message}`}\n`);
+    for (const issue of code === ExitCode.usage ? [] : (info.issues ?? [])) io.stderr.write(`  - ${issue.path || "(body)"}: ${issue.message}\n`);
+    if (code === ExitCode.internal && err instanceof Error && err.stack) io.stderr.write(`${err.stack}\n`);
+    return code;
+  }
+}

@@ -1,0 +1,82 @@
+import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
+
+/** Renders rows as an aligned text table with a header. */
+export function table(header: string[], rows: string[][]): string {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i] ?? 0)))
+      .join("  ")
+      .trimEnd();
+  return [line(header), ...rows.map(line)].join("\n");
+}
+
+export function json(value: unknown): string {
+  return JSON.stringify(value, null, 2);
+}
+
+export function ago(iso: string | undefined, now = Date.now()): string {
+  if (!iso) return "-";
+  const s = Math.max(0, Math.round((now - Date.parse(iso)) / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+  return `${Math.floor(s / 86400)}d ago`;
+}
+
+export function duration(from?: string, to?: string): string {
+  if (!from || !to) return "-";
+  const ms = Date.parse(to) - Date.parse(from);
+  return ms < 1000 ? `${ms}ms` : `${(ms / 1000).toFixed(1)}s`;
+}
+
+/** A human summary of one job record, several lines. */
+export function describeJob(job: JobRecord): string {
+  const lines = [
+    `job       ${job.id}`,
+    `agent     ${job.agent} (pool ${job.pool})`,
+    `state     ${job.state}${job.cancelRequested && job.state === "running" ? " (cancel requested)" : ""}`,
+    `attempt   ${job.attempt}`,
+    `created   ${job.createdAt}`,
+  ];
+  if (job.workerId) lines.push(`worker    ${job.workerId}`);
+  if (job.sandbox) lines.push(`sandbox   ${job.sandbox.kind} ${job.sandbox.id} (${job.sandbox.reason})`);
+  if (job.startedAt) lines.push(`ran       ${duration(job.startedAt, job.finishedAt ?? new Date().toISOString())}`);
+  if (job.result) {
+    lines.push(`exit      ${job.result.exitCode ?? "-"}${job.result.signal ? ` (signal ${job.result.signal})` : ""}`);
+    if (job.result.summary) lines.push(`summary   ${job.result.summary}`);
+    if (job.result.output !== null) lines.push(`output    ${JSON.stringify(job.result.output)}`);
+  }
+  if (job.error) lines.push(`error     ${job.error.code}: ${job.error.message}`);
+  for (const issue of job.error?.issues ?? []) lines.push(`          - ${issue.path || "(body)"}: ${issue.message}`);
+  if (job.artifacts.length > 0) {
+    lines.push("artifacts");
+    for (const a of job.artifacts) lines.push(`          ${a.path} (${a.size} bytes)`);
+  }
+  return lines.join("\n");
+}
+
+/** One event as a line for people. */
+export function describeEvent(event: BoxcarEvent): string {
+  const time = event.at.slice(11, 23);
+  if (event.kind === "job") {
+    const detail = [
+      event.message,
+      event.workerId && event.type === "started" ? `on ${event.workerId}` : undefined,
+      event.sandbox && event.type === "started" ? `in ${event.sandbox.kind} (${event.sandbox.reason})` : undefined,
+      event.error ? `${event.error.code}: ${event.error.message}` : undefined,
+    ].filter(Boolean);
+    return `${time}  job      ${event.type.padEnd(16)} ${detail.join("  ")}`.trimEnd();
+  }
+  if (event.kind === "sandbox") {
+    const detail = [
+      `${event.backend} ${event.sandboxId}`,
+      event.exitCode !== undefined ? `exit ${event.exitCode ?? "-"}` : undefined,
+      event.signal ? `signal ${event.signal}` : undefined,
+      event.durationMs !== undefined ? `${Math.round(event.durationMs)}ms` : undefined,
+      event.error ? `${event.error.code}: ${event.error.message}` : undefined,
+    ].filter(Boolean);
+    return `${time}  sandbox  ${event.type.padEnd(16)} ${detail.join("  ")}`;
+  }
+  return `${time}  worker   ${event.type.padEnd(16)} ${event.workerId}`;
+}

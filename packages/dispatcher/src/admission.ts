@@ -1,0 +1,181 @@
+import { createHash } from "node:crypto";
+import { type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import {
+  AgentDefinition,
+  BoxcarError,
+  type ErrorInfo,
+  ErrorCode,
+  type JobEvent,
+  JobRecord,
+  JobSpec,
+  PROTOCOL_VERSION,
+  parseWith,
+  type WorkItem,
+} from "@boxcar/protocol";
+import type { KvEntry } from "@nats-io/kv";
+import { newJobId } from "./job-id.js";
+
+export interface Admitted {
+  job: JobRecord;
+  /** True when an earlier submission with the same idempotency key is returned. */
+  duplicate: boolean;
+}
+
+/**
+ * Admits one job: validates the spec against the schema and the agent registry, then records it
+ * and enqueues its work item. Idempotent per key: a second call with the same key returns the
+ * first job and finishes its admission if a crash interrupted it.
+ *
+ * `implicitKey` deduplicates redeliveries of an intake message that carries no key of its own.
+ */
+export async function admit(topology: Topology, raw: unknown, log: Logger, implicitKey?: string): Promise<Admitted> {
+  const spec = parseWith(JobSpec, raw, "job spec");
+  const agent = await loadAgent(topology, spec.agent);
+  await checkInputFiles(topology, spec);
+
+  const key = spec.idempotencyKey ?? implicitKey;
+  let id = newJobId();
+  if (key !== undefined) {
+    const claimed = await claimKey(topology, key, id);
+    if (claimed !== id) {
+      const existing = await topology.jobs.get(claimed);
+      if (existing && existing.operation === "PUT") {
+        const job = parseWith(JobRecord, existing.json(), `job record ${claimed}`);
+        if (job.state === "accepted") await enqueue(topology, job, existing.revision, agent);
+        return { job: await getRecord(topology, claimed), duplicate: true };
+      }
+      id = claimed; // the key was claimed but the record never written: finish that admission.
+    }
+  }
+
+  const record: JobRecord = {
+    v: PROTOCOL_VERSION,
+    id,
+    agent: agent.name,
+    pool: spec.pool ?? agent.pool,
+    state: "accepted",
+    spec,
+    attempt: 0,
+    createdAt: nowIso(),
+    artifacts: [],
+  };
+  const revision = await topology.jobs.create(id, JSON.stringify(record));
+  await publishEvent(topology, jobEvent(record, "accepted"));
+  log.info({ jobId: id, agent: agent.name, pool: record.pool }, "job accepted");
+  await enqueue(topology, record, revision, agent);
+  return { job: await getRecord(topology, id), duplicate: false };
+}
+
+/** Publishes the work item (deduplicated by job id) and marks the record queued. */
+async function enqueue(topology: Topology, record: JobRecord, revision: number, agent: AgentDefinition): Promise<void> {
+  const spec = record.spec;
+  if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
+  await publishEvent(topology, jobEvent({ ...record, state: "queued" }, "queued"));
+  const item: WorkItem = {
+    v: PROTOCOL_VERSION,
+    jobId: record.id,
+    agent,
+    input: spec.input,
+    files: spec.files,
+    timeoutMs: spec.timeout ?? agent.runtime.timeout,
+  };
+  await topology.ensurePoolConsumer(record.pool);
+  await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID: record.id });
+  const queued: JobRecord = { ...record, state: "queued", queuedAt: nowIso() };
+  try {
+    await topology.jobs.update(record.id, JSON.stringify(queued), revision);
+  } catch {
+    // A worker claimed the job (or it was cancelled) first: its state is already past queued.
+  }
+}
+
+/**
+ * Records a submission that cannot be admitted as a `rejected` job with the reason, so a
+ * fire-and-forget submitter can find out why. Nothing is enqueued.
+ */
+export async function recordRejection(topology: Topology, agentName: string, error: ErrorInfo, key: string): Promise<JobRecord> {
+  const id = await claimKey(topology, key, newJobId());
+  const existing = await topology.jobs.get(id);
+  if (existing && existing.operation === "PUT") return parseWith(JobRecord, existing.json(), `job record ${id}`);
+  const now = nowIso();
+  const record: JobRecord = {
+    v: PROTOCOL_VERSION,
+    id,
+    agent: agentName,
+    pool: "default",
+    state: "rejected",
+    attempt: 0,
+    createdAt: now,
+    finishedAt: now,
+    artifacts: [],
+    error,
+  };
+  await topology.jobs.put(id, JSON.stringify(record));
+  await publishEvent(topology, jobEvent(record, "rejected"));
+  return record;
+}
+
+/** Remembers `key` → `id` for the idempotency window; returns the id that owns the key. */
+async function claimKey(topology: Topology, key: string, id: string): Promise<string> {
+  const hashed = createHash("sha256").update(key).digest("hex");
+  try {
+    await topology.idempotency.create(hashed, id);
+    return id;
+  } catch {
+    const entry = await topology.idempotency.get(hashed);
+    if (entry && entry.operation === "PUT") return entry.string();
+    await topology.idempotency.put(hashed, id);
+    return id;
+  }
+}
+
+async function loadAgent(topology: Topology, name: string): Promise<AgentDefinition> {
+  const entry: KvEntry | null = await topology.agents.get(name);
+  if (!entry || entry.operation !== "PUT") {
+    throw new BoxcarError(ErrorCode.unknownAgent, `no agent named ${JSON.stringify(name)}: apply it with \`boxcar agent apply -f FILE\``, {
+      issues: [{ path: "agent", message: "unknown agent" }],
+    });
+  }
+  return parseWith(AgentDefinition, entry.json(), `agent ${name}`);
+}
+
+async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {
+  const seen = new Set<string>();
+  for (const [i, file] of spec.files.entries()) {
+    if (seen.has(file.path)) {
+      throw new BoxcarError(ErrorCode.invalid, `two input files have the path ${file.path}`, {
+        issues: [{ path: `files[${i}].path`, message: "duplicate path" }],
+      });
+    }
+    seen.add(file.path);
+    const info = await topology.artifacts.info(file.object);
+    if (!info || info.deleted) {
+      throw new BoxcarError(ErrorCode.inputFileMissing, `input file ${file.path}: no object ${JSON.stringify(file.object)} in the Object Store`, {
+        issues: [{ path: `files[${i}].object`, message: "no such object" }],
+      });
+    }
+  }
+}
+
+async function getRecord(topology: Topology, id: string): Promise<JobRecord> {
+  const entry = await topology.jobs.get(id);
+  if (!entry || entry.operation !== "PUT") throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  return parseWith(JobRecord, entry.json(), `job record ${id}`);
+}
+
+export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Partial<JobEvent> = {}): JobEvent {
+  return {
+    v: PROTOCOL_VERSION,
+    at: nowIso(),
+    kind: "job",
+    type,
+    jobId: record.id,
+    agent: record.agent,
+    state: record.state,
+    attempt: record.attempt,
+    ...(record.error ? { error: record.error } : {}),
+    ...extra,
+  };
+}
+
+export { getRecord };

@@ -1,0 +1,95 @@
+import { hostname } from "node:os";
+import { type Logger, silentLogger, type Topology } from "@boxcar/client";
+import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
+import { type Service, Svcm } from "@nats-io/services";
+import { apiHandlers, serve } from "./api.js";
+import { admitIntake } from "./intake.js";
+
+export interface DispatcherOptions {
+  topology: Topology;
+  logger?: Logger;
+  /** Identifies this dispatcher in logs and `$SRV.INFO`; default `d-<host>-<random>`. */
+  dispatcherId?: string;
+  /** Version reported by the services API; default the package's. */
+  version?: string;
+}
+
+export interface Dispatcher extends AsyncDisposable {
+  readonly id: string;
+  /** Resolves once the dispatcher has stopped. */
+  readonly closed: Promise<void>;
+  /** Stops answering and consuming; safe to call twice. */
+  close(): Promise<void>;
+}
+
+const VERSION = "0.1.0";
+
+/**
+ * Starts a dispatcher: the request/reply API on `<prefix>.api.>` (a NATS service, so
+ * `$SRV.PING` finds it) and the consumer of the durable intake stream. Any number may run at
+ * once; they share the service's queue group and the intake consumer.
+ */
+export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatcher> {
+  const { topology } = opts;
+  const id = opts.dispatcherId ?? `d-${hostname().replace(/[^A-Za-z0-9_-]/g, "-")}-${Math.random().toString(36).slice(2, 8)}`;
+  const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
+
+  const service: Service = await new Svcm(topology.nc).add({
+    name: topology.names.serviceName,
+    version: opts.version ?? VERSION,
+    description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
+    metadata: { dispatcherId: id, prefix: topology.names.prefix },
+  });
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log))) {
+    service.addEndpoint(endpoint.replace(".", "-"), {
+      subject: topology.names.subjects.api(endpoint as keyof typeof handler as never),
+      handler: (err, msg) => {
+        if (err) {
+          log.error({ err }, "service endpoint failed");
+          return;
+        }
+        void serve(handler, msg, log);
+      },
+    });
+  }
+
+  const { jsm, js, names } = topology;
+  await jsm.consumers
+    .info(names.streams.submit, names.intakeConsumer)
+    .catch(() =>
+      jsm.consumers.add(names.streams.submit, { durable_name: names.intakeConsumer, ack_policy: AckPolicy.Explicit, ack_wait: 30_000_000_000 }),
+    );
+  const consumer = await js.consumers.get(names.streams.submit, names.intakeConsumer);
+  const intake: ConsumerMessages = await consumer.consume({ max_messages: 64 });
+  const intakeDone = (async () => {
+    for await (const msg of intake) {
+      try {
+        await admitIntake(topology, msg, log);
+      } catch (err) {
+        log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
+        msg.nak(1_000);
+      }
+    }
+  })();
+  log.info({ service: names.serviceName, prefix: names.prefix }, "dispatcher started");
+
+  let closing: Promise<void> | undefined;
+  let resolveClosed!: () => void;
+  const closed = new Promise<void>((r) => {
+    resolveClosed = r;
+  });
+  const close = () =>
+    (closing ??= (async () => {
+      const steps = [() => service.stop().then(() => undefined), () => intake.close().then(() => undefined), () => intakeDone];
+      for (const step of steps) {
+        try {
+          await step();
+        } catch (err) {
+          log.warn({ err }, "dispatcher shutdown step failed");
+        }
+      }
+      log.info({}, "dispatcher stopped");
+      resolveClosed();
+    })());
+  return { id, closed, close, [Symbol.asyncDispose]: close };
+}

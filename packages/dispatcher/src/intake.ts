@@ -1,0 +1,39 @@
+import type { Logger, Topology } from "@boxcar/client";
+import { BoxcarError, decodeMessage, ErrorCode, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
+import type { JsMsg } from "@nats-io/jetstream";
+import { z } from "zod";
+import { admit, recordRejection } from "./admission.js";
+
+/**
+ * Admits one message from the durable intake stream `<prefix>.submit.<agent>`. The agent comes
+ * from the subject when the body names none. A bad submission is recorded as a rejected job;
+ * either way the message is acked only once its outcome is stored, so a dispatcher that dies
+ * midway leaves it for another to redo (deduplicated by the stream sequence).
+ */
+export async function admitIntake(topology: Topology, msg: JsMsg, log: Logger): Promise<void> {
+  const agent = msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
+  const implicitKey = `intake:${topology.names.prefix}:${msg.seq}`;
+  try {
+    const body = decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
+    const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
+    const { job } = await admit(topology, spec, log, implicitKey);
+    log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
+  } catch (err) {
+    const error = toErrorInfo(err);
+    if (error.code === "internal") throw err;
+    const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", error, implicitKey);
+    log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
+  }
+  msg.ack();
+}
+
+/** The subject names the agent; a body that names another one is refused rather than guessed at. */
+function agentFromBody(body: object, subjectAgent: string): string {
+  const named = (body as { agent?: unknown }).agent;
+  if (named !== undefined && named !== subjectAgent) {
+    throw new BoxcarError(ErrorCode.invalid, `the body names agent ${JSON.stringify(named)} but was sent to the intake of ${subjectAgent}`, {
+      issues: [{ path: "agent", message: "does not match the subject" }],
+    });
+  }
+  return subjectAgent;
+}

@@ -1,0 +1,66 @@
+import { nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { BoxcarError, ErrorCode, isTerminal, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
+import { jobEvent } from "./admission.js";
+
+/** Pages through job records, newest first (job ids sort by creation time). */
+export async function listJobs(topology: Topology, raw: unknown): Promise<ListJobsReply> {
+  const req = parseWith(ListJobsRequest, raw, "list request");
+  const ids: string[] = [];
+  for await (const key of await topology.jobs.keys()) ids.push(key);
+  ids.sort().reverse();
+  const start = req.after === undefined ? 0 : ids.findIndex((id) => id < (req.after as string));
+  const jobs: JobRecord[] = [];
+  let next: string | undefined;
+  if (start >= 0) {
+    for (const id of ids.slice(start)) {
+      const entry = await topology.jobs.get(id);
+      if (!entry || entry.operation !== "PUT") continue;
+      const job = parseWith(JobRecord, entry.json(), `job record ${id}`);
+      if (req.state && job.state !== req.state) continue;
+      if (req.agent && job.agent !== req.agent) continue;
+      if (jobs.length === req.limit) {
+        next = jobs[jobs.length - 1]?.id;
+        break;
+      }
+      jobs.push(job);
+    }
+  }
+  return next ? { jobs, next } : { jobs };
+}
+
+/**
+ * Cancels a job. A job not yet started is marked cancelled and never starts; a running one is
+ * flagged and its worker told over `<prefix>.ctl.cancel.<id>`. Cancelling a cancelled job is a
+ * no-op; cancelling a finished one is a conflict.
+ */
+export async function cancelJob(topology: Topology, id: string): Promise<JobRecord> {
+  for (let tries = 0; tries < 10; tries++) {
+    const entry = await topology.jobs.get(id);
+    if (!entry || entry.operation !== "PUT") throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+    const job = parseWith(JobRecord, entry.json(), `job record ${id}`);
+    if (job.state === "cancelled" || (job.state === "running" && job.cancelRequested)) return job;
+    if (isTerminal(job.state)) throw new BoxcarError(ErrorCode.conflict, `job ${id} already ended ${job.state}`);
+    const next: JobRecord =
+      job.state === "running"
+        ? { ...job, cancelRequested: true }
+        : {
+            ...job,
+            state: "cancelled",
+            finishedAt: nowIso(),
+            error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
+          };
+    try {
+      await topology.jobs.update(id, JSON.stringify(next), entry.revision);
+    } catch {
+      continue; // the record changed under us: look again
+    }
+    if (next.state === "running") {
+      await publishEvent(topology, jobEvent(next, "cancel_requested"));
+      topology.nc.publish(topology.names.subjects.cancel(id));
+    } else {
+      await publishEvent(topology, jobEvent(next, "cancelled"));
+    }
+    return next;
+  }
+  throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing; try the cancel again`);
+}

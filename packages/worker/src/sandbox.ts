@@ -1,0 +1,73 @@
+import type { RuntimeWishes } from "@boxcar/protocol";
+
+/** A sandbox backend a worker can offer. */
+export type SandboxBackend = "host" | "docker" | "e2b";
+
+/** What a provider needs to create the sandbox of one attempt of one job. */
+export interface SandboxSpec {
+  /**
+   * The id the sandbox reports as {@link Sandbox.id}, chosen by the worker so events can name
+   * the sandbox from `creating` on; backends also use it to name or label what they create.
+   */
+  id: string;
+  jobId: string;
+  attempt: number;
+  workerId: string;
+  runtime: RuntimeWishes;
+}
+
+/** Creates sandboxes of one backend. */
+export interface SandboxProvider {
+  readonly kind: SandboxBackend;
+  /** Whether this worker can offer the backend now (e.g. a Docker engine answers). */
+  available(): Promise<boolean>;
+  /** Creates a sandbox with an empty workspace; aborting `signal` abandons the creation. */
+  create(spec: SandboxSpec, signal?: AbortSignal): Promise<Sandbox>;
+}
+
+export interface ExecOptions {
+  /** The complete environment of the command: nothing else is inherited. */
+  env: Record<string, string>;
+  /** Aborting kills the command and everything it started. */
+  signal: AbortSignal;
+  /** Output as it arrives, in order per stream. */
+  onOutput(stream: "stdout" | "stderr", chunk: Uint8Array): void;
+}
+
+export interface ExecResult {
+  /** The exit code, or null when the command was ended by a signal. */
+  exitCode: number | null;
+  signal: string | null;
+  /** True when the command was ended because `signal` aborted. */
+  aborted: boolean;
+  durationMs: number;
+}
+
+export interface WorkspaceFile {
+  /** Workspace-relative, `/`-separated. */
+  path: string;
+  size: number;
+}
+
+/**
+ * One isolated place to run one attempt of one job. Paths are relative to the workspace and
+ * may not leave it (no `..`, no absolute paths, no symlinks pointing outside).
+ */
+export interface Sandbox {
+  readonly id: string;
+  readonly kind: SandboxBackend;
+  /** Absolute path of the workspace as seen inside the sandbox; commands run there. */
+  readonly workspace: string;
+  /** Runs `argv` in the workspace; resolves when it and everything it started have ended. */
+  exec(argv: string[], opts: ExecOptions): Promise<ExecResult>;
+  /** Creates the folder and its parents. */
+  mkdir(path: string): Promise<void>;
+  /** Writes a file, creating its parent folders and replacing what was there. */
+  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void>;
+  /** The file's bytes, or null when there is no such regular file. */
+  readFile(path: string): Promise<ReadableStream<Uint8Array> | null>;
+  /** Every regular file in the workspace; symlinks are neither listed nor followed. */
+  listFiles(): Promise<WorkspaceFile[]>;
+  /** Ends every process and removes the sandbox with its workspace. Safe to call twice. */
+  destroy(): Promise<void>;
+}
