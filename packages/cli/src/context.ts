@@ -1,4 +1,4 @@
-import { parseArgs, type ParseArgsConfig } from "node:util";
+import { type ParseArgsConfig, parseArgs } from "node:util";
 import { type BoxcarClient, createClient, openTopology, type Topology } from "@boxcar/client";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
@@ -47,9 +47,13 @@ export async function openSession(url: string, prefix: string | undefined, name:
   try {
     nc = await connect({ servers: url, name, maxReconnectAttempts: -1 });
   } catch (cause) {
-    throw new BoxcarError(ErrorCode.unavailable, `cannot reach NATS at ${url}: ${(cause as Error).message} (set --nats or BOXCAR_NATS_URL; \`boxcar up\` starts a local one)`, {
-      cause,
-    });
+    throw new BoxcarError(
+      ErrorCode.unavailable,
+      `cannot reach NATS at ${url}: ${(cause as Error).message} (set --nats or BOXCAR_NATS_URL; \`boxcar up\` starts a local one)`,
+      {
+        cause,
+      },
+    );
   }
   const topology = await openTopology(nc, prefix ? { prefix } : {});
   return {

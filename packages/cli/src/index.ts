@@ -1,4 +1,3 @@
+export type { Io } from "./context.js";
 export { ExitCode } from "./exit-codes.js";
 export { main } from "./main.js";
-
-export type { Io } from "./context.js";

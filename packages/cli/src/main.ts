@@ -49,7 +49,8 @@ export async function main(argv: string[], io: Io): Promise<number> {
       positionals,
       io,
       print: (text) => io.stdout.write(`${text}\n`),
-      session: (clientName = `boxcar-${name}`) => openSession(natsUrl(values.nats as string | undefined, io.env), values.prefix as string | undefined, clientName),
+      session: (clientName = `boxcar-${name}`) =>
+        openSession(natsUrl(values.nats as string | undefined, io.env), values.prefix as string | undefined, clientName),
     };
     return await command.run(ctx);
   } catch (err) {
@@ -57,7 +58,8 @@ export async function main(argv: string[], io: Io): Promise<number> {
     const info = toErrorInfo(err);
     if (argv.includes("--json") && !(err instanceof UsageError)) io.stdout.write(`${JSON.stringify({ error: info })}\n`);
     io.stderr.write(`boxcar ${name}: ${err instanceof UsageError ? err.message : `${info.code}: ${info.message}`}\n`);
-    for (const issue of code === ExitCode.usage ? [] : (info.issues ?? [])) io.stderr.write(`  - ${issue.path || "(body)"}: ${issue.message}\n`);
+    for (const issue of code === ExitCode.usage ? [] : (info.issues ?? []))
+      io.stderr.write(`  - ${issue.path || "(body)"}: ${issue.message}\n`);
     if (code === ExitCode.internal && err instanceof Error && err.stack) io.stderr.write(`${err.stack}\n`);
     return code;
   }

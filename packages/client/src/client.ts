@@ -156,7 +156,10 @@ class Client implements BoxcarClient {
   async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
     const { names } = this.topology;
     const filter = names.subjects.jobLogs(jobId);
-    const toChunk = (msg: JsMsg): LogChunk => ({ stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream, data: msg.data });
+    const toChunk = (msg: JsMsg): LogChunk => ({
+      stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream,
+      data: msg.data,
+    });
     let lastSeq = 0;
     if (opts.follow) {
       // The worker stores all output before it writes the final record: once the job is final,

@@ -13,15 +13,12 @@ export interface ReadStreamOptions {
  * Reads the messages of one stream that match `filter`, oldest first, through an ordered
  * consumer. Without `follow` it ends at the last stored message.
  */
-export async function* readStream(
-  topology: Topology,
-  stream: string,
-  filter: string,
-  opts: ReadStreamOptions = {},
-): AsyncGenerator<JsMsg> {
+export async function* readStream(topology: Topology, stream: string, filter: string, opts: ReadStreamOptions = {}): AsyncGenerator<JsMsg> {
   const consumer = await topology.js.consumers.get(stream, {
     filter_subjects: filter,
-    ...(opts.startSeq ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: opts.startSeq } : { deliver_policy: DeliverPolicy.All }),
+    ...(opts.startSeq
+      ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: opts.startSeq }
+      : { deliver_policy: DeliverPolicy.All }),
   });
   if (!opts.follow) {
     const info = await consumer.info();

@@ -1,11 +1,11 @@
 import { type Names, names as namesFor } from "@boxcar/protocol";
 import {
   AckPolicy,
+  JetStreamApiError,
   type JetStreamClient,
   type JetStreamManager,
   jetstream,
   jetstreamManager,
-  JetStreamApiError,
   RetentionPolicy,
   StorageType,
   type StreamConfig,

@@ -1,10 +1,10 @@
 import { createHash } from "node:crypto";
-import { type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   BoxcarError,
-  type ErrorInfo,
   ErrorCode,
+  type ErrorInfo,
   type JobEvent,
   JobRecord,
   JobSpec,
@@ -12,7 +12,6 @@ import {
   parseWith,
   type WorkItem,
 } from "@boxcar/protocol";
-import type { KvEntry } from "@nats-io/kv";
 import { newJobId } from "./job-id.js";
 
 export interface Admitted {
@@ -38,10 +37,9 @@ export async function admit(topology: Topology, raw: unknown, log: Logger, impli
   if (key !== undefined) {
     const claimed = await claimKey(topology, key, id);
     if (claimed !== id) {
-      const existing = await topology.jobs.get(claimed);
-      if (existing && existing.operation === "PUT") {
-        const job = parseWith(JobRecord, existing.json(), `job record ${claimed}`);
-        if (job.state === "accepted") await enqueue(topology, job, existing.revision, agent);
+      const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
+      if (existing) {
+        if (existing.value.state === "accepted") await enqueue(topology, existing.value, existing.revision, agent);
         return { job: await getRecord(topology, claimed), duplicate: true };
       }
       id = claimed; // the key was claimed but the record never written: finish that admission.
@@ -95,8 +93,8 @@ async function enqueue(topology: Topology, record: JobRecord, revision: number, 
  */
 export async function recordRejection(topology: Topology, agentName: string, error: ErrorInfo, key: string): Promise<JobRecord> {
   const id = await claimKey(topology, key, newJobId());
-  const existing = await topology.jobs.get(id);
-  if (existing && existing.operation === "PUT") return parseWith(JobRecord, existing.json(), `job record ${id}`);
+  const existing = await getJson(topology.jobs, id, JobRecord, "job record");
+  if (existing) return existing.value;
   const now = nowIso();
   const record: JobRecord = {
     v: PROTOCOL_VERSION,
@@ -130,13 +128,13 @@ async function claimKey(topology: Topology, key: string, id: string): Promise<st
 }
 
 async function loadAgent(topology: Topology, name: string): Promise<AgentDefinition> {
-  const entry: KvEntry | null = await topology.agents.get(name);
-  if (!entry || entry.operation !== "PUT") {
+  const found = await getJson(topology.agents, name, AgentDefinition, "agent");
+  if (!found) {
     throw new BoxcarError(ErrorCode.unknownAgent, `no agent named ${JSON.stringify(name)}: apply it with \`boxcar agent apply -f FILE\``, {
       issues: [{ path: "agent", message: "unknown agent" }],
     });
   }
-  return parseWith(AgentDefinition, entry.json(), `agent ${name}`);
+  return found.value;
 }
 
 async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {
@@ -150,17 +148,21 @@ async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void>
     seen.add(file.path);
     const info = await topology.artifacts.info(file.object);
     if (!info || info.deleted) {
-      throw new BoxcarError(ErrorCode.inputFileMissing, `input file ${file.path}: no object ${JSON.stringify(file.object)} in the Object Store`, {
-        issues: [{ path: `files[${i}].object`, message: "no such object" }],
-      });
+      throw new BoxcarError(
+        ErrorCode.inputFileMissing,
+        `input file ${file.path}: no object ${JSON.stringify(file.object)} in the Object Store`,
+        {
+          issues: [{ path: `files[${i}].object`, message: "no such object" }],
+        },
+      );
     }
   }
 }
 
-async function getRecord(topology: Topology, id: string): Promise<JobRecord> {
-  const entry = await topology.jobs.get(id);
-  if (!entry || entry.operation !== "PUT") throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  return parseWith(JobRecord, entry.json(), `job record ${id}`);
+export async function getRecord(topology: Topology, id: string): Promise<JobRecord> {
+  const found = await getJson(topology.jobs, id, JobRecord, "job record");
+  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  return found.value;
 }
 
 export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Partial<JobEvent> = {}): JobEvent {
@@ -177,5 +179,3 @@ export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Parti
     ...extra,
   };
 }
-
-export { getRecord };

@@ -1,4 +1,4 @@
-import { type Logger, type Topology } from "@boxcar/client";
+import { getJson, type Logger, listJson, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   AgentRef,
@@ -42,17 +42,12 @@ export function apiHandlers(topology: Topology, log: Logger): Record<ApiEndpoint
       const previous = await topology.agents.get(agent.name);
       await topology.agents.put(agent.name, JSON.stringify(agent));
       log.info({ agent: agent.name }, "agent applied");
-      return { agent, created: !previous || previous.operation !== "PUT" };
+      return { agent, created: previous?.operation !== "PUT" };
     },
     [ApiEndpoint.agentsGet]: async (body) => ({ agent: await getAgent(topology, parseWith(AgentRef, body, "request").name) }),
     [ApiEndpoint.agentsList]: async (body) => {
       parseWith(z.strictObject({}), body, "request");
-      const agents = [];
-      for await (const name of await topology.agents.keys()) {
-        const entry = await topology.agents.get(name);
-        if (entry?.operation === "PUT") agents.push(parseWith(AgentDefinition, entry.json(), `agent ${name}`));
-      }
-      return { agents: agents.sort((a, b) => a.name.localeCompare(b.name)) };
+      return { agents: await listJson(topology.agents, AgentDefinition, "agent") };
     },
     [ApiEndpoint.agentsRemove]: async (body) => {
       const { name } = parseWith(AgentRef, body, "request");
@@ -63,20 +58,15 @@ export function apiHandlers(topology: Topology, log: Logger): Record<ApiEndpoint
     },
     [ApiEndpoint.workersList]: async (body) => {
       parseWith(z.strictObject({}), body, "request");
-      const workers = [];
-      for await (const id of await topology.workers.keys()) {
-        const entry = await topology.workers.get(id);
-        if (entry?.operation === "PUT") workers.push(parseWith(WorkerInfo, entry.json(), `worker ${id}`));
-      }
-      return { workers: workers.sort((a, b) => a.id.localeCompare(b.id)) };
+      return { workers: await listJson(topology.workers, WorkerInfo, "worker") };
     },
   };
 }
 
 async function getAgent(topology: Topology, name: string): Promise<AgentDefinition> {
-  const entry = await topology.agents.get(name);
-  if (!entry || entry.operation !== "PUT") throw new BoxcarError(ErrorCode.notFound, `no agent named ${JSON.stringify(name)}`);
-  return parseWith(AgentDefinition, entry.json(), `agent ${name}`);
+  const found = await getJson(topology.agents, name, AgentDefinition, "agent");
+  if (!found) throw new BoxcarError(ErrorCode.notFound, `no agent named ${JSON.stringify(name)}`);
+  return found.value;
 }
 
 /** Decodes a request, runs its handler and replies `{ ok, data }` or `{ ok: false, error }`. */

@@ -54,11 +54,13 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   }
 
   const { jsm, js, names } = topology;
-  await jsm.consumers
-    .info(names.streams.submit, names.intakeConsumer)
-    .catch(() =>
-      jsm.consumers.add(names.streams.submit, { durable_name: names.intakeConsumer, ack_policy: AckPolicy.Explicit, ack_wait: 30_000_000_000 }),
-    );
+  await jsm.consumers.info(names.streams.submit, names.intakeConsumer).catch(() =>
+    jsm.consumers.add(names.streams.submit, {
+      durable_name: names.intakeConsumer,
+      ack_policy: AckPolicy.Explicit,
+      ack_wait: 30_000_000_000,
+    }),
+  );
   const consumer = await js.consumers.get(names.streams.submit, names.intakeConsumer);
   const intake: ConsumerMessages = await consumer.consume({ max_messages: 64 });
   const intakeDone = (async () => {

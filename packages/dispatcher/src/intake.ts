@@ -31,9 +31,13 @@ export async function admitIntake(topology: Topology, msg: JsMsg, log: Logger): 
 function agentFromBody(body: object, subjectAgent: string): string {
   const named = (body as { agent?: unknown }).agent;
   if (named !== undefined && named !== subjectAgent) {
-    throw new BoxcarError(ErrorCode.invalid, `the body names agent ${JSON.stringify(named)} but was sent to the intake of ${subjectAgent}`, {
-      issues: [{ path: "agent", message: "does not match the subject" }],
-    });
+    throw new BoxcarError(
+      ErrorCode.invalid,
+      `the body names agent ${JSON.stringify(named)} but was sent to the intake of ${subjectAgent}`,
+      {
+        issues: [{ path: "agent", message: "does not match the subject" }],
+      },
+    );
   }
   return subjectAgent;
 }

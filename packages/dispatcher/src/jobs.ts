@@ -1,4 +1,4 @@
-import { nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { BoxcarError, ErrorCode, isTerminal, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
 import { jobEvent } from "./admission.js";
 
@@ -13,9 +13,9 @@ export async function listJobs(topology: Topology, raw: unknown): Promise<ListJo
   let next: string | undefined;
   if (start >= 0) {
     for (const id of ids.slice(start)) {
-      const entry = await topology.jobs.get(id);
-      if (!entry || entry.operation !== "PUT") continue;
-      const job = parseWith(JobRecord, entry.json(), `job record ${id}`);
+      const found = await getJson(topology.jobs, id, JobRecord, "job record");
+      if (!found) continue;
+      const job = found.value;
       if (req.state && job.state !== req.state) continue;
       if (req.agent && job.agent !== req.agent) continue;
       if (jobs.length === req.limit) {
@@ -35,9 +35,9 @@ export async function listJobs(topology: Topology, raw: unknown): Promise<ListJo
  */
 export async function cancelJob(topology: Topology, id: string): Promise<JobRecord> {
   for (let tries = 0; tries < 10; tries++) {
-    const entry = await topology.jobs.get(id);
-    if (!entry || entry.operation !== "PUT") throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-    const job = parseWith(JobRecord, entry.json(), `job record ${id}`);
+    const found = await getJson(topology.jobs, id, JobRecord, "job record");
+    if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+    const job = found.value;
     if (job.state === "cancelled" || (job.state === "running" && job.cancelRequested)) return job;
     if (isTerminal(job.state)) throw new BoxcarError(ErrorCode.conflict, `job ${id} already ended ${job.state}`);
     const next: JobRecord =
@@ -50,7 +50,7 @@ export async function cancelJob(topology: Topology, id: string): Promise<JobReco
             error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
           };
     try {
-      await topology.jobs.update(id, JSON.stringify(next), entry.revision);
+      await topology.jobs.update(id, JSON.stringify(next), found.revision);
     } catch {
       continue; // the record changed under us: look again
     }

@@ -4,8 +4,7 @@ import { durationMs, sizeBytes } from "./units.js";
 
 export const PROTOCOL_VERSION = 1 as const;
 
-const token = (what: string) =>
-  z.string().regex(TOKEN_PATTERN, `${what} must be 1-64 letters, digits, '-' or '_'`);
+const token = (what: string) => z.string().regex(TOKEN_PATTERN, `${what} must be 1-64 letters, digits, '-' or '_'`);
 
 export const AgentName = token("agent name");
 export const PoolName = token("pool name");
@@ -20,7 +19,9 @@ export const MAX_TIMEOUT_MS = 7 * 24 * 3_600_000;
 
 export const ResourceLimits = z.strictObject({
   cpus: z.number().positive().max(256).optional().describe("CPU cores, fractions allowed"),
-  memory: sizeBytes({ min: 4 * 1024 ** 2, max: 1024 ** 4 }).optional().describe('memory limit, e.g. "512Mi"'),
+  memory: sizeBytes({ min: 4 * 1024 ** 2, max: 1024 ** 4 })
+    .optional()
+    .describe('memory limit, e.g. "512Mi"'),
   pids: z.number().int().min(8).max(1_000_000).optional().describe("maximum number of processes"),
 });
 export type ResourceLimits = z.infer<typeof ResourceLimits>;
@@ -55,9 +56,18 @@ export const AgentDefinition = z.strictObject({
   name: AgentName,
   description: z.string().max(1024).optional(),
   command: z
-    .union([z.string().min(1).transform((s) => ["sh", "-c", s]), z.array(z.string()).min(1)], {
-      error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
-    })
+    .union(
+      [
+        z
+          .string()
+          .min(1)
+          .transform((s) => ["sh", "-c", s]),
+        z.array(z.string()).min(1),
+      ],
+      {
+        error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
+      },
+    )
     .describe("argv, or a string run with sh -c"),
   pool: PoolName.default("default").describe("work pool whose workers run this agent"),
   runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }),

@@ -97,7 +97,12 @@ export function parseWith<S extends z.ZodType>(schema: S, value: unknown, what: 
 }
 
 /** Decodes a JSON message body and validates it; errors carry `bad_json`, `too_large` or `invalid`. */
-export function decodeMessage<S extends z.ZodType>(schema: S, data: Uint8Array, what: string, maxBytes = Number.POSITIVE_INFINITY): z.infer<S> {
+export function decodeMessage<S extends z.ZodType>(
+  schema: S,
+  data: Uint8Array,
+  what: string,
+  maxBytes = Number.POSITIVE_INFINITY,
+): z.infer<S> {
   if (data.byteLength > maxBytes) {
     throw new BoxcarError(ErrorCode.tooLarge, `${what} is ${data.byteLength} bytes; the limit is ${maxBytes}`);
   }

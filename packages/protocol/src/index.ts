@@ -1,3 +1,4 @@
+export type { AgentDefinitionInput } from "./agent.js";
 export {
   AgentDefinition,
   AgentName,
@@ -11,6 +12,7 @@ export {
   SandboxKind,
   SecretRef,
 } from "./agent.js";
+export type { AgentFileIssue } from "./agent-file.js";
 export { AgentFileError, parseAgentFile } from "./agent-file.js";
 export {
   AgentRef,
@@ -46,6 +48,7 @@ export {
   WorkerEvent,
   WorkerEventType,
 } from "./events.js";
+export type { JobSpecInput } from "./job.js";
 export {
   AgentResultFile,
   Artifact,
@@ -62,11 +65,7 @@ export {
   WorkItem,
   WorkspacePath,
 } from "./job.js";
+export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
 export { WorkerInfo, WorkerState } from "./worker-info.js";
-
-export type { AgentFileIssue } from "./agent-file.js";
-export type { AgentDefinitionInput } from "./agent.js";
-export type { JobSpecInput } from "./job.js";
-export type { EventKind, Names } from "./names.js";

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PROTOCOL_VERSION, PoolName } from "./agent.js";
+import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { durationMs } from "./units.js";
 

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { PROTOCOL_VERSION, PoolName } from "./agent.js";
+import { PoolName, PROTOCOL_VERSION } from "./agent.js";
 
 export const WorkerState = z.enum(["running", "draining", "stopped"]);
 export type WorkerState = z.infer<typeof WorkerState>;

@@ -11,7 +11,12 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
   });
 }
 
-const code = await main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, env: process.env, signal: controller.signal });
+const code = await main(process.argv.slice(2), {
+  stdout: process.stdout,
+  stderr: process.stderr,
+  env: process.env,
+  signal: controller.signal,
+});
 process.exitCode = code;
 // Anything still holding the event loop (a stray timer, a socket) must not keep a finished CLI alive.
 setTimeout(() => process.exit(code), 2_000).unref();

@@ -33,7 +33,9 @@ export const agent: Command = {
         await using session = await ctx.session("boxcar-agent");
         for (const definition of definitions) {
           const { agent, created } = await session.client.applyAgent(definition);
-          ctx.print(ctx.values.json ? JSON.stringify({ agent: agent.name, created }) : `agent ${agent.name} ${created ? "created" : "updated"}`);
+          ctx.print(
+            ctx.values.json ? JSON.stringify({ agent: agent.name, created }) : `agent ${agent.name} ${created ? "created" : "updated"}`,
+          );
         }
         return ExitCode.ok;
       }

@@ -62,7 +62,8 @@ async function follow(ctx: CommandContext<Values>, client: BoxcarClient, jobId: 
 
 export const submit: Command = {
   name: "submit",
-  usage: "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--pool POOL]",
+  usage:
+    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--pool POOL]",
   summary: "submit a job to an agent",
   options: {
     input: { type: "string" },
@@ -162,7 +163,13 @@ export const artifacts: Command = {
     }
     const job = await session.client.getJob(id);
     if (ctx.values.json) ctx.print(json(job.artifacts));
-    else ctx.print(table(["PATH", "SIZE", "SHA256"], job.artifacts.map((a) => [a.path, String(a.size), a.sha256.slice(0, 16)])));
+    else
+      ctx.print(
+        table(
+          ["PATH", "SIZE", "SHA256"],
+          job.artifacts.map((a) => [a.path, String(a.size), a.sha256.slice(0, 16)]),
+        ),
+      );
     return ExitCode.ok;
   },
 };
@@ -176,7 +183,9 @@ export const cancel: Command = {
     const id = one(ctx, "JOB", this.usage);
     await using session = await ctx.session("boxcar-cancel");
     const job = await session.client.cancelJob(id);
-    ctx.print(ctx.values.json ? json(job) : job.state === "cancelled" ? `${id} cancelled` : `${id} cancel requested (running on ${job.workerId})`);
+    ctx.print(
+      ctx.values.json ? json(job) : job.state === "cancelled" ? `${id} cancelled` : `${id} cancel requested (running on ${job.workerId})`,
+    );
     return ExitCode.ok;
   },
 };
@@ -193,7 +202,8 @@ export const jobs: Command = {
       throw new UsageError(`--state must be one of ${JobState.options.join(", ")}, got ${state}`);
     }
     const limit = ctx.values.limit === undefined ? undefined : Number(ctx.values.limit);
-    if (limit !== undefined && !(Number.isInteger(limit) && limit > 0 && limit <= 1000)) throw new UsageError("--limit must be a whole number from 1 to 1000");
+    if (limit !== undefined && !(Number.isInteger(limit) && limit > 0 && limit <= 1000))
+      throw new UsageError("--limit must be a whole number from 1 to 1000");
     await using session = await ctx.session("boxcar-jobs");
     const page = await session.client.listJobs({
       ...(state ? { state: state as JobState } : {}),

@@ -17,7 +17,8 @@ export function readLogFormat(value: unknown): LogFormat | undefined {
 export function positiveInt(value: unknown, flag: string, fallback: number): number {
   if (value === undefined) return fallback;
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1 || n > 10_000) throw new UsageError(`${flag} must be a whole number from 1 to 10000, got ${String(value)}`);
+  if (!Number.isInteger(n) || n < 1 || n > 10_000)
+    throw new UsageError(`${flag} must be a whole number from 1 to 10000, got ${String(value)}`);
   return n;
 }
 

@@ -22,7 +22,8 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 
 export const up: Command = {
   name: "up",
-  usage: "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--log-format json|pretty]",
+  usage:
+    "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   options: {
     port: { type: "string" },
@@ -58,7 +59,9 @@ export const up: Command = {
     try {
       server = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
     } catch (err) {
-      throw new UsageError(`cannot start nats-server on port ${port}: ${(err as Error).message.split("\n")[0]} (is another server using it? try --port)`);
+      throw new UsageError(
+        `cannot start nats-server on port ${port}: ${(err as Error).message.split("\n")[0]} (is another server using it? try --port)`,
+      );
     }
     cleanup.push(() => server.stop());
     try {

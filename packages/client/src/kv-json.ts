@@ -1,0 +1,28 @@
+import { parseWith } from "@boxcar/protocol";
+import type { KV } from "@nats-io/kv";
+import type { z } from "zod";
+
+export interface Revisioned<T> {
+  value: T;
+  /** The KV revision, for a compare-and-swap `kv.update(key, value, revision)`. */
+  revision: number;
+}
+
+/** Reads a JSON value from KV and validates it; `null` when the key is absent or deleted. */
+export async function getJson<S extends z.ZodType>(kv: KV, key: string, schema: S, what: string): Promise<Revisioned<z.infer<S>> | null> {
+  const entry = await kv.get(key);
+  if (entry?.operation !== "PUT") return null;
+  return { value: parseWith(schema, entry.json(), `${what} ${key}`), revision: entry.revision };
+}
+
+/** Every value of a bucket, validated, in key order. */
+export async function listJson<S extends z.ZodType>(kv: KV, schema: S, what: string): Promise<z.infer<S>[]> {
+  const keys: string[] = [];
+  for await (const key of await kv.keys()) keys.push(key);
+  const values: z.infer<S>[] = [];
+  for (const key of keys.sort()) {
+    const found = await getJson(kv, key, schema, what);
+    if (found) values.push(found.value);
+  }
+  return values;
+}

@@ -1,0 +1,165 @@
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { ErrorCode, JobRecord, MAX_SPEC_BYTES } from "@boxcar/protocol";
+import { Svcm } from "@nats-io/services";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+const echoAgent = { name: "echo", command: ["sh", "-c", "echo hi"], runtime: { sandbox: "host", timeout: "10s" } };
+
+let nats: NatsFixture;
+let dispatcher: Awaited<ReturnType<typeof startDispatcher>>;
+
+beforeAll(async () => {
+  nats = await natsFixture();
+  dispatcher = await startDispatcher({ topology: nats.topology });
+  await createClient(nats.topology).applyAgent(echoAgent);
+});
+afterAll(async () => {
+  await dispatcher?.close();
+  await nats?.[Symbol.asyncDispose]();
+});
+
+/** A request on the raw API subject, as a client in any language would send it. */
+async function rawRequest(endpoint: string, body: string | Uint8Array) {
+  const msg = await nats.nc.request(nats.topology.names.subjects.api(endpoint as never), body, { timeout: 5_000 });
+  return {
+    reply: msg.json<{ ok: boolean; data?: unknown; error?: { code: string; message: string; issues?: { path: string }[] } }>(),
+    msg,
+  };
+}
+
+async function workStreamMessages(): Promise<number> {
+  return (await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages;
+}
+
+describe("the request/reply API", () => {
+  test("is a NATS service that $SRV.PING finds", async () => {
+    const found = [];
+    for await (const ping of await new Svcm(nats.nc).client().ping(nats.topology.names.serviceName)) found.push(ping);
+    expect(found).toHaveLength(1);
+    expect(found[0]?.metadata?.dispatcherId).toBe(dispatcher.id);
+  });
+
+  test("jobs.submit gives an id, records the job and enqueues one work item", async () => {
+    const before = await workStreamMessages();
+    const { reply } = await rawRequest("jobs.submit", JSON.stringify({ agent: "echo", input: { n: 1 } }));
+    expect(reply.ok).toBe(true);
+    const job = JobRecord.parse((reply.data as { job: unknown }).job);
+    expect(job.state).toBe("queued");
+    expect(job.spec?.input).toEqual({ n: 1 });
+    const stored = await nats.topology.jobs.get(job.id);
+    expect(JobRecord.parse(stored?.json()).id).toBe(job.id);
+    expect(await workStreamMessages()).toBe(before + 1);
+  });
+
+  test("an idempotency key returns the first job and enqueues nothing more", async () => {
+    const client = createClient(nats.topology);
+    const first = await client.submit({ agent: "echo", idempotencyKey: "order-42" });
+    const count = await workStreamMessages();
+    const second = await client.submit({ agent: "echo", idempotencyKey: "order-42" });
+    expect(first.duplicate).toBe(false);
+    expect(second.duplicate).toBe(true);
+    expect(second.job.id).toBe(first.job.id);
+    expect(await workStreamMessages()).toBe(count);
+  });
+
+  test.each([
+    ["not JSON", "{nope", ErrorCode.badJson, []],
+    [
+      "a schema violation",
+      JSON.stringify({ agent: "echo", timeout: "forever", files: [{ path: "../x", object: "o" }] }),
+      ErrorCode.invalid,
+      ["timeout", "files[0].path"],
+    ],
+    ["an unknown agent", JSON.stringify({ agent: "nobody" }), ErrorCode.unknownAgent, ["agent"]],
+    [
+      "a missing input file",
+      JSON.stringify({ agent: "echo", files: [{ path: "a.txt", object: "inputs/none" }] }),
+      ErrorCode.inputFileMissing,
+      ["files[0].object"],
+    ],
+    ["an oversized spec", JSON.stringify({ agent: "echo", input: "x".repeat(MAX_SPEC_BYTES) }), ErrorCode.tooLarge, []],
+  ])("%s is refused with code and field paths, and nothing is enqueued", async (_what, body, code, paths) => {
+    const before = await workStreamMessages();
+    const jobsBefore = (await nats.topology.jobs.status()).values;
+    const { reply, msg } = await rawRequest("jobs.submit", body);
+    expect(reply.ok).toBe(false);
+    expect(reply.error?.code).toBe(code);
+    expect(reply.error?.message).toBeTruthy();
+    expect((reply.error?.issues ?? []).map((i) => i.path)).toEqual(expect.arrayContaining(paths));
+    expect(msg.headers?.get("Nats-Service-Error-Code")).toMatch(/^4\d\d$/);
+    expect(await workStreamMessages()).toBe(before);
+    expect((await nats.topology.jobs.status()).values).toBe(jobsBefore);
+  });
+
+  test("jobs.get, jobs.list (filtered, paged) and jobs.cancel of a queued job", async () => {
+    const client = createClient(nats.topology);
+    const ids = [];
+    for (let i = 0; i < 5; i++) ids.push((await client.submit({ agent: "echo", input: i })).job.id);
+    expect((await client.getJob(ids[0] as string)).id).toBe(ids[0]);
+
+    const page1 = await client.listJobs({ agent: "echo", state: "queued", limit: 3 });
+    expect(page1.jobs).toHaveLength(3);
+    expect(page1.next).toBeDefined();
+    const page2 = await client.listJobs({ agent: "echo", state: "queued", limit: 3, after: page1.next });
+    const listed = [...page1.jobs, ...page2.jobs].map((j) => j.id);
+    expect(listed).toEqual(expect.arrayContaining(ids));
+    expect(new Set(listed).size).toBe(listed.length);
+    expect(listed).toEqual([...listed].sort().reverse());
+
+    const cancelled = await client.cancelJob(ids[1] as string);
+    expect(cancelled.state).toBe("cancelled");
+    expect((await client.cancelJob(ids[1] as string)).state).toBe("cancelled"); // idempotent
+    expect((await client.listJobs({ state: "cancelled" })).jobs.map((j) => j.id)).toContain(ids[1]);
+  });
+
+  test("unknown ids are not_found; agents can be applied, listed, read and removed", async () => {
+    const client = createClient(nats.topology);
+    await expect(client.getJob("nope")).rejects.toMatchObject({ code: ErrorCode.notFound });
+    await expect(client.cancelJob("nope")).rejects.toMatchObject({ code: ErrorCode.notFound });
+    const applied = await client.applyAgent({ name: "tmp", command: "true" });
+    expect(applied).toMatchObject({ created: true, agent: { name: "tmp", command: ["sh", "-c", "true"], pool: "default" } });
+    expect((await client.applyAgent({ name: "tmp", command: "false" })).created).toBe(false);
+    expect((await client.listAgents()).map((a) => a.name)).toEqual(["echo", "tmp"]);
+    expect((await client.getAgent("tmp")).command).toEqual(["sh", "-c", "false"]);
+    await client.removeAgent("tmp");
+    await expect(client.getAgent("tmp")).rejects.toMatchObject({ code: ErrorCode.notFound });
+    await expect(client.applyAgent({ name: "bad name!", command: "" })).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+      issues: expect.arrayContaining([expect.objectContaining({ path: "name" }), expect.objectContaining({ path: "command" })]),
+    });
+  });
+});
+
+describe("the durable intake subject", () => {
+  test("a fire-and-forget submission is admitted; a bad one is recorded as rejected with its reason", async () => {
+    const { names } = nats.topology;
+    const before = await workStreamMessages();
+    await nats.topology.js.publish(
+      names.subjects.submit("echo"),
+      JSON.stringify({ input: { via: "intake" }, idempotencyKey: "intake-ok" }),
+    );
+    await nats.topology.js.publish(names.subjects.submit("echo"), "not json at all");
+    await nats.topology.js.publish(names.subjects.submit("echo"), JSON.stringify({ input: 1, timeout: -5 }));
+    await nats.topology.js.publish(names.subjects.submit("ghost"), JSON.stringify({}));
+
+    const client = createClient(nats.topology);
+    const deadline = Date.now() + 10_000;
+    let rejected: JobRecord[] = [];
+    while (Date.now() < deadline) {
+      rejected = (await client.listJobs({ state: "rejected" })).jobs;
+      if (rejected.length >= 3) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(rejected.map((j) => j.error?.code).sort()).toEqual([ErrorCode.badJson, ErrorCode.invalid, ErrorCode.unknownAgent]);
+    expect(rejected.find((j) => j.error?.code === ErrorCode.invalid)?.error?.issues?.[0]?.path).toBe("timeout");
+    expect(rejected.find((j) => j.error?.code === ErrorCode.unknownAgent)?.agent).toBe("ghost");
+    const admitted = (await client.listJobs({ agent: "echo" })).jobs.filter((j) => j.spec?.idempotencyKey === "intake-ok");
+    expect(admitted).toHaveLength(1);
+    expect(admitted[0]?.spec?.input).toEqual({ via: "intake" });
+    expect(await workStreamMessages()).toBe(before + 1);
+    // Every intake message was acked: nothing is left in the intake work queue.
+    expect((await nats.topology.jsm.streams.info(names.streams.submit)).state.messages).toBe(0);
+  });
+});
