@@ -1,5 +1,5 @@
-import { realpath } from "node:fs/promises";
-import { sep } from "node:path";
+import { lstat, mkdir } from "node:fs/promises";
+import { join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 
 /**
@@ -14,12 +14,34 @@ export function workspaceSegments(path: string): string[] {
   return segments;
 }
 
-/** Throws unless `dir` (which must exist) resolves, symlinks followed, inside `root` (a real path). */
-export async function assertInside(root: string, dir: string, path: string): Promise<void> {
-  const real = await realpath(dir);
-  if (real !== root && !real.startsWith(root + sep)) throw escapeError(path);
+/**
+ * The folder `segments` names under `root`, refusing to pass through a symlink (which could
+ * lead out of the workspace). Missing folders are created when `create` is set; otherwise a
+ * missing folder gives null.
+ */
+export async function workspaceDir(root: string, segments: readonly string[], path: string, create: boolean): Promise<string | null> {
+  let dir = root;
+  for (const segment of segments) {
+    dir = join(dir, segment);
+    let stats = await lstat(dir).catch(ignoreMissing);
+    if (!stats) {
+      if (!create) return null;
+      await mkdir(dir).catch((err: NodeJS.ErrnoException) => {
+        if (err.code !== "EEXIST") throw err;
+      });
+      stats = await lstat(dir);
+    }
+    if (stats.isSymbolicLink()) throw escapeError(path);
+    if (!stats.isDirectory()) throw new BoxcarError(ErrorCode.invalid, `path ${JSON.stringify(path)}: ${segment} is not a folder`);
+  }
+  return dir;
 }
 
 export function escapeError(path: string): BoxcarError {
   return new BoxcarError(ErrorCode.invalid, `path ${JSON.stringify(path)} leaves the workspace: use a relative path without '..' or symlinks`);
+}
+
+function ignoreMissing(err: NodeJS.ErrnoException): null {
+  if (err.code === "ENOENT") return null;
+  throw err;
 }
