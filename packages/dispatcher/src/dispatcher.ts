@@ -58,15 +58,16 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     jsm.consumers.add(names.streams.submit, {
       durable_name: names.intakeConsumer,
       ack_policy: AckPolicy.Explicit,
-      ack_wait: 30_000_000_000,
+      ack_wait: topology.options.ackWaitMs * 1_000_000,
     }),
   );
+  const streamCreated = (await jsm.streams.info(names.streams.submit)).created;
   const consumer = await js.consumers.get(names.streams.submit, names.intakeConsumer);
   const intake: ConsumerMessages = await consumer.consume({ max_messages: 64 });
   const intakeDone = (async () => {
     for await (const msg of intake) {
       try {
-        await admitIntake(topology, msg, log);
+        await admitIntake(topology, msg, streamCreated, log);
       } catch (err) {
         log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
         msg.nak(1_000);

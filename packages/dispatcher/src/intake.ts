@@ -8,11 +8,12 @@ import { admit, recordRejection } from "./admission.js";
  * Admits one message from the durable intake stream `<prefix>.submit.<agent>`. The agent comes
  * from the subject when the body names none. A bad submission is recorded as a rejected job;
  * either way the message is acked only once its outcome is stored, so a dispatcher that dies
- * midway leaves it for another to redo (deduplicated by the stream sequence).
+ * midway leaves it for another to redo (deduplicated by the stream's creation time and sequence).
  */
-export async function admitIntake(topology: Topology, msg: JsMsg, log: Logger): Promise<void> {
+export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated: string, log: Logger): Promise<void> {
   const agent = msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
-  const implicitKey = `intake:${topology.names.prefix}:${msg.seq}`;
+  // Sequences restart if the stream is recreated; its creation time keeps keys unique.
+  const implicitKey = `intake:${topology.names.prefix}:${streamCreated}:${msg.seq}`;
   try {
     const body = decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;

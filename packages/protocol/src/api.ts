@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AgentDefinition, AgentName } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { JobRecord, JobState } from "./job.js";
+import { TOKEN_PATTERN } from "./names.js";
 import { WorkerInfo } from "./worker-info.js";
 
 /** Every API reply is `{ ok: true, data }` or `{ ok: false, error }`. */
@@ -11,7 +12,7 @@ export const ApiReply = z.discriminatedUnion("ok", [
 ]);
 export type ApiReply = z.infer<typeof ApiReply>;
 
-export const JobRef = z.strictObject({ id: z.string().min(1).max(128) });
+export const JobRef = z.strictObject({ id: z.string().regex(TOKEN_PATTERN, "a job id is 1-64 letters, digits, '-' or '_'") });
 
 export const SubmitReply = z.strictObject({
   job: JobRecord,

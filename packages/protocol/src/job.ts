@@ -83,7 +83,7 @@ export const JobRecord = z.strictObject({
   agent: AgentName,
   pool: PoolName,
   state: JobState,
-  /** Absent only on a `rejected` submission whose spec did not validate. */
+  /** Absent only on a `rejected` submission (the spec is not kept, valid or not). */
   spec: JobSpec.optional(),
   attempt: z.number().int().nonnegative(),
   workerId: z.string().optional(),
