@@ -102,7 +102,9 @@ describe("host sandbox", () => {
   });
 
   test("a command that does not exist is an agent failure", async () => {
-    const err = await rejection(sandbox.exec(["no-such-command-boxcar"], { env: {}, signal: new AbortController().signal, onOutput: () => {} }));
+    const err = await rejection(
+      sandbox.exec(["no-such-command-boxcar"], { env: {}, signal: new AbortController().signal, onOutput: () => {} }),
+    );
     expect(err.code).toBe(ErrorCode.agentFailed);
   });
 

@@ -81,7 +81,9 @@ class HostSandbox implements Sandbox {
       opts.signal.addEventListener("abort", onAbort, { once: true });
       child.once("error", (err) => {
         settle();
-        reject(new BoxcarError(ErrorCode.agentFailed, `cannot start agent command ${JSON.stringify(command)}: ${err.message}`, { cause: err }));
+        reject(
+          new BoxcarError(ErrorCode.agentFailed, `cannot start agent command ${JSON.stringify(command)}: ${err.message}`, { cause: err }),
+        );
       });
       child.once("exit", () => {
         // The run ends with the command: whatever it left running in its group goes too.

@@ -29,7 +29,13 @@ describe("resolveRuntime refuses with no_sandbox and says what to change", () =>
     ["auto when nothing is offered", {}, [], open, /offers none.*Docker engine.*E2B_API_KEY/],
     ["explicit docker without an engine", { sandbox: "docker" }, ["host"], open, /cannot offer.*Docker engine/],
     ["explicit e2b without a key", { sandbox: "e2b" }, ["host"], open, /E2B_API_KEY/],
-    ["explicit docker the policy forbids", { sandbox: "docker" }, ["host", "docker"], { allowed: ["host"], allowHost: true }, /add docker to the worker's allowed sandboxes/],
+    [
+      "explicit docker the policy forbids",
+      { sandbox: "docker" },
+      ["host", "docker"],
+      { allowed: ["host"], allowHost: true },
+      /add docker to the worker's allowed sandboxes/,
+    ],
     ["explicit host with allowHost off", { sandbox: "host" }, ["host"], { allowed: ALL, allowHost: false }, /forbids.*set allowHost/],
     ["an image when docker is missing", { image: "alpine:3" }, ["host", "e2b"], open, /needs a docker sandbox.*image/],
   ])("%s", (_, wishes, offered, policy, message) => {

@@ -34,10 +34,14 @@ export function resolveRuntime(wishes: RuntimeWishes, capabilities: ReadonlySet<
   if (wishes.sandbox !== "auto") {
     const kind = wishes.sandbox;
     if (!permitted(kind)) {
-      throw noSandbox(`the agent asks for a ${kind} sandbox, which this worker's policy forbids: change runtime.sandbox, or ${permit(kind, policy)}`);
+      throw noSandbox(
+        `the agent asks for a ${kind} sandbox, which this worker's policy forbids: change runtime.sandbox, or ${permit(kind, policy)}`,
+      );
     }
     if (!capabilities.has(kind)) {
-      throw noSandbox(`the agent asks for a ${kind} sandbox, which this worker cannot offer now: ${HOW_TO_OFFER[kind]}, or change runtime.sandbox`);
+      throw noSandbox(
+        `the agent asks for a ${kind} sandbox, which this worker cannot offer now: ${HOW_TO_OFFER[kind]}, or change runtime.sandbox`,
+      );
     }
     return { kind, reason: `the agent asks for ${kind}` };
   }

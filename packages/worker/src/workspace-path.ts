@@ -38,7 +38,10 @@ export async function workspaceDir(root: string, segments: readonly string[], pa
 }
 
 export function escapeError(path: string): BoxcarError {
-  return new BoxcarError(ErrorCode.invalid, `path ${JSON.stringify(path)} leaves the workspace: use a relative path without '..' or symlinks`);
+  return new BoxcarError(
+    ErrorCode.invalid,
+    `path ${JSON.stringify(path)} leaves the workspace: use a relative path without '..' or symlinks`,
+  );
 }
 
 function ignoreMissing(err: NodeJS.ErrnoException): null {

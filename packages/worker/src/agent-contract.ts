@@ -1,0 +1,82 @@
+import { type AgentDefinition, BoxcarError, ErrorCode, type ErrorIssue, type WorkItem } from "@boxcar/protocol";
+
+/**
+ * What every agent finds in its workspace, whatever the sandbox (see the package README).
+ * Paths are workspace-relative.
+ */
+export const AgentPaths = {
+  /** The job's input as JSON. */
+  input: ".boxcar/input.json",
+  /** Where the agent may write its result: `{ output?, summary?, error? }`. */
+  result: ".boxcar/result.json",
+  /** The agent's TMPDIR. */
+  tmp: ".boxcar/tmp",
+  /** Files the agent keeps: the default artifact glob is `out/**`. */
+  output: "out",
+  /** Reserved for Boxcar: never an input file or an artifact. */
+  reserved: ".boxcar",
+} as const;
+
+/** The largest result file read; its output lands in the job record. */
+export const MAX_RESULT_BYTES = 256 * 1024;
+
+/**
+ * The values of the agent's secrets, read from the worker's environment. Throws a
+ * `missing_secret` error naming every variable that is not set (never a value).
+ */
+export function collectSecrets(agent: AgentDefinition, secretsEnv: Readonly<Record<string, string | undefined>>): Map<string, string> {
+  const values = new Map<string, string>();
+  const missing: ErrorIssue[] = [];
+  const names: string[] = [];
+  for (const [i, { name, from }] of agent.secrets.entries()) {
+    const value = secretsEnv[from];
+    if (value !== undefined) {
+      values.set(name, value);
+      continue;
+    }
+    missing.push({ path: `secrets[${i}]`, message: `${from} is not set in the worker's environment` });
+    names.push(name === from ? name : `${name} (from ${from})`);
+  }
+  if (missing.length > 0) {
+    const plural = missing.length > 1;
+    throw new BoxcarError(
+      ErrorCode.missingSecret,
+      `agent ${agent.name} needs the secret${plural ? "s" : ""} ${names.join(", ")}: set ${plural ? "them" : "it"} in the worker's environment`,
+      { issues: missing },
+    );
+  }
+  return values;
+}
+
+export interface AgentEnvParams {
+  item: WorkItem;
+  attempt: number;
+  /** The workspace as seen inside the sandbox. */
+  workspace: string;
+  /** PATH for the agent: the worker's own. */
+  path: string;
+  secrets: ReadonlyMap<string, string>;
+}
+
+/**
+ * The agent's complete environment: PATH, HOME, LANG and TMPDIR, then the agent's `env`, then
+ * its secrets, then the BOXCAR_* variables (which nothing overrides).
+ */
+export function agentEnv({ item, attempt, workspace, path, secrets }: AgentEnvParams): Record<string, string> {
+  const inWorkspace = (p: string) => `${workspace}/${p}`;
+  return {
+    PATH: path,
+    HOME: workspace,
+    LANG: "C.UTF-8",
+    TMPDIR: inWorkspace(AgentPaths.tmp),
+    ...item.agent.env,
+    ...Object.fromEntries(secrets),
+    BOXCAR_JOB_ID: item.jobId,
+    BOXCAR_ATTEMPT: String(attempt),
+    BOXCAR_AGENT: item.agent.name,
+    BOXCAR_WORKSPACE: workspace,
+    BOXCAR_INPUT_FILE: inWorkspace(AgentPaths.input),
+    BOXCAR_RESULT_FILE: inWorkspace(AgentPaths.result),
+    BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
+  };
+}

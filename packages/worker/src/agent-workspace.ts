@@ -1,0 +1,94 @@
+import { createHash } from "node:crypto";
+import { AgentResultFile, type Artifact, BoxcarError, ErrorCode, type WorkItem, zodIssues } from "@boxcar/protocol";
+import type { ObjectStore } from "@nats-io/obj";
+import { AgentPaths, MAX_RESULT_BYTES } from "./agent-contract.js";
+import { globMatcher } from "./glob.js";
+import type { Sandbox } from "./sandbox.js";
+
+/** The most artifacts one job may keep: their list lives in the job record. */
+export const MAX_ARTIFACTS = 1000;
+
+/** Lays out the workspace the agent contract promises: folders, input JSON and input files. */
+export async function prepareWorkspace(sandbox: Sandbox, item: WorkItem, store: ObjectStore): Promise<void> {
+  await sandbox.mkdir(AgentPaths.tmp);
+  await sandbox.mkdir(AgentPaths.output);
+  await sandbox.writeFile(AgentPaths.input, new TextEncoder().encode(JSON.stringify(item.input)));
+  for (const file of item.files) {
+    const object = await store.get(file.object);
+    if (!object) {
+      throw new BoxcarError(
+        ErrorCode.inputFileMissing,
+        `input file ${file.path}: no object ${JSON.stringify(file.object)} in the Object Store`,
+      );
+    }
+    await sandbox.writeFile(file.path, object.data);
+    const err = await object.error;
+    if (err) throw new BoxcarError(ErrorCode.internal, `input file ${file.path} arrived incomplete: ${err.message}`, { cause: err });
+  }
+}
+
+/** The agent's result file, validated; undefined when the agent wrote none. */
+export async function readResultFile(sandbox: Sandbox): Promise<AgentResultFile | undefined> {
+  const body = await sandbox.readFile(AgentPaths.result);
+  if (!body) return undefined;
+  const text = new TextDecoder().decode(await readAtMost(body, MAX_RESULT_BYTES));
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (cause) {
+    throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is not valid JSON: ${(cause as Error).message}`, { cause });
+  }
+  const parsed = AgentResultFile.safeParse(json);
+  if (parsed.success) return parsed.data;
+  const issues = zodIssues(parsed.error);
+  const detail = issues.map((i) => (i.path ? `${i.path}: ${i.message}` : i.message)).join("; ");
+  throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is not a valid result: ${detail}`, { issues });
+}
+
+/**
+ * Streams the workspace files that match `globs` into the Object Store as `<jobId>/<path>`.
+ * Files under `.boxcar/` are never artifacts.
+ */
+export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: readonly string[], store: ObjectStore): Promise<Artifact[]> {
+  const matches = globMatcher(globs);
+  const files = (await sandbox.listFiles())
+    .filter((f) => !f.path.startsWith(`${AgentPaths.reserved}/`) && matches(f.path))
+    .sort((a, b) => (a.path < b.path ? -1 : 1));
+  if (files.length > MAX_ARTIFACTS) {
+    throw new BoxcarError(
+      ErrorCode.tooLarge,
+      `the agent left ${files.length} files matching its outputs (${globs.join(", ")}); the limit is ${MAX_ARTIFACTS}`,
+    );
+  }
+  const artifacts: Artifact[] = [];
+  for (const { path } of files) {
+    const body = await sandbox.readFile(path);
+    if (!body) continue; // removed since it was listed
+    const hash = createHash("sha256");
+    let size = 0;
+    const measured = body.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          hash.update(chunk);
+          size += chunk.length;
+          controller.enqueue(chunk);
+        },
+      }),
+    );
+    const object = `${jobId}/${path}`;
+    await store.put({ name: object }, measured);
+    artifacts.push({ path, object, size, sha256: hash.digest("hex") });
+  }
+  return artifacts;
+}
+
+async function readAtMost(body: ReadableStream<Uint8Array>, limit: number): Promise<Uint8Array> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.length;
+    if (size > limit) throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is larger than ${limit} bytes`);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks, size);
+}

@@ -1,0 +1,98 @@
+import { type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import {
+  type BoxcarEvent,
+  type ErrorInfo,
+  type JobEventType,
+  type JobState,
+  PROTOCOL_VERSION,
+  type SandboxEventType,
+  type SandboxInfo,
+} from "@boxcar/protocol";
+import type { SandboxBackend } from "./sandbox.js";
+
+/** Progress events waiting beyond this many are dropped: a chatty agent cannot flood the stream. */
+const MAX_QUEUED_PROGRESS = 64;
+
+export interface SandboxRef {
+  backend: SandboxBackend;
+  sandboxId: string;
+}
+
+export interface JobEventDetails {
+  sandbox?: SandboxInfo;
+  message?: string;
+  error?: ErrorInfo;
+}
+
+export interface SandboxEventDetails {
+  durationMs?: number;
+  exitCode?: number | null;
+  signal?: string | null;
+  error?: ErrorInfo;
+}
+
+/**
+ * Publishes the job and sandbox events of one attempt strictly in order: each waits until the
+ * one before it is stored. A failed publish is logged and does not stop the job.
+ */
+export class JobEvents {
+  private tail: Promise<void> = Promise.resolve();
+  private queuedProgress = 0;
+  attempt = 0;
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly ids: { jobId: string; agent: string; workerId: string },
+    private readonly log: Logger,
+  ) {}
+
+  job(type: JobEventType, state: JobState, details: JobEventDetails = {}): Promise<void> {
+    return this.enqueue({
+      v: PROTOCOL_VERSION,
+      at: nowIso(),
+      kind: "job",
+      type,
+      jobId: this.ids.jobId,
+      agent: this.ids.agent,
+      state,
+      attempt: this.attempt,
+      workerId: this.ids.workerId,
+      ...details,
+    });
+  }
+
+  sandbox(type: SandboxEventType, ref: SandboxRef, details: SandboxEventDetails = {}): Promise<void> {
+    return this.enqueue({
+      v: PROTOCOL_VERSION,
+      at: nowIso(),
+      kind: "sandbox",
+      type,
+      jobId: this.ids.jobId,
+      attempt: this.attempt,
+      workerId: this.ids.workerId,
+      ...ref,
+      ...details,
+    });
+  }
+
+  /** Queues a progress event without waiting for it. */
+  progress(message: string, sandbox: SandboxInfo | undefined): void {
+    if (this.queuedProgress >= MAX_QUEUED_PROGRESS) {
+      this.log.debug({ message }, "progress event dropped: too many waiting");
+      return;
+    }
+    this.queuedProgress += 1;
+    void this.job("progress", "running", { message, ...(sandbox ? { sandbox } : {}) }).finally(() => {
+      this.queuedProgress -= 1;
+    });
+  }
+
+  private enqueue(event: BoxcarEvent): Promise<void> {
+    this.tail = this.tail.then(() =>
+      publishEvent(this.topology, event).catch((err: unknown) => {
+        this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
+      }),
+    );
+    return this.tail;
+  }
+}

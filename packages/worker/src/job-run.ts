@@ -1,0 +1,427 @@
+import { randomBytes } from "node:crypto";
+import { type Logger, nowIso, type Topology } from "@boxcar/client";
+import {
+  type AgentResultFile,
+  type Artifact,
+  BoxcarError,
+  ErrorCode,
+  type ErrorInfo,
+  isTerminal,
+  type JobRecord,
+  type JobResult,
+  type SandboxInfo,
+  toErrorInfo,
+  type WorkItem,
+} from "@boxcar/protocol";
+import type { JsMsg } from "@nats-io/jetstream";
+import { agentEnv, collectSecrets } from "./agent-contract.js";
+import { prepareWorkspace, readResultFile, storeArtifacts } from "./agent-workspace.js";
+import { JobEvents, type SandboxRef } from "./job-events.js";
+import { type JobHandle, readJob, updateJob } from "./job-record.js";
+import { OutputLog } from "./output-log.js";
+import { redactJson } from "./redactor.js";
+import { type ResolvedRuntime, resolveRuntime } from "./runtime-resolver.js";
+import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
+import type { ResolvedWorkerOptions } from "./worker-options.js";
+
+/** Why a run was stopped before it ended on its own. */
+export type StopReason = "cancelled" | "timed_out" | "worker_stopped" | "fenced";
+
+export interface JobRunContext {
+  options: ResolvedWorkerOptions;
+  /** The worker's logger. */
+  log: Logger;
+  /** Backends whose provider is available now. */
+  capabilities(): ReadonlySet<SandboxBackend>;
+  providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
+}
+
+type FinalState = "succeeded" | "failed" | "timed_out" | "cancelled";
+
+type Outcome =
+  | { kind: "final"; state: FinalState; result?: JobResult; artifacts: Artifact[]; error?: ErrorInfo; message?: string }
+  /** The worker stops: the job goes back to the queue. */
+  | { kind: "requeue" }
+  /** Another attempt owns the job now: this one must change nothing. */
+  | { kind: "fenced" };
+
+type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
+
+/**
+ * One delivery of one work item: claims the job, runs the agent in a sandbox, records the
+ * outcome and acknowledges the message. Every step that changes the job record is a
+ * compare-and-swap that checks this attempt still owns the job.
+ */
+export class JobRun {
+  readonly jobId: string;
+  private readonly topology: Topology;
+  private readonly abort = new AbortController();
+  private readonly events: JobEvents;
+  private log: Logger;
+  private stopReason: StopReason | undefined;
+  /** The record as this attempt last wrote it; set once the job is claimed. */
+  private handle: JobHandle | undefined;
+  private finishing = false;
+  private sandboxInfo: SandboxInfo | undefined;
+  private secretValues: string[] = [];
+
+  constructor(
+    private readonly ctx: JobRunContext,
+    private readonly msg: JsMsg,
+    private readonly item: WorkItem,
+  ) {
+    this.jobId = item.jobId;
+    this.topology = ctx.options.topology;
+    this.log = ctx.log.child({ jobId: item.jobId });
+    this.events = new JobEvents(this.topology, { jobId: item.jobId, agent: item.agent.name, workerId: ctx.options.workerId }, this.log);
+  }
+
+  /** Stops the run; the first reason decides how the job ends. */
+  stop(reason: StopReason): void {
+    if (this.stopReason) return;
+    this.stopReason = reason;
+    this.log.info({ reason }, "stopping job");
+    this.abort.abort();
+  }
+
+  /** Handles the message to the end; never rejects. */
+  async run(): Promise<void> {
+    const keepAlive = setInterval(() => this.keepAlive(), this.topology.options.ackWaitMs / 3);
+    try {
+      await this.process();
+    } catch (err) {
+      this.log.error({ err }, "job handling failed; handing the work item back");
+      this.msg.nak(5_000);
+    } finally {
+      clearInterval(keepAlive);
+    }
+  }
+
+  private async process(): Promise<void> {
+    const found = await readJob(this.topology, this.jobId);
+    if (!found) {
+      this.log.warn({}, "no job record for this work item; dropping it");
+      return this.ack();
+    }
+    if (this.stopReason === "worker_stopped") return this.msg.nak();
+
+    const preflight = this.preflight();
+    const now = nowIso();
+    const claim = await updateJob(this.topology, found, (current): JobRecord | null => {
+      if (isTerminal(current.state)) return null;
+      if (current.cancelRequested) {
+        return {
+          ...current,
+          state: "cancelled",
+          finishedAt: now,
+          error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
+        };
+      }
+      const claimed: JobRecord = {
+        ...current,
+        attempt: current.attempt + 1,
+        workerId: this.ctx.options.workerId,
+        startedAt: now,
+        sandbox: undefined,
+        result: undefined,
+        error: undefined,
+        finishedAt: undefined,
+        artifacts: [],
+      };
+      return preflight.ok ? { ...claimed, state: "running" } : { ...claimed, state: "failed", finishedAt: now, error: preflight.error };
+    });
+    if (!claim.written) {
+      this.log.info({ state: claim.current?.record.state }, "job is not waiting to run; dropping the work item");
+      return this.ack();
+    }
+
+    const record = claim.handle.record;
+    this.events.attempt = record.attempt;
+    this.log = this.log.child({ attempt: record.attempt });
+    if (!preflight.ok || record.state !== "running") {
+      const state = record.state === "cancelled" ? "cancelled" : "failed";
+      await this.events.job(state, state, record.error ? { error: record.error, message: record.error.message } : {});
+      this.log.info({ state, error: record.error }, "job ended before it started");
+      return this.ack();
+    }
+
+    this.handle = claim.handle;
+    await this.events.job("started", "running");
+    this.log.info({ sandbox: preflight.runtime.kind }, "job started");
+    const outcome = await this.execute(preflight.runtime, preflight.secrets);
+    this.finishing = true;
+    await this.finish(outcome);
+  }
+
+  /** What can fail before anything starts: no sandbox fits, or a secret is missing. */
+  private preflight(): Preflight {
+    try {
+      const runtime = resolveRuntime(this.item.agent.runtime, this.ctx.capabilities(), this.ctx.options.policy);
+      return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
+    } catch (err) {
+      return { ok: false, error: toErrorInfo(err) };
+    }
+  }
+
+  private async execute(runtime: ResolvedRuntime, secrets: Map<string, string>): Promise<Outcome> {
+    this.secretValues = [...secrets.values()].filter((v) => v.length > 0);
+    const ref: SandboxRef = { backend: runtime.kind, sandboxId: `sbx-${randomBytes(6).toString("hex")}` };
+    let sandbox: Sandbox | undefined;
+    let exec: ExecResult | undefined;
+    try {
+      sandbox = await this.createSandbox(ref);
+      this.sandboxInfo = { kind: runtime.kind, id: ref.sandboxId, reason: runtime.reason };
+      await this.recordSandbox();
+      await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
+      exec = await this.runAgent(sandbox, ref, secrets);
+      if (exec.aborted) return this.stopped(exec);
+      return await this.conclude(sandbox, exec);
+    } catch (err) {
+      if (this.stopReason && !exec) return this.stopped(undefined);
+      return this.failed(err, exec);
+    } finally {
+      if (sandbox) await this.destroySandbox(sandbox, ref);
+    }
+  }
+
+  private async createSandbox(ref: SandboxRef): Promise<Sandbox> {
+    const provider = this.ctx.providers.get(ref.backend);
+    if (!provider) throw new BoxcarError(ErrorCode.noSandbox, `this worker has no ${ref.backend} provider`);
+    await this.events.sandbox("creating", ref);
+    const startedAt = performance.now();
+    const spec = {
+      id: ref.sandboxId,
+      jobId: this.jobId,
+      attempt: this.events.attempt,
+      workerId: this.ctx.options.workerId,
+      runtime: this.item.agent.runtime,
+    };
+    try {
+      const sandbox = await provider.create(spec, this.abort.signal);
+      await this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt });
+      return sandbox;
+    } catch (cause) {
+      const error = new BoxcarError(ErrorCode.sandboxFailed, `could not create a ${ref.backend} sandbox: ${(cause as Error).message}`, {
+        cause,
+      });
+      await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
+      throw error;
+    }
+  }
+
+  /** Puts the sandbox in the record; stops the run if another attempt took the job over. */
+  private async recordSandbox(): Promise<void> {
+    const update = await this.updateOwned((current) => ({ ...current, sandbox: this.sandboxInfo }));
+    if (!update) {
+      this.stop("fenced");
+      throw new BoxcarError(ErrorCode.conflict, `job ${this.jobId} was taken over by another attempt`);
+    }
+    if (update.cancelRequested) this.stop("cancelled");
+  }
+
+  private async runAgent(sandbox: Sandbox, ref: SandboxRef, secrets: Map<string, string>): Promise<ExecResult> {
+    const { options } = this.ctx;
+    const env = agentEnv({ item: this.item, attempt: this.events.attempt, workspace: sandbox.workspace, path: options.agentPath, secrets });
+    const output = new OutputLog({
+      publish: async (stream, data) => {
+        await this.topology.js.publish(this.topology.names.subjects.log(this.jobId, stream), data);
+      },
+      maxBytes: options.maxLogBytes,
+      secrets: this.secretValues,
+      onProgress: (message) => this.events.progress(message, this.sandboxInfo),
+      onPublishError: (err) => this.log.warn({ err }, "could not store agent output"),
+    });
+    await this.events.sandbox("exec_started", ref);
+    const timeout = setTimeout(() => this.stop("timed_out"), this.item.timeoutMs);
+    let exec: ExecResult;
+    try {
+      exec = await sandbox.exec(this.item.agent.command, {
+        env,
+        signal: this.abort.signal,
+        onOutput: (stream, chunk) => output.write(stream, chunk),
+      });
+    } finally {
+      clearTimeout(timeout);
+      await output.close();
+    }
+    await this.events.sandbox("exec_exited", ref, { durationMs: exec.durationMs, exitCode: exec.exitCode, signal: exec.signal });
+    return exec;
+  }
+
+  /** The outcome of an agent that ended on its own: artifacts, then its result file and exit code. */
+  private async conclude(sandbox: Sandbox, exec: ExecResult): Promise<Outcome> {
+    const artifacts = await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts);
+    let file: AgentResultFile | undefined;
+    try {
+      file = redactJson(await readResultFile(sandbox), this.secretValues);
+    } catch (err) {
+      return { ...this.failed(err, exec), artifacts };
+    }
+    const result: JobResult = {
+      exitCode: exec.exitCode,
+      signal: exec.signal,
+      output: file?.output ?? null,
+      ...(file?.summary !== undefined ? { summary: file.summary } : {}),
+      durationMs: exec.durationMs,
+    };
+    const failure =
+      file?.error !== undefined
+        ? file.error
+        : exec.exitCode === null
+          ? `agent was killed by ${exec.signal ?? "a signal"}`
+          : exec.exitCode !== 0
+            ? `agent exited with code ${exec.exitCode}`
+            : undefined;
+    if (failure !== undefined) {
+      const error = { code: ErrorCode.agentFailed, message: failure };
+      return { kind: "final", state: "failed", result, artifacts, error, message: failure };
+    }
+    return { kind: "final", state: "succeeded", result, artifacts, ...(file?.summary !== undefined ? { message: file.summary } : {}) };
+  }
+
+  /** The outcome of a run stopped from outside. */
+  private stopped(exec: ExecResult | undefined): Outcome {
+    const result = exec && { exitCode: exec.exitCode, signal: exec.signal, output: null, durationMs: exec.durationMs };
+    const final = (state: FinalState, code: ErrorCode, message: string): Outcome => ({
+      kind: "final",
+      state,
+      artifacts: [],
+      error: { code, message },
+      message,
+      ...(result ? { result } : {}),
+    });
+    switch (this.stopReason) {
+      case "timed_out":
+        return final(
+          "timed_out",
+          ErrorCode.timedOut,
+          `the agent ran longer than its time limit of ${this.item.timeoutMs} ms and was stopped`,
+        );
+      case "cancelled":
+        return final("cancelled", ErrorCode.cancelled, "cancelled while running");
+      case "worker_stopped":
+        return { kind: "requeue" };
+      default:
+        return { kind: "fenced" };
+    }
+  }
+
+  private failed(err: unknown, exec: ExecResult | undefined): Outcome & { kind: "final" } {
+    if (!(err instanceof BoxcarError)) this.log.error({ err }, "job failed on an unexpected error");
+    const error = this.errorInfo(err);
+    return {
+      kind: "final",
+      state: "failed",
+      artifacts: [],
+      error,
+      message: error.message,
+      ...(exec ? { result: { exitCode: exec.exitCode, signal: exec.signal, output: null, durationMs: exec.durationMs } } : {}),
+    };
+  }
+
+  private async destroySandbox(sandbox: Sandbox, ref: SandboxRef): Promise<void> {
+    const startedAt = performance.now();
+    try {
+      await sandbox.destroy();
+      await this.events.sandbox("destroyed", ref, { durationMs: performance.now() - startedAt });
+    } catch (cause) {
+      this.log.error({ err: cause, sandboxId: ref.sandboxId }, "could not destroy the sandbox");
+      const error = new BoxcarError(ErrorCode.sandboxFailed, `could not destroy sandbox ${ref.sandboxId}: ${(cause as Error).message}`);
+      await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
+    }
+  }
+
+  private async finish(outcome: Outcome): Promise<void> {
+    if (outcome.kind === "fenced") {
+      this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
+      return;
+    }
+    const now = nowIso();
+    const update =
+      outcome.kind === "requeue"
+        ? await this.updateOwned((current) => ({
+            ...current,
+            state: "queued",
+            queuedAt: now,
+            workerId: undefined,
+            sandbox: undefined,
+            startedAt: undefined,
+          }))
+        : await this.updateOwned((current) => ({
+            ...current,
+            state: outcome.state,
+            finishedAt: now,
+            sandbox: this.sandboxInfo,
+            result: outcome.result,
+            artifacts: outcome.artifacts,
+            error: outcome.error,
+          }));
+    if (!update) return this.leave();
+
+    if (outcome.kind === "requeue") {
+      const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
+      await this.events.job("requeued", "queued", { error, message: error.message });
+      this.log.info({}, "job handed back to the queue");
+      this.msg.nak();
+      return;
+    }
+    const sandbox = this.sandboxInfo;
+    await this.events.job(outcome.state, outcome.state, {
+      ...(sandbox ? { sandbox } : {}),
+      ...(outcome.message !== undefined ? { message: outcome.message } : {}),
+      ...(outcome.error ? { error: outcome.error } : {}),
+    });
+    this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
+    await this.ack();
+  }
+
+  /** The record changed hands: a finished job's work item is done, another attempt's is not ours. */
+  private async leave(): Promise<void> {
+    const current = await readJob(this.topology, this.jobId);
+    if (!current || isTerminal(current.record.state)) {
+      this.log.warn({ state: current?.record.state }, "the job ended elsewhere; dropping this attempt's outcome");
+      return this.ack();
+    }
+    this.log.warn({ state: current.record.state, attempt: current.record.attempt }, "another attempt owns the job now; leaving it alone");
+  }
+
+  /** Applies `change` to the record while this attempt owns it; null once it does not. */
+  private async updateOwned(change: (current: JobRecord) => JobRecord): Promise<JobRecord | null> {
+    if (!this.handle) return null;
+    const update = await updateJob(this.topology, this.handle, (current) => (this.owns(current) ? change(current) : null));
+    if (!update.written) return null;
+    this.handle = update.handle;
+    return update.handle.record;
+  }
+
+  private owns(record: JobRecord): boolean {
+    return record.state === "running" && record.workerId === this.ctx.options.workerId && record.attempt === this.events.attempt;
+  }
+
+  /** Keeps the message from being redelivered, and notices a cancel or takeover in the record. */
+  private keepAlive(): void {
+    this.msg.working();
+    if (!this.handle || this.finishing) return;
+    readJob(this.topology, this.jobId).then(
+      (found) => {
+        if (this.finishing || !found) return;
+        if (!this.owns(found.record)) this.stop("fenced");
+        else if (found.record.cancelRequested) this.stop("cancelled");
+      },
+      (err: unknown) => this.log.warn({ err }, "could not read the job record"),
+    );
+  }
+
+  private errorInfo(err: unknown): ErrorInfo {
+    const info = toErrorInfo(err);
+    return redactJson(info, this.secretValues);
+  }
+
+  private async ack(): Promise<void> {
+    try {
+      await this.msg.ackAck();
+    } catch (err) {
+      this.log.warn({ err }, "could not acknowledge the work item");
+    }
+  }
+}

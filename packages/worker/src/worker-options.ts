@@ -1,0 +1,110 @@
+import { randomBytes } from "node:crypto";
+import { hostname, tmpdir } from "node:os";
+import { type Logger, silentLogger, type Topology } from "@boxcar/client";
+import { BoxcarError, ErrorCode, PoolName, parseWith, TOKEN_PATTERN } from "@boxcar/protocol";
+import { z } from "zod";
+import { createHostSandboxProvider } from "./host-sandbox.js";
+import type { RuntimePolicy } from "./runtime-resolver.js";
+import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
+
+export interface WorkerOptions {
+  /** The Boxcar system to work for. */
+  topology: Topology;
+  /** Pools to pull work from; default `["default"]`. */
+  pools?: string[];
+  /** Jobs run at once across all pools; default 4. */
+  concurrency?: number;
+  /** Default `w-<hostname>-<random>`; letters, digits, `-` and `_`. */
+  workerId?: string;
+  /** A pino-compatible logger; silent by default. */
+  logger?: Logger;
+  /** Where agents' secrets are read from; default the environment passed to the resolver. */
+  secretsEnv?: Readonly<Record<string, string | undefined>>;
+  /** Sandbox backends; default a host provider with workspaces under `workRoot`. */
+  providers?: SandboxProvider[];
+  /** Default: every backend allowed, host included. */
+  policy?: RuntimePolicy;
+  /** How often presence and a heartbeat event are published; default 5000 ms. */
+  heartbeatMs?: number;
+  /** How long `drain()` lets running jobs finish before handing them back; default 30000 ms. */
+  drainGraceMs?: number;
+  /** Agent output kept per job; default 4 MiB. */
+  maxLogBytes?: number;
+  /** Where the default host provider creates workspaces; default the OS temporary folder. */
+  workRoot?: string;
+}
+
+export interface ResolvedWorkerOptions {
+  topology: Topology;
+  pools: string[];
+  concurrency: number;
+  workerId: string;
+  logger: Logger;
+  secretsEnv: Readonly<Record<string, string | undefined>>;
+  providers: SandboxProvider[];
+  policy: RuntimePolicy;
+  heartbeatMs: number;
+  drainGraceMs: number;
+  maxLogBytes: number;
+  workRoot: string;
+  /** PATH given to agents: the worker's own. */
+  agentPath: string;
+}
+
+const Backend = z.enum(["host", "docker", "e2b"]);
+
+const Settings = z.strictObject({
+  pools: z
+    .array(PoolName)
+    .min(1)
+    .refine((p) => new Set(p).size === p.length, "pools must not repeat"),
+  concurrency: z.number().int().min(1).max(1024),
+  workerId: z.string().regex(TOKEN_PATTERN, "worker id must be 1-64 letters, digits, '-' or '_'"),
+  policy: z.strictObject({ allowed: z.array(Backend), allowHost: z.boolean() }),
+  heartbeatMs: z.number().int().min(100),
+  drainGraceMs: z.number().int().nonnegative(),
+  maxLogBytes: z.number().int().min(1024),
+  workRoot: z.string().min(1),
+});
+
+const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/** Fills in defaults and checks every setting; throws an `invalid` error naming the bad ones. */
+export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv = process.env): ResolvedWorkerOptions {
+  const settings = parseWith(
+    Settings,
+    {
+      pools: opts.pools ?? ["default"],
+      concurrency: opts.concurrency ?? 4,
+      workerId: opts.workerId ?? defaultWorkerId(),
+      policy: opts.policy ?? { allowed: ["host", "docker", "e2b"], allowHost: true },
+      heartbeatMs: opts.heartbeatMs ?? 5_000,
+      drainGraceMs: opts.drainGraceMs ?? 30_000,
+      maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
+      workRoot: opts.workRoot ?? tmpdir(),
+    },
+    "worker options",
+  );
+  const providers = opts.providers ?? [createHostSandboxProvider({ root: settings.workRoot })];
+  const kinds = providers.map((p) => p.kind);
+  const repeated = kinds.find((k, i) => kinds.indexOf(k) !== i);
+  if (repeated) throw new BoxcarError(ErrorCode.invalid, `worker options: two sandbox providers of kind ${repeated}; give one per kind`);
+  return {
+    ...settings,
+    policy: { allowed: settings.policy.allowed satisfies SandboxBackend[], allowHost: settings.policy.allowHost },
+    topology: opts.topology,
+    logger: opts.logger ?? silentLogger,
+    secretsEnv: opts.secretsEnv ?? env,
+    providers,
+    agentPath: env.PATH ?? DEFAULT_PATH,
+  };
+}
+
+/** `w-<hostname>-<random>`, cut to a subject token. */
+function defaultWorkerId(): string {
+  const host =
+    hostname()
+      .replace(/[^A-Za-z0-9_-]/g, "-")
+      .slice(0, 48) || "host";
+  return `w-${host}-${randomBytes(4).toString("hex")}`;
+}

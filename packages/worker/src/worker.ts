@@ -1,0 +1,297 @@
+import { hostname } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
+import { type Logger, nowIso, publishEvent } from "@boxcar/client";
+import {
+  decodeMessage,
+  type ErrorInfo,
+  PROTOCOL_VERSION,
+  toErrorInfo,
+  type WorkerEventType,
+  type WorkerInfo,
+  WorkItem,
+} from "@boxcar/protocol";
+import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream";
+import type { Subscription } from "@nats-io/transport-node";
+import { JobRun } from "./job-run.js";
+import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
+import { Slots } from "./slots.js";
+import { type ResolvedWorkerOptions, resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
+
+/** `idle` until `run()`, `draining` after `drain()` or `close()`, `stopped` at the end. */
+export type WorkerLifecycleState = "idle" | "running" | "draining" | "stopped";
+
+/** Pulls jobs from its pools and runs them in sandboxes. */
+export interface Worker extends AsyncDisposable {
+  readonly id: string;
+  readonly state: WorkerLifecycleState;
+  /** Starts pulling work; resolves once the worker has stopped. */
+  run(): Promise<void>;
+  /**
+   * Stops taking work and lets running jobs finish for up to `graceMs` (default: the
+   * `drainGraceMs` option); then stops the rest and hands them back to the queue. Resolves
+   * once the worker has stopped.
+   */
+  drain(graceMs?: number): Promise<void>;
+  /** Stops at once, handing running jobs back. Safe to call twice, also during a drain. */
+  close(): Promise<void>;
+}
+
+export function createWorker(options: WorkerOptions): Worker {
+  return new BoxcarWorker(resolveWorkerOptions(options));
+}
+
+/** How long one pull waits for work before asking again. */
+const FETCH_EXPIRES_MS = 2_000;
+/** Pause after a failed pull. */
+const RETRY_MS = 1_000;
+
+class BoxcarWorker implements Worker {
+  readonly id: string;
+  state: WorkerLifecycleState = "idle";
+  private readonly log: Logger;
+  private readonly providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
+  private readonly slots: Slots;
+  /** Jobs in hand, by id, with the promise that settles when each is handled. */
+  private readonly runs = new Map<string, { run: JobRun; done: Promise<void> }>();
+  private readonly fetches = new Set<ConsumerMessages>();
+  /** Aborted when pulling stops. */
+  private readonly pulling = new AbortController();
+  /** Aborted by close(): a drain's grace ends at once. */
+  private readonly graceOver = new AbortController();
+  private readonly startedAt = nowIso();
+  private capabilities: ReadonlySet<SandboxBackend> = new Set();
+  private starting: Promise<void> | undefined;
+  private stopping: Promise<void> | undefined;
+  private readonly stopped = deferred();
+  private startError: unknown;
+  private loops: Promise<void>[] = [];
+  private heartbeat: NodeJS.Timeout | undefined;
+  private cancelSub: Subscription | undefined;
+
+  constructor(private readonly options: ResolvedWorkerOptions) {
+    this.id = options.workerId;
+    this.log = options.logger.child({ workerId: options.workerId });
+    this.providers = new Map(options.providers.map((p) => [p.kind, p]));
+    this.slots = new Slots(options.concurrency);
+  }
+
+  run(): Promise<void> {
+    if (this.state === "idle") {
+      this.state = "running";
+      this.starting = this.start().catch((err: unknown) => {
+        this.log.error({ err }, "worker failed to start");
+        this.startError = err;
+        void this.close();
+      });
+    }
+    return this.stopped.promise;
+  }
+
+  drain(graceMs = this.options.drainGraceMs): Promise<void> {
+    this.stopping ??= this.stop(graceMs);
+    return this.stopping;
+  }
+
+  close(): Promise<void> {
+    this.graceOver.abort();
+    return this.drain(0);
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  private async start(): Promise<void> {
+    const { topology } = this.options;
+    await this.refreshCapabilities();
+    for (const pool of this.options.pools) await topology.ensurePoolConsumer(pool);
+    const cancelPrefix = topology.names.subjects.cancel("");
+    this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
+      callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
+    });
+    await topology.nc.flush();
+    if (this.state !== "running") return;
+    await this.putPresence();
+    await this.announce("started");
+    this.heartbeat = setInterval(() => void this.beat(), this.options.heartbeatMs);
+    const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
+    this.loops = this.options.pools.map((pool) => this.pull(pool, share));
+    this.log.info(
+      { pools: this.options.pools, concurrency: this.options.concurrency, sandboxes: [...this.capabilities] },
+      "worker started",
+    );
+  }
+
+  /**
+   * Pulls a pool's work while the worker runs. Each pull asks for at most `share` jobs and only
+   * for slots it has reserved, so the worker never holds more than `concurrency` jobs.
+   */
+  private async pull(pool: string, share: number): Promise<void> {
+    const { topology } = this.options;
+    while (!this.pulling.signal.aborted) {
+      const reserved = await this.slots.acquire(share);
+      if (reserved === 0) return;
+      let taken = 0;
+      let batch: ConsumerMessages | undefined;
+      try {
+        const consumer = await topology.js.consumers.get(topology.names.streams.work, topology.names.poolConsumer(pool));
+        batch = await consumer.fetch({ max_messages: reserved, expires: FETCH_EXPIRES_MS });
+        this.fetches.add(batch);
+        if (this.pulling.signal.aborted) batch.stop();
+        for await (const msg of batch) {
+          taken += 1;
+          this.dispatch(msg);
+        }
+      } catch (err) {
+        if (!this.pulling.signal.aborted) {
+          this.log.warn({ err, pool }, "pulling work failed; trying again");
+          await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
+        }
+      } finally {
+        if (batch) this.fetches.delete(batch);
+        this.slots.release(reserved - taken);
+      }
+    }
+  }
+
+  /** Starts one delivered message; it holds one slot until it is handled. */
+  private dispatch(msg: JsMsg): void {
+    if (this.pulling.signal.aborted) {
+      msg.nak();
+      this.slots.release(1);
+      return;
+    }
+    let item: WorkItem;
+    try {
+      item = decodeMessage(WorkItem, msg.data, "work item");
+    } catch (err) {
+      this.reject(msg, toErrorInfo(err));
+      this.slots.release(1);
+      return;
+    }
+    if (this.runs.has(item.jobId)) {
+      // Redelivered while still running here: the run in progress acknowledges it.
+      this.log.warn({ jobId: item.jobId }, "work item delivered again while its job runs here; ignoring the copy");
+      this.slots.release(1);
+      return;
+    }
+    const run = new JobRun(
+      { options: this.options, log: this.log, capabilities: () => this.capabilities, providers: this.providers },
+      msg,
+      item,
+    );
+    const done = run.run().finally(() => {
+      this.runs.delete(item.jobId);
+      this.slots.release(1);
+    });
+    this.runs.set(item.jobId, { run, done });
+  }
+
+  /** A work item that can never run: terminate it so it is not delivered again, and say why. */
+  private reject(msg: JsMsg, error: ErrorInfo): void {
+    msg.term(`${error.code}: ${error.message}`.slice(0, 1024));
+    this.log.warn({ error, seq: msg.seq }, "rejected a malformed work item");
+    void this.announce("work_rejected", error);
+  }
+
+  private async stop(graceMs: number): Promise<void> {
+    if (this.state === "idle") {
+      this.state = "stopped";
+      this.stopped.resolve();
+      return;
+    }
+    await this.starting;
+    this.state = "draining";
+    this.log.info({ running: this.runs.size, graceMs }, "worker draining");
+    this.pulling.abort();
+    this.slots.close();
+    for (const batch of this.fetches) batch.stop();
+    await this.step("announce draining", async () => {
+      await this.putPresence();
+      await this.announce("draining");
+    });
+
+    const finished = Promise.all([...this.runs.values()].map((r) => r.done));
+    const grace = AbortSignal.any([AbortSignal.timeout(graceMs), this.graceOver.signal]);
+    await Promise.race([finished, new Promise((resolve) => grace.addEventListener("abort", resolve, { once: true }))]);
+    for (const { run } of this.runs.values()) run.stop("worker_stopped");
+    await finished;
+    await Promise.allSettled(this.loops);
+
+    clearInterval(this.heartbeat);
+    await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
+    await this.step("remove presence", async () => {
+      await this.options.topology.workers.delete(this.id);
+    });
+    await this.step("announce stopped", () => this.announce("stopped"));
+    this.state = "stopped";
+    this.log.info({}, "worker stopped");
+    if (this.startError === undefined) this.stopped.resolve();
+    else this.stopped.reject(this.startError);
+  }
+
+  private async beat(): Promise<void> {
+    await this.step("heartbeat", async () => {
+      await this.refreshCapabilities();
+      await this.putPresence();
+      await this.announce("heartbeat");
+    });
+  }
+
+  private async refreshCapabilities(): Promise<void> {
+    const kinds = await Promise.all(
+      this.options.providers.map(async (p) => ((await p.available().catch(() => false)) ? p.kind : undefined)),
+    );
+    this.capabilities = new Set(kinds.filter((k): k is SandboxBackend => k !== undefined));
+  }
+
+  private async putPresence(): Promise<void> {
+    const info: WorkerInfo = {
+      v: PROTOCOL_VERSION,
+      id: this.id,
+      host: hostname(),
+      pid: process.pid,
+      pools: this.options.pools,
+      sandboxes: [...this.capabilities],
+      capacity: this.options.concurrency,
+      load: this.runs.size,
+      jobs: [...this.runs.keys()],
+      state: this.state === "draining" ? "draining" : "running",
+      startedAt: this.startedAt,
+      heartbeatAt: nowIso(),
+    };
+    await this.options.topology.workers.put(this.id, JSON.stringify(info));
+  }
+
+  private async announce(type: WorkerEventType, error?: ErrorInfo): Promise<void> {
+    await publishEvent(this.options.topology, {
+      v: PROTOCOL_VERSION,
+      at: nowIso(),
+      kind: "worker",
+      type,
+      workerId: this.id,
+      load: this.runs.size,
+      capacity: this.options.concurrency,
+      ...(error ? { error } : {}),
+    });
+  }
+
+  /** Runs one step of the lifecycle; a failure is logged and the next step still runs. */
+  private async step(what: string, action: () => Promise<unknown>): Promise<void> {
+    try {
+      await action();
+    } catch (err) {
+      this.log.warn({ err }, `worker could not ${what}`);
+    }
+  }
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void; reject: (err: unknown) => void } {
+  let resolve: () => void = () => {};
+  let reject: (err: unknown) => void = () => {};
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
