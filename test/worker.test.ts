@@ -1,0 +1,465 @@
+import { createHash, randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type BoxcarClient, createClient, type Logger, nowIso, readStream, type Topology } from "@boxcar/client";
+import {
+  AgentDefinition,
+  type AgentDefinitionInput,
+  BoxcarEvent,
+  type InputFileRef,
+  type JobRecord,
+  JobSpec,
+  PROTOCOL_VERSION,
+  parseWith,
+  type WorkItem,
+} from "@boxcar/protocol";
+import { createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
+import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+let scratch: string;
+beforeEach(async () => {
+  scratch = await mkdtemp(join(tmpdir(), "boxcar-worker-test-"));
+});
+afterEach(async () => {
+  await rm(scratch, { recursive: true, force: true });
+});
+
+let jobCounter = 0;
+
+/** Records a queued job and publishes its work item, as a dispatcher would. */
+async function enqueue(
+  topology: Topology,
+  definition: AgentDefinitionInput,
+  opts: { input?: unknown; files?: InputFileRef[]; timeoutMs?: number } = {},
+): Promise<string> {
+  jobCounter += 1;
+  const id = `job-${jobCounter}-${randomBytes(3).toString("hex")}`;
+  const agent = AgentDefinition.parse(definition);
+  const spec = JobSpec.parse({ agent: agent.name, input: opts.input ?? null, files: opts.files ?? [] });
+  const now = nowIso();
+  const record: JobRecord = {
+    v: PROTOCOL_VERSION,
+    id,
+    agent: agent.name,
+    pool: agent.pool,
+    state: "queued",
+    spec,
+    attempt: 0,
+    createdAt: now,
+    queuedAt: now,
+    artifacts: [],
+  };
+  await topology.jobs.create(id, JSON.stringify(record));
+  const item: WorkItem = {
+    v: PROTOCOL_VERSION,
+    jobId: id,
+    agent,
+    input: spec.input,
+    files: spec.files,
+    timeoutMs: opts.timeoutMs ?? agent.runtime.timeout,
+  };
+  await topology.js.publish(topology.names.subjects.work(agent.pool), JSON.stringify(item), { msgID: id });
+  return id;
+}
+
+/** A running worker with its workspaces under the test's scratch folder. */
+function startWorker(nats: NatsFixture, opts: Partial<WorkerOptions> = {}): Worker {
+  const worker = createWorker({ topology: nats.topology, workRoot: join(scratch, "work"), heartbeatMs: 500, ...opts });
+  worker.run().catch((err: unknown) => {
+    throw err;
+  });
+  return worker;
+}
+
+/** `kind.type` of every event of a job, once its final event is stored. */
+async function eventsOf(client: BoxcarClient, jobId: string): Promise<BoxcarEvent[]> {
+  const events: BoxcarEvent[] = [];
+  for await (const event of client.events(jobId, { follow: true })) events.push(event);
+  return events;
+}
+
+const names = (events: BoxcarEvent[]) => events.map((e) => `${e.kind}.${e.type}`);
+
+async function logsOf(client: BoxcarClient, jobId: string): Promise<{ stdout: string; stderr: string }> {
+  const out = { stdout: "", stderr: "" };
+  for await (const chunk of client.logs(jobId)) out[chunk.stream] += Buffer.from(chunk.data).toString();
+  return out;
+}
+
+async function eventually<T>(probe: () => Promise<T | undefined>, what: string): Promise<T> {
+  for (let i = 0; i < 400; i++) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`gave up waiting for ${what}`);
+}
+
+async function recordOf(topology: Topology, jobId: string): Promise<JobRecord> {
+  const entry = await topology.jobs.get(jobId);
+  if (!entry) throw new Error(`no record for ${jobId}`);
+  return entry.json<JobRecord>();
+}
+
+/** True while `pid` is a live process (a zombie waiting to be reaped counts as gone). */
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "Z";
+  } catch {
+    return false;
+  }
+}
+
+/** A logger that keeps every line, to check what the worker writes. */
+function captureLogger(lines: string[] = []): Logger & { lines: string[] } {
+  const at =
+    (bindings: Record<string, unknown>) =>
+    (obj: object, msg?: string): void => {
+      lines.push(
+        JSON.stringify({ ...bindings, ...obj, msg }, (_k, v: unknown) => (v instanceof Error ? { message: v.message, stack: v.stack } : v)),
+      );
+    };
+  const make = (bindings: Record<string, unknown>): Logger & { lines: string[] } => ({
+    lines,
+    debug: at(bindings),
+    info: at(bindings),
+    warn: at(bindings),
+    error: at(bindings),
+    child: (more) => make({ ...bindings, ...more }),
+  });
+  return make({});
+}
+
+const readObject = async (topology: Topology, name: string): Promise<Buffer> => {
+  const object = await topology.artifacts.get(name);
+  if (!object) throw new Error(`no object ${name}`);
+  const data = Buffer.from(await new Response(object.data).arrayBuffer());
+  expect(await object.error).toBeFalsy();
+  return data;
+};
+
+describe("worker", () => {
+  test("runs a job: input and files in, events in order, logs, result and byte-exact artifacts out", async () => {
+    await using nats = await natsFixture();
+    const { topology } = nats;
+    const client = createClient(topology);
+    const payload = randomBytes(300 * 1024);
+    await topology.artifacts.putBlob({ name: "inputs/test/in.bin" }, payload);
+    process.env.BOXCAR_WORKER_TEST_LEAK = "worker-only";
+    onTestFinished(() => {
+      delete process.env.BOXCAR_WORKER_TEST_LEAK;
+    });
+    await using _worker = startWorker(nats);
+
+    const input = { words: ["a", "b"], n: 2 };
+    const id = await enqueue(
+      topology,
+      {
+        name: "echo",
+        command: [
+          "set -e",
+          'test -d out && test -d "$TMPDIR" && test "$HOME" = "$BOXCAR_WORKSPACE" && test "$PWD" = "$BOXCAR_WORKSPACE"',
+          'cp "$BOXCAR_INPUT_FILE" out/input.json',
+          "mkdir out/nested && cp data/in.bin out/nested/copy.bin",
+          "env | sort > env.txt",
+          'echo "::progress halfway there"',
+          "echo hello on stdout",
+          "echo oops on stderr >&2",
+          `printf '{"output":{"got":%s},"summary":"all done"}' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"`,
+        ].join("\n"),
+        env: { GREETING: "hi" },
+        outputs: ["out/**", "env.txt"],
+      },
+      { input, files: [{ path: "data/in.bin", object: "inputs/test/in.bin" }] },
+    );
+
+    const record = await client.waitForJob(id);
+    expect(record).toMatchObject({
+      state: "succeeded",
+      attempt: 1,
+      workerId: _worker.id,
+      sandbox: { kind: "host" },
+      result: { exitCode: 0, signal: null, output: { got: input }, summary: "all done" },
+    });
+    expect(record.error).toBeUndefined();
+
+    expect(record.artifacts.map((a) => a.path)).toEqual(["env.txt", "out/input.json", "out/nested/copy.bin"]);
+    const copy = record.artifacts.find((a) => a.path === "out/nested/copy.bin");
+    expect(copy).toEqual({
+      path: "out/nested/copy.bin",
+      object: `${id}/out/nested/copy.bin`,
+      size: payload.length,
+      sha256: createHash("sha256").update(payload).digest("hex"),
+    });
+    expect((await readObject(topology, `${id}/out/nested/copy.bin`)).equals(payload)).toBe(true);
+    expect(JSON.parse((await readObject(topology, `${id}/out/input.json`)).toString())).toEqual(input);
+
+    const env = Object.fromEntries(
+      (await readObject(topology, `${id}/env.txt`))
+        .toString()
+        .trim()
+        .split("\n")
+        .map((line) => [line.slice(0, line.indexOf("=")), line.slice(line.indexOf("=") + 1)]),
+    );
+    const workspace = env.BOXCAR_WORKSPACE ?? "";
+    expect(env).toMatchObject({
+      PATH: process.env.PATH,
+      HOME: workspace,
+      LANG: "C.UTF-8",
+      TMPDIR: `${workspace}/.boxcar/tmp`,
+      GREETING: "hi",
+      BOXCAR_JOB_ID: id,
+      BOXCAR_ATTEMPT: "1",
+      BOXCAR_AGENT: "echo",
+      BOXCAR_INPUT_FILE: `${workspace}/.boxcar/input.json`,
+      BOXCAR_RESULT_FILE: `${workspace}/.boxcar/result.json`,
+      BOXCAR_OUTPUT_DIR: `${workspace}/out`,
+    });
+    // Nothing but the contract, and what the shell itself sets.
+    expect(
+      Object.keys(env)
+        .filter((k) => !["PWD", "SHLVL", "_", "OLDPWD"].includes(k))
+        .sort(),
+    ).toEqual(
+      [
+        "BOXCAR_AGENT",
+        "BOXCAR_ATTEMPT",
+        "BOXCAR_INPUT_FILE",
+        "BOXCAR_JOB_ID",
+        "BOXCAR_OUTPUT_DIR",
+        "BOXCAR_RESULT_FILE",
+        "BOXCAR_WORKSPACE",
+      ]
+        .concat(["GREETING", "HOME", "LANG", "PATH", "TMPDIR"])
+        .sort(),
+    );
+
+    const events = await eventsOf(client, id);
+    expect(names(events)).toEqual([
+      "job.started",
+      "sandbox.creating",
+      "sandbox.ready",
+      "sandbox.exec_started",
+      "job.progress",
+      "sandbox.exec_exited",
+      "sandbox.destroyed",
+      "job.succeeded",
+    ]);
+    expect(events.find((e) => e.type === "progress")).toMatchObject({ message: "halfway there", attempt: 1 });
+    expect(events.find((e) => e.type === "exec_exited")).toMatchObject({ exitCode: 0, signal: null, backend: "host" });
+    expect(events.at(-1)).toMatchObject({ state: "succeeded", message: "all done", sandbox: record.sandbox });
+    expect(new Set(events.filter((e) => e.kind === "sandbox").map((e) => (e.kind === "sandbox" ? e.sandboxId : "")))).toEqual(
+      new Set([record.sandbox?.id]),
+    );
+
+    const logs = await logsOf(client, id);
+    expect(logs.stdout).toBe("::progress halfway there\nhello on stdout\n");
+    expect(logs.stderr).toBe("oops on stderr\n");
+
+    // The sandbox is gone with its workspace.
+    expect(await readdir(join(scratch, "work"))).toEqual([]);
+  });
+
+  test("a job that runs too long is killed with its whole process tree and ends timed_out", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    await using _worker = startWorker(nats);
+    const pidFile = join(scratch, "grandchild.pid");
+    const id = await enqueue(
+      nats.topology,
+      { name: "sleeper", command: 'sleep 300 & echo $! > "$PID_FILE"; wait', env: { PID_FILE: pidFile } },
+      { timeoutMs: 1_000 },
+    );
+
+    const record = await client.waitForJob(id);
+    expect(record).toMatchObject({ state: "timed_out", attempt: 1, error: { code: "timed_out" } });
+    expect(record.result?.exitCode).toBeNull();
+    const grandchild = Number.parseInt(await readFile(pidFile, "utf8"), 10);
+    expect(grandchild).toBeGreaterThan(0);
+    expect(isAlive(grandchild)).toBe(false);
+    const events = names(await eventsOf(client, id));
+    expect(events.slice(-3)).toEqual(["sandbox.exec_exited", "sandbox.destroyed", "job.timed_out"]);
+  });
+
+  test("a cancel on <prefix>.ctl.cancel.<jobId> stops the running job and it ends cancelled", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    await using _worker = startWorker(nats);
+    const id = await enqueue(nats.topology, { name: "waiter", command: "echo waiting; sleep 300" });
+    await eventually(async () => ((await logsOf(client, id)).stdout === "waiting\n" ? true : undefined), "the agent to start");
+
+    nats.nc.publish(nats.topology.names.subjects.cancel(id));
+    const record = await client.waitForJob(id);
+    expect(record).toMatchObject({ state: "cancelled", attempt: 1, error: { code: "cancelled" } });
+    const events = await eventsOf(client, id);
+    expect(names(events).slice(-3)).toEqual(["sandbox.exec_exited", "sandbox.destroyed", "job.cancelled"]);
+  });
+
+  test("a malformed work item is terminated with a work_rejected event, and the worker keeps working", async () => {
+    await using nats = await natsFixture();
+    const { topology } = nats;
+    const client = createClient(topology);
+    await using worker = startWorker(nats);
+    await topology.js.publish(topology.names.subjects.work("default"), JSON.stringify({ jobId: "x", agent: "nope" }));
+    await topology.js.publish(topology.names.subjects.work("default"), "not json at all");
+    const id = await enqueue(topology, { name: "ok", command: "true" });
+
+    expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
+    const rejections: BoxcarEvent[] = [];
+    for await (const msg of readStream(
+      topology,
+      topology.names.streams.events,
+      topology.names.subjects.event("worker", worker.id, "work_rejected"),
+    )) {
+      rejections.push(parseWith(BoxcarEvent, msg.json(), "event"));
+    }
+    expect(rejections.map((e) => e.kind === "worker" && e.error?.code)).toEqual(["invalid", "bad_json"]);
+    expect(worker.state).toBe("running");
+    // Terminated and acknowledged: nothing is left to deliver.
+    await eventually(
+      async () => ((await topology.jsm.streams.info(topology.names.streams.work)).state.messages === 0 ? true : undefined),
+      "an empty work stream",
+    );
+  });
+
+  test("an agent that fails, or writes a bad result, fails the job with the reason", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    await using _worker = startWorker(nats);
+    const exits = await enqueue(nats.topology, { name: "exits", command: "exit 3" });
+    const reports = await enqueue(nats.topology, { name: "reports", command: `echo '{"error":"no network"}' > "$BOXCAR_RESULT_FILE"` });
+    const garbles = await enqueue(nats.topology, { name: "garbles", command: `echo '{"summary": 5}' > "$BOXCAR_RESULT_FILE"` });
+
+    expect(await client.waitForJob(exits)).toMatchObject({
+      state: "failed",
+      result: { exitCode: 3 },
+      error: { code: "agent_failed", message: "agent exited with code 3" },
+    });
+    expect(await client.waitForJob(reports)).toMatchObject({
+      state: "failed",
+      result: { exitCode: 0 },
+      error: { code: "agent_failed", message: "no network" },
+    });
+    const garbled = await client.waitForJob(garbles);
+    expect(garbled).toMatchObject({ state: "failed", error: { code: "bad_result" } });
+    expect(garbled.error?.message).toContain("summary");
+  });
+
+  test("output beyond maxLogBytes is dropped after one marker", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    await using _worker = startWorker(nats, { maxLogBytes: 4096 });
+    const id = await enqueue(nats.topology, { name: "chatty", command: "head -c 100000 /dev/zero | tr '\\0' x" });
+    expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
+    const logs = await logsOf(client, id);
+    expect(logs.stdout).toBe("x".repeat(4096));
+    expect(logs.stderr).toBe("\n[boxcar: output truncated after 4096 bytes]\n");
+  });
+
+  test("a missing secret fails the job before it starts, naming the variable but no value", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    const logger = captureLogger();
+    await using _worker = startWorker(nats, { logger, secretsEnv: { PRESENT_SOURCE: "present-value-123" } });
+    const id = await enqueue(nats.topology, {
+      name: "needs-secrets",
+      command: "echo should not run",
+      secrets: [
+        { name: "PRESENT", from: "PRESENT_SOURCE" },
+        { name: "API_TOKEN", from: "BOXCAR_TEST_MISSING_TOKEN" },
+      ],
+    });
+
+    const record = await client.waitForJob(id);
+    expect(record).toMatchObject({ state: "failed", attempt: 1, error: { code: "missing_secret" } });
+    expect(record.error?.message).toContain("BOXCAR_TEST_MISSING_TOKEN");
+    const events = await eventsOf(client, id);
+    expect(names(events)).toEqual(["job.failed"]);
+    expect(await logsOf(client, id)).toEqual({ stdout: "", stderr: "" });
+    const everything = JSON.stringify([record, events, logger.lines]);
+    expect(everything).not.toContain("present-value-123");
+  });
+
+  test("secret values reach the agent but never events, logs, records or the worker's own log", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    const secret = "s3cr3t-Value-9f8e7d";
+    const logger = captureLogger();
+    await using _worker = startWorker(nats, { logger, secretsEnv: { VAULT_KEY: secret } });
+    const quiet = await enqueue(nats.topology, {
+      name: "quiet",
+      command: 'test "$API_KEY" = "$EXPECTED" || exit 7',
+      env: { EXPECTED: "s3cr3t-Value-9f8e7d" },
+      secrets: [{ name: "API_KEY", from: "VAULT_KEY" }],
+    });
+    const leaky = await enqueue(nats.topology, {
+      name: "leaky",
+      command: `echo "key=$API_KEY"; echo "err $API_KEY" >&2; printf '{"summary":"used %s","output":{"k":"%s"}}' "$API_KEY" "$API_KEY" > "$BOXCAR_RESULT_FILE"`,
+      secrets: [{ name: "API_KEY", from: "VAULT_KEY" }],
+    });
+
+    const quietRecord = await client.waitForJob(quiet);
+    expect(quietRecord).toMatchObject({ state: "succeeded", result: { exitCode: 0 } });
+    const leakyRecord = await client.waitForJob(leaky);
+    expect(leakyRecord).toMatchObject({ state: "succeeded", result: { summary: `used ${REDACTED}`, output: { k: REDACTED } } });
+    const leakyLogs = await logsOf(client, leaky);
+    expect(leakyLogs).toEqual({ stdout: `key=${REDACTED}\n`, stderr: `err ${REDACTED}\n` });
+
+    const everything = JSON.stringify([
+      quietRecord,
+      leakyRecord,
+      await eventsOf(client, quiet),
+      await eventsOf(client, leaky),
+      await logsOf(client, quiet),
+      leakyLogs,
+      logger.lines,
+    ]);
+    expect(everything).not.toContain(secret);
+  });
+
+  test("drain hands a running job back to the queue, and another worker completes it", async () => {
+    await using nats = await natsFixture();
+    const { topology } = nats;
+    const client = createClient(topology);
+    const first = startWorker(nats, { concurrency: 1 });
+    const id = await enqueue(topology, {
+      name: "slow-first-time",
+      command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then echo first; sleep 300; fi; echo "attempt $BOXCAR_ATTEMPT done"',
+    });
+    await eventually(async () => ((await logsOf(client, id)).stdout === "first\n" ? true : undefined), "the first attempt to start");
+
+    await first.drain(100);
+    expect(first.state).toBe("stopped");
+    const handedBack = await recordOf(topology, id);
+    expect(handedBack).toMatchObject({ state: "queued", attempt: 1 });
+    expect(handedBack.workerId).toBeUndefined();
+    expect(await topology.workers.get(first.id)).toMatchObject({ operation: "DEL" });
+
+    await using second = startWorker(nats);
+    const record = await client.waitForJob(id);
+    expect(record).toMatchObject({ state: "succeeded", attempt: 2, workerId: second.id });
+    const events = await eventsOf(client, id);
+    const jobEvents = events.filter((e) => e.kind === "job").map((e) => `${e.type}@${e.attempt}`);
+    expect(jobEvents).toEqual(["started@1", "requeued@1", "started@2", "succeeded@2"]);
+    const destroyedFirst = events.findIndex((e) => e.type === "destroyed" && e.attempt === 1);
+    expect(destroyedFirst).toBeGreaterThan(-1);
+    expect(destroyedFirst).toBeLessThan(events.findIndex((e) => e.type === "requeued"));
+    expect((await logsOf(client, id)).stdout).toBe("first\nattempt 2 done\n");
+    await first.close();
+  });
+
+  test("presence: a running worker advertises itself, and its key is removed when it stops", async () => {
+    await using nats = await natsFixture();
+    const worker = startWorker(nats, { pools: ["default", "gpu"], concurrency: 3 });
+    const info = await eventually(async () => (await nats.topology.workers.get(worker.id))?.json<Record<string, unknown>>(), "presence");
+    expect(info).toMatchObject({ id: worker.id, pools: ["default", "gpu"], sandboxes: ["host"], capacity: 3, load: 0, state: "running" });
+    await worker.close();
+    await worker.close();
+    expect(worker.state).toBe("stopped");
+    expect(await nats.topology.workers.get(worker.id)).toMatchObject({ operation: "DEL" });
+  });
+});
