@@ -10,7 +10,7 @@ import {
   type WorkerInfo,
   WorkItem,
 } from "@boxcar/protocol";
-import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream";
+import type { Consumer, ConsumerMessages, JsMsg } from "@nats-io/jetstream";
 import type { Subscription } from "@nats-io/transport-node";
 import { JobRun } from "./job-run.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
@@ -110,7 +110,6 @@ class BoxcarWorker implements Worker {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
     });
     await topology.nc.flush();
-    if (this.state !== "running") return;
     await this.putPresence();
     await this.announce("started");
     this.heartbeat = setInterval(() => void this.beat(), this.options.heartbeatMs);
@@ -128,13 +127,14 @@ class BoxcarWorker implements Worker {
    */
   private async pull(pool: string, share: number): Promise<void> {
     const { topology } = this.options;
+    let consumer: Consumer | undefined;
     while (!this.pulling.signal.aborted) {
       const reserved = await this.slots.acquire(share);
       if (reserved === 0) return;
       let taken = 0;
       let batch: ConsumerMessages | undefined;
       try {
-        const consumer = await topology.js.consumers.get(topology.names.streams.work, topology.names.poolConsumer(pool));
+        consumer ??= await topology.js.consumers.get(topology.names.streams.work, topology.names.poolConsumer(pool));
         batch = await consumer.fetch({ max_messages: reserved, expires: FETCH_EXPIRES_MS });
         this.fetches.add(batch);
         if (this.pulling.signal.aborted) batch.stop();
@@ -143,6 +143,7 @@ class BoxcarWorker implements Worker {
           this.dispatch(msg);
         }
       } catch (err) {
+        consumer = undefined;
         if (!this.pulling.signal.aborted) {
           this.log.warn({ err, pool }, "pulling work failed; trying again");
           await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
@@ -191,7 +192,7 @@ class BoxcarWorker implements Worker {
   private reject(msg: JsMsg, error: ErrorInfo): void {
     msg.term(`${error.code}: ${error.message}`.slice(0, 1024));
     this.log.warn({ error, seq: msg.seq }, "rejected a malformed work item");
-    void this.announce("work_rejected", error);
+    void this.step("announce a rejected work item", () => this.announce("work_rejected", error));
   }
 
   private async stop(graceMs: number): Promise<void> {
