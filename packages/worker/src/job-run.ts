@@ -121,14 +121,16 @@ export class JobRun {
         ...current,
         attempt: current.attempt + 1,
         workerId: this.ctx.options.workerId,
-        startedAt: now,
+        startedAt: undefined,
         sandbox: undefined,
         result: undefined,
         error: undefined,
         finishedAt: undefined,
         artifacts: [],
       };
-      return preflight.ok ? { ...claimed, state: "running" } : { ...claimed, state: "failed", finishedAt: now, error: preflight.error };
+      return preflight.ok
+        ? { ...claimed, state: "running", startedAt: now }
+        : { ...claimed, state: "failed", finishedAt: now, error: preflight.error };
     });
     if (!claim.written) {
       this.log.info({ state: claim.current?.record.state }, "job is not waiting to run; dropping the work item");
