@@ -118,7 +118,10 @@ describe("the request/reply API", () => {
     const client = createClient(nats.topology);
     await expect(client.getJob("nope")).rejects.toMatchObject({ code: ErrorCode.notFound });
     await expect(client.cancelJob("nope")).rejects.toMatchObject({ code: ErrorCode.notFound });
-    await expect(client.getJob("a b*")).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "id" })] });
+    await expect(client.getJob("a b*")).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+      issues: [expect.objectContaining({ path: "id" })],
+    });
     const applied = await client.applyAgent({ name: "tmp", command: "true" });
     expect(applied).toMatchObject({ created: true, agent: { name: "tmp", command: ["sh", "-c", "true"], pool: "default" } });
     expect((await client.applyAgent({ name: "tmp", command: "false" })).created).toBe(false);

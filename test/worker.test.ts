@@ -18,6 +18,7 @@ import {
 import { createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
 import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { isAlive } from "./helpers/process.js";
 
 let scratch: string;
 beforeEach(async () => {
@@ -102,16 +103,6 @@ async function recordOf(topology: Topology, jobId: string): Promise<JobRecord> {
   const entry = await topology.jobs.get(jobId);
   if (!entry) throw new Error(`no record for ${jobId}`);
   return entry.json<JobRecord>();
-}
-
-/** True while `pid` is a live process (a zombie waiting to be reaped counts as gone). */
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "Z";
-  } catch {
-    return false;
-  }
 }
 
 /** A logger that keeps every line, to check what the worker writes. */

@@ -1,0 +1,201 @@
+import { randomBytes } from "node:crypto";
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { BoxcarEvent, isTerminal, JobRecord } from "@boxcar/protocol";
+import { createWorker, type Worker } from "@boxcar/worker";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcar, eventually } from "./helpers/cli.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+const REPO = new URL("..", import.meta.url).pathname;
+
+let nats: NatsFixture;
+let dispatcher: Dispatcher;
+let workers: Worker[];
+let client: BoxcarClient;
+let dir: string;
+
+const copyAgent = `
+name: copy
+description: copies its input file to out/ and reports its checksum
+command: |
+  echo "copying data.bin"
+  mkdir -p out/nested
+  cp data.bin out/nested/data.bin
+  echo "::progress copied"
+  sha256sum data.bin | cut -c1-64 > out/sum.txt
+  printf '{"output":{"bytes":%s},"summary":"copied"}' "$(wc -c < data.bin)" > "$BOXCAR_RESULT_FILE"
+runtime:
+  sandbox: host
+  timeout: 30s
+`;
+
+beforeAll(async () => {
+  nats = await natsFixture();
+  dispatcher = await startDispatcher({ topology: nats.topology });
+  workers = [createWorker({ topology: nats.topology, concurrency: 2 }), createWorker({ topology: nats.topology, concurrency: 2 })];
+  for (const w of workers) void w.run();
+  client = createClient(nats.topology);
+  dir = await mkdtemp(join(tmpdir(), "boxcar-e2e-"));
+  await writeFile(join(dir, "copy.yaml"), copyAgent);
+});
+
+afterAll(async () => {
+  await Promise.allSettled((workers ?? []).map((w) => w.close()));
+  await dispatcher?.close();
+  await nats?.[Symbol.asyncDispose]();
+});
+
+const cli = (...args: string[]) => boxcar(nats.url, nats.topology.names.prefix, args);
+
+describe("a job end to end through the CLI", () => {
+  test("submit --follow streams it; status, events, logs and artifacts show it; files come back byte-exact", async () => {
+    expect((await cli("agent", "apply", "-f", join(dir, "copy.yaml"))).code).toBe(0);
+    const data = randomBytes(300 * 1024);
+    await writeFile(join(dir, "data.bin"), data);
+
+    const submitted = await cli("submit", "copy", "--file", join(dir, "data.bin"), "--follow", "--json");
+    expect(submitted.stderr).toContain('"type":"started"');
+    expect(submitted.stdout).toContain("copying data.bin");
+    expect(submitted.code).toBe(0);
+    const final = JobRecord.parse(JSON.parse(submitted.stdout.slice(submitted.stdout.indexOf("{\n"))));
+    expect(final.state).toBe("succeeded");
+    expect(final.result).toMatchObject({ exitCode: 0, output: { bytes: data.length }, summary: "copied" });
+    expect(final.artifacts.map((a) => a.path).sort()).toEqual(["out/nested/data.bin", "out/sum.txt"]);
+
+    const status = await cli("status", final.id, "--json");
+    expect(JobRecord.parse(JSON.parse(status.stdout))).toEqual(final);
+
+    const events = (await cli("events", final.id, "--json")).stdout
+      .trim()
+      .split("\n")
+      .map((line) => BoxcarEvent.parse(JSON.parse(line)));
+    const jobTypes = events.filter((e) => e.kind === "job").map((e) => e.type);
+    expect(jobTypes).toEqual(["accepted", "queued", "started", "progress", "succeeded"]);
+    const sandboxTypes = events.filter((e) => e.kind === "sandbox").map((e) => e.type);
+    expect(sandboxTypes).toEqual(["creating", "ready", "exec_started", "exec_exited", "destroyed"]);
+    // In order: the sandbox runs between `started` and `succeeded`.
+    const at = (pred: (e: BoxcarEvent) => boolean) => events.findIndex(pred);
+    expect(at((e) => e.kind === "sandbox" && e.type === "exec_started")).toBeGreaterThan(
+      at((e) => e.kind === "job" && e.type === "started"),
+    );
+    expect(at((e) => e.kind === "job" && e.type === "succeeded")).toBe(events.length - 1);
+
+    const logs = await cli("logs", final.id);
+    expect(logs.stdout).toBe("copying data.bin\n::progress copied\n");
+
+    const out = join(dir, "artifacts");
+    expect((await cli("artifacts", final.id, "--out", out)).code).toBe(0);
+    expect((await readFile(join(out, "out/nested/data.bin"))).equals(data)).toBe(true);
+    const { createHash } = await import("node:crypto");
+    expect((await readFile(join(out, "out/sum.txt"), "utf8")).trim()).toBe(createHash("sha256").update(data).digest("hex"));
+  });
+
+  test("submit --wait exits 1 when the job fails, and status explains why", async () => {
+    expect((await cli("agent", "apply", "-f", join(REPO, "examples/agents/fail.yaml"))).code).toBe(0);
+    const run = await cli("submit", "fail", "--wait");
+    expect(run.code).toBe(1);
+    expect(run.stdout).toMatch(/state\s+failed/);
+    expect(run.stdout).toContain("agent_failed");
+  });
+
+  test("jobs, workers and agent ls list what is there", async () => {
+    const agents = await cli("agent", "ls");
+    expect(agents.stdout).toMatch(/^NAME\s+POOL/);
+    expect(agents.stdout).toContain("copy");
+    const list = await cli("workers", "--json");
+    expect(
+      JSON.parse(list.stdout)
+        .map((w: { id: string }) => w.id)
+        .sort(),
+    ).toEqual(workers.map((w) => w.id).sort());
+    const jobs = await cli("jobs", "--state", "succeeded");
+    expect(jobs.stdout).toMatch(/^JOB\s+AGENT\s+STATE/);
+    expect(jobs.stdout).toContain("copy");
+  });
+
+  test("bad input on the command line is a clear usage error (exit 2) and sends nothing", async () => {
+    const bad = join(dir, "bad.yaml");
+    await writeFile(bad, "name: broken\ncommand: echo\nruntime:\n  timeout: soon\n  network: '!!'\n");
+    const apply = await cli("agent", "apply", "-f", bad);
+    expect(apply.code).toBe(2);
+    expect(apply.stderr).toContain(`${bad}:4:3: runtime.timeout`);
+    expect(apply.stderr).toContain(`${bad}:5:3: runtime.network`);
+    await expect(client.getAgent("broken")).rejects.toMatchObject({ code: "not_found" });
+
+    const flag = await cli("submit", "copy", "--no-such-flag");
+    expect(flag.code).toBe(2);
+    expect(flag.stderr).toContain("--no-such-flag");
+    const json = await cli("submit", "copy", "--input", "{oops");
+    expect(json.code).toBe(2);
+    expect(json.stderr).toContain("--input is not valid JSON");
+    const unknown = await cli("submit", "nobody");
+    expect(unknown.code).toBe(3);
+    expect(unknown.stderr).toContain("unknown_agent");
+  });
+});
+
+describe("a job end to end over raw NATS", () => {
+  test("request/reply submit, then the KV record and Object Store artifacts, with no Boxcar client code", async () => {
+    await client.applyAgent({
+      name: "raw",
+      command: ["sh", "-c", 'mkdir -p out; cat "$BOXCAR_INPUT_FILE" > out/input.json'],
+      runtime: { sandbox: "host" },
+    });
+    const { names } = nats.topology;
+    const reply = await nats.nc.request(names.subjects.api("jobs.submit"), JSON.stringify({ agent: "raw", input: { hello: "world" } }), {
+      timeout: 5_000,
+    });
+    const { ok, data } = reply.json<{ ok: boolean; data: { job: { id: string } } }>();
+    expect(ok).toBe(true);
+    const id = data.job.id;
+    const record = await eventually(async () => {
+      const entry = await nats.topology.jobs.get(id);
+      const job = entry ? JobRecord.parse(entry.json()) : undefined;
+      return job && isTerminal(job.state) ? job : undefined;
+    }, "the job to finish");
+    expect(record.state).toBe("succeeded");
+    const blob = await nats.topology.artifacts.getBlob(`${id}/out/input.json`);
+    expect(JSON.parse(new TextDecoder().decode(blob ?? new Uint8Array()))).toEqual({ hello: "world" });
+  });
+
+  test("a fire-and-forget submission on the intake subject runs", async () => {
+    await nats.topology.js.publish(nats.topology.names.subjects.submit("raw"), JSON.stringify({ input: 7, idempotencyKey: "ff-1" }));
+    const job = await eventually(
+      async () => (await client.listJobs({ agent: "raw" })).jobs.find((j) => j.spec?.idempotencyKey === "ff-1" && isTerminal(j.state)),
+      "the intake job",
+    );
+    expect(job.state).toBe("succeeded");
+  });
+});
+
+describe("scale and restarts", () => {
+  test("several workers share a pool and each job runs exactly once", async () => {
+    await client.applyAgent({ name: "tick", command: "echo tick", runtime: { sandbox: "host" } });
+    const ids = await Promise.all(Array.from({ length: 24 }, (_, i) => client.submit({ agent: "tick", input: i }).then((r) => r.job.id)));
+    const finals = await Promise.all(ids.map((id) => client.waitForJob(id)));
+    expect(finals.every((j) => j.state === "succeeded" && j.attempt === 1)).toBe(true);
+    expect(new Set(finals.map((j) => j.workerId)).size).toBe(2);
+    for (const id of ids.slice(0, 6)) {
+      const started = [];
+      for await (const e of client.events(id)) if (e.kind === "job" && e.type === "started") started.push(e);
+      expect(started).toHaveLength(1);
+    }
+  });
+
+  test("a dispatcher restart loses no submission made on the intake subject", async () => {
+    await dispatcher.close();
+    const { js, names } = nats.topology;
+    for (let i = 0; i < 15; i++)
+      await js.publish(names.subjects.submit("tick"), JSON.stringify({ input: i, labels: { batch: "restart" } }));
+    dispatcher = await startDispatcher({ topology: nats.topology });
+    const done = await eventually(async () => {
+      const jobs = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "restart");
+      return jobs.length === 15 && jobs.every((j) => j.state === "succeeded") ? jobs : undefined;
+    }, "15 intake jobs to succeed");
+    expect(new Set(done.map((j) => j.spec?.input)).size).toBe(15);
+  });
+});

@@ -1,0 +1,58 @@
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
+export const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+
+export interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs `boxcar ARGS` as a user would, against `url` with `prefix`. */
+export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult> {
+  return new Promise((resolve) => {
+    execFile(
+      process.execPath,
+      [BOXCAR_BIN, ...args, "--prefix", prefix],
+      { env: { ...process.env, BOXCAR_NATS_URL: url, ...env }, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 },
+      (err, stdout, stderr) => {
+        const code = err ? (typeof err.code === "number" ? err.code : 1) : 0;
+        resolve({ code, stdout, stderr });
+      },
+    );
+  });
+}
+
+/** Starts a long-running `boxcar` role (dispatcher, worker) as a child process. */
+export function spawnBoxcar(
+  url: string,
+  prefix: string,
+  args: string[],
+  env: NodeJS.ProcessEnv = {},
+): ChildProcess & { output: () => string } {
+  const child = spawn(process.execPath, [BOXCAR_BIN, ...args, "--prefix", prefix, "--log-format", "json"], {
+    env: { ...process.env, BOXCAR_NATS_URL: url, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  child.stdout?.setEncoding("utf8").on("data", (d: string) => (output += d));
+  child.stderr?.setEncoding("utf8").on("data", (d: string) => (output += d));
+  return Object.assign(child, { output: () => output });
+}
+
+export function exited(child: ChildProcess): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve({ code: child.exitCode, signal: child.signalCode });
+  return new Promise((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+}
+
+/** Polls `check` until it returns a value that is not undefined, or fails after `ms`. */
+export async function eventually<T>(check: () => Promise<T | undefined>, what: string, ms = 20_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    const value = await check();
+    if (value !== undefined) return value;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
