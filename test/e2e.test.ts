@@ -186,6 +186,24 @@ describe("scale and restarts", () => {
     }
   });
 
+  test("two dispatchers at once share the API and the intake: every submission becomes exactly one job", async () => {
+    await using second = await startDispatcher({ topology: nats.topology });
+    const { js, names } = nats.topology;
+    const viaApi = await Promise.all(
+      Array.from({ length: 10 }, (_, i) => client.submit({ agent: "tick", input: i, labels: { batch: "two" } })),
+    );
+    for (let i = 0; i < 10; i++)
+      await js.publish(names.subjects.submit("tick"), JSON.stringify({ input: 100 + i, labels: { batch: "two" } }));
+    const jobs = await eventually(async () => {
+      const found = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "two");
+      return found.length >= 20 && found.every((j) => j.state === "succeeded") ? found : undefined;
+    }, "20 jobs to succeed");
+    expect(jobs).toHaveLength(20);
+    expect(new Set(jobs.map((j) => j.spec?.input)).size).toBe(20);
+    expect(new Set(viaApi.map((r) => r.job.id)).size).toBe(10);
+    expect(second.id).not.toBe(dispatcher.id);
+  });
+
   test("a dispatcher restart loses no submission made on the intake subject", async () => {
     await dispatcher.close();
     const { js, names } = nats.topology;

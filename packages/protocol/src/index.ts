@@ -65,6 +65,7 @@ export {
   WorkItem,
   WorkspacePath,
 } from "./job.js";
+export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";

@@ -47,7 +47,13 @@ export const agent: Command = {
           ctx.print(
             table(
               ["NAME", "POOL", "SANDBOX", "TIMEOUT", "COMMAND"],
-              agents.map((a) => [a.name, a.pool, a.runtime.sandbox, `${a.runtime.timeout / 1000}s`, a.command.join(" ").slice(0, 60)]),
+              agents.map((a) => [
+                a.name,
+                a.pool,
+                a.runtime.sandbox,
+                `${a.runtime.timeout / 1000}s`,
+                a.command.join(" ").replace(/\s+/g, " ").slice(0, 60),
+              ]),
             ),
           );
         return ExitCode.ok;

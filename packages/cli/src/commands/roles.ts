@@ -14,11 +14,11 @@ export function readLogFormat(value: unknown): LogFormat | undefined {
   throw new UsageError(`--log-format must be json or pretty, got ${String(value)}`);
 }
 
-export function positiveInt(value: unknown, flag: string, fallback: number): number {
+export function positiveInt(value: unknown, flag: string, fallback: number, max = 10_000): number {
   if (value === undefined) return fallback;
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1 || n > 10_000)
-    throw new UsageError(`${flag} must be a whole number from 1 to 10000, got ${String(value)}`);
+  if (!Number.isInteger(n) || n < 1 || n > max)
+    throw new UsageError(`${flag} must be a whole number from 1 to ${max}, got ${String(value)}`);
   return n;
 }
 

@@ -36,7 +36,7 @@ export const up: Command = {
   },
   async run(ctx) {
     if (ctx.positionals.length > 0) throw new UsageError(`unexpected argument ${ctx.positionals[0]}\n\nusage: ${this.usage}`);
-    const port = positiveInt(ctx.values.port ?? "4222", "--port", 4222);
+    const port = positiveInt(ctx.values.port, "--port", 4222, 65_535);
     const workerCount = positiveInt(ctx.values.workers, "--workers", 2);
     const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
     const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [EXAMPLE_AGENTS];

@@ -1,0 +1,62 @@
+import { spawn } from "node:child_process";
+import { mkdtemp, readdir, readFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { freePort } from "@boxcar/client";
+import { expect, test } from "vitest";
+import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
+import { isAlive } from "./helpers/process.js";
+
+/** Runs `boxcar up ARGS` in a scratch folder; returns the child and its combined output. */
+async function up(args: string[]) {
+  const cwd = await mkdtemp(join(tmpdir(), "boxcar-up-"));
+  const port = await freePort();
+  const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port), "--log-format", "json", ...args], {
+    cwd,
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, BOXCAR_LOG_LEVEL: "info" },
+  });
+  let output = "";
+  child.stdout.setEncoding("utf8").on("data", (d: string) => (output += d));
+  child.stderr.setEncoding("utf8").on("data", (d: string) => (output += d));
+  return { child, cwd, port, output: () => output };
+}
+
+/** Pids of the live nats-server processes whose command line names `dir` (their config is there). */
+async function natsServerPids(dir: string): Promise<number[]> {
+  const pids: number[] = [];
+  for (const entry of await readdir("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmd = await readFile(`/proc/${entry}/cmdline`, "utf8");
+      if (cmd.includes("nats-server") && cmd.includes(dir) && isAlive(Number(entry))) pids.push(Number(entry));
+    } catch {
+      // the process ended while we looked
+    }
+  }
+  return pids;
+}
+
+test("boxcar up --demo runs the demo job live, downloads its artifacts, and leaves no process behind", async () => {
+  const run = await up(["--demo"]);
+  const result = await exited(run.child);
+  const output = run.output();
+  expect(output).toContain("boxcar is up");
+  expect(output).toMatch(/job\s+progress\s+section 1\/3: queue/);
+  expect(output).toMatch(/state\s+succeeded/);
+  expect(result).toEqual({ code: 0, signal: null });
+  const artifacts = await readdir(join(run.cwd, ".boxcar", "demo-artifacts"), { recursive: true });
+  expect(artifacts.filter((p) => p.endsWith("report.md") || p.endsWith("index.json"))).toHaveLength(2);
+  expect(await natsServerPids(run.cwd)).toEqual([]);
+}, 60_000);
+
+test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the next start", async () => {
+  const run = await up([]);
+  await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
+  const started = await natsServerPids(run.cwd);
+  expect(started).toHaveLength(1);
+  run.child.kill("SIGINT");
+  expect(await exited(run.child)).toEqual({ code: 0, signal: null });
+  expect(isAlive(started[0] as number)).toBe(false);
+  expect(await readdir(join(run.cwd, ".boxcar", "data", "jetstream"))).not.toHaveLength(0);
+}, 60_000);
