@@ -4,7 +4,7 @@ import { createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { natsFixture } from "./helpers/nats.js";
-import { isAlive } from "./helpers/process.js";
+import { waitGone } from "./helpers/process.js";
 
 /** An agent that starts a background grandchild, prints its pid, and waits on it. */
 const treeAgent = (name: string, sleepSeconds: number, timeout: string) => ({
@@ -33,7 +33,7 @@ test("a timeout kills the whole process tree and the job ends timed_out", async 
   expect(final.error?.code).toBe("timed_out");
   const [pid] = await grandchildPids(client, job.id);
   expect(pid).toBeGreaterThan(0);
-  await eventually(async () => (isAlive(pid as number) ? undefined : true), "the grandchild to be gone", 5_000);
+  expect(await waitGone(pid as number)).toBe(true);
 });
 
 test("SIGTERM on a worker lets a short job finish within the grace period", async () => {
@@ -69,7 +69,7 @@ test("SIGTERM past the grace period hands the job back; another worker completes
     child.kill("SIGTERM");
     expect(await exited(child)).toEqual({ code: 0, signal: null });
     const [firstPid] = await grandchildPids(client, job.id);
-    expect(isAlive(firstPid as number)).toBe(false);
+    expect(await waitGone(firstPid as number)).toBe(true);
     const requeued = await client.getJob(job.id);
     expect(requeued.state).toBe("queued");
 

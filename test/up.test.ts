@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { freePort } from "@boxcar/client";
 import { expect, test } from "vitest";
 import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
-import { isAlive } from "./helpers/process.js";
+import { isAlive, waitGone } from "./helpers/process.js";
 
 /** Runs `boxcar up ARGS` in a scratch folder; returns the child and its combined output. */
 async function up(args: string[]) {
@@ -57,6 +57,6 @@ test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the n
   expect(started).toHaveLength(1);
   run.child.kill("SIGINT");
   expect(await exited(run.child)).toEqual({ code: 0, signal: null });
-  expect(isAlive(started[0] as number)).toBe(false);
+  expect(await waitGone(started[0] as number)).toBe(true);
   expect(await readdir(join(run.cwd, ".boxcar", "data", "jetstream"))).not.toHaveLength(0);
 }, 60_000);

@@ -17,7 +17,7 @@ import {
 import { createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
 import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { isAlive } from "./helpers/process.js";
+import { waitGone } from "./helpers/process.js";
 
 let scratch: string;
 beforeEach(async () => {
@@ -270,7 +270,7 @@ describe("worker", () => {
     expect(record.result?.exitCode).toBeNull();
     const grandchild = Number.parseInt(await readFile(pidFile, "utf8"), 10);
     expect(grandchild).toBeGreaterThan(0);
-    expect(isAlive(grandchild)).toBe(false);
+    expect(await waitGone(grandchild)).toBe(true);
     const events = names(await eventsOf(client, id));
     expect(events.slice(-3)).toEqual(["sandbox.exec_exited", "sandbox.destroyed", "job.timed_out"]);
   });

@@ -50,6 +50,16 @@ function isAlive(pid: number): boolean {
   }
 }
 
+/** Waits until `pid` is gone: a killed process closes its pipes a moment before it is marked dead. */
+async function waitGone(pid: number, ms = 5_000): Promise<boolean> {
+  const deadline = Date.now() + ms;
+  while (isAlive(pid)) {
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return true;
+}
+
 async function rejection(promise: Promise<unknown>): Promise<BoxcarError> {
   const err = await promise.then(
     () => undefined,
@@ -92,13 +102,13 @@ describe("host sandbox", () => {
     expect(result.aborted).toBe(true);
     expect(result.exitCode).toBeNull();
     expect(grandchild).toBeGreaterThan(0);
-    expect(isAlive(grandchild)).toBe(false);
+    expect(await waitGone(grandchild)).toBe(true);
   });
 
   test("processes the command leaves behind end with it", async () => {
     const { result, stdout } = await run("sleep 300 & echo $!");
     expect(result).toMatchObject({ exitCode: 0, aborted: false });
-    expect(isAlive(Number.parseInt(stdout, 10))).toBe(false);
+    expect(await waitGone(Number.parseInt(stdout, 10))).toBe(true);
   });
 
   test("a command that does not exist is an agent failure", async () => {
@@ -162,7 +172,7 @@ describe("host sandbox", () => {
     });
     const { result } = await running;
     expect(result.signal).toBe("SIGKILL");
-    expect(isAlive(grandchild)).toBe(false);
+    expect(await waitGone(grandchild)).toBe(true);
     await sandbox.destroy();
     await expect(stat(sandbox.workspace)).rejects.toMatchObject({ code: "ENOENT" });
   });
