@@ -217,3 +217,43 @@ describe("scale and restarts", () => {
     expect(new Set(done.map((j) => j.spec?.input)).size).toBe(15);
   });
 });
+
+describe("what a mistaken command line gets", () => {
+  test("no dispatcher, a mistyped prefix and a bad prefix are clear errors that create nothing", async () => {
+    await using bare = await natsFixture(); // a Boxcar system with no dispatcher running
+    const noDispatcher = await boxcar(bare.url, bare.topology.names.prefix, ["submit", "anything"]);
+    expect(noDispatcher.code).toBe(4);
+    expect(noDispatcher.stderr).toContain("no dispatcher answers");
+
+    const streamsBefore = await streamNames(bare);
+    const typo = await boxcar(bare.url, "typo", ["status", "x"]);
+    expect(typo.code).toBe(4);
+    expect(typo.stderr).toContain('no Boxcar system with prefix "typo"');
+    expect(await streamNames(bare)).toEqual(streamsBefore);
+
+    const badPrefix = await boxcar(bare.url, "Not Valid", ["jobs"]);
+    expect(badPrefix.code).toBe(2);
+    expect(badPrefix.stderr).toContain("--prefix");
+
+    const extra = await boxcar(bare.url, bare.topology.names.prefix, ["workers", "extra"]);
+    expect(extra.code).toBe(2);
+    expect(extra.stderr).toContain('unexpected argument "extra"');
+  });
+
+  test("a refused submission with --file leaves no uploaded file behind", async () => {
+    const objectsBefore = (await nats.topology.artifacts.list()).length;
+    await writeFile(join(dir, "note.txt"), "hello");
+    const refused = await cli("submit", "nobody", "--file", join(dir, "note.txt"));
+    expect(refused.code).toBe(3);
+    const badTimeout = await cli("submit", "copy", "--file", join(dir, "note.txt"), "--timeout", "forever");
+    expect(badTimeout.code).toBe(3);
+    expect(badTimeout.stderr).toContain("timeout");
+    expect((await nats.topology.artifacts.list()).length).toBe(objectsBefore);
+  });
+});
+
+async function streamNames(fixture: NatsFixture): Promise<string[]> {
+  const names: string[] = [];
+  for await (const name of fixture.topology.jsm.streams.names()) names.push(name);
+  return names.sort();
+}

@@ -60,3 +60,20 @@ test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the n
   expect(await waitGone(started[0] as number)).toBe(true);
   expect(await readdir(join(run.cwd, ".boxcar", "data", "jetstream"))).not.toHaveLength(0);
 }, 60_000);
+
+test("boxcar up on a port that is taken says so and exits 4, touching nothing there", async () => {
+  const { createServer } = await import("node:net");
+  const blocker = createServer();
+  const port = await freePort();
+  await new Promise<void>((r) => blocker.listen(port, "127.0.0.1", () => r()));
+  try {
+    const cwd = await mkdtemp(join(tmpdir(), "boxcar-up-"));
+    const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port)], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+    let stderr = "";
+    child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
+    expect(await exited(child)).toEqual({ code: 4, signal: null });
+    expect(stderr).toContain(`port ${port} is already in use`);
+  } finally {
+    blocker.close();
+  }
+});

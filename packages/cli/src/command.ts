@@ -8,6 +8,8 @@ export interface Command {
   usage: string;
   summary: string;
   options: OptionsConfig;
+  /** The most positional arguments the command takes; more is a usage error. */
+  maxArgs: number;
   /** Returns the process exit code. */
   run(ctx: CommandContext<Values>): Promise<number>;
 }

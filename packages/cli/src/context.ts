@@ -34,15 +34,18 @@ export interface CommandContext<V extends object> {
   io: Io;
   /** Writes a line to stdout. */
   print(text: string): void;
-  /** Connects to NATS and opens the Boxcar topology. */
-  session(name?: string): Promise<Session>;
+  /**
+   * Connects to NATS and opens the Boxcar system. Only the roles that own it (`create`) make
+   * streams and buckets; other commands fail clearly when the system is not there.
+   */
+  session(name?: string, opts?: { create?: boolean }): Promise<Session>;
 }
 
 export function natsUrl(flag: string | undefined, env: NodeJS.ProcessEnv): string {
   return flag ?? env.BOXCAR_NATS_URL ?? "nats://127.0.0.1:4222";
 }
 
-export async function openSession(url: string, prefix: string | undefined, name: string): Promise<Session> {
+export async function openSession(url: string, prefix: string | undefined, name: string, create: boolean): Promise<Session> {
   let nc: NatsConnection;
   try {
     nc = await connect({ servers: url, name, maxReconnectAttempts: -1 });
@@ -55,7 +58,13 @@ export async function openSession(url: string, prefix: string | undefined, name:
       },
     );
   }
-  const topology = await openTopology(nc, prefix ? { prefix } : {});
+  let topology: Topology;
+  try {
+    topology = await openTopology(nc, { ...(prefix ? { prefix } : {}), create });
+  } catch (err) {
+    await nc.close();
+    throw err;
+  }
   return {
     nc,
     topology,

@@ -1,4 +1,4 @@
-import { toErrorInfo } from "@boxcar/protocol";
+import { names, toErrorInfo } from "@boxcar/protocol";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { artifacts, cancel, events, jobs, logs, status, submit } from "./commands/jobs.js";
@@ -40,6 +40,17 @@ export async function main(argv: string[], io: Io): Promise<number> {
   try {
     if (!command) throw new UsageError(`unknown command ${JSON.stringify(name)}\n\n${help()}`);
     const { values, positionals } = parseCommandLine(rest, command.options, command.usage);
+    const prefix = values.prefix as string | undefined;
+    if (prefix !== undefined) {
+      try {
+        names(prefix);
+      } catch (err) {
+        throw new UsageError(`--prefix: ${(err as Error).message}`);
+      }
+    }
+    if (positionals.length > command.maxArgs) {
+      throw new UsageError(`unexpected argument ${JSON.stringify(positionals[command.maxArgs])}\n\nusage: ${command.usage}`);
+    }
     if (values.help) {
       io.stdout.write(`usage: ${command.usage}\n\n${command.summary}\n`);
       return ExitCode.ok;
@@ -49,8 +60,8 @@ export async function main(argv: string[], io: Io): Promise<number> {
       positionals,
       io,
       print: (text) => io.stdout.write(`${text}\n`),
-      session: (clientName = `boxcar-${name}`) =>
-        openSession(natsUrl(values.nats as string | undefined, io.env), values.prefix as string | undefined, clientName),
+      session: (clientName = `boxcar-${name}`, opts = {}) =>
+        openSession(natsUrl(values.nats as string | undefined, io.env), prefix, clientName, opts.create ?? false),
     };
     return await command.run(ctx);
   } catch (err) {

@@ -41,6 +41,20 @@ export interface LogChunk {
   data: Uint8Array;
 }
 
+/** A local file to put in the job's workspace at `path`. */
+export interface LocalInputFile {
+  localPath: string;
+  path: string;
+}
+
+export interface SubmitOptions {
+  /**
+   * Local files to upload to the Object Store first (claim-check). They are removed again when
+   * the submission is refused or returns an earlier job for the same idempotency key.
+   */
+  upload?: readonly LocalInputFile[];
+}
+
 export interface FollowOptions {
   follow?: boolean;
   signal?: AbortSignal;
@@ -48,7 +62,7 @@ export interface FollowOptions {
 
 /** Submits and watches jobs, manages agents, reads results and artifacts. */
 export interface BoxcarClient {
-  submit(spec: JobSpecInput): Promise<{ job: JobRecord; duplicate: boolean }>;
+  submit(spec: JobSpecInput, opts?: SubmitOptions): Promise<{ job: JobRecord; duplicate: boolean }>;
   /** Puts a local file in the Object Store and returns the reference a job spec carries. */
   uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef>;
   getJob(id: string): Promise<JobRecord>;
@@ -86,7 +100,7 @@ class Client implements BoxcarClient {
       const msg = await this.topology.nc.request(subject, JSON.stringify(body), { timeout: this.timeoutMs });
       reply = msg.data;
     } catch (err) {
-      if (err instanceof natsErrors.NoRespondersError || (err as Error).name === "NoRespondersError") {
+      if (err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders())) {
         throw new BoxcarError(ErrorCode.unavailable, `no dispatcher answers on ${subject}: is one running?`, { cause: err });
       }
       if (err instanceof natsErrors.TimeoutError) {
@@ -99,8 +113,21 @@ class Client implements BoxcarClient {
     return parseWith(schema, parsed.data, `reply from ${subject}`);
   }
 
-  submit(spec: JobSpecInput) {
-    return this.request(ApiEndpoint.jobsSubmit, spec, SubmitReply);
+  async submit(spec: JobSpecInput, opts: SubmitOptions = {}) {
+    const uploaded: InputFileRef[] = [];
+    try {
+      for (const file of opts.upload ?? []) uploaded.push(await this.uploadInput(file.localPath, file.path));
+      const reply = await this.request(ApiEndpoint.jobsSubmit, { ...spec, files: [...(spec.files ?? []), ...uploaded] }, SubmitReply);
+      if (reply.duplicate) await this.discard(uploaded);
+      return reply;
+    } catch (err) {
+      await this.discard(uploaded);
+      throw err;
+    }
+  }
+
+  private async discard(refs: readonly InputFileRef[]): Promise<void> {
+    for (const ref of refs) await this.topology.artifacts.delete(ref.object).catch(() => {});
   }
 
   async uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef> {

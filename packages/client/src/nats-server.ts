@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { connect, createServer } from "node:net";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
@@ -79,13 +79,14 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
       opts.extraConfig ?? "",
     ].join("\n"),
   );
-  const child = spawn(binary, ["-c", configFile], { stdio: ["ignore", "ignore", "pipe"] });
-  let stderr = "";
-  child.stderr?.setEncoding("utf8").on("data", (d: string) => {
-    stderr = (stderr + d).slice(-8192);
-  });
+  if (!(await portIsFree(port))) {
+    throw new BoxcarError(ErrorCode.unavailable, `port ${port} is already in use: stop what listens there or choose another port`);
+  }
+  // Its own process group: a Ctrl-C in the terminal reaches the CLI, which stops the server
+  // last, after the workers and dispatcher have finished with it.
+  const child = spawn(binary, ["-c", configFile], { stdio: ["ignore", "ignore", "pipe"], detached: true });
   const url = `nats://127.0.0.1:${port}`;
-  await waitReady(child, port, () => stderr);
+  await waitReady(child);
 
   let stopped: Promise<void> | undefined;
   const stopWith = (signal: NodeJS.Signals, removeStore: boolean) =>
@@ -104,25 +105,37 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
   };
 }
 
-async function waitReady(child: ChildProcess, port: number, stderr: () => string): Promise<void> {
-  const deadline = Date.now() + 15_000;
-  while (Date.now() < deadline) {
-    if (child.exitCode !== null) throw new Error(`nats-server exited with ${child.exitCode}: ${stderr()}`);
-    if (await canConnect(port)) return;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  child.kill("SIGKILL");
-  throw new Error(`nats-server did not listen on ${port} within 15 s: ${stderr()}`);
+/** Resolves when this server (not another one on the port) logs that it is ready. */
+function waitReady(child: ChildProcess): Promise<void> {
+  return new Promise((resolveReady, reject) => {
+    let stderr = "";
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      done(new Error(`nats-server was not ready within 15 s: ${stderr}`));
+    }, 15_000);
+    const onExit = (code: number | null) => done(new Error(`nats-server exited with ${code}: ${stderr}`));
+    const onData = (d: string) => {
+      stderr = (stderr + d).slice(-8192);
+      if (stderr.includes("Server is ready")) done();
+    };
+    const done = (err?: Error) => {
+      clearTimeout(timer);
+      child.off("exit", onExit);
+      child.stderr?.off("data", onData);
+      child.stderr?.resume(); // keep draining the pipe so the server never blocks on it
+      if (err) reject(err);
+      else resolveReady();
+    };
+    child.once("exit", onExit);
+    child.stderr?.setEncoding("utf8").on("data", onData);
+  });
 }
 
-function canConnect(port: number): Promise<boolean> {
-  return new Promise((resolveConn) => {
-    const socket = connect(port, "127.0.0.1");
-    socket.once("connect", () => {
-      socket.destroy();
-      resolveConn(true);
-    });
-    socket.once("error", () => resolveConn(false));
+function portIsFree(port: number): Promise<boolean> {
+  return new Promise((resolveFree) => {
+    const probe = createServer();
+    probe.once("error", () => resolveFree(false));
+    probe.listen(port, "127.0.0.1", () => probe.close(() => resolveFree(true)));
   });
 }
 

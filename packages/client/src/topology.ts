@@ -1,4 +1,4 @@
-import { type Names, names as namesFor } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type Names, names as namesFor } from "@boxcar/protocol";
 import {
   AckPolicy,
   JetStreamApiError,
@@ -25,6 +25,11 @@ export interface TopologyOptions {
   idempotencyWindowMs?: number;
   /** How long a worker's presence entry lives without a heartbeat; default 30 s. */
   workerTtlMs?: number;
+  /**
+   * Create the streams and buckets where missing (default). Clients pass `false`: a system that
+   * does not exist (say, a mistyped prefix) is then an error rather than a new empty system.
+   */
+  create?: boolean;
 }
 
 export interface ResolvedTopologyOptions {
@@ -77,6 +82,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const names = namesFor(options.prefix);
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
+  if (opts.create === false) await requireSystem(jsm, names);
   const num_replicas = options.replicas;
 
   const streams: (Partial<StreamConfig> & { name: string })[] = [
@@ -155,6 +161,18 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       ensuredPools.add(pool);
     },
   };
+}
+
+async function requireSystem(jsm: JetStreamManager, names: Names): Promise<void> {
+  try {
+    await jsm.streams.info(names.streams.work);
+  } catch (err) {
+    if (!isNotFound(err)) throw err;
+    throw new BoxcarError(
+      ErrorCode.unavailable,
+      `no Boxcar system with prefix ${JSON.stringify(names.prefix)} on this NATS: start a dispatcher (or \`boxcar up\`), or check --prefix`,
+    );
+  }
 }
 
 async function ensureStream(jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }): Promise<void> {

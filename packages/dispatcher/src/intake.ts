@@ -15,7 +15,8 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
   // Sequences restart if the stream is recreated; its creation time keeps keys unique.
   const implicitKey = `intake:${topology.names.prefix}:${streamCreated}:${msg.seq}`;
   try {
-    const body = decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
+    // An empty body is an empty spec, as on the request/reply API: the subject names the agent.
+    const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
     const { job } = await admit(topology, spec, log, implicitKey);
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");

@@ -45,7 +45,18 @@ describe("parseAgentFile", () => {
   });
 
   test("unknown fields, YAML syntax errors and non-mappings are refused", () => {
-    expect(errorOf("name: a\ncommand: x\ncomand: y\n").message).toContain("comand");
+    expect(errorOf("name: a\ncommand: x\ncomand: y\n").locations).toEqual([
+      expect.objectContaining({ path: "comand", message: "unknown field", line: 3, column: 1 }),
+    ]);
+    expect(errorOf("name: a\ncommand: x\nruntime:\n  timout: 1s\n").locations[0]).toMatchObject({
+      path: "runtime.timout",
+      line: 4,
+      column: 3,
+    });
+    expect(errorOf("name: a\ncommand: x\nruntime:\n  timeout: true\n").message).toContain(
+      'runtime.timeout: expected a duration such as "30s"',
+    );
+    expect(errorOf("name: a\ncommand: x\n---\nname: b\ncommand: y\n").message).toContain("one agent");
     expect(errorOf("name: a\ncommand: [x\n").message).toMatch(/agents\/x\.yaml:\d+:\d+: /);
     expect(errorOf("- just\n- a list\n").message).toContain("expected a mapping");
     expect(errorOf("name: a\nname: b\ncommand: x\n").message).toMatch(/unique|duplicate/i);

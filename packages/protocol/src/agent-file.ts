@@ -34,7 +34,9 @@ export function parseAgentFile(text: string, file: string): AgentDefinition {
       file,
       doc.errors.map((e) => {
         const pos = lineCounter.linePos(e.pos[0]);
-        return { path: "", message: e.message.split("\n")[0] ?? e.message, line: pos.line, column: pos.col };
+        const message =
+          e.code === "MULTIPLE_DOCS" ? "an agent file holds one agent: put each in its own file" : (e.message.split("\n")[0] ?? e.message);
+        return { path: "", message, line: pos.line, column: pos.col };
       }),
     );
   }
@@ -46,10 +48,14 @@ export function parseAgentFile(text: string, file: string): AgentDefinition {
   if (result.success) return result.data;
   throw new AgentFileError(
     file,
-    result.error.issues.map((issue) => {
-      const offset = locate(doc.contents, issue.path);
-      const pos = lineCounter.linePos(offset);
-      return { path: formatPath(issue.path), message: issue.message, line: pos.line, column: pos.col };
+    result.error.issues.flatMap((issue) => {
+      // An unknown field is reported at the field itself, one issue per field.
+      const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
+      const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
+      return paths.map((path) => {
+        const pos = lineCounter.linePos(locate(doc.contents, path));
+        return { path: formatPath(path), message, line: pos.line, column: pos.col };
+      });
     }),
   );
 }

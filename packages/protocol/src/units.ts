@@ -24,7 +24,7 @@ export function parseSizeBytes(value: string | number): number | undefined {
 
 /** A duration written as `30s`/`10m`/… or milliseconds, bounded, read into milliseconds. */
 export function durationMs(opts: { min: number; max: number }) {
-  return z.union([z.string(), z.number()]).transform((value, ctx) => {
+  return z.union([z.string(), z.number()], { error: 'expected a duration such as "30s", "10m" or "2h"' }).transform((value, ctx) => {
     const ms = parseDurationMs(value);
     if (ms === undefined) {
       ctx.addIssue({ code: "custom", message: `expected a duration such as "30s", "10m" or "2h", got ${JSON.stringify(value)}` });
@@ -40,7 +40,7 @@ export function durationMs(opts: { min: number; max: number }) {
 
 /** A size written as `512Mi`/`1Gi`/… or bytes, bounded, read into bytes. */
 export function sizeBytes(opts: { min: number; max: number }) {
-  return z.union([z.string(), z.number()]).transform((value, ctx) => {
+  return z.union([z.string(), z.number()], { error: 'expected a size such as "512Mi" or "1Gi"' }).transform((value, ctx) => {
     const bytes = parseSizeBytes(value);
     if (bytes === undefined) {
       ctx.addIssue({ code: "custom", message: `expected a size such as "512Mi" or "1Gi", got ${JSON.stringify(value)}` });

@@ -213,8 +213,15 @@ class BoxcarWorker implements Worker {
     });
 
     const finished = Promise.all([...this.runs.values()].map((r) => r.done));
-    const grace = AbortSignal.any([AbortSignal.timeout(graceMs), this.graceOver.signal]);
-    await Promise.race([finished, new Promise((resolve) => grace.addEventListener("abort", resolve, { once: true }))]);
+    // A plain timer, not AbortSignal.timeout: on Node 20 that signal can be garbage-collected
+    // inside AbortSignal.any and never fire (nodejs/node#57736).
+    let graceTimer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<void>((resolve) => {
+      graceTimer = setTimeout(resolve, graceMs);
+      this.graceOver.signal.addEventListener("abort", () => resolve(), { once: true });
+    });
+    await Promise.race([finished, graceOver]);
+    clearTimeout(graceTimer);
     for (const { run } of this.runs.values()) run.stop("worker_stopped");
     await finished;
     await Promise.allSettled(this.loops);

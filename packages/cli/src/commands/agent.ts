@@ -5,7 +5,7 @@ import { ExitCode } from "../exit-codes.js";
 import { json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
-const usage = "boxcar agent apply -f FILE... | ls | get NAME | rm NAME";
+const usage = "boxcar agent apply -f FILE [FILE...] | ls | get NAME | rm NAME";
 
 /** Reads and validates an agent file; errors name the file, line and field. */
 export async function readAgentFile(file: string) {
@@ -22,14 +22,17 @@ export const agent: Command = {
   name: "agent",
   usage,
   summary: "apply, list, show or remove agent definitions",
+  maxArgs: Number.POSITIVE_INFINITY,
   options: { file: { type: "string", short: "f", multiple: true, default: [] } },
   async run(ctx) {
     const [verb, ...args] = ctx.positionals;
     const files = ctx.values.file as string[];
     switch (verb) {
       case "apply": {
-        if (files.length === 0 || args.length > 0) throw new UsageError(`agent apply needs -f FILE\n\nusage: ${usage}`);
-        const definitions = await Promise.all(files.map(readAgentFile)); // all files valid before any is applied
+        // `-f a.yaml b.yaml` as well as `-f a.yaml -f b.yaml`
+        const all = [...files, ...args];
+        if (files.length === 0) throw new UsageError(`agent apply needs -f FILE\n\nusage: ${usage}`);
+        const definitions = await Promise.all(all.map(readAgentFile)); // all files valid before any is applied
         await using session = await ctx.session("boxcar-agent");
         for (const definition of definitions) {
           const { agent, created } = await session.client.applyAgent(definition);

@@ -1,6 +1,7 @@
+import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
-import type { BoxcarClient } from "@boxcar/client";
-import { type InputFileRef, isTerminal, type JobRecord, JobState } from "@boxcar/protocol";
+import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
+import { isTerminal, type JobRecord, JobState } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
@@ -29,19 +30,17 @@ function parseInput(values: Values): unknown {
 }
 
 /** `--file PATH` puts PATH's file at its base name in the workspace; `--file DEST=PATH` at DEST. */
-async function uploadFiles(client: BoxcarClient, specs: string[]): Promise<InputFileRef[]> {
-  const refs: InputFileRef[] = [];
+async function localFiles(specs: string[]): Promise<LocalInputFile[]> {
+  const files: LocalInputFile[] = [];
   for (const spec of specs) {
     const eq = spec.indexOf("=");
-    const [dest, local] = eq > 0 ? [spec.slice(0, eq), spec.slice(eq + 1)] : [basename(spec), spec];
-    try {
-      refs.push(await client.uploadInput(resolve(local), dest));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") throw new UsageError(`--file ${spec}: no such file ${local}`);
-      throw err;
-    }
+    const [path, local] = eq > 0 ? [spec.slice(0, eq), spec.slice(eq + 1)] : [basename(spec), spec];
+    const localPath = resolve(local);
+    const info = await stat(localPath).catch(() => undefined);
+    if (!info?.isFile()) throw new UsageError(`--file ${spec}: ${local} is not a readable file`);
+    files.push({ localPath, path });
   }
-  return refs;
+  return files;
 }
 
 /** Streams a job's events and output to the terminal until it ends; returns the final record. */
@@ -65,6 +64,7 @@ export const submit: Command = {
   usage:
     "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--pool POOL]",
   summary: "submit a job to an agent",
+  maxArgs: 1,
   options: {
     input: { type: "string" },
     prompt: { type: "string" },
@@ -78,17 +78,19 @@ export const submit: Command = {
   async run(ctx) {
     const agent = one(ctx, "AGENT", this.usage);
     const input = parseInput(ctx.values);
+    const upload = await localFiles(ctx.values.file as string[]);
     await using session = await ctx.session("boxcar-submit");
     const { client } = session;
-    const files = await uploadFiles(client, ctx.values.file as string[]);
-    const { job, duplicate } = await client.submit({
-      agent,
-      input: input as never,
-      files,
-      ...(ctx.values["idempotency-key"] ? { idempotencyKey: ctx.values["idempotency-key"] as string } : {}),
-      ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
-      ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
-    });
+    const { job, duplicate } = await client.submit(
+      {
+        agent,
+        input: input as never,
+        ...(ctx.values["idempotency-key"] ? { idempotencyKey: ctx.values["idempotency-key"] as string } : {}),
+        ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
+        ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
+      },
+      { upload },
+    );
     if (!ctx.values.wait && !ctx.values.follow) {
       ctx.print(ctx.values.json ? json({ job, duplicate }) : `${job.id}${duplicate ? " (existing job for this idempotency key)" : ""}`);
       return ExitCode.ok;
@@ -104,6 +106,7 @@ export const status: Command = {
   name: "status",
   usage: "boxcar status JOB [--wait]",
   summary: "show a job's state and result",
+  maxArgs: 1,
   options: { wait: { type: "boolean", default: false } },
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
@@ -119,6 +122,7 @@ export const logs: Command = {
   name: "logs",
   usage: "boxcar logs JOB [--follow]",
   summary: "print a job's output (stdout to stdout, stderr to stderr)",
+  maxArgs: 1,
   options: { follow: { type: "boolean", short: "f", default: false } },
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
@@ -136,6 +140,7 @@ export const events: Command = {
   name: "events",
   usage: "boxcar events JOB [--follow]",
   summary: "print a job's job and sandbox events in order",
+  maxArgs: 1,
   options: { follow: { type: "boolean", short: "f", default: false } },
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
@@ -152,11 +157,14 @@ export const artifacts: Command = {
   name: "artifacts",
   usage: "boxcar artifacts JOB [--out DIR]",
   summary: "list a job's artifacts, or download them into DIR",
+  maxArgs: 1,
   options: { out: { type: "string" } },
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
     await using session = await ctx.session("boxcar-artifacts");
     if (ctx.values.out) {
+      const out = await stat(ctx.values.out as string).catch(() => undefined);
+      if (out && !out.isDirectory()) throw new UsageError(`--out ${ctx.values.out}: not a folder`);
       const written = await session.client.downloadArtifacts(id, ctx.values.out as string);
       ctx.print(ctx.values.json ? json(written) : written.join("\n") || "(no artifacts)");
       return ExitCode.ok;
@@ -178,6 +186,7 @@ export const cancel: Command = {
   name: "cancel",
   usage: "boxcar cancel JOB",
   summary: "cancel a queued or running job",
+  maxArgs: 1,
   options: {},
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
@@ -194,9 +203,9 @@ export const jobs: Command = {
   name: "jobs",
   usage: "boxcar jobs [--state STATE] [--agent AGENT] [--limit N] [--after JOB]",
   summary: "list jobs, newest first",
+  maxArgs: 0,
   options: { state: { type: "string" }, agent: { type: "string" }, limit: { type: "string" }, after: { type: "string" } },
   async run(ctx) {
-    if (ctx.positionals.length > 0) throw new UsageError(`unexpected argument ${ctx.positionals[0]}\n\nusage: ${this.usage}`);
     const state = ctx.values.state as string | undefined;
     if (state !== undefined && !JobState.safeParse(state).success) {
       throw new UsageError(`--state must be one of ${JobState.options.join(", ")}, got ${state}`);
@@ -221,7 +230,10 @@ export const jobs: Command = {
         page.jobs.map((j) => [j.id, j.agent, j.state, String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
       ),
     );
-    if (page.next) ctx.print(`more: boxcar jobs --after ${page.next}`);
+    if (page.next) {
+      const filters = ["state", "agent", "limit"].flatMap((f) => (ctx.values[f] === undefined ? [] : [`--${f} ${ctx.values[f]}`]));
+      ctx.print(`more: boxcar jobs ${[...filters, `--after ${page.next}`].join(" ")}`);
+    }
     return ExitCode.ok;
   },
 };

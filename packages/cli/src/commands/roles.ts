@@ -33,10 +33,11 @@ export const dispatcher: Command = {
   name: "dispatcher",
   usage: "boxcar dispatcher [--log-format json|pretty]",
   summary: "run a dispatcher until SIGINT/SIGTERM",
+  maxArgs: 0,
   options: { ...logFormat },
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
-    await using session = await ctx.session("boxcar-dispatcher");
+    await using session = await ctx.session("boxcar-dispatcher", { create: true });
     await using d = await startDispatcher({ topology: session.topology, logger });
     await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
     await d.close();
@@ -48,6 +49,7 @@ export const worker: Command = {
   name: "worker",
   usage: "boxcar worker [--pool POOL]... [--concurrency N] [--drain-grace 30s] [--log-format json|pretty]",
   summary: "run a worker until SIGINT/SIGTERM (then it drains)",
+  maxArgs: 0,
   options: {
     pool: { type: "string", multiple: true, default: [] },
     concurrency: { type: "string" },
@@ -59,7 +61,7 @@ export const worker: Command = {
     const pools = ctx.values.pool as string[];
     const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
     const grace = optionalDuration(ctx.values["drain-grace"], "--drain-grace");
-    await using session = await ctx.session("boxcar-worker");
+    await using session = await ctx.session("boxcar-worker", { create: true });
     const w = createWorker({
       topology: session.topology,
       logger,
@@ -79,6 +81,7 @@ export const workers: Command = {
   name: "workers",
   usage: "boxcar workers",
   summary: "list live workers with their pools, sandboxes and load",
+  maxArgs: 0,
   options: {},
   async run(ctx) {
     await using session = await ctx.session("boxcar-workers");

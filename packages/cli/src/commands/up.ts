@@ -25,6 +25,7 @@ export const up: Command = {
   usage:
     "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
+  maxArgs: 0,
   options: {
     port: { type: "string" },
     data: { type: "string" },
@@ -35,7 +36,6 @@ export const up: Command = {
     ...logFormat,
   },
   async run(ctx) {
-    if (ctx.positionals.length > 0) throw new UsageError(`unexpected argument ${ctx.positionals[0]}\n\nusage: ${this.usage}`);
     const port = positiveInt(ctx.values.port, "--port", 4222, 65_535);
     const workerCount = positiveInt(ctx.values.workers, "--workers", 2);
     const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
@@ -55,17 +55,10 @@ export const up: Command = {
 
     const say = (line: string) => ctx.io.stderr.write(`${line}\n`);
     const cleanup: (() => Promise<unknown>)[] = [];
-    let server: NatsServer;
-    try {
-      server = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
-    } catch (err) {
-      throw new UsageError(
-        `cannot start nats-server on port ${port}: ${(err as Error).message.split("\n")[0]} (is another server using it? try --port)`,
-      );
-    }
+    const server: NatsServer = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
     cleanup.push(() => server.stop());
     try {
-      const session = await openSession(server.url, ctx.values.prefix as string | undefined, "boxcar-up");
+      const session = await openSession(server.url, ctx.values.prefix as string | undefined, "boxcar-up", true);
       cleanup.unshift(async () => await session[Symbol.asyncDispose]());
       const dispatcher = await startDispatcher({ topology: session.topology, logger });
       cleanup.unshift(() => dispatcher.close());
