@@ -121,7 +121,8 @@ class Client implements BoxcarClient {
       if (reply.duplicate) await this.discard(uploaded);
       return reply;
     } catch (err) {
-      await this.discard(uploaded);
+      // Refused: the files will never be used. Unanswered: the job may exist, so keep them.
+      if (err instanceof BoxcarError && err.code !== ErrorCode.unavailable) await this.discard(uploaded);
       throw err;
     }
   }

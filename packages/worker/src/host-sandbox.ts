@@ -1,13 +1,10 @@
 import { spawn } from "node:child_process";
-import { constants } from "node:fs";
-import { type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
+import { mkdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { LocalWorkspace } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxProvider, WorkspaceFile } from "./sandbox.js";
-import { escapeError, workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 export interface HostSandboxOptions {
   /** Folder under which workspaces are created; default the OS temporary folder. */
@@ -29,15 +26,10 @@ export function createHostSandboxProvider(opts: HostSandboxOptions = {}): Sandbo
     async create(spec, signal) {
       signal?.throwIfAborted();
       await mkdir(root, { recursive: true });
-      // mkdtemp creates the folder with mode 0700: only this user can see the workspace.
-      const workspace = await realpath(await mkdtemp(join(root, `boxcar-${spec.id}-`)));
-      return new HostSandbox(spec.id, workspace, killGraceMs);
+      return new HostSandbox(spec.id, await LocalWorkspace.create(root, spec.id), killGraceMs);
     },
   };
 }
-
-const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
-const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW;
 
 class HostSandbox implements Sandbox {
   readonly kind = "host";
@@ -45,11 +37,15 @@ class HostSandbox implements Sandbox {
   private readonly groups = new Set<number>();
   private destroyed: Promise<void> | undefined;
 
+  readonly workspace: string;
+
   constructor(
     readonly id: string,
-    readonly workspace: string,
+    private readonly files: LocalWorkspace,
     private readonly killGraceMs: number,
-  ) {}
+  ) {
+    this.workspace = files.dir;
+  }
 
   exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
     const [command, ...args] = argv;
@@ -103,73 +99,28 @@ class HostSandbox implements Sandbox {
     });
   }
 
-  async mkdir(path: string): Promise<void> {
-    await workspaceDir(this.workspace, this.segments(path), path, true);
+  mkdir(path: string): Promise<void> {
+    return this.files.mkdir(path);
   }
 
-  async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
-    const segments = this.segments(path);
-    const dir = await workspaceDir(this.workspace, segments.slice(0, -1), path, true);
-    const file = await openNoFollow(join(dir ?? this.workspace, segments.at(-1) ?? ""), WRITE_FLAGS, path);
-    try {
-      // writeFile on a handle writes at the current position: chunks land one after another.
-      if (data instanceof Uint8Array) await file.writeFile(data);
-      else for await (const chunk of data) await file.writeFile(chunk);
-    } finally {
-      await file.close();
-    }
+  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    return this.files.writeFile(path, data);
   }
 
-  async readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
-    const segments = this.segments(path);
-    const dir = await workspaceDir(this.workspace, segments.slice(0, -1), path, false);
-    if (dir === null) return null;
-    const file = await openNoFollow(join(dir, segments.at(-1) ?? ""), READ_FLAGS, path).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === "ENOENT") return null;
-      throw err;
-    });
-    if (!file) return null;
-    if (!(await file.stat()).isFile()) {
-      await file.close();
-      return null;
-    }
-    return Readable.toWeb(file.createReadStream()) as ReadableStream<Uint8Array>;
+  readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    return this.files.readFile(path);
   }
 
-  async listFiles(): Promise<WorkspaceFile[]> {
-    const files: WorkspaceFile[] = [];
-    const walk = async (dir: string, prefix: string): Promise<void> => {
-      for (const entry of await readdir(dir, { withFileTypes: true })) {
-        const path = prefix + entry.name;
-        if (entry.isDirectory()) await walk(join(dir, entry.name), `${path}/`);
-        else if (entry.isFile()) files.push({ path, size: (await lstat(join(dir, entry.name))).size });
-      }
-    };
-    await walk(this.workspace, "");
-    return files;
+  listFiles(): Promise<WorkspaceFile[]> {
+    return this.files.listFiles();
   }
 
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
       for (const pgid of this.groups) signalGroup(pgid, "SIGKILL");
       this.groups.clear();
-      await rm(this.workspace, { recursive: true, force: true });
+      await this.files.remove();
     })();
     return this.destroyed;
-  }
-
-  private segments(path: string): string[] {
-    if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
-    return workspaceSegments(path);
-  }
-}
-
-/** Opens without following a symlink in the last segment; a symlink there is an escape attempt. */
-async function openNoFollow(target: string, flags: number, path: string): Promise<FileHandle> {
-  try {
-    return await open(target, flags, 0o644);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ELOOP") throw escapeError(path);
-    throw err;
   }
 }

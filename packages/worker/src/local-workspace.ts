@@ -1,0 +1,93 @@
+import { constants } from "node:fs";
+import { type FileHandle, lstat, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+import type { WorkspaceFile } from "./sandbox.js";
+import { escapeError, workspaceDir, workspaceSegments } from "./workspace-path.js";
+
+const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
+const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW;
+
+/**
+ * A private folder on this machine holding a job's workspace: the host sandbox runs commands in
+ * it; the Docker sandbox stages files in it and copies them in and out of its container.
+ * Paths are workspace-relative and may not leave it, through `..` or any symlink.
+ */
+export class LocalWorkspace {
+  private removed: Promise<void> | undefined;
+
+  private constructor(readonly dir: string) {}
+
+  /** A new empty workspace under `root`, readable by this user only (mode 0700). */
+  static async create(root: string, name: string): Promise<LocalWorkspace> {
+    return new LocalWorkspace(await realpath(await mkdtemp(join(root, `boxcar-${name}-`))));
+  }
+
+  async mkdir(path: string): Promise<void> {
+    await workspaceDir(this.dir, this.segments(path), path, true);
+  }
+
+  async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    const segments = this.segments(path);
+    const dir = await workspaceDir(this.dir, segments.slice(0, -1), path, true);
+    const file = await openNoFollow(join(dir ?? this.dir, segments.at(-1) ?? ""), WRITE_FLAGS, path);
+    try {
+      // writeFile on a handle writes at the current position: chunks land one after another.
+      if (data instanceof Uint8Array) await file.writeFile(data);
+      else for await (const chunk of data) await file.writeFile(chunk);
+    } finally {
+      await file.close();
+    }
+  }
+
+  async readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    const segments = this.segments(path);
+    const dir = await workspaceDir(this.dir, segments.slice(0, -1), path, false);
+    if (dir === null) return null;
+    const file = await openNoFollow(join(dir, segments.at(-1) ?? ""), READ_FLAGS, path).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === "ENOENT") return null;
+      throw err;
+    });
+    if (!file) return null;
+    if (!(await file.stat()).isFile()) {
+      await file.close();
+      return null;
+    }
+    return Readable.toWeb(file.createReadStream()) as ReadableStream<Uint8Array>;
+  }
+
+  async listFiles(): Promise<WorkspaceFile[]> {
+    const files: WorkspaceFile[] = [];
+    const walk = async (dir: string, prefix: string): Promise<void> => {
+      for (const entry of await readdir(dir, { withFileTypes: true })) {
+        const path = prefix + entry.name;
+        if (entry.isDirectory()) await walk(join(dir, entry.name), `${path}/`);
+        else if (entry.isFile()) files.push({ path, size: (await lstat(join(dir, entry.name))).size });
+      }
+    };
+    await walk(this.dir, "");
+    return files;
+  }
+
+  /** Removes the folder and everything in it. Safe to call twice. */
+  remove(): Promise<void> {
+    this.removed ??= rm(this.dir, { recursive: true, force: true });
+    return this.removed;
+  }
+
+  private segments(path: string): string[] {
+    if (this.removed) throw new BoxcarError(ErrorCode.sandboxFailed, `workspace ${this.dir} is removed`);
+    return workspaceSegments(path);
+  }
+}
+
+/** Opens without following a symlink in the last segment; a symlink there is an escape attempt. */
+async function openNoFollow(target: string, flags: number, path: string): Promise<FileHandle> {
+  try {
+    return await open(target, flags, 0o644);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ELOOP") throw escapeError(path);
+    throw err;
+  }
+}
