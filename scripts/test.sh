@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The second command of the README (and what CI runs): set up, then type-check, lint and run
-# every test against real nats-servers.
+# every test against real nats-servers and a real Docker engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The Docker sandbox tests run against a real engine: start one where none answers (Debian's
+# docker.io) and build the agent image. In CI they must not be skipped.
+bash scripts/start-docker.sh
+bash scripts/build-images.sh
+if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1; fi
+export TESTCONTAINERS_RYUK_DISABLED=true
 pnpm run lint
 pnpm test

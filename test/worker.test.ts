@@ -14,7 +14,7 @@ import {
   parseWith,
   type WorkItem,
 } from "@boxcar/protocol";
-import { createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
+import { createHostSandboxProvider, createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
 import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { waitGone } from "./helpers/process.js";
@@ -67,7 +67,9 @@ async function enqueue(
 
 /** A running worker with its workspaces under the test's scratch folder. */
 function startWorker(nats: NatsFixture, opts: Partial<WorkerOptions> = {}): Worker {
-  const worker = createWorker({ topology: nats.topology, workRoot: join(scratch, "work"), heartbeatMs: 500, ...opts });
+  // Host sandboxes only: these tests are about the worker, not a backend (see docker.test.ts).
+  const providers = [createHostSandboxProvider({ root: join(scratch, "work") })];
+  const worker = createWorker({ topology: nats.topology, workRoot: join(scratch, "work"), heartbeatMs: 500, providers, ...opts });
   worker.run().catch((err: unknown) => {
     throw err;
   });

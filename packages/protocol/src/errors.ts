@@ -23,6 +23,10 @@ export const ErrorCode = {
   /** No sandbox this worker can offer satisfies the agent's runtime wishes. */
   noSandbox: "no_sandbox",
   sandboxFailed: "sandbox_failed",
+  /** The sandbox image (or template) is not present and cannot be pulled. */
+  imageUnavailable: "image_unavailable",
+  /** The agent used more memory than its limit and was killed. */
+  oomKilled: "oom_killed",
   /** A secret the agent needs is not in the worker's environment. */
   missingSecret: "missing_secret",
   /** The worker stopped while the job ran and handed it back. */

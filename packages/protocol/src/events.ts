@@ -1,7 +1,7 @@
 import { z } from "zod";
-import { PROTOCOL_VERSION } from "./agent.js";
+import { PROTOCOL_VERSION, ResourceLimits } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
-import { JobState, SandboxInfo } from "./job.js";
+import { JobState, ResourceUsage, SandboxInfo } from "./job.js";
 
 const base = {
   v: z.literal(PROTOCOL_VERSION),
@@ -53,8 +53,13 @@ export const SandboxEvent = z.strictObject({
   backend: z.enum(["host", "docker", "e2b"]),
   sandboxId: z.string(),
   durationMs: z.number().nonnegative().optional().describe("how long this step took"),
+  image: z.string().optional().describe("container image or sandbox template"),
+  limits: ResourceLimits.optional().describe("the limits the sandbox runs under"),
+  network: z.string().optional(),
   exitCode: z.number().int().nullable().optional(),
   signal: z.string().nullable().optional(),
+  oomKilled: z.boolean().optional(),
+  usage: ResourceUsage.optional(),
   error: ErrorInfo.optional(),
 });
 export type SandboxEvent = z.infer<typeof SandboxEvent>;

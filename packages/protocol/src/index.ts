@@ -60,6 +60,7 @@ export {
   JobState,
   MAX_INPUT_FILES,
   MAX_SPEC_BYTES,
+  ResourceUsage,
   SandboxInfo,
   TERMINAL_STATES,
   WorkItem,

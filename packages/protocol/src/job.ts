@@ -61,12 +61,23 @@ export const AgentResultFile = z.looseObject({
 });
 export type AgentResultFile = z.infer<typeof AgentResultFile>;
 
+/** What the agent's run used, where the sandbox can measure it (Docker can; the host cannot). */
+export const ResourceUsage = z.strictObject({
+  cpuMs: z.number().nonnegative().optional(),
+  memoryPeakBytes: z.number().int().nonnegative().optional(),
+  pidsPeak: z.number().int().nonnegative().optional(),
+});
+export type ResourceUsage = z.infer<typeof ResourceUsage>;
+
 export const JobResult = z.strictObject({
   exitCode: z.number().int().nullable(),
   signal: z.string().nullable(),
   output: z.json().nullable(),
   summary: z.string().optional(),
   durationMs: z.number().nonnegative(),
+  /** True when the agent was killed for using more memory than its limit. */
+  oomKilled: z.boolean().optional(),
+  usage: ResourceUsage.optional(),
 });
 export type JobResult = z.infer<typeof JobResult>;
 

@@ -18,5 +18,7 @@ export const WorkerInfo = z.strictObject({
   state: WorkerState,
   startedAt: z.iso.datetime(),
   heartbeatAt: z.iso.datetime(),
+  /** How often this worker heartbeats: a presence older than a few of these means it is gone. */
+  heartbeatMs: z.number().int().positive(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;

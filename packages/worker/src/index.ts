@@ -1,6 +1,8 @@
 export type { AgentEnvParams } from "./agent-contract.js";
 export { AgentPaths, agentEnv, collectSecrets, MAX_RESULT_BYTES } from "./agent-contract.js";
 export { MAX_ARTIFACTS } from "./agent-workspace.js";
+export type { DockerSandboxOptions } from "./docker-sandbox.js";
+export { CONTAINER_WORKSPACE, ContainerLabel, createDockerSandboxProvider } from "./docker-sandbox.js";
 export { globMatcher, globToRegExp } from "./glob.js";
 export type { HostSandboxOptions } from "./host-sandbox.js";
 export { createHostSandboxProvider } from "./host-sandbox.js";
@@ -9,7 +11,17 @@ export { MAX_PROGRESS_CHARS } from "./progress-lines.js";
 export { REDACTED } from "./redactor.js";
 export type { ResolvedRuntime, RuntimePolicy } from "./runtime-resolver.js";
 export { resolveRuntime } from "./runtime-resolver.js";
-export type { ExecOptions, ExecResult, Sandbox, SandboxBackend, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
+export type {
+  ExecOptions,
+  ExecResult,
+  Sandbox,
+  SandboxBackend,
+  SandboxOwner,
+  SandboxProvider,
+  SandboxSpec,
+  WorkspaceFile,
+} from "./sandbox.js";
+export { MISSED_HEARTBEATS, orphanCheck } from "./sandbox-reaper.js";
 export type { Worker, WorkerLifecycleState } from "./worker.js";
 export { createWorker } from "./worker.js";
 export type { ResolvedWorkerOptions, WorkerOptions } from "./worker-options.js";

@@ -5,6 +5,7 @@ import {
   type JobEventType,
   type JobState,
   PROTOCOL_VERSION,
+  type SandboxEvent,
   type SandboxEventType,
   type SandboxInfo,
 } from "@boxcar/protocol";
@@ -24,12 +25,9 @@ export interface JobEventDetails {
   error?: ErrorInfo;
 }
 
-export interface SandboxEventDetails {
-  durationMs?: number;
-  exitCode?: number | null;
-  signal?: string | null;
-  error?: ErrorInfo;
-}
+export type SandboxEventDetails = Partial<
+  Pick<SandboxEvent, "durationMs" | "image" | "network" | "limits" | "exitCode" | "signal" | "oomKilled" | "usage" | "error">
+>;
 
 /**
  * Publishes the job and sandbox events of one attempt strictly in order: each waits until the

@@ -200,12 +200,14 @@ export class JobRun {
     };
     try {
       const sandbox = await provider.create(spec, this.abort.signal);
-      await this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt });
+      await this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt, ...sandbox.description });
       return sandbox;
     } catch (cause) {
-      const error = new BoxcarError(ErrorCode.sandboxFailed, `could not create a ${ref.backend} sandbox: ${(cause as Error).message}`, {
-        cause,
-      });
+      // A precise refusal (a missing image, a bad limit or network) keeps its code.
+      const error =
+        cause instanceof BoxcarError
+          ? cause
+          : new BoxcarError(ErrorCode.sandboxFailed, `could not create a ${ref.backend} sandbox: ${(cause as Error).message}`, { cause });
       await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
       throw error;
     }
@@ -223,7 +225,13 @@ export class JobRun {
 
   private async runAgent(sandbox: Sandbox, ref: SandboxRef, secrets: Map<string, string>): Promise<ExecResult> {
     const { options } = this.ctx;
-    const env = agentEnv({ item: this.item, attempt: this.events.attempt, workspace: sandbox.workspace, path: options.agentPath, secrets });
+    const env = agentEnv({
+      item: this.item,
+      attempt: this.events.attempt,
+      workspace: sandbox.workspace,
+      path: sandbox.agentPath ?? options.agentPath,
+      secrets,
+    });
     const output = new OutputLog({
       publish: async (stream, data) => {
         await this.topology.js.publish(this.topology.names.subjects.log(this.jobId, stream), data);
@@ -246,7 +254,13 @@ export class JobRun {
       clearTimeout(timeout);
       await output.close();
     }
-    await this.events.sandbox("exec_exited", ref, { durationMs: exec.durationMs, exitCode: exec.exitCode, signal: exec.signal });
+    await this.events.sandbox("exec_exited", ref, {
+      durationMs: exec.durationMs,
+      exitCode: exec.exitCode,
+      signal: exec.signal,
+      ...(exec.oomKilled !== undefined ? { oomKilled: exec.oomKilled } : {}),
+      ...(exec.usage ? { usage: exec.usage } : {}),
+    });
     return exec;
   }
 
@@ -260,12 +274,15 @@ export class JobRun {
       return { ...this.failed(err, exec), artifacts };
     }
     const result: JobResult = {
-      exitCode: exec.exitCode,
-      signal: exec.signal,
+      ...execResult(exec),
       output: file?.output ?? null,
       ...(file?.summary !== undefined ? { summary: file.summary } : {}),
-      durationMs: exec.durationMs,
     };
+    if (exec.oomKilled) {
+      const limit = sandbox.description?.limits?.memory;
+      const message = `the agent used more memory than its limit${limit ? ` of ${limit} bytes` : ""} and was killed`;
+      return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
+    }
     const failure =
       file?.error !== undefined
         ? file.error
@@ -283,7 +300,7 @@ export class JobRun {
 
   /** The outcome of a run stopped from outside. */
   private stopped(exec: ExecResult | undefined): Outcome {
-    const result = exec && { exitCode: exec.exitCode, signal: exec.signal, output: null, durationMs: exec.durationMs };
+    const result = exec && { ...execResult(exec), output: null };
     const final = (state: FinalState, code: ErrorCode, message: string): Outcome => ({
       kind: "final",
       state,
@@ -317,7 +334,7 @@ export class JobRun {
       artifacts: [],
       error,
       message: error.message,
-      ...(exec ? { result: { exitCode: exec.exitCode, signal: exec.signal, output: null, durationMs: exec.durationMs } } : {}),
+      ...(exec ? { result: { ...execResult(exec), output: null } } : {}),
     };
   }
 
@@ -426,4 +443,15 @@ export class JobRun {
       this.log.warn({ err }, "could not acknowledge the work item");
     }
   }
+}
+
+/** What the record keeps of how the agent's process ended. */
+function execResult(exec: ExecResult): Omit<JobResult, "output" | "summary"> {
+  return {
+    exitCode: exec.exitCode,
+    signal: exec.signal,
+    durationMs: exec.durationMs,
+    ...(exec.oomKilled !== undefined ? { oomKilled: exec.oomKilled } : {}),
+    ...(exec.usage ? { usage: exec.usage } : {}),
+  };
 }

@@ -1,4 +1,4 @@
-import type { RuntimeWishes } from "@boxcar/protocol";
+import type { ResourceLimits, ResourceUsage, RuntimeWishes } from "@boxcar/protocol";
 
 /** A sandbox backend a worker can offer. */
 export type SandboxBackend = "host" | "docker" | "e2b";
@@ -23,6 +23,19 @@ export interface SandboxProvider {
   available(): Promise<boolean>;
   /** Creates a sandbox with an empty workspace; aborting `signal` abandons the creation. */
   create(spec: SandboxSpec, signal?: AbortSignal): Promise<Sandbox>;
+  /**
+   * Removes what crashed workers left behind: every sandbox of this system (running or not)
+   * whose owner `isOrphan` says is gone. Returns how many it removed. Backends whose sandboxes
+   * cannot outlive the worker (host) have nothing to reap.
+   */
+  reap?(isOrphan: (owner: SandboxOwner) => Promise<boolean>): Promise<number>;
+}
+
+/** Which attempt of which job on which worker a sandbox belongs to (Docker labels carry it). */
+export interface SandboxOwner {
+  jobId: string;
+  attempt: number;
+  workerId: string;
 }
 
 export interface ExecOptions {
@@ -41,6 +54,10 @@ export interface ExecResult {
   /** True when the command was ended because `signal` aborted. */
   aborted: boolean;
   durationMs: number;
+  /** True when it was killed for using more memory than its limit. */
+  oomKilled?: boolean;
+  /** What it used, where the backend can measure it. */
+  usage?: ResourceUsage;
 }
 
 export interface WorkspaceFile {
@@ -58,6 +75,10 @@ export interface Sandbox {
   readonly kind: SandboxBackend;
   /** Absolute path of the workspace as seen inside the sandbox; commands run there. */
   readonly workspace: string;
+  /** The PATH agents get here; absent: the worker's own (host). */
+  readonly agentPath?: string;
+  /** What the sandbox runs with, for its events: image or template, network, limits. */
+  readonly description?: { image?: string; network?: string; limits?: ResourceLimits };
   /** Runs `argv` in the workspace; resolves when it and everything it started have ended. */
   exec(argv: string[], opts: ExecOptions): Promise<ExecResult>;
   /** Creates the folder and its parents. */

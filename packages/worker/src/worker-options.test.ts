@@ -1,11 +1,11 @@
 import type { Topology } from "@boxcar/client";
-import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, names } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { createHostSandboxProvider } from "./host-sandbox.js";
 import { resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
 
-// Resolving options never touches the topology.
-const topology = {} as Topology;
+// Resolving options reads only the topology's names (the Docker provider labels with the prefix).
+const topology = { names: names("test") } as Topology;
 
 function invalid(opts: Partial<WorkerOptions>): BoxcarError {
   try {
@@ -32,7 +32,8 @@ describe("resolveWorkerOptions", () => {
     });
     expect(resolved.secretsEnv).toBe(env);
     expect(resolved.workerId).toMatch(/^w-[A-Za-z0-9_-]+-[0-9a-f]{8}$/);
-    expect(resolved.providers.map((p) => p.kind)).toEqual(["host"]);
+    expect(resolved.providers.map((p) => p.kind)).toEqual(["host", "docker"]);
+    expect(resolved.reapIntervalMs).toBe(60_000);
     expect(resolveWorkerOptions({ topology }, {}).workerId).not.toBe(resolved.workerId);
   });
 

@@ -3,6 +3,7 @@ import { hostname, tmpdir } from "node:os";
 import { type Logger, silentLogger, type Topology } from "@boxcar/client";
 import { BoxcarError, ErrorCode, PoolName, parseWith, TOKEN_PATTERN } from "@boxcar/protocol";
 import { z } from "zod";
+import { createDockerSandboxProvider } from "./docker-sandbox.js";
 import { createHostSandboxProvider } from "./host-sandbox.js";
 import type { RuntimePolicy } from "./runtime-resolver.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
@@ -20,7 +21,7 @@ export interface WorkerOptions {
   logger?: Logger;
   /** Where agents' secrets are read from; default the environment passed to the resolver. */
   secretsEnv?: Readonly<Record<string, string | undefined>>;
-  /** Sandbox backends; default a host provider with workspaces under `workRoot`. */
+  /** Sandbox backends; default host and Docker, with workspaces under `workRoot`. */
   providers?: SandboxProvider[];
   /** Default: every backend allowed, host included. */
   policy?: RuntimePolicy;
@@ -32,6 +33,8 @@ export interface WorkerOptions {
   maxLogBytes?: number;
   /** Where the default host provider creates workspaces; default the OS temporary folder. */
   workRoot?: string;
+  /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
+  reapIntervalMs?: number;
 }
 
 export interface ResolvedWorkerOptions {
@@ -47,6 +50,7 @@ export interface ResolvedWorkerOptions {
   drainGraceMs: number;
   maxLogBytes: number;
   workRoot: string;
+  reapIntervalMs: number;
   /** PATH given to agents: the worker's own. */
   agentPath: string;
 }
@@ -65,6 +69,7 @@ const Settings = z.strictObject({
   drainGraceMs: z.number().int().nonnegative(),
   maxLogBytes: z.number().int().min(1024),
   workRoot: z.string().min(1),
+  reapIntervalMs: z.number().int().min(100),
 });
 
 const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -82,10 +87,15 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       drainGraceMs: opts.drainGraceMs ?? 30_000,
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
       workRoot: opts.workRoot ?? tmpdir(),
+      reapIntervalMs: opts.reapIntervalMs ?? 60_000,
     },
     "worker options",
   );
-  const providers = opts.providers ?? [createHostSandboxProvider({ root: settings.workRoot })];
+  const providers = opts.providers ?? [
+    createHostSandboxProvider({ root: settings.workRoot }),
+    // Offered only while an engine answers (DOCKER_HOST, else the local socket).
+    createDockerSandboxProvider({ prefix: opts.topology.names.prefix, root: settings.workRoot }),
+  ];
   const kinds = providers.map((p) => p.kind);
   const repeated = kinds.find((k, i) => kinds.indexOf(k) !== i);
   if (repeated) throw new BoxcarError(ErrorCode.invalid, `worker options: two sandbox providers of kind ${repeated}; give one per kind`);

@@ -14,6 +14,7 @@ import type { Consumer, ConsumerMessages, JsMsg } from "@nats-io/jetstream";
 import type { Subscription } from "@nats-io/transport-node";
 import { JobRun } from "./job-run.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
+import { orphanCheck } from "./sandbox-reaper.js";
 import { Slots } from "./slots.js";
 import { type ResolvedWorkerOptions, resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
 
@@ -66,6 +67,7 @@ class BoxcarWorker implements Worker {
   private startError: unknown;
   private loops: Promise<void>[] = [];
   private heartbeat: NodeJS.Timeout | undefined;
+  private reaper: NodeJS.Timeout | undefined;
   private cancelSub: Subscription | undefined;
 
   constructor(private readonly options: ResolvedWorkerOptions) {
@@ -113,6 +115,8 @@ class BoxcarWorker implements Worker {
     await this.putPresence();
     await this.announce("started");
     this.heartbeat = setInterval(() => void this.beat(), this.options.heartbeatMs);
+    await this.reap();
+    this.reaper = setInterval(() => void this.reap(), this.options.reapIntervalMs);
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
     this.log.info(
@@ -227,6 +231,7 @@ class BoxcarWorker implements Worker {
     await Promise.allSettled(this.loops);
 
     clearInterval(this.heartbeat);
+    clearInterval(this.reaper);
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
     await this.step("remove presence", async () => {
       await this.options.topology.workers.delete(this.id);
@@ -244,6 +249,18 @@ class BoxcarWorker implements Worker {
       await this.putPresence();
       await this.announce("heartbeat");
     });
+  }
+
+  /** Removes sandboxes that crashed workers (or abandoned runs) left behind. */
+  private async reap(): Promise<void> {
+    const isOrphan = orphanCheck(this.options.topology, this.id, (jobId) => this.runs.has(jobId));
+    for (const provider of this.options.providers) {
+      if (!provider.reap || !this.capabilities.has(provider.kind)) continue;
+      await this.step(`reap ${provider.kind} sandboxes`, async () => {
+        const removed = await provider.reap?.(isOrphan);
+        if (removed) this.log.info({ backend: provider.kind, removed }, "removed sandboxes left by gone workers");
+      });
+    }
   }
 
   private async refreshCapabilities(): Promise<void> {
@@ -267,6 +284,7 @@ class BoxcarWorker implements Worker {
       state: this.state === "draining" ? "draining" : "running",
       startedAt: this.startedAt,
       heartbeatAt: nowIso(),
+      heartbeatMs: this.options.heartbeatMs,
     };
     await this.options.topology.workers.put(this.id, JSON.stringify(info));
   }

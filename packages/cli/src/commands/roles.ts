@@ -47,13 +47,14 @@ export const dispatcher: Command = {
 
 export const worker: Command = {
   name: "worker",
-  usage: "boxcar worker [--pool POOL]... [--concurrency N] [--drain-grace 30s] [--log-format json|pretty]",
+  usage: "boxcar worker [--pool POOL]... [--concurrency N] [--drain-grace 30s] [--heartbeat 5s] [--log-format json|pretty]",
   summary: "run a worker until SIGINT/SIGTERM (then it drains)",
   maxArgs: 0,
   options: {
     pool: { type: "string", multiple: true, default: [] },
     concurrency: { type: "string" },
     "drain-grace": { type: "string" },
+    heartbeat: { type: "string" },
     ...logFormat,
   },
   async run(ctx) {
@@ -61,6 +62,7 @@ export const worker: Command = {
     const pools = ctx.values.pool as string[];
     const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
     const grace = optionalDuration(ctx.values["drain-grace"], "--drain-grace");
+    const heartbeat = optionalDuration(ctx.values.heartbeat, "--heartbeat");
     await using session = await ctx.session("boxcar-worker", { create: true });
     const w = createWorker({
       topology: session.topology,
@@ -68,6 +70,7 @@ export const worker: Command = {
       concurrency,
       ...(pools.length > 0 ? { pools } : {}),
       ...(grace !== undefined ? { drainGraceMs: grace } : {}),
+      ...(heartbeat !== undefined ? { heartbeatMs: heartbeat } : {}),
     });
     const running = w.run();
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });

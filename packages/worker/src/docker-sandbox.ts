@@ -1,0 +1,416 @@
+import { mkdir } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { PassThrough } from "node:stream";
+import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
+import Docker from "dockerode";
+import { LocalWorkspace } from "./local-workspace.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
+import { packFolder, unpackInto } from "./workspace-archive.js";
+
+export interface DockerSandboxOptions {
+  /** Labels name this system's containers, so several Boxcar systems can share one engine. */
+  prefix: string;
+  /** The engine; default: `DOCKER_HOST`, else the local socket. */
+  docker?: Docker;
+  /** Image for agents that name none; default `boxcar-agent:latest` (Dockerfile.agent). */
+  defaultImage?: string;
+  /** The agent's user inside the container; default `1000:1000`, never root. */
+  user?: string;
+  /** Limits for agents that set none: default 1 CPU, 1 GiB, 256 processes. */
+  defaultLimits?: { cpus: number; memory: number; pids: number };
+  /** Size of the `/tmp` tmpfs; default 64 MiB. */
+  tmpBytes?: number;
+  /** Most workspace data copied back out of a container; default 1 GiB. */
+  maxWorkspaceBytes?: number;
+  /** Where workspaces are staged on this machine; default the OS temporary folder. */
+  root?: string;
+  /** Registry credentials for an image, passed with that pull only (never written to a config). */
+  registryAuth?: (image: string) => Docker.AuthConfig | undefined;
+}
+
+/** Where the workspace is inside every container. */
+export const CONTAINER_WORKSPACE = "/workspace";
+
+/** Label keys on every container Boxcar creates. */
+export const ContainerLabel = {
+  prefix: "boxcar.prefix",
+  job: "boxcar.job",
+  attempt: "boxcar.attempt",
+  worker: "boxcar.worker",
+  sandbox: "boxcar.sandbox",
+} as const;
+
+/**
+ * Sandboxes that are Docker containers, hardened by default: no network unless the agent asks,
+ * read-only root filesystem with a writable workspace volume and a size-limited `/tmp`, a
+ * non-root user, no capabilities, no-new-privileges, memory (without extra swap), CPU and
+ * process limits, an init process, no engine socket inside, and no log kept by the engine.
+ */
+export function createDockerSandboxProvider(opts: DockerSandboxOptions): SandboxProvider {
+  const docker = opts.docker ?? new Docker();
+  const settings = {
+    defaultImage: opts.defaultImage ?? "boxcar-agent:latest",
+    user: opts.user ?? "1000:1000",
+    defaultLimits: opts.defaultLimits ?? { cpus: 1, memory: 1024 ** 3, pids: 256 },
+    tmpBytes: opts.tmpBytes ?? 64 * 1024 ** 2,
+    maxWorkspaceBytes: opts.maxWorkspaceBytes ?? 1024 ** 3,
+    root: opts.root ?? tmpdir(),
+  };
+  let engineCpus: number | undefined;
+
+  return {
+    kind: "docker",
+    async available() {
+      try {
+        await docker.ping();
+        return true;
+      } catch {
+        return false;
+      }
+    },
+
+    async create(spec, signal) {
+      const { runtime } = spec;
+      const image = runtime.image ?? settings.defaultImage;
+      const limits = {
+        cpus: runtime.limits.cpus ?? settings.defaultLimits.cpus,
+        memory: runtime.limits.memory ?? settings.defaultLimits.memory,
+        pids: runtime.limits.pids ?? settings.defaultLimits.pids,
+      };
+      engineCpus ??= (await docker.info()).NCPU as number;
+      if (limits.cpus > (engineCpus ?? Number.POSITIVE_INFINITY)) {
+        throw new BoxcarError(
+          ErrorCode.invalid,
+          `runtime.limits.cpus is ${limits.cpus}, more than the ${engineCpus} CPUs of this Docker engine`,
+        );
+      }
+      const network = await checkNetwork(docker, runtime.network);
+      const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
+      signal?.throwIfAborted();
+      await mkdir(settings.root, { recursive: true });
+      const files = await LocalWorkspace.create(settings.root, spec.id);
+      return new DockerSandbox(docker, spec, { ...settings, image, network, limits, prefix: opts.prefix, agentPath: imagePath }, files);
+    },
+
+    async reap(isOrphan) {
+      const containers = await docker.listContainers({ all: true, filters: { label: [`${ContainerLabel.prefix}=${opts.prefix}`] } });
+      let removed = 0;
+      for (const info of containers) {
+        const owner = ownerOf(info.Labels);
+        if (!owner || !(await isOrphan(owner))) continue;
+        await docker
+          .getContainer(info.Id)
+          .remove({ force: true, v: true })
+          .then(() => (removed += 1), ignoreGone);
+      }
+      return removed;
+    },
+  };
+}
+
+interface ContainerSettings {
+  root: string;
+  image: string;
+  network: string;
+  limits: { cpus: number; memory: number; pids: number };
+  user: string;
+  tmpBytes: number;
+  maxWorkspaceBytes: number;
+  prefix: string;
+  agentPath: string;
+}
+
+class DockerSandbox implements Sandbox {
+  readonly kind = "docker";
+  readonly workspace = CONTAINER_WORKSPACE;
+  readonly id: string;
+  readonly agentPath: string;
+  readonly description: { image: string; network: string; limits: ResourceLimits };
+  private container: Docker.Container | undefined;
+  private destroyed: Promise<void> | undefined;
+
+  constructor(
+    private readonly docker: Docker,
+    private readonly spec: SandboxSpec,
+    private readonly settings: ContainerSettings,
+    private files: LocalWorkspace,
+  ) {
+    this.id = spec.id;
+    this.agentPath = settings.agentPath;
+    this.description = { image: settings.image, network: settings.network, limits: settings.limits };
+  }
+
+  /**
+   * Runs the agent as the container's one process: the container is created with `argv`, the
+   * staged workspace copied in, started, and waited for; then the workspace is copied back out.
+   */
+  async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
+    if (this.container) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} has already run its command`);
+    if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
+    const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
+    // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
+    const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
+    const container = await untilAborted(this.createContainer(argv, opts.env));
+    if (!container) return notRun;
+    this.container = container;
+    const [uid, gid] = this.settings.user.split(":").map(Number);
+    const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
+    if (!(await untilAborted(container.putArchive(packFolder(this.files.dir, owner), { path: CONTAINER_WORKSPACE })))) return notRun;
+    const output = await untilAborted(this.attach(container, opts));
+    if (!output) return notRun;
+
+    const usage = new UsageMeter();
+    let aborted = false;
+    const onAbort = () => {
+      aborted = true;
+      container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
+    };
+    const startedAt = performance.now();
+    if (!(await untilAborted(container.start().then(() => true)))) return notRun;
+    opts.signal.addEventListener("abort", onAbort, { once: true });
+    if (opts.signal.aborted) onAbort();
+    void usage.follow(container);
+    let status: { StatusCode: number };
+    try {
+      status = await container.wait();
+      await output.ended;
+    } finally {
+      opts.signal.removeEventListener("abort", onAbort);
+    }
+    const durationMs = performance.now() - startedAt;
+    const state = (await container.inspect()).State;
+    const killed = aborted || state.OOMKilled;
+    await this.copyOut(container);
+    return {
+      exitCode: killed ? null : status.StatusCode,
+      signal: killed ? "SIGKILL" : null,
+      aborted,
+      durationMs,
+      oomKilled: state.OOMKilled,
+      ...(usage.result() ? { usage: usage.result() } : {}),
+    };
+  }
+
+  private createContainer(argv: string[], env: Record<string, string>): Promise<Docker.Container> {
+    const { spec, settings } = this;
+    return this.docker.createContainer({
+      name: `boxcar-${spec.id}`,
+      Image: settings.image,
+      Cmd: argv,
+      Entrypoint: [],
+      Env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
+      WorkingDir: CONTAINER_WORKSPACE,
+      User: settings.user,
+      AttachStdout: true,
+      AttachStderr: true,
+      Labels: {
+        [ContainerLabel.prefix]: settings.prefix,
+        [ContainerLabel.job]: spec.jobId,
+        [ContainerLabel.attempt]: String(spec.attempt),
+        [ContainerLabel.worker]: spec.workerId,
+        [ContainerLabel.sandbox]: spec.id,
+      },
+      HostConfig: {
+        NetworkMode: settings.network,
+        ReadonlyRootfs: true,
+        // An anonymous volume (removed with the container): writable under a read-only root.
+        Mounts: [{ Type: "volume", Source: "", Target: CONTAINER_WORKSPACE }],
+        Tmpfs: { "/tmp": `rw,nosuid,nodev,size=${settings.tmpBytes}` },
+        CapDrop: ["ALL"],
+        SecurityOpt: ["no-new-privileges"],
+        Init: true,
+        Memory: settings.limits.memory,
+        MemorySwap: settings.limits.memory,
+        NanoCpus: Math.round(settings.limits.cpus * 1e9),
+        PidsLimit: settings.limits.pids,
+        LogConfig: { Type: "none", Config: {} },
+      },
+    });
+  }
+
+  /** Streams the container's output to `onOutput`; `ended` resolves when the output ends. */
+  private async attach(container: Docker.Container, opts: ExecOptions): Promise<{ ended: Promise<void> }> {
+    const stream = await container.attach({ stream: true, stdout: true, stderr: true });
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    stdout.on("data", (chunk: Buffer) => opts.onOutput("stdout", chunk));
+    stderr.on("data", (chunk: Buffer) => opts.onOutput("stderr", chunk));
+    this.docker.modem.demuxStream(stream, stdout, stderr);
+    const ended = new Promise<void>((resolve) => {
+      stream.once("end", resolve);
+      stream.once("close", resolve);
+      stream.once("error", () => resolve());
+    });
+    return { ended };
+  }
+
+  /** Replaces the staged workspace with the container's, for reading results and artifacts. */
+  private async copyOut(container: Docker.Container): Promise<void> {
+    const fresh = await LocalWorkspace.create(this.settings.root, this.id);
+    try {
+      const archive = await container.getArchive({ path: `${CONTAINER_WORKSPACE}/.` });
+      await unpackInto(archive, fresh, this.settings.maxWorkspaceBytes);
+    } catch (err) {
+      await fresh.remove();
+      throw err;
+    }
+    await this.files.remove();
+    this.files = fresh;
+  }
+
+  mkdir(path: string): Promise<void> {
+    return this.files.mkdir(path);
+  }
+
+  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    return this.files.writeFile(path, data);
+  }
+
+  readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    return this.files.readFile(path);
+  }
+
+  listFiles(): Promise<WorkspaceFile[]> {
+    return this.files.listFiles();
+  }
+
+  destroy(): Promise<void> {
+    this.destroyed ??= (async () => {
+      await this.container?.remove({ force: true, v: true }).catch(ignoreGone);
+      await this.files.remove();
+    })();
+    return this.destroyed;
+  }
+}
+
+/** The network mode for an agent's wish: `none` (default), `bridge`, or an existing network. */
+async function checkNetwork(docker: Docker, wish: string): Promise<string> {
+  if (wish === "none" || wish === "bridge") return wish;
+  if (wish === "host" || wish.startsWith("container:")) {
+    throw new BoxcarError(ErrorCode.invalid, `runtime.network ${wish} is not allowed: it would share the worker's network`);
+  }
+  try {
+    await docker.getNetwork(wish).inspect();
+    return wish;
+  } catch (err) {
+    if (statusOf(err) === 404) throw new BoxcarError(ErrorCode.invalid, `runtime.network: there is no Docker network named ${wish}`);
+    throw err;
+  }
+}
+
+/**
+ * Makes sure `image` is on the engine, pulling it (with `auth`, for this pull only) if not.
+ * Returns the PATH the image sets for its processes.
+ */
+async function ensureImage(docker: Docker, image: string, auth: Docker.AuthConfig | undefined, signal?: AbortSignal): Promise<string> {
+  const pathOf = (info: Docker.ImageInspectInfo) =>
+    info.Config.Env?.find((e) => e.startsWith("PATH="))?.slice(5) ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  try {
+    return pathOf(await docker.getImage(image).inspect());
+  } catch (err) {
+    if (statusOf(err) !== 404) throw err;
+  }
+  try {
+    const progress = await docker.pull(image, auth ? { authconfig: auth, abortSignal: signal } : { abortSignal: signal });
+    await new Promise<void>((resolve, reject) => docker.modem.followProgress(progress, (err) => (err ? reject(err) : resolve())));
+    return pathOf(await docker.getImage(image).inspect());
+  } catch (cause) {
+    throw new BoxcarError(
+      ErrorCode.imageUnavailable,
+      `image ${image} is not on this Docker engine and could not be pulled: ${firstLine(cause)}`,
+      { cause },
+    );
+  }
+}
+
+function ownerOf(labels: Record<string, string>): SandboxOwner | undefined {
+  const jobId = labels[ContainerLabel.job];
+  const workerId = labels[ContainerLabel.worker];
+  const attempt = Number(labels[ContainerLabel.attempt]);
+  return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
+}
+
+/** Samples the container's use of CPU, memory and processes while it runs. */
+class UsageMeter {
+  private cpuNs = 0;
+  private memoryPeak = 0;
+  private pidsPeak = 0;
+  private samples = 0;
+
+  async follow(container: Docker.Container): Promise<void> {
+    try {
+      const stream = (await container.stats({ stream: true })) as unknown as NodeJS.ReadableStream;
+      let buffered = "";
+      for await (const chunk of stream) {
+        buffered += chunk.toString();
+        let newline = buffered.indexOf("\n");
+        while (newline >= 0) {
+          this.sample(buffered.slice(0, newline));
+          buffered = buffered.slice(newline + 1);
+          newline = buffered.indexOf("\n");
+        }
+      }
+    } catch {
+      // the container ended: nothing more to sample
+    }
+  }
+
+  private sample(line: string): void {
+    if (!line.trim()) return;
+    this.samples += 1;
+    const stats = JSON.parse(line) as {
+      cpu_stats?: { cpu_usage?: { total_usage?: number } };
+      memory_stats?: { max_usage?: number; usage?: number };
+      pids_stats?: { current?: number };
+    };
+    this.cpuNs = Math.max(this.cpuNs, stats.cpu_stats?.cpu_usage?.total_usage ?? 0);
+    this.memoryPeak = Math.max(this.memoryPeak, stats.memory_stats?.max_usage ?? stats.memory_stats?.usage ?? 0);
+    this.pidsPeak = Math.max(this.pidsPeak, stats.pids_stats?.current ?? 0);
+  }
+
+  /** Nothing when the run ended before the engine's first sample (about a second). */
+  result(): ResourceUsage | undefined {
+    if (this.samples === 0) return undefined;
+    return { cpuMs: Math.round(this.cpuNs / 1e6), memoryPeakBytes: this.memoryPeak, pidsPeak: this.pidsPeak };
+  }
+}
+
+function statusOf(err: unknown): number | undefined {
+  return (err as { statusCode?: number } | undefined)?.statusCode;
+}
+
+/** Removing or killing what is already gone is fine. */
+function ignoreGone(err: unknown): void {
+  const status = statusOf(err);
+  if (status !== 404 && status !== 409) throw err;
+}
+
+function firstLine(err: unknown): string {
+  const message = (err as { json?: { message?: string } }).json?.message ?? (err as Error).message ?? String(err);
+  return message.split("\n")[0] ?? message;
+}
+
+/** The step's result, or undefined as soon as `signal` aborts (the step is left to settle alone). */
+function raceAbort<T>(step: Promise<T>, signal: AbortSignal): Promise<T | undefined> {
+  if (signal.aborted) {
+    step.catch(() => {});
+    return Promise.resolve(undefined);
+  }
+  return new Promise<T | undefined>((resolve, reject) => {
+    const onAbort = () => {
+      step.catch(() => {});
+      resolve(undefined);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    step.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(err);
+      },
+    );
+  });
+}

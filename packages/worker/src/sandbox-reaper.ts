@@ -1,0 +1,35 @@
+import { getJson, type Topology } from "@boxcar/client";
+import { JobRecord, WorkerInfo } from "@boxcar/protocol";
+import type { SandboxOwner } from "./sandbox.js";
+
+/** A worker whose presence is older than this many of its heartbeats is gone. */
+export const MISSED_HEARTBEATS = 3;
+
+/**
+ * Decides whether a sandbox found on this machine belongs to nobody any more: this worker does
+ * not run its job, or its worker is gone (no presence, or a presence older than a few
+ * heartbeats), or its job is no longer running that attempt on that worker. When unsure (the
+ * lookups fail), it keeps the sandbox.
+ */
+export function orphanCheck(
+  topology: Topology,
+  selfId: string,
+  runsHere: (jobId: string) => boolean,
+  now: () => number = Date.now,
+): (owner: SandboxOwner) => Promise<boolean> {
+  return async (owner) => {
+    if (owner.workerId === selfId) return !runsHere(owner.jobId);
+    try {
+      const presence = await getJson(topology.workers, owner.workerId, WorkerInfo, "worker");
+      if (!presence) return true;
+      const { heartbeatAt, heartbeatMs } = presence.value;
+      if (now() - Date.parse(heartbeatAt) > MISSED_HEARTBEATS * heartbeatMs) return true;
+      const job = await getJson(topology.jobs, owner.jobId, JobRecord, "job record");
+      if (!job) return true;
+      const { state, workerId, attempt } = job.value;
+      return state !== "running" || workerId !== owner.workerId || attempt !== owner.attempt;
+    } catch {
+      return false;
+    }
+  };
+}

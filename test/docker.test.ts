@@ -1,0 +1,267 @@
+import { createHash, randomBytes } from "node:crypto";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { createServer, type Server } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import type { AgentDefinitionInput, BoxcarEvent, JobRecord, SandboxEvent } from "@boxcar/protocol";
+import { createWorker, type Worker } from "@boxcar/worker";
+import Docker from "dockerode";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+const ready = await dockerReady();
+const SECRET = `s3cr3t-${randomBytes(8).toString("hex")}`;
+const MAX_LOG_BYTES = 64 * 1024;
+
+let nats: NatsFixture;
+let dispatcher: Dispatcher;
+let worker: Worker;
+let client: BoxcarClient;
+
+describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
+  beforeAll(async () => {
+    nats = await natsFixture();
+    dispatcher = await startDispatcher({ topology: nats.topology });
+    worker = createWorker({
+      topology: nats.topology,
+      concurrency: 4,
+      maxLogBytes: MAX_LOG_BYTES,
+      secretsEnv: { AGENT_TOKEN: SECRET },
+    });
+    void worker.run();
+    client = createClient(nats.topology);
+  });
+  afterAll(async () => {
+    await worker?.close();
+    await dispatcher?.close();
+    await nats?.[Symbol.asyncDispose]();
+  });
+
+  /** Applies a docker agent running `script` with bash, and runs one job to its end. */
+  async function run(name: string, script: string, extra: Partial<AgentDefinitionInput> = {}, input: unknown = null) {
+    const { runtime, ...rest } = extra;
+    await client.applyAgent({
+      name,
+      command: ["bash", "-c", script],
+      runtime: { sandbox: "docker", timeout: "60s", ...runtime },
+      ...rest,
+    });
+    const { job } = await client.submit({ agent: name, input: input as never });
+    return finish(job.id);
+  }
+
+  async function finish(jobId: string) {
+    const final = await client.waitForJob(jobId);
+    const events: BoxcarEvent[] = [];
+    for await (const e of client.events(jobId)) events.push(e);
+    let logs = "";
+    for await (const chunk of client.logs(jobId)) logs += new TextDecoder().decode(chunk.data);
+    return { final, events, logs, sandboxEvents: events.filter((e): e is SandboxEvent => e.kind === "sandbox") };
+  }
+
+  const stdout = (job: JobRecord) => job.result?.output as Record<string, unknown>;
+
+  test("a job runs in a container; result and artifacts come back byte-exact; the container is removed", async () => {
+    const data = randomBytes(200 * 1024);
+    const dir = await mkdtemp(join(tmpdir(), "boxcar-docker-"));
+    await writeFile(join(dir, "data.bin"), data);
+    await client.applyAgent({
+      name: "copy",
+      command: [
+        "bash",
+        "-c",
+        'mkdir -p out && cp data.bin out/copy.bin && printf \'{"output":{"sum":"%s","pwd":"%s"}}\' "$(sha256sum data.bin | cut -c1-64)" "$PWD" > "$BOXCAR_RESULT_FILE"',
+      ],
+      runtime: { sandbox: "docker" },
+    });
+    const { job } = await client.submit({ agent: "copy" }, { upload: [{ localPath: join(dir, "data.bin"), path: "data.bin" }] });
+    const { final, sandboxEvents } = await finish(job.id);
+    expect(final.state).toBe("succeeded");
+    expect(final.sandbox?.kind).toBe("docker");
+    expect(stdout(final)).toEqual({ sum: createHash("sha256").update(data).digest("hex"), pwd: "/workspace" });
+    const copy = await nats.topology.artifacts.getBlob(`${job.id}/out/copy.bin`);
+    expect(Buffer.from(copy ?? []).equals(data)).toBe(true);
+    expect(sandboxEvents.map((e) => e.type)).toEqual(["creating", "ready", "exec_started", "exec_exited", "destroyed"]);
+    const ready = sandboxEvents.find((e) => e.type === "ready");
+    expect(ready).toMatchObject({ backend: "docker", image: "boxcar-agent:latest", network: "none", limits: { cpus: 1, pids: 256 } });
+    expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+  });
+
+  describe("isolation", () => {
+    let listener: Server;
+    let port = 0;
+    let gateway = "";
+    beforeAll(async () => {
+      // A server on every host address: reachable from a bridged container, so the test of the
+      // unnetworked one is real.
+      listener = createServer((socket) => socket.end("hello from the host\n"));
+      await new Promise<void>((r) => listener.listen(0, "0.0.0.0", () => r()));
+      port = (listener.address() as { port: number }).port;
+      const bridge = await new Docker().getNetwork("bridge").inspect();
+      gateway = bridge.IPAM?.Config?.[0]?.Gateway ?? "172.17.0.1";
+    });
+    afterAll(() => listener?.close());
+
+    const probe = (host: () => string, p: () => number) =>
+      `ls /sys/class/net | tr '\\n' ' ' > out.txt; echo >> out.txt
+       (timeout 3 bash -c "exec 3<>/dev/tcp/${host()}/${p()} && head -1 <&3") >> out.txt 2>&1 || echo "no-host" >> out.txt
+       (timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${nats.server.port}") 2>/dev/null && echo "nats-reached" >> out.txt || echo "no-nats" >> out.txt
+       (getent hosts deb.debian.org >/dev/null && echo "dns") >> out.txt || echo "no-dns" >> out.txt
+       printf '{"output":%s}' "$(node -e 'console.log(JSON.stringify(require("fs").readFileSync("out.txt","utf8")))')" > "$BOXCAR_RESULT_FILE"`;
+
+    test("without a network the agent reaches nothing: not the host, not NATS, not the internet", async () => {
+      const { final } = await run(
+        "offline",
+        probe(
+          () => gateway,
+          () => port,
+        ),
+      );
+      expect(final.state).toBe("succeeded");
+      const out = String(final.result?.output);
+      expect(out.split("\n")[0]?.trim()).toBe("lo");
+      expect(out).toContain("no-host");
+      expect(out).toContain("no-nats");
+      expect(out).toContain("no-dns");
+    });
+
+    test("with network: bridge the same probe does reach the host (so the test above can fail)", async () => {
+      const { final } = await run(
+        "online",
+        probe(
+          () => gateway,
+          () => port,
+        ),
+        { runtime: { network: "bridge" } },
+      );
+      expect(String(final.result?.output)).toContain("hello from the host");
+    });
+
+    test("it writes only to its workspace and /tmp, is not root and cannot become root", async () => {
+      const script = `for p in /etc/x /usr/x /x /var/x /workspace/ok /tmp/ok; do touch $p 2>/dev/null && echo "wrote $p" || echo "denied $p"; done
+        echo "uid=$(id -u)"; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status
+        su -c id root </dev/null 2>&1 | head -1 || true
+        test -S /var/run/docker.sock && echo "docker-socket" || echo "no-docker-socket"`;
+      const { logs } = await run("confined", script);
+      expect(logs).toContain("denied /etc/x");
+      expect(logs).toContain("denied /usr/x");
+      expect(logs).toContain("denied /x");
+      expect(logs).toContain("denied /var/x");
+      expect(logs).toContain("wrote /workspace/ok");
+      expect(logs).toContain("wrote /tmp/ok");
+      expect(logs).toContain("uid=1000");
+      expect(logs).toMatch(/CapEff:\s+0000000000000000/);
+      expect(logs).toMatch(/NoNewPrivs:\s+1/);
+      expect(logs).not.toMatch(/uid=0\(root\)/);
+      expect(logs).toContain("no-docker-socket");
+    });
+  });
+
+  describe("resource limits", () => {
+    test("a fork bomb is contained by the pids limit, and the job reports it", async () => {
+      const { final, sandboxEvents } = await run("forkbomb", "bomb() { bomb | bomb & }; bomb; sleep 4; echo survived", {
+        runtime: { timeout: "8s", limits: { pids: 48 } },
+      });
+      expect(["failed", "timed_out", "succeeded"]).toContain(final.state);
+      const exited = sandboxEvents.find((e) => e.type === "exec_exited");
+      expect(exited?.usage?.pidsPeak).toBeGreaterThanOrEqual(24);
+      expect(exited?.usage?.pidsPeak).toBeLessThanOrEqual(48);
+      expect(exited?.usage?.memoryPeakBytes).toBeGreaterThan(0);
+      expect(final.result?.usage?.pidsPeak).toBe(exited?.usage?.pidsPeak);
+      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+    });
+
+    test("a memory hog is OOM-killed and the job says so", async () => {
+      const { final, sandboxEvents } = await run("hog", `node -e 'const a = []; for (;;) a.push(Buffer.alloc(1 << 20, 1))'`, {
+        runtime: { limits: { memory: "64Mi" } },
+      });
+      expect(final.state).toBe("failed");
+      expect(final.error?.code).toBe("oom_killed");
+      expect(final.error?.message).toContain(String(64 * 1024 * 1024));
+      expect(final.result?.oomKilled).toBe(true);
+      expect(sandboxEvents.find((e) => e.type === "exec_exited")).toMatchObject({ oomKilled: true, signal: "SIGKILL" });
+    });
+
+    test("an output flood is capped", async () => {
+      const { final, logs } = await run("flood", "head -c 20000000 /dev/zero | tr '\\0' 'x'; echo done");
+      expect(final.state).toBe("succeeded");
+      expect(logs.length).toBeLessThan(MAX_LOG_BYTES + 1024);
+      expect(logs).toContain("[boxcar: output truncated after");
+    });
+  });
+
+  describe("ending early", () => {
+    test("a timeout kills and removes the container", async () => {
+      const { final } = await run("sleeper", "sleep 300", { runtime: { timeout: "2s" } });
+      expect(final.state).toBe("timed_out");
+      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+    });
+
+    test("a cancel kills and removes the container", async () => {
+      await client.applyAgent({ name: "waiter", command: ["bash", "-c", "echo up; sleep 300"], runtime: { sandbox: "docker" } });
+      const { job } = await client.submit({ agent: "waiter" });
+      await eventually(
+        async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
+        "the container to run",
+      );
+      await client.cancelJob(job.id);
+      const { final } = await finish(job.id);
+      expect(final.state).toBe("cancelled");
+      expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+    });
+  });
+
+  test("secrets reach the agent but never events, logs or the record", async () => {
+    const { final, events, logs } = await run(
+      "secretive",
+      'echo "working"; printf \'{"output":"%s"}\' "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" > "$BOXCAR_RESULT_FILE"',
+      {
+        secrets: [{ name: "TOKEN", from: "AGENT_TOKEN" }],
+      },
+    );
+    expect(final.result?.output).toBe(createHash("sha256").update(SECRET).digest("hex"));
+    expect(JSON.stringify(events)).not.toContain(SECRET);
+    expect(logs).not.toContain(SECRET);
+    expect(JSON.stringify(final)).not.toContain(SECRET);
+  });
+
+  describe("bad runtime wishes fail clearly before anything starts", () => {
+    test.each([
+      ["a missing image", { image: "boxcar-missing:nope" }, "image_unavailable", "boxcar-missing:nope"],
+      ["too many CPUs", { limits: { cpus: 64 } }, "invalid", "cpus"],
+      ["an unknown network", { network: "no-such-net" }, "invalid", "no-such-net"],
+      ["the host network", { network: "host" }, "invalid", "not allowed"],
+    ])("%s", async (_what, runtime, code, mentions) => {
+      const { final, sandboxEvents } = await run(`bad-${code}-${mentions.replace(/[^a-z]/g, "")}`, "echo should-not-run", { runtime });
+      expect(final.state).toBe("failed");
+      expect(final.error?.code).toBe(code);
+      expect(final.error?.message).toContain(mentions);
+      expect(sandboxEvents.map((e) => e.type)).toEqual(["creating", "failed"]);
+      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+    });
+  });
+
+  test("a worker killed with SIGKILL leaves a container that the next worker's reaper removes", async () => {
+    await client.applyAgent({ name: "orphan", command: ["bash", "-c", "sleep 300"], runtime: { sandbox: "docker" }, pool: "orphans" });
+    const doomed = spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--pool", "orphans", "--heartbeat", "300ms"]);
+    const { job } = await client.submit({ agent: "orphan" });
+    await eventually(
+      async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
+      "the container to run",
+    );
+    doomed.kill("SIGKILL");
+    await exited(doomed);
+    expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toHaveLength(1);
+
+    await using reaper = createWorker({ topology: nats.topology, pools: ["elsewhere"], reapIntervalMs: 200 });
+    void reaper.run();
+    await eventually(
+      async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).length === 0 ? true : undefined),
+      "the reaper to remove the container",
+    );
+  });
+});
