@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the default agent image, boxcar-agent:latest, from Dockerfile.agent.
+# Builds the images Boxcar uses: boxcar-agent:latest (Dockerfile.agent), the default image agents
+# run in, and boxcar-worker:latest (Dockerfile.worker), Boxcar's roles in a container.
 #
 # The base image is a build argument. With a registry, use an official one:
 #   BOXCAR_BASE_IMAGE=debian:bookworm-slim bash scripts/build-images.sh
@@ -7,6 +8,12 @@
 # machine's own apt mirror and imported as boxcar-base:bookworm (about 25 s, once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# docker build, quiet unless it fails (the legacy builder prints a deprecation notice every time).
+build() {
+  local out
+  out=$(docker build -q "$@" 2>&1) || { echo "$out" >&2; return 1; }
+}
 agent_image=${BOXCAR_AGENT_IMAGE:-boxcar-agent:latest}
 base=${BOXCAR_BASE_IMAGE:-}
 
@@ -31,12 +38,28 @@ if [ -z "$base" ]; then
   fi
 fi
 
-if docker image inspect "$agent_image" >/dev/null 2>&1 && [ -z "${BOXCAR_REBUILD:-}" ] \
-  && [ "$(docker image inspect -f '{{ index .Config.Labels "boxcar.dockerfile-sha256" }}' "$agent_image")" = "$(sha256sum Dockerfile.agent | cut -c1-64)" ]; then
+dockerfile_sum=$(sha256sum Dockerfile.agent | cut -c1-64)
+if [ -z "${BOXCAR_REBUILD:-}" ] && docker image inspect "$agent_image" >/dev/null 2>&1 \
+  && [ "$(docker image inspect -f '{{ index .Config.Labels "boxcar.dockerfile-sha256" }}' "$agent_image")" = "$dockerfile_sum" ]; then
   echo "build-images: $agent_image is up to date"
-  exit 0
+else
+  echo "build-images: building $agent_image from $base"
+  build --build-arg BASE_IMAGE="$base" --label "boxcar.dockerfile-sha256=$dockerfile_sum" \
+    -t "$agent_image" -f Dockerfile.agent .
+  echo "build-images: built $agent_image"
 fi
-echo "build-images: building $agent_image from $base"
-docker build -q --build-arg BASE_IMAGE="$base" --label "boxcar.dockerfile-sha256=$(sha256sum Dockerfile.agent | cut -c1-64)" \
-  -t "$agent_image" -f Dockerfile.agent . >/dev/null
-echo "build-images: built $agent_image"
+
+# The worker image needs Node.js 20. Without a registry, copy this machine's node into the base.
+node_image=${BOXCAR_NODE_IMAGE:-}
+context=.boxcar/image
+rm -rf "$context" && mkdir -p "$context"
+if [ -z "$node_image" ]; then
+  node_image=boxcar-node:20
+  cp "$(command -v node)" "$context/node"
+  printf 'ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nCOPY node /usr/local/bin/node\n' >"$context/Dockerfile.node"
+  build --build-arg BASE_IMAGE="$base" -t "$node_image" -f "$context/Dockerfile.node" "$context"
+  rm "$context/node" "$context/Dockerfile.node"
+fi
+pnpm --silent --filter @boxcar/cli deploy --prod --legacy "$context/app" >/dev/null
+build --build-arg NODE_IMAGE="$node_image" -t "${BOXCAR_WORKER_IMAGE:-boxcar-worker:latest}" -f Dockerfile.worker "$context"
+echo "build-images: built ${BOXCAR_WORKER_IMAGE:-boxcar-worker:latest} on $node_image"

@@ -6,14 +6,14 @@ export const AGENT_IMAGE = process.env.BOXCAR_AGENT_IMAGE ?? "boxcar-agent:lates
  * Whether the Docker tests can run: an engine answers and the agent image is built. CI
  * (`BOXCAR_REQUIRE_DOCKER=1`, set by scripts/test.sh) fails instead of skipping.
  */
-export async function dockerReady(): Promise<boolean> {
+export async function dockerReady(image = AGENT_IMAGE): Promise<boolean> {
   const docker = new Docker();
   let reason: string | undefined;
   try {
     await docker.ping();
-    await docker.getImage(AGENT_IMAGE).inspect();
+    await docker.getImage(image).inspect();
   } catch (err) {
-    reason = (err as { statusCode?: number }).statusCode === 404 ? `the image ${AGENT_IMAGE} is not built` : "no Docker engine answers";
+    reason = (err as { statusCode?: number }).statusCode === 404 ? `the image ${image} is not built` : "no Docker engine answers";
   }
   if (reason === undefined) return true;
   const message = `Docker tests cannot run: ${reason}. Run scripts/start-docker.sh and scripts/build-images.sh.`;

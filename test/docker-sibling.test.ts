@@ -1,0 +1,67 @@
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import Docker from "dockerode";
+import { GenericContainer, type StartedTestContainer, Wait } from "testcontainers";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+const WORKER_IMAGE = process.env.BOXCAR_WORKER_IMAGE ?? "boxcar-worker:latest";
+const ready = await dockerReady(WORKER_IMAGE);
+
+/**
+ * The "sibling containers" set-up: the worker runs in a container and starts job containers on
+ * the same engine through its mounted socket. No host path is bind-mounted into job containers
+ * (workspaces are copied in and out as tar streams), so nothing depends on paths inside the
+ * worker's container.
+ */
+describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
+  let nats: NatsFixture;
+  let worker: StartedTestContainer;
+
+  beforeAll(async () => {
+    nats = await natsFixture();
+    worker = await new GenericContainer(WORKER_IMAGE)
+      .withNetworkMode("host") // to reach the test's nats-server on 127.0.0.1
+      .withBindMounts([{ source: "/var/run/docker.sock", target: "/var/run/docker.sock" }])
+      .withCommand(["worker", "--nats", nats.url, "--prefix", nats.topology.names.prefix, "--pool", "sibling", "--log-format", "json"])
+      .withWaitStrategy(Wait.forLogMessage(/worker started/))
+      .withStartupTimeout(30_000)
+      .start();
+  });
+  afterAll(async () => {
+    await worker?.stop({ timeout: 10_000 });
+    await nats?.[Symbol.asyncDispose]();
+  });
+
+  test("runs a Docker job next to itself, with the workspace copied in and out", async () => {
+    await using _dispatcher = await startDispatcher({ topology: nats.topology });
+    const client = createClient(nats.topology);
+    await client.applyAgent({
+      name: "sibling",
+      pool: "sibling",
+      command: ["bash", "-c", 'mkdir -p out && cat "$BOXCAR_INPUT_FILE" > out/echo.json'],
+      runtime: { sandbox: "docker" },
+    });
+    const workers = await client.listWorkers();
+    expect(workers.map((w) => w.sandboxes)).toEqual([["host", "docker"]]);
+
+    const { job } = await client.submit({ agent: "sibling", input: { from: "outside" } });
+    const final = await client.waitForJob(job.id);
+    expect(final.state).toBe("succeeded");
+    expect(final.sandbox?.kind).toBe("docker");
+    expect(final.workerId).toBe(workers[0]?.id);
+    const echoed = await nats.topology.artifacts.getBlob(`${job.id}/out/echo.json`);
+    expect(JSON.parse(new TextDecoder().decode(echoed ?? new Uint8Array()))).toEqual({ from: "outside" });
+    expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+  });
+
+  test("stops cleanly on SIGTERM (exit 0), removing its presence", async () => {
+    await using _dispatcher = await startDispatcher({ topology: nats.topology });
+    await worker.stop({ timeout: 10_000, remove: false });
+    const container = new Docker().getContainer(worker.getId());
+    expect((await container.inspect()).State.ExitCode).toBe(0);
+    await container.remove();
+    expect(await createClient(nats.topology).listWorkers()).toEqual([]);
+  });
+});
