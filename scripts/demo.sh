@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# With a Docker engine, agents that ask for a container get one: build the images they use.
+if docker info >/dev/null 2>&1; then bash scripts/build-images.sh; fi
 exec ./bin/boxcar up --demo --port "${BOXCAR_DEMO_PORT:-4222}" "$@"

@@ -143,7 +143,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
 
     test("it writes only to its workspace and /tmp, is not root and cannot become root", async () => {
       const script = `for p in /etc/x /usr/x /x /var/x /workspace/ok /tmp/ok; do touch $p 2>/dev/null && echo "wrote $p" || echo "denied $p"; done
-        echo "uid=$(id -u)"; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status
+        echo "uid=$(id -u)"; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
         su -c id root </dev/null 2>&1 | head -1 || true
         test -S /var/run/docker.sock && echo "docker-socket" || echo "no-docker-socket"`;
       const { logs } = await run("confined", script);
@@ -156,6 +156,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       expect(logs).toContain("uid=1000");
       expect(logs).toMatch(/CapEff:\s+0000000000000000/);
       expect(logs).toMatch(/NoNewPrivs:\s+1/);
+      expect(logs).toMatch(/Seccomp:\s+2/); // a seccomp filter is in force
       expect(logs).not.toMatch(/uid=0\(root\)/);
       expect(logs).toContain("no-docker-socket");
     });
