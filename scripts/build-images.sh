@@ -22,6 +22,7 @@ if [ -z "$base" ]; then
   if ! docker image inspect "$base" >/dev/null 2>&1; then
     command -v debootstrap >/dev/null || {
       echo "build-images: installing debootstrap"
+      apt-get update -q >/dev/null
       DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
     }
     mirror=$(grep -hoE '^(URIs:|deb)[[:space:]]+[^[:space:]]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
