@@ -5,7 +5,7 @@ import { Svcm } from "@nats-io/services";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
-const echoAgent = { name: "echo", command: ["sh", "-c", "echo hi"], runtime: { sandbox: "host", timeout: "10s" } };
+const echoAgent = { name: "echo", command: ["sh", "-c", "echo hi"], trusted: true, runtime: { sandbox: "host", timeout: "10s" } };
 
 let nats: NatsFixture;
 let dispatcher: Awaited<ReturnType<typeof startDispatcher>>;

@@ -91,6 +91,16 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
   });
 
+  test("an agent that asks for auto runs in Docker on a worker with an engine, and the events say why", async () => {
+    await client.applyAgent({ name: "anywhere", command: ["bash", "-c", "echo in $PWD"] });
+    const { job } = await client.submit({ agent: "anywhere" });
+    const { final, events } = await finish(job.id);
+    expect(final.state).toBe("succeeded");
+    expect(final.sandbox).toMatchObject({ kind: "docker", reason: expect.stringMatching(/^auto: docker/) });
+    const started = events.find((e) => e.kind === "job" && e.type === "started");
+    expect(started).toMatchObject({ sandbox: { kind: "docker", reason: expect.stringMatching(/^auto: docker/) } });
+  });
+
   describe("isolation", () => {
     let listener: Server;
     let port = 0;

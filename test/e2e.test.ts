@@ -28,6 +28,7 @@ command: |
   echo "::progress copied"
   sha256sum data.bin | cut -c1-64 > out/sum.txt
   printf '{"output":{"bytes":%s},"summary":"copied"}' "$(wc -c < data.bin)" > "$BOXCAR_RESULT_FILE"
+trusted: true
 runtime:
   sandbox: host
   timeout: 30s
@@ -143,6 +144,7 @@ describe("a job end to end over raw NATS", () => {
     await client.applyAgent({
       name: "raw",
       command: ["sh", "-c", 'mkdir -p out; cat "$BOXCAR_INPUT_FILE" > out/input.json'],
+      trusted: true,
       runtime: { sandbox: "host" },
     });
     const { names } = nats.topology;
@@ -174,7 +176,7 @@ describe("a job end to end over raw NATS", () => {
 
 describe("scale and restarts", () => {
   test("several workers share a pool and each job runs exactly once", async () => {
-    await client.applyAgent({ name: "tick", command: "echo tick", runtime: { sandbox: "host" } });
+    await client.applyAgent({ name: "tick", command: "echo tick", trusted: true, runtime: { sandbox: "host" } });
     const ids = await Promise.all(Array.from({ length: 24 }, (_, i) => client.submit({ agent: "tick", input: i }).then((r) => r.job.id)));
     const finals = await Promise.all(ids.map((id) => client.waitForJob(id)));
     expect(finals.every((j) => j.state === "succeeded" && j.attempt === 1)).toBe(true);

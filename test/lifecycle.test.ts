@@ -10,6 +10,7 @@ import { waitGone } from "./helpers/process.js";
 const treeAgent = (name: string, sleepSeconds: number, timeout: string) => ({
   name,
   command: ["sh", "-c", `sleep ${sleepSeconds} & echo "grandchild=$!"; wait`],
+  trusted: true,
   runtime: { sandbox: "host", timeout },
 });
 

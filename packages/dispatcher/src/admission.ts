@@ -13,6 +13,7 @@ import {
   type WorkItem,
 } from "@boxcar/protocol";
 import { newJobId } from "./job-id.js";
+import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
   job: JobRecord;
@@ -27,9 +28,16 @@ export interface Admitted {
  *
  * `implicitKey` deduplicates redeliveries of an intake message that carries no key of its own.
  */
-export async function admit(topology: Topology, raw: unknown, log: Logger, implicitKey?: string): Promise<Admitted> {
+export async function admit(
+  topology: Topology,
+  raw: unknown,
+  ctx: { log: Logger; workers: WorkerDirectory },
+  implicitKey?: string,
+): Promise<Admitted> {
+  const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await loadAgent(topology, spec.agent);
+  ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 
   const key = spec.idempotencyKey ?? implicitKey;

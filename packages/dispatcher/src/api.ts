@@ -17,6 +17,7 @@ import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
 import { admit, getRecord } from "./admission.js";
 import { cancelJob, listJobs } from "./jobs.js";
+import type { WorkerDirectory } from "./worker-directory.js";
 
 type Handler = (body: unknown) => Promise<unknown>;
 
@@ -31,9 +32,9 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.tooLarge]: 413,
 };
 
-export function apiHandlers(topology: Topology, log: Logger): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDirectory): Record<ApiEndpoint, Handler> {
   return {
-    [ApiEndpoint.jobsSubmit]: (body) => admit(topology, body, log),
+    [ApiEndpoint.jobsSubmit]: (body) => admit(topology, body, { log, workers }),
     [ApiEndpoint.jobsGet]: async (body) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id) }),
     [ApiEndpoint.jobsList]: (body) => listJobs(topology, body),
     [ApiEndpoint.jobsCancel]: async (body) => ({ job: await cancelJob(topology, parseWith(JobRef, body, "request").id) }),

@@ -4,6 +4,7 @@ import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import { apiHandlers, serve } from "./api.js";
 import { admitIntake } from "./intake.js";
+import { WorkerDirectory } from "./worker-directory.js";
 
 export interface DispatcherOptions {
   topology: Topology;
@@ -34,13 +35,14 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const id = opts.dispatcherId ?? `d-${hostname().replace(/[^A-Za-z0-9_-]/g, "-")}-${Math.random().toString(36).slice(2, 8)}`;
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
+  const workers = await WorkerDirectory.open(topology, log);
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log, workers))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.api(endpoint as keyof typeof handler as never),
       handler: (err, msg) => {
@@ -67,7 +69,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const intakeDone = (async () => {
     for await (const msg of intake) {
       try {
-        await admitIntake(topology, msg, streamCreated, log);
+        await admitIntake(topology, msg, streamCreated, { log, workers });
       } catch (err) {
         log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
         msg.nak(1_000);
@@ -83,7 +85,12 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   });
   const close = () =>
     (closing ??= (async () => {
-      const steps = [() => service.stop().then(() => undefined), () => intake.close().then(() => undefined), () => intakeDone];
+      const steps = [
+        () => service.stop().then(() => undefined),
+        () => intake.close().then(() => undefined),
+        () => intakeDone,
+        async () => workers.close(),
+      ];
       for (const step of steps) {
         try {
           await step();

@@ -3,6 +3,7 @@ import { BoxcarError, decodeMessage, ErrorCode, MAX_SPEC_BYTES, TOKEN_PATTERN, t
 import type { JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { admit, recordRejection } from "./admission.js";
+import type { WorkerDirectory } from "./worker-directory.js";
 
 /**
  * Admits one message from the durable intake stream `<prefix>.submit.<agent>`. The agent comes
@@ -10,7 +11,13 @@ import { admit, recordRejection } from "./admission.js";
  * either way the message is acked only once its outcome is stored, so a dispatcher that dies
  * midway leaves it for another to redo (deduplicated by the stream's creation time and sequence).
  */
-export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated: string, log: Logger): Promise<void> {
+export async function admitIntake(
+  topology: Topology,
+  msg: JsMsg,
+  streamCreated: string,
+  ctx: { log: Logger; workers: WorkerDirectory },
+): Promise<void> {
+  const { log } = ctx;
   const agent = msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
   // Sequences restart if the stream is recreated; its creation time keeps keys unique.
   const implicitKey = `intake:${topology.names.prefix}:${streamCreated}:${msg.seq}`;
@@ -18,7 +25,7 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
     // An empty body is an empty spec, as on the request/reply API: the subject names the agent.
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
-    const { job } = await admit(topology, spec, log, implicitKey);
+    const { job } = await admit(topology, spec, ctx, implicitKey);
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);

@@ -71,6 +71,10 @@ export const AgentDefinition = z.strictObject({
     .describe("argv, or a string run with sh -c"),
   pool: PoolName.default("default").describe("work pool whose workers run this agent"),
   runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }),
+  trusted: z
+    .boolean()
+    .default(false)
+    .describe("safe to run without isolation: workers whose policy is host: trusted may then run it on the host"),
   env: z.record(EnvName, z.string().max(32_768)).default({}),
   secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
   outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),

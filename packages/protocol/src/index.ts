@@ -69,5 +69,7 @@ export {
 export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
+export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
-export { WorkerInfo, WorkerState } from "./worker-info.js";
+export { isLive, MISSED_HEARTBEATS, WorkerInfo, WorkerState, whyCannotServe } from "./worker-info.js";

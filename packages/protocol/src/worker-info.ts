@@ -1,5 +1,6 @@
 import { z } from "zod";
-import { PoolName, PROTOCOL_VERSION } from "./agent.js";
+import { type AgentDefinition, PoolName, PROTOCOL_VERSION } from "./agent.js";
+import { RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 
 export const WorkerState = z.enum(["running", "draining", "stopped"]);
 export type WorkerState = z.infer<typeof WorkerState>;
@@ -11,7 +12,10 @@ export const WorkerInfo = z.strictObject({
   host: z.string(),
   pid: z.number().int(),
   pools: z.array(PoolName).min(1),
-  sandboxes: z.array(z.enum(["host", "docker", "e2b"])),
+  /** Backends this worker can offer now (a Docker engine answers, an E2B key is set, …). */
+  sandboxes: z.array(SandboxBackend),
+  /** What its policy allows: with `sandboxes`, enough to tell whether it can run an agent. */
+  policy: RuntimePolicy,
   capacity: z.number().int().positive(),
   load: z.number().int().nonnegative(),
   jobs: z.array(z.string()),
@@ -22,3 +26,24 @@ export const WorkerInfo = z.strictObject({
   heartbeatMs: z.number().int().positive(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
+
+/** A worker whose presence is older than this many of its heartbeats is gone. */
+export const MISSED_HEARTBEATS = 3;
+
+/** Whether the worker has heartbeated recently enough to count as alive. */
+export function isLive(info: WorkerInfo, now: number = Date.now()): boolean {
+  return now - Date.parse(info.heartbeatAt) <= MISSED_HEARTBEATS * info.heartbeatMs;
+}
+
+/**
+ * Why `info`'s worker cannot run `agent` (a `no_sandbox` message that says what to change), or
+ * undefined when it can: what it offers and its policy decide, as they will when it pulls the job.
+ */
+export function whyCannotServe(info: WorkerInfo, agent: AgentDefinition): string | undefined {
+  try {
+    resolveRuntime(agent.runtime, agent.trusted, new Set(info.sandboxes), info.policy);
+    return undefined;
+  } catch (err) {
+    return (err as Error).message;
+  }
+}

@@ -9,8 +9,6 @@ export { createHostSandboxProvider } from "./host-sandbox.js";
 export { MAX_LOG_CHUNK } from "./output-log.js";
 export { MAX_PROGRESS_CHARS } from "./progress-lines.js";
 export { REDACTED } from "./redactor.js";
-export type { ResolvedRuntime, RuntimePolicy } from "./runtime-resolver.js";
-export { resolveRuntime } from "./runtime-resolver.js";
 export type {
   ExecOptions,
   ExecResult,
@@ -21,7 +19,7 @@ export type {
   SandboxSpec,
   WorkspaceFile,
 } from "./sandbox.js";
-export { MISSED_HEARTBEATS, orphanCheck } from "./sandbox-reaper.js";
+export { orphanCheck } from "./sandbox-reaper.js";
 export type { Worker, WorkerLifecycleState } from "./worker.js";
 export { createWorker } from "./worker.js";
 export type { ResolvedWorkerOptions, WorkerOptions } from "./worker-options.js";

@@ -1,17 +1,22 @@
 import { randomBytes } from "node:crypto";
-import { type Logger, nowIso, type Topology } from "@boxcar/client";
+import { type Logger, listJson, nowIso, type Topology } from "@boxcar/client";
 import {
   type AgentResultFile,
   type Artifact,
   BoxcarError,
   ErrorCode,
   type ErrorInfo,
+  isLive,
   isTerminal,
   type JobRecord,
   type JobResult,
+  type ResolvedRuntime,
+  resolveRuntime,
   type SandboxInfo,
   toErrorInfo,
+  WorkerInfo,
   type WorkItem,
+  whyCannotServe,
 } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
 import { agentEnv, collectSecrets } from "./agent-contract.js";
@@ -20,9 +25,11 @@ import { JobEvents, type SandboxRef } from "./job-events.js";
 import { type JobHandle, readJob, updateJob } from "./job-record.js";
 import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
-import { type ResolvedRuntime, resolveRuntime } from "./runtime-resolver.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
+
+/** How long a job this worker cannot run waits before JetStream offers it again. */
+const HAND_BACK_DELAY_MS = 1_000;
 
 /** Why a run was stopped before it ended on its own. */
 export type StopReason = "cancelled" | "timed_out" | "worker_stopped" | "fenced";
@@ -106,7 +113,20 @@ export class JobRun {
     if (this.stopReason === "worker_stopped") return this.msg.nak();
 
     const preflight = this.preflight();
+    if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state)) {
+      const other = await this.capableWorker(found.record.pool);
+      if (other) {
+        // Not for this worker: hand it back (after a pause) for one that can run it.
+        this.log.info({ capableWorker: other, reason: preflight.error.message }, "cannot run this job here; handing it back");
+        this.msg.nak(HAND_BACK_DELAY_MS);
+        return;
+      }
+    }
     const now = nowIso();
+    // The sandbox decision goes on the record and the `started` event before anything is created.
+    const decided: SandboxInfo | undefined = preflight.ok
+      ? { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason }
+      : undefined;
     const claim = await updateJob(this.topology, found, (current): JobRecord | null => {
       if (isTerminal(current.state)) return null;
       if (current.cancelRequested) {
@@ -129,7 +149,7 @@ export class JobRun {
         artifacts: [],
       };
       return preflight.ok
-        ? { ...claimed, state: "running", startedAt: now }
+        ? { ...claimed, state: "running", startedAt: now, sandbox: decided }
         : { ...claimed, state: "failed", finishedAt: now, error: preflight.error };
     });
     if (!claim.written) {
@@ -148,17 +168,31 @@ export class JobRun {
     }
 
     this.handle = claim.handle;
-    await this.events.job("started", "running");
+    this.sandboxInfo = decided;
+    await this.events.job("started", "running", decided ? { sandbox: decided } : {});
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
     this.finishing = true;
     await this.finish(outcome);
   }
 
+  /** Another live worker of the pool that can run this agent, if any. */
+  private async capableWorker(pool: string): Promise<string | undefined> {
+    const workers = await listJson(this.topology.workers, WorkerInfo, "worker").catch(() => []);
+    return workers.find(
+      (w) =>
+        w.id !== this.ctx.options.workerId &&
+        w.state === "running" &&
+        w.pools.includes(pool) &&
+        isLive(w) &&
+        whyCannotServe(w, this.item.agent) === undefined,
+    )?.id;
+  }
+
   /** What can fail before anything starts: no sandbox fits, or a secret is missing. */
   private preflight(): Preflight {
     try {
-      const runtime = resolveRuntime(this.item.agent.runtime, this.ctx.capabilities(), this.ctx.options.policy);
+      const runtime = resolveRuntime(this.item.agent.runtime, this.item.agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
       return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
     } catch (err) {
       return { ok: false, error: toErrorInfo(err) };
@@ -167,13 +201,12 @@ export class JobRun {
 
   private async execute(runtime: ResolvedRuntime, secrets: Map<string, string>): Promise<Outcome> {
     this.secretValues = [...secrets.values()].filter((v) => v.length > 0);
-    const ref: SandboxRef = { backend: runtime.kind, sandboxId: `sbx-${randomBytes(6).toString("hex")}` };
+    const ref: SandboxRef = { backend: runtime.kind, sandboxId: this.sandboxInfo?.id ?? `sbx-${randomBytes(6).toString("hex")}` };
     let sandbox: Sandbox | undefined;
     let exec: ExecResult | undefined;
     try {
       sandbox = await this.createSandbox(ref);
-      this.sandboxInfo = { kind: runtime.kind, id: ref.sandboxId, reason: runtime.reason };
-      await this.recordSandbox();
+      await this.checkOwnership();
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
       exec = await this.runAgent(sandbox, ref, secrets);
       if (exec.aborted) return this.stopped(exec);
@@ -213,14 +246,14 @@ export class JobRun {
     }
   }
 
-  /** Puts the sandbox in the record; stops the run if another attempt took the job over. */
-  private async recordSandbox(): Promise<void> {
-    const update = await this.updateOwned((current) => ({ ...current, sandbox: this.sandboxInfo }));
-    if (!update) {
+  /** Before the agent starts: stops the run if another attempt took the job over, or it was cancelled. */
+  private async checkOwnership(): Promise<void> {
+    const found = await readJob(this.topology, this.jobId);
+    if (!found || !this.owns(found.record)) {
       this.stop("fenced");
       throw new BoxcarError(ErrorCode.conflict, `job ${this.jobId} was taken over by another attempt`);
     }
-    if (update.cancelRequested) this.stop("cancelled");
+    if (found.record.cancelRequested) this.stop("cancelled");
   }
 
   private async runAgent(sandbox: Sandbox, ref: SandboxRef, secrets: Map<string, string>): Promise<ExecResult> {

@@ -1,9 +1,6 @@
 import { getJson, type Topology } from "@boxcar/client";
-import { JobRecord, WorkerInfo } from "@boxcar/protocol";
+import { isLive, JobRecord, WorkerInfo } from "@boxcar/protocol";
 import type { SandboxOwner } from "./sandbox.js";
-
-/** A worker whose presence is older than this many of its heartbeats is gone. */
-export const MISSED_HEARTBEATS = 3;
 
 /**
  * Decides whether a sandbox found on this machine belongs to nobody any more: this worker does
@@ -21,9 +18,7 @@ export function orphanCheck(
     if (owner.workerId === selfId) return !runsHere(owner.jobId);
     try {
       const presence = await getJson(topology.workers, owner.workerId, WorkerInfo, "worker");
-      if (!presence) return true;
-      const { heartbeatAt, heartbeatMs } = presence.value;
-      if (now() - Date.parse(heartbeatAt) > MISSED_HEARTBEATS * heartbeatMs) return true;
+      if (!presence || !isLive(presence.value, now())) return true;
       const job = await getJson(topology.jobs, owner.jobId, JobRecord, "job record");
       if (!job) return true;
       const { state, workerId, attempt } = job.value;

@@ -1,7 +1,6 @@
-import type { ResourceLimits, ResourceUsage, RuntimeWishes } from "@boxcar/protocol";
+import type { ResourceLimits, ResourceUsage, RuntimeWishes, SandboxBackend } from "@boxcar/protocol";
 
-/** A sandbox backend a worker can offer. */
-export type SandboxBackend = "host" | "docker" | "e2b";
+export type { SandboxBackend };
 
 /** What a provider needs to create the sandbox of one attempt of one job. */
 export interface SandboxSpec {

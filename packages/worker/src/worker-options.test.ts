@@ -24,7 +24,7 @@ describe("resolveWorkerOptions", () => {
     expect(resolved).toMatchObject({
       pools: ["default"],
       concurrency: 4,
-      policy: { allowed: ["host", "docker", "e2b"], allowHost: true },
+      policy: { allowed: ["host", "docker", "e2b"], prefer: ["e2b", "docker", "host"], host: "trusted" },
       heartbeatMs: 5_000,
       drainGraceMs: 30_000,
       maxLogBytes: 4 * 1024 * 1024,

@@ -1,12 +1,11 @@
 import { randomBytes } from "node:crypto";
 import { hostname, tmpdir } from "node:os";
 import { type Logger, silentLogger, type Topology } from "@boxcar/client";
-import { BoxcarError, ErrorCode, PoolName, parseWith, TOKEN_PATTERN } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, PoolName, parseWith, RuntimePolicy, type RuntimePolicyInput, TOKEN_PATTERN } from "@boxcar/protocol";
 import { z } from "zod";
 import { createDockerSandboxProvider } from "./docker-sandbox.js";
 import { createHostSandboxProvider } from "./host-sandbox.js";
-import type { RuntimePolicy } from "./runtime-resolver.js";
-import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
+import type { SandboxProvider } from "./sandbox.js";
 
 export interface WorkerOptions {
   /** The Boxcar system to work for. */
@@ -23,8 +22,8 @@ export interface WorkerOptions {
   secretsEnv?: Readonly<Record<string, string | undefined>>;
   /** Sandbox backends; default host and Docker, with workspaces under `workRoot`. */
   providers?: SandboxProvider[];
-  /** Default: every backend allowed, host included. */
-  policy?: RuntimePolicy;
+  /** Default: every backend allowed, strongest isolation preferred, host only for trusted agents. */
+  policy?: RuntimePolicyInput;
   /** How often presence and a heartbeat event are published; default 5000 ms. */
   heartbeatMs?: number;
   /** How long `drain()` lets running jobs finish before handing them back; default 30000 ms. */
@@ -55,8 +54,6 @@ export interface ResolvedWorkerOptions {
   agentPath: string;
 }
 
-const Backend = z.enum(["host", "docker", "e2b"]);
-
 const Settings = z.strictObject({
   pools: z
     .array(PoolName)
@@ -64,7 +61,7 @@ const Settings = z.strictObject({
     .refine((p) => new Set(p).size === p.length, "pools must not repeat"),
   concurrency: z.number().int().min(1).max(1024),
   workerId: z.string().regex(TOKEN_PATTERN, "worker id must be 1-64 letters, digits, '-' or '_'"),
-  policy: z.strictObject({ allowed: z.array(Backend), allowHost: z.boolean() }),
+  policy: RuntimePolicy,
   heartbeatMs: z.number().int().min(100),
   drainGraceMs: z.number().int().nonnegative(),
   maxLogBytes: z.number().int().min(1024),
@@ -82,7 +79,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       pools: opts.pools ?? ["default"],
       concurrency: opts.concurrency ?? 4,
       workerId: opts.workerId ?? defaultWorkerId(),
-      policy: opts.policy ?? { allowed: ["host", "docker", "e2b"], allowHost: true },
+      policy: opts.policy ?? {},
       heartbeatMs: opts.heartbeatMs ?? 5_000,
       drainGraceMs: opts.drainGraceMs ?? 30_000,
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
@@ -101,7 +98,6 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
   if (repeated) throw new BoxcarError(ErrorCode.invalid, `worker options: two sandbox providers of kind ${repeated}; give one per kind`);
   return {
     ...settings,
-    policy: { allowed: settings.policy.allowed satisfies SandboxBackend[], allowHost: settings.policy.allowHost },
     topology: opts.topology,
     logger: opts.logger ?? silentLogger,
     secretsEnv: opts.secretsEnv ?? env,

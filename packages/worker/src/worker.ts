@@ -278,6 +278,7 @@ class BoxcarWorker implements Worker {
       pid: process.pid,
       pools: this.options.pools,
       sandboxes: [...this.capabilities],
+      policy: this.options.policy,
       capacity: this.options.concurrency,
       load: this.runs.size,
       jobs: [...this.runs.keys()],

@@ -1,0 +1,51 @@
+import type { Logger, Topology } from "@boxcar/client";
+import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe } from "@boxcar/protocol";
+
+/**
+ * What the dispatcher knows of the workers, kept current by one watcher on the workers bucket
+ * (not a read per submission).
+ */
+export class WorkerDirectory {
+  private readonly workers = new Map<string, WorkerInfo>();
+  private stopWatch: (() => void) | undefined;
+
+  static async open(topology: Topology, log: Logger): Promise<WorkerDirectory> {
+    const directory = new WorkerDirectory();
+    const watch = await topology.workers.watch();
+    directory.stopWatch = () => watch.stop();
+    void (async () => {
+      for await (const entry of watch) {
+        if (entry.operation !== "PUT") {
+          directory.workers.delete(entry.key);
+          continue;
+        }
+        const parsed = WorkerInfo.safeParse(entry.json());
+        if (parsed.success) directory.workers.set(entry.key, parsed.data);
+        else log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
+      }
+    })();
+    return directory;
+  }
+
+  /**
+   * Refuses a job that no live worker of its pool can run (the submitter is told now, with what
+   * to change, rather than left waiting). With no live worker in the pool at all the job is
+   * accepted: workers may come later.
+   */
+  checkServable(agent: AgentDefinition, pool: string): void {
+    const live = [...this.workers.values()].filter((w) => w.state === "running" && w.pools.includes(pool) && isLive(w));
+    if (live.length === 0) return;
+    const reasons = live.map((w) => ({ id: w.id, why: whyCannotServe(w, agent) }));
+    if (reasons.some((r) => r.why === undefined)) return;
+    const first = reasons[0];
+    throw new BoxcarError(
+      ErrorCode.noSandbox,
+      `no live worker in pool ${pool} can run agent ${agent.name}${reasons.length > 1 ? ` (${reasons.length} workers)` : ""}: ${first?.id}: ${first?.why}`,
+      { issues: [{ path: "agent", message: "no live worker can run it" }] },
+    );
+  }
+
+  close(): void {
+    this.stopWatch?.();
+  }
+}
