@@ -9,7 +9,7 @@ export class UsageError extends Error {
 export function exitCodeFor(err: unknown): ExitCode {
   if (err instanceof UsageError) return ExitCode.usage;
   if (err instanceof BoxcarError) {
-    if (err.name === "AgentFileError") return ExitCode.usage;
+    if (err.name === "FileError") return ExitCode.usage;
     if (err.code === ErrorCode.unavailable) return ExitCode.unavailable;
     if (err.code === ErrorCode.internal) return ExitCode.internal;
     return ExitCode.refused;

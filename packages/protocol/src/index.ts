@@ -12,8 +12,6 @@ export {
   SandboxKind,
   SecretRef,
 } from "./agent.js";
-export type { AgentFileIssue } from "./agent-file.js";
-export { AgentFileError, parseAgentFile } from "./agent-file.js";
 export {
   AgentRef,
   ApiReply,
@@ -72,4 +70,7 @@ export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
+export { WorkerConfig } from "./worker-config.js";
 export { isLive, MISSED_HEARTBEATS, WorkerInfo, WorkerState, whyCannotServe } from "./worker-info.js";
+export type { FileIssue } from "./yaml-file.js";
+export { FileError, parseAgentFile, parseYamlFile } from "./yaml-file.js";

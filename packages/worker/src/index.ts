@@ -8,6 +8,8 @@ export type { HostSandboxOptions } from "./host-sandbox.js";
 export { createHostSandboxProvider } from "./host-sandbox.js";
 export { MAX_LOG_CHUNK } from "./output-log.js";
 export { MAX_PROGRESS_CHARS } from "./progress-lines.js";
+export type { ProviderContext, SandboxConfig } from "./providers.js";
+export { sandboxProviders } from "./providers.js";
 export { REDACTED } from "./redactor.js";
 export type {
   ExecOptions,
@@ -23,4 +25,4 @@ export { orphanCheck } from "./sandbox-reaper.js";
 export type { Worker, WorkerLifecycleState } from "./worker.js";
 export { createWorker } from "./worker.js";
 export type { ResolvedWorkerOptions, WorkerOptions } from "./worker-options.js";
-export { resolveWorkerOptions } from "./worker-options.js";
+export { resolveWorkerOptions, workerOptionsFromConfig } from "./worker-options.js";

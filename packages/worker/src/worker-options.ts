@@ -1,10 +1,18 @@
 import { randomBytes } from "node:crypto";
 import { hostname, tmpdir } from "node:os";
 import { type Logger, silentLogger, type Topology } from "@boxcar/client";
-import { BoxcarError, ErrorCode, PoolName, parseWith, RuntimePolicy, type RuntimePolicyInput, TOKEN_PATTERN } from "@boxcar/protocol";
+import {
+  BoxcarError,
+  ErrorCode,
+  PoolName,
+  parseWith,
+  RuntimePolicy,
+  type RuntimePolicyInput,
+  TOKEN_PATTERN,
+  type WorkerConfig,
+} from "@boxcar/protocol";
 import { z } from "zod";
-import { createDockerSandboxProvider } from "./docker-sandbox.js";
-import { createHostSandboxProvider } from "./host-sandbox.js";
+import { sandboxProviders } from "./providers.js";
 import type { SandboxProvider } from "./sandbox.js";
 
 export interface WorkerOptions {
@@ -88,11 +96,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     },
     "worker options",
   );
-  const providers = opts.providers ?? [
-    createHostSandboxProvider({ root: settings.workRoot }),
-    // Offered only while an engine answers (DOCKER_HOST, else the local socket).
-    createDockerSandboxProvider({ prefix: opts.topology.names.prefix, root: settings.workRoot }),
-  ];
+  const providers = opts.providers ?? sandboxProviders({}, { prefix: opts.topology.names.prefix, workRoot: settings.workRoot, env });
   const kinds = providers.map((p) => p.kind);
   const repeated = kinds.find((k, i) => kinds.indexOf(k) !== i);
   if (repeated) throw new BoxcarError(ErrorCode.invalid, `worker options: two sandbox providers of kind ${repeated}; give one per kind`);
@@ -113,4 +117,34 @@ function defaultWorkerId(): string {
       .replace(/[^A-Za-z0-9_-]/g, "-")
       .slice(0, 48) || "host";
   return `w-${host}-${randomBytes(4).toString("hex")}`;
+}
+
+/**
+ * Worker options from a worker config file (already merged with flags by the caller): settings,
+ * policy and sandbox providers. The topology and logger come from the caller.
+ */
+export function workerOptionsFromConfig(
+  config: WorkerConfig,
+  topology: Topology,
+  env: Readonly<Record<string, string | undefined>> = process.env,
+): WorkerOptions {
+  const workRoot = config.workRoot ?? tmpdir();
+  const sandbox = config.sandbox ?? {};
+  const policy = {
+    ...(sandbox.allowed ? { allowed: sandbox.allowed } : {}),
+    ...(sandbox.prefer ? { prefer: sandbox.prefer } : {}),
+    ...(sandbox.host ? { host: sandbox.host } : {}),
+  };
+  return {
+    topology,
+    workRoot,
+    policy,
+    providers: sandboxProviders(sandbox, { prefix: topology.names.prefix, workRoot, env }),
+    ...(config.pools ? { pools: config.pools } : {}),
+    ...(config.concurrency ? { concurrency: config.concurrency } : {}),
+    ...(config.heartbeat !== undefined ? { heartbeatMs: config.heartbeat } : {}),
+    ...(config.drainGrace !== undefined ? { drainGraceMs: config.drainGrace } : {}),
+    ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
+    ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),
+  };
 }

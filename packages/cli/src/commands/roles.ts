@@ -1,6 +1,5 @@
 import { startDispatcher } from "@boxcar/dispatcher";
 import { parseDurationMs } from "@boxcar/protocol";
-import { createWorker } from "@boxcar/worker";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger, type LogFormat } from "../logger.js";
@@ -41,41 +40,6 @@ export const dispatcher: Command = {
     await using d = await startDispatcher({ topology: session.topology, logger });
     await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
     await d.close();
-    return ExitCode.ok;
-  },
-};
-
-export const worker: Command = {
-  name: "worker",
-  usage: "boxcar worker [--pool POOL]... [--concurrency N] [--drain-grace 30s] [--heartbeat 5s] [--log-format json|pretty]",
-  summary: "run a worker until SIGINT/SIGTERM (then it drains)",
-  maxArgs: 0,
-  options: {
-    pool: { type: "string", multiple: true, default: [] },
-    concurrency: { type: "string" },
-    "drain-grace": { type: "string" },
-    heartbeat: { type: "string" },
-    ...logFormat,
-  },
-  async run(ctx) {
-    const logger = createLogger(readLogFormat(ctx.values["log-format"]));
-    const pools = ctx.values.pool as string[];
-    const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
-    const grace = optionalDuration(ctx.values["drain-grace"], "--drain-grace");
-    const heartbeat = optionalDuration(ctx.values.heartbeat, "--heartbeat");
-    await using session = await ctx.session("boxcar-worker", { create: true });
-    const w = createWorker({
-      topology: session.topology,
-      logger,
-      concurrency,
-      ...(pools.length > 0 ? { pools } : {}),
-      ...(grace !== undefined ? { drainGraceMs: grace } : {}),
-      ...(heartbeat !== undefined ? { heartbeatMs: heartbeat } : {}),
-    });
-    const running = w.run();
-    ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
-    await running;
-    await w.close();
     return ExitCode.ok;
   },
 };

@@ -1,11 +1,11 @@
 import { describe, expect, test } from "vitest";
-import { AgentFileError, parseAgentFile } from "./agent-file.js";
+import { FileError, parseAgentFile } from "./yaml-file.js";
 
-function errorOf(text: string): AgentFileError {
+function errorOf(text: string): FileError {
   try {
     parseAgentFile(text, "agents/x.yaml");
   } catch (err) {
-    if (err instanceof AgentFileError) return err;
+    if (err instanceof FileError) return err;
     throw err;
   }
   throw new Error("expected the file to be refused");
@@ -56,7 +56,7 @@ describe("parseAgentFile", () => {
     expect(errorOf("name: a\ncommand: x\nruntime:\n  timeout: true\n").message).toContain(
       'runtime.timeout: expected a duration such as "30s"',
     );
-    expect(errorOf("name: a\ncommand: x\n---\nname: b\ncommand: y\n").message).toContain("one agent");
+    expect(errorOf("name: a\ncommand: x\n---\nname: b\ncommand: y\n").message).toContain("holds one document");
     expect(errorOf("name: a\ncommand: [x\n").message).toMatch(/agents\/x\.yaml:\d+:\d+: /);
     expect(errorOf("- just\n- a list\n").message).toContain("expected a mapping");
     expect(errorOf("name: a\nname: b\ncommand: x\n").message).toMatch(/unique|duplicate/i);

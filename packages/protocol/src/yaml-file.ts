@@ -1,22 +1,23 @@
 import { isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
+import type { z } from "zod";
 import { AgentDefinition } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue, formatPath } from "./errors.js";
 
-/** A problem in an agent file, located by line and column (1-based). */
-export interface AgentFileIssue extends ErrorIssue {
+/** A problem in a YAML file, located by line and column (1-based). */
+export interface FileIssue extends ErrorIssue {
   line: number;
   column: number;
 }
 
-/** An agent file that cannot be read as an agent definition. */
-export class AgentFileError extends BoxcarError {
-  override readonly name = "AgentFileError";
+/** A YAML file (an agent definition, a worker config) that does not match its schema. */
+export class FileError extends BoxcarError {
+  override readonly name = "FileError";
   readonly file: string;
-  readonly locations: readonly AgentFileIssue[];
+  readonly locations: readonly FileIssue[];
 
-  constructor(file: string, locations: readonly AgentFileIssue[]) {
+  constructor(what: string, file: string, locations: readonly FileIssue[]) {
     const lines = locations.map((l) => `${file}:${l.line}:${l.column}: ${l.path ? `${l.path}: ` : ""}${l.message}`);
-    super(ErrorCode.invalid, `invalid agent file\n${lines.join("\n")}`, { issues: locations });
+    super(ErrorCode.invalid, `invalid ${what}\n${lines.join("\n")}`, { issues: locations });
     this.file = file;
     this.locations = locations;
   }
@@ -27,26 +28,36 @@ export class AgentFileError extends BoxcarError {
  * `file` is only used in messages.
  */
 export function parseAgentFile(text: string, file: string): AgentDefinition {
+  return parseYamlFile(text, file, AgentDefinition, "agent file");
+}
+
+/**
+ * Parses one YAML document and validates it with `schema`. Errors (`FileError`) name the file,
+ * line, column and field of every problem; `what` names the kind of file in the message.
+ */
+export function parseYamlFile<S extends z.ZodType>(text: string, file: string, schema: S, what: string): z.infer<S> {
   const lineCounter = new LineCounter();
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true });
   if (doc.errors.length > 0) {
-    throw new AgentFileError(
+    throw new FileError(
+      what,
       file,
       doc.errors.map((e) => {
         const pos = lineCounter.linePos(e.pos[0]);
         const message =
-          e.code === "MULTIPLE_DOCS" ? "an agent file holds one agent: put each in its own file" : (e.message.split("\n")[0] ?? e.message);
+          e.code === "MULTIPLE_DOCS" ? `a ${what} holds one document: split it into files` : (e.message.split("\n")[0] ?? e.message);
         return { path: "", message, line: pos.line, column: pos.col };
       }),
     );
   }
   const value: unknown = doc.toJS();
   if (value === null || typeof value !== "object" || Array.isArray(value)) {
-    throw new AgentFileError(file, [{ path: "", message: "expected a mapping with name, command and other fields", line: 1, column: 1 }]);
+    throw new FileError(what, file, [{ path: "", message: "expected a mapping of fields", line: 1, column: 1 }]);
   }
-  const result = AgentDefinition.safeParse(value);
+  const result = schema.safeParse(value);
   if (result.success) return result.data;
-  throw new AgentFileError(
+  throw new FileError(
+    what,
     file,
     result.error.issues.flatMap((issue) => {
       // An unknown field is reported at the field itself, one issue per field.

@@ -1,0 +1,100 @@
+import { readFile } from "node:fs/promises";
+import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
+import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
+import type { Command, Values } from "../command.js";
+import { openSession } from "../context.js";
+import { ExitCode } from "../exit-codes.js";
+import { createLogger } from "../logger.js";
+import { UsageError } from "../usage-error.js";
+import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles.js";
+
+const usage =
+  "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
+  "[--host never|trusted|always] [--docker-image IMAGE] [--drain-grace 30s] [--heartbeat 5s] [--log-format json|pretty]";
+
+export const worker: Command = {
+  name: "worker",
+  usage,
+  summary: "run a worker until SIGINT/SIGTERM (then it drains)",
+  maxArgs: 0,
+  options: {
+    config: { type: "string" },
+    pool: { type: "string", multiple: true, default: [] },
+    concurrency: { type: "string" },
+    sandboxes: { type: "string" },
+    prefer: { type: "string" },
+    host: { type: "string" },
+    "docker-image": { type: "string" },
+    "drain-grace": { type: "string" },
+    heartbeat: { type: "string" },
+    ...logFormat,
+  },
+  async run(ctx) {
+    const file = ctx.values.config as string | undefined;
+    const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values));
+    const logger = createLogger(config.logFormat);
+    // Flags, then the environment, then the file, then the default.
+    const url = (ctx.values.nats as string | undefined) ?? ctx.io.env.BOXCAR_NATS_URL ?? config.nats ?? "nats://127.0.0.1:4222";
+    const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
+    await using session = await openSession(url, prefix, "boxcar-worker", true);
+    const w = createWorker({ ...workerOptionsFromConfig(config, session.topology, ctx.io.env), logger });
+    const running = w.run();
+    ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
+    await running;
+    await w.close();
+    return ExitCode.ok;
+  },
+};
+
+async function readWorkerConfig(file: string): Promise<WorkerConfig> {
+  let text: string;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (err) {
+    throw new UsageError(`cannot read worker config ${file}: ${(err as Error).message}`);
+  }
+  return parseYamlFile(text, file, WorkerConfig, "worker config");
+}
+
+/** The flags given, in the config file's shape; each is checked and named when wrong. */
+function flagsAsConfig(values: Values): WorkerConfig {
+  const pools = values.pool as string[];
+  const backends = (flag: string): SandboxBackend[] | undefined => {
+    const value = values[flag] as string | undefined;
+    if (value === undefined) return undefined;
+    return value.split(",").map((b) => {
+      const parsed = SandboxBackend.safeParse(b.trim());
+      if (!parsed.success) throw new UsageError(`--${flag}: ${JSON.stringify(b)} is not one of host, docker, e2b`);
+      return parsed.data;
+    });
+  };
+  const host = values.host as string | undefined;
+  if (host !== undefined && !["never", "trusted", "always"].includes(host)) {
+    throw new UsageError(`--host must be never, trusted or always, got ${host}`);
+  }
+  const allowed = backends("sandboxes");
+  const prefer = backends("prefer");
+  const grace = optionalDuration(values["drain-grace"], "--drain-grace");
+  const heartbeat = optionalDuration(values.heartbeat, "--heartbeat");
+  const logFormatValue = readLogFormat(values["log-format"]);
+  return {
+    ...(pools.length > 0 ? { pools } : {}),
+    ...(values.concurrency !== undefined ? { concurrency: positiveInt(values.concurrency, "--concurrency", 4, 1024) } : {}),
+    ...(grace !== undefined ? { drainGrace: grace } : {}),
+    ...(heartbeat !== undefined ? { heartbeat } : {}),
+    ...(logFormatValue ? { logFormat: logFormatValue } : {}),
+    sandbox: {
+      ...(allowed ? { allowed } : {}),
+      ...(prefer ? { prefer } : {}),
+      ...(host ? { host: host as "never" | "trusted" | "always" } : {}),
+      ...(values["docker-image"] ? { docker: { image: values["docker-image"] as string } } : {}),
+    },
+  };
+}
+
+/** `over` wins field by field, sandbox settings included. */
+function merge(base: WorkerConfig, over: WorkerConfig): WorkerConfig {
+  const sandbox = { ...base.sandbox, ...over.sandbox };
+  if (base.sandbox?.docker || over.sandbox?.docker) sandbox.docker = { ...base.sandbox?.docker, ...over.sandbox?.docker };
+  return { ...base, ...over, sandbox };
+}

@@ -1,0 +1,65 @@
+import { z } from "zod";
+import { PoolName } from "./agent.js";
+import { SandboxBackend } from "./runtime.js";
+import { durationMs, sizeBytes } from "./units.js";
+
+const HOUR = 3_600_000;
+
+/** The worker config file (YAML), as written. Every field is optional; flags override it. */
+export const WorkerConfig = z.strictObject({
+  nats: z.string().min(1).optional().describe("NATS URL; BOXCAR_NATS_URL and --nats override it"),
+  prefix: z.string().min(1).optional().describe("subject and bucket prefix; --prefix overrides it"),
+  pools: z.array(PoolName).min(1).optional(),
+  concurrency: z.number().int().min(1).max(1024).optional().describe("jobs at once across all pools"),
+  heartbeat: durationMs({ min: 100, max: HOUR }).optional(),
+  drainGrace: durationMs({ min: 0, max: 24 * HOUR })
+    .optional()
+    .describe("how long SIGTERM lets running jobs finish"),
+  reapInterval: durationMs({ min: 100, max: 24 * HOUR })
+    .optional()
+    .describe("how often leftovers of crashed workers are removed"),
+  maxLogBytes: sizeBytes({ min: 1024, max: 1024 ** 3 })
+    .optional()
+    .describe("agent output kept per job"),
+  workRoot: z.string().min(1).optional().describe("where workspaces are staged on this machine"),
+  logFormat: z.enum(["json", "pretty"]).optional(),
+  sandbox: z
+    .strictObject({
+      allowed: z.array(SandboxBackend).optional().describe("backends this worker may use"),
+      prefer: z.array(SandboxBackend).optional().describe("the order auto tries them in"),
+      host: z.enum(["never", "trusted", "always"]).optional().describe("which agents may run unisolated on the host"),
+      docker: z
+        .strictObject({
+          image: z.string().min(1).optional().describe("image for agents that name none"),
+          user: z
+            .string()
+            .regex(/^[1-9]\d*:[1-9]\d*$/, "must be uid:gid, not root")
+            .optional(),
+          limits: z
+            .strictObject({
+              cpus: z.number().positive().max(256).optional(),
+              memory: sizeBytes({ min: 6 * 1024 ** 2, max: 1024 ** 4 }).optional(),
+              pids: z.number().int().min(8).max(1_000_000).optional(),
+            })
+            .optional()
+            .describe("defaults for agents that set none"),
+          tmpSize: sizeBytes({ min: 1024 ** 2, max: 64 * 1024 ** 3 }).optional(),
+          maxWorkspace: sizeBytes({ min: 1024 ** 2, max: 1024 ** 4 })
+            .optional()
+            .describe("most data copied out of a container"),
+        })
+        .optional(),
+      e2b: z
+        .strictObject({
+          apiKeyEnv: z.string().min(1).default("E2B_API_KEY").describe("the environment variable that holds the API key"),
+          template: z.string().min(1).optional().describe("template for agents that name none"),
+          domain: z.string().min(1).optional(),
+          apiUrl: z.url().optional(),
+          sandboxUrl: z.url().optional(),
+          timeoutMargin: durationMs({ min: 0, max: HOUR }).optional().describe("added to the job's timeout for the sandbox's own"),
+        })
+        .optional(),
+    })
+    .optional(),
+});
+export type WorkerConfig = z.infer<typeof WorkerConfig>;
