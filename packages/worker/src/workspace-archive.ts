@@ -49,7 +49,8 @@ export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace
   const extract = tar.extract();
   let total = 0;
   extract.on("entry", (header, entry, next) => {
-    const name = header.name.replace(/^\.\/?/, "").replace(/\/$/, "");
+    // Entries of `getArchive(/workspace/.)` are named `./…`; anything else is checked as it is.
+    const name = (header.name === "." || header.name === "./" ? "" : header.name.replace(/^\.\//, "")).replace(/\/$/, "");
     const done = (err?: unknown) => (err ? extract.destroy(err as Error) : next());
     if (name === "" || (header.type !== "file" && header.type !== "directory")) {
       entry.resume();

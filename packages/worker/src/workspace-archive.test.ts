@@ -1,0 +1,66 @@
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { ErrorCode } from "@boxcar/protocol";
+import tar from "tar-stream";
+import { afterEach, beforeEach, expect, test } from "vitest";
+import { LocalWorkspace } from "./local-workspace.js";
+import { packFolder, unpackInto } from "./workspace-archive.js";
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), "boxcar-archive-"));
+});
+afterEach(() => rm(root, { recursive: true, force: true }));
+
+/** A tar stream with the given entries, as a container's workspace could hold. */
+function archiveOf(entries: { name: string; type?: "file" | "directory" | "symlink"; body?: string; linkname?: string }[]) {
+  const pack = tar.pack();
+  for (const e of entries)
+    pack.entry({ name: e.name, type: e.type ?? "file", ...(e.linkname ? { linkname: e.linkname } : {}) }, e.body ?? "");
+  pack.finalize();
+  return pack;
+}
+
+test("a folder packed and unpacked comes back byte-exact, owned as asked", async () => {
+  const source = join(root, "src");
+  await mkdir(join(source, "a/b"), { recursive: true });
+  await writeFile(join(source, "a/b/data.bin"), Buffer.from([0, 1, 2, 255]));
+  await writeFile(join(source, "top.txt"), "top");
+  const headers: { name: string; uid?: number }[] = [];
+  const extract = tar.extract();
+  extract.on("entry", (header, stream, next) => {
+    headers.push({ name: header.name, uid: header.uid });
+    stream.resume();
+    stream.on("end", next);
+  });
+  const packed = packFolder(source, { uid: 1000, gid: 1000 });
+  const copy = await LocalWorkspace.create(root, "copy");
+  const [again] = [packFolder(source, { uid: 1000, gid: 1000 })];
+  await Promise.all([unpackInto(packed, copy, 1024), new Promise((r) => again.pipe(extract).on("finish", r))]);
+  expect(await readFile(join(copy.dir, "a/b/data.bin"))).toEqual(Buffer.from([0, 1, 2, 255]));
+  expect(await readFile(join(copy.dir, "top.txt"), "utf8")).toBe("top");
+  expect(headers.every((h) => h.uid === 1000)).toBe(true);
+});
+
+test("unpacking keeps folders and regular files only: symlinks are skipped, escapes refused", async () => {
+  const copy = await LocalWorkspace.create(root, "copy");
+  await unpackInto(
+    archiveOf([
+      { name: "./", type: "directory" },
+      { name: "./out/", type: "directory" },
+      { name: "./out/ok.txt", body: "ok" },
+      { name: "./out/link", type: "symlink", linkname: "/etc/passwd" },
+    ]),
+    copy,
+    1024,
+  );
+  expect((await copy.listFiles()).map((f) => f.path)).toEqual(["out/ok.txt"]);
+  await expect(unpackInto(archiveOf([{ name: "../escape.txt", body: "x" }]), copy, 1024)).rejects.toThrow();
+});
+
+test("unpacking stops at the size limit with a clear error", async () => {
+  const copy = await LocalWorkspace.create(root, "copy");
+  const err = await unpackInto(archiveOf([{ name: "big.txt", body: "x".repeat(2048) }]), copy, 1024).catch((e: unknown) => e);
+  expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 1024 bytes") });
+});
