@@ -1,0 +1,601 @@
+import { randomBytes } from "node:crypto";
+import { posix } from "node:path";
+import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
+import {
+  AuthenticationError,
+  CommandExitError,
+  type CommandHandle,
+  E2B,
+  type Sandbox as E2BRemoteSandbox,
+  FileNotFoundError,
+  InvalidArgumentError,
+  RateLimitError,
+  SandboxError,
+  SandboxNotFoundError,
+  ServiceBusyError,
+  TimeoutError,
+} from "e2b";
+import { AgentPaths } from "./agent-contract.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, WorkspaceFile } from "./sandbox.js";
+import { workspaceSegments } from "./workspace-path.js";
+
+export interface E2BSandboxOptions {
+  /**
+   * The worker's E2B API key, e.g. `E2B_API_KEY` from its environment; never a job's. Without
+   * one the backend is not offered (`available()` is false).
+   */
+  apiKey?: string;
+  /** E2B's domain, e.g. of a self-hosted E2B; default the SDK's (`E2B_DOMAIN`, else `e2b.app`). */
+  domain?: string;
+  /** The control-plane API; default the SDK's (`E2B_API_URL`, else `https://api.<domain>`). */
+  apiUrl?: string;
+  /** One URL for every sandbox's daemon; default the SDK's (`E2B_SANDBOX_URL`, else per-sandbox hosts). */
+  sandboxUrl?: string;
+  /** Template for agents that name none; default `base`. */
+  defaultTemplate?: string;
+  /**
+   * How long a sandbox outlives its job's time limit: its own E2B timeout, a backstop that ends
+   * it should the worker vanish. Counted from creation and again from the agent's start; it
+   * also covers copying files in and out. Default 300000 ms.
+   */
+  timeoutMarginMs?: number;
+  /**
+   * The workspace inside the sandbox: an absolute path, or one relative to the sandbox user's
+   * home. Default `workspace`, which is `/home/user/workspace` on E2B's templates.
+   */
+  workspace?: string;
+  /**
+   * Names this Boxcar system in its sandboxes' metadata, so `reap` removes only its own
+   * sandboxes. Without it the provider has no `reap`.
+   */
+  prefix?: string;
+  /** PATH the agent gets; default the Debian one E2B's templates use. */
+  agentPath?: string;
+  /** How long a killed agent may take to report its end before the run stops waiting; default 10000 ms. */
+  killGraceMs?: number;
+}
+
+export interface ResolvedE2BSandboxOptions {
+  apiKey: string | undefined;
+  domain: string | undefined;
+  apiUrl: string | undefined;
+  sandboxUrl: string | undefined;
+  defaultTemplate: string;
+  timeoutMarginMs: number;
+  workspace: string;
+  prefix: string | undefined;
+  agentPath: string;
+  killGraceMs: number;
+}
+
+/** Metadata keys on every E2B sandbox Boxcar creates. */
+export const E2BMetadata = {
+  prefix: "boxcarPrefix",
+  job: "boxcarJob",
+  attempt: "boxcarAttempt",
+  worker: "boxcarWorker",
+  sandbox: "boxcarSandbox",
+} as const;
+
+const DEFAULT_AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/** Deep enough for any workspace: E2B lists a folder tree in one call, up to a depth. */
+const LIST_DEPTH = 4096;
+/** Bound on the small clean-up commands run after the agent. */
+const CLEANUP_TIMEOUT_MS = 10_000;
+
+/** Fills in defaults and checks every option; throws an `invalid` error naming the bad one. */
+export function resolveE2BSandboxOptions(opts: E2BSandboxOptions): ResolvedE2BSandboxOptions {
+  const resolved: ResolvedE2BSandboxOptions = {
+    apiKey: opts.apiKey || undefined,
+    domain: opts.domain || undefined,
+    apiUrl: opts.apiUrl || undefined,
+    sandboxUrl: opts.sandboxUrl || undefined,
+    defaultTemplate: opts.defaultTemplate ?? "base",
+    timeoutMarginMs: opts.timeoutMarginMs ?? 300_000,
+    workspace: opts.workspace ?? "workspace",
+    prefix: opts.prefix || undefined,
+    agentPath: opts.agentPath ?? DEFAULT_AGENT_PATH,
+    killGraceMs: opts.killGraceMs ?? 10_000,
+  };
+  const bad = (what: string) => new BoxcarError(ErrorCode.invalid, `E2B sandbox options: ${what}`);
+  if (!resolved.defaultTemplate) throw bad("defaultTemplate must not be empty");
+  if (!Number.isInteger(resolved.timeoutMarginMs) || resolved.timeoutMarginMs < 0) throw bad("timeoutMarginMs must be a whole number ≥ 0");
+  if (!Number.isInteger(resolved.killGraceMs) || resolved.killGraceMs < 0) throw bad("killGraceMs must be a whole number ≥ 0");
+  const ws = resolved.workspace;
+  if (!ws || ws.includes("\0") || ws.split("/").includes("..") || ws === "/") {
+    throw bad("workspace must be a folder path without '..', absolute or relative to the sandbox user's home");
+  }
+  for (const [name, url] of [
+    ["apiUrl", resolved.apiUrl],
+    ["sandboxUrl", resolved.sandboxUrl],
+  ] as const) {
+    if (url !== undefined && !URL.canParse(url)) throw bad(`${name} ${JSON.stringify(url)} is not a URL`);
+  }
+  return resolved;
+}
+
+/**
+ * Sandboxes that are E2B cloud sandboxes (Firecracker microVMs), driven through the official
+ * `e2b` SDK. Each job attempt gets its own sandbox, created from the agent's template with
+ * metadata naming the attempt, killed when the attempt ends, and given an E2B timeout of the
+ * job's time limit plus a margin as a backstop. See docs/e2b.md.
+ */
+export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxProvider {
+  const settings = resolveE2BSandboxOptions(opts);
+  // The SDK falls back to E2B_* variables for what is not given; debug is pinned off so
+  // E2B_DEBUG can never make it skip the API.
+  const client =
+    settings.apiKey === undefined
+      ? undefined
+      : new E2B({
+          apiKey: settings.apiKey,
+          debug: false,
+          ...(settings.domain ? { domain: settings.domain } : {}),
+          ...(settings.apiUrl ? { apiUrl: settings.apiUrl } : {}),
+          ...(settings.sandboxUrl ? { sandboxUrl: settings.sandboxUrl } : {}),
+        });
+
+  const provider: SandboxProvider = {
+    kind: "e2b",
+    // Configured is enough: asking E2B on every heartbeat would cost a call per worker per beat.
+    available: async () => client !== undefined,
+
+    async create(spec, signal) {
+      if (!client) {
+        throw new BoxcarError(ErrorCode.sandboxFailed, "this worker has no E2B API key: set E2B_API_KEY in the worker's environment");
+      }
+      signal?.throwIfAborted();
+      const { runtime } = spec;
+      const template = runtime.template ?? settings.defaultTemplate;
+      const allowInternetAccess = internetAccess(runtime.network);
+      if (runtime.limits.pids !== undefined) {
+        throw new BoxcarError(
+          ErrorCode.invalid,
+          `runtime.limits.pids is ${runtime.limits.pids}, but E2B cannot limit the processes of a sandbox: remove the limit, or use a docker sandbox`,
+        );
+      }
+      const lifetimeMs = runtime.timeout + settings.timeoutMarginMs;
+      const creating = client.Sandbox.create(template, {
+        metadata: {
+          ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
+          [E2BMetadata.job]: spec.jobId,
+          [E2BMetadata.attempt]: String(spec.attempt),
+          [E2BMetadata.worker]: spec.workerId,
+          [E2BMetadata.sandbox]: spec.id,
+        },
+        timeoutMs: lifetimeMs,
+        allowInternetAccess,
+      });
+      let remote: E2BRemoteSandbox | undefined;
+      try {
+        remote = await raceAbort(creating, signal);
+      } catch (err) {
+        throw e2bError(err, `could not create an E2B sandbox from template ${template}`, { template });
+      }
+      if (!remote) {
+        // Abandoned: the sandbox may still come into being; kill it as soon as it does.
+        creating.then((late) => late.kill()).catch(() => {});
+        signal?.throwIfAborted();
+        throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
+      }
+      const created = remote;
+      try {
+        const ready = await raceAbort(
+          Promise.all([prepareWorkspace(created, settings.workspace), created.getInfo()]).catch((err: unknown) => {
+            throw e2bError(err, `could not prepare E2B sandbox ${created.sandboxId}`);
+          }),
+          signal,
+        );
+        if (!ready) {
+          signal?.throwIfAborted();
+          throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
+        }
+        const [workspace, info] = ready;
+        const limits = templateLimits(template, runtime.limits, info);
+        return new E2BSandbox(spec.id, created, {
+          workspace,
+          agentPath: settings.agentPath,
+          description: { image: template, network: runtime.network, limits },
+          lifetimeMs,
+          killGraceMs: settings.killGraceMs,
+        });
+      } catch (err) {
+        await created.kill().catch(() => {});
+        throw err;
+      }
+    },
+  };
+
+  const { prefix } = settings;
+  if (client && prefix) {
+    provider.reap = async (isOrphan) => {
+      let removed = 0;
+      try {
+        const pages = client.Sandbox.list({ query: { metadata: { [E2BMetadata.prefix]: prefix }, state: ["running", "paused"] } });
+        while (pages.hasNext) {
+          for (const info of await pages.nextItems()) {
+            const owner = ownerOf(info.metadata);
+            if (!owner || !(await isOrphan(owner))) continue;
+            if (await client.Sandbox.kill(info.sandboxId)) removed += 1;
+          }
+        }
+      } catch (err) {
+        throw e2bError(err, "could not look for E2B sandboxes left by gone workers");
+      }
+      return removed;
+    };
+  }
+  return provider;
+}
+
+interface E2BSandboxSettings {
+  workspace: string;
+  agentPath: string;
+  description: { image: string; network: string; limits: ResourceLimits };
+  lifetimeMs: number;
+  killGraceMs: number;
+}
+
+/** One attempt's E2B sandbox. */
+class E2BSandbox implements Sandbox {
+  readonly kind = "e2b";
+  readonly workspace: string;
+  readonly agentPath: string;
+  readonly description: { image: string; network: string; limits: ResourceLimits };
+  private destroyed: Promise<void> | undefined;
+
+  constructor(
+    readonly id: string,
+    private readonly remote: E2BRemoteSandbox,
+    private readonly settings: E2BSandboxSettings,
+  ) {
+    this.workspace = settings.workspace;
+    this.agentPath = settings.agentPath;
+    this.description = settings.description;
+  }
+
+  /**
+   * Runs the agent through the sandbox's login shell as `setsid env -i NAME=value… argv`: in its
+   * own process group, with exactly `env`. The environment travels as a file written through the
+   * file API and removed before the agent starts, so no value (secrets included) is part of the
+   * process-start request, which E2B's daemon logs. Ends with the group killed, so nothing the
+   * agent started outlives it.
+   */
+  async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
+    const envFile = `${this.workspace}/${AgentPaths.reserved}/env-${randomBytes(8).toString("hex")}`;
+    const line = agentCommand(argv, envFile);
+    const envBytes = environmentFile(opts.env);
+    this.checkLive();
+    const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
+    // The backstop counts again from the agent's start: its full time limit plus the margin.
+    const prepared = await raceAbort(
+      Promise.all([this.remote.setTimeout(this.settings.lifetimeMs), this.remote.files.write(envFile, new Blob([envBytes]))]).then(
+        () => true,
+      ),
+      opts.signal,
+    ).catch((err: unknown) => {
+      throw e2bError(err, `could not prepare the agent's start in E2B sandbox ${this.remote.sandboxId}`);
+    });
+    if (!prepared) return notRun;
+
+    const encoder = new TextEncoder();
+    const startedAt = performance.now();
+    const starting = this.remote.commands.run(line, {
+      background: true,
+      cwd: this.workspace,
+      // No deadline: envd kills a command whose call times out; the job's own timer decides.
+      timeoutMs: 0,
+      onStdout: (text) => opts.onOutput("stdout", encoder.encode(text)),
+      onStderr: (text) => opts.onOutput("stderr", encoder.encode(text)),
+    });
+    const handle = await raceAbort(starting, opts.signal).catch((err: unknown) => {
+      throw e2bError(err, `could not start the agent in E2B sandbox ${this.remote.sandboxId}`);
+    });
+    if (!handle) {
+      starting.then((late) => this.killAgent(late)).catch(() => {});
+      return notRun;
+    }
+
+    type Ended = { exitCode: number; error?: string } | { failure: unknown } | { stopped: true };
+    const waiting = handle.wait().then(
+      (result): Ended => ({ exitCode: result.exitCode }),
+      (err: unknown): Ended =>
+        err instanceof CommandExitError ? { exitCode: err.exitCode, ...(err.error ? { error: err.error } : {}) } : { failure: err },
+    );
+    let aborted = false;
+    let gaveUp: NodeJS.Timeout | undefined;
+    let stopWaiting: (ended: Ended) => void = () => {};
+    const stopped = new Promise<Ended>((resolve) => (stopWaiting = resolve));
+    const onAbort = () => {
+      aborted = true;
+      void this.killAgent(handle);
+      // A sandbox that does not answer cannot hold the job: destroy() kills it anyway.
+      gaveUp = setTimeout(() => {
+        void handle.disconnect();
+        stopWaiting({ stopped: true });
+      }, this.settings.killGraceMs);
+    };
+    opts.signal.addEventListener("abort", onAbort, { once: true });
+    if (opts.signal.aborted) onAbort();
+    let ended: Ended;
+    try {
+      ended = await Promise.race([waiting, stopped]);
+    } finally {
+      opts.signal.removeEventListener("abort", onAbort);
+      clearTimeout(gaveUp);
+    }
+    const durationMs = performance.now() - startedAt;
+
+    if ("failure" in ended && !aborted) {
+      throw e2bError(ended.failure, `lost the agent's command in E2B sandbox ${this.remote.sandboxId}`);
+    }
+    // Whatever the agent left running in its process group goes too.
+    await this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; true`);
+    if (!("exitCode" in ended)) return { exitCode: null, signal: "SIGKILL", aborted, durationMs };
+    const signal = ended.exitCode === -1 ? signalOf(ended.error) : null;
+    return signal === null
+      ? { exitCode: ended.exitCode, signal: null, aborted, durationMs }
+      : { exitCode: null, signal, aborted, durationMs };
+  }
+
+  /** SIGKILL to the agent's process and its group. */
+  private async killAgent(handle: CommandHandle): Promise<void> {
+    await Promise.allSettled([handle.kill(), this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; true`)]);
+  }
+
+  /** Runs a short command of Boxcar's own, ignoring how it went. */
+  private async run(command: string): Promise<void> {
+    await this.remote.commands.run(command, { timeoutMs: CLEANUP_TIMEOUT_MS, requestTimeoutMs: CLEANUP_TIMEOUT_MS }).catch(() => {});
+  }
+
+  async mkdir(path: string): Promise<void> {
+    const target = this.remotePath(path);
+    try {
+      await this.remote.files.makeDir(target);
+    } catch (err) {
+      throw this.fileError(err, `could not create folder ${path}`);
+    }
+  }
+
+  async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    const target = this.remotePath(path);
+    try {
+      await this.remote.files.write(target, data instanceof Uint8Array ? new Blob([data]) : data);
+    } catch (err) {
+      throw this.fileError(err, `could not write ${path}`);
+    }
+  }
+
+  async readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    const target = this.remotePath(path);
+    try {
+      return await this.remote.files.read(target, { format: "stream" });
+    } catch (err) {
+      // Missing (404) or a folder (400): no such regular file.
+      if (err instanceof FileNotFoundError || err instanceof InvalidArgumentError) return null;
+      throw this.fileError(err, `could not read ${path}`);
+    }
+  }
+
+  async listFiles(): Promise<WorkspaceFile[]> {
+    this.checkLive();
+    let entries: Awaited<ReturnType<E2BRemoteSandbox["files"]["list"]>>;
+    try {
+      entries = await this.remote.files.list(this.workspace, { depth: LIST_DEPTH });
+    } catch (err) {
+      throw this.fileError(err, "could not list the workspace");
+    }
+    if (entries.length === 0) return [];
+    // Entries carry absolute paths under the workspace's resolved path: the folder of the
+    // shortest one (a top-level entry) is that path.
+    const shortest = entries.reduce((a, b) => (b.path.length < a.path.length ? b : a));
+    const root = `${posix.dirname(shortest.path)}/`;
+    return entries
+      .filter((e) => e.type === "file" && e.path.startsWith(root))
+      .map((e) => ({ path: e.path.slice(root.length), size: e.size }));
+  }
+
+  /** Kills the E2B sandbox, which ends every process and removes its disk. Safe to call twice. */
+  destroy(): Promise<void> {
+    this.destroyed ??= this.remote.kill().then(
+      () => {},
+      (err: unknown) => {
+        throw e2bError(err, `could not kill E2B sandbox ${this.remote.sandboxId}`);
+      },
+    );
+    return this.destroyed;
+  }
+
+  private remotePath(path: string): string {
+    this.checkLive();
+    return `${this.workspace}/${workspaceSegments(path).join("/")}`;
+  }
+
+  private checkLive(): void {
+    if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
+  }
+
+  private fileError(err: unknown, doing: string): BoxcarError {
+    if (err instanceof InvalidArgumentError) return new BoxcarError(ErrorCode.invalid, `${doing}: ${firstLine(err)}`, { cause: err });
+    return e2bError(err, `${doing} in E2B sandbox ${this.remote.sandboxId}`);
+  }
+}
+
+/** Makes the workspace folder; a relative one is resolved against the sandbox user's home by the sandbox. */
+async function prepareWorkspace(remote: E2BRemoteSandbox, workspace: string): Promise<string> {
+  await remote.files.makeDir(workspace);
+  return posix.isAbsolute(workspace) ? posix.normalize(workspace).replace(/\/$/, "") : (await remote.files.getInfo(workspace)).path;
+}
+
+/**
+ * The agent's network wish as E2B's internet switch: `none` (the default) is no internet,
+ * `bridge` is E2B's usual internet access. E2B has no named networks.
+ */
+function internetAccess(network: string): boolean {
+  if (network === "none") return false;
+  if (network === "bridge") return true;
+  throw new BoxcarError(
+    ErrorCode.invalid,
+    `runtime.network ${network} is not available in E2B sandboxes: use none (no internet) or bridge (internet access)`,
+  );
+}
+
+/**
+ * The CPU and memory a template gives its sandboxes (E2B fixes them per template, not per
+ * sandbox). A wish below them cannot be enforced and is refused; one at or above them holds.
+ */
+function templateLimits(template: string, wish: ResourceLimits, info: { cpuCount?: number; memoryMB?: number }): ResourceLimits {
+  const limits: ResourceLimits = {};
+  if (info.cpuCount) limits.cpus = info.cpuCount;
+  if (info.memoryMB) limits.memory = info.memoryMB * 1024 * 1024;
+  const refuse = (what: string, wanted: string, has: string) =>
+    new BoxcarError(
+      ErrorCode.invalid,
+      `runtime.limits.${what} is ${wanted}, but E2B template ${template} gives its sandboxes ${has} and E2B cannot set less for one sandbox: use a template built with less, or raise or remove the limit`,
+    );
+  if (wish.cpus !== undefined && limits.cpus !== undefined && wish.cpus < limits.cpus) {
+    throw refuse("cpus", String(wish.cpus), `${limits.cpus} CPUs`);
+  }
+  if (wish.memory !== undefined && limits.memory !== undefined && wish.memory < limits.memory) {
+    throw refuse("memory", `${wish.memory} bytes`, `${limits.memory} bytes`);
+  }
+  return limits;
+}
+
+function ownerOf(metadata: Record<string, string>): SandboxOwner | undefined {
+  const jobId = metadata[E2BMetadata.job];
+  const workerId = metadata[E2BMetadata.worker];
+  const attempt = Number(metadata[E2BMetadata.attempt]);
+  return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
+}
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** The agent's environment as the file {@link agentCommand} reads: `NAME=value` entries, each ended by a NUL byte. */
+export function environmentFile(env: Readonly<Record<string, string>>): Uint8Array {
+  let text = "";
+  for (const [name, value] of Object.entries(env)) {
+    if (!ENV_NAME.test(name)) throw new BoxcarError(ErrorCode.invalid, `${JSON.stringify(name)} is not an environment variable name`);
+    if (value.includes("\0")) throw new BoxcarError(ErrorCode.invalid, `the value of ${name} contains a NUL byte`);
+    text += `${name}=${value}\0`;
+  }
+  return new TextEncoder().encode(text);
+}
+
+/**
+ * The shell command line that runs `argv` in its own process group with exactly the environment
+ * in `envFile` (see {@link environmentFile}), removing the file first. The SDK runs commands as
+ * `bash -l -c <line>`, whose profile scripts may change the environment (PATH above all), so
+ * `env -i` sets the agent's own; `setsid` gives it a process group to be killed with.
+ */
+export function agentCommand(argv: readonly string[], envFile: string): string {
+  const [command] = argv;
+  if (command === undefined || command === "") throw new BoxcarError(ErrorCode.invalid, "exec needs a command");
+  if (command.startsWith("-") || command.includes("=")) {
+    throw new BoxcarError(ErrorCode.invalid, `the command ${JSON.stringify(command)} cannot start with '-' or contain '='`);
+  }
+  if (argv.some((a) => a.includes("\0"))) throw new BoxcarError(ErrorCode.invalid, "a command argument contains a NUL byte");
+  const file = shellQuote(envFile);
+  return `mapfile -d '' -t BOXCAR_ENV < ${file} && rm -f ${file} && exec setsid env -i "\${BOXCAR_ENV[@]}" ${argv.map(shellQuote).join(" ")}`;
+}
+
+/** A single-quoted shell word. */
+function shellQuote(word: string): string {
+  return `'${word.replaceAll("'", `'\\''`)}'`;
+}
+
+/** How Go (and so E2B's daemon) names signals in a process's status, e.g. `signal: killed`. */
+const GO_SIGNALS: Record<string, string> = {
+  hangup: "SIGHUP",
+  interrupt: "SIGINT",
+  quit: "SIGQUIT",
+  "illegal instruction": "SIGILL",
+  "trace/breakpoint trap": "SIGTRAP",
+  aborted: "SIGABRT",
+  "bus error": "SIGBUS",
+  "floating point exception": "SIGFPE",
+  killed: "SIGKILL",
+  "user defined signal 1": "SIGUSR1",
+  "segmentation fault": "SIGSEGV",
+  "user defined signal 2": "SIGUSR2",
+  "broken pipe": "SIGPIPE",
+  "alarm clock": "SIGALRM",
+  terminated: "SIGTERM",
+  "CPU time limit exceeded": "SIGXCPU",
+};
+
+/**
+ * The signal that ended a process, from the daemon's status text (`signal: killed`): the only
+ * place the SDK reports it (its exit code is then -1).
+ */
+export function signalOf(status: string | undefined): string | null {
+  const name = status?.startsWith("signal: ") ? status.slice("signal: ".length) : undefined;
+  if (name === undefined) return null;
+  return GO_SIGNALS[name] ?? name;
+}
+
+/**
+ * What the SDK threw, as a BoxcarError that says what failed and why, with the SDK's error as
+ * its cause: 401 and 429 are `sandbox_failed`, a missing template (404 on create) is
+ * `image_unavailable`, a refused request (400) is `invalid`, an unreachable or busy E2B is
+ * `unavailable`, and a sandbox that is gone (killed, or its timeout passed) is `sandbox_failed`.
+ */
+export function e2bError(err: unknown, doing: string, context: { template?: string } = {}): BoxcarError {
+  if (err instanceof BoxcarError) return err;
+  const reason = firstLine(err);
+  const make = (code: ErrorCode, message: string) => new BoxcarError(code, message, { cause: err });
+  if (err instanceof AuthenticationError) {
+    return make(ErrorCode.sandboxFailed, `${doing}: E2B refused the worker's API key (401): check E2B_API_KEY in the worker's environment`);
+  }
+  if (err instanceof RateLimitError) {
+    return make(ErrorCode.sandboxFailed, `${doing}: E2B's rate limit or sandbox quota is reached (429): ${reason}`);
+  }
+  if (err instanceof ServiceBusyError) return make(ErrorCode.unavailable, `${doing}: E2B is busy (503), try again later: ${reason}`);
+  if (err instanceof TimeoutError || err instanceof SandboxNotFoundError) {
+    return make(ErrorCode.sandboxFailed, `${doing}: the sandbox is gone or did not answer (killed, or its E2B timeout passed): ${reason}`);
+  }
+  if (err instanceof SandboxError && err.statusCode === 404 && context.template !== undefined) {
+    return make(ErrorCode.imageUnavailable, `${doing}: E2B has no template ${context.template} (404): ${reason}`);
+  }
+  if (err instanceof SandboxError && err.statusCode === 400)
+    return make(ErrorCode.invalid, `${doing}: E2B refused the request (400): ${reason}`);
+  if (err instanceof TypeError && err.cause !== undefined) {
+    return make(ErrorCode.unavailable, `${doing}: cannot reach E2B: ${firstLine(err.cause)}`);
+  }
+  if (err instanceof DOMException && err.name === "TimeoutError")
+    return make(ErrorCode.unavailable, `${doing}: E2B did not answer in time`);
+  return make(ErrorCode.sandboxFailed, `${doing}: ${reason}`);
+}
+
+function firstLine(err: unknown): string {
+  const message = err instanceof Error ? err.message || err.name : String(err);
+  const code = (err as { code?: unknown }).code;
+  const text = typeof code === "string" && !message.includes(code) ? `${message} (${code})` : message;
+  return text.split("\n")[0] ?? text;
+}
+
+/** The step's result, or undefined as soon as `signal` aborts (the step is left to settle alone). */
+function raceAbort<T>(step: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
+  if (!signal) return step;
+  if (signal.aborted) {
+    step.catch(() => {});
+    return Promise.resolve(undefined);
+  }
+  return new Promise<T | undefined>((resolve, reject) => {
+    const onAbort = () => {
+      step.catch(() => {});
+      resolve(undefined);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    step.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(err);
+      },
+    );
+  });
+}
