@@ -6,6 +6,8 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
+// The reaper image testcontainers would start cannot be pulled here (no registry).
+process.env.TESTCONTAINERS_RYUK_DISABLED ??= "true";
 const WORKER_IMAGE = process.env.BOXCAR_WORKER_IMAGE ?? "boxcar-worker:latest";
 const ready = await dockerReady(WORKER_IMAGE);
 

@@ -1,10 +1,9 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarEvent, SandboxEvent } from "@boxcar/protocol";
-import { createWorker, type Worker } from "@boxcar/worker";
-import { afterAll, beforeAll, describe, expect, test } from "vitest";
 // The provider is not exported from @boxcar/worker yet: use the built module directly.
-import { createE2BSandboxProvider } from "../packages/worker/dist/e2b-sandbox.js";
+import { createE2BSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /**

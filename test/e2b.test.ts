@@ -6,10 +6,16 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, RuntimeWishes, SandboxEvent } from "@boxcar/protocol";
-import { createWorker, type SandboxProvider, type SandboxSpec, type Worker } from "@boxcar/worker";
+import {
+  createE2BSandboxProvider,
+  createWorker,
+  type E2BSandboxOptions,
+  type SandboxProvider,
+  type SandboxSpec,
+  type Worker,
+  workerOptionsFromConfig,
+} from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-// The provider is not exported from @boxcar/worker yet: use the built module directly.
-import { createE2BSandboxProvider, type E2BSandboxOptions } from "../packages/worker/dist/e2b-sandbox.js";
 import { type E2BStandIn, type StandInSandbox, startE2BStandIn } from "./e2b-standin/index.js";
 import { eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
@@ -447,6 +453,26 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
         standin.maxRunning = Number.POSITIVE_INFINITY;
       }
     });
+  });
+
+  test("a worker configured from its environment (E2B_API_KEY) runs an auto agent in E2B, the strongest isolation", async () => {
+    await using fromEnv = createWorker(
+      workerOptionsFromConfig(
+        { pools: ["fromenv"], sandbox: { e2b: { apiUrl: standin.apiUrl, sandboxUrl: standin.sandboxUrl } } },
+        nats.topology,
+        { E2B_API_KEY: standin.apiKey },
+      ),
+    );
+    void fromEnv.run();
+    await client.applyAgent({ name: "anywhere", pool: "fromenv", command: ["bash", "-c", "echo hi"] });
+    await eventually(
+      async () => ((await client.listWorkers()).some((w) => w.id === fromEnv.id) ? true : undefined),
+      "the worker to be live",
+    );
+    const { job } = await client.submit({ agent: "anywhere" });
+    const final = await client.waitForJob(job.id);
+    expect(final.state).toBe("succeeded");
+    expect(final.sandbox).toMatchObject({ kind: "e2b", reason: expect.stringMatching(/^auto: e2b/) });
   });
 });
 

@@ -51,7 +51,7 @@ export const WorkerConfig = z.strictObject({
         .optional(),
       e2b: z
         .strictObject({
-          apiKeyEnv: z.string().min(1).default("E2B_API_KEY").describe("the environment variable that holds the API key"),
+          apiKeyEnv: z.string().min(1).optional().describe("the environment variable that holds the API key; default E2B_API_KEY"),
           template: z.string().min(1).optional().describe("template for agents that name none"),
           domain: z.string().min(1).optional(),
           apiUrl: z.url().optional(),

@@ -3,6 +3,8 @@ export { AgentPaths, agentEnv, collectSecrets, MAX_RESULT_BYTES } from "./agent-
 export { MAX_ARTIFACTS } from "./agent-workspace.js";
 export type { DockerSandboxOptions } from "./docker-sandbox.js";
 export { CONTAINER_WORKSPACE, ContainerLabel, createDockerSandboxProvider } from "./docker-sandbox.js";
+export type { E2BSandboxOptions, ResolvedE2BSandboxOptions } from "./e2b-sandbox.js";
+export { createE2BSandboxProvider, E2BMetadata, resolveE2BSandboxOptions } from "./e2b-sandbox.js";
 export { globMatcher, globToRegExp } from "./glob.js";
 export type { HostSandboxOptions } from "./host-sandbox.js";
 export { createHostSandboxProvider } from "./host-sandbox.js";

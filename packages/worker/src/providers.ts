@@ -1,5 +1,6 @@
 import type { WorkerConfig } from "@boxcar/protocol";
 import { createDockerSandboxProvider } from "./docker-sandbox.js";
+import { createE2BSandboxProvider } from "./e2b-sandbox.js";
 import { createHostSandboxProvider } from "./host-sandbox.js";
 import type { SandboxProvider } from "./sandbox.js";
 
@@ -16,11 +17,14 @@ export interface ProviderContext {
 
 /**
  * The sandbox backends a worker has: always host and Docker (offered only while an engine
- * answers), each configured from the worker config's `sandbox` section.
+ * answers), and E2B when its API key is in the environment; each configured from the worker
+ * config's `sandbox` section.
  */
 export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): SandboxProvider[] {
   const docker = config.docker ?? {};
   const limits = docker.limits ?? {};
+  const e2b = config.e2b;
+  const e2bKey = ctx.env[e2b?.apiKeyEnv ?? "E2B_API_KEY"];
   return [
     createHostSandboxProvider({ root: ctx.workRoot }),
     createDockerSandboxProvider({
@@ -32,5 +36,18 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
       ...(docker.tmpSize ? { tmpBytes: docker.tmpSize } : {}),
       ...(docker.maxWorkspace ? { maxWorkspaceBytes: docker.maxWorkspace } : {}),
     }),
+    ...(e2bKey
+      ? [
+          createE2BSandboxProvider({
+            apiKey: e2bKey,
+            prefix: ctx.prefix,
+            ...(e2b?.template ? { defaultTemplate: e2b.template } : {}),
+            ...(e2b?.domain ? { domain: e2b.domain } : {}),
+            ...(e2b?.apiUrl ? { apiUrl: e2b.apiUrl } : {}),
+            ...(e2b?.sandboxUrl ? { sandboxUrl: e2b.sandboxUrl } : {}),
+            ...(e2b?.timeoutMargin !== undefined ? { timeoutMarginMs: e2b.timeoutMargin } : {}),
+          }),
+        ]
+      : []),
   ];
 }
