@@ -10,4 +10,4 @@ export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
 export type { ReadStreamOptions } from "./stream-reader.js";
 export { readStream } from "./stream-reader.js";
 export type { ResolvedTopologyOptions, Topology, TopologyOptions } from "./topology.js";
-export { isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";
+export { DUPLICATE_WINDOW_MS, isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";

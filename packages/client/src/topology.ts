@@ -70,6 +70,8 @@ export interface Topology {
 }
 
 const MiB = 1024 * 1024;
+/** How long the submit and work streams remember a message id: a re-publish within it is dropped. */
+export const DUPLICATE_WINDOW_MS = 120_000;
 const DAY_NS = 24 * 3_600 * 1e9;
 const nanos = (ms: number): number => ms * 1_000_000;
 
@@ -91,14 +93,14 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       subjects: [names.subjects.submitAll],
       retention: RetentionPolicy.Workqueue,
       max_msg_size: MiB,
-      duplicate_window: nanos(120_000),
+      duplicate_window: nanos(DUPLICATE_WINDOW_MS),
     },
     {
       name: names.streams.work,
       subjects: [names.subjects.workAll],
       retention: RetentionPolicy.Workqueue,
       max_msg_size: MiB,
-      duplicate_window: nanos(120_000),
+      duplicate_window: nanos(DUPLICATE_WINDOW_MS),
     },
     {
       name: names.streams.events,

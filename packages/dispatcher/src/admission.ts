@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   BoxcarError,
@@ -47,36 +47,45 @@ export async function admit(
     if (claimed !== id) {
       const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
       if (existing) {
-        if (existing.value.state === "accepted") await enqueue(topology, existing.value, existing.revision, agent);
-        return { job: await getRecord(topology, claimed), duplicate: true };
+        // A crash may have come between the record and its work item: publish the item again.
+        // Within the stream's duplicate window the server drops it if it was already there.
+        if (existing.value.state === "queued" && Date.now() - Date.parse(existing.value.createdAt) < DUPLICATE_WINDOW_MS) {
+          await publishWorkItem(topology, existing.value, agent);
+        }
+        return { job: existing.value, duplicate: true };
       }
       id = claimed; // the key was claimed but the record never written: finish that admission.
     }
   }
 
+  const now = nowIso();
   const record: JobRecord = {
     v: PROTOCOL_VERSION,
     id,
     agent: agent.name,
     pool: spec.pool ?? agent.pool,
-    state: "accepted",
+    state: "queued",
     spec,
     attempt: 0,
-    createdAt: nowIso(),
+    createdAt: now,
+    queuedAt: now,
     artifacts: [],
   };
-  const revision = await topology.jobs.create(id, JSON.stringify(record));
-  await publishEvent(topology, jobEvent(record, "accepted"));
-  log.info({ jobId: id, agent: agent.name, pool: record.pool }, "job accepted");
-  await enqueue(topology, record, revision, agent);
-  return { job: await getRecord(topology, id), duplicate: false };
+  await topology.jobs.create(id, JSON.stringify(record));
+  // Both events are sent before the work item, so they precede anything a worker publishes.
+  await Promise.all([
+    publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),
+    publishEvent(topology, jobEvent(record, "queued")),
+  ]);
+  await publishWorkItem(topology, record, agent);
+  log.info({ jobId: id, agent: agent.name, pool: record.pool }, "job queued");
+  return { job: record, duplicate: false };
 }
 
-/** Publishes the work item (deduplicated by job id) and marks the record queued. */
-async function enqueue(topology: Topology, record: JobRecord, revision: number, agent: AgentDefinition): Promise<void> {
+/** Publishes the job's work item, deduplicated by job id. */
+async function publishWorkItem(topology: Topology, record: JobRecord, agent: AgentDefinition): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
-  await publishEvent(topology, jobEvent({ ...record, state: "queued" }, "queued"));
   const item: WorkItem = {
     v: PROTOCOL_VERSION,
     jobId: record.id,
@@ -87,12 +96,6 @@ async function enqueue(topology: Topology, record: JobRecord, revision: number, 
   };
   await topology.ensurePoolConsumer(record.pool);
   await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID: record.id });
-  const queued: JobRecord = { ...record, state: "queued", queuedAt: nowIso() };
-  try {
-    await topology.jobs.update(record.id, JSON.stringify(queued), revision);
-  } catch {
-    // A worker claimed the job (or it was cancelled) first: its state is already past queued.
-  }
 }
 
 /**

@@ -30,8 +30,10 @@ export type SandboxEventDetails = Partial<
 >;
 
 /**
- * Publishes the job and sandbox events of one attempt strictly in order: each waits until the
- * one before it is stored. A failed publish is logged and does not stop the job.
+ * Publishes the job and sandbox events of one attempt in order without waiting for each to be
+ * stored: every publish is sent at once on the worker's one connection, which NATS delivers,
+ * and the stream stores, in order. The promise a call returns settles when that event and all
+ * before it are stored; a failed publish is logged and does not stop the job.
  */
 export class JobEvents {
   private tail: Promise<void> = Promise.resolve();
@@ -86,11 +88,10 @@ export class JobEvents {
   }
 
   private enqueue(event: BoxcarEvent): Promise<void> {
-    this.tail = this.tail.then(() =>
-      publishEvent(this.topology, event).catch((err: unknown) => {
-        this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
-      }),
-    );
+    const stored = publishEvent(this.topology, event).catch((err: unknown) => {
+      this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
+    });
+    this.tail = Promise.all([this.tail, stored]).then(() => undefined);
     return this.tail;
   }
 }

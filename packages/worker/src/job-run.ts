@@ -169,7 +169,7 @@ export class JobRun {
 
     this.handle = claim.handle;
     this.sandboxInfo = decided;
-    await this.events.job("started", "running", decided ? { sandbox: decided } : {});
+    void this.events.job("started", "running", decided ? { sandbox: decided } : {});
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
     this.finishing = true;
@@ -206,8 +206,7 @@ export class JobRun {
     let exec: ExecResult | undefined;
     try {
       sandbox = await this.createSandbox(ref);
-      await this.checkOwnership();
-      await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
+      await Promise.all([this.checkOwnership(), prepareWorkspace(sandbox, this.item, this.topology.artifacts)]);
       exec = await this.runAgent(sandbox, ref, secrets);
       if (exec.aborted) return this.stopped(exec);
       return await this.conclude(sandbox, exec);
@@ -222,7 +221,7 @@ export class JobRun {
   private async createSandbox(ref: SandboxRef): Promise<Sandbox> {
     const provider = this.ctx.providers.get(ref.backend);
     if (!provider) throw new BoxcarError(ErrorCode.noSandbox, `this worker has no ${ref.backend} provider`);
-    await this.events.sandbox("creating", ref);
+    void this.events.sandbox("creating", ref);
     const startedAt = performance.now();
     const spec = {
       id: ref.sandboxId,
@@ -233,7 +232,7 @@ export class JobRun {
     };
     try {
       const sandbox = await provider.create(spec, this.abort.signal);
-      await this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt, ...sandbox.description });
+      void this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt, ...sandbox.description });
       return sandbox;
     } catch (cause) {
       // A precise refusal (a missing image, a bad limit or network) keeps its code.
@@ -274,7 +273,7 @@ export class JobRun {
       onProgress: (message) => this.events.progress(message, this.sandboxInfo),
       onPublishError: (err) => this.log.warn({ err }, "could not store agent output"),
     });
-    await this.events.sandbox("exec_started", ref);
+    void this.events.sandbox("exec_started", ref);
     const timeout = setTimeout(() => this.stop("timed_out"), this.item.timeoutMs);
     let exec: ExecResult;
     try {
@@ -287,7 +286,7 @@ export class JobRun {
       clearTimeout(timeout);
       await output.close();
     }
-    await this.events.sandbox("exec_exited", ref, {
+    void this.events.sandbox("exec_exited", ref, {
       durationMs: exec.durationMs,
       exitCode: exec.exitCode,
       signal: exec.signal,
@@ -471,7 +470,7 @@ export class JobRun {
 
   private async ack(): Promise<void> {
     try {
-      await this.msg.ackAck();
+      this.msg.ack();
     } catch (err) {
       this.log.warn({ err }, "could not acknowledge the work item");
     }
