@@ -16,6 +16,8 @@ export interface BoxcarPathOptions {
   concurrency: number;
   /** Extra options for every connection (the bench passes `noAsyncTraces` when asked). */
   connectOptions?: ConnectionOptions;
+  /** Where the no-op agent asks to run; default the host (as a trusted agent). */
+  sandbox?: "host" | "docker";
 }
 
 /** Every revision of a job record the shared watcher saw, with when it saw it. */
@@ -51,7 +53,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
 
   const client: BoxcarClient = createClient(clientTopology);
   // `trusted`: the default worker policy runs only trusted agents on the host.
-  await client.applyAgent({ name: AGENT, command: ["true"], runtime: { sandbox: "host" }, trusted: true });
+  await client.applyAgent({ name: AGENT, command: ["true"], runtime: { sandbox: opts.sandbox ?? "host" }, trusted: true });
 
   const completions = new Completions();
   let unsuccessful = 0;

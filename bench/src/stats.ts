@@ -3,6 +3,7 @@ export interface LatencySummary {
   count: number;
   p50: number;
   p90: number;
+  p95: number;
   p99: number;
   mean: number;
   max: number;
@@ -22,6 +23,7 @@ export function summarize(samples: readonly number[]): LatencySummary {
     count: sorted.length,
     p50: percentile(sorted, 50),
     p90: percentile(sorted, 90),
+    p95: percentile(sorted, 95),
     p99: percentile(sorted, 99),
     mean: sorted.length > 0 ? sum / sorted.length : Number.NaN,
     max: sorted.at(-1) ?? Number.NaN,

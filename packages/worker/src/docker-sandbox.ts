@@ -108,6 +108,35 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   };
 }
 
+/** What a container's confinement depends on. */
+export interface Confinement {
+  network: string;
+  limits: { cpus: number; memory: number; pids: number };
+  tmpBytes: number;
+}
+
+/**
+ * The host configuration of every job container: no capabilities, no new privileges, read-only
+ * root with a workspace volume and a size-limited `/tmp`, limits, init, no engine log.
+ */
+export function hardenedHostConfig(c: Confinement): Docker.HostConfig {
+  return {
+    NetworkMode: c.network,
+    ReadonlyRootfs: true,
+    // An anonymous volume (removed with the container): writable under a read-only root.
+    Mounts: [{ Type: "volume", Source: "", Target: CONTAINER_WORKSPACE }],
+    Tmpfs: { "/tmp": `rw,nosuid,nodev,size=${c.tmpBytes}` },
+    CapDrop: ["ALL"],
+    SecurityOpt: ["no-new-privileges"],
+    Init: true,
+    Memory: c.limits.memory,
+    MemorySwap: c.limits.memory,
+    NanoCpus: Math.round(c.limits.cpus * 1e9),
+    PidsLimit: c.limits.pids,
+    LogConfig: { Type: "none", Config: {} },
+  };
+}
+
 interface ContainerSettings {
   root: string;
   image: string;
@@ -210,21 +239,7 @@ class DockerSandbox implements Sandbox {
         [ContainerLabel.worker]: spec.workerId,
         [ContainerLabel.sandbox]: spec.id,
       },
-      HostConfig: {
-        NetworkMode: settings.network,
-        ReadonlyRootfs: true,
-        // An anonymous volume (removed with the container): writable under a read-only root.
-        Mounts: [{ Type: "volume", Source: "", Target: CONTAINER_WORKSPACE }],
-        Tmpfs: { "/tmp": `rw,nosuid,nodev,size=${settings.tmpBytes}` },
-        CapDrop: ["ALL"],
-        SecurityOpt: ["no-new-privileges"],
-        Init: true,
-        Memory: settings.limits.memory,
-        MemorySwap: settings.limits.memory,
-        NanoCpus: Math.round(settings.limits.cpus * 1e9),
-        PidsLimit: settings.limits.pids,
-        LogConfig: { Type: "none", Config: {} },
-      },
+      HostConfig: hardenedHostConfig(settings),
     });
   }
 

@@ -1,8 +1,8 @@
 export type { AgentEnvParams } from "./agent-contract.js";
 export { AgentPaths, agentEnv, collectSecrets, MAX_RESULT_BYTES } from "./agent-contract.js";
 export { MAX_ARTIFACTS } from "./agent-workspace.js";
-export type { DockerSandboxOptions } from "./docker-sandbox.js";
-export { CONTAINER_WORKSPACE, ContainerLabel, createDockerSandboxProvider } from "./docker-sandbox.js";
+export type { Confinement, DockerSandboxOptions } from "./docker-sandbox.js";
+export { CONTAINER_WORKSPACE, ContainerLabel, createDockerSandboxProvider, hardenedHostConfig } from "./docker-sandbox.js";
 export type { E2BSandboxOptions, ResolvedE2BSandboxOptions } from "./e2b-sandbox.js";
 export { createE2BSandboxProvider, E2BMetadata, resolveE2BSandboxOptions } from "./e2b-sandbox.js";
 export { globMatcher, globToRegExp } from "./glob.js";
