@@ -1,7 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtemp, writeFile } from "node:fs/promises";
+import { writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
@@ -12,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
 
 const ready = await dockerReady();
 const SECRET = `s3cr3t-${randomBytes(8).toString("hex")}`;
@@ -67,7 +67,8 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
 
   test("a job runs in a container; result and artifacts come back byte-exact; the container is removed", async () => {
     const data = randomBytes(200 * 1024);
-    const dir = await mkdtemp(join(tmpdir(), "boxcar-docker-"));
+    await using folder = await scratch("boxcar-docker-");
+    const dir = folder.path;
     await writeFile(join(dir, "data.bin"), data);
     await client.applyAgent({
       name: "copy",

@@ -1,7 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
@@ -19,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, type StandInSandbox, startE2BStandIn } from "./e2b-standin/index.js";
 import { eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
 
 const SECRET = `s3cr3t-${randomBytes(8).toString("hex")}`;
 const WRONG_KEY = `e2b_wrong_${randomBytes(12).toString("hex")}`;
@@ -102,7 +102,8 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
   test("a job runs with input files in and artifacts out byte-exact; its sandbox is named, limited to its time, and killed", async () => {
     const data = randomBytes(300 * 1024);
     const notes = "notes with ünïcode\n";
-    const dir = await mkdtemp(join(tmpdir(), "boxcar-e2b-"));
+    await using folder = await scratch("boxcar-e2b-");
+    const dir = folder.path;
     await writeFile(join(dir, "data.bin"), data);
     await writeFile(join(dir, "notes.txt"), notes);
     await client.applyAgent({

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
@@ -48,6 +48,7 @@ afterAll(async () => {
   await Promise.allSettled((workers ?? []).map((w) => w.close()));
   await dispatcher?.close();
   await nats?.[Symbol.asyncDispose]();
+  if (dir) await rm(dir, { recursive: true, force: true });
 });
 
 const cli = (...args: string[]) => boxcar(nats.url, nats.topology.names.prefix, args);

@@ -1,15 +1,16 @@
 import { spawn } from "node:child_process";
-import { mkdtemp, readdir, readFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { freePort } from "@boxcar/client";
 import { expect, test } from "vitest";
 import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";
+import { scratch } from "./helpers/scratch.js";
 
 /** Runs `boxcar up ARGS` in a scratch folder; returns the child and its combined output. */
 async function up(args: string[]) {
-  const cwd = await mkdtemp(join(tmpdir(), "boxcar-up-"));
+  const folder = await scratch("boxcar-up-");
+  const cwd = folder.path;
   const port = await freePort();
   const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port), "--log-format", "json", ...args], {
     cwd,
@@ -19,7 +20,7 @@ async function up(args: string[]) {
   let output = "";
   child.stdout.setEncoding("utf8").on("data", (d: string) => (output += d));
   child.stderr.setEncoding("utf8").on("data", (d: string) => (output += d));
-  return { child, cwd, port, output: () => output };
+  return { child, cwd, port, output: () => output, [Symbol.asyncDispose]: () => folder[Symbol.asyncDispose]() };
 }
 
 /** Pids of the live nats-server processes whose command line names `dir` (their config is there). */
@@ -38,7 +39,7 @@ async function natsServerPids(dir: string): Promise<number[]> {
 }
 
 test("boxcar up --demo runs the demo job live, downloads its artifacts, and leaves no process behind", async () => {
-  const run = await up(["--demo"]);
+  await using run = await up(["--demo"]);
   const result = await exited(run.child);
   const output = run.output();
   expect(output).toContain("boxcar is up");
@@ -51,7 +52,7 @@ test("boxcar up --demo runs the demo job live, downloads its artifacts, and leav
 }, 60_000);
 
 test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the next start", async () => {
-  const run = await up([]);
+  await using run = await up([]);
   await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
   const started = await natsServerPids(run.cwd);
   expect(started).toHaveLength(1);
@@ -67,8 +68,11 @@ test("boxcar up on a port that is taken says so and exits 4, touching nothing th
   const port = await freePort();
   await new Promise<void>((r) => blocker.listen(port, "127.0.0.1", () => r()));
   try {
-    const cwd = await mkdtemp(join(tmpdir(), "boxcar-up-"));
-    const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port)], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+    await using folder = await scratch("boxcar-up-");
+    const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port)], {
+      cwd: folder.path,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     let stderr = "";
     child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
     expect(await exited(child)).toEqual({ code: 4, signal: null });

@@ -1,16 +1,17 @@
-import { mkdtemp, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
 
 test("a worker config file sets the worker up; flags override it; the worker advertises the result", async () => {
   await using nats = await natsFixture();
   await using _d = await startDispatcher({ topology: nats.topology });
-  const dir = await mkdtemp(join(tmpdir(), "boxcar-config-"));
+  await using folder = await scratch("boxcar-config-");
+  const dir = folder.path;
   const config = join(dir, "worker.yaml");
   await writeFile(
     config,
@@ -50,7 +51,8 @@ test("a worker config file sets the worker up; flags override it; the worker adv
 
 test("a bad worker config file or flag is a usage error that names the place", async () => {
   await using nats = await natsFixture();
-  const dir = await mkdtemp(join(tmpdir(), "boxcar-config-"));
+  await using folder = await scratch("boxcar-config-");
+  const dir = folder.path;
   const config = join(dir, "worker.yaml");
   await writeFile(config, "concurrency: lots\nsandbox:\n  host: sometimes\n  dockr: {}\n");
   const bad = await boxcar(nats.url, nats.topology.names.prefix, ["worker", "--config", config]);

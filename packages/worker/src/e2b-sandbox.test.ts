@@ -1,16 +1,23 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BoxcarError } from "@boxcar/protocol";
 import { AuthenticationError, RateLimitError, SandboxError, ServiceBusyError, TimeoutError } from "e2b";
-import { describe, expect, test } from "vitest";
+import { afterAll, describe, expect, test } from "vitest";
 import { agentCommand, createE2BSandboxProvider, e2bError, environmentFile, resolveE2BSandboxOptions, signalOf } from "./e2b-sandbox.js";
 
 describe("agentCommand and environmentFile", () => {
+  const folders: string[] = [];
+  afterAll(() => {
+    for (const folder of folders) rmSync(folder, { recursive: true, force: true });
+  });
+
   /** Runs the line the way the SDK does (`bash -c`), after a "profile" that changes the environment. */
   function runLine(argv: string[], env: Record<string, string>) {
-    const envFile = join(mkdtempSync(join(tmpdir(), "boxcar-e2b-unit-")), "env");
+    const folder = mkdtempSync(join(tmpdir(), "boxcar-e2b-unit-"));
+    folders.push(folder);
+    const envFile = join(folder, "env");
     writeFileSync(envFile, environmentFile(env));
     const line = agentCommand(argv, envFile);
     const profile = "export PATH=/usr/bin:/bin PROFILE_JUNK=1 GREETING=clobbered; ";
