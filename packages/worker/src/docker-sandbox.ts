@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
+import { raceAbort } from "./abort.js";
 import { LocalWorkspace } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
@@ -403,29 +404,4 @@ function ignoreGone(err: unknown): void {
 function firstLine(err: unknown): string {
   const message = (err as { json?: { message?: string } }).json?.message ?? (err as Error).message ?? String(err);
   return message.split("\n")[0] ?? message;
-}
-
-/** The step's result, or undefined as soon as `signal` aborts (the step is left to settle alone). */
-function raceAbort<T>(step: Promise<T>, signal: AbortSignal): Promise<T | undefined> {
-  if (signal.aborted) {
-    step.catch(() => {});
-    return Promise.resolve(undefined);
-  }
-  return new Promise<T | undefined>((resolve, reject) => {
-    const onAbort = () => {
-      step.catch(() => {});
-      resolve(undefined);
-    };
-    signal.addEventListener("abort", onAbort, { once: true });
-    step.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (err: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(err);
-      },
-    );
-  });
 }

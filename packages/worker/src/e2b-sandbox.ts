@@ -15,6 +15,7 @@ import {
   ServiceBusyError,
   TimeoutError,
 } from "e2b";
+import { raceAbort } from "./abort.js";
 import { AgentPaths } from "./agent-contract.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, WorkspaceFile } from "./sandbox.js";
 import { workspaceSegments } from "./workspace-path.js";
@@ -572,30 +573,4 @@ function firstLine(err: unknown): string {
   const code = (err as { code?: unknown }).code;
   const text = typeof code === "string" && !message.includes(code) ? `${message} (${code})` : message;
   return text.split("\n")[0] ?? text;
-}
-
-/** The step's result, or undefined as soon as `signal` aborts (the step is left to settle alone). */
-function raceAbort<T>(step: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
-  if (!signal) return step;
-  if (signal.aborted) {
-    step.catch(() => {});
-    return Promise.resolve(undefined);
-  }
-  return new Promise<T | undefined>((resolve, reject) => {
-    const onAbort = () => {
-      step.catch(() => {});
-      resolve(undefined);
-    };
-    signal.addEventListener("abort", onAbort, { once: true });
-    step.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (err: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(err);
-      },
-    );
-  });
 }
