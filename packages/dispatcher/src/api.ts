@@ -30,6 +30,7 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.inputFileMissing]: 404,
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,
+  [ErrorCode.noSandbox]: 422,
 };
 
 export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDirectory): Record<ApiEndpoint, Handler> {
