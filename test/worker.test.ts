@@ -49,6 +49,7 @@ async function enqueue(
     state: "queued",
     spec,
     attempt: 0,
+    history: [],
     createdAt: now,
     queuedAt: now,
     artifacts: [],

@@ -1,7 +1,7 @@
 import { names, toErrorInfo } from "@boxcar/protocol";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
-import { artifacts, cancel, events, jobs, logs, status, submit } from "./commands/jobs.js";
+import { artifacts, cancel, events, jobs, logs, retry, status, submit } from "./commands/jobs.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
@@ -9,7 +9,7 @@ import { type CommandContext, type Io, natsUrl, openSession, parseCommandLine } 
 import { ExitCode } from "./exit-codes.js";
 import { exitCodeFor, UsageError } from "./usage-error.js";
 
-const COMMANDS: readonly Command[] = [up, dispatcher, worker, agent, submit, status, logs, events, artifacts, cancel, jobs, workers];
+const COMMANDS: readonly Command[] = [up, dispatcher, worker, agent, submit, status, logs, events, artifacts, cancel, retry, jobs, workers];
 
 function help(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));

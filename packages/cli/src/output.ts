@@ -48,6 +48,7 @@ export function describeJob(job: JobRecord): string {
     if (job.result.output !== null) lines.push(`output    ${JSON.stringify(job.result.output)}`);
   }
   if (job.error) lines.push(`error     ${job.error.code}: ${job.error.message}`);
+  for (const h of job.history) lines.push(`attempt ${h.attempt} ${h.state}${h.error ? `: ${h.error.code}: ${h.error.message}` : ""}`);
   for (const issue of job.error?.issues ?? []) lines.push(`          - ${issue.path || "(body)"}: ${issue.message}`);
   if (job.artifacts.length > 0) {
     lines.push("artifacts");

@@ -68,6 +68,8 @@ export interface BoxcarClient {
   getJob(id: string): Promise<JobRecord>;
   listJobs(request?: ListJobsRequest): Promise<{ jobs: JobRecord[]; next?: string }>;
   cancelJob(id: string): Promise<JobRecord>;
+  /** Runs a dead job again, with a fresh budget of attempts. */
+  retryJob(id: string): Promise<JobRecord>;
   /** Resolves with the job's record once it reaches a final state. */
   waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord>;
   /** The job's events in order; with `follow`, until its final event. */
@@ -153,6 +155,10 @@ class Client implements BoxcarClient {
 
   async cancelJob(id: string) {
     return (await this.request(ApiEndpoint.jobsCancel, { id }, CancelReply)).job;
+  }
+
+  async retryJob(id: string) {
+    return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
   }
 
   async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {

@@ -110,6 +110,13 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       max_bytes: 1024 * MiB,
     },
     {
+      name: names.streams.dead,
+      subjects: [names.subjects.deadAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 30 * DAY_NS,
+      max_bytes: 256 * MiB,
+    },
+    {
       name: names.streams.logs,
       subjects: [names.subjects.logsAll],
       retention: RetentionPolicy.Limits,

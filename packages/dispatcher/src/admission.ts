@@ -70,6 +70,8 @@ export async function admit(
     createdAt: now,
     queuedAt: now,
     artifacts: [],
+    history: [],
+    attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
   await topology.jobs.create(id, JSON.stringify(record));
   // Both events are sent before the work item, so they precede anything a worker publishes.
@@ -82,8 +84,8 @@ export async function admit(
   return { job: record, duplicate: false };
 }
 
-/** Publishes the job's work item, deduplicated by job id. */
-async function publishWorkItem(topology: Topology, record: JobRecord, agent: AgentDefinition): Promise<void> {
+/** Publishes the job's work item, deduplicated by job id (or `msgID`, for a retry). */
+export async function publishWorkItem(topology: Topology, record: JobRecord, agent: AgentDefinition, msgID = record.id): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
   const item: WorkItem = {
@@ -94,8 +96,10 @@ async function publishWorkItem(topology: Topology, record: JobRecord, agent: Age
     files: spec.files,
     timeoutMs: spec.timeout ?? agent.runtime.timeout,
   };
+  const retry = spec.retry ?? agent.retry;
+  if (retry) item.retry = retry;
   await topology.ensurePoolConsumer(record.pool);
-  await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID: record.id });
+  await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID });
 }
 
 /**
@@ -117,6 +121,7 @@ export async function recordRejection(topology: Topology, agentName: string, err
     createdAt: now,
     finishedAt: now,
     artifacts: [],
+    history: [],
     error,
   };
   await topology.jobs.put(id, JSON.stringify(record));
@@ -138,7 +143,7 @@ async function claimKey(topology: Topology, key: string, id: string): Promise<st
   }
 }
 
-async function loadAgent(topology: Topology, name: string): Promise<AgentDefinition> {
+export async function loadAgent(topology: Topology, name: string): Promise<AgentDefinition> {
   const found = await getJson(topology.agents, name, AgentDefinition, "agent");
   if (!found) {
     throw new BoxcarError(ErrorCode.unknownAgent, `no agent named ${JSON.stringify(name)}: apply it with \`boxcar agent apply -f FILE\``, {

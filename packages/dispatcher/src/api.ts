@@ -16,7 +16,7 @@ import {
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
 import { admit, getRecord } from "./admission.js";
-import { cancelJob, listJobs } from "./jobs.js";
+import { cancelJob, listJobs, retryJob } from "./jobs.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 type Handler = (body: unknown) => Promise<unknown>;
@@ -39,6 +39,7 @@ export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDire
     [ApiEndpoint.jobsGet]: async (body) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id) }),
     [ApiEndpoint.jobsList]: (body) => listJobs(topology, body),
     [ApiEndpoint.jobsCancel]: async (body) => ({ job: await cancelJob(topology, parseWith(JobRef, body, "request").id) }),
+    [ApiEndpoint.jobsRetry]: async (body) => ({ job: await retryJob(topology, parseWith(JobRef, body, "request").id) }),
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
       const previous = await topology.agents.get(agent.name);

@@ -1,6 +1,6 @@
 import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { BoxcarError, ErrorCode, isTerminal, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
-import { jobEvent } from "./admission.js";
+import { jobEvent, loadAgent, publishWorkItem } from "./admission.js";
 
 /** Pages through job records, newest first (job ids sort by creation time). */
 export async function listJobs(topology: Topology, raw: unknown): Promise<ListJobsReply> {
@@ -63,4 +63,33 @@ export async function cancelJob(topology: Topology, id: string): Promise<JobReco
     return next;
   }
   throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing; try the cancel again`);
+}
+
+/**
+ * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
+ * policy's maxAttempts), its history kept. Only a dead job can be retried.
+ */
+export async function retryJob(topology: Topology, id: string): Promise<JobRecord> {
+  const found = await getJson(topology.jobs, id, JobRecord, "job record");
+  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const job = found.value;
+  if (job.state !== "dead")
+    throw new BoxcarError(ErrorCode.conflict, `job ${id} is ${job.state}, not dead: only a dead job can be retried`);
+  const agent = await loadAgent(topology, job.agent);
+  const retry = job.spec?.retry ?? agent.retry;
+  const next: JobRecord = {
+    ...job,
+    state: "queued",
+    queuedAt: nowIso(),
+    finishedAt: undefined,
+    attemptsAllowed: job.attempt + (retry?.maxAttempts ?? 1),
+  };
+  try {
+    await topology.jobs.update(id, JSON.stringify(next), found.revision);
+  } catch {
+    throw new BoxcarError(ErrorCode.conflict, `job ${id} changed while it was being retried; try again`);
+  }
+  await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
+  await publishWorkItem(topology, next, agent, `${id}:retry:${job.attempt}`);
+  return next;
 }

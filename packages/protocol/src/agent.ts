@@ -36,6 +36,22 @@ export const RuntimeWishes = z.strictObject({
 });
 export type RuntimeWishes = z.infer<typeof RuntimeWishes>;
 
+/** Which failures are retried: a non-zero exit (or an error in the result file), a timeout, a crash (killed by a signal or OOM), a sandbox error. */
+export const RetryOn = z.enum(["exit", "timeout", "crash", "sandbox"]);
+export type RetryOn = z.infer<typeof RetryOn>;
+
+export const RetryPolicy = z.strictObject({
+  maxAttempts: z.number().int().min(1).max(100).default(1).describe("attempts in all, the first included"),
+  backoff: z.enum(["fixed", "exponential"]).default("exponential"),
+  delay: durationMs({ min: 0, max: 3_600_000 }).default(1_000).describe("wait before the first retry"),
+  maxDelay: durationMs({ min: 0, max: 24 * 3_600_000 })
+    .default(300_000)
+    .describe("cap on the wait"),
+  jitter: z.boolean().default(true).describe("wait a random 50-100% of the computed delay"),
+  on: z.array(RetryOn).default(["exit", "timeout", "crash", "sandbox"]),
+});
+export type RetryPolicy = z.infer<typeof RetryPolicy>;
+
 const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name");
 
 export const SecretRef = z.union([
@@ -79,6 +95,7 @@ export const AgentDefinition = z.strictObject({
   secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
   outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
   handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
+  retry: RetryPolicy.optional().describe("how failed attempts are retried; default: not at all"),
 });
 /** An agent definition as stored and run (defaults filled, units converted). */
 export type AgentDefinition = z.infer<typeof AgentDefinition>;

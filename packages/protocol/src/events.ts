@@ -20,11 +20,13 @@ export const JobEventType = z.enum([
   "cancel_requested",
   "cancelled",
   "requeued",
+  "retrying",
+  "dead",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
 /** `<prefix>.evt.job.<jobId>.<type>` */
-export const JobEvent = z.strictObject({
+export const JobEvent = z.looseObject({
   ...base,
   kind: z.literal("job"),
   type: JobEventType,
@@ -43,7 +45,7 @@ export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "ex
 export type SandboxEventType = z.infer<typeof SandboxEventType>;
 
 /** `<prefix>.evt.sandbox.<jobId>.<type>` */
-export const SandboxEvent = z.strictObject({
+export const SandboxEvent = z.looseObject({
   ...base,
   kind: z.literal("sandbox"),
   type: SandboxEventType,
@@ -68,7 +70,7 @@ export const WorkerEventType = z.enum(["started", "heartbeat", "draining", "stop
 export type WorkerEventType = z.infer<typeof WorkerEventType>;
 
 /** `<prefix>.evt.worker.<workerId>.<type>` */
-export const WorkerEvent = z.strictObject({
+export const WorkerEvent = z.looseObject({
   ...base,
   kind: z.literal("worker"),
   type: WorkerEventType,

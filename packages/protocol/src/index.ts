@@ -8,6 +8,8 @@ export {
   PoolName,
   PROTOCOL_VERSION,
   ResourceLimits,
+  RetryOn,
+  RetryPolicy,
   RuntimeWishes,
   SandboxKind,
   SecretRef,
@@ -50,6 +52,7 @@ export type { JobSpecInput } from "./job.js";
 export {
   AgentResultFile,
   Artifact,
+  AttemptOutcome,
   InputFileRef,
   isTerminal,
   JobRecord,

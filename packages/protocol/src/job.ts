@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION } from "./agent.js";
+import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { durationMs } from "./units.js";
 
@@ -32,6 +32,7 @@ export const JobSpec = z.strictObject({
   idempotencyKey: z.string().min(1).max(256).optional().describe("a second submission with the same key returns the first job"),
   timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("overrides the agent's run-time limit"),
   pool: PoolName.optional().describe("overrides the agent's pool"),
+  retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}),
 });
 /** A job spec after validation (defaults filled, durations in ms). */
@@ -39,10 +40,20 @@ export type JobSpec = z.infer<typeof JobSpec>;
 /** A job spec as a client writes it. */
 export type JobSpecInput = z.input<typeof JobSpec>;
 
-export const JobState = z.enum(["accepted", "queued", "running", "succeeded", "failed", "timed_out", "cancelled", "rejected"]);
+export const JobState = z.enum(["accepted", "queued", "running", "succeeded", "failed", "timed_out", "cancelled", "rejected", "dead"]);
 export type JobState = z.infer<typeof JobState>;
 
-export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(["succeeded", "failed", "timed_out", "cancelled", "rejected"]);
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(["succeeded", "failed", "timed_out", "cancelled", "rejected", "dead"]);
+
+/** One ended attempt, kept on the record when the job is retried. */
+export const AttemptOutcome = z.strictObject({
+  attempt: z.number().int().positive(),
+  state: z.enum(["failed", "timed_out"]),
+  workerId: z.string().optional(),
+  finishedAt: z.iso.datetime(),
+  error: ErrorInfo.optional(),
+});
+export type AttemptOutcome = z.infer<typeof AttemptOutcome>;
 export const isTerminal = (state: JobState): boolean => TERMINAL_STATES.has(state);
 
 export const Artifact = z.strictObject({
@@ -58,6 +69,7 @@ export const AgentResultFile = z.looseObject({
   output: z.json().optional().describe("the job's result, any JSON"),
   summary: z.string().max(4096).optional().describe("one line for people"),
   error: z.string().max(4096).optional().describe("set to report failure even with exit code 0"),
+  retry: z.boolean().optional().describe("false: this failure must not be retried"),
 });
 export type AgentResultFile = z.infer<typeof AgentResultFile>;
 
@@ -88,7 +100,8 @@ export const SandboxInfo = z.strictObject({
 });
 export type SandboxInfo = z.infer<typeof SandboxInfo>;
 
-export const JobRecord = z.strictObject({
+/** Loose: a reader ignores fields a newer writer added, so old and new workers can coexist. */
+export const JobRecord = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
   id: z.string(),
   agent: AgentName,
@@ -104,6 +117,10 @@ export const JobRecord = z.strictObject({
   startedAt: z.iso.datetime().optional(),
   finishedAt: z.iso.datetime().optional(),
   cancelRequested: z.boolean().optional(),
+  /** Attempts up to this number may be retried (the retry policy's maxAttempts; more after `jobs.retry`). */
+  attemptsAllowed: z.number().int().positive().optional(),
+  /** The attempts that failed and were retried, oldest first. */
+  history: z.array(AttemptOutcome).default([]),
   result: JobResult.optional(),
   artifacts: z.array(Artifact).default([]),
   error: ErrorInfo.optional(),
@@ -111,12 +128,14 @@ export const JobRecord = z.strictObject({
 export type JobRecord = z.infer<typeof JobRecord>;
 
 /** What a worker pulls from `<prefix>.work.<pool>`: everything needed to run, no large data. */
-export const WorkItem = z.strictObject({
+export const WorkItem = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
   jobId: z.string(),
   agent: AgentDefinition,
   input: z.json(),
   files: z.array(InputFileRef),
   timeoutMs: z.number().int().positive(),
+  /** The job's retry policy (the spec's, else the agent's); absent: no retries. */
+  retry: RetryPolicy.optional(),
 });
 export type WorkItem = z.infer<typeof WorkItem>;

@@ -24,6 +24,8 @@ export interface Names {
     readonly events: string;
     /** Live agent output: `<prefix>.log.<jobId>.<stdout|stderr>`, size-capped. */
     readonly logs: string;
+    /** Final records of dead jobs: `<prefix>.dead.<agent>`. */
+    readonly dead: string;
   };
   readonly buckets: {
     readonly jobs: string;
@@ -53,6 +55,8 @@ export interface Names {
     logsAll: string;
     cancel(jobId: string): string;
     cancelAll: string;
+    dead(agent: string): string;
+    deadAll: string;
   };
 }
 
@@ -61,6 +65,7 @@ export const ApiEndpoint = {
   jobsGet: "jobs.get",
   jobsList: "jobs.list",
   jobsCancel: "jobs.cancel",
+  jobsRetry: "jobs.retry",
   agentsApply: "agents.apply",
   agentsGet: "agents.get",
   agentsList: "agents.list",
@@ -82,6 +87,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       work: `${upper}_WORK`,
       events: `${upper}_EVENTS`,
       logs: `${upper}_LOGS`,
+      dead: `${upper}_DEAD`,
     },
     buckets: {
       jobs: `${bucket}_jobs`,
@@ -107,6 +113,8 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       logsAll: `${prefix}.log.>`,
       cancel: (jobId) => `${prefix}.ctl.cancel.${jobId}`,
       cancelAll: `${prefix}.ctl.cancel.*`,
+      dead: (agent) => `${prefix}.dead.${agent}`,
+      deadAll: `${prefix}.dead.>`,
     },
   };
 }

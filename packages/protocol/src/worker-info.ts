@@ -6,7 +6,7 @@ export const WorkerState = z.enum(["running", "draining", "stopped"]);
 export type WorkerState = z.infer<typeof WorkerState>;
 
 /** What a worker advertises in the workers bucket, refreshed with every heartbeat. */
-export const WorkerInfo = z.strictObject({
+export const WorkerInfo = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
   id: z.string(),
   host: z.string(),

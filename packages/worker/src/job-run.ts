@@ -25,6 +25,7 @@ import { JobEvents, type SandboxRef } from "./job-events.js";
 import { type JobHandle, readJob, updateJob } from "./job-record.js";
 import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
+import { planRetry, type RetryPlan } from "./retry-plan.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
@@ -46,7 +47,7 @@ export interface JobRunContext {
 type FinalState = "succeeded" | "failed" | "timed_out" | "cancelled";
 
 type Outcome =
-  | { kind: "final"; state: FinalState; result?: JobResult; artifacts: Artifact[]; error?: ErrorInfo; message?: string }
+  | { kind: "final"; state: FinalState; result?: JobResult; artifacts: Artifact[]; error?: ErrorInfo; message?: string; noRetry?: boolean }
   /** The worker stops: the job goes back to the queue. */
   | { kind: "requeue" }
   /** Another attempt owns the job now: this one must change nothing. */
@@ -325,7 +326,15 @@ export class JobRun {
             : undefined;
     if (failure !== undefined) {
       const error = { code: ErrorCode.agentFailed, message: failure };
-      return { kind: "final", state: "failed", result, artifacts, error, message: failure };
+      return {
+        kind: "final",
+        state: "failed",
+        result,
+        artifacts,
+        error,
+        message: failure,
+        ...(file?.retry === false ? { noRetry: true } : {}),
+      };
     }
     return { kind: "final", state: "succeeded", result, artifacts, ...(file?.summary !== undefined ? { message: file.summary } : {}) };
   }
@@ -387,6 +396,11 @@ export class JobRun {
       this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
       return;
     }
+    if (outcome.kind === "final" && (outcome.state === "failed" || outcome.state === "timed_out")) {
+      const attempt = this.events.attempt;
+      const plan = planRetry(this.item.retry, { ...outcome, state: outcome.state }, attempt, this.handle?.record.attemptsAllowed ?? 1);
+      if (plan.kind !== "final") return this.retryOrBury(outcome, outcome.state, plan);
+    }
     const now = nowIso();
     const update =
       outcome.kind === "requeue"
@@ -423,6 +437,53 @@ export class JobRun {
       ...(outcome.error ? { error: outcome.error } : {}),
     });
     this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
+    await this.ack();
+  }
+
+  /**
+   * A failed attempt the retry policy covers: back to the queue after a backoff (the work item is
+   * redelivered then), or, attempts exhausted, the job ends `dead` and its record goes to the
+   * dead-letter stream. Either way the attempt is kept in the record's history.
+   */
+  private async retryOrBury(
+    outcome: Outcome & { kind: "final" },
+    state: "failed" | "timed_out",
+    plan: RetryPlan & { kind: "retry" | "dead" },
+  ): Promise<void> {
+    const now = nowIso();
+    const attempt = this.events.attempt;
+    const ended = {
+      attempt,
+      state,
+      workerId: this.ctx.options.workerId,
+      finishedAt: now,
+      ...(outcome.error ? { error: outcome.error } : {}),
+    };
+    const update = await this.updateOwned((current) => ({
+      ...current,
+      history: [...current.history, ended],
+      result: outcome.result,
+      error: outcome.error,
+      ...(plan.kind === "retry"
+        ? { state: "queued" as const, queuedAt: now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
+        : { state: "dead" as const, finishedAt: now, artifacts: outcome.artifacts, sandbox: this.sandboxInfo }),
+    }));
+    if (!update) return this.leave();
+    const allowed = update.attemptsAllowed ?? attempt;
+    const why = outcome.error?.message ?? state;
+    if (plan.kind === "retry") {
+      const message = `attempt ${attempt} of ${allowed} ${state === "timed_out" ? "timed out" : "failed"} (${why}); retrying in ${plan.delayMs} ms`;
+      await this.events.job("retrying", "queued", { message, ...(outcome.error ? { error: outcome.error } : {}) });
+      this.log.info({ delayMs: plan.delayMs, error: outcome.error }, "attempt failed; retrying");
+      this.msg.nak(plan.delayMs);
+      return;
+    }
+    const message = `all ${allowed} attempts failed; the last: ${why}`;
+    await this.events.job("dead", "dead", { message, ...(outcome.error ? { error: outcome.error } : {}) });
+    await this.topology.js
+      .publish(this.topology.names.subjects.dead(update.agent), JSON.stringify(update))
+      .catch((err: unknown) => this.log.error({ err }, "could not keep the dead job in the dead-letter stream"));
+    this.log.warn({ error: outcome.error }, "job is dead: its attempts are exhausted");
     await this.ack();
   }
 

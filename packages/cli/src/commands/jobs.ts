@@ -237,3 +237,35 @@ export const jobs: Command = {
     return ExitCode.ok;
   },
 };
+
+export const retry: Command = {
+  name: "retry",
+  usage: "boxcar retry JOB | --agent AGENT",
+  summary: "run a dead job again (or every dead job of an agent), with a fresh budget of attempts",
+  maxArgs: 1,
+  options: { agent: { type: "string" } },
+  async run(ctx) {
+    const agent = ctx.values.agent as string | undefined;
+    if ((agent === undefined) === (ctx.positionals.length === 0))
+      throw new UsageError(`give a JOB or --agent AGENT\n\nusage: ${this.usage}`);
+    await using session = await ctx.session("boxcar-retry");
+    const { client } = session;
+    const ids = agent === undefined ? [ctx.positionals[0] as string] : await deadJobs(client, agent);
+    const retried = [];
+    for (const id of ids) retried.push(await client.retryJob(id));
+    if (ctx.values.json) ctx.print(json(retried));
+    else ctx.print(retried.length > 0 ? retried.map((j) => `${j.id} queued again`).join("\n") : `no dead jobs of agent ${agent}`);
+    return ExitCode.ok;
+  },
+};
+
+async function deadJobs(client: BoxcarClient, agent: string): Promise<string[]> {
+  const ids: string[] = [];
+  let after: string | undefined;
+  do {
+    const page = await client.listJobs({ state: "dead", agent, limit: 1000, ...(after ? { after } : {}) });
+    ids.push(...page.jobs.map((j) => j.id));
+    after = page.next;
+  } while (after);
+  return ids;
+}
