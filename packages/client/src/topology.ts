@@ -65,8 +65,11 @@ export interface Topology {
   readonly workers: KV;
   readonly idempotency: KV;
   readonly artifacts: ObjectStore;
-  /** Creates the durable consumer of a pool's work if it does not exist yet. */
-  ensurePoolConsumer(pool: string): Promise<void>;
+  /**
+   * Creates the durable consumer of a pool's work if it does not exist yet. Resolves with its
+   * lease (ack wait) in ms: whoever created the consumer chose it, so workers read it here.
+   */
+  ensurePoolConsumer(pool: string): Promise<number>;
 }
 
 const MiB = 1024 * 1024;
@@ -140,7 +143,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   ]);
   const artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
 
-  const ensuredPools = new Set<string>();
+  const leases = new Map<string, number>();
   return {
     names,
     options,
@@ -153,21 +156,26 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     idempotency,
     artifacts,
     async ensurePoolConsumer(pool) {
-      if (ensuredPools.has(pool)) return;
+      const known = leases.get(pool);
+      if (known !== undefined) return known;
       const durable = names.poolConsumer(pool);
+      let ackWaitNs: number;
       try {
-        await jsm.consumers.info(names.streams.work, durable);
+        ackWaitNs = (await jsm.consumers.info(names.streams.work, durable)).config.ack_wait ?? nanos(options.ackWaitMs);
       } catch (err) {
         if (!isNotFound(err)) throw err;
-        await jsm.consumers.add(names.streams.work, {
+        const info = await jsm.consumers.add(names.streams.work, {
           durable_name: durable,
           filter_subject: names.subjects.work(pool),
           ack_policy: AckPolicy.Explicit,
           ack_wait: nanos(options.ackWaitMs),
           max_ack_pending: 10_000,
         });
+        ackWaitNs = info.config.ack_wait ?? nanos(options.ackWaitMs);
       }
-      ensuredPools.add(pool);
+      const leaseMs = Math.round(ackWaitNs / 1_000_000);
+      leases.set(pool, leaseMs);
+      return leaseMs;
     },
   };
 }

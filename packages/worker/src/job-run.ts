@@ -42,6 +42,8 @@ export interface JobRunContext {
   /** Backends whose provider is available now. */
   capabilities(): ReadonlySet<SandboxBackend>;
   providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
+  /** The pool consumer's ack wait: the message is kept alive at a third of it. */
+  leaseMs: number;
 }
 
 type FinalState = "succeeded" | "failed" | "timed_out" | "cancelled";
@@ -94,7 +96,7 @@ export class JobRun {
 
   /** Handles the message to the end; never rejects. */
   async run(): Promise<void> {
-    const keepAlive = setInterval(() => this.keepAlive(), this.topology.options.ackWaitMs / 3);
+    const keepAlive = setInterval(() => this.keepAlive(), this.ctx.leaseMs / 3);
     try {
       await this.process();
     } catch (err) {

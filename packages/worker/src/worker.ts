@@ -61,6 +61,8 @@ class BoxcarWorker implements Worker {
   private readonly graceOver = new AbortController();
   private readonly startedAt = nowIso();
   private capabilities: ReadonlySet<SandboxBackend> = new Set();
+  /** The shortest ack wait of this worker's pool consumers. */
+  private leaseMs = Number.POSITIVE_INFINITY;
   private starting: Promise<void> | undefined;
   private stopping: Promise<void> | undefined;
   private readonly stopped = deferred();
@@ -106,7 +108,8 @@ class BoxcarWorker implements Worker {
   private async start(): Promise<void> {
     const { topology } = this.options;
     await this.refreshCapabilities();
-    for (const pool of this.options.pools) await topology.ensurePoolConsumer(pool);
+    // Keep-alives must come well inside the shortest lease of the pools this worker pulls.
+    for (const pool of this.options.pools) this.leaseMs = Math.min(this.leaseMs, await topology.ensurePoolConsumer(pool));
     const cancelPrefix = topology.names.subjects.cancel("");
     this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
@@ -181,7 +184,7 @@ class BoxcarWorker implements Worker {
       return;
     }
     const run = new JobRun(
-      { options: this.options, log: this.log, capabilities: () => this.capabilities, providers: this.providers },
+      { options: this.options, log: this.log, capabilities: () => this.capabilities, providers: this.providers, leaseMs: this.leaseMs },
       msg,
       item,
     );

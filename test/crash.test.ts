@@ -1,0 +1,74 @@
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { natsFixture } from "./helpers/nats.js";
+
+/** A short lease (ack wait) on the pool, so redelivery after a crash comes quickly. */
+const LEASE_MS = 1_500;
+
+async function system() {
+  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
+  // The pool's consumer is made here, with the short lease; workers read it from the consumer.
+  await nats.topology.ensurePoolConsumer("default");
+  const dispatcher = await startDispatcher({ topology: nats.topology });
+  return {
+    nats,
+    dispatcher,
+    client: createClient(nats.topology),
+    [Symbol.asyncDispose]: async () => {
+      await dispatcher.close();
+      await nats[Symbol.asyncDispose]();
+    },
+  };
+}
+
+async function jobTypes(client: ReturnType<typeof createClient>, jobId: string): Promise<string[]> {
+  const types: string[] = [];
+  for await (const e of client.events(jobId)) if (e.kind === "job") types.push(`${e.type}:${e.attempt}`);
+  return types;
+}
+
+test("a slow but alive worker keeps its lease: a job longer than the lease runs once", async () => {
+  await using s = await system();
+  // A worker process with default options: it must keep the job alive within the consumer's
+  // lease. A second worker would take the job over if the lease lapsed.
+  const worker = spawnBoxcar(s.nats.url, s.nats.topology.names.prefix, ["worker"]);
+  try {
+    await eventually(async () => ((await s.client.listWorkers()).length === 1 ? true : undefined), "the worker process to be live");
+    await using _other = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+    void _other.run();
+    await s.client.applyAgent({ name: "slow", command: "sleep 5; echo done", trusted: true, runtime: { sandbox: "host" } });
+    const { job } = await s.client.submit({ agent: "slow" });
+    const final = await s.client.waitForJob(job.id);
+    expect(final).toMatchObject({ state: "succeeded", attempt: 1 });
+    expect(await jobTypes(s.client, job.id)).toEqual(["accepted:0", "queued:0", "started:1", "succeeded:1"]);
+  } finally {
+    worker.kill("SIGTERM");
+    await exited(worker);
+  }
+});
+
+test("a worker killed mid-job (SIGKILL): the job is picked up again, runs again, and ends with exactly one outcome", async () => {
+  await using s = await system();
+  await s.client.applyAgent({
+    name: "crashy",
+    command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then echo first; sleep 300; fi; echo "attempt $BOXCAR_ATTEMPT done"',
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  const doomed = spawnBoxcar(s.nats.url, s.nats.topology.names.prefix, ["worker"]);
+  const { job } = await s.client.submit({ agent: "crashy" });
+  await eventually(async () => ((await s.client.getJob(job.id)).state === "running" ? true : undefined), "the first attempt to run");
+  doomed.kill("SIGKILL");
+  await exited(doomed);
+
+  await using survivor = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+  void survivor.run();
+  const final = await s.client.waitForJob(job.id);
+  expect(final).toMatchObject({ state: "succeeded", attempt: 2, workerId: survivor.id });
+  const types = await jobTypes(s.client, job.id);
+  expect(types).toEqual(["accepted:0", "queued:0", "started:1", "started:2", "succeeded:2"]);
+  expect(types.filter((t) => /^(succeeded|failed|timed_out|cancelled|dead):/.test(t))).toHaveLength(1);
+});
