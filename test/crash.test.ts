@@ -72,3 +72,37 @@ test("a worker killed mid-job (SIGKILL): the job is picked up again, runs again,
   expect(types).toEqual(["accepted:0", "queued:0", "started:1", "started:2", "succeeded:2"]);
   expect(types.filter((t) => /^(succeeded|failed|timed_out|cancelled|dead):/.test(t))).toHaveLength(1);
 });
+
+test("a zombie attempt that finishes late cannot overwrite the outcome of a newer attempt", async () => {
+  await using s = await system();
+  await s.client.applyAgent({
+    name: "zombie",
+    command: `if [ "$BOXCAR_ATTEMPT" = 1 ]; then sleep 4; fi; printf '{"output":"attempt %s"}' "$BOXCAR_ATTEMPT" > "$BOXCAR_RESULT_FILE"`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  const stale = spawnBoxcar(s.nats.url, s.nats.topology.names.prefix, ["worker"]);
+  try {
+    const { job } = await s.client.submit({ agent: "zombie" });
+    await eventually(async () => ((await s.client.getJob(job.id)).state === "running" ? true : undefined), "attempt 1 to run");
+    stale.kill("SIGSTOP"); // frozen: it stops renewing its lease, and its agent keeps running
+
+    await using fresh = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+    void fresh.run();
+    const final = await s.client.waitForJob(job.id);
+    expect(final).toMatchObject({ state: "succeeded", attempt: 2, workerId: fresh.id, result: { output: "attempt 2" } });
+
+    stale.kill("SIGCONT"); // the zombie wakes up; its attempt 1 is past its lease and owned by nobody
+    await eventually(
+      async () => (/another attempt owns the job|the job ended elsewhere/.test(stale.output()) ? true : undefined),
+      "the zombie to notice it was fenced",
+    );
+    expect(await s.client.getJob(job.id)).toEqual(final);
+    const terminal = (await jobTypes(s.client, job.id)).filter((t) => /^(succeeded|failed|timed_out|cancelled|dead):/.test(t));
+    expect(terminal).toEqual(["succeeded:2"]);
+  } finally {
+    stale.kill("SIGCONT");
+    stale.kill("SIGTERM");
+    await exited(stale);
+  }
+});
