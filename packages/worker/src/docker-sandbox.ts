@@ -4,8 +4,8 @@ import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
-import { LocalWorkspace } from "./local-workspace.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
+import { LocalFilesSandbox, LocalWorkspace } from "./local-workspace.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 
 export interface DockerSandboxOptions {
@@ -150,7 +150,7 @@ interface ContainerSettings {
   agentPath: string;
 }
 
-class DockerSandbox implements Sandbox {
+class DockerSandbox extends LocalFilesSandbox implements Sandbox {
   readonly kind = "docker";
   readonly workspace = CONTAINER_WORKSPACE;
   readonly id: string;
@@ -163,8 +163,9 @@ class DockerSandbox implements Sandbox {
     private readonly docker: Docker,
     private readonly spec: SandboxSpec,
     private readonly settings: ContainerSettings,
-    private files: LocalWorkspace,
+    files: LocalWorkspace,
   ) {
+    super(files);
     this.id = spec.id;
     this.agentPath = settings.agentPath;
     this.description = { image: settings.image, network: settings.network, limits: settings.limits };
@@ -272,22 +273,6 @@ class DockerSandbox implements Sandbox {
     }
     await this.files.remove();
     this.files = fresh;
-  }
-
-  mkdir(path: string): Promise<void> {
-    return this.files.mkdir(path);
-  }
-
-  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
-    return this.files.writeFile(path, data);
-  }
-
-  readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
-    return this.files.readFile(path);
-  }
-
-  listFiles(): Promise<WorkspaceFile[]> {
-    return this.files.listFiles();
   }
 
   destroy(): Promise<void> {

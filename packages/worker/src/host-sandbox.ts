@@ -2,9 +2,9 @@ import { spawn } from "node:child_process";
 import { mkdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { LocalWorkspace } from "./local-workspace.js";
+import { LocalFilesSandbox, LocalWorkspace } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxProvider, WorkspaceFile } from "./sandbox.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxProvider } from "./sandbox.js";
 
 export interface HostSandboxOptions {
   /** Folder under which workspaces are created; default the OS temporary folder. */
@@ -31,7 +31,7 @@ export function createHostSandboxProvider(opts: HostSandboxOptions = {}): Sandbo
   };
 }
 
-class HostSandbox implements Sandbox {
+class HostSandbox extends LocalFilesSandbox implements Sandbox {
   readonly kind = "host";
   /** Process groups started here that may still have members. */
   private readonly groups = new Set<number>();
@@ -41,9 +41,10 @@ class HostSandbox implements Sandbox {
 
   constructor(
     readonly id: string,
-    private readonly files: LocalWorkspace,
+    files: LocalWorkspace,
     private readonly killGraceMs: number,
   ) {
+    super(files);
     this.workspace = files.dir;
   }
 
@@ -97,22 +98,6 @@ class HostSandbox implements Sandbox {
         resolve({ exitCode, signal, aborted, durationMs: performance.now() - startedAt });
       });
     });
-  }
-
-  mkdir(path: string): Promise<void> {
-    return this.files.mkdir(path);
-  }
-
-  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
-    return this.files.writeFile(path, data);
-  }
-
-  readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
-    return this.files.readFile(path);
-  }
-
-  listFiles(): Promise<WorkspaceFile[]> {
-    return this.files.listFiles();
   }
 
   destroy(): Promise<void> {

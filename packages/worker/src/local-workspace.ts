@@ -82,6 +82,30 @@ export class LocalWorkspace {
   }
 }
 
+/**
+ * The file side of a sandbox whose workspace lives (or is staged) in a {@link LocalWorkspace} on
+ * this machine: the host sandbox works in it directly, the Docker sandbox copies it in and out.
+ */
+export abstract class LocalFilesSandbox {
+  constructor(protected files: LocalWorkspace) {}
+
+  mkdir(path: string): Promise<void> {
+    return this.files.mkdir(path);
+  }
+
+  writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    return this.files.writeFile(path, data);
+  }
+
+  readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    return this.files.readFile(path);
+  }
+
+  listFiles(): Promise<WorkspaceFile[]> {
+    return this.files.listFiles();
+  }
+}
+
 /** Opens without following a symlink in the last segment; a symlink there is an escape attempt. */
 async function openNoFollow(target: string, flags: number, path: string): Promise<FileHandle> {
   try {
