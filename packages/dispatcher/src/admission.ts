@@ -73,6 +73,8 @@ export async function admit(
     history: [],
     attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
+  const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
+  if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   await topology.jobs.create(id, JSON.stringify(record));
   // Both events are sent before the work item, so they precede anything a worker publishes.
   await Promise.all([

@@ -3,6 +3,7 @@ import { type Logger, silentLogger, type Topology } from "@boxcar/client";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import { apiHandlers, serve } from "./api.js";
+import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
 import { WorkerDirectory } from "./worker-directory.js";
 
@@ -13,6 +14,8 @@ export interface DispatcherOptions {
   dispatcherId?: string;
   /** Version reported by the services API; default the package's. */
   version?: string;
+  /** How often jobs past their queue timeout are looked for; default 1000 ms. */
+  expiryIntervalMs?: number;
 }
 
 export interface Dispatcher extends AsyncDisposable {
@@ -36,6 +39,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
   const workers = await WorkerDirectory.open(topology, log);
+  const expiry = await ExpirySweeper.start(topology, log, opts.expiryIntervalMs ?? 1_000);
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -90,6 +94,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => intake.close().then(() => undefined),
         () => intakeDone,
         async () => workers.close(),
+        async () => expiry.close(),
       ];
       for (const step of steps) {
         try {

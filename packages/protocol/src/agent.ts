@@ -32,6 +32,9 @@ export const RuntimeWishes = z.strictObject({
   template: z.string().min(1).max(256).optional().describe("sandbox template (e2b)"),
   network: NetworkWish.default("none"),
   timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).default(600_000).describe('run-time limit, e.g. "10m"'),
+  queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
+    .optional()
+    .describe("how long a job may wait to start before it ends expired"),
   limits: ResourceLimits.default({}),
 });
 export type RuntimeWishes = z.infer<typeof RuntimeWishes>;

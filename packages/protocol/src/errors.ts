@@ -19,6 +19,8 @@ export const ErrorCode = {
   /** The agent wrote a result file that is not valid. */
   badResult: "bad_result",
   timedOut: "timed_out",
+  /** The job was not started within its queue timeout. */
+  expired: "expired",
   cancelled: "cancelled",
   /** No sandbox this worker can offer satisfies the agent's runtime wishes. */
   noSandbox: "no_sandbox",

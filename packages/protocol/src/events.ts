@@ -22,6 +22,7 @@ export const JobEventType = z.enum([
   "requeued",
   "retrying",
   "dead",
+  "expired",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 

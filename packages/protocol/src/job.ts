@@ -31,6 +31,9 @@ export const JobSpec = z.strictObject({
   files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]),
   idempotencyKey: z.string().min(1).max(256).optional().describe("a second submission with the same key returns the first job"),
   timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("overrides the agent's run-time limit"),
+  queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
+    .optional()
+    .describe("a job not started within this time of being queued ends expired; overrides the agent's"),
   pool: PoolName.optional().describe("overrides the agent's pool"),
   retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}),
@@ -40,10 +43,29 @@ export type JobSpec = z.infer<typeof JobSpec>;
 /** A job spec as a client writes it. */
 export type JobSpecInput = z.input<typeof JobSpec>;
 
-export const JobState = z.enum(["accepted", "queued", "running", "succeeded", "failed", "timed_out", "cancelled", "rejected", "dead"]);
+export const JobState = z.enum([
+  "accepted",
+  "queued",
+  "running",
+  "succeeded",
+  "failed",
+  "timed_out",
+  "cancelled",
+  "rejected",
+  "dead",
+  "expired",
+]);
 export type JobState = z.infer<typeof JobState>;
 
-export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(["succeeded", "failed", "timed_out", "cancelled", "rejected", "dead"]);
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set([
+  "succeeded",
+  "failed",
+  "timed_out",
+  "cancelled",
+  "rejected",
+  "dead",
+  "expired",
+]);
 
 /** One ended attempt, kept on the record when the job is retried. */
 export const AttemptOutcome = z.strictObject({
@@ -119,6 +141,8 @@ export const JobRecord = z.looseObject({
   cancelRequested: z.boolean().optional(),
   /** Attempts up to this number may be retried (the retry policy's maxAttempts; more after `jobs.retry`). */
   attemptsAllowed: z.number().int().positive().optional(),
+  /** When a job still queued ends `expired` (from the spec's or agent's queueTimeout). */
+  expiresAt: z.iso.datetime().optional(),
   /** The attempts that failed and were retried, oldest first. */
   history: z.array(AttemptOutcome).default([]),
   result: JobResult.optional(),

@@ -140,6 +140,10 @@ export class JobRun {
           error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
         };
       }
+      if (current.expiresAt && current.attempt === 0 && Date.parse(current.expiresAt) < Date.parse(now)) {
+        const message = `not started before ${current.expiresAt}: it waited longer than its queue timeout`;
+        return { ...current, state: "expired", finishedAt: now, error: { code: ErrorCode.expired, message } };
+      }
       const claimed: JobRecord = {
         ...current,
         attempt: current.attempt + 1,
@@ -164,7 +168,7 @@ export class JobRun {
     this.events.attempt = record.attempt;
     this.log = this.log.child({ attempt: record.attempt });
     if (!preflight.ok || record.state !== "running") {
-      const state = record.state === "cancelled" ? "cancelled" : "failed";
+      const state = record.state === "cancelled" || record.state === "expired" ? record.state : "failed";
       await this.events.job(state, state, record.error ? { error: record.error, message: record.error.message } : {});
       this.log.info({ state, error: record.error }, "job ended before it started");
       return this.ack();
