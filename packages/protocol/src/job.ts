@@ -43,29 +43,14 @@ export type JobSpec = z.infer<typeof JobSpec>;
 /** A job spec as a client writes it. */
 export type JobSpecInput = z.input<typeof JobSpec>;
 
-export const JobState = z.enum([
-  "accepted",
-  "queued",
-  "running",
-  "succeeded",
-  "failed",
-  "timed_out",
-  "cancelled",
-  "rejected",
-  "dead",
-  "expired",
-]);
+/** States a job passes through, and the final ones: one list each, so the two cannot drift. */
+const ACTIVE_STATES = ["accepted", "queued", "running"] as const;
+const FINAL_STATES = ["succeeded", "failed", "timed_out", "cancelled", "rejected", "dead", "expired"] as const;
+
+export const JobState = z.enum([...ACTIVE_STATES, ...FINAL_STATES]);
 export type JobState = z.infer<typeof JobState>;
 
-export const TERMINAL_STATES: ReadonlySet<JobState> = new Set([
-  "succeeded",
-  "failed",
-  "timed_out",
-  "cancelled",
-  "rejected",
-  "dead",
-  "expired",
-]);
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(FINAL_STATES);
 
 /** One ended attempt, kept on the record when the job is retried. */
 export const AttemptOutcome = z.strictObject({

@@ -66,7 +66,7 @@ export const up: Command = {
       for (let i = 0; i < workerCount; i++) {
         const w = createWorker({ topology: session.topology, logger, concurrency, drainGraceMs: 10_000 });
         workers.push(w);
-        void w.run();
+        w.run().catch((err: unknown) => logger.error({ err, workerId: w.id }, "worker stopped on an error"));
       }
       cleanup.unshift(() => Promise.allSettled(workers.map((w) => w.drain().then(() => w.close()))));
       for (const definition of definitions) await session.client.applyAgent(definition);
