@@ -64,6 +64,7 @@ export interface Topology {
   readonly agents: KV;
   readonly workers: KV;
   readonly idempotency: KV;
+  readonly workflows: KV;
   readonly artifacts: ObjectStore;
   /**
    * Creates the durable consumer of a pool's work if it does not exist yet. Resolves with its
@@ -135,11 +136,12 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const kvm = new Kvm(js);
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
     kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}) });
-  const [jobs, agents, workers, idempotency] = await Promise.all([
+  const [jobs, agents, workers, idempotency, workflows] = await Promise.all([
     kv(names.buckets.jobs, { history: 5 }),
     kv(names.buckets.agents, { history: 5 }),
     kv(names.buckets.workers, { ttl: options.workerTtlMs }),
     kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
+    kv(names.buckets.workflows, { history: 5 }),
   ]);
   const artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
 
@@ -154,6 +156,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     agents,
     workers,
     idempotency,
+    workflows,
     artifacts,
     async ensurePoolConsumer(pool) {
       const known = leases.get(pool);

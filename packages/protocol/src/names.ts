@@ -32,6 +32,8 @@ export interface Names {
     readonly agents: string;
     readonly workers: string;
     readonly idempotency: string;
+    /** Workflow runs and handoff chains. */
+    readonly workflows: string;
     readonly artifacts: string;
   };
   /** The durable consumer all dispatchers share on the intake stream. */
@@ -94,6 +96,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       agents: `${bucket}_agents`,
       workers: `${bucket}_workers`,
       idempotency: `${bucket}_idempotency`,
+      workflows: `${bucket}_workflows`,
       artifacts: `${bucket}_artifacts`,
     },
     intakeConsumer: "dispatcher",
