@@ -74,6 +74,20 @@ export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
 export { WorkerConfig } from "./worker-config.js";
-export { isLive, MISSED_HEARTBEATS, WorkerInfo, WorkerState, whyCannotServe } from "./worker-info.js";
+export {
+  goneAfterMs,
+  InFlightFate,
+  InFlightJob,
+  inFlightFate,
+  isLive,
+  MISSED_HEARTBEATS,
+  WorkerInfo,
+  WorkerState,
+  WorkerStatus,
+  WorkerView,
+  whyCannotServe,
+  workerStatus,
+  workerViews,
+} from "./worker-info.js";
 export type { FileIssue } from "./yaml-file.js";
 export { FileError, parseAgentFile, parseYamlFile } from "./yaml-file.js";

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { type AgentDefinition, PoolName, PROTOCOL_VERSION } from "./agent.js";
+import { isTerminal, type JobRecord, JobState } from "./job.js";
 import { RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 
 export const WorkerState = z.enum(["running", "draining", "stopped"]);
@@ -30,9 +31,116 @@ export type WorkerInfo = z.infer<typeof WorkerInfo>;
 /** A worker whose presence is older than this many of its heartbeats is gone. */
 export const MISSED_HEARTBEATS = 3;
 
-/** Whether the worker has heartbeated recently enough to count as alive. */
+/**
+ * What a reader makes of a presence entry: `live` (heartbeating), `draining` (heartbeating, but
+ * finishing its jobs and taking no more), `stopped` (its entry says it stopped cleanly) or `gone`
+ * (no heartbeat for `MISSED_HEARTBEATS` of its heartbeat intervals: killed, frozen or cut off).
+ */
+export const WorkerStatus = z.enum(["live", "draining", "stopped", "gone"]);
+export type WorkerStatus = z.infer<typeof WorkerStatus>;
+
+/** How long `info`'s worker may stay silent before it counts as gone. */
+export function goneAfterMs(info: WorkerInfo): number {
+  return MISSED_HEARTBEATS * info.heartbeatMs;
+}
+
+/**
+ * The one place a worker's status is derived from its presence. Ages are measured on the
+ * reader's clock against the worker's `heartbeatAt`, so the two clocks must agree (NTP) to well
+ * within the bound.
+ */
+export function workerStatus(info: WorkerInfo, now: number = Date.now()): WorkerStatus {
+  if (info.state === "stopped") return "stopped";
+  if (now - Date.parse(info.heartbeatAt) > goneAfterMs(info)) return "gone";
+  return info.state === "draining" ? "draining" : "live";
+}
+
+/** Whether the worker has heartbeated recently enough to count as alive (live or draining). */
 export function isLive(info: WorkerInfo, now: number = Date.now()): boolean {
-  return now - Date.parse(info.heartbeatAt) <= MISSED_HEARTBEATS * info.heartbeatMs;
+  const status = workerStatus(info, now);
+  return status === "live" || status === "draining";
+}
+
+/** What became of a job a worker had in hand when it went. */
+export const InFlightFate = z.enum([
+  /** The record still says it runs on the gone worker: another worker takes it once its lease runs out. */
+  "awaiting_redelivery",
+  /** Another worker claimed it: a newer attempt runs. */
+  "running_elsewhere",
+  /** Back in the queue (handed back, or waiting for a retry): a worker will take it. */
+  "queued",
+  /** It reached a final state, on this worker or another. */
+  "finished",
+  /** No record of it. */
+  "missing",
+]);
+export type InFlightFate = z.infer<typeof InFlightFate>;
+
+export const InFlightJob = z.strictObject({
+  jobId: z.string(),
+  fate: InFlightFate,
+  state: JobState.optional(),
+  attempt: z.number().int().nonnegative().optional(),
+  /** The worker the record names now, if any. */
+  workerId: z.string().optional(),
+  /** One line for people. */
+  summary: z.string(),
+});
+export type InFlightJob = z.infer<typeof InFlightJob>;
+
+/** Accounts for `jobId`, which worker `workerId` had in hand, from the job's record now. */
+export function inFlightFate(jobId: string, workerId: string, record: JobRecord | undefined): InFlightJob {
+  if (!record) return { jobId, fate: "missing", summary: "no record of this job" };
+  const { state, attempt } = record;
+  const base = { jobId, state, attempt, ...(record.workerId ? { workerId: record.workerId } : {}) };
+  if (isTerminal(state)) {
+    const where = record.workerId === undefined ? "" : record.workerId === workerId ? " on this worker" : ` on ${record.workerId}`;
+    return { ...base, fate: "finished", summary: `${state}${where} as attempt ${attempt}` };
+  }
+  if (state === "running" && record.workerId !== workerId) {
+    return { ...base, fate: "running_elsewhere", summary: `running on ${record.workerId ?? "another worker"} as attempt ${attempt}` };
+  }
+  if (state === "running") {
+    return { ...base, fate: "awaiting_redelivery", summary: `awaiting redelivery: attempt ${attempt} holds it until its lease runs out` };
+  }
+  return { ...base, fate: "queued", summary: `queued again after attempt ${attempt}, waiting for a worker` };
+}
+
+/** A presence with what a reader derives from it: the shape `boxcar workers --json` prints. */
+export const WorkerView = WorkerInfo.extend({
+  status: WorkerStatus,
+  /** Since its last heartbeat, on the reader's clock. */
+  heartbeatAgeMs: z.number(),
+  /** Silent longer than this, it is gone (`MISSED_HEARTBEATS` × `heartbeatMs`). */
+  goneAfterMs: z.number().int().positive(),
+  /** A gone worker's jobs (`jobs` when it last heartbeated) and what became of each. */
+  inFlight: z.array(InFlightJob).optional(),
+});
+export type WorkerView = z.infer<typeof WorkerView>;
+
+const STATUS_ORDER: Record<WorkerStatus, number> = { live: 0, draining: 1, gone: 2, stopped: 3 };
+
+/**
+ * Derives each worker's status and, for the gone ones, looks up every job they had in hand
+ * (each once, all at the same time, so dozens of workers cost one round of lookups). Sorted
+ * live, draining, gone, stopped, then by id.
+ */
+export async function workerViews(
+  workers: readonly WorkerInfo[],
+  readJob: (jobId: string) => Promise<JobRecord | undefined>,
+  now: number = Date.now(),
+): Promise<WorkerView[]> {
+  const views = workers.map((info) => ({
+    ...info,
+    status: workerStatus(info, now),
+    heartbeatAgeMs: now - Date.parse(info.heartbeatAt),
+    goneAfterMs: goneAfterMs(info),
+  }));
+  const wanted = new Set(views.filter((v) => v.status === "gone").flatMap((v) => v.jobs));
+  const records = new Map(await Promise.all([...wanted].map(async (id) => [id, await readJob(id)] as const)));
+  return views
+    .map((v) => (v.status === "gone" ? { ...v, inFlight: v.jobs.map((id) => inFlightFate(id, v.id, records.get(id))) } : v))
+    .sort((a, b) => STATUS_ORDER[a.status] - STATUS_ORDER[b.status] || a.id.localeCompare(b.id));
 }
 
 /**
