@@ -69,6 +69,12 @@ class BoxcarWorker implements Worker {
   private startError: unknown;
   private loops: Promise<void>[] = [];
   private heartbeat: NodeJS.Timeout | undefined;
+  /** The heartbeat in progress, if any: stop() waits for it before removing the presence. */
+  private beating: Promise<void> | undefined;
+  /** A capability probe in progress, shared by heartbeats while it lasts. */
+  private probing: Promise<void> | undefined;
+  /** Set once the presence is removed: nothing may write it again. */
+  private presenceClosed = false;
   private reaper: NodeJS.Timeout | undefined;
   private cancelSub: Subscription | undefined;
 
@@ -117,7 +123,12 @@ class BoxcarWorker implements Worker {
     await topology.nc.flush();
     await this.putPresence();
     await this.announce("started");
-    this.heartbeat = setInterval(() => void this.beat(), this.options.heartbeatMs);
+    this.heartbeat = setInterval(() => {
+      // One heartbeat at a time: while a write hangs (NATS cut off), ticks do not pile up more.
+      this.beating ??= this.beat().finally(() => {
+        this.beating = undefined;
+      });
+    }, this.options.heartbeatMs);
     await this.reap();
     this.reaper = setInterval(() => void this.reap(), this.options.reapIntervalMs);
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
@@ -236,6 +247,10 @@ class BoxcarWorker implements Worker {
     clearInterval(this.heartbeat);
     clearInterval(this.reaper);
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
+    // A heartbeat still in flight must land before the delete, or it would bring back a
+    // presence that readers then see as gone.
+    await this.beating;
+    this.presenceClosed = true;
     await this.step("remove presence", async () => {
       await this.options.topology.workers.delete(this.id);
     });
@@ -246,9 +261,20 @@ class BoxcarWorker implements Worker {
     else this.stopped.reject(this.startError);
   }
 
+  /**
+   * Refreshes the presence (and so the heartbeat readers judge the worker by) and publishes a
+   * `heartbeat` event. A capability probe that does not answer (say, a Docker engine that
+   * hangs) must not hold the heartbeat back, or a busy worker would look gone: the presence
+   * waits for it at most half a heartbeat and otherwise carries what was known.
+   */
   private async beat(): Promise<void> {
+    this.probing ??= this.refreshCapabilities().finally(() => {
+      this.probing = undefined;
+    });
+    const probeWait = new AbortController();
+    await Promise.race([this.probing, sleep(this.options.heartbeatMs / 2, undefined, { signal: probeWait.signal }).catch(() => {})]);
+    probeWait.abort();
     await this.step("heartbeat", async () => {
-      await this.refreshCapabilities();
       await this.putPresence();
       await this.announce("heartbeat");
     });
@@ -274,6 +300,7 @@ class BoxcarWorker implements Worker {
   }
 
   private async putPresence(): Promise<void> {
+    if (this.presenceClosed) return;
     const info: WorkerInfo = {
       v: PROTOCOL_VERSION,
       id: this.id,
