@@ -23,7 +23,11 @@ export interface TopologyOptions {
   ackWaitMs?: number;
   /** How long an idempotency key is remembered; default 24 h. */
   idempotencyWindowMs?: number;
-  /** How long a worker's presence entry lives without a heartbeat; default 30 s. */
+  /**
+   * How long a worker's presence entry is kept after its last write; default 1 h. A worker that
+   * misses 3 heartbeats is gone long before (`workerStatus`); the entry stays so `boxcar workers`
+   * can show it and account for the jobs it had in hand.
+   */
   workerTtlMs?: number;
   /**
    * Create the streams and buckets where missing (default). Clients pass `false`: a system that
@@ -46,7 +50,7 @@ export function resolveTopologyOptions(opts: TopologyOptions = {}): ResolvedTopo
     replicas: opts.replicas ?? 1,
     ackWaitMs: opts.ackWaitMs ?? 30_000,
     idempotencyWindowMs: opts.idempotencyWindowMs ?? 24 * 3_600_000,
-    workerTtlMs: opts.workerTtlMs ?? 30_000,
+    workerTtlMs: opts.workerTtlMs ?? 3_600_000,
   };
   if (![1, 3, 5].includes(resolved.replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${resolved.replicas}`);
   if (resolved.ackWaitMs < 1_000) throw new RangeError(`ackWaitMs must be at least 1000, got ${resolved.ackWaitMs}`);
