@@ -1,6 +1,7 @@
 import { startDispatcher } from "@boxcar/dispatcher";
-import { parseDurationMs } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
+import { natsUrl, openSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger, type LogFormat } from "../logger.js";
 import { ago, json, table } from "../output.js";
@@ -30,13 +31,16 @@ export function optionalDuration(value: unknown, flag: string): number | undefin
 
 export const dispatcher: Command = {
   name: "dispatcher",
-  usage: "boxcar dispatcher [--log-format json|pretty]",
+  usage: "boxcar dispatcher [--replicas 1|3|5] [--log-format json|pretty]",
   summary: "run a dispatcher until SIGINT/SIGTERM",
   maxArgs: 0,
-  options: { ...logFormat },
+  options: { ...logFormat, ...replicasOption },
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
-    await using session = await ctx.session("boxcar-dispatcher", { create: true });
+    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    await using session = await openSession(natsUrl(ctx.values.nats, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", true, {
+      ...(replicas !== undefined ? { replicas } : {}),
+    });
     await using d = await startDispatcher({ topology: session.topology, logger });
     await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
     await d.close();
@@ -46,21 +50,47 @@ export const dispatcher: Command = {
 
 export const workers: Command = {
   name: "workers",
-  usage: "boxcar workers",
-  summary: "list live workers with their pools, sandboxes and load",
+  usage: "boxcar workers [--status live|draining|gone|stopped]",
+  summary: "list workers (live, draining, gone) with their load, and what became of a gone worker's jobs",
   maxArgs: 0,
-  options: {},
+  options: { status: { type: "string" } },
   async run(ctx) {
+    const wanted = ctx.values.status;
+    if (wanted !== undefined && !WorkerStatus.safeParse(wanted).success) {
+      throw new UsageError(`--status must be live, draining, gone or stopped, got ${String(wanted)}`);
+    }
     await using session = await ctx.session("boxcar-workers");
-    const list = await session.client.listWorkers();
-    if (ctx.values.json) ctx.print(json(list));
-    else
+    const { client } = session;
+    const all = await workerViews(await client.listWorkers(), async (id) => {
+      try {
+        return await client.getJob(id);
+      } catch (err) {
+        if (err instanceof BoxcarError && err.code === ErrorCode.notFound) return undefined;
+        throw err;
+      }
+    });
+    const list = wanted === undefined ? all : all.filter((w) => w.status === wanted);
+    if (ctx.values.json) {
+      ctx.print(json(list));
+      return ExitCode.ok;
+    }
+    ctx.print(
+      table(
+        ["WORKER", "STATUS", "POOLS", "SANDBOXES", "LOAD", "HEARTBEAT"],
+        list.map((w) => [w.id, w.status, w.pools.join(","), w.sandboxes.join(","), `${w.load}/${w.capacity}`, ago(w.heartbeatAt)]),
+      ),
+    );
+    for (const w of list) {
+      if (!w.inFlight?.length) continue;
       ctx.print(
-        table(
-          ["WORKER", "STATE", "POOLS", "SANDBOXES", "LOAD", "HEARTBEAT"],
-          list.map((w) => [w.id, w.state, w.pools.join(","), w.sandboxes.join(","), `${w.load}/${w.capacity}`, ago(w.heartbeatAt)]),
-        ),
+        `\n${w.id} is gone (no heartbeat for ${seconds(w.heartbeatAgeMs)}, bound ${seconds(w.goneAfterMs)}); jobs it had in flight:`,
       );
+      for (const job of w.inFlight) ctx.print(`  ${job.jobId}  ${job.summary}`);
+    }
     return ExitCode.ok;
   },
 };
+
+function seconds(ms: number): string {
+  return `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)}s`;
+}

@@ -1,0 +1,185 @@
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { MISSED_HEARTBEATS, TERMINAL_STATES, WorkerInfo, type WorkerView, workerStatus } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker, type SandboxProvider } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+/** Workers heartbeat every 300 ms here, so one silent for 900 ms is gone. */
+const HEARTBEAT_MS = 300;
+const GONE_AFTER_MS = MISSED_HEARTBEATS * HEARTBEAT_MS;
+/** Slack on top of the bound: each look is a fresh `boxcar workers` process on a busy machine. */
+const SLACK_MS = 10_000;
+/** A short lease, so a killed worker's job is delivered again soon. */
+const LEASE_MS = 1_500;
+
+async function system() {
+  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
+  await nats.topology.ensurePoolConsumer("default");
+  const dispatcher = await startDispatcher({ topology: nats.topology });
+  return {
+    nats,
+    client: createClient(nats.topology),
+    [Symbol.asyncDispose]: async () => {
+      await dispatcher.close();
+      await nats[Symbol.asyncDispose]();
+    },
+  };
+}
+
+function spawnWorker(nats: NatsFixture, ...flags: string[]) {
+  return spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--heartbeat", `${HEARTBEAT_MS}ms`, ...flags]);
+}
+
+/** `boxcar workers --json`, as an operator would run it. */
+async function workersCli(nats: NatsFixture): Promise<WorkerView[]> {
+  const result = await boxcar(nats.url, nats.topology.names.prefix, ["workers", "--json"]);
+  expect(result.stderr).toBe("");
+  expect(result.code).toBe(0);
+  return JSON.parse(result.stdout) as WorkerView[];
+}
+
+async function runningOn(client: BoxcarClient, jobId: string): Promise<string | undefined> {
+  const job = await client.getJob(jobId);
+  return job.state === "running" ? job.workerId : undefined;
+}
+
+async function finalEvents(client: BoxcarClient, jobId: string): Promise<string[]> {
+  const types: string[] = [];
+  for await (const e of client.events(jobId)) if (e.kind === "job" && TERMINAL_STATES.has(e.state)) types.push(`${e.type}:${e.attempt}`);
+  return types;
+}
+
+test("a worker SIGKILLed mid-job is gone within 3 missed heartbeats, its job listed and accounted for; the other stays live", async () => {
+  await using s = await system();
+  await s.client.applyAgent({
+    name: "crashy",
+    command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then sleep 300; fi; echo "attempt $BOXCAR_ATTEMPT done"',
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  const doomed = spawnWorker(s.nats);
+  let survivor: ReturnType<typeof spawnWorker> | undefined;
+  try {
+    const { job } = await s.client.submit({ agent: "crashy" });
+    const doomedId = await eventually(() => runningOn(s.client, job.id), "attempt 1 to run");
+    survivor = spawnWorker(s.nats);
+    const survivorPid = survivor.pid;
+    const before = await eventually(async () => {
+      const list = await workersCli(s.nats);
+      return list.length === 2 && list.every((w) => w.status === "live") ? list : undefined;
+    }, "both workers to show live");
+    const survivorId = before.find((w) => w.pid === survivorPid)?.id as string;
+    expect(before.find((w) => w.id === doomedId)).toMatchObject({ load: 1, jobs: [job.id], goneAfterMs: GONE_AFTER_MS });
+
+    doomed.kill("SIGKILL");
+    await exited(doomed);
+    const killedAt = Date.now();
+    const gone = await eventually(
+      async () => {
+        const list = await workersCli(s.nats);
+        return list.find((w) => w.id === doomedId)?.status === "gone" ? list : undefined;
+      },
+      "the killed worker to show gone",
+      GONE_AFTER_MS + SLACK_MS,
+    );
+    process.stdout.write(`presence: SIGKILLed worker seen gone after ${Date.now() - killedAt} ms (bound ${GONE_AFTER_MS} ms)\n`);
+    expect(gone.find((w) => w.id === survivorId)?.status).toBe("live");
+    const ghost = gone.find((w) => w.id === doomedId);
+    expect(ghost).toMatchObject({ jobs: [job.id], load: 1 });
+    expect(ghost?.heartbeatAgeMs).toBeGreaterThan(GONE_AFTER_MS);
+    expect(ghost?.inFlight).toEqual([expect.objectContaining({ jobId: job.id, fate: expect.any(String), summary: expect.any(String) })]);
+
+    // The lease runs out, the survivor runs attempt 2, and the gone worker's entry says so.
+    const final = await s.client.waitForJob(job.id);
+    expect(final).toMatchObject({ state: "succeeded", attempt: 2, workerId: survivorId });
+    expect(await finalEvents(s.client, job.id)).toEqual(["succeeded:2"]);
+    const after = (await workersCli(s.nats)).find((w) => w.id === doomedId);
+    expect(after?.inFlight).toEqual([
+      {
+        jobId: job.id,
+        fate: "finished",
+        state: "succeeded",
+        attempt: 2,
+        workerId: survivorId,
+        summary: `succeeded on ${survivorId} as attempt 2`,
+      },
+    ]);
+    const text = await boxcar(s.nats.url, s.nats.topology.names.prefix, ["workers"]);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(new RegExp(`^${survivorId} +live .* 0/4 `, "m"));
+    expect(text.stdout).toMatch(new RegExp(`^${doomedId} +gone .* 1/4 `, "m"));
+    expect(text.stdout).toContain(`${doomedId} is gone`);
+    expect(text.stdout).toContain(`  ${job.id}  succeeded on ${survivorId} as attempt 2`);
+    const onlyGone = await boxcar(s.nats.url, s.nats.topology.names.prefix, ["workers", "--status", "gone", "--json"]);
+    expect((JSON.parse(onlyGone.stdout) as WorkerView[]).map((w) => w.id)).toEqual([doomedId]);
+  } finally {
+    doomed.kill("SIGKILL");
+    survivor?.kill("SIGTERM");
+    if (survivor) await exited(survivor);
+  }
+});
+
+test("a worker sent SIGTERM with a long job shows draining while it finishes the job, never gone, then disappears", async () => {
+  await using s = await system();
+  await s.client.applyAgent({ name: "long", command: "sleep 4; echo done", trusted: true, runtime: { sandbox: "host" } });
+  const child = spawnWorker(s.nats, "--drain-grace", "30s");
+  try {
+    const { job } = await s.client.submit({ agent: "long" });
+    const workerId = await eventually(() => runningOn(s.client, job.id), "the job to run");
+    child.kill("SIGTERM");
+    const exit = exited(child);
+    let stopped = false;
+    void exit.then(() => {
+      stopped = true;
+    });
+
+    // Look while it drains: it keeps heartbeating, so it is draining with its job, and never gone.
+    const seen: string[] = [];
+    while (!stopped) {
+      const me = (await workersCli(s.nats)).find((w) => w.id === workerId);
+      seen.push(me?.status ?? "absent");
+      if (me?.status === "draining") expect(me).toMatchObject({ load: 1, jobs: [job.id] });
+    }
+    expect(await exit).toEqual({ code: 0, signal: null });
+    // live (until the signal lands), draining, then absent once its entry is removed.
+    expect(`${seen.join(" ")} `).toMatch(/^(live )*(draining )+(absent )*$/);
+
+    expect((await workersCli(s.nats)).find((w) => w.id === workerId)).toBeUndefined();
+    expect(await s.client.getJob(job.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+    expect(await finalEvents(s.client, job.id)).toEqual(["succeeded:1"]);
+  } finally {
+    child.kill("SIGKILL");
+  }
+});
+
+test("a worker whose sandbox probe stops answering keeps heartbeating: it stays live", async () => {
+  await using nats = await natsFixture();
+  let probes = 0;
+  // A Docker engine that answers the first ping, then hangs on every later one.
+  const stuckDocker: SandboxProvider = {
+    kind: "docker",
+    available: () => (probes++ === 0 ? Promise.resolve(false) : new Promise<boolean>(() => {})),
+    create: () => Promise.reject(new Error("not used")),
+  };
+  await using worker = createWorker({
+    topology: nats.topology,
+    providers: [createHostSandboxProvider(), stuckDocker],
+    heartbeatMs: HEARTBEAT_MS,
+  });
+  void worker.run();
+  const presence = async () => {
+    const entry = await nats.topology.workers.get(worker.id);
+    return entry?.operation === "PUT" ? WorkerInfo.parse(entry.json()) : undefined;
+  };
+  const first = await eventually(presence, "the worker's presence");
+  // Several bounds' worth of heartbeats while the probe hangs: every look finds it live.
+  for (let i = 0; i < 15; i++) {
+    await new Promise((r) => setTimeout(r, HEARTBEAT_MS));
+    const now = await presence();
+    expect(now && workerStatus(now)).toBe("live");
+  }
+  expect(probes).toBeGreaterThan(1);
+  expect(Date.parse((await presence())?.heartbeatAt ?? "")).toBeGreaterThan(Date.parse(first.heartbeatAt));
+});
