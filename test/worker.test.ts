@@ -222,6 +222,7 @@ describe("worker", () => {
       [
         "BOXCAR_AGENT",
         "BOXCAR_ATTEMPT",
+        "BOXCAR_CHAIN_FILE",
         "BOXCAR_INPUT_FILE",
         "BOXCAR_JOB_ID",
         "BOXCAR_OUTPUT_DIR",

@@ -19,15 +19,22 @@ import {
   ListAgentsReply,
   ListJobsReply,
   type ListJobsRequest,
+  ListRunsReply,
+  type ListRunsRequest,
   ListWorkersReply,
   type LogStream,
   parseWith,
+  RunReply,
+  StartRunReply,
+  type StartRunRequest,
   SubmitReply,
   type WorkerInfo,
+  type WorkflowRun,
 } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import type { z } from "zod";
+import { followChain, followRun, waitForChainEnd, waitForRunEnd } from "./chain-events.js";
 import { readStream } from "./stream-reader.js";
 import type { Topology } from "./topology.js";
 
@@ -60,6 +67,11 @@ export interface FollowOptions {
   signal?: AbortSignal;
 }
 
+export interface JobEventsOptions extends FollowOptions {
+  /** Also the events of the jobs this one hands off to, in chain order. */
+  chain?: boolean;
+}
+
 /** Submits and watches jobs, manages agents, reads results and artifacts. */
 export interface BoxcarClient {
   submit(spec: JobSpecInput, opts?: SubmitOptions): Promise<{ job: JobRecord; duplicate: boolean }>;
@@ -72,8 +84,19 @@ export interface BoxcarClient {
   retryJob(id: string): Promise<JobRecord>;
   /** Resolves with the job's record once it reaches a final state. */
   waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord>;
-  /** The job's events in order; with `follow`, until its final event. */
-  events(jobId: string, opts?: FollowOptions): AsyncGenerator<BoxcarEvent>;
+  /** The job's events in order; with `follow`, until its final event (with `chain`, the chain's). */
+  events(jobId: string, opts?: JobEventsOptions): AsyncGenerator<BoxcarEvent>;
+  /** Resolves with the last job of the handoff chain `jobId` starts, once the chain has ended. */
+  waitForChain(jobId: string, signal?: AbortSignal): Promise<JobRecord>;
+  /** Starts a workflow run; `workflow` is a definition as in a workflow file. */
+  startRun(request: StartRunRequest): Promise<{ run: WorkflowRun; duplicate: boolean }>;
+  getRun(id: string): Promise<WorkflowRun>;
+  listRuns(request?: ListRunsRequest): Promise<WorkflowRun[]>;
+  cancelRun(id: string): Promise<WorkflowRun>;
+  /** Resolves with the run once it has ended and none of its jobs is still going. */
+  waitForRun(id: string, signal?: AbortSignal): Promise<WorkflowRun>;
+  /** The run's events and its jobs' events in order; with `follow`, until the run has ended. */
+  runEvents(runId: string, opts?: FollowOptions): AsyncGenerator<BoxcarEvent>;
   /** The job's output in order; with `follow`, until the job is final and its output is read. */
   logs(jobId: string, opts?: FollowOptions): AsyncGenerator<LogChunk>;
   /** Downloads the job's artifacts under `dir`; returns the paths written. */
@@ -178,7 +201,11 @@ class Client implements BoxcarClient {
     }
   }
 
-  async *events(jobId: string, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+  async *events(jobId: string, opts: JobEventsOptions = {}): AsyncGenerator<BoxcarEvent> {
+    if (opts.chain) {
+      yield* followChain(this.topology, jobId, opts);
+      return;
+    }
     const { names } = this.topology;
     for await (const msg of readStream(this.topology, names.streams.events, names.subjects.jobEvents(jobId), opts)) {
       const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
@@ -251,5 +278,33 @@ class Client implements BoxcarClient {
 
   async listWorkers() {
     return (await this.request(ApiEndpoint.workersList, {}, ListWorkersReply)).workers;
+  }
+
+  waitForChain(jobId: string, signal?: AbortSignal) {
+    return waitForChainEnd(this.topology, jobId, signal);
+  }
+
+  startRun(request: StartRunRequest) {
+    return this.request(ApiEndpoint.workflowsStart, request, StartRunReply);
+  }
+
+  async getRun(id: string) {
+    return (await this.request(ApiEndpoint.workflowsGet, { id }, RunReply)).run;
+  }
+
+  async listRuns(request: ListRunsRequest = {}) {
+    return (await this.request(ApiEndpoint.workflowsList, request, ListRunsReply)).runs;
+  }
+
+  async cancelRun(id: string) {
+    return (await this.request(ApiEndpoint.workflowsCancel, { id }, RunReply)).run;
+  }
+
+  waitForRun(id: string, signal?: AbortSignal) {
+    return waitForRunEnd(this.topology, id, signal);
+  }
+
+  runEvents(runId: string, opts: FollowOptions = {}) {
+    return followRun(this.topology, runId, opts);
   }
 }

@@ -1,9 +1,16 @@
 import type { BoxcarEvent } from "@boxcar/protocol";
 import type { Topology } from "./topology.js";
 
-/** The id an event is filed under: the job's for job and sandbox events, the worker's otherwise. */
+/** The id an event is filed under: the job's for job and sandbox events, the worker's or run's otherwise. */
 function eventSubjectId(event: BoxcarEvent): string {
-  return event.kind === "worker" ? event.workerId : event.jobId;
+  switch (event.kind) {
+    case "worker":
+      return event.workerId;
+    case "workflow":
+      return event.runId;
+    default:
+      return event.jobId;
+  }
 }
 
 /** Publishes one event to the events stream and waits for the stream to store it. */

@@ -1,4 +1,4 @@
-export type { BoxcarClient, ClientOptions, FollowOptions, LocalInputFile, LogChunk, SubmitOptions } from "./client.js";
+export type { BoxcarClient, ClientOptions, FollowOptions, JobEventsOptions, LocalInputFile, LogChunk, SubmitOptions } from "./client.js";
 export { createClient } from "./client.js";
 export { nowIso, publishEvent } from "./events.js";
 export type { Revisioned } from "./kv-json.js";

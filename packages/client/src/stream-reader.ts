@@ -7,18 +7,27 @@ export interface ReadStreamOptions {
   signal?: AbortSignal;
   /** Start at this stream sequence instead of the first message. */
   startSeq?: number;
+  /** Start at the first message stored at or after this time (ISO 8601). */
+  startTime?: string;
 }
 
 /**
- * Reads the messages of one stream that match `filter`, oldest first, through an ordered
+ * Reads the messages of one stream that match `filter` (several subjects need nats-server 2.10), oldest first, through an ordered
  * consumer. Without `follow` it ends at the last stored message.
  */
-export async function* readStream(topology: Topology, stream: string, filter: string, opts: ReadStreamOptions = {}): AsyncGenerator<JsMsg> {
+export async function* readStream(
+  topology: Topology,
+  stream: string,
+  filter: string | string[],
+  opts: ReadStreamOptions = {},
+): AsyncGenerator<JsMsg> {
   const consumer = await topology.js.consumers.get(stream, {
     filter_subjects: filter,
     ...(opts.startSeq
       ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: opts.startSeq }
-      : { deliver_policy: DeliverPolicy.All }),
+      : opts.startTime
+        ? { deliver_policy: DeliverPolicy.StartTime, opt_start_time: opts.startTime }
+        : { deliver_policy: DeliverPolicy.All }),
   });
   if (!opts.follow) {
     const info = await consumer.info();

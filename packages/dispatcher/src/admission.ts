@@ -3,6 +3,7 @@ import { DUPLICATE_WINDOW_MS, getJson, type Logger, nowIso, publishEvent, type T
 import {
   AgentDefinition,
   BoxcarError,
+  type ChainLink,
   ErrorCode,
   type ErrorInfo,
   type JobEvent,
@@ -21,18 +22,25 @@ export interface Admitted {
   duplicate: boolean;
 }
 
+/** How a job comes about other than by a plain submission. */
+export interface AdmitOptions {
+  /** Deduplicates a submission that carries no key of its own (an intake redelivery, a handoff, a workflow step). */
+  implicitKey?: string;
+  /** The job's place in a handoff chain or workflow run; `root` defaults to the job itself. */
+  chain?: Pick<ChainLink, "depth" | "history" | "limits"> &
+    Partial<Pick<ChainLink, "root" | "parent" | "deadline" | "run" | "step" | "index">>;
+}
+
 /**
  * Admits one job: validates the spec against the schema and the agent registry, then records it
  * and enqueues its work item. Idempotent per key: a second call with the same key returns the
  * first job and finishes its admission if a crash interrupted it.
- *
- * `implicitKey` deduplicates redeliveries of an intake message that carries no key of its own.
  */
 export async function admit(
   topology: Topology,
   raw: unknown,
   ctx: { log: Logger; workers: WorkerDirectory },
-  implicitKey?: string,
+  opts: AdmitOptions = {},
 ): Promise<Admitted> {
   const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
@@ -40,7 +48,7 @@ export async function admit(
   ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 
-  const key = spec.idempotencyKey ?? implicitKey;
+  const key = spec.idempotencyKey ?? opts.implicitKey;
   let id = newJobId();
   if (key !== undefined) {
     const claimed = await claimKey(topology, key, id);
@@ -73,6 +81,7 @@ export async function admit(
     history: [],
     attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
+  if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   await topology.jobs.create(id, JSON.stringify(record));
@@ -82,7 +91,10 @@ export async function admit(
     publishEvent(topology, jobEvent(record, "queued")),
   ]);
   await publishWorkItem(topology, record, agent);
-  log.info({ jobId: id, agent: agent.name, pool: record.pool }, "job queued");
+  log.info(
+    { jobId: id, agent: agent.name, pool: record.pool, ...(record.chain ? { run: record.chain.run, depth: record.chain.depth } : {}) },
+    "job queued",
+  );
   return { job: record, duplicate: false };
 }
 
@@ -100,6 +112,7 @@ export async function publishWorkItem(topology: Topology, record: JobRecord, age
   };
   const retry = spec.retry ?? agent.retry;
   if (retry) item.retry = retry;
+  if (record.chain) item.chain = record.chain;
   await topology.ensurePoolConsumer(record.pool);
   await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID });
 }
@@ -194,6 +207,7 @@ export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Parti
     state: record.state,
     attempt: record.attempt,
     ...(record.error ? { error: record.error } : {}),
+    ...(record.chain?.run ? { run: record.chain.run } : {}),
     ...extra,
   };
 }

@@ -10,6 +10,7 @@ import {
   JobRef,
   MAX_SPEC_BYTES,
   parseWith,
+  RunRef,
   toErrorInfo,
   WorkerInfo,
 } from "@boxcar/protocol";
@@ -18,6 +19,7 @@ import { z } from "zod";
 import { admit, getRecord } from "./admission.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
 import type { WorkerDirectory } from "./worker-directory.js";
+import type { Runs } from "./workflows/runs.js";
 
 type Handler = (body: unknown) => Promise<unknown>;
 
@@ -31,9 +33,10 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,
   [ErrorCode.noSandbox]: 422,
+  [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDirectory): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDirectory, runs: Runs): Record<ApiEndpoint, Handler> {
   return {
     [ApiEndpoint.jobsSubmit]: (body) => admit(topology, body, { log, workers }),
     [ApiEndpoint.jobsGet]: async (body) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id) }),
@@ -63,6 +66,10 @@ export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDire
       parseWith(z.strictObject({}), body, "request");
       return { workers: await listJson(topology.workers, WorkerInfo, "worker") };
     },
+    [ApiEndpoint.workflowsStart]: (body) => runs.start(body),
+    [ApiEndpoint.workflowsGet]: async (body) => ({ run: await runs.require(parseWith(RunRef, body, "request").id) }),
+    [ApiEndpoint.workflowsList]: (body) => runs.list(body),
+    [ApiEndpoint.workflowsCancel]: async (body) => ({ run: await runs.cancel(parseWith(RunRef, body, "request").id) }),
   };
 }
 

@@ -5,7 +5,10 @@ import { type Service, Svcm } from "@nats-io/services";
 import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
+import { watchJobs } from "./job-watch.js";
 import { WorkerDirectory } from "./worker-directory.js";
+import { RunFollower } from "./workflows/run-watch.js";
+import { Runs } from "./workflows/runs.js";
 
 export interface DispatcherOptions {
   topology: Topology;
@@ -39,14 +42,18 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
   const workers = await WorkerDirectory.open(topology, log);
-  const expiry = await ExpirySweeper.start(topology, log, opts.expiryIntervalMs ?? 1_000);
+  const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
+  const runs = new Runs(topology, { log, workers });
+  const follower = new RunFollower(topology, runs, { log, workers });
+  const jobWatch = await watchJobs(topology, log, [(key, job) => expiry.observe(key, job), follower.observeJob]);
+  await follower.start();
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log, workers))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log, workers, runs))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.api(endpoint as keyof typeof handler as never),
       handler: (err, msg) => {
@@ -93,6 +100,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => service.stop().then(() => undefined),
         () => intake.close().then(() => undefined),
         () => intakeDone,
+        async () => jobWatch.stop(),
+        async () => follower.close(),
         async () => workers.close(),
         async () => expiry.close(),
       ];

@@ -4,34 +4,26 @@ import { jobEvent } from "./admission.js";
 
 /**
  * Ends `expired` the jobs that were not started within their queue timeout, even when no
- * worker ever pulls them: one watcher on the jobs bucket keeps the waiting jobs' deadlines,
- * and a timer expires the ones due (compare-and-swap, so several dispatchers expire a job once).
+ * worker ever pulls them: it is shown every job record (by the dispatcher's one watcher on the
+ * jobs bucket), keeps the waiting jobs' deadlines, and a timer expires the ones due
+ * (compare-and-swap, so several dispatchers expire a job once).
  */
 export class ExpirySweeper {
   private readonly deadlines = new Map<string, number>();
-  private timer: NodeJS.Timeout | undefined;
-  private stopWatch: (() => void) | undefined;
+  private readonly timer: NodeJS.Timeout;
 
-  private constructor(
+  constructor(
     private readonly topology: Topology,
     private readonly log: Logger,
-  ) {}
+    intervalMs: number,
+  ) {
+    this.timer = setInterval(() => void this.sweep(), intervalMs);
+  }
 
-  static async start(topology: Topology, log: Logger, intervalMs: number): Promise<ExpirySweeper> {
-    const sweeper = new ExpirySweeper(topology, log);
-    const watch = await topology.jobs.watch();
-    sweeper.stopWatch = () => watch.stop();
-    void (async () => {
-      for await (const entry of watch) {
-        const parsed = entry.operation === "PUT" ? JobRecord.safeParse(entry.json()) : undefined;
-        const job = parsed?.success ? parsed.data : undefined;
-        if (job?.expiresAt && (job.state === "queued" || job.state === "accepted"))
-          sweeper.deadlines.set(job.id, Date.parse(job.expiresAt));
-        else sweeper.deadlines.delete(entry.key);
-      }
-    })();
-    sweeper.timer = setInterval(() => void sweeper.sweep(), intervalMs);
-    return sweeper;
+  /** Notes a job record's latest value (undefined: the record was deleted). */
+  observe(key: string, job: JobRecord | undefined): void {
+    if (job?.expiresAt && (job.state === "queued" || job.state === "accepted")) this.deadlines.set(job.id, Date.parse(job.expiresAt));
+    else this.deadlines.delete(key);
   }
 
   private async sweep(): Promise<void> {
@@ -45,7 +37,6 @@ export class ExpirySweeper {
 
   close(): void {
     clearInterval(this.timer);
-    this.stopWatch?.();
   }
 }
 

@@ -25,7 +25,7 @@ export async function admitIntake(
     // An empty body is an empty spec, as on the request/reply API: the subject names the agent.
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
-    const { job } = await admit(topology, spec, ctx, implicitKey);
+    const { job } = await admit(topology, spec, ctx, { implicitKey });
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);

@@ -4,6 +4,7 @@ import { ErrorInfo } from "./errors.js";
 import { JobRecord, JobState } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { WorkerInfo } from "./worker-info.js";
+import { RunState, WorkflowRun } from "./workflow.js";
 
 /** Every API reply is `{ ok: true, data }` or `{ ok: false, error }`. */
 export const ApiReply = z.discriminatedUnion("ok", [
@@ -44,3 +45,27 @@ export const ApplyAgentRequest = z.strictObject({ definition: z.unknown() });
 export const ApplyAgentReply = z.strictObject({ agent: AgentDefinition, created: z.boolean() });
 export const ListAgentsReply = z.strictObject({ agents: z.array(AgentDefinition) });
 export const ListWorkersReply = z.strictObject({ workers: z.array(WorkerInfo) });
+
+export const StartRunRequest = z.strictObject({
+  /** The workflow definition (as in a workflow file); validated by the dispatcher. */
+  workflow: z.unknown(),
+  input: z.json().default(null),
+  /** A second start with the same key returns the first run. */
+  idempotencyKey: z.string().min(1).max(256).optional(),
+  labels: z.record(z.string().max(64), z.string().max(256)).default({}),
+});
+export type StartRunRequest = z.input<typeof StartRunRequest>;
+
+export const RunRef = z.strictObject({ id: z.string().regex(TOKEN_PATTERN, "a run id is 1-64 letters, digits, '-' or '_'") });
+export const RunReply = z.strictObject({ run: WorkflowRun });
+export const StartRunReply = z.strictObject({ run: WorkflowRun, duplicate: z.boolean() });
+export type StartRunReply = z.infer<typeof StartRunReply>;
+
+export const ListRunsRequest = z.strictObject({
+  state: RunState.optional(),
+  workflow: z.string().optional(),
+  limit: z.number().int().min(1).max(1000).default(50),
+});
+export type ListRunsRequest = z.input<typeof ListRunsRequest>;
+export const ListRunsReply = z.strictObject({ runs: z.array(WorkflowRun) });
+export type ListRunsReply = z.infer<typeof ListRunsReply>;

@@ -33,6 +33,10 @@ export const ErrorCode = {
   missingSecret: "missing_secret",
   /** The worker stopped while the job ran and handed it back. */
   workerStopped: "worker_stopped",
+  /** A handoff was not made: the target is not among the agent's handoffs, or a chain limit was hit. */
+  handoffRefused: "handoff_refused",
+  /** A workflow step failed, or the run hit its deadline. */
+  workflowFailed: "workflow_failed",
   /** No dispatcher answered, or NATS is unreachable. */
   unavailable: "unavailable",
   internal: "internal",

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { PROTOCOL_VERSION, ResourceLimits } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { JobState, ResourceUsage, SandboxInfo } from "./job.js";
+import { RunState, StepState } from "./workflow.js";
 
 const base = {
   v: z.literal(PROTOCOL_VERSION),
@@ -23,6 +24,8 @@ export const JobEventType = z.enum([
   "retrying",
   "dead",
   "expired",
+  "handoff",
+  "handoff_refused",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
@@ -39,6 +42,11 @@ export const JobEvent = z.looseObject({
   sandbox: SandboxInfo.optional(),
   message: z.string().optional().describe("progress text, or a summary of the outcome"),
   error: ErrorInfo.optional(),
+  /** On `handoff`: the agent handed to, and the job that continues the chain. */
+  to: z.string().optional(),
+  next: z.string().optional(),
+  /** The workflow run the job belongs to, if any. */
+  run: z.string().optional(),
 });
 export type JobEvent = z.infer<typeof JobEvent>;
 
@@ -82,5 +90,41 @@ export const WorkerEvent = z.looseObject({
 });
 export type WorkerEvent = z.infer<typeof WorkerEvent>;
 
-export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent]);
+export const WorkflowEventType = z.enum([
+  "started",
+  "step_started",
+  "step_finished",
+  "step_skipped",
+  "handoff",
+  "fanned_out",
+  "joined",
+  "succeeded",
+  "failed",
+  "cancelled",
+]);
+export type WorkflowEventType = z.infer<typeof WorkflowEventType>;
+
+/** `<prefix>.evt.workflow.<runId>.<type>` */
+export const WorkflowEvent = z.looseObject({
+  ...base,
+  kind: z.literal("workflow"),
+  type: WorkflowEventType,
+  runId: z.string(),
+  workflow: z.string(),
+  state: RunState,
+  step: z.string().optional(),
+  /** The fan-out item, for a step that runs one job per item. */
+  index: z.number().int().nonnegative().optional(),
+  jobId: z.string().optional(),
+  /** On `step_finished`: how the step ended. */
+  stepState: StepState.optional(),
+  /** On `fanned_out`: how many jobs; on `joined`: which steps were joined. */
+  count: z.number().int().nonnegative().optional(),
+  joined: z.array(z.string()).optional(),
+  message: z.string().optional(),
+  error: ErrorInfo.optional(),
+});
+export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
+
+export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent]);
 export type BoxcarEvent = z.infer<typeof BoxcarEvent>;

@@ -24,7 +24,13 @@ export {
   ListAgentsReply,
   ListJobsReply,
   ListJobsRequest,
+  ListRunsReply,
+  ListRunsRequest,
   ListWorkersReply,
+  RunRef,
+  RunReply,
+  StartRunReply,
+  StartRunRequest,
   SubmitReply,
 } from "./api.js";
 export {
@@ -47,12 +53,15 @@ export {
   SandboxEventType,
   WorkerEvent,
   WorkerEventType,
+  WorkflowEvent,
+  WorkflowEventType,
 } from "./events.js";
 export type { JobSpecInput } from "./job.js";
 export {
   AgentResultFile,
   Artifact,
   AttemptOutcome,
+  handoffPending,
   InputFileRef,
   isTerminal,
   JobRecord,
@@ -72,6 +81,7 @@ export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
+export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
 export { WorkerConfig } from "./worker-config.js";
 export {
@@ -89,5 +99,24 @@ export {
   workerStatus,
   workerViews,
 } from "./worker-info.js";
+export type { WorkflowDefinitionInput } from "./workflow.js";
+export {
+  ChainEntry,
+  ChainLimits,
+  ChainLink,
+  DEFAULT_CHAIN_LIMITS,
+  HandoffDecision,
+  HandoffRequest,
+  isRunFinal,
+  MAX_FAN_OUT,
+  RunState,
+  StepInstance,
+  StepName,
+  StepRun,
+  StepState,
+  WorkflowDefinition,
+  WorkflowRun,
+  WorkflowStep,
+} from "./workflow.js";
 export type { FileIssue } from "./yaml-file.js";
-export { FileError, parseAgentFile, parseYamlFile } from "./yaml-file.js";
+export { FileError, parseAgentFile, parseWorkflowFile, parseYamlFile } from "./yaml-file.js";

@@ -2,10 +2,11 @@ import { z } from "zod";
 import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { durationMs } from "./units.js";
+import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
 
 /** The largest job spec accepted inline; files travel through the Object Store (claim-check). */
 export const MAX_SPEC_BYTES = 256 * 1024;
-export const MAX_INPUT_FILES = 256;
+export const MAX_INPUT_FILES = 1000;
 
 /** A path inside the workspace: relative, no `..`, no empty or hidden-control segments. */
 export const WorkspacePath = z
@@ -37,6 +38,7 @@ export const JobSpec = z.strictObject({
   pool: PoolName.optional().describe("overrides the agent's pool"),
   retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}),
+  chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts (default: 10 hops, 5 visits per agent)"),
 });
 /** A job spec after validation (defaults filled, durations in ms). */
 export type JobSpec = z.infer<typeof JobSpec>;
@@ -77,6 +79,7 @@ export const AgentResultFile = z.looseObject({
   summary: z.string().max(4096).optional().describe("one line for people"),
   error: z.string().max(4096).optional().describe("set to report failure even with exit code 0"),
   retry: z.boolean().optional().describe("false: this failure must not be retried"),
+  handoff: HandoffRequest.optional().describe("pass the work on to another agent (one of this agent's handoffs)"),
 });
 export type AgentResultFile = z.infer<typeof AgentResultFile>;
 
@@ -88,7 +91,8 @@ export const ResourceUsage = z.strictObject({
 });
 export type ResourceUsage = z.infer<typeof ResourceUsage>;
 
-export const JobResult = z.strictObject({
+/** Loose, like the record that holds it: an older reader ignores fields a newer worker adds. */
+export const JobResult = z.looseObject({
   exitCode: z.number().int().nullable(),
   signal: z.string().nullable(),
   output: z.json().nullable(),
@@ -97,6 +101,8 @@ export const JobResult = z.strictObject({
   /** True when the agent was killed for using more memory than its limit. */
   oomKilled: z.boolean().optional(),
   usage: ResourceUsage.optional(),
+  /** The agent asked to hand the work on; the record's `handoff` says what came of it. */
+  handoff: HandoffRequest.optional(),
 });
 export type JobResult = z.infer<typeof JobResult>;
 
@@ -133,8 +139,15 @@ export const JobRecord = z.looseObject({
   result: JobResult.optional(),
   artifacts: z.array(Artifact).default([]),
   error: ErrorInfo.optional(),
+  /** Set on a job that is part of a handoff chain or a workflow run. */
+  chain: ChainLink.optional(),
+  /** What the dispatcher made of the agent's handoff request (`result.handoff`). */
+  handoff: HandoffDecision.optional(),
 });
 export type JobRecord = z.infer<typeof JobRecord>;
+
+/** True when a job's handoff request still waits for a dispatcher's decision. */
+export const handoffPending = (job: JobRecord): boolean => job.state === "succeeded" && !!job.result?.handoff && !job.handoff;
 
 /** What a worker pulls from `<prefix>.work.<pool>`: everything needed to run, no large data. */
 export const WorkItem = z.looseObject({
@@ -146,5 +159,7 @@ export const WorkItem = z.looseObject({
   timeoutMs: z.number().int().positive(),
   /** The job's retry policy (the spec's, else the agent's); absent: no retries. */
   retry: RetryPolicy.optional(),
+  /** Present for a job in a handoff chain: the agent finds the chain's history in $BOXCAR_CHAIN_FILE. */
+  chain: ChainLink.optional(),
 });
 export type WorkItem = z.infer<typeof WorkItem>;

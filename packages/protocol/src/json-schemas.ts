@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AgentDefinition } from "./agent.js";
 import { JobSpec } from "./job.js";
 import { WorkerConfig } from "./worker-config.js";
+import { WorkflowDefinition } from "./workflow.js";
 
 /**
  * The JSON Schemas published for other languages and editors, by file name: the agent
@@ -9,7 +10,12 @@ import { WorkerConfig } from "./worker-config.js";
  * defaults and unit conversion).
  */
 export function jsonSchemas(): Record<string, unknown> {
-  const schemas = { "agent.schema.json": AgentDefinition, "job-spec.schema.json": JobSpec, "worker-config.schema.json": WorkerConfig };
+  const schemas = {
+    "agent.schema.json": AgentDefinition,
+    "job-spec.schema.json": JobSpec,
+    "worker-config.schema.json": WorkerConfig,
+    "workflow.schema.json": WorkflowDefinition,
+  };
   return Object.fromEntries(
     Object.entries(schemas).map(([file, schema]) => [file, z.toJSONSchema(schema, { io: "input", unrepresentable: "any" })]),
   );

@@ -11,7 +11,7 @@ export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 export const LogStream = { stdout: "stdout", stderr: "stderr" } as const;
 export type LogStream = (typeof LogStream)[keyof typeof LogStream];
 
-export type EventKind = "job" | "sandbox" | "worker";
+export type EventKind = "job" | "sandbox" | "worker" | "workflow";
 
 export interface Names {
   readonly prefix: string;
@@ -51,6 +51,8 @@ export interface Names {
     event(kind: EventKind, id: string, type: string): string;
     /** All events of one job (job and sandbox kinds). */
     jobEvents(jobId: string): string;
+    /** All events of one workflow run (not those of its jobs). */
+    runEvents(runId: string): string;
     eventsAll: string;
     log(jobId: string, stream: LogStream): string;
     jobLogs(jobId: string): string;
@@ -73,6 +75,10 @@ export const ApiEndpoint = {
   agentsList: "agents.list",
   agentsRemove: "agents.remove",
   workersList: "workers.list",
+  workflowsStart: "workflows.start",
+  workflowsGet: "workflows.get",
+  workflowsList: "workflows.list",
+  workflowsCancel: "workflows.cancel",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -110,6 +116,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       api: (endpoint) => `${prefix}.api.${endpoint}`,
       event: (kind, id, type) => `${prefix}.evt.${kind}.${id}.${type}`,
       jobEvents: (jobId) => `${prefix}.evt.*.${jobId}.*`,
+      runEvents: (runId) => `${prefix}.evt.workflow.${runId}.*`,
       eventsAll: `${prefix}.evt.>`,
       log: (jobId, stream) => `${prefix}.log.${jobId}.${stream}`,
       jobLogs: (jobId) => `${prefix}.log.${jobId}.*`,

@@ -2,6 +2,7 @@ import { isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
 import type { z } from "zod";
 import { AgentDefinition } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue, formatPath } from "./errors.js";
+import { WorkflowDefinition } from "./workflow.js";
 
 /** A problem in a YAML file, located by line and column (1-based). */
 export interface FileIssue extends ErrorIssue {
@@ -29,6 +30,11 @@ export class FileError extends BoxcarError {
  */
 export function parseAgentFile(text: string, file: string): AgentDefinition {
   return parseYamlFile(text, file, AgentDefinition, "agent file");
+}
+
+/** Parses one workflow definition from YAML text; errors name the file, line, column and field. */
+export function parseWorkflowFile(text: string, file: string): WorkflowDefinition {
+  return parseYamlFile(text, file, WorkflowDefinition, "workflow file");
 }
 
 /**

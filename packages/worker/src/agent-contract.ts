@@ -7,8 +7,10 @@ import { type AgentDefinition, BoxcarError, ErrorCode, type ErrorIssue, type Wor
 export const AgentPaths = {
   /** The job's input as JSON. */
   input: ".boxcar/input.json",
-  /** Where the agent may write its result: `{ output?, summary?, error? }`. */
+  /** Where the agent may write its result: `{ output?, summary?, error?, retry?, handoff? }`. */
   result: ".boxcar/result.json",
+  /** The handoff chain so far: `{ root, depth, history: [{ jobId, agent, summary }], run?, step? }`. */
+  chain: ".boxcar/chain.json",
   /** The agent's TMPDIR. */
   tmp: ".boxcar/tmp",
   /** Files the agent keeps: the default artifact glob is `out/**`. */
@@ -77,6 +79,7 @@ export function agentEnv({ item, attempt, workspace, path, secrets }: AgentEnvPa
     BOXCAR_WORKSPACE: workspace,
     BOXCAR_INPUT_FILE: inWorkspace(AgentPaths.input),
     BOXCAR_RESULT_FILE: inWorkspace(AgentPaths.result),
+    BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
   };
 }

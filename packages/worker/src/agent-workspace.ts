@@ -12,7 +12,17 @@ export const MAX_ARTIFACTS = 1000;
 export async function prepareWorkspace(sandbox: Sandbox, item: WorkItem, store: ObjectStore): Promise<void> {
   await sandbox.mkdir(AgentPaths.tmp);
   await sandbox.mkdir(AgentPaths.output);
-  await sandbox.writeFile(AgentPaths.input, new TextEncoder().encode(JSON.stringify(item.input)));
+  const encode = (value: unknown) => new TextEncoder().encode(JSON.stringify(value));
+  await sandbox.writeFile(AgentPaths.input, encode(item.input));
+  const { chain } = item;
+  await sandbox.writeFile(
+    AgentPaths.chain,
+    encode(
+      chain
+        ? { root: chain.root, depth: chain.depth, history: chain.history, run: chain.run, step: chain.step, index: chain.index }
+        : { root: item.jobId, depth: 0, history: [] },
+    ),
+  );
   for (const file of item.files) {
     const object = await store.get(file.object);
     if (!object) {

@@ -42,7 +42,7 @@ export class JobEvents {
 
   constructor(
     private readonly topology: Topology,
-    private readonly ids: { jobId: string; agent: string; workerId: string },
+    private readonly ids: { jobId: string; agent: string; workerId: string; run?: string },
     private readonly log: Logger,
   ) {}
 
@@ -57,6 +57,7 @@ export class JobEvents {
       state,
       attempt: this.attempt,
       workerId: this.ids.workerId,
+      ...(this.ids.run ? { run: this.ids.run } : {}),
       ...details,
     });
   }

@@ -83,7 +83,11 @@ export class JobRun {
     this.jobId = item.jobId;
     this.topology = ctx.options.topology;
     this.log = ctx.log.child({ jobId: item.jobId });
-    this.events = new JobEvents(this.topology, { jobId: item.jobId, agent: item.agent.name, workerId: ctx.options.workerId }, this.log);
+    this.events = new JobEvents(
+      this.topology,
+      { jobId: item.jobId, agent: item.agent.name, workerId: ctx.options.workerId, ...(item.chain?.run ? { run: item.chain.run } : {}) },
+      this.log,
+    );
   }
 
   /** Stops the run; the first reason decides how the job ends. */
@@ -316,6 +320,7 @@ export class JobRun {
       ...execResult(exec),
       output: file?.output ?? null,
       ...(file?.summary !== undefined ? { summary: file.summary } : {}),
+      ...(file?.handoff ? { handoff: file.handoff } : {}),
     };
     if (exec.oomKilled) {
       const limit = sandbox.description?.limits?.memory;
@@ -545,7 +550,7 @@ export class JobRun {
 }
 
 /** What the record keeps of how the agent's process ended. */
-function execResult(exec: ExecResult): Omit<JobResult, "output" | "summary"> {
+function execResult(exec: ExecResult): Pick<JobResult, "exitCode" | "signal" | "durationMs" | "oomKilled" | "usage"> {
   return {
     exitCode: exec.exitCode,
     signal: exec.signal,

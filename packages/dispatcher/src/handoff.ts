@@ -1,0 +1,138 @@
+import { getJson, type Logger, publishEvent, type Topology } from "@boxcar/client";
+import {
+  type AgentDefinition,
+  BoxcarError,
+  type ChainLink,
+  DEFAULT_CHAIN_LIMITS,
+  ErrorCode,
+  type HandoffDecision,
+  type HandoffRequest,
+  handoffPending,
+  isRunFinal,
+  JobRecord,
+  type JobSpecInput,
+  toErrorInfo,
+  WorkflowRun,
+} from "@boxcar/protocol";
+import { admit, jobEvent, loadAgent } from "./admission.js";
+import type { WorkerDirectory } from "./worker-directory.js";
+
+/**
+ * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the
+ * reason (the chain then ends there). The decision is written on the job's record by
+ * compare-and-swap; the next job is admitted under the key `handoff:<jobId>`, so dispatchers that
+ * race, or one that died midway and looks again, make one next job.
+ */
+export async function continueChain(topology: Topology, job: JobRecord, ctx: { log: Logger; workers: WorkerDirectory }): Promise<void> {
+  const request = job.result?.handoff;
+  if (!request || !handoffPending(job)) return;
+  const link = job.chain ?? rootLink(job);
+  let decision: HandoffDecision;
+  try {
+    const from = await loadAgent(topology, job.agent).catch(() => undefined);
+    await checkHandoff(topology, job, request, link, from);
+    const next = await admit(topology, nextSpec(job, request), ctx, {
+      implicitKey: `handoff:${job.id}`,
+      chain: {
+        root: link.root,
+        parent: job.id,
+        depth: link.depth + 1,
+        history: [...link.history, { jobId: job.id, agent: job.agent, ...(job.result?.summary ? { summary: job.result.summary } : {}) }],
+        limits: link.limits,
+        ...(link.deadline ? { deadline: link.deadline } : {}),
+        ...(link.run ? { run: link.run } : {}),
+        ...(link.step ? { step: link.step } : {}),
+        ...(link.index !== undefined ? { index: link.index } : {}),
+      },
+    });
+    decision = { to: request.to, jobId: next.job.id };
+  } catch (err) {
+    const error = toErrorInfo(err);
+    if (error.code === ErrorCode.internal) throw err;
+    decision = { to: request.to, error: { ...error, code: ErrorCode.handoffRefused } };
+  }
+  const decided = await recordDecision(topology, job.id, decision);
+  if (!decided) return; // another dispatcher decided first
+  const event = decision.jobId
+    ? jobEvent(decided, "handoff", {
+        to: decision.to,
+        next: decision.jobId,
+        message: `handed off to ${decision.to} (job ${decision.jobId})`,
+      })
+    : jobEvent(decided, "handoff_refused", {
+        to: decision.to,
+        ...(decision.error ? { error: decision.error, message: decision.error.message } : {}),
+      });
+  await publishEvent(topology, event);
+  ctx.log.info({ jobId: job.id, to: decision.to, next: decision.jobId, refused: decision.error?.message }, "handoff decided");
+}
+
+/** The chain a job starts when it first hands off. */
+function rootLink(job: JobRecord): ChainLink {
+  const limits = job.spec?.chainLimits ?? DEFAULT_CHAIN_LIMITS;
+  return {
+    root: job.id,
+    depth: 0,
+    history: [],
+    limits,
+    ...(limits.deadline !== undefined ? { deadline: new Date(Date.parse(job.createdAt) + limits.deadline).toISOString() } : {}),
+  };
+}
+
+/** Refuses a handoff the agent did not declare, or one past a chain limit or a finished run. */
+async function checkHandoff(
+  topology: Topology,
+  job: JobRecord,
+  request: HandoffRequest,
+  link: ChainLink,
+  from: AgentDefinition | undefined,
+): Promise<void> {
+  const refuse = (message: string) => {
+    throw new BoxcarError(ErrorCode.handoffRefused, message, { issues: [{ path: "handoff.to", message }] });
+  };
+  if (!from?.handoffs.includes(request.to)) {
+    const declared = from?.handoffs.length ? from.handoffs.join(", ") : "none";
+    refuse(
+      `agent ${job.agent} may not hand off to ${request.to}: its declared handoffs are ${declared}; add ${request.to} to its handoffs`,
+    );
+  }
+  if (link.depth + 1 > link.limits.maxHops) {
+    refuse(`the chain reached its limit of ${link.limits.maxHops} handoffs (maxHops); not handing off to ${request.to}`);
+  }
+  const visits = [...link.history.map((h) => h.agent), job.agent].filter((a) => a === request.to).length;
+  if (visits + 1 > link.limits.maxVisits) {
+    refuse(`agent ${request.to} already ran ${visits} times in this chain, its limit (maxVisits ${link.limits.maxVisits})`);
+  }
+  if (link.deadline && Date.parse(link.deadline) <= Date.now()) {
+    refuse(`the chain passed its deadline of ${link.deadline}; not handing off to ${request.to}`);
+  }
+  if (link.run) {
+    const run = await getJson(topology.workflows, link.run, WorkflowRun, "workflow run");
+    if (run && isRunFinal(run.value.state)) refuse(`workflow run ${link.run} ended ${run.value.state}; not handing off to ${request.to}`);
+  }
+}
+
+/** The next job: the handoff's input and, unless it says otherwise, this job's output files at the same paths. */
+function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
+  return {
+    agent: request.to,
+    input: request.input,
+    files: request.carryFiles ? job.artifacts.map((a) => ({ path: a.path, object: a.object })) : [],
+    labels: job.spec?.labels ?? {},
+  };
+}
+
+async function recordDecision(topology: Topology, id: string, decision: HandoffDecision): Promise<JobRecord | undefined> {
+  for (let tries = 0; tries < 10; tries++) {
+    const found = await getJson(topology.jobs, id, JobRecord, "job record");
+    if (!found || found.value.handoff) return undefined;
+    const next = { ...found.value, handoff: decision };
+    try {
+      await topology.jobs.update(id, JSON.stringify(next), found.revision);
+      return next;
+    } catch {
+      // changed under us: look again
+    }
+  }
+  throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing while its handoff was recorded`);
+}

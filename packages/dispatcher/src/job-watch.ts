@@ -1,0 +1,22 @@
+import type { Logger, Topology } from "@boxcar/client";
+import { JobRecord } from "@boxcar/protocol";
+
+export type JobObserver = (key: string, job: JobRecord | undefined) => void;
+
+/**
+ * The dispatcher's one watcher on the jobs bucket: it replays every record's latest value at
+ * start, then follows changes, and shows each to the observers (expiry, handoffs, workflow
+ * runs). Because it replays, a dispatcher that starts after a crash picks up whatever was left.
+ */
+export async function watchJobs(topology: Topology, log: Logger, observers: readonly JobObserver[]): Promise<{ stop(): void }> {
+  const watch = await topology.jobs.watch();
+  void (async () => {
+    for await (const entry of watch) {
+      const parsed = entry.operation === "PUT" ? JobRecord.safeParse(entry.json()) : undefined;
+      if (parsed && !parsed.success) log.warn({ key: entry.key }, "a job record does not parse; ignoring it");
+      const job = parsed?.success ? parsed.data : undefined;
+      for (const observe of observers) observe(entry.key, job);
+    }
+  })();
+  return { stop: () => watch.stop() };
+}

@@ -1,0 +1,89 @@
+import type { Logger, Topology } from "@boxcar/client";
+import { handoffPending, isTerminal, type JobRecord, WorkflowRun } from "@boxcar/protocol";
+import { continueChain } from "../handoff.js";
+import type { WorkerDirectory } from "../worker-directory.js";
+import type { Runs } from "./runs.js";
+
+/** How long a run may stay unchanged with work left before a dispatcher looks at it again. */
+const RECHECK_MS = 3_000;
+
+/**
+ * Keeps chains and runs moving whatever crashes: a job that asked to hand off gets its
+ * decision, a job of a run that ended moves its run on, a run left unchanged with work to do
+ * (a dispatcher died between writing it and admitting its jobs) is advanced again, and a run's
+ * deadline is enforced on time.
+ */
+export class RunFollower {
+  private readonly handoffs = new Set<string>();
+  private readonly timers = new Map<string, NodeJS.Timeout>();
+  private stopWatch: (() => void) | undefined;
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly runs: Runs,
+    private readonly ctx: { log: Logger; workers: WorkerDirectory },
+  ) {}
+
+  /** Job observer: see `watchJobs`. */
+  readonly observeJob = (_key: string, job: JobRecord | undefined): void => {
+    if (!job) return;
+    if (handoffPending(job) && !this.handoffs.has(job.id)) {
+      this.handoffs.add(job.id);
+      continueChain(this.topology, job, this.ctx)
+        .catch((err: unknown) => this.ctx.log.error({ err, jobId: job.id }, "could not decide a handoff; a dispatcher will look again"))
+        .finally(() => this.handoffs.delete(job.id));
+      return;
+    }
+    if (job.chain?.run && isTerminal(job.state)) void this.runs.advance(job.chain.run);
+  };
+
+  /** Follows the workflows bucket (replaying every run at start). */
+  async start(): Promise<void> {
+    const watch = await this.topology.workflows.watch();
+    this.stopWatch = () => watch.stop();
+    void (async () => {
+      for await (const entry of watch) {
+        this.clearTimers(entry.key);
+        const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(entry.json()) : undefined;
+        const run = parsed?.success ? parsed.data : undefined;
+        if (!run || !hasWorkLeft(run)) continue;
+        this.schedule(entry.key, "recheck", RECHECK_MS);
+        if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());
+      }
+    })();
+  }
+
+  private schedule(runId: string, why: "recheck" | "deadline", inMs: number): void {
+    const key = `${runId} ${why}`;
+    const timer = setTimeout(
+      () => {
+        this.timers.delete(key);
+        void this.runs.advance(runId);
+      },
+      Math.max(0, inMs),
+    );
+    this.timers.set(key, timer);
+  }
+
+  private clearTimers(runId: string): void {
+    for (const why of ["recheck", "deadline"]) {
+      const key = `${runId} ${why}`;
+      clearTimeout(this.timers.get(key));
+      this.timers.delete(key);
+    }
+  }
+
+  close(): void {
+    this.stopWatch?.();
+    for (const timer of this.timers.values()) clearTimeout(timer);
+    this.timers.clear();
+  }
+}
+
+/** A running run, or an ended one whose jobs are still going (they are to be cancelled). */
+function hasWorkLeft(run: WorkflowRun): boolean {
+  return (
+    run.state === "running" ||
+    Object.values(run.steps).some((s) => s.instances.some((i) => i.state === "running" || i.state === "starting"))
+  );
+}

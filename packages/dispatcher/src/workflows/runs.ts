@@ -1,0 +1,276 @@
+import { createHash } from "node:crypto";
+import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import {
+  BoxcarError,
+  ErrorCode,
+  isRunFinal,
+  JobRecord,
+  type ListRunsReply,
+  ListRunsRequest,
+  PROTOCOL_VERSION,
+  parseWith,
+  StartRunRequest,
+  type StepRun,
+  toErrorInfo,
+  WorkflowDefinition,
+  type WorkflowEvent,
+  WorkflowRun,
+} from "@boxcar/protocol";
+import { admit, loadAgent } from "../admission.js";
+import { newJobId } from "../job-id.js";
+import { cancelJob } from "../jobs.js";
+import type { WorkerDirectory } from "../worker-directory.js";
+import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
+
+/** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
+const MAX_ROUNDS = 50;
+
+export interface RunsContext {
+  log: Logger;
+  workers: WorkerDirectory;
+}
+
+/**
+ * Workflow runs: their records in the workflows bucket, changed only by compare-and-swap. Every
+ * decision comes from `planRun`; this class reads what a plan needs, writes it, then does what
+ * it says (admit a step's job under a key unique to the run, step and item; cancel jobs;
+ * publish events). Any dispatcher may advance any run, at any time, as often as it likes.
+ */
+export class Runs {
+  /** Advances in flight, one per run, so a burst of job updates makes one more pass, not many. */
+  private readonly advancing = new Map<string, { again: boolean; done: Promise<void> }>();
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly ctx: RunsContext,
+  ) {}
+
+  async start(raw: unknown): Promise<{ run: WorkflowRun; duplicate: boolean }> {
+    const req = parseWith(StartRunRequest, raw, "request");
+    const workflow = parseWith(WorkflowDefinition, req.workflow, "workflow");
+    for (const [i, step] of workflow.steps.entries()) {
+      try {
+        const agent = await loadAgent(this.topology, step.agent);
+        this.ctx.workers.checkServable(agent, step.pool ?? agent.pool);
+      } catch (err) {
+        const error = toErrorInfo(err);
+        if (error.code === ErrorCode.internal) throw err;
+        throw new BoxcarError(error.code as ErrorCode, `step ${step.name}: ${error.message}`, {
+          issues: [{ path: `workflow.steps[${i}].agent`, message: error.message }],
+        });
+      }
+    }
+
+    const id = req.idempotencyKey ? runIdForKey(req.idempotencyKey) : `wf-${newJobId()}`;
+    const now = nowIso();
+    const run: WorkflowRun = {
+      v: PROTOCOL_VERSION,
+      id,
+      workflow,
+      input: req.input,
+      state: "running",
+      createdAt: now,
+      steps: Object.fromEntries(workflow.steps.map((s) => [s.name, { state: "pending", instances: [] } satisfies StepRun])),
+      labels: req.labels,
+      ...(workflow.limits.deadline !== undefined ? { deadline: new Date(Date.parse(now) + workflow.limits.deadline).toISOString() } : {}),
+    };
+    try {
+      await this.topology.workflows.create(id, JSON.stringify(run));
+    } catch {
+      const existing = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      if (existing) return { run: existing.value, duplicate: true };
+      throw new BoxcarError(ErrorCode.conflict, `could not create run ${id}; try again`);
+    }
+    await this.publish(run, { type: "started", message: `workflow ${workflow.name} started with ${workflow.steps.length} steps` });
+    this.ctx.log.info({ runId: id, workflow: workflow.name }, "workflow started");
+    await this.advance(id);
+    return { run: (await this.get(id)) ?? run, duplicate: false };
+  }
+
+  async get(id: string): Promise<WorkflowRun | undefined> {
+    return (await getJson(this.topology.workflows, id, WorkflowRun, "workflow run"))?.value;
+  }
+
+  async require(id: string): Promise<WorkflowRun> {
+    const run = await this.get(id);
+    if (!run) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+    return run;
+  }
+
+  /** Runs, newest first. Reads every run: large systems need an index. */
+  async list(raw: unknown): Promise<ListRunsReply> {
+    const req = parseWith(ListRunsRequest, raw, "request");
+    const runs: WorkflowRun[] = [];
+    for await (const key of await this.topology.workflows.keys()) {
+      const run = await this.get(key);
+      if (!run || (req.state && run.state !== req.state) || (req.workflow && run.workflow.name !== req.workflow)) continue;
+      runs.push(run);
+    }
+    runs.sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0));
+    return { runs: runs.slice(0, req.limit) };
+  }
+
+  /** Cancels a run: steps not started never start, and running steps' jobs are cancelled. Idempotent. */
+  async cancel(id: string): Promise<WorkflowRun> {
+    for (let tries = 0; tries < 10; tries++) {
+      const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      if (!found) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+      const run = found.value;
+      if (run.state === "cancelled") return run;
+      if (isRunFinal(run.state)) throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} already ended ${run.state}`);
+      const next = structuredClone(run);
+      endRun(next, "cancelled", nowIso(), { code: ErrorCode.cancelled, message: "cancelled by request" });
+      try {
+        await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
+      } catch {
+        continue;
+      }
+      await this.publish(next, { type: "cancelled", message: "cancelled by request" });
+      await this.advance(id); // cancels the running steps' jobs
+      return (await this.get(id)) ?? next;
+    }
+    throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; try the cancel again`);
+  }
+
+  /** Moves a run on as far as its jobs allow; concurrent calls for one run collapse into one more pass. */
+  advance(id: string): Promise<void> {
+    const inFlight = this.advancing.get(id);
+    if (inFlight) {
+      inFlight.again = true;
+      return inFlight.done;
+    }
+    const entry = { again: false, done: Promise.resolve() };
+    entry.done = (async () => {
+      try {
+        do {
+          entry.again = false;
+          await this.advanceOnce(id);
+        } while (entry.again);
+      } catch (err) {
+        this.ctx.log.error({ err, runId: id }, "could not advance a workflow run");
+      } finally {
+        this.advancing.delete(id);
+      }
+    })();
+    this.advancing.set(id, entry);
+    return entry.done;
+  }
+
+  private async advanceOnce(id: string): Promise<void> {
+    for (let round = 0; round < MAX_ROUNDS; round++) {
+      const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      if (!found) return;
+      const jobs = new Map<string, JobRecord>();
+      for (const jobId of jobsToRead(found.value)) {
+        const job = await getJson(this.topology.jobs, jobId, JobRecord, "job record");
+        if (job) jobs.set(jobId, job.value);
+      }
+      const plan = planRun(found.value, jobs, Date.now());
+      if (plan.changed) {
+        try {
+          await this.topology.workflows.update(id, JSON.stringify(plan.run), found.revision);
+        } catch {
+          continue; // another dispatcher wrote first: plan again from its record
+        }
+      }
+      for (const event of plan.events) await this.publish(plan.run, event);
+      for (const jobId of plan.cancels) {
+        await cancelJob(this.topology, jobId).catch((err: unknown) => this.ctx.log.debug({ err, jobId }, "could not cancel a step's job"));
+      }
+      if (plan.starts.length === 0) return;
+      await this.admitStarts(id, plan.starts);
+    }
+    this.ctx.log.warn({ runId: id }, "workflow run still changing after many rounds; leaving it for the next trigger");
+  }
+
+  /** Admits the jobs of instances in `starting`, then records them on the run (or the refusal). */
+  private async admitStarts(id: string, starts: PlannedStart[]): Promise<void> {
+    const run = await this.require(id);
+    const admitted = await Promise.all(
+      starts.map(async (start) => {
+        try {
+          const { job } = await admit(this.topology, start.spec, this.ctx, {
+            implicitKey: `workflow:${id}:${start.step}:${start.index}`,
+            chain: {
+              depth: 0,
+              history: [],
+              limits: run.workflow.limits,
+              run: id,
+              step: start.step,
+              ...(run.workflow.steps.find((s) => s.name === start.step)?.forEach !== undefined ? { index: start.index } : {}),
+              ...(run.deadline ? { deadline: run.deadline } : {}),
+            },
+          });
+          return { start, jobId: job.id };
+        } catch (err) {
+          const error = toErrorInfo(err);
+          if (error.code === ErrorCode.internal) throw err;
+          return { start, error: { ...error, message: `step ${start.step}: ${error.message}` } };
+        }
+      }),
+    );
+    for (let tries = 0; tries < 10; tries++) {
+      const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      if (!found) return;
+      const next = structuredClone(found.value);
+      const recorded: typeof admitted = [];
+      const orphans: string[] = [];
+      for (const a of admitted) {
+        const inst = next.steps[a.start.step]?.instances.find((i) => i.index === a.start.index);
+        if (inst?.state !== "starting") {
+          // The run ended (or another dispatcher recorded it) meanwhile: a job nobody follows is cancelled.
+          if (a.jobId && !inst?.jobs.includes(a.jobId)) orphans.push(a.jobId);
+          continue;
+        }
+        if (a.jobId) Object.assign(inst, { state: "running", jobs: [a.jobId] });
+        else Object.assign(inst, { state: "failed", error: a.error });
+        recorded.push(a);
+      }
+      if (recorded.length > 0) {
+        try {
+          await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
+        } catch {
+          continue;
+        }
+      }
+      for (const jobId of orphans) await cancelJob(this.topology, jobId).catch(() => undefined);
+      for (const a of recorded) {
+        const index = next.workflow.steps.find((s) => s.name === a.start.step)?.forEach !== undefined ? { index: a.start.index } : {};
+        await this.publish(
+          next,
+          a.jobId
+            ? { type: "step_started", step: a.start.step, ...index, jobId: a.jobId, message: `${a.start.step} started as job ${a.jobId}` }
+            : {
+                type: "step_finished",
+                step: a.start.step,
+                ...index,
+                stepState: "failed",
+                message: a.error?.message,
+                ...(a.error ? { error: a.error } : {}),
+              },
+        );
+      }
+      return;
+    }
+  }
+
+  private async publish(run: WorkflowRun, draft: RunEventDraft): Promise<void> {
+    const event: WorkflowEvent = {
+      v: PROTOCOL_VERSION,
+      at: nowIso(),
+      kind: "workflow",
+      runId: run.id,
+      workflow: run.workflow.name,
+      state: run.state,
+      ...draft,
+    };
+    await publishEvent(this.topology, event).catch((err: unknown) =>
+      this.ctx.log.warn({ err, runId: run.id, type: draft.type }, "could not publish a workflow event"),
+    );
+  }
+}
+
+/** A run id fixed by an idempotency key, so a repeated start finds the first run. */
+function runIdForKey(key: string): string {
+  return `wf-k${createHash("sha256").update(key).digest("hex").slice(0, 40)}`;
+}
