@@ -13,9 +13,20 @@ export interface NatsServerOptions {
   storeDir?: string;
   /** The nats-server binary; default: `$BOXCAR_NATS_SERVER`, then `.boxcar/tools/bin`, then PATH. */
   binary?: string;
-  /** Extra lines for the server's config file (e.g. a cluster block). */
+  /** Extra lines for the server's config file. */
   extraConfig?: string;
+  /** The server's name (unique within a cluster); default `boxcar-<port>`. */
   serverName?: string;
+  /** Joins a JetStream cluster: its name, this server's route port, and the other servers' routes. */
+  cluster?: NatsClusterOptions;
+}
+
+export interface NatsClusterOptions {
+  name: string;
+  /** Port this server listens on for routes from the other servers of the cluster. */
+  port: number;
+  /** Route URLs of the other servers, e.g. `nats-route://127.0.0.1:6223`. */
+  routes: readonly string[];
 }
 
 /** A nats-server child process with JetStream enabled. */
@@ -76,6 +87,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
       `server_name: ${JSON.stringify(opts.serverName ?? `boxcar-${port}`)}`,
       `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))} }`,
       "max_payload: 1MB",
+      opts.cluster ? clusterBlock(opts.cluster) : "",
       opts.extraConfig ?? "",
     ].join("\n"),
   );
@@ -103,6 +115,11 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
     kill: () => stopWith("SIGKILL", false),
     [Symbol.asyncDispose]: () => stopWith("SIGTERM", true),
   };
+}
+
+function clusterBlock(cluster: NatsClusterOptions): string {
+  const routes = cluster.routes.map((r) => JSON.stringify(r)).join(", ");
+  return `cluster { name: ${JSON.stringify(cluster.name)}, listen: "127.0.0.1:${cluster.port}", routes: [${routes}] }`;
 }
 
 /** Resolves when this server (not another one on the port) logs that it is ready. */

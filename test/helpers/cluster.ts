@@ -1,0 +1,122 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { freePort, type NatsServer, startNatsServer } from "@boxcar/client";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+
+export interface NatsCluster extends AsyncDisposable {
+  /** Client URLs of the servers, in order; a server keeps its URL across restarts. */
+  readonly urls: readonly string[];
+  /** All client URLs, comma-separated, as `--nats` and `BOXCAR_NATS_URL` take them. */
+  readonly url: string;
+  /** Connects to the cluster (any server, reconnecting to the others). */
+  connect(name?: string): Promise<NatsConnection>;
+  /** Whether server `i` is running. */
+  isUp(i: number): boolean;
+  /** Kills server `i` at once (SIGKILL), as a crash would; its store stays. */
+  kill(i: number): Promise<void>;
+  /** Starts server `i` again on the same ports and store. */
+  restart(i: number): Promise<void>;
+  /** Resolves once JetStream answers through server `i` (it has a meta leader again). */
+  waitForJetStream(i?: number, ms?: number): Promise<void>;
+}
+
+interface Member {
+  name: string;
+  port: number;
+  clusterPort: number;
+  storeDir: string;
+  server: NatsServer | undefined;
+}
+
+/**
+ * Three real nats-servers in one JetStream cluster, each with its own store and free client and
+ * route ports. Resolves once JetStream has a meta leader.
+ */
+export async function natsCluster(size = 3): Promise<NatsCluster> {
+  const root = await mkdtemp(join(tmpdir(), "boxcar-cluster-"));
+  const clusterName = `c${Math.random().toString(36).slice(2, 8)}`;
+  const members: Member[] = [];
+  for (let i = 0; i < size; i++) {
+    members.push({
+      name: `${clusterName}-n${i}`,
+      port: await freePort(),
+      clusterPort: await freePort(),
+      storeDir: join(root, `n${i}`),
+      server: undefined,
+    });
+  }
+  const urls = members.map((m) => `nats://127.0.0.1:${m.port}`);
+  const connections: NatsConnection[] = [];
+
+  const start = async (i: number) => {
+    const m = members[i]!;
+    m.server = await startNatsServer({
+      port: m.port,
+      storeDir: m.storeDir,
+      serverName: m.name,
+      cluster: {
+        name: clusterName,
+        port: m.clusterPort,
+        routes: members.filter((o) => o !== m).map((o) => `nats-route://127.0.0.1:${o.clusterPort}`),
+      },
+    });
+  };
+
+  const waitForJetStream = async (i = 0, ms = 30_000) => {
+    const deadline = Date.now() + ms;
+    let lastError: unknown;
+    while (Date.now() < deadline) {
+      let nc: NatsConnection | undefined;
+      try {
+        nc = await connect({ servers: urls[i], name: "cluster-probe", reconnect: false });
+        const jsm = await jetstreamManager(nc, { timeout: 2_000 });
+        await jsm.getAccountInfo();
+        return;
+      } catch (err) {
+        lastError = err;
+        await new Promise((r) => setTimeout(r, 250));
+      } finally {
+        await nc?.close().catch(() => {});
+      }
+    }
+    throw new Error(`JetStream on server ${i} had no meta leader within ${ms} ms: ${(lastError as Error)?.message}`);
+  };
+
+  const dispose = async () => {
+    for (const c of connections) await c.close().catch(() => {});
+    await Promise.all(members.map((m) => m.server?.stop()));
+    await rm(root, { recursive: true, force: true });
+  };
+
+  try {
+    await Promise.all(members.map((_, i) => start(i)));
+    await waitForJetStream(0);
+  } catch (err) {
+    await dispose();
+    throw err;
+  }
+
+  return {
+    urls,
+    url: urls.join(","),
+    async connect(name = "test") {
+      const nc = await connect({ servers: [...urls], name, maxReconnectAttempts: -1 });
+      connections.push(nc);
+      return nc;
+    },
+    isUp: (i) => members[i]?.server !== undefined,
+    async kill(i) {
+      const m = members[i]!;
+      await m.server?.kill();
+      m.server = undefined;
+    },
+    async restart(i) {
+      if (members[i]!.server) throw new Error(`server ${i} is running`);
+      await start(i);
+    },
+    waitForJetStream,
+    [Symbol.asyncDispose]: dispose,
+  };
+}
