@@ -41,19 +41,58 @@ export interface CommandContext<V extends object> {
   session(name?: string, opts?: { create?: boolean }): Promise<Session>;
 }
 
+/** `--nats`, else `$BOXCAR_NATS_URL`, else the local default: one URL or several, comma-separated. */
 export function natsUrl(flag: string | undefined, env: NodeJS.ProcessEnv): string {
   return flag ?? env.BOXCAR_NATS_URL ?? "nats://127.0.0.1:4222";
 }
 
-export async function openSession(url: string, prefix: string | undefined, name: string, create: boolean): Promise<Session> {
+/** The servers of a `--nats` value: `nats://a:4222,nats://b:4222` names two servers of one system. */
+export function natsServers(url: string): string[] {
+  const servers = url
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  if (servers.length === 0) throw new UsageError(`--nats / BOXCAR_NATS_URL names no server: ${JSON.stringify(url)}`);
+  return servers;
+}
+
+/** `--replicas N`, taken by the roles that create the system (`up`, `dispatcher`, `worker`). */
+export const replicasOption = { replicas: { type: "string" } } as const satisfies ParseArgsConfig["options"];
+
+/**
+ * The replica count asked for: `--replicas`, else `$BOXCAR_REPLICAS`. Undefined when neither is
+ * set: the topology then follows the NATS system (the existing system's count, else 3 on a
+ * cluster of three or more servers, else 1).
+ */
+export function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
+  const [source, value] = flag !== undefined ? ["--replicas", String(flag)] : ["BOXCAR_REPLICAS", env.BOXCAR_REPLICAS];
+  if (value === undefined || value.trim() === "") return undefined;
+  const n = Number(value);
+  if (n !== 1 && n !== 3 && n !== 5) throw new UsageError(`${source} must be 1, 3 or 5, got ${JSON.stringify(value)}`);
+  return n;
+}
+
+/** What a role that creates the system may choose about it. */
+export interface SessionTopologyOptions {
+  replicas?: number;
+}
+
+export async function openSession(
+  url: string,
+  prefix: string | undefined,
+  name: string,
+  create: boolean,
+  topologyOptions: SessionTopologyOptions = {},
+): Promise<Session> {
+  const servers = natsServers(url);
   let nc: NatsConnection;
   try {
     // No async stack traces: nats.js builds one per request, a large share of a busy worker's CPU.
-    nc = await connect({ servers: url, name, maxReconnectAttempts: -1, noAsyncTraces: true });
+    nc = await connect({ servers, name, maxReconnectAttempts: -1, noAsyncTraces: true });
   } catch (cause) {
     throw new BoxcarError(
       ErrorCode.unavailable,
-      `cannot reach NATS at ${url}: ${(cause as Error).message} (set --nats or BOXCAR_NATS_URL; \`boxcar up\` starts a local one)`,
+      `cannot reach NATS at ${servers.join(", ")}: ${(cause as Error).message} (set --nats or BOXCAR_NATS_URL; \`boxcar up\` starts a local one)`,
       {
         cause,
       },
@@ -61,7 +100,11 @@ export async function openSession(url: string, prefix: string | undefined, name:
   }
   let topology: Topology;
   try {
-    topology = await openTopology(nc, { ...(prefix ? { prefix } : {}), create });
+    topology = await openTopology(nc, {
+      ...(prefix ? { prefix } : {}),
+      ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
+      create,
+    });
   } catch (err) {
     await nc.close();
     throw err;

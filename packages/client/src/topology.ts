@@ -17,10 +17,20 @@ import type { NatsConnection } from "@nats-io/transport-node";
 export interface TopologyOptions {
   /** Subject and bucket prefix; default `boxcar`. */
   prefix?: string;
-  /** Replicas of every stream, bucket and object store; default 1 (use 3 on a cluster). */
+  /**
+   * Replicas of every stream, bucket and object store: 1, 3 or 5. Default: what the existing
+   * system uses (its work stream's replicas); for a new system, 3 when the server this
+   * connection is on is in a cluster of at least 3 servers with JetStream, else 1.
+   */
   replicas?: number;
   /** How long a worker may stay silent on a job before JetStream redelivers it; default 30 s. */
   ackWaitMs?: number;
+  /**
+   * How many times JetStream delivers a work item before it gives up on it (`max_deliver` of
+   * each pool consumer, when the consumer is created); default 20. Dispatchers then end the job
+   * `dead` (see `startMaxDeliveriesWatch`).
+   */
+  maxDeliveries?: number;
   /** How long an idempotency key is remembered; default 24 h. */
   idempotencyWindowMs?: number;
   /**
@@ -40,20 +50,29 @@ export interface ResolvedTopologyOptions {
   prefix: string;
   replicas: number;
   ackWaitMs: number;
+  maxDeliveries: number;
   idempotencyWindowMs: number;
   workerTtlMs: number;
 }
 
-export function resolveTopologyOptions(opts: TopologyOptions = {}): ResolvedTopologyOptions {
+/**
+ * Fills defaults and checks ranges. Without `replicas` it uses `defaultReplicas` (1): only
+ * `openTopology` can look at the NATS system to choose.
+ */
+export function resolveTopologyOptions(opts: TopologyOptions = {}, defaultReplicas = 1): ResolvedTopologyOptions {
   const resolved = {
     prefix: opts.prefix ?? "boxcar",
-    replicas: opts.replicas ?? 1,
+    replicas: opts.replicas ?? defaultReplicas,
     ackWaitMs: opts.ackWaitMs ?? 30_000,
+    maxDeliveries: opts.maxDeliveries ?? 20,
     idempotencyWindowMs: opts.idempotencyWindowMs ?? 24 * 3_600_000,
     workerTtlMs: opts.workerTtlMs ?? 3_600_000,
   };
   if (![1, 3, 5].includes(resolved.replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${resolved.replicas}`);
   if (resolved.ackWaitMs < 1_000) throw new RangeError(`ackWaitMs must be at least 1000, got ${resolved.ackWaitMs}`);
+  if (!Number.isInteger(resolved.maxDeliveries) || resolved.maxDeliveries < 1) {
+    throw new RangeError(`maxDeliveries must be a whole number of at least 1, got ${resolved.maxDeliveries}`);
+  }
   return resolved;
 }
 
@@ -88,24 +107,34 @@ const nanos = (ms: number): number => ms * 1_000_000;
  * Safe to call from many processes at once.
  */
 export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {}): Promise<Topology> {
-  const options = resolveTopologyOptions(opts);
-  const names = namesFor(options.prefix);
+  const names = namesFor(resolveTopologyOptions(opts).prefix); // checks every option before any request
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
-  if (opts.create === false) await requireSystem(jsm, names);
+  const existing = await workStreamReplicas(jsm, names);
+  if (opts.create === false && existing === undefined) throw noSystem(names);
+
+  // The work stream comes first: it marks the system, and the others follow its replica count.
+  const workStream: StreamSpec = {
+    name: names.streams.work,
+    subjects: [names.subjects.workAll],
+    retention: RetentionPolicy.Workqueue,
+    max_msg_size: MiB,
+    duplicate_window: nanos(DUPLICATE_WINDOW_MS),
+  };
+  let replicas = opts.replicas ?? existing;
+  if (replicas === undefined) {
+    // A new system with no replica count given: as many as the cluster this server is in allows.
+    replicas = clusterSize(nc) >= 3 ? 3 : 1;
+    if (replicas > 1 && !(await tryCreateStream(jsm, { ...workStream, storage: StorageType.File, num_replicas: replicas }))) replicas = 1;
+  }
+  const options = resolveTopologyOptions({ ...opts, replicas });
   const num_replicas = options.replicas;
 
-  const streams: (Partial<StreamConfig> & { name: string })[] = [
+  const streams: StreamSpec[] = [
+    workStream,
     {
       name: names.streams.submit,
       subjects: [names.subjects.submitAll],
-      retention: RetentionPolicy.Workqueue,
-      max_msg_size: MiB,
-      duplicate_window: nanos(DUPLICATE_WINDOW_MS),
-    },
-    {
-      name: names.streams.work,
-      subjects: [names.subjects.workAll],
       retention: RetentionPolicy.Workqueue,
       max_msg_size: MiB,
       duplicate_window: nanos(DUPLICATE_WINDOW_MS),
@@ -133,21 +162,25 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       max_msg_size: MiB,
     },
   ];
-  for (const config of streams) {
-    await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
-  }
-
   const kvm = new Kvm(js);
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
     kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}) });
-  const [jobs, agents, workers, idempotency, workflows] = await Promise.all([
-    kv(names.buckets.jobs, { history: 5 }),
-    kv(names.buckets.agents, { history: 5 }),
-    kv(names.buckets.workers, { ttl: options.workerTtlMs }),
-    kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
-    kv(names.buckets.workflows, { history: 5 }),
-  ]);
-  const artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
+  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, artifacts: ObjectStore;
+  try {
+    for (const config of streams) {
+      await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
+    }
+    [jobs, agents, workers, idempotency, workflows] = await Promise.all([
+      kv(names.buckets.jobs, { history: 5 }),
+      kv(names.buckets.agents, { history: 5 }),
+      kv(names.buckets.workers, { ttl: options.workerTtlMs }),
+      kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
+      kv(names.buckets.workflows, { history: 5 }),
+    ]);
+    artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
+  } catch (err) {
+    throw replicaError(err, num_replicas);
+  }
 
   const leases = new Map<string, number>();
   return {
@@ -176,6 +209,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
           filter_subject: names.subjects.work(pool),
           ack_policy: AckPolicy.Explicit,
           ack_wait: nanos(options.ackWaitMs),
+          max_deliver: options.maxDeliveries,
           max_ack_pending: 10_000,
         });
         ackWaitNs = info.config.ack_wait ?? nanos(options.ackWaitMs);
@@ -187,19 +221,68 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   };
 }
 
-async function requireSystem(jsm: JetStreamManager, names: Names): Promise<void> {
+type StreamSpec = Partial<StreamConfig> & { name: string };
+
+/** The replica count of the system's work stream; undefined when the system does not exist. */
+async function workStreamReplicas(jsm: JetStreamManager, names: Names): Promise<number | undefined> {
   try {
-    await jsm.streams.info(names.streams.work);
+    return (await jsm.streams.info(names.streams.work)).config.num_replicas || 1;
   } catch (err) {
     if (!isNotFound(err)) throw err;
-    throw new BoxcarError(
-      ErrorCode.unavailable,
-      `no Boxcar system with prefix ${JSON.stringify(names.prefix)} on this NATS: start a dispatcher (or \`boxcar up\`), or check --prefix`,
-    );
+    return undefined;
   }
 }
 
-async function ensureStream(jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }): Promise<void> {
+function noSystem(names: Names): BoxcarError {
+  return new BoxcarError(
+    ErrorCode.unavailable,
+    `no Boxcar system with prefix ${JSON.stringify(names.prefix)} on this NATS: start a dispatcher (or \`boxcar up\`), or check --prefix`,
+  );
+}
+
+/**
+ * How many servers the cluster of the server this connection is on has, from the server's INFO:
+ * its cluster name and the client URLs it advertises (its own and those of the servers routed
+ * to it). 1 for a server outside any cluster, or one that advertises no URLs (`no_advertise`).
+ * Whether they all run JetStream is settled by creating the first stream.
+ */
+export function clusterSize(nc: NatsConnection): number {
+  const info = nc.info;
+  if (!info?.cluster || !info.jetstream) return 1;
+  return Math.max(1, new Set(info.connect_urls ?? []).size);
+}
+
+/** JetStream's refusals of a replica count this NATS system cannot hold. */
+const REPLICA_REFUSALS: readonly number[] = [
+  10005, // no suitable peers for placement
+  10023, // insufficient resources
+  10074, // replicas > 1 not supported in non-clustered mode
+];
+
+const isReplicaRefusal = (err: unknown): err is JetStreamApiError =>
+  err instanceof JetStreamApiError && REPLICA_REFUSALS.includes(err.code);
+
+/** Creates the stream (or finds it made by another process); false when JetStream refuses its replicas. */
+async function tryCreateStream(jsm: JetStreamManager, config: StreamSpec): Promise<boolean> {
+  try {
+    await ensureStream(jsm, config);
+    return true;
+  } catch (err) {
+    if (isReplicaRefusal(err)) return false;
+    throw err;
+  }
+}
+
+function replicaError(err: unknown, replicas: number): unknown {
+  if (!isReplicaRefusal(err)) return err;
+  return new BoxcarError(
+    ErrorCode.unavailable,
+    `JetStream cannot keep ${replicas} replicas here (${err.message}): it needs as many servers with JetStream up in one cluster; use --replicas / BOXCAR_REPLICAS 1 on a single server`,
+    { cause: err },
+  );
+}
+
+async function ensureStream(jsm: JetStreamManager, config: StreamSpec): Promise<void> {
   try {
     await jsm.streams.info(config.name);
   } catch (err) {

@@ -7,7 +7,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { isTerminal } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
 import type { Command } from "../command.js";
-import { openSession } from "../context.js";
+import { openSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { describeEvent, describeJob } from "../output.js";
@@ -23,7 +23,7 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 export const up: Command = {
   name: "up",
   usage:
-    "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--log-format json|pretty]",
+    "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   maxArgs: 0,
   options: {
@@ -33,6 +33,7 @@ export const up: Command = {
     concurrency: { type: "string" },
     agents: { type: "string", multiple: true, default: [] },
     demo: { type: "boolean", default: false },
+    ...replicasOption,
     ...logFormat,
   },
   async run(ctx) {
@@ -42,6 +43,13 @@ export const up: Command = {
     const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [EXAMPLE_AGENTS];
     const storeDir = resolve((ctx.values.data as string | undefined) ?? join(".boxcar", "data"));
     const demo = ctx.values.demo as boolean;
+    // One local server holds one copy; more replicas need a cluster (`boxcar dispatcher/worker --nats`).
+    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    if (replicas !== undefined && replicas !== 1) {
+      throw new UsageError(
+        `boxcar up runs a single nats-server, which keeps 1 replica: --replicas / BOXCAR_REPLICAS must be 1, got ${replicas}`,
+      );
+    }
     const logger = createLogger(readLogFormat(ctx.values["log-format"]), ctx.io.env.BOXCAR_LOG_LEVEL ?? (demo ? "warn" : "info"));
 
     // Every agent file must be valid before anything starts.

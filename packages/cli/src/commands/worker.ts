@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { openSession } from "../context.js";
+import { openSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { UsageError } from "../usage-error.js";
@@ -10,7 +10,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--drain-grace 30s] [--heartbeat 5s] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -27,6 +27,7 @@ export const worker: Command = {
     "docker-image": { type: "string" },
     "drain-grace": { type: "string" },
     heartbeat: { type: "string" },
+    ...replicasOption,
     ...logFormat,
   },
   async run(ctx) {
@@ -36,7 +37,8 @@ export const worker: Command = {
     // Flags, then the environment, then the file, then the default.
     const url = (ctx.values.nats as string | undefined) ?? ctx.io.env.BOXCAR_NATS_URL ?? config.nats ?? "nats://127.0.0.1:4222";
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
-    await using session = await openSession(url, prefix, "boxcar-worker", true);
+    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    await using session = await openSession(url, prefix, "boxcar-worker", true, { ...(replicas !== undefined ? { replicas } : {}) });
     const w = createWorker({ ...workerOptionsFromConfig(config, session.topology, ctx.io.env), logger });
     const running = w.run();
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
