@@ -1,0 +1,141 @@
+import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { type AttemptOutcome, ErrorCode, type ErrorInfo, isTerminal, JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import { z } from "zod";
+import { jobEvent } from "./admission.js";
+
+/** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
+const MaxDeliveriesAdvisory = z.looseObject({
+  stream: z.string(),
+  consumer: z.string(),
+  stream_seq: z.number().int().positive(),
+  deliveries: z.number().int().nonnegative(),
+});
+type MaxDeliveriesAdvisory = z.infer<typeof MaxDeliveriesAdvisory>;
+
+export interface MaxDeliveriesWatch {
+  /** Stops listening and waits for the advisory in hand; safe to call twice. */
+  close(): Promise<void>;
+}
+
+/** How often a compare-and-swap on the record is tried again when the record changed in between. */
+const MAX_TRIES = 5;
+
+/**
+ * Keeps work items that JetStream gives up on (a pool consumer's `max_deliver`, see
+ * `maxDeliveries`) from vanishing. Such an item stays in the work stream, delivered to nobody;
+ * on the advisory JetStream publishes for it, the job it belongs to is settled:
+ *
+ * - **running** (its workers kept stopping without finishing it, e.g. they crashed): the job
+ *   ends `dead` by compare-and-swap, with a `dead` event and a copy in the dead-letter stream;
+ * - **queued** (its deliveries went to retries' backoffs or to workers that handed it back): it is
+ *   enqueued again as a fresh message, so a retry policy or a busy pool is not cut short;
+ * - **final** already, or without a record: nothing is left to do.
+ *
+ * In every case the given-up message is then deleted from the work stream. Every dispatcher
+ * receives the advisory; the compare-and-swap makes one of them end the job, and the fresh
+ * message's id (job id and the old message's sequence) makes the stream keep one copy.
+ */
+export async function startMaxDeliveriesWatch(topology: Topology, log: Logger): Promise<MaxDeliveriesWatch> {
+  const stream = topology.names.streams.work;
+  const subject = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.>`;
+  const sub = topology.nc.subscribe(subject);
+  const done = (async () => {
+    for await (const msg of sub) {
+      let advisory: MaxDeliveriesAdvisory;
+      try {
+        advisory = parseWith(MaxDeliveriesAdvisory, msg.json(), "max deliveries advisory");
+      } catch (err) {
+        log.warn({ err, subject: msg.subject }, "ignoring an advisory that cannot be read");
+        continue;
+      }
+      if (advisory.stream !== stream) continue;
+      await settle(topology, advisory, log).catch((err: unknown) =>
+        log.error({ err, seq: advisory.stream_seq }, "could not settle a work item JetStream gave up on"),
+      );
+    }
+  })();
+  // The subscription is in place on the server before the caller goes on.
+  await topology.nc.flush();
+  log.debug({ subject }, "watching for work items JetStream gives up on");
+
+  let closing: Promise<void> | undefined;
+  return {
+    close: () =>
+      (closing ??= (async () => {
+        sub.unsubscribe();
+        await done;
+      })()),
+  };
+}
+
+async function settle(topology: Topology, advisory: MaxDeliveriesAdvisory, parentLog: Logger): Promise<void> {
+  const { stream_seq: seq, deliveries } = advisory;
+  let log = parentLog.child({ seq, consumer: advisory.consumer, deliveries });
+  const stored = await topology.jsm.streams.getMessage(topology.names.streams.work, { seq });
+  if (!stored) {
+    log.debug({}, "the given-up work item is gone already");
+    return;
+  }
+  const item = parseWith(WorkItem, stored.json(), "work item");
+  const jobId = item.jobId;
+  log = log.child({ jobId });
+
+  for (let tries = 0; tries < MAX_TRIES; tries++) {
+    const found = await getJson(topology.jobs, jobId, JobRecord, "job record");
+    if (!found || isTerminal(found.value.state)) {
+      log.info({ state: found?.value.state }, "JetStream gave up on the work item of a job that has ended; removing it");
+      return deleteWorkItem(topology, seq, log);
+    }
+    const job = found.value;
+    if (job.state !== "running") {
+      // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by failures.
+      await topology.js.publish(stored.subject, stored.data, { msgID: `${jobId}:redelivery:${seq}` });
+      log.warn({ state: job.state, attempt: job.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");
+      return deleteWorkItem(topology, seq, log);
+    }
+
+    const now = nowIso();
+    const error: ErrorInfo = {
+      code: ErrorCode.internal,
+      message:
+        `JetStream gave up after ${deliveries} deliveries of the work item: attempt ${job.attempt}` +
+        `${job.workerId ? ` (worker ${job.workerId})` : ""} and those before it stopped without finishing, e.g. their workers crashed`,
+    };
+    const ended: AttemptOutcome = {
+      attempt: Math.max(1, job.attempt),
+      state: "failed",
+      finishedAt: now,
+      error,
+      ...(job.workerId ? { workerId: job.workerId } : {}),
+    };
+    const dead: JobRecord = { ...job, state: "dead", finishedAt: now, error, history: [...job.history, ended] };
+    try {
+      await topology.jobs.update(jobId, JSON.stringify(dead), found.revision);
+    } catch (err) {
+      if (!isRevisionConflict(err)) throw err;
+      continue; // changed meanwhile (another dispatcher, or a worker): decide again
+    }
+    await publishEvent(topology, jobEvent(dead, "dead", { message: error.message, error }));
+    await topology.js
+      .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead))
+      .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));
+    log.warn({ attempt: job.attempt, workerId: job.workerId }, "job is dead: JetStream gave up on its work item");
+    return deleteWorkItem(topology, seq, log);
+  }
+  log.error({}, "the job record kept changing; the given-up work item stays in the work stream");
+}
+
+async function deleteWorkItem(topology: Topology, seq: number, log: Logger): Promise<void> {
+  try {
+    await topology.jsm.streams.deleteMessage(topology.names.streams.work, seq, false);
+  } catch (err) {
+    // Another dispatcher removed it first (10057: the server's "no message found" on delete).
+    if (err instanceof JetStreamApiError && (err.code === JetStreamApiCodes.NoMessageFound || err.code === 10057)) return;
+    log.warn({ err }, "could not remove the given-up work item from the work stream");
+  }
+}
+
+function isRevisionConflict(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
+}
