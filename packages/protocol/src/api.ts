@@ -4,7 +4,7 @@ import { ErrorInfo } from "./errors.js";
 import { JobRecord, JobState } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { WorkerInfo } from "./worker-info.js";
-import { RunState, WorkflowRun } from "./workflow.js";
+import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
 
 /** Every API reply is `{ ok: true, data }` or `{ ok: false, error }`. */
 export const ApiReply = z.discriminatedUnion("ok", [
@@ -47,8 +47,8 @@ export const ListAgentsReply = z.strictObject({ agents: z.array(AgentDefinition)
 export const ListWorkersReply = z.strictObject({ workers: z.array(WorkerInfo) });
 
 export const StartRunRequest = z.strictObject({
-  /** The workflow definition (as in a workflow file); validated by the dispatcher. */
-  workflow: z.unknown(),
+  /** The workflow definition, as in a workflow file. */
+  workflow: WorkflowDefinition,
   input: z.json().default(null),
   /** A second start with the same key returns the first run. */
   idempotencyKey: z.string().min(1).max(256).optional(),

@@ -80,7 +80,7 @@ function settle(run: WorkflowRun, jobs: JobLookup, now: number, events: RunEvent
     progress = false;
     for (const step of steps) {
       const state = stepOf(step.name);
-      for (const inst of state.instances) if (inst.state === "running") followJobs(step.name, inst, jobs, events);
+      for (const inst of state.instances) if (inst.state === "running") followJobs(step, inst, jobs, events);
       if (state.state === "running" && state.instances.every((i) => i.state !== "starting" && i.state !== "running")) {
         settleStep(step, state, at, events);
         progress = true;
@@ -148,7 +148,7 @@ function collectStarts(run: WorkflowRun, jobs: JobLookup): PlannedStart[] | unde
 }
 
 /** Moves an instance along its job chain: to the next job after a handoff, or to its end. */
-function followJobs(step: string, inst: StepInstance, jobs: JobLookup, events: RunEventDraft[]): void {
+function followJobs(step: WorkflowStep, inst: StepInstance, jobs: JobLookup, events: RunEventDraft[]): void {
   for (;;) {
     const job = jobs.get(inst.jobs.at(-1) ?? "");
     if (!job || !isTerminal(job.state) || handoffPending(job)) return;
@@ -157,8 +157,8 @@ function followJobs(step: string, inst: StepInstance, jobs: JobLookup, events: R
       inst.jobs.push(next);
       events.push({
         type: "handoff",
-        step,
-        index: inst.index,
+        step: step.name,
+        ...(step.forEach !== undefined ? { index: inst.index } : {}),
         jobId: next,
         message: `${job.agent} handed off to ${job.handoff?.to} (job ${next})`,
       });

@@ -12,7 +12,6 @@ import {
   StartRunRequest,
   type StepRun,
   toErrorInfo,
-  WorkflowDefinition,
   type WorkflowEvent,
   WorkflowRun,
 } from "@boxcar/protocol";
@@ -47,7 +46,7 @@ export class Runs {
 
   async start(raw: unknown): Promise<{ run: WorkflowRun; duplicate: boolean }> {
     const req = parseWith(StartRunRequest, raw, "request");
-    const workflow = parseWith(WorkflowDefinition, req.workflow, "workflow");
+    const { workflow } = req;
     for (const [i, step] of workflow.steps.entries()) {
       try {
         const agent = await loadAgent(this.topology, step.agent);
