@@ -121,7 +121,7 @@ test("a dispatcher killed over and over during a fan-out and join: every item ru
     await startDispatcher();
   }
   const finished = await client.waitForRun(run.id);
-  console.log(`fan-out of ${items.length} with a join: ${kills} dispatcher kills, run ${finished.state}`);
+  process.stdout.write(`fan-out of ${items.length} with a join: ${kills} dispatcher kills, run ${finished.state}\n`);
   expect(kills).toBeGreaterThan(0);
   expect(finished.state).toBe("succeeded");
   expect(finished.output).toEqual({ results: items, ms: 50 });
