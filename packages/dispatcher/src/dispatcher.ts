@@ -6,6 +6,7 @@ import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
 import { watchJobs } from "./job-watch.js";
+import { startMaxDeliveriesWatch } from "./max-deliveries.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
@@ -47,6 +48,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const follower = new RunFollower(topology, runs, { log, workers });
   const jobWatch = await watchJobs(topology, log, [(key, job) => expiry.observe(key, job), follower.observeJob]);
   await follower.start();
+  const maxDeliveries = await startMaxDeliveriesWatch(topology, log);
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -100,6 +102,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => service.stop().then(() => undefined),
         () => intake.close().then(() => undefined),
         () => intakeDone,
+        () => maxDeliveries.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => workers.close(),
