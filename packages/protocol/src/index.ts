@@ -119,4 +119,4 @@ export {
   WorkflowStep,
 } from "./workflow.js";
 export type { FileIssue } from "./yaml-file.js";
-export { FileError, parseAgentFile, parseWorkflowFile, parseYamlFile } from "./yaml-file.js";
+export { FileError, locateYamlPath, parseAgentFile, parseWorkflowFile, parseYamlFile } from "./yaml-file.js";

@@ -77,6 +77,23 @@ export function parseYamlFile<S extends z.ZodType>(text: string, file: string, s
   );
 }
 
+/**
+ * Where a field path (`steps[1].agent`, or its segments) lies in YAML text: the line and column
+ * (1-based) of its key, or of the deepest part of the path that exists. Undefined when the text
+ * is not YAML. Lets a caller point at the file line of an error the server reported by path.
+ */
+export function locateYamlPath(text: string, path: string | readonly PropertyKey[]): { line: number; column: number } | undefined {
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(text, { lineCounter, prettyErrors: false });
+  if (doc.errors.length > 0) return undefined;
+  const segments =
+    typeof path === "string"
+      ? [...path.matchAll(/([^.[\]]+)|\[(\d+)\]/g)].map((m) => (m[2] !== undefined ? Number(m[2]) : (m[1] as string)))
+      : path;
+  const pos = lineCounter.linePos(locate(doc.contents, segments));
+  return { line: pos.line, column: pos.col };
+}
+
 /** Offset of the deepest node on `path` that exists: the key of a bad field, or its parent. */
 function locate(root: unknown, path: readonly PropertyKey[]): number {
   let node = root as Node | null | undefined;
