@@ -3,13 +3,31 @@ import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { artifacts, cancel, events, jobs, logs, retry, status, submit } from "./commands/jobs.js";
 import { dispatcher, workers } from "./commands/roles.js";
+import { run } from "./commands/run.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
+import { workflow } from "./commands/workflow.js";
 import { type CommandContext, type Io, natsUrl, openSession, parseCommandLine } from "./context.js";
 import { ExitCode } from "./exit-codes.js";
 import { exitCodeFor, UsageError } from "./usage-error.js";
 
-const COMMANDS: readonly Command[] = [up, dispatcher, worker, agent, submit, status, logs, events, artifacts, cancel, retry, jobs, workers];
+const COMMANDS: readonly Command[] = [
+  up,
+  dispatcher,
+  worker,
+  agent,
+  submit,
+  status,
+  logs,
+  events,
+  artifacts,
+  cancel,
+  retry,
+  jobs,
+  run,
+  workflow,
+  workers,
+];
 
 function help(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
@@ -26,7 +44,7 @@ function help(): string {
     "  --json         machine-readable output",
     "  -h, --help     help for a command",
     "",
-    "exit codes: 0 ok, 1 job did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
+    "exit codes: 0 ok, 1 job or run did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
   ].join("\n");
 }
 

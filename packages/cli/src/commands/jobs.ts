@@ -10,6 +10,26 @@ import { UsageError } from "../usage-error.js";
 
 const exitFor = (job: JobRecord): number => (job.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
 
+/** A job's place in a handoff chain (or workflow run) and what became of its handoff request, as lines. */
+function describeChain(job: JobRecord): string[] {
+  const lines: string[] = [];
+  const { chain } = job;
+  if (chain) {
+    const where = chain.run ? `, run ${chain.run} step ${chain.step}${chain.index !== undefined ? `[${chain.index}]` : ""}` : "";
+    lines.push(`chain     root ${chain.root}, depth ${chain.depth}${chain.parent ? `, after ${chain.parent}` : ""}${where}`);
+    if (chain.history.length > 0) lines.push(`          ${[...chain.history.map((h) => h.agent), job.agent].join(" → ")}`);
+  }
+  const asked = job.result?.handoff;
+  if (job.handoff?.jobId) lines.push(`handoff   handed off to ${job.handoff.to} as job ${job.handoff.jobId}`);
+  else if (job.handoff?.error) lines.push(`handoff   to ${job.handoff.to} refused: ${job.handoff.error.message}`);
+  else if (asked && job.state === "succeeded") lines.push(`handoff   to ${asked.to} asked for, not yet decided`);
+  else if (asked) lines.push(`handoff   to ${asked.to} not made: the job ended ${job.state}`);
+  return lines;
+}
+
+/** describeJob with the chain lines after the job's own. */
+const describeJobInChain = (job: JobRecord): string => [describeJob(job), ...describeChain(job)].join("\n");
+
 function one(ctx: CommandContext<Values>, what: string, usage: string): string {
   const [value, ...rest] = ctx.positionals;
   if (!value || rest.length > 0) throw new UsageError(`expected one ${what}\n\nusage: ${usage}`);
@@ -43,20 +63,31 @@ async function localFiles(specs: string[]): Promise<LocalInputFile[]> {
   return files;
 }
 
-/** Streams a job's events and output to the terminal until it ends; returns the final record. */
+/**
+ * Streams a job's events and output to the terminal until it ends, and then those of the jobs it
+ * hands off to, one after the other; returns the record of the chain's last job.
+ */
 async function follow(ctx: CommandContext<Values>, client: BoxcarClient, jobId: string): Promise<JobRecord> {
-  const events = (async () => {
-    for await (const event of client.events(jobId, { follow: true, signal: ctx.io.signal })) {
-      ctx.io.stderr.write(`${ctx.values.json ? JSON.stringify(event) : describeEvent(event)}\n`);
-    }
-  })();
-  const logs = (async () => {
-    for await (const chunk of client.logs(jobId, { follow: true, signal: ctx.io.signal })) {
+  const followLogs = async (id: string) => {
+    for await (const chunk of client.logs(id, { follow: true, signal: ctx.io.signal })) {
       (chunk.stream === "stdout" ? ctx.io.stdout : ctx.io.stderr).write(chunk.data);
     }
-  })();
-  await Promise.all([events, logs]);
-  return client.getJob(jobId);
+  };
+  // Each job's output once the one before it has ended, so the chain's output stays in order.
+  let logs = followLogs(jobId);
+  for await (const event of client.events(jobId, { chain: true, follow: true, signal: ctx.io.signal })) {
+    ctx.io.stderr.write(`${ctx.values.json ? JSON.stringify(event) : describeEvent(event)}\n`);
+    const next = event.kind === "job" && event.type === "handoff" ? event.next : undefined;
+    if (next) logs = logs.then(() => followLogs(next));
+  }
+  await logs;
+  return client.waitForChain(jobId, ctx.io.signal);
+}
+
+/** How a chain ended, when it went past its first job. */
+function chainEnding(first: string, last: JobRecord): string | undefined {
+  if (last.id === first) return undefined;
+  return `the chain ended with job ${last.id} (agent ${last.agent}, ${last.chain?.depth ?? 0} handoffs after ${first})`;
 }
 
 export const submit: Command = {
@@ -96,8 +127,11 @@ export const submit: Command = {
       return ExitCode.ok;
     }
     if (!ctx.values.json) ctx.io.stderr.write(`submitted ${job.id}${duplicate ? " (existing job for this idempotency key)" : ""}\n`);
-    const final = ctx.values.follow ? await follow(ctx, client, job.id) : await client.waitForJob(job.id, ctx.io.signal);
-    ctx.print(ctx.values.json ? json(final) : `\n${describeJob(final)}`);
+    // A job that hands off is done when its chain is: wait for the chain's last job.
+    const final = ctx.values.follow ? await follow(ctx, client, job.id) : await client.waitForChain(job.id, ctx.io.signal);
+    const ending = chainEnding(job.id, final);
+    if (ending && !ctx.values.json) ctx.io.stderr.write(`${ending}\n`);
+    ctx.print(ctx.values.json ? json(final) : `\n${describeJobInChain(final)}`);
     return exitFor(final);
   },
 };
@@ -113,7 +147,7 @@ export const status: Command = {
     await using session = await ctx.session("boxcar-status");
     let job = await session.client.getJob(id);
     if (ctx.values.wait && !isTerminal(job.state)) job = await session.client.waitForJob(id, ctx.io.signal);
-    ctx.print(ctx.values.json ? json(job) : describeJob(job));
+    ctx.print(ctx.values.json ? json(job) : describeJobInChain(job));
     return ctx.values.wait ? exitFor(job) : ExitCode.ok;
   },
 };
@@ -138,15 +172,16 @@ export const logs: Command = {
 
 export const events: Command = {
   name: "events",
-  usage: "boxcar events JOB [--follow]",
-  summary: "print a job's job and sandbox events in order",
+  usage: "boxcar events JOB [--follow] [--no-chain]",
+  summary: "print a job's job and sandbox events in order, then those of the jobs it handed off to (--no-chain: only its own)",
   maxArgs: 1,
-  options: { follow: { type: "boolean", short: "f", default: false } },
+  options: { follow: { type: "boolean", short: "f", default: false }, "no-chain": { type: "boolean", default: false } },
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
     await using session = await ctx.session("boxcar-events");
     await session.client.getJob(id);
-    for await (const event of session.client.events(id, { follow: ctx.values.follow as boolean, signal: ctx.io.signal })) {
+    const opts = { follow: ctx.values.follow as boolean, chain: !ctx.values["no-chain"], signal: ctx.io.signal };
+    for await (const event of session.client.events(id, opts)) {
       ctx.print(ctx.values.json ? JSON.stringify(event) : describeEvent(event));
     }
     return ExitCode.ok;
