@@ -1,5 +1,6 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -105,4 +106,38 @@ test("a zombie attempt that finishes late cannot overwrite the outcome of a newe
     stale.kill("SIGTERM");
     await exited(stale);
   }
+});
+
+test("an admission cut short by a dispatcher crash (record written, work item not) is finished by a dispatcher; a job that only waits is not doubled", async () => {
+  await using s = await system();
+  await s.client.applyAgent({ name: "quick", command: "echo ran >> runs.txt; cat runs.txt", trusted: true, runtime: { sandbox: "host" } });
+  // What `admit` leaves when its dispatcher dies between the record and the work item.
+  const now = new Date().toISOString();
+  const orphan: JobRecord = {
+    v: PROTOCOL_VERSION,
+    id: "0orphanedadmission1",
+    agent: "quick",
+    pool: "default",
+    state: "queued",
+    spec: JobSpec.parse({ agent: "quick" }),
+    attempt: 0,
+    createdAt: now,
+    queuedAt: now,
+    artifacts: [],
+    history: [],
+    attemptsAllowed: 1,
+  };
+  await s.nats.topology.jobs.create(orphan.id, JSON.stringify(orphan));
+  // A job properly admitted that waits longer than the sweeper's grace: its work item is published again, and dropped.
+  const { job: waiting } = await s.client.submit({ agent: "quick" });
+  await new Promise((r) => setTimeout(r, 7_000));
+
+  await using worker = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  expect(await s.client.waitForJob(orphan.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+  expect(await s.client.waitForJob(waiting.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+  await new Promise((r) => setTimeout(r, 1_000));
+  expect(await jobTypes(s.client, waiting.id)).toEqual(["accepted:0", "queued:0", "started:1", "succeeded:1"]);
+  const work = await s.nats.topology.jsm.streams.info(s.nats.topology.names.streams.work);
+  expect(work.state.messages).toBe(0);
 });

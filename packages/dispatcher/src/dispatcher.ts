@@ -2,6 +2,7 @@ import { hostname } from "node:os";
 import { type Logger, silentLogger, type Topology } from "@boxcar/client";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
+import { AdmissionSweeper } from "./admission-sweeper.js";
 import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
@@ -44,9 +45,14 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
 
   const workers = await WorkerDirectory.open(topology, log);
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
+  const admissions = new AdmissionSweeper(topology, log, 1_000);
   const runs = new Runs(topology, { log, workers });
   const follower = new RunFollower(topology, runs, { log, workers });
-  const jobWatch = await watchJobs(topology, log, [(key, job) => expiry.observe(key, job), follower.observeJob]);
+  const jobWatch = await watchJobs(topology, log, [
+    (key, job) => expiry.observe(key, job),
+    (key, job) => admissions.observe(key, job),
+    follower.observeJob,
+  ]);
   await follower.start();
   const maxDeliveries = await startMaxDeliveriesWatch(topology, log);
   const service: Service = await new Svcm(topology.nc).add({
@@ -107,6 +113,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         async () => follower.close(),
         async () => workers.close(),
         async () => expiry.close(),
+        async () => admissions.close(),
       ];
       for (const step of steps) {
         try {

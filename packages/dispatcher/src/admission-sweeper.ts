@@ -1,0 +1,62 @@
+import { DUPLICATE_WINDOW_MS, getJson, type Logger, type Topology } from "@boxcar/client";
+import { JobRecord } from "@boxcar/protocol";
+import { loadAgent, publishWorkItem } from "./admission.js";
+
+/** How long a new job may wait before its work item is published again, in case it never was. */
+const GRACE_MS = 5_000;
+/** Republishing stops this long before the stream's duplicate window closes, so the server still drops a copy. */
+const MARGIN_MS = 15_000;
+
+/**
+ * Finishes admissions a dispatcher crash cut short. `admit` writes the job record, then
+ * publishes its work item; a dispatcher that dies in between leaves a `queued` job with no work.
+ * Every dispatcher is shown each new job (by the jobs watcher); one still waiting at attempt 0
+ * after a few seconds gets its work item published again under the same message id, which the
+ * work stream drops when the first one did arrive. This works within the stream's duplicate
+ * window (2 min): a job orphaned while no dispatcher ran for longer stays queued until its queue
+ * timeout, if it has one.
+ */
+export class AdmissionSweeper {
+  private readonly waiting = new Map<string, number>();
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly log: Logger,
+    intervalMs: number,
+  ) {
+    this.timer = setInterval(() => void this.sweep(), intervalMs);
+  }
+
+  /** Notes a job record's latest value (undefined: the record was deleted). */
+  observe(key: string, job: JobRecord | undefined): void {
+    const created = job ? Date.parse(job.createdAt) : Number.NaN;
+    if (job?.state === "queued" && job.attempt === 0 && Date.now() - created < DUPLICATE_WINDOW_MS - MARGIN_MS) {
+      if (!this.waiting.has(key)) this.waiting.set(key, created);
+    } else {
+      this.waiting.delete(key);
+    }
+  }
+
+  private async sweep(): Promise<void> {
+    const now = Date.now();
+    for (const [id, created] of this.waiting) {
+      if (now - created < GRACE_MS) continue;
+      this.waiting.delete(id);
+      if (now - created >= DUPLICATE_WINDOW_MS - MARGIN_MS) continue;
+      await this.republish(id).catch((err: unknown) => this.log.warn({ err, jobId: id }, "could not check a queued job's work item"));
+    }
+  }
+
+  private async republish(id: string): Promise<void> {
+    const found = await getJson(this.topology.jobs, id, JobRecord, "job record");
+    const job = found?.value;
+    if (job?.state !== "queued" || job.attempt !== 0) return;
+    await publishWorkItem(this.topology, job, await loadAgent(this.topology, job.agent));
+    this.log.debug({ jobId: id }, "work item published again (dropped by the stream if it was there)");
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+  }
+}
