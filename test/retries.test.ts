@@ -101,6 +101,40 @@ describe("retries", () => {
   });
 });
 
+describe("an overall deadline across attempts", () => {
+  test("no attempt is retried past the job's deadline: it ends with the reason", async () => {
+    await agent("never", "exit 2", { maxAttempts: 20, backoff: "fixed", delay: "400ms" });
+    const { job } = await client.submit({ agent: "never", deadline: "1500ms" });
+    const final = await client.waitForJob(job.id);
+    expect(final.state).toBe("failed");
+    expect(final.attempt).toBeGreaterThan(1);
+    expect(final.attempt).toBeLessThan(20);
+    const last = (await jobEvents(job.id)).filter((e) => e.kind === "job").at(-1);
+    expect(last).toMatchObject({
+      type: "failed",
+      message: "agent exited with code 2; not retried: the job's deadline comes before another attempt could start",
+    });
+  });
+
+  test("an attempt still running at the deadline is stopped, and not retried", async () => {
+    await agent("dawdler", "sleep 30", { maxAttempts: 3, on: ["timeout"] }, "60s");
+    const { job } = await client.submit({ agent: "dawdler", deadline: "1s" });
+    const final = await client.waitForJob(job.id);
+    expect(final).toMatchObject({
+      state: "timed_out",
+      attempt: 1,
+      error: { code: ErrorCode.timedOut, message: expect.stringMatching(/^the job passed its deadline of .* and was stopped$/) },
+    });
+  });
+
+  test("a bad deadline is refused with the field named", async () => {
+    await expect(client.submit({ agent: "dawdler", deadline: "-5s" })).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+      issues: [expect.objectContaining({ path: "deadline" })],
+    });
+  });
+});
+
 describe("bad retry input gets a clear error", () => {
   test.each([
     ["negative attempts", { maxAttempts: -1 }, "retry.maxAttempts"],

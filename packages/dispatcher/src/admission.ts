@@ -84,6 +84,7 @@ export async function admit(
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
+  if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
   await topology.jobs.create(id, JSON.stringify(record));
   // Both events are sent before the work item, so they precede anything a worker publishes.
   await Promise.all([

@@ -22,7 +22,8 @@ export class ExpirySweeper {
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
-    if (job?.expiresAt && (job.state === "queued" || job.state === "accepted")) this.deadlines.set(job.id, Date.parse(job.expiresAt));
+    const due = job && (job.state === "queued" || job.state === "accepted") ? dueAt(job) : undefined;
+    if (due !== undefined) this.deadlines.set(key, due);
     else this.deadlines.delete(key);
   }
 
@@ -40,21 +41,35 @@ export class ExpirySweeper {
   }
 }
 
-/** Ends a job that is still waiting past its deadline; a job that started meanwhile is left alone. */
+/** When a waiting job runs out of time: its queue timeout (first attempt only) or its overall deadline. */
+function dueAt(job: JobRecord): number | undefined {
+  const times = [job.attempt === 0 ? job.expiresAt : undefined, job.deadlineAt].flatMap((t) => (t ? [Date.parse(t)] : []));
+  return times.length > 0 ? Math.min(...times) : undefined;
+}
+
+/**
+ * Ends a job still waiting past its queue timeout (`expired`) or its overall deadline
+ * (`timed_out`, e.g. while it waits for a retry); a job that started meanwhile is left alone.
+ */
 async function expire(topology: Topology, id: string): Promise<void> {
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
   if (!found || (found.value.state !== "queued" && found.value.state !== "accepted")) return;
   const job = found.value;
+  const due = dueAt(job);
+  if (due === undefined || due > Date.now()) return;
+  const pastDeadline = job.deadlineAt !== undefined && Date.parse(job.deadlineAt) <= Date.now();
   const expired: JobRecord = {
     ...job,
-    state: "expired",
+    state: pastDeadline ? "timed_out" : "expired",
     finishedAt: nowIso(),
-    error: { code: ErrorCode.expired, message: `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time` },
+    error: pastDeadline
+      ? { code: ErrorCode.timedOut, message: `passed its deadline of ${job.deadlineAt} while waiting for attempt ${job.attempt + 1}` }
+      : { code: ErrorCode.expired, message: `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time` },
   };
   try {
     await topology.jobs.update(id, JSON.stringify(expired), found.revision);
   } catch {
     return; // a worker claimed it (or it was cancelled) in the meantime
   }
-  await publishEvent(topology, jobEvent(expired, "expired"));
+  await publishEvent(topology, jobEvent(expired, pastDeadline ? "timed_out" : "expired"));
 }

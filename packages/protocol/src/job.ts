@@ -35,6 +35,9 @@ export const JobSpec = z.strictObject({
   queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
     .optional()
     .describe("a job not started within this time of being queued ends expired; overrides the agent's"),
+  deadline: durationMs({ min: 1_000, max: MAX_TIMEOUT_MS })
+    .optional()
+    .describe("overall time limit from submission, across all attempts: no attempt runs or is retried past it"),
   pool: PoolName.optional().describe("overrides the agent's pool"),
   retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}),
@@ -134,6 +137,8 @@ export const JobRecord = z.looseObject({
   attemptsAllowed: z.number().int().positive().optional(),
   /** When a job still queued ends `expired` (from the spec's or agent's queueTimeout). */
   expiresAt: z.iso.datetime().optional(),
+  /** When the job runs out of time across all its attempts (from the spec's `deadline`). */
+  deadlineAt: z.iso.datetime().optional(),
   /** The attempts that failed and were retried, oldest first. */
   history: z.array(AttemptOutcome).default([]),
   result: JobResult.optional(),

@@ -33,7 +33,7 @@ import type { ResolvedWorkerOptions } from "./worker-options.js";
 const HAND_BACK_DELAY_MS = 1_000;
 
 /** Why a run was stopped before it ended on its own. */
-export type StopReason = "cancelled" | "timed_out" | "worker_stopped" | "fenced";
+export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced";
 
 export interface JobRunContext {
   options: ResolvedWorkerOptions;
@@ -144,6 +144,10 @@ export class JobRun {
           error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
         };
       }
+      if (current.deadlineAt && Date.parse(current.deadlineAt) <= Date.parse(now)) {
+        const message = `passed its deadline of ${current.deadlineAt} before attempt ${current.attempt + 1} could start`;
+        return { ...current, state: "timed_out", finishedAt: now, error: { code: ErrorCode.timedOut, message } };
+      }
       if (current.expiresAt && current.attempt === 0 && Date.parse(current.expiresAt) < Date.parse(now)) {
         const message = `not started before ${current.expiresAt}: it waited longer than its queue timeout`;
         return { ...current, state: "expired", finishedAt: now, error: { code: ErrorCode.expired, message } };
@@ -172,7 +176,7 @@ export class JobRun {
     this.events.attempt = record.attempt;
     this.log = this.log.child({ attempt: record.attempt });
     if (!preflight.ok || record.state !== "running") {
-      const state = record.state === "cancelled" || record.state === "expired" ? record.state : "failed";
+      const state = record.state === "cancelled" || record.state === "expired" || record.state === "timed_out" ? record.state : "failed";
       await this.events.job(state, state, record.error ? { error: record.error, message: record.error.message } : {});
       this.log.info({ state, error: record.error }, "job ended before it started");
       return this.ack();
@@ -285,7 +289,13 @@ export class JobRun {
       onPublishError: (err) => this.log.warn({ err }, "could not store agent output"),
     });
     void this.events.sandbox("exec_started", ref);
-    const timeout = setTimeout(() => this.stop("timed_out"), this.item.timeoutMs);
+    // The attempt's own limit, or the job's overall deadline if that comes first.
+    const deadlineAt = this.handle?.record.deadlineAt;
+    const msLeft = deadlineAt ? Date.parse(deadlineAt) - Date.now() : Number.POSITIVE_INFINITY;
+    const timeout = setTimeout(
+      () => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"),
+      Math.min(this.item.timeoutMs, msLeft),
+    );
     let exec: ExecResult;
     try {
       exec = await sandbox.exec(this.item.agent.command, {
@@ -368,6 +378,8 @@ export class JobRun {
           ErrorCode.timedOut,
           `the agent ran longer than its time limit of ${this.item.timeoutMs} ms and was stopped`,
         );
+      case "deadline":
+        return final("timed_out", ErrorCode.timedOut, `the job passed its deadline of ${this.handle?.record.deadlineAt} and was stopped`);
       case "cancelled":
         return final("cancelled", ErrorCode.cancelled, "cancelled while running");
       case "worker_stopped":
@@ -409,8 +421,17 @@ export class JobRun {
     }
     if (outcome.kind === "final" && (outcome.state === "failed" || outcome.state === "timed_out")) {
       const attempt = this.events.attempt;
-      const plan = planRetry(this.item.retry, { ...outcome, state: outcome.state }, attempt, this.handle?.record.attemptsAllowed ?? 1);
+      const deadlineAt = this.handle?.record.deadlineAt;
+      const msLeft = deadlineAt ? Date.parse(deadlineAt) - Date.now() : Number.POSITIVE_INFINITY;
+      const plan = planRetry(
+        this.item.retry,
+        { ...outcome, state: outcome.state },
+        attempt,
+        this.handle?.record.attemptsAllowed ?? 1,
+        msLeft,
+      );
       if (plan.kind !== "final") return this.retryOrBury(outcome, outcome.state, plan);
+      if (plan.note) outcome = { ...outcome, message: `${outcome.message ?? outcome.state}; ${plan.note}` };
     }
     const now = nowIso();
     const update =

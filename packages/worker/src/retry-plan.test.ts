@@ -22,8 +22,17 @@ describe("planRetry", () => {
 
   test("fixed backoff with jitter stays between half and all of the delay", () => {
     const p = policy({ maxAttempts: 3, backoff: "fixed", delay: "2s" });
-    expect(planRetry(p, exit, 1, 3, () => 0)).toEqual({ kind: "retry", delayMs: 1000 });
-    expect(planRetry(p, exit, 2, 3, () => 1)).toEqual({ kind: "retry", delayMs: 2000 });
+    expect(planRetry(p, exit, 1, 3, Number.POSITIVE_INFINITY, () => 0)).toEqual({ kind: "retry", delayMs: 1000 });
+    expect(planRetry(p, exit, 2, 3, Number.POSITIVE_INFINITY, () => 1)).toEqual({ kind: "retry", delayMs: 2000 });
+  });
+
+  test("no retry when the job's deadline comes before the next attempt would start", () => {
+    const p = policy({ maxAttempts: 5, delay: "2s", jitter: false });
+    expect(planRetry(p, exit, 1, 5, 2_500)).toEqual({ kind: "retry", delayMs: 2000 });
+    expect(planRetry(p, exit, 1, 5, 1_500)).toEqual({
+      kind: "final",
+      note: "not retried: the job's deadline comes before another attempt could start",
+    });
   });
 
   test("the last allowed attempt ends the job dead; no policy or one attempt means plainly final", () => {

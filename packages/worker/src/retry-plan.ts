@@ -1,7 +1,11 @@
 import { ErrorCode, type ErrorInfo, type JobResult, type RetryOn, type RetryPolicy } from "@boxcar/protocol";
 
 /** What happens to an attempt that ended failed or timed out. */
-export type RetryPlan = { kind: "retry"; delayMs: number } | { kind: "dead" } | { kind: "final" };
+export type RetryPlan =
+  | { kind: "retry"; delayMs: number }
+  | { kind: "dead" }
+  /** `note` says why a failure the policy covers is not retried. */
+  | { kind: "final"; note?: string };
 
 export interface EndedAttempt {
   state: "failed" | "timed_out";
@@ -31,14 +35,16 @@ export function failureKind(attempt: EndedAttempt): RetryOn | undefined {
 
 /**
  * Decides, from the job's retry policy, whether an ended attempt is retried (and after how
- * long), ends the job `dead` (attempts exhausted), or is simply final (no policy, or a failure
- * that is never retried). `attemptsAllowed` is the record's budget; `random` is for jitter.
+ * long), ends the job `dead` (attempts exhausted), or is simply final (no policy, a failure
+ * that is never retried, or no time for another attempt before the job's deadline, `msLeft`).
+ * `attemptsAllowed` is the record's budget; `random` is for jitter.
  */
 export function planRetry(
   policy: RetryPolicy | undefined,
   ended: EndedAttempt,
   attempt: number,
   attemptsAllowed: number,
+  msLeft: number = Number.POSITIVE_INFINITY,
   random: () => number = Math.random,
 ): RetryPlan {
   const kind = failureKind(ended);
@@ -46,5 +52,7 @@ export function planRetry(
   if (attempt >= attemptsAllowed) return { kind: "dead" };
   const base = policy.backoff === "fixed" ? policy.delay : policy.delay * 2 ** (attempt - 1);
   const capped = Math.min(base, policy.maxDelay);
-  return { kind: "retry", delayMs: Math.round(policy.jitter ? capped * (0.5 + random() * 0.5) : capped) };
+  const delayMs = Math.round(policy.jitter ? capped * (0.5 + random() * 0.5) : capped);
+  if (delayMs >= msLeft) return { kind: "final", note: "not retried: the job's deadline comes before another attempt could start" };
+  return { kind: "retry", delayMs };
 }
