@@ -130,3 +130,41 @@ test("a dispatcher killed over and over during a fan-out and join: every item ru
   const repeated = [...jobs].filter(([, list]) => list.length !== 1).map(([k, list]) => `${k}: ${list.length} jobs`);
   expect(repeated).toEqual([]);
 });
+
+test("three dispatchers advancing the same runs at once start each step once", async () => {
+  const others = [
+    spawnBoxcar(nats.url, nats.topology.names.prefix, ["dispatcher"]),
+    spawnBoxcar(nats.url, nats.topology.names.prefix, ["dispatcher"]),
+  ];
+  try {
+    for (const d of others)
+      await eventually(async () => (/dispatcher started/.test(d.output()) ? true : undefined), "a dispatcher to start");
+    const items = Array.from({ length: 12 }, (_, i) => ({ i, ms: 100 + ((i * 53) % 200) }));
+    const started = await Promise.all(
+      [1, 2, 3].map(() =>
+        client.startRun({
+          workflow: {
+            name: "crowd",
+            steps: [
+              { name: "split", agent: "nap", input: { items: "{{ input.items }}", ms: 20 } },
+              { name: "work", agent: "nap", needs: ["split"], forEach: "{{ steps.split.output.items }}", input: "{{ item }}" },
+              { name: "check", agent: "nap", needs: ["split"], input: { ms: 20 } },
+              { name: "join", agent: "nap", needs: ["work", "check"], input: { results: "{{ steps.work.output }}", ms: 20 } },
+            ],
+          },
+          input: { items },
+        }),
+      ),
+    );
+    for (const { run } of started) {
+      const finished = await client.waitForRun(run.id);
+      expect(finished.state).toBe("succeeded");
+      const jobs = await jobsByInstance(run.id);
+      expect(jobs.size).toBe(items.length + 3);
+      expect([...jobs].filter(([, list]) => list.length !== 1).map(([k]) => k)).toEqual([]);
+    }
+  } finally {
+    for (const d of others) d.kill("SIGTERM");
+    await Promise.all(others.map(exited));
+  }
+});
