@@ -3,6 +3,7 @@ import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { type BoxcarEvent, ErrorCode, type WorkflowDefinitionInput, type WorkflowRun } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { isAlive, waitGone } from "./helpers/process.js";
 import { scratch } from "./helpers/scratch.js";
@@ -251,6 +252,25 @@ describe("declarative workflows", () => {
     expect(pids.filter(isAlive)).toEqual([]);
     expect(await client.cancelRun(started.id)).toMatchObject({ state: "cancelled" }); // idempotent
     expect(workflowEvents(await runEvents(started.id))).not.toContain("step_started:c");
+  });
+
+  test("a step's job cancelled on its own ends the run cancelled, saying which step", async () => {
+    await agent("wf-wait", `setTimeout(() => done({}), 30000);`);
+    const { run: started } = await client.startRun({
+      workflow: {
+        name: "interrupted",
+        steps: [
+          { name: "wait", agent: "wf-wait" },
+          { name: "next", agent: "wf-echo", needs: ["wait"] },
+        ],
+      },
+    });
+    const jobId = await eventually(async () => (await client.getRun(started.id)).steps.wait?.instances[0]?.jobs[0], "the step's job");
+    await eventually(async () => ((await client.getJob(jobId)).state === "running" ? true : undefined), "the job to run");
+    await client.cancelJob(jobId);
+    const finished = await client.waitForRun(started.id);
+    expect(finished).toMatchObject({ state: "cancelled", error: { code: ErrorCode.cancelled, message: "step wait was cancelled" } });
+    expect(finished.steps.next).toMatchObject({ state: "cancelled", reason: "the run was cancelled" });
   });
 
   test("a step's agent may hand off inside the run: the step ends with the chain, within the run's limits", async () => {

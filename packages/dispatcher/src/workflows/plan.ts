@@ -88,6 +88,15 @@ function settle(run: WorkflowRun, jobs: JobLookup, now: number, events: RunEvent
     }
     if (run.state !== "running") continue;
 
+    const cancelled = steps.find((s) => stepOf(s.name).state === "cancelled");
+    if (cancelled) {
+      // One of its jobs was cancelled on its own (`boxcar cancel JOB`): the run cannot go on.
+      const message = `step ${cancelled.name} was cancelled`;
+      endRun(run, "cancelled", at, { code: ErrorCode.cancelled, message });
+      events.push({ type: "cancelled", message });
+      progress = true;
+      continue;
+    }
     const failed = steps.find((s) => stepOf(s.name).state === "failed");
     const pastDeadline = run.deadline !== undefined && Date.parse(run.deadline) <= now;
     if (failed || pastDeadline) {
