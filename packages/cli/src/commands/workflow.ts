@@ -17,8 +17,11 @@ function brief(value: unknown, max = 80): string {
   return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
 
-/** `a → b → c`: the jobs of one chain. */
-const chainOf = (jobs: readonly string[]): string => (jobs.length > 0 ? jobs.join(" → ") : "-");
+/** The jobs of one chain: `a`, `a → b`, or `a → … → z (5 jobs)`. */
+function chainOf(jobs: readonly string[]): string {
+  if (jobs.length === 0) return "-";
+  return jobs.length <= 2 ? jobs.join(" → ") : `${jobs[0]} → … → ${jobs.at(-1)} (${jobs.length} jobs)`;
+}
 
 /** A human summary of a workflow run: its state, each step (and each item of a fan-out), its output. */
 export function describeRun(run: WorkflowRun): string {
@@ -63,7 +66,7 @@ function instanceDetail(inst: StepRun["instances"][number] | undefined): string 
   if (!inst) return "";
   if (inst.error && inst.state !== "succeeded") return `${inst.error.code}: ${inst.error.message}`;
   if (inst.summary) return inst.summary;
-  return inst.output !== undefined ? brief(inst.output) : "";
+  return inst.output !== undefined && inst.output !== null ? brief(inst.output) : "";
 }
 
 /**
