@@ -205,6 +205,16 @@ describe("dynamic handoffs", () => {
     expect(stoppedByVisits.handoff?.error?.message).toBe("agent hf-ping already ran 5 times in this chain, its limit (maxVisits 5)");
   });
 
+  test("a failed job's handoff request is ignored: following its events ends with it", async () => {
+    await agent("hf-sink", `${PRELUDE} done({});`);
+    await agent("hf-crash", `${PRELUDE} done({ handoff: { to: "hf-sink" } }); process.exit(1);`, ["hf-sink"]);
+    const { job } = await client.submit({ agent: "hf-crash" });
+    const types = (await chainEvents(job.id)).filter((e) => e.kind === "job").map((e) => e.type);
+    expect(types).toEqual(["accepted", "queued", "started", "failed"]);
+    expect(await client.waitForChain(job.id)).toMatchObject({ id: job.id, state: "failed" });
+    expect((await client.getJob(job.id)).handoff).toBeUndefined();
+  });
+
   test("bad chain limits are refused with the field named", async () => {
     await expect(client.submit({ agent: "hf-ping", chainLimits: { maxHops: -1 } })).rejects.toMatchObject({
       code: ErrorCode.invalid,

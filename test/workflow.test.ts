@@ -219,6 +219,16 @@ describe("declarative workflows", () => {
     });
   });
 
+  test("one failed item of a fan-out fails the run at once and cancels the other items", async () => {
+    await agent("wf-item", `if (input === 2) process.exit(9); setTimeout(() => done({ output: input }), 30000);`);
+    const finished = await run(
+      { name: "fan-fail", steps: [{ name: "items", agent: "wf-item", forEach: "{{ input }}", input: "{{ item }}" }] },
+      [1, 2, 3],
+    );
+    expect(finished).toMatchObject({ state: "failed", error: { message: "step items failed: item 1: agent exited with code 9" } });
+    expect(finished.steps.items?.instances.map((i) => i.state)).toEqual(["cancelled", "failed", "cancelled"]);
+  });
+
   test("cancel mid-run stops the running steps' agents and starts nothing more", async () => {
     await using tmp = await scratch("wf-cancel-");
     const dir = tmp.path;

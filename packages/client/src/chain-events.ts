@@ -79,8 +79,9 @@ export async function* followChain(topology: Topology, jobId: string, opts: Foll
       if (!opts.follow) continue;
       if (event.type === "handoff_refused") break;
       if (isTerminal(event.state)) {
-        const record = await getJson(topology.jobs, current, JobRecord, "job record");
-        if (!record?.value.result?.handoff) break; // no handoff asked for: the chain ends here
+        // Only a succeeded job's handoff is decided: wait for the decision, else the chain ends here.
+        const record = (await getJson(topology.jobs, current, JobRecord, "job record"))?.value;
+        if (!record || !(handoffPending(record) || record.handoff)) break;
       }
     }
   }

@@ -111,6 +111,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => maxDeliveries.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
+        async () => runs.close(),
         async () => workers.close(),
         async () => expiry.close(),
         async () => admissions.close(),

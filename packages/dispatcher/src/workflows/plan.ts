@@ -81,7 +81,9 @@ function settle(run: WorkflowRun, jobs: JobLookup, now: number, events: RunEvent
     for (const step of steps) {
       const state = stepOf(step.name);
       for (const inst of state.instances) if (inst.state === "running") followJobs(step, inst, jobs, events);
-      if (state.state === "running" && state.instances.every((i) => i.state !== "starting" && i.state !== "running")) {
+      // A step fails as soon as one of its instances does (the run then cancels the others).
+      const settled = state.instances.every((i) => i.state !== "starting" && i.state !== "running");
+      if (state.state === "running" && (settled || state.instances.some((i) => i.state === "failed"))) {
         settleStep(step, state, at, events);
         progress = true;
       }

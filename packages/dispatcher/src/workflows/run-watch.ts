@@ -1,11 +1,13 @@
-import type { Logger, Topology } from "@boxcar/client";
-import { handoffPending, isTerminal, type JobRecord, WorkflowRun } from "@boxcar/protocol";
+import { getJson, type Logger, type Topology } from "@boxcar/client";
+import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import { continueChain } from "../handoff.js";
 import type { WorkerDirectory } from "../worker-directory.js";
 import type { Runs } from "./runs.js";
 
 /** How long a run may stay unchanged with work left before a dispatcher looks at it again. */
 const RECHECK_MS = 3_000;
+/** How soon a handoff decision that failed (NATS trouble) is tried again. */
+const RETRY_MS = 2_000;
 
 /**
  * Keeps chains and runs moving whatever crashes: a job that asked to hand off gets its
@@ -30,7 +32,10 @@ export class RunFollower {
     if (handoffPending(job) && !this.handoffs.has(job.id)) {
       this.handoffs.add(job.id);
       continueChain(this.topology, job, this.ctx)
-        .catch((err: unknown) => this.ctx.log.error({ err, jobId: job.id }, "could not decide a handoff; a dispatcher will look again"))
+        .catch((err: unknown) => {
+          this.ctx.log.error({ err, jobId: job.id }, "could not decide a handoff; trying again");
+          this.schedule(job.id, "handoff", RETRY_MS);
+        })
         .finally(() => this.handoffs.delete(job.id));
       return;
     }
@@ -53,16 +58,28 @@ export class RunFollower {
     })();
   }
 
-  private schedule(runId: string, why: "recheck" | "deadline", inMs: number): void {
-    const key = `${runId} ${why}`;
+  /** Looks again at a run (or, for `handoff`, at a job whose handoff is undecided) after `inMs`. */
+  private schedule(id: string, why: "recheck" | "deadline" | "handoff", inMs: number): void {
+    const key = `${id} ${why}`;
+    clearTimeout(this.timers.get(key));
     const timer = setTimeout(
       () => {
         this.timers.delete(key);
-        void this.runs.advance(runId);
+        if (why !== "handoff") void this.runs.advance(id);
+        else void this.recheckJob(id);
       },
       Math.max(0, inMs),
     );
     this.timers.set(key, timer);
+  }
+
+  private async recheckJob(id: string): Promise<void> {
+    try {
+      this.observeJob(id, (await getJson(this.topology.jobs, id, JobRecord, "job record"))?.value);
+    } catch (err) {
+      this.ctx.log.warn({ err, jobId: id }, "could not read a job record; trying again");
+      this.schedule(id, "handoff", RETRY_MS);
+    }
   }
 
   private clearTimers(runId: string): void {

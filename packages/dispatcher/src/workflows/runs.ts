@@ -23,6 +23,8 @@ import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } fr
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
 const MAX_ROUNDS = 50;
+/** How soon a run whose advance failed (NATS trouble) is advanced again. */
+const RETRY_MS = 2_000;
 
 export interface RunsContext {
   log: Logger;
@@ -38,6 +40,8 @@ export interface RunsContext {
 export class Runs {
   /** Advances in flight, one per run, so a burst of job updates makes one more pass, not many. */
   private readonly advancing = new Map<string, { again: boolean; done: Promise<void> }>();
+  private readonly retries = new Map<string, NodeJS.Timeout>();
+  private closed = false;
 
   constructor(
     private readonly topology: Topology,
@@ -146,13 +150,31 @@ export class Runs {
           await this.advanceOnce(id);
         } while (entry.again);
       } catch (err) {
-        this.ctx.log.error({ err, runId: id }, "could not advance a workflow run");
+        this.ctx.log.error({ err, runId: id }, "could not advance a workflow run; trying again");
+        this.retryLater(id);
       } finally {
         this.advancing.delete(id);
       }
     })();
     this.advancing.set(id, entry);
     return entry.done;
+  }
+
+  /** After a failure (NATS trouble), advances the run again a little later, unless closed. */
+  private retryLater(id: string): void {
+    if (this.closed || this.retries.has(id)) return;
+    const timer = setTimeout(() => {
+      this.retries.delete(id);
+      void this.advance(id);
+    }, RETRY_MS);
+    this.retries.set(id, timer);
+  }
+
+  /** Stops retrying; advances in flight finish. */
+  close(): void {
+    this.closed = true;
+    for (const timer of this.retries.values()) clearTimeout(timer);
+    this.retries.clear();
   }
 
   private async advanceOnce(id: string): Promise<void> {
