@@ -1,7 +1,7 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import { type BoxcarClient, createClient, openTopology, type Topology } from "@boxcar/client";
+import { type BoxcarClient, createClient, openTopology, type Topology, type TopologyOptions } from "@boxcar/client";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { connect, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
 export interface Io {
@@ -98,13 +98,14 @@ export async function openSession(
       },
     );
   }
+  const options = {
+    ...(prefix ? { prefix } : {}),
+    ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
+    create,
+  };
   let topology: Topology;
   try {
-    topology = await openTopology(nc, {
-      ...(prefix ? { prefix } : {}),
-      ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
-      create,
-    });
+    topology = create ? await openTopologyPatiently(nc, options) : await openTopology(nc, options);
   } catch (err) {
     await nc.close();
     throw err;
@@ -117,6 +118,26 @@ export async function openSession(
       await nc.drain().catch(() => nc.close());
     },
   };
+}
+
+/** How long a role that creates the system keeps trying to reach JetStream when it starts. */
+const START_PATIENCE_MS = 30_000;
+
+/**
+ * Opens the topology, trying again while JetStream does not answer in time. A server of a cluster
+ * that has just restarted takes connections a few seconds before its JetStream answers; a role
+ * (re)started then waits instead of exiting.
+ */
+async function openTopologyPatiently(nc: NatsConnection, options: TopologyOptions): Promise<Topology> {
+  const deadline = Date.now() + START_PATIENCE_MS;
+  for (;;) {
+    try {
+      return await openTopology(nc, options);
+    } catch (err) {
+      if (!(err instanceof natsErrors.TimeoutError) || Date.now() + 1_000 > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 1_000));
+    }
+  }
 }
 
 export interface CommandLine {

@@ -12,7 +12,7 @@ import {
 } from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 
 export interface TopologyOptions {
   /** Subject and bucket prefix; default `boxcar`. */
@@ -109,7 +109,7 @@ const nanos = (ms: number): number => ms * 1_000_000;
 export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {}): Promise<Topology> {
   const names = namesFor(resolveTopologyOptions(opts).prefix); // checks every option before any request
   const jsm = await jetstreamManager(nc);
-  const js = jetstream(nc);
+  const js = retryingWhileNoStreamAnswers(jetstream(nc));
   const existing = await workStreamReplicas(jsm, names);
   if (opts.create === false && existing === undefined) throw noSystem(names);
 
@@ -123,9 +123,11 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   };
   let replicas = opts.replicas ?? existing;
   if (replicas === undefined) {
-    // A new system with no replica count given: as many as the cluster this server is in allows.
-    replicas = clusterSize(nc) >= 3 ? 3 : 1;
-    if (replicas > 1 && !(await tryCreateStream(jsm, { ...workStream, storage: StorageType.File, num_replicas: replicas }))) replicas = 1;
+    // A new system with no replica count given: 3 if the cluster this server is in can place
+    // them (3 or more servers with JetStream), else 1. The client's INFO lists the cluster's
+    // servers only once its routes are up, so JetStream's answer is the one that counts.
+    replicas =
+      inJetStreamCluster(nc) && (await tryCreateStream(jsm, { ...workStream, storage: StorageType.File, num_replicas: 3 })) ? 3 : 1;
   }
   const options = resolveTopologyOptions({ ...opts, replicas });
   const num_replicas = options.replicas;
@@ -223,6 +225,37 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
 
 type StreamSpec = Partial<StreamConfig> & { name: string };
 
+/**
+ * How long a JetStream publish that no stream answered is tried again. A server that has just
+ * restarted takes clients before its streams are back, and a client on it gets "no responders"
+ * for a moment. Nothing was stored then, so sending again is safe (a timeout is not retried: the
+ * message may have been stored).
+ */
+const NO_STREAM_RETRY_MS = 10_000;
+
+/** Makes `js.publish` (and so KV and Object Store writes through `js`) ride out that moment. */
+function retryingWhileNoStreamAnswers(js: JetStreamClient): JetStreamClient {
+  const publish = js.publish.bind(js);
+  js.publish = async (subject, payload, options) => {
+    const deadline = Date.now() + NO_STREAM_RETRY_MS;
+    for (let delayMs = 25; ; delayMs = Math.min(delayMs * 2, 1_000)) {
+      try {
+        return await publish(subject, payload, options);
+      } catch (err) {
+        if (!isNoResponders(err) || Date.now() + delayMs > deadline) throw err;
+        await new Promise((r) => setTimeout(r, delayMs));
+      }
+    }
+  };
+  return js;
+}
+
+/** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
+function isNoResponders(err: unknown): boolean {
+  const cause = err instanceof Error ? err.cause : undefined;
+  return cause instanceof natsErrors.RequestError && cause.isNoResponders();
+}
+
 /** The replica count of the system's work stream; undefined when the system does not exist. */
 async function workStreamReplicas(jsm: JetStreamManager, names: Names): Promise<number | undefined> {
   try {
@@ -241,15 +274,12 @@ function noSystem(names: Names): BoxcarError {
 }
 
 /**
- * How many servers the cluster of the server this connection is on has, from the server's INFO:
- * its cluster name and the client URLs it advertises (its own and those of the servers routed
- * to it). 1 for a server outside any cluster, or one that advertises no URLs (`no_advertise`).
- * Whether they all run JetStream is settled by creating the first stream.
+ * Whether the server this connection is on is part of a cluster (its INFO names one) and has
+ * JetStream. How many servers of that cluster have JetStream is JetStream's to say: creating a
+ * stream with 3 replicas succeeds only when it can place them.
  */
-export function clusterSize(nc: NatsConnection): number {
-  const info = nc.info;
-  if (!info?.cluster || !info.jetstream) return 1;
-  return Math.max(1, new Set(info.connect_urls ?? []).size);
+function inJetStreamCluster(nc: NatsConnection): boolean {
+  return Boolean(nc.info?.cluster && nc.info.jetstream);
 }
 
 /** JetStream's refusals of a replica count this NATS system cannot hold. */
