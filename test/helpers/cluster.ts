@@ -20,6 +20,11 @@ export interface NatsCluster extends AsyncDisposable {
   restart(i: number): Promise<void>;
   /** Resolves once JetStream answers through server `i` (it has a meta leader again). */
   waitForJetStream(i?: number, ms?: number): Promise<void>;
+  /**
+   * Resolves once every stream has a leader and all its replicas are current: a restarted server
+   * has caught up, so another one can go down without a stream losing its quorum.
+   */
+  waitForCurrent(nc: NatsConnection, ms?: number): Promise<void>;
 }
 
 interface Member {
@@ -117,6 +122,26 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
       await start(i);
     },
     waitForJetStream,
+    async waitForCurrent(nc, ms = 60_000) {
+      const jsm = await jetstreamManager(nc, { timeout: 2_000, checkAPI: false });
+      const deadline = Date.now() + ms;
+      let behind = "";
+      while (Date.now() < deadline) {
+        try {
+          behind = "";
+          for await (const info of jsm.streams.list()) {
+            const replicas = info.cluster?.replicas ?? [];
+            const ok = info.cluster?.leader && replicas.length === size - 1 && replicas.every((r) => r.current && !r.offline);
+            if (!ok) behind += ` ${info.config.name}`;
+          }
+          if (!behind) return;
+        } catch (err) {
+          behind = (err as Error).message;
+        }
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      throw new Error(`the cluster's streams were not current within ${ms} ms:${behind}`);
+    },
     [Symbol.asyncDispose]: dispose,
   };
 }
