@@ -131,7 +131,7 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
     const events = new Map<string, string[]>();
     for await (const msg of readStream(topology, topology.names.streams.events, `${prefix}.evt.>`)) {
       const e = BoxcarEvent.parse(msg.json());
-      if (e.kind !== "worker" && jobIds.includes(e.jobId))
+      if ((e.kind === "job" || e.kind === "sandbox") && jobIds.includes(e.jobId))
         events.set(e.jobId, [...(events.get(e.jobId) ?? []), `${e.at.slice(11, 23)} ${e.kind} ${e.type}`]);
     }
     const logs = [dispatcher, ...workers].flatMap((r) =>
