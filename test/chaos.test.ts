@@ -91,6 +91,18 @@ describe("replicated deployment", () => {
     expect((await single.topology.jsm.streams.info(single.topology.names.streams.work)).config.num_replicas).toBe(1);
   });
 
+  test("a publish that no stream answers yet (a restarting server) is sent again until one does", async () => {
+    await using nats = await natsFixture();
+    const subject = `${nats.topology.names.prefix}-late.x`;
+    const published = nats.topology.js.publish(subject, "hello");
+    await sleep(500);
+    await nats.topology.jsm.streams.add({
+      name: `${nats.topology.names.streams.work}_LATE`,
+      subjects: [`${nats.topology.names.prefix}-late.>`],
+    });
+    expect(await published).toMatchObject({ seq: 1, duplicate: false });
+  });
+
   test("--replicas / BOXCAR_REPLICAS are checked, and a count a single server cannot keep is a clear error", async () => {
     await using nats = await natsFixture();
     const bad = await boxcar(nats.url, uniquePrefix(), ["dispatcher", "--replicas", "2"]);

@@ -109,7 +109,7 @@ const nanos = (ms: number): number => ms * 1_000_000;
 export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {}): Promise<Topology> {
   const names = namesFor(resolveTopologyOptions(opts).prefix); // checks every option before any request
   const jsm = await jetstreamManager(nc);
-  const js = retryingWhileNoStreamAnswers(jetstream(nc));
+  const js = retryingPublish(jetstream(nc));
   const existing = await workStreamReplicas(jsm, names);
   if (opts.create === false && existing === undefined) throw noSystem(names);
 
@@ -226,23 +226,27 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
 type StreamSpec = Partial<StreamConfig> & { name: string };
 
 /**
- * How long a JetStream publish that no stream answered is tried again. A server that has just
- * restarted takes clients before its streams are back, and a client on it gets "no responders"
- * for a moment. Nothing was stored then, so sending again is safe (a timeout is not retried: the
- * message may have been stored).
+ * How long a JetStream publish is tried again when it may not have been stored:
+ * - no stream answered ("no responders"): a server that has just restarted takes clients before
+ *   its streams are back. Nothing was stored, so sending again is always safe.
+ * - no acknowledgement in time (a timeout, e.g. the client's server died with the request in
+ *   flight): the message may have been stored, so it is sent again only when it carries a
+ *   message id (`msgID`), which makes the stream drop a second copy. A compare-and-swap write
+ *   (KV update) has none and is not repeated.
  */
-const NO_STREAM_RETRY_MS = 10_000;
+const PUBLISH_RETRY_MS = 10_000;
 
-/** Makes `js.publish` (and so KV and Object Store writes through `js`) ride out that moment. */
-function retryingWhileNoStreamAnswers(js: JetStreamClient): JetStreamClient {
+/** Makes `js.publish` (and so KV and Object Store writes through `js`) ride out a server restart. */
+function retryingPublish(js: JetStreamClient): JetStreamClient {
   const publish = js.publish.bind(js);
   js.publish = async (subject, payload, options) => {
-    const deadline = Date.now() + NO_STREAM_RETRY_MS;
+    const deadline = Date.now() + PUBLISH_RETRY_MS;
     for (let delayMs = 25; ; delayMs = Math.min(delayMs * 2, 1_000)) {
       try {
         return await publish(subject, payload, options);
       } catch (err) {
-        if (!isNoResponders(err) || Date.now() + delayMs > deadline) throw err;
+        const again = isNoResponders(err) || (err instanceof natsErrors.TimeoutError && options?.msgID !== undefined);
+        if (!again || Date.now() + delayMs > deadline) throw err;
         await new Promise((r) => setTimeout(r, delayMs));
       }
     }

@@ -118,7 +118,7 @@ async function settle(topology: Topology, advisory: MaxDeliveriesAdvisory, paren
     }
     await publishEvent(topology, jobEvent(dead, "dead", { message: error.message, error }));
     await topology.js
-      .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead))
+      .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead), { msgID: `${jobId}:dead:${seq}` })
       .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));
     log.warn({ attempt: job.attempt, workerId: job.workerId }, "job is dead: JetStream gave up on its work item");
     return deleteWorkItem(topology, seq, log);
