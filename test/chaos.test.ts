@@ -81,6 +81,8 @@ describe("replicated deployment", () => {
     const { names } = topology;
     const backing = [names.streams.work, names.streams.events, `KV_${names.buckets.jobs}`, `OBJ_${names.buckets.artifacts}`];
     for (const stream of backing) expect((await topology.jsm.streams.info(stream)).config.num_replicas, stream).toBe(3);
+    // Reads of a replicated bucket go to its leader: a follower that lags would miss a record just written.
+    expect((await topology.jsm.streams.info(`KV_${names.buckets.jobs}`)).config.allow_direct).toBe(false);
     // Another process joining the system follows it, even when asked for nothing.
     expect((await openTopology(await cluster.connect(), { prefix: names.prefix })).options.replicas).toBe(3);
 

@@ -37,7 +37,7 @@ interface Member {
 
 /**
  * Three real nats-servers in one JetStream cluster, each with its own store and free client and
- * route ports. Resolves once JetStream has a meta leader.
+ * route ports. Resolves once JetStream has a meta leader and can place a stream on every server.
  */
 export async function natsCluster(size = 3): Promise<NatsCluster> {
   const root = await mkdtemp(join(tmpdir(), "boxcar-cluster-"));
@@ -95,9 +95,33 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
     await rm(root, { recursive: true, force: true });
   };
 
+  /** Until JetStream can place a stream on every server: all of them have joined its meta group. */
+  const waitForAllPeers = async (ms = 30_000) => {
+    const nc = await connect({ servers: [...urls], name: "cluster-probe" });
+    try {
+      const jsm = await jetstreamManager(nc, { timeout: 2_000, checkAPI: false });
+      const name = `PROBE_${clusterName}`;
+      const deadline = Date.now() + ms;
+      for (;;) {
+        try {
+          await jsm.streams.add({ name, subjects: [`probe.${clusterName}`], num_replicas: size });
+          await jsm.streams.delete(name);
+          return;
+        } catch (err) {
+          if (Date.now() > deadline)
+            throw new Error(`JetStream could not place ${size} replicas within ${ms} ms: ${(err as Error).message}`);
+          await new Promise((r) => setTimeout(r, 250));
+        }
+      }
+    } finally {
+      await nc.close();
+    }
+  };
+
   try {
     await Promise.all(members.map((_, i) => start(i)));
     await waitForJetStream(0);
+    await waitForAllPeers();
   } catch (err) {
     await dispose();
     throw err;

@@ -124,10 +124,9 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   let replicas = opts.replicas ?? existing;
   if (replicas === undefined) {
     // A new system with no replica count given: 3 if the cluster this server is in can place
-    // them (3 or more servers with JetStream), else 1. The client's INFO lists the cluster's
-    // servers only once its routes are up, so JetStream's answer is the one that counts.
+    // them (3 or more servers with JetStream), else 1. JetStream's answer is the one that counts.
     replicas =
-      inJetStreamCluster(nc) && (await tryCreateStream(jsm, { ...workStream, storage: StorageType.File, num_replicas: 3 })) ? 3 : 1;
+      inJetStreamCluster(nc) && (await createIfPlaceable(jsm, { ...workStream, storage: StorageType.File, num_replicas: 3 })) ? 3 : 1;
   }
   const options = resolveTopologyOptions({ ...opts, replicas });
   const num_replicas = options.replicas;
@@ -165,8 +164,11 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     },
   ];
   const kvm = new Kvm(js);
+  // With several replicas a direct get may be answered by a follower that has not applied the
+  // latest write yet (a worker would find no record for a job just admitted): read from the leader.
+  const consistentReads = num_replicas > 1 ? { allow_direct: false } : {};
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
-    kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}) });
+    kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}), ...consistentReads });
   let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, artifacts: ObjectStore;
   try {
     for (const config of streams) {
@@ -280,7 +282,8 @@ function noSystem(names: Names): BoxcarError {
 /**
  * Whether the server this connection is on is part of a cluster (its INFO names one) and has
  * JetStream. How many servers of that cluster have JetStream is JetStream's to say: creating a
- * stream with 3 replicas succeeds only when it can place them.
+ * stream with 3 replicas succeeds only when it can place them. (The client's INFO lists the
+ * cluster's servers too, but only those whose routes are up yet.)
  */
 function inJetStreamCluster(nc: NatsConnection): boolean {
   return Boolean(nc.info?.cluster && nc.info.jetstream);
@@ -296,14 +299,24 @@ const REPLICA_REFUSALS: readonly number[] = [
 const isReplicaRefusal = (err: unknown): err is JetStreamApiError =>
   err instanceof JetStreamApiError && REPLICA_REFUSALS.includes(err.code);
 
-/** Creates the stream (or finds it made by another process); false when JetStream refuses its replicas. */
-async function tryCreateStream(jsm: JetStreamManager, config: StreamSpec): Promise<boolean> {
-  try {
-    await ensureStream(jsm, config);
-    return true;
-  } catch (err) {
-    if (isReplicaRefusal(err)) return false;
-    throw err;
+/** How long a refused replica count is tried again: the servers of a cluster that has just started join its JetStream one by one. */
+const PLACEMENT_PATIENCE_MS = 5_000;
+
+/**
+ * Creates the stream (or finds it made by another process); false when JetStream keeps refusing
+ * its replica count for `PLACEMENT_PATIENCE_MS`.
+ */
+async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpec): Promise<boolean> {
+  const deadline = Date.now() + PLACEMENT_PATIENCE_MS;
+  for (;;) {
+    try {
+      await ensureStream(jsm, config);
+      return true;
+    } catch (err) {
+      if (!isReplicaRefusal(err)) throw err;
+      if (Date.now() + 500 > deadline) return false;
+      await new Promise((r) => setTimeout(r, 500));
+    }
   }
 }
 
