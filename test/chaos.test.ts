@@ -1,10 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { createClient, openTopology, readStream, silentLogger } from "@boxcar/client";
+import { createClient, openTopology, readStream } from "@boxcar/client";
 import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
-// Not exported from the package yet: started here until dispatcher.ts starts it.
-import { startMaxDeliveriesWatch } from "../packages/dispatcher/dist/max-deliveries.js";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { natsCluster } from "./helpers/cluster.js";
 import { natsFixture, uniquePrefix } from "./helpers/nats.js";
@@ -127,7 +125,6 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
   const topology = await openTopology(nc, { prefix, ackWaitMs: LEASE_MS });
   expect(topology.options.replicas).toBe(3);
   await topology.ensurePoolConsumer("default");
-  const watch = await startMaxDeliveriesWatch(topology, silentLogger);
   const client = createClient(topology, { requestTimeoutMs: 5_000 });
 
   const dispatcher = new Role("dispatcher", cluster.url, prefix, ["dispatcher"]);
@@ -310,7 +307,6 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
     // Every success is backed by its attempt running to completion.
     for (const [id, record] of finals) expect(completed.get(id) ?? [], id).toContain(record.attempt);
   } finally {
-    await watch.close();
     await Promise.all([dispatcher, ...workers].map((r) => r.stop()));
   }
 }, 240_000);

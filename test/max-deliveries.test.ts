@@ -1,11 +1,9 @@
-import { type BoxcarClient, createClient, readStream, silentLogger, type Topology } from "@boxcar/client";
+import { type BoxcarClient, createClient, readStream, type Topology } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { JsMsg } from "@nats-io/jetstream";
 import { afterEach, beforeEach, expect, test } from "vitest";
-// Not exported from the package yet: the dispatcher starts it once dispatcher.ts is wired.
-import { type MaxDeliveriesWatch, startMaxDeliveriesWatch } from "../packages/dispatcher/dist/max-deliveries.js";
 import { eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
@@ -14,21 +12,18 @@ const LEASE_MS = 1_000;
 const MAX_DELIVERIES = 2;
 
 let nats: NatsFixture;
-let dispatcher: Dispatcher;
+let dispatchers: Dispatcher[];
 let client: BoxcarClient;
-let watches: MaxDeliveriesWatch[];
 
 beforeEach(async () => {
   nats = await natsFixture({ ackWaitMs: LEASE_MS, maxDeliveries: MAX_DELIVERIES });
-  // Two watches, as two dispatchers would run: both receive every advisory.
-  watches = [await startMaxDeliveriesWatch(nats.topology, silentLogger), await startMaxDeliveriesWatch(nats.topology, silentLogger)];
-  dispatcher = await startDispatcher({ topology: nats.topology });
+  // Two dispatchers, each with its max-deliveries watch: both receive every advisory.
+  dispatchers = [await startDispatcher({ topology: nats.topology }), await startDispatcher({ topology: nats.topology })];
   client = createClient(nats.topology);
   await client.applyAgent({ name: "doomed", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
 });
 afterEach(async () => {
-  for (const w of watches ?? []) await w.close();
-  await dispatcher?.close();
+  for (const d of dispatchers ?? []) await d.close();
   await nats?.[Symbol.asyncDispose]();
 });
 
@@ -83,7 +78,7 @@ test("a work item that keeps crashing its workers ends the job dead once JetStre
   });
   expect(dead.finishedAt).toBeDefined();
 
-  // One outcome although two watches received the advisory.
+  // One outcome although both dispatchers received the advisory.
   const finals = (await jobEvents(job.id)).filter((e) => e.kind === "job" && ["succeeded", "failed", "dead"].includes(e.type));
   expect(finals).toEqual([expect.objectContaining({ type: "dead", state: "dead", message: dead.error?.message })]);
 
@@ -109,13 +104,13 @@ test("a waiting job whose deliveries ran out without a failure (hand-backs, back
   expect(seqs.size).toBe(1);
 
   // A worker comes: JetStream gives up on the old item when it looks for one for it, and the
-  // watches put a fresh copy in its place, which the worker runs.
+  // dispatchers put a fresh copy in its place, which the worker runs.
   await using worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()] });
   void worker.run();
   expect(await client.waitForJob(job.id)).toMatchObject({ state: "succeeded", attempt: 1 });
   expect(await workStreamHolds(seq!)).toBe(false);
   const info = await nats.topology.jsm.streams.info(nats.topology.names.streams.work);
-  expect(info.state.last_seq).toBe(seq! + 1); // one fresh copy, although two watches saw the advisory
+  expect(info.state.last_seq).toBe(seq! + 1); // one fresh copy, although both dispatchers saw the advisory
   await eventually(
     async () => ((await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages === 0 ? true : undefined),
     "the acked item to leave",
