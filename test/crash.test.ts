@@ -1,6 +1,6 @@
-import { createClient } from "@boxcar/client";
+import { createClient, publishEvent } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
+import { type BoxcarEvent, type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -138,6 +138,41 @@ test("an admission cut short by a dispatcher crash (record written, work item no
   expect(await s.client.waitForJob(waiting.id)).toMatchObject({ state: "succeeded", attempt: 1 });
   await new Promise((r) => setTimeout(r, 1_000));
   expect(await jobTypes(s.client, waiting.id)).toEqual(["accepted:0", "queued:0", "started:1", "succeeded:1"]);
+  const work = await s.nats.topology.jsm.streams.info(s.nats.topology.names.streams.work);
+  expect(work.state.messages).toBe(0);
+});
+
+test("a job whose worker wrote the outcome but died before its event: the next delivery publishes the event, once", async () => {
+  await using s = await system();
+  await s.client.applyAgent({ name: "blocker", command: "sleep 2", trusted: true, runtime: { sandbox: "host" } });
+  await s.client.applyAgent({ name: "quick", command: "true", trusted: true, runtime: { sandbox: "host" } });
+  await using worker = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()], concurrency: 1 });
+  void worker.run();
+  const { job: blocking } = await s.client.submit({ agent: "blocker" });
+  await eventually(async () => ((await s.client.getJob(blocking.id)).state === "running" ? true : undefined), "the worker to be busy");
+  const { job } = await s.client.submit({ agent: "quick" });
+  // What a worker leaves when it dies right after writing the outcome: the record final, no event, the item not acked.
+  const entry = await s.nats.topology.jobs.get(job.id);
+  const ended = {
+    ...(entry?.json() as JobRecord),
+    state: "succeeded",
+    attempt: 1,
+    workerId: "w-gone",
+    finishedAt: new Date().toISOString(),
+  };
+  await s.nats.topology.jobs.update(job.id, JSON.stringify(ended), entry?.revision ?? 0);
+
+  await s.client.waitForJob(blocking.id);
+  const finalEvents = async () => {
+    const events = [];
+    for await (const e of s.client.events(job.id)) if (e.kind === "job" && e.type === "succeeded") events.push(e);
+    return events;
+  };
+  const published = await eventually(async () => ((await finalEvents()).length > 0 ? finalEvents() : undefined), "the outcome event");
+  expect(published).toEqual([expect.objectContaining({ attempt: 1, workerId: "w-gone", state: "succeeded" })]);
+  // Published again by someone else (a second copy of the item, a retried publish): still one.
+  await publishEvent(s.nats.topology, { ...published[0], at: new Date().toISOString() } as BoxcarEvent);
+  expect(await finalEvents()).toHaveLength(1);
   const work = await s.nats.topology.jsm.streams.info(s.nats.topology.names.streams.work);
   expect(work.state.messages).toBe(0);
 });

@@ -13,10 +13,15 @@ function eventSubjectId(event: BoxcarEvent): string {
   }
 }
 
-/** Publishes one event to the events stream and waits for the stream to store it. */
+/**
+ * Publishes one event to the events stream and waits for the stream to store it. A job event
+ * (but progress) carries the message id `<job>:<attempt>:<type>`: whoever publishes it again,
+ * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window).
+ */
 export async function publishEvent(topology: Topology, event: BoxcarEvent): Promise<void> {
   const subject = topology.names.subjects.event(event.kind, eventSubjectId(event), event.type);
-  await topology.js.publish(subject, JSON.stringify(event));
+  const msgID = event.kind === "job" && event.type !== "progress" ? `${event.jobId}:${event.attempt}:${event.type}` : undefined;
+  await topology.js.publish(subject, JSON.stringify(event), msgID ? { msgID } : undefined);
 }
 
 export const nowIso = (): string => new Date().toISOString();

@@ -13,6 +13,7 @@ import {
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
 import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import { isNoResponders } from "./nats-errors.js";
 
 export interface TopologyOptions {
   /** Subject and bucket prefix; default `boxcar`. */
@@ -254,12 +255,6 @@ function retryingPublish(js: JetStreamClient): JetStreamClient {
     }
   };
   return js;
-}
-
-/** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
-function isNoResponders(err: unknown): boolean {
-  const cause = err instanceof Error ? err.cause : undefined;
-  return cause instanceof natsErrors.RequestError && cause.isNoResponders();
 }
 
 /** The replica count of the system's work stream; undefined when the system does not exist. */

@@ -85,7 +85,14 @@ export async function admit(
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
-  await topology.jobs.create(id, JSON.stringify(record));
+  try {
+    await topology.jobs.create(id, JSON.stringify(record));
+  } catch (err) {
+    // Two submissions with one key raced past the key's claim: the other one wrote the record.
+    const other = await getJson(topology.jobs, id, JobRecord, "job record");
+    if (!other) throw err;
+    return { job: other.value, duplicate: true };
+  }
   // Both events are sent before the work item, so they precede anything a worker publishes.
   await Promise.all([
     publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { type Logger, listJson, nowIso, type Topology } from "@boxcar/client";
+import { isTransientNatsError, type Logger, listJson, nowIso, type Topology } from "@boxcar/client";
 import {
   type AgentResultFile,
   type Artifact,
@@ -8,6 +8,7 @@ import {
   type ErrorInfo,
   isLive,
   isTerminal,
+  type JobEventType,
   type JobRecord,
   type JobResult,
   type ResolvedRuntime,
@@ -31,6 +32,10 @@ import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
+/** Deliveries of a work item whose record cannot be found before the item is dropped. */
+const MISSING_RECORD_LOOKS = 5;
+/** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
+const REPUBLISH_WITHIN_MS = 90_000;
 
 /** Why a run was stopped before it ended on its own. */
 export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced";
@@ -114,6 +119,12 @@ export class JobRun {
   private async process(): Promise<void> {
     const found = await readJob(this.topology, this.jobId);
     if (!found) {
+      // Admission writes the record before the item, so a missing record is a read that came too
+      // early (or a job deleted since): look a few more times before dropping the item.
+      if (this.msg.info.deliveryCount < MISSING_RECORD_LOOKS) {
+        this.log.warn({}, "no job record for this work item yet; looking again shortly");
+        return this.msg.nak(HAND_BACK_DELAY_MS);
+      }
       this.log.warn({}, "no job record for this work item; dropping it");
       return this.ack();
     }
@@ -169,6 +180,7 @@ export class JobRun {
     });
     if (!claim.written) {
       this.log.info({ state: claim.current?.record.state }, "job is not waiting to run; dropping the work item");
+      if (claim.current) await this.republishOutcome(claim.current.record);
       return this.ack();
     }
 
@@ -189,6 +201,23 @@ export class JobRun {
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
     this.finishing = true;
     await this.finish(outcome);
+  }
+
+  /**
+   * A job whose work item comes back after it ended: its worker may have died between writing
+   * the outcome and publishing its event. The event is published again; the events stream drops
+   * it if it was stored (same message id), so only within its duplicate window.
+   */
+  private async republishOutcome(record: JobRecord): Promise<void> {
+    if (!isTerminal(record.state) || record.attempt === 0 || !record.finishedAt) return;
+    if (Date.now() - Date.parse(record.finishedAt) > REPUBLISH_WITHIN_MS) return;
+    this.events.attempt = record.attempt;
+    // A final state is also the type of the event that announces it.
+    await this.events.job(record.state as JobEventType, record.state, {
+      ...(record.workerId ? { workerId: record.workerId } : {}),
+      ...(record.sandbox ? { sandbox: record.sandbox } : {}),
+      ...(record.error ? { error: record.error, message: record.error.message } : {}),
+    });
   }
 
   /** Another live worker of the pool that can run this agent, if any. */
@@ -227,6 +256,8 @@ export class JobRun {
       return await this.conclude(sandbox, exec);
     } catch (err) {
       if (this.stopReason && !exec) return this.stopped(undefined);
+      // NATS out of reach says nothing about the job: hand it back (the caller naks) for another try.
+      if (isTransientNatsError(err)) throw err;
       return this.failed(err, exec);
     } finally {
       if (sandbox) await this.destroySandbox(sandbox, ref);
