@@ -39,7 +39,7 @@ function help(): string {
     ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
     "",
     "flags for every command:",
-    "  --nats URL     NATS server (default $BOXCAR_NATS_URL, then nats://127.0.0.1:4222)",
+    "  --nats URLS    NATS server, or several comma-separated (default $BOXCAR_NATS_URL, then nats://127.0.0.1:4222)",
     "  --prefix P     subject and bucket prefix (default boxcar)",
     "  --json         machine-readable output",
     "  -h, --help     help for a command",
