@@ -93,7 +93,7 @@ function chainEnding(first: string, last: JobRecord): string | undefined {
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--pool POOL]",
+    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
@@ -104,6 +104,7 @@ export const submit: Command = {
     follow: { type: "boolean", short: "f", default: false },
     "idempotency-key": { type: "string" },
     timeout: { type: "string" },
+    deadline: { type: "string" },
     pool: { type: "string" },
   },
   async run(ctx) {
@@ -118,6 +119,7 @@ export const submit: Command = {
         input: input as never,
         ...(ctx.values["idempotency-key"] ? { idempotencyKey: ctx.values["idempotency-key"] as string } : {}),
         ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
+        ...(ctx.values.deadline ? { deadline: ctx.values.deadline as string } : {}),
         ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
       },
       { upload },
