@@ -1,6 +1,7 @@
 import { DUPLICATE_WINDOW_MS, getJson, type Logger, type Topology } from "@boxcar/client";
 import { JobRecord } from "@boxcar/protocol";
 import { loadAgent, publishWorkItem } from "./admission.js";
+import { JobTimers } from "./job-timers.js";
 
 /** How long a new job may wait before its work item is published again, in case it never was. */
 const GRACE_MS = 5_000;
@@ -17,46 +18,33 @@ const MARGIN_MS = 15_000;
  * timeout, if it has one.
  */
 export class AdmissionSweeper {
-  private readonly waiting = new Map<string, number>();
-  private readonly timer: NodeJS.Timeout;
+  private readonly timers: JobTimers;
 
   constructor(
     private readonly topology: Topology,
     private readonly log: Logger,
     intervalMs: number,
   ) {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");
   }
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
-    const created = job ? Date.parse(job.createdAt) : Number.NaN;
-    if (job?.state === "queued" && job.attempt === 0 && Date.now() - created < DUPLICATE_WINDOW_MS - MARGIN_MS) {
-      if (!this.waiting.has(key)) this.waiting.set(key, created);
-    } else {
-      this.waiting.delete(key);
-    }
-  }
-
-  private async sweep(): Promise<void> {
-    const now = Date.now();
-    for (const [id, created] of this.waiting) {
-      if (now - created < GRACE_MS) continue;
-      this.waiting.delete(id);
-      if (now - created >= DUPLICATE_WINDOW_MS - MARGIN_MS) continue;
-      await this.republish(id).catch((err: unknown) => this.log.warn({ err, jobId: id }, "could not check a queued job's work item"));
-    }
+    const waiting = job?.state === "queued" && job.attempt === 0 && withinWindow(job);
+    this.timers.set(key, waiting ? Date.parse(job.createdAt) + GRACE_MS : undefined);
   }
 
   private async republish(id: string): Promise<void> {
-    const found = await getJson(this.topology.jobs, id, JobRecord, "job record");
-    const job = found?.value;
-    if (job?.state !== "queued" || job.attempt !== 0) return;
+    const job = (await getJson(this.topology.jobs, id, JobRecord, "job record"))?.value;
+    if (job?.state !== "queued" || job.attempt !== 0 || !withinWindow(job)) return;
     await publishWorkItem(this.topology, job, await loadAgent(this.topology, job.agent));
     this.log.debug({ jobId: id }, "work item published again (dropped by the stream if it was there)");
   }
 
   close(): void {
-    clearInterval(this.timer);
+    this.timers.close();
   }
 }
+
+/** True while a second copy of the job's work item would still be dropped by the work stream. */
+const withinWindow = (job: JobRecord): boolean => Date.now() - Date.parse(job.createdAt) < DUPLICATE_WINDOW_MS - MARGIN_MS;

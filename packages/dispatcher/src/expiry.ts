@@ -1,6 +1,7 @@
 import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { ErrorCode, JobRecord } from "@boxcar/protocol";
 import { jobEvent } from "./admission.js";
+import { JobTimers } from "./job-timers.js";
 
 /**
  * Ends `expired` the jobs that were not started within their queue timeout, even when no
@@ -9,35 +10,19 @@ import { jobEvent } from "./admission.js";
  * (compare-and-swap, so several dispatchers expire a job once).
  */
 export class ExpirySweeper {
-  private readonly deadlines = new Map<string, number>();
-  private readonly timer: NodeJS.Timeout;
+  private readonly timers: JobTimers;
 
-  constructor(
-    private readonly topology: Topology,
-    private readonly log: Logger,
-    intervalMs: number,
-  ) {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+  constructor(topology: Topology, log: Logger, intervalMs: number) {
+    this.timers = new JobTimers(intervalMs, (id) => expire(topology, id), log, "expire a job");
   }
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
-    const due = job && (job.state === "queued" || job.state === "accepted") ? dueAt(job) : undefined;
-    if (due !== undefined) this.deadlines.set(key, due);
-    else this.deadlines.delete(key);
-  }
-
-  private async sweep(): Promise<void> {
-    const now = Date.now();
-    for (const [id, deadline] of this.deadlines) {
-      if (deadline > now) continue;
-      this.deadlines.delete(id);
-      await expire(this.topology, id).catch((err: unknown) => this.log.warn({ err, jobId: id }, "could not expire a job"));
-    }
+    this.timers.set(key, job && (job.state === "queued" || job.state === "accepted") ? dueAt(job) : undefined);
   }
 
   close(): void {
-    clearInterval(this.timer);
+    this.timers.close();
   }
 }
 

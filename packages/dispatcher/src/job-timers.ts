@@ -1,0 +1,38 @@
+import type { Logger } from "@boxcar/client";
+
+/**
+ * Jobs with a time at which something is to be done about them, and a timer that does it: the
+ * dispatcher's sweepers note each job's time as its record changes, and act once it is due.
+ */
+export class JobTimers {
+  private readonly due = new Map<string, number>();
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(
+    intervalMs: number,
+    private readonly act: (jobId: string) => Promise<void>,
+    private readonly log: Logger,
+    private readonly what: string,
+  ) {
+    this.timer = setInterval(() => void this.sweep(), intervalMs);
+  }
+
+  /** Sets (or, with undefined, clears) when `act` is due for the job. */
+  set(jobId: string, at: number | undefined): void {
+    if (at === undefined) this.due.delete(jobId);
+    else this.due.set(jobId, at);
+  }
+
+  private async sweep(): Promise<void> {
+    const now = Date.now();
+    for (const [jobId, at] of this.due) {
+      if (at > now) continue;
+      this.due.delete(jobId);
+      await this.act(jobId).catch((err: unknown) => this.log.warn({ err, jobId }, `could not ${this.what}`));
+    }
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+  }
+}
