@@ -101,6 +101,32 @@ describe("retries", () => {
   });
 });
 
+describe("hand-backs and the retry budget", () => {
+  test("an attempt handed back by a draining worker does not use up the job's attempts", async () => {
+    // Attempt 1 runs long and is handed back; attempt 2 fails; attempt 3, the second real one, succeeds.
+    await using drained = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], pools: ["handback"] });
+    await client.applyAgent({
+      name: "handed",
+      command: ["sh", "-c", 'case "$BOXCAR_ATTEMPT" in 1) sleep 30;; 2) exit 4;; esac'],
+      trusted: true,
+      pool: "handback",
+      runtime: { sandbox: "host" },
+      retry: { maxAttempts: 2, delay: "100ms", jitter: false },
+    });
+    void drained.run();
+    const { job } = await client.submit({ agent: "handed" });
+    await eventually(async () => ((await client.getJob(job.id)).state === "running" ? true : undefined), "attempt 1 to run");
+    await drained.drain(100);
+    expect(await client.getJob(job.id)).toMatchObject({ state: "queued", attempt: 1, attemptsAllowed: 3 });
+
+    await using next = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], pools: ["handback"] });
+    void next.run();
+    const final = await client.waitForJob(job.id);
+    expect(final).toMatchObject({ state: "succeeded", attempt: 3 });
+    expect(final.history.map((h) => `${h.attempt}:${h.state}`)).toEqual(["2:failed"]);
+  });
+});
+
 describe("an overall deadline across attempts", () => {
   test("no attempt is retried past the job's deadline: it ends with the reason", async () => {
     await agent("never", "exit 2", { maxAttempts: 20, backoff: "fixed", delay: "400ms" });

@@ -474,6 +474,8 @@ export class JobRun {
             workerId: undefined,
             sandbox: undefined,
             startedAt: undefined,
+            // A hand-back is not a failed attempt: it does not use up the retry budget.
+            attemptsAllowed: (current.attemptsAllowed ?? 1) + 1,
           }))
         : await this.updateOwned((current) => ({
             ...current,
