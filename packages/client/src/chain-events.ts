@@ -18,7 +18,7 @@ import { readStream } from "./stream-reader.js";
 import type { Topology } from "./topology.js";
 
 /** Watches one KV entry until `done` says its value is the one wanted. */
-async function watchUntil<S extends z.ZodType>(
+export async function watchUntil<S extends z.ZodType>(
   kv: KV,
   key: string,
   schema: S,

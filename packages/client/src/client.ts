@@ -34,7 +34,7 @@ import {
 import type { JsMsg } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import type { z } from "zod";
-import { followChain, followRun, waitForChainEnd, waitForRunEnd } from "./chain-events.js";
+import { followChain, followRun, waitForChainEnd, waitForRunEnd, watchUntil } from "./chain-events.js";
 import { readStream } from "./stream-reader.js";
 import type { Topology } from "./topology.js";
 
@@ -184,21 +184,8 @@ class Client implements BoxcarClient {
     return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
   }
 
-  async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
-    const watch = await this.topology.jobs.watch({ key: id });
-    const onAbort = () => watch.stop();
-    signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-      for await (const entry of watch) {
-        if (entry.operation !== "PUT") continue;
-        const record = parseWith(JobRecord, entry.json(), `job record ${id}`);
-        if (isTerminal(record.state)) return record;
-      }
-      throw new BoxcarError(ErrorCode.cancelled, `stopped waiting for job ${id}`);
-    } finally {
-      signal?.removeEventListener("abort", onAbort);
-      watch.stop();
-    }
+  waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
+    return watchUntil(this.topology.jobs, id, JobRecord, "job record", (job) => isTerminal(job.state), signal);
   }
 
   async *events(jobId: string, opts: JobEventsOptions = {}): AsyncGenerator<BoxcarEvent> {

@@ -1,4 +1,4 @@
-import type { BoxcarEvent } from "@boxcar/protocol";
+import { type BoxcarEvent, type JobEvent, type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import type { Topology } from "./topology.js";
 
 /** The id an event is filed under: the job's for job and sandbox events, the worker's or run's otherwise. */
@@ -25,3 +25,20 @@ export async function publishEvent(topology: Topology, event: BoxcarEvent): Prom
 }
 
 export const nowIso = (): string => new Date().toISOString();
+
+/** A job event that reports `record` as it stands (its state, attempt, error and run). */
+export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Partial<JobEvent> = {}): JobEvent {
+  return {
+    v: PROTOCOL_VERSION,
+    at: nowIso(),
+    kind: "job",
+    type,
+    jobId: record.id,
+    agent: record.agent,
+    state: record.state,
+    attempt: record.attempt,
+    ...(record.error ? { error: record.error } : {}),
+    ...(record.chain?.run ? { run: record.chain.run } : {}),
+    ...extra,
+  };
+}

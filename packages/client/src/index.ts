@@ -1,6 +1,6 @@
 export type { BoxcarClient, ClientOptions, FollowOptions, JobEventsOptions, LocalInputFile, LogChunk, SubmitOptions } from "./client.js";
 export { createClient } from "./client.js";
-export { nowIso, publishEvent } from "./events.js";
+export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { Revisioned } from "./kv-json.js";
 export { getJson, listJson } from "./kv-json.js";
 export type { Logger } from "./logger.js";

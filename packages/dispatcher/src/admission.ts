@@ -1,12 +1,11 @@
 import { createHash } from "node:crypto";
-import { DUPLICATE_WINDOW_MS, getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   BoxcarError,
   type ChainLink,
   ErrorCode,
   type ErrorInfo,
-  type JobEvent,
   JobRecord,
   JobSpec,
   PROTOCOL_VERSION,
@@ -202,20 +201,4 @@ export async function getRecord(topology: Topology, id: string): Promise<JobReco
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
   if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   return found.value;
-}
-
-export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Partial<JobEvent> = {}): JobEvent {
-  return {
-    v: PROTOCOL_VERSION,
-    at: nowIso(),
-    kind: "job",
-    type,
-    jobId: record.id,
-    agent: record.agent,
-    state: record.state,
-    attempt: record.attempt,
-    ...(record.error ? { error: record.error } : {}),
-    ...(record.chain?.run ? { run: record.chain.run } : {}),
-    ...extra,
-  };
 }

@@ -1,6 +1,5 @@
-import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { ErrorCode, JobRecord } from "@boxcar/protocol";
-import { jobEvent } from "./admission.js";
 import { JobTimers } from "./job-timers.js";
 
 /**

@@ -1,4 +1,4 @@
-import { getJson, type Logger, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, type Logger, publishEvent, type Topology } from "@boxcar/client";
 import {
   type AgentDefinition,
   BoxcarError,
@@ -14,7 +14,7 @@ import {
   toErrorInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { admit, jobEvent, loadAgent } from "./admission.js";
+import { admit, loadAgent } from "./admission.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /**

@@ -1,6 +1,6 @@
-import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { BoxcarError, ErrorCode, isTerminal, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
-import { jobEvent, loadAgent, publishWorkItem } from "./admission.js";
+import { loadAgent, publishWorkItem } from "./admission.js";
 
 /** Pages through job records, newest first (job ids sort by creation time). */
 export async function listJobs(topology: Topology, raw: unknown): Promise<ListJobsReply> {

@@ -1,8 +1,7 @@
-import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import { type AttemptOutcome, ErrorCode, type ErrorInfo, isTerminal, JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
-import { jobEvent } from "./admission.js";
 
 /** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
 const MaxDeliveriesAdvisory = z.looseObject({

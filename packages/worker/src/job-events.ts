@@ -20,8 +20,6 @@ export interface SandboxRef {
 }
 
 export interface JobEventDetails {
-  /** Overrides this worker's id: an event published again on behalf of the worker that ran the attempt. */
-  workerId?: string;
   sandbox?: SandboxInfo;
   message?: string;
   error?: ErrorInfo;

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { isTransientNatsError, type Logger, listJson, nowIso, type Topology } from "@boxcar/client";
+import { isTransientNatsError, jobEvent, type Logger, listJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   type AgentResultFile,
   type Artifact,
@@ -211,13 +211,13 @@ export class JobRun {
   private async republishOutcome(record: JobRecord): Promise<void> {
     if (!isTerminal(record.state) || record.attempt === 0 || !record.finishedAt) return;
     if (Date.now() - Date.parse(record.finishedAt) > REPUBLISH_WITHIN_MS) return;
-    this.events.attempt = record.attempt;
     // A final state is also the type of the event that announces it.
-    await this.events.job(record.state as JobEventType, record.state, {
+    const event = jobEvent(record, record.state as JobEventType, {
       ...(record.workerId ? { workerId: record.workerId } : {}),
       ...(record.sandbox ? { sandbox: record.sandbox } : {}),
-      ...(record.error ? { error: record.error, message: record.error.message } : {}),
+      ...(record.error ? { message: record.error.message } : {}),
     });
+    await publishEvent(this.topology, event).catch((err: unknown) => this.log.warn({ err }, "could not publish the outcome event again"));
   }
 
   /** Another live worker of the pool that can run this agent, if any. */
@@ -321,8 +321,7 @@ export class JobRun {
     });
     void this.events.sandbox("exec_started", ref);
     // The attempt's own limit, or the job's overall deadline if that comes first.
-    const deadlineAt = this.handle?.record.deadlineAt;
-    const msLeft = deadlineAt ? Date.parse(deadlineAt) - Date.now() : Number.POSITIVE_INFINITY;
+    const msLeft = this.msToDeadline();
     const timeout = setTimeout(
       () => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"),
       Math.min(this.item.timeoutMs, msLeft),
@@ -452,14 +451,12 @@ export class JobRun {
     }
     if (outcome.kind === "final" && (outcome.state === "failed" || outcome.state === "timed_out")) {
       const attempt = this.events.attempt;
-      const deadlineAt = this.handle?.record.deadlineAt;
-      const msLeft = deadlineAt ? Date.parse(deadlineAt) - Date.now() : Number.POSITIVE_INFINITY;
       const plan = planRetry(
         this.item.retry,
         { ...outcome, state: outcome.state },
         attempt,
         this.handle?.record.attemptsAllowed ?? 1,
-        msLeft,
+        this.msToDeadline(),
       );
       if (plan.kind !== "final") return this.retryOrBury(outcome, outcome.state, plan);
       if (plan.note) outcome = { ...outcome, message: `${outcome.message ?? outcome.state}; ${plan.note}` };
@@ -569,6 +566,12 @@ export class JobRun {
     if (!update.written) return null;
     this.handle = update.handle;
     return update.handle.record;
+  }
+
+  /** Time left before the job's overall deadline (infinite without one). */
+  private msToDeadline(): number {
+    const deadlineAt = this.handle?.record.deadlineAt;
+    return deadlineAt ? Date.parse(deadlineAt) - Date.now() : Number.POSITIVE_INFINITY;
   }
 
   private owns(record: JobRecord): boolean {

@@ -142,11 +142,18 @@ function settle(run: WorkflowRun, jobs: JobLookup, now: number, events: RunEvent
 function collectStarts(run: WorkflowRun, jobs: JobLookup): PlannedStart[] | undefined {
   const starts: PlannedStart[] = [];
   if (run.state !== "running") return starts;
+  const scope = scopeOf(run);
   for (const step of run.workflow.steps) {
-    for (const inst of (run.steps[step.name] as StepRun).instances) {
-      if (inst.state !== "starting") continue;
+    const waiting = (run.steps[step.name] as StepRun).instances.filter((i) => i.state === "starting");
+    if (waiting.length === 0) continue;
+    // What every instance of the step shares: its fan-out list and the needed steps' files.
+    let items: unknown[] | undefined;
+    let files: InputFileRef[] | undefined;
+    for (const inst of waiting) {
       try {
-        starts.push({ step: step.name, index: inst.index, spec: stepSpec(run, step, inst.index, jobs) });
+        items ??= step.forEach !== undefined ? (render(step.forEach, scope) as unknown[]) : [];
+        files ??= step.files === "needs" ? neededFiles(run, step, jobs) : [];
+        starts.push({ step: step.name, index: inst.index, spec: stepSpec(run, step, scope, inst.index, items[inst.index] ?? null, files) });
       } catch (err) {
         if (!(err instanceof TemplateError)) throw err;
         inst.state = "failed";
@@ -253,10 +260,14 @@ function scopeOf(run: WorkflowRun): { input: unknown; steps: Record<string, unkn
 }
 
 /** The job spec of one instance: its rendered input, the needed steps' files, the step's overrides. */
-function stepSpec(run: WorkflowRun, step: WorkflowStep, index: number, jobs: JobLookup): JobSpecInput {
-  const scope = scopeOf(run);
-  let item: unknown = null;
-  if (step.forEach !== undefined) item = (render(step.forEach, scope) as unknown[])[index] ?? null;
+function stepSpec(
+  run: WorkflowRun,
+  step: WorkflowStep,
+  scope: ReturnType<typeof scopeOf>,
+  index: number,
+  item: unknown,
+  files: InputFileRef[],
+): JobSpecInput {
   const input =
     step.input !== undefined
       ? render(step.input, { ...scope, item, index })
@@ -268,7 +279,7 @@ function stepSpec(run: WorkflowRun, step: WorkflowStep, index: number, jobs: Job
   return {
     agent: step.agent,
     input: input as JobSpecInput["input"],
-    files: step.files === "needs" ? neededFiles(run, step, jobs) : [],
+    files,
     labels: { ...run.labels, "boxcar.run": run.id, "boxcar.step": step.name },
     ...(step.retry ? { retry: step.retry } : {}),
     ...(step.timeout !== undefined ? { timeout: step.timeout } : {}),

@@ -181,11 +181,8 @@ export class Runs {
     for (let round = 0; round < MAX_ROUNDS; round++) {
       const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
       if (!found) return;
-      const jobs = new Map<string, JobRecord>();
-      for (const jobId of jobsToRead(found.value)) {
-        const job = await getJson(this.topology.jobs, jobId, JobRecord, "job record");
-        if (job) jobs.set(jobId, job.value);
-      }
+      const read = await Promise.all(jobsToRead(found.value).map((jobId) => getJson(this.topology.jobs, jobId, JobRecord, "job record")));
+      const jobs = new Map(read.flatMap((job) => (job ? [[job.value.id, job.value] as const] : [])));
       const plan = planRun(found.value, jobs, Date.now());
       if (plan.changed) {
         try {
@@ -199,14 +196,14 @@ export class Runs {
         await cancelJob(this.topology, jobId).catch((err: unknown) => this.ctx.log.debug({ err, jobId }, "could not cancel a step's job"));
       }
       if (plan.starts.length === 0) return;
-      await this.admitStarts(id, plan.starts);
+      await this.admitStarts(plan.run, plan.starts);
     }
     this.ctx.log.warn({ runId: id }, "workflow run still changing after many rounds; leaving it for the next trigger");
   }
 
   /** Admits the jobs of instances in `starting`, then records them on the run (or the refusal). */
-  private async admitStarts(id: string, starts: PlannedStart[]): Promise<void> {
-    const run = await this.require(id);
+  private async admitStarts(run: WorkflowRun, starts: PlannedStart[]): Promise<void> {
+    const { id } = run;
     const admitted = await Promise.all(
       starts.map(async (start) => {
         try {
