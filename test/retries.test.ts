@@ -1,27 +1,22 @@
-import { type BoxcarClient, createClient, readStream } from "@boxcar/client";
-import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { type BoxcarClient, readStream } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
-import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import type { NatsFixture } from "./helpers/nats.js";
+import { type LocalSystem, localSystem } from "./helpers/system.js";
 
-let nats: NatsFixture;
-let dispatcher: Dispatcher;
-let worker: Worker;
+let system: LocalSystem;
 let client: BoxcarClient;
+let nats: NatsFixture;
 
 beforeAll(async () => {
-  nats = await natsFixture();
-  dispatcher = await startDispatcher({ topology: nats.topology });
-  worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()] });
-  void worker.run();
-  client = createClient(nats.topology);
+  system = await localSystem();
+  client = system.client;
+  nats = system.nats;
 });
 afterAll(async () => {
-  await worker?.close();
-  await dispatcher?.close();
-  await nats?.[Symbol.asyncDispose]();
+  await system?.[Symbol.asyncDispose]();
 });
 
 /** A trusted host agent with a retry policy that waits 100 ms between attempts. */

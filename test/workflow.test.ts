@@ -1,29 +1,20 @@
-import { type BoxcarClient, createClient } from "@boxcar/client";
-import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import type { BoxcarClient } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, type WorkflowDefinitionInput, type WorkflowRun } from "@boxcar/protocol";
-import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { isAlive, waitGone } from "./helpers/process.js";
 import { scratch } from "./helpers/scratch.js";
+import { type LocalSystem, localSystem } from "./helpers/system.js";
 
-let nats: NatsFixture;
-let dispatcher: Dispatcher;
-let worker: Worker;
+let system: LocalSystem;
 let client: BoxcarClient;
 
 beforeAll(async () => {
-  nats = await natsFixture();
-  dispatcher = await startDispatcher({ topology: nats.topology });
-  worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], concurrency: 6 });
-  void worker.run();
-  client = createClient(nats.topology);
+  system = await localSystem({ worker: { concurrency: 6 } });
+  client = system.client;
 });
 afterAll(async () => {
-  await worker?.close();
-  await dispatcher?.close();
-  await nats?.[Symbol.asyncDispose]();
+  await system?.[Symbol.asyncDispose]();
 });
 
 /** A trusted host agent whose command is a Node.js script, with `input`, `fs` and `done(result)` defined. */
