@@ -34,7 +34,7 @@ export function duration(from?: string, to?: string): string {
 export function describeJob(job: JobRecord): string {
   const lines = [
     `job       ${job.id}`,
-    `agent     ${job.agent} (pool ${job.pool})`,
+    `agent     ${job.agent} (pool ${job.pool}, ${job.priority ?? "normal"} priority)`,
     `state     ${job.state}${job.cancelRequested && job.state === "running" ? " (cancel requested)" : ""}`,
     `attempt   ${job.attempt}`,
     `created   ${job.createdAt}`,

@@ -1,4 +1,4 @@
-import { BoxcarError, ErrorCode, type Names, names as namesFor } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type Names, names as namesFor, PRIORITIES, type Priority } from "@boxcar/protocol";
 import {
   AckPolicy,
   JetStreamApiError,
@@ -91,8 +91,9 @@ export interface Topology {
   readonly workflows: KV;
   readonly artifacts: ObjectStore;
   /**
-   * Creates the durable consumer of a pool's work if it does not exist yet. Resolves with its
-   * lease (ack wait) in ms: whoever created the consumer chose it, so workers read it here.
+   * Creates the durable consumers of a pool's work (one per priority) if they do not exist yet.
+   * Resolves with their shortest lease (ack wait) in ms: whoever created a consumer chose it, so
+   * workers read it here.
    */
   ensurePoolConsumer(pool: string): Promise<number>;
 }
@@ -201,29 +202,34 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     workflows,
     artifacts,
     async ensurePoolConsumer(pool) {
-      const known = leases.get(pool);
-      if (known !== undefined) return known;
-      const durable = names.poolConsumer(pool);
-      let ackWaitNs: number;
-      try {
-        ackWaitNs = (await jsm.consumers.info(names.streams.work, durable)).config.ack_wait ?? nanos(options.ackWaitMs);
-      } catch (err) {
-        if (!isNotFound(err)) throw err;
-        const info = await jsm.consumers.add(names.streams.work, {
-          durable_name: durable,
-          filter_subject: names.subjects.work(pool),
-          ack_policy: AckPolicy.Explicit,
-          ack_wait: nanos(options.ackWaitMs),
-          max_deliver: options.maxDeliveries,
-          max_ack_pending: 10_000,
-        });
-        ackWaitNs = info.config.ack_wait ?? nanos(options.ackWaitMs);
+      let leaseMs = leases.get(pool);
+      if (leaseMs === undefined) {
+        const ackWaits = await Promise.all(PRIORITIES.map((priority) => ensureWorkConsumer(pool, priority)));
+        leaseMs = Math.round(Math.min(...ackWaits) / 1_000_000);
+        leases.set(pool, leaseMs);
       }
-      const leaseMs = Math.round(ackWaitNs / 1_000_000);
-      leases.set(pool, leaseMs);
       return leaseMs;
     },
   };
+
+  /** Resolves with the consumer's ack wait in ns. */
+  async function ensureWorkConsumer(pool: string, priority: Priority): Promise<number> {
+    const durable = names.poolConsumer(pool, priority);
+    try {
+      return (await jsm.consumers.info(names.streams.work, durable)).config.ack_wait ?? nanos(options.ackWaitMs);
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+      const info = await jsm.consumers.add(names.streams.work, {
+        durable_name: durable,
+        filter_subject: names.subjects.work(pool, priority),
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: nanos(options.ackWaitMs),
+        max_deliver: options.maxDeliveries,
+        max_ack_pending: 10_000,
+      });
+      return info.config.ack_wait ?? nanos(options.ackWaitMs);
+    }
+  }
 }
 
 type StreamSpec = Partial<StreamConfig> & { name: string };

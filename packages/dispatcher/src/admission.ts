@@ -71,6 +71,7 @@ export async function admit(
     id,
     agent: agent.name,
     pool: spec.pool ?? agent.pool,
+    priority: spec.priority ?? agent.priority ?? "normal",
     state: "queued",
     spec,
     attempt: 0,
@@ -99,7 +100,13 @@ export async function admit(
   ]);
   await publishWorkItem(topology, record, agent);
   log.info(
-    { jobId: id, agent: agent.name, pool: record.pool, ...(record.chain ? { run: record.chain.run, depth: record.chain.depth } : {}) },
+    {
+      jobId: id,
+      agent: agent.name,
+      pool: record.pool,
+      priority: record.priority,
+      ...(record.chain ? { run: record.chain.run, depth: record.chain.depth } : {}),
+    },
     "job queued",
   );
   return { job: record, duplicate: false };
@@ -109,10 +116,13 @@ export async function admit(
 export async function publishWorkItem(topology: Topology, record: JobRecord, agent: AgentDefinition, msgID = record.id): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
+  // The priority is the subject's business, not the worker's: leaving it out keeps the item
+  // runnable by workers of releases before priorities.
+  const { priority: _queuedWith, ...runnable } = agent;
   const item: WorkItem = {
     v: PROTOCOL_VERSION,
     jobId: record.id,
-    agent,
+    agent: runnable,
     input: spec.input,
     files: spec.files,
     timeoutMs: spec.timeout ?? agent.runtime.timeout,
@@ -121,7 +131,7 @@ export async function publishWorkItem(topology: Topology, record: JobRecord, age
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
   await topology.ensurePoolConsumer(record.pool);
-  await topology.js.publish(topology.names.subjects.work(record.pool), JSON.stringify(item), { msgID });
+  await topology.js.publish(topology.names.subjects.work(record.pool, record.priority), JSON.stringify(item), { msgID });
 }
 
 /**

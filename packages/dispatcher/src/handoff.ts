@@ -112,13 +112,18 @@ async function checkHandoff(
   }
 }
 
-/** The next job: the handoff's input and, unless it says otherwise, this job's output files at the same paths. */
+/**
+ * The next job: the handoff's input and, unless it says otherwise, this job's output files at the
+ * same paths. A priority the submitter (or workflow step) chose holds for the whole chain;
+ * without one, the next agent's own applies.
+ */
 function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
   return {
     agent: request.to,
     input: request.input,
     files: request.carryFiles ? job.artifacts.map((a) => ({ path: a.path, object: a.object })) : [],
     labels: job.spec?.labels ?? {},
+    ...(job.spec?.priority ? { priority: job.spec.priority } : {}),
   };
 }
 

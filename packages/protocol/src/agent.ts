@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { TOKEN_PATTERN } from "./names.js";
+import { Priority } from "./priority.js";
 import { durationMs, sizeBytes } from "./units.js";
 
 export const PROTOCOL_VERSION = 1 as const;
@@ -89,6 +90,8 @@ export const AgentDefinition = z.strictObject({
     )
     .describe("argv, or a string run with sh -c"),
   pool: PoolName.default("default").describe("work pool whose workers run this agent"),
+  // No default filled in: a definition that does not set it stays readable by releases before priorities.
+  priority: Priority.optional().describe("priority of this agent's jobs within its pool: high, normal (default) or low"),
   runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }),
   trusted: z
     .boolean()

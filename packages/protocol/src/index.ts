@@ -79,6 +79,7 @@ export {
 export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
+import { Priority } from "./priority.js";
 import { durationMs } from "./units.js";
 import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
 
@@ -39,6 +40,7 @@ export const JobSpec = z.strictObject({
     .optional()
     .describe("overall time limit from submission, across all attempts: no attempt runs or is retried past it"),
   pool: PoolName.optional().describe("overrides the agent's pool"),
+  priority: Priority.optional().describe("high, normal or low: overrides the agent's priority"),
   retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}),
   chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts (default: 10 hops, 5 visits per agent)"),
@@ -122,6 +124,8 @@ export const JobRecord = z.looseObject({
   id: z.string(),
   agent: AgentName,
   pool: PoolName,
+  /** The priority its work item was queued with; absent on records older than priorities: normal. */
+  priority: Priority.optional(),
   state: JobState,
   /** Absent only on a `rejected` submission (the spec is not kept, valid or not). */
   spec: JobSpec.optional(),

@@ -3,6 +3,8 @@
  * NATS account. The default prefix is `boxcar`.
  */
 
+import type { Priority } from "./priority.js";
+
 export const DEFAULT_PREFIX = "boxcar";
 
 /** A subject token: no dots, spaces or wildcards. Job ids, agent names and pools are tokens. */
@@ -18,7 +20,10 @@ export interface Names {
   readonly streams: {
     /** Durable intake: `<prefix>.submit.<agent>`, work-queue retention. */
     readonly submit: string;
-    /** Work items: `<prefix>.work.<pool>`, work-queue retention, one consumer per pool. */
+    /**
+     * Work items: `<prefix>.work.<pool>` (normal priority) and `<prefix>.work.<pool>.<high|low>`,
+     * work-queue retention, one consumer per pool and priority.
+     */
     readonly work: string;
     /** Job, sandbox and worker events: `<prefix>.evt.>`, limits retention. */
     readonly events: string;
@@ -38,14 +43,18 @@ export interface Names {
   };
   /** The durable consumer all dispatchers share on the intake stream. */
   readonly intakeConsumer: string;
-  /** The durable consumer all workers of `pool` share on the work stream. */
-  poolConsumer(pool: string): string;
+  /**
+   * The durable consumer all workers of `pool` share on the work stream for one priority:
+   * `pool-<pool>` for normal, `high-<pool>` and `low-<pool>` for the others.
+   */
+  poolConsumer(pool: string, priority?: Priority): string;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
   readonly subjects: {
     submit(agent: string): string;
     submitAll: string;
-    work(pool: string): string;
+    /** Where a pool's work items of one priority go (normal when left out). */
+    work(pool: string, priority?: Priority): string;
     workAll: string;
     api(endpoint: ApiEndpoint): string;
     event(kind: EventKind, id: string, type: string): string;
@@ -106,12 +115,12 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       artifacts: `${bucket}_artifacts`,
     },
     intakeConsumer: "dispatcher",
-    poolConsumer: (pool) => `pool-${pool}`,
+    poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),
     serviceName: `${prefix}-dispatcher`,
     subjects: {
       submit: (agent) => `${prefix}.submit.${agent}`,
       submitAll: `${prefix}.submit.>`,
-      work: (pool) => `${prefix}.work.${pool}`,
+      work: (pool, priority = "normal") => (priority === "normal" ? `${prefix}.work.${pool}` : `${prefix}.work.${pool}.${priority}`),
       workAll: `${prefix}.work.>`,
       api: (endpoint) => `${prefix}.api.${endpoint}`,
       event: (kind, id, type) => `${prefix}.evt.${kind}.${id}.${type}`,

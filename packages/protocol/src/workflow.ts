@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
+import { Priority } from "./priority.js";
 import { expressionsIn, formatReference, type Reference, stringsIn, TemplateError } from "./template.js";
 import { durationMs } from "./units.js";
 
@@ -82,6 +83,7 @@ export const WorkflowStep = z.strictObject({
   timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional(),
   queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional(),
   pool: PoolName.optional(),
+  priority: Priority.optional(),
 });
 export type WorkflowStep = z.infer<typeof WorkflowStep>;
 

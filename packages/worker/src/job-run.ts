@@ -19,7 +19,6 @@ import {
   type WorkItem,
   whyCannotServe,
 } from "@boxcar/protocol";
-import type { JsMsg } from "@nats-io/jetstream";
 import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts } from "./agent-workspace.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
@@ -28,6 +27,7 @@ import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
+import type { WorkDelivery } from "./work-delivery.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** How long a job this worker cannot run waits before JetStream offers it again. */
@@ -82,7 +82,7 @@ export class JobRun {
 
   constructor(
     private readonly ctx: JobRunContext,
-    private readonly msg: JsMsg,
+    private readonly msg: WorkDelivery,
     private readonly item: WorkItem,
   ) {
     this.jobId = item.jobId;
@@ -121,7 +121,7 @@ export class JobRun {
     if (!found) {
       // Admission writes the record before the item, so a missing record is a read that came too
       // early (or a job deleted since): look a few more times before dropping the item.
-      if (this.msg.info.deliveryCount < MISSING_RECORD_LOOKS) {
+      if (this.msg.deliveryCount < MISSING_RECORD_LOOKS) {
         this.log.warn({}, "no job record for this work item yet; looking again shortly");
         return this.msg.nak(HAND_BACK_DELAY_MS);
       }
@@ -136,7 +136,7 @@ export class JobRun {
       if (other) {
         // Not for this worker: hand it back (after a pause) for one that can run it.
         this.log.info({ capableWorker: other, reason: preflight.error.message }, "cannot run this job here; handing it back");
-        this.msg.nak(HAND_BACK_DELAY_MS);
+        this.msg.passOn(HAND_BACK_DELAY_MS);
         return;
       }
     }

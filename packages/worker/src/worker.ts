@@ -10,12 +10,13 @@ import {
   type WorkerInfo,
   WorkItem,
 } from "@boxcar/protocol";
-import type { Consumer, ConsumerMessages, JsMsg } from "@nats-io/jetstream";
 import type { Subscription } from "@nats-io/transport-node";
 import { JobRun } from "./job-run.js";
+import { PoolPuller } from "./pool-puller.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
 import { orphanCheck } from "./sandbox-reaper.js";
 import { Slots } from "./slots.js";
+import type { WorkDelivery } from "./work-delivery.js";
 import { type ResolvedWorkerOptions, resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
 
 /** `idle` until `run()`, `draining` after `drain()` or `close()`, `stopped` at the end. */
@@ -41,8 +42,8 @@ export function createWorker(options: WorkerOptions): Worker {
   return new BoxcarWorker(resolveWorkerOptions(options));
 }
 
-/** How long one pull waits for work before asking again. */
-const FETCH_EXPIRES_MS = 2_000;
+/** How long an idle worker waits for a bell before asking its pools' consumers again. */
+const IDLE_RECHECK_MS = 1_000;
 /** Pause after a failed pull. */
 const RETRY_MS = 1_000;
 
@@ -54,7 +55,6 @@ class BoxcarWorker implements Worker {
   private readonly slots: Slots;
   /** Jobs in hand, by id, with the promise that settles when each is handled. */
   private readonly runs = new Map<string, { run: JobRun; done: Promise<void> }>();
-  private readonly fetches = new Set<ConsumerMessages>();
   /** Aborted when pulling stops. */
   private readonly pulling = new AbortController();
   /** Aborted by close(): a drain's grace ends at once. */
@@ -140,41 +140,41 @@ class BoxcarWorker implements Worker {
   }
 
   /**
-   * Pulls a pool's work while the worker runs. Each pull asks for at most `share` jobs and only
-   * for slots it has reserved, so the worker never holds more than `concurrency` jobs.
+   * Pulls a pool's work while the worker runs, higher priorities first (see `PoolPuller`). Each
+   * sweep asks for at most `share` jobs and only for slots it has reserved, so the worker never
+   * holds more than `concurrency` jobs.
    */
   private async pull(pool: string, share: number): Promise<void> {
-    const { topology } = this.options;
-    let consumer: Consumer | undefined;
-    while (!this.pulling.signal.aborted) {
-      const reserved = await this.slots.acquire(share);
-      if (reserved === 0) return;
-      let taken = 0;
-      let batch: ConsumerMessages | undefined;
-      try {
-        consumer ??= await topology.js.consumers.get(topology.names.streams.work, topology.names.poolConsumer(pool));
-        batch = await consumer.fetch({ max_messages: reserved, expires: FETCH_EXPIRES_MS });
-        this.fetches.add(batch);
-        if (this.pulling.signal.aborted) batch.stop();
-        for await (const msg of batch) {
-          taken += 1;
-          this.dispatch(msg);
+    const puller = new PoolPuller(this.options.topology, pool);
+    try {
+      while (!this.pulling.signal.aborted) {
+        const reserved = await this.slots.acquire(share);
+        if (reserved === 0) return;
+        // Counted as they come: a sweep that fails half-way still hands its slots to the jobs it took.
+        let taken = 0;
+        try {
+          await puller.take(reserved, (delivery) => {
+            taken += 1;
+            this.dispatch(delivery);
+          });
+        } catch (err) {
+          if (!this.pulling.signal.aborted) {
+            this.log.warn({ err, pool }, "pulling work failed; trying again");
+            await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
+          }
+          continue;
+        } finally {
+          this.slots.release(reserved - taken);
         }
-      } catch (err) {
-        consumer = undefined;
-        if (!this.pulling.signal.aborted) {
-          this.log.warn({ err, pool }, "pulling work failed; trying again");
-          await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
-        }
-      } finally {
-        if (batch) this.fetches.delete(batch);
-        this.slots.release(reserved - taken);
+        if (taken === 0) await puller.waitForWork(IDLE_RECHECK_MS, this.pulling.signal);
       }
+    } finally {
+      puller.close();
     }
   }
 
-  /** Starts one delivered message; it holds one slot until it is handled. */
-  private dispatch(msg: JsMsg): void {
+  /** Starts one delivered work item; it holds one slot until it is handled. */
+  private dispatch(msg: WorkDelivery): void {
     if (this.pulling.signal.aborted) {
       msg.nak();
       this.slots.release(1);
@@ -207,7 +207,7 @@ class BoxcarWorker implements Worker {
   }
 
   /** A work item that can never run: terminate it so it is not delivered again, and say why. */
-  private reject(msg: JsMsg, error: ErrorInfo): void {
+  private reject(msg: WorkDelivery, error: ErrorInfo): void {
     msg.term(`${error.code}: ${error.message}`.slice(0, 1024));
     this.log.warn({ error, seq: msg.seq }, "rejected a malformed work item");
     void this.step("announce a rejected work item", () => this.announce("work_rejected", error));
@@ -224,7 +224,6 @@ class BoxcarWorker implements Worker {
     this.log.info({ running: this.runs.size, graceMs }, "worker draining");
     this.pulling.abort();
     this.slots.close();
-    for (const batch of this.fetches) batch.stop();
     await this.step("announce draining", async () => {
       await this.putPresence();
       await this.announce("draining");

@@ -49,10 +49,11 @@ export const agent: Command = {
         else
           ctx.print(
             table(
-              ["NAME", "POOL", "SANDBOX", "TIMEOUT", "COMMAND"],
+              ["NAME", "POOL", "PRIORITY", "SANDBOX", "TIMEOUT", "COMMAND"],
               agents.map((a) => [
                 a.name,
                 a.pool,
+                a.priority ?? "normal",
                 a.runtime.sandbox,
                 `${a.runtime.timeout / 1000}s`,
                 a.command.join(" ").replace(/\s+/g, " ").slice(0, 60),

@@ -1,7 +1,7 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { isTerminal, type JobRecord, JobState } from "@boxcar/protocol";
+import { isTerminal, type JobRecord, JobState, Priority } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
@@ -93,7 +93,7 @@ function chainEnding(first: string, last: JobRecord): string | undefined {
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL]",
+    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
@@ -106,10 +106,15 @@ export const submit: Command = {
     timeout: { type: "string" },
     deadline: { type: "string" },
     pool: { type: "string" },
+    priority: { type: "string" },
   },
   async run(ctx) {
     const agent = one(ctx, "AGENT", this.usage);
     const input = parseInput(ctx.values);
+    const priority = ctx.values.priority as string | undefined;
+    if (priority !== undefined && !Priority.safeParse(priority).success) {
+      throw new UsageError(`--priority must be one of ${Priority.options.join(", ")}, got ${priority}`);
+    }
     const upload = await localFiles(ctx.values.file as string[]);
     await using session = await ctx.session("boxcar-submit");
     const { client } = session;
@@ -121,6 +126,7 @@ export const submit: Command = {
         ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
         ...(ctx.values.deadline ? { deadline: ctx.values.deadline as string } : {}),
         ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
+        ...(priority ? { priority: priority as Priority } : {}),
       },
       { upload },
     );
@@ -263,8 +269,8 @@ export const jobs: Command = {
     }
     ctx.print(
       table(
-        ["JOB", "AGENT", "STATE", "ATTEMPT", "CREATED", "WORKER"],
-        page.jobs.map((j) => [j.id, j.agent, j.state, String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
+        ["JOB", "AGENT", "STATE", "PRIORITY", "ATTEMPT", "CREATED", "WORKER"],
+        page.jobs.map((j) => [j.id, j.agent, j.state, j.priority ?? "normal", String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
       ),
     );
     if (page.next) {

@@ -285,6 +285,7 @@ function stepSpec(
     ...(step.timeout !== undefined ? { timeout: step.timeout } : {}),
     ...(step.queueTimeout !== undefined ? { queueTimeout: step.queueTimeout } : {}),
     ...(step.pool ? { pool: step.pool } : {}),
+    ...(step.priority ? { priority: step.priority } : {}),
   };
 }
 

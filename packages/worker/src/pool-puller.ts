@@ -1,0 +1,199 @@
+import type { Topology } from "@boxcar/client";
+import { PRIORITIES, type Priority } from "@boxcar/protocol";
+import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { WorkDelivery } from "./work-delivery.js";
+
+/**
+ * How long a pull for work a bell announced waits for it: the bell (a plain copy of the publish)
+ * can arrive before the stream has stored the item, and a pull that did not wait would find
+ * nothing. Another worker may also take the item first; then the pull ends empty after this.
+ */
+const ANNOUNCED_WAIT_MS = 200;
+/** How long a pull may go unanswered before it counts as failed (the server is gone, say). */
+const PULL_TIMEOUT_MS = 5_000;
+
+/** One priority of a pool: its work subject and consumer, and what this puller knows of it. */
+interface Level {
+  readonly priority: Priority;
+  readonly subject: string;
+  /** The consumer's pull endpoint: `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. */
+  readonly next: string;
+  /** Bells heard since this level was last pulled. */
+  rung: number;
+  /** Pulled dry while bells were on, and no bell since: skipped until one rings. */
+  empty: boolean;
+}
+
+/**
+ * Takes a pool's work for one worker, higher priorities first. Each priority has its own
+ * consumer; a sweep asks them in order without waiting (`no_wait` pulls), so a waiting `high`
+ * item is always taken before a `normal` one, whatever the order they were queued in.
+ *
+ * An idle worker cannot keep a waiting pull open on every consumer: each would hold a slot it
+ * may not have, and a pull cannot be withdrawn. Instead, once a sweep finds nothing, the puller
+ * listens on the pool's work subjects ("bells": JetStream publishes reach plain subscribers
+ * too) and sweeps again when one rings, skipping the priorities it knows are empty. When a sweep
+ * fills every slot offered the pool is busy, and the bells are dropped, so busy workers do not
+ * receive a copy of every item.
+ *
+ * An item that comes back without a publish rings no bell: one handed back with a delay (a
+ * retry's backoff), or one whose lease ran out. For an item this worker handed back, the puller
+ * rings its own bell when the item is due. For the others, a wait that hears no bell ends after
+ * `idleMs` anyway and the next sweep asks every consumer; that also bounds what a lost bell
+ * costs (say, one published through a cluster route that had not yet learnt of the subscription).
+ */
+export class PoolPuller {
+  private readonly nc: NatsConnection;
+  private readonly levels: Level[];
+  private bells: Subscription[] | undefined;
+  private wake: (() => void) | undefined;
+  /** Own bells set for items handed back with a delay. */
+  private readonly dueTimers = new Set<NodeJS.Timeout>();
+
+  constructor(topology: Topology, pool: string) {
+    const { names } = topology;
+    this.nc = topology.nc;
+    this.levels = PRIORITIES.map((priority) => ({
+      priority,
+      subject: names.subjects.work(pool, priority),
+      next: `$JS.API.CONSUMER.MSG.NEXT.${names.streams.work}.${names.poolConsumer(pool, priority)}`,
+      rung: 0,
+      empty: false,
+    }));
+  }
+
+  /**
+   * Takes up to `max` waiting work items, highest priority first, handing each to `take` as it
+   * arrives. Resolves with how many came.
+   */
+  async take(max: number, take: (delivery: WorkDelivery, priority: Priority) => void): Promise<number> {
+    let taken = 0;
+    for (const level of this.levels) {
+      const want = max - taken;
+      if (want === 0) break;
+      if (level.empty && level.rung === 0) continue;
+      const announced = Math.min(level.rung, want);
+      level.rung = 0;
+      const got = await this.pull(level, announced > 0 ? { batch: announced, waitMs: ANNOUNCED_WAIT_MS } : { batch: want }, (msg) =>
+        take(
+          WorkDelivery.from(this.nc, msg, (delayMs) => this.ringWhenDue(level, delayMs)),
+          level.priority,
+        ),
+      );
+      taken += got;
+      // Dry only if no bell rang meanwhile: a bell during the pull may be for an item it missed.
+      level.empty = this.bells !== undefined && announced === 0 && got < want && level.rung === 0;
+    }
+    if (taken === max) this.quiet();
+    return taken;
+  }
+
+  /**
+   * Waits until work may have come: a bell rang, `idleMs` passed, or `signal` aborted. The
+   * first call after a busy spell only turns the bells on and returns, so the caller's next
+   * sweep cannot miss an item published before they were on.
+   */
+  async waitForWork(idleMs: number, signal: AbortSignal): Promise<void> {
+    if (!this.bells) {
+      this.listen();
+      await this.nc.flush();
+      return;
+    }
+    if (signal.aborted || this.levels.some((l) => l.rung > 0)) return;
+    await new Promise<void>((resolve) => {
+      const done = (heardNothing: boolean) => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", stop);
+        this.wake = undefined;
+        // Heard nothing: ask every consumer next time, in case a bell went astray.
+        if (heardNothing) for (const level of this.levels) level.empty = false;
+        resolve();
+      };
+      const stop = () => done(false);
+      const timer = setTimeout(() => done(true), idleMs);
+      signal.addEventListener("abort", stop, { once: true });
+      this.wake = stop;
+    });
+  }
+
+  /** Drops the bells. */
+  close(): void {
+    this.quiet();
+    for (const timer of this.dueTimers) clearTimeout(timer);
+    this.dueTimers.clear();
+  }
+
+  private listen(): void {
+    this.bells = this.levels.map((level) => this.nc.subscribe(level.subject, { callback: () => this.ring(level) }));
+    for (const level of this.levels) level.empty = false;
+  }
+
+  private ring(level: Level): void {
+    level.rung += 1;
+    level.empty = false;
+    this.wake?.();
+  }
+
+  private ringWhenDue(level: Level, delayMs: number): void {
+    const timer = setTimeout(() => {
+      this.dueTimers.delete(timer);
+      this.ring(level);
+    }, delayMs);
+    this.dueTimers.add(timer);
+  }
+
+  private quiet(): void {
+    for (const bell of this.bells ?? []) bell.unsubscribe();
+    this.bells = undefined;
+    for (const level of this.levels) {
+      level.rung = 0;
+      level.empty = false;
+    }
+  }
+
+  /**
+   * One pull request: up to `batch` items, at once (`no_wait`) or waiting up to `waitMs` for
+   * them. JetStream ends it with a status (404 none waiting, 408 fewer than asked by the time it
+   * expired) unless it sent the whole batch.
+   */
+  private pull(level: Level, req: { batch: number; waitMs?: number }, take: (msg: Msg) => void): Promise<number> {
+    const { nc } = this;
+    return new Promise<number>((resolve, reject) => {
+      let got = 0;
+      const inbox = createInbox();
+      const end = (err?: Error) => {
+        clearTimeout(timer);
+        sub.unsubscribe();
+        if (err) reject(err);
+        else resolve(got);
+      };
+      const sub = nc.subscribe(inbox, {
+        callback: (err, msg) => {
+          if (err) return end(err);
+          if (!msg.reply) return end(pullStatusError(level, msg));
+          got += 1;
+          try {
+            take(msg);
+          } catch (cause) {
+            return end(cause as Error);
+          }
+          if (got === req.batch) end();
+        },
+      });
+      const timer = setTimeout(
+        () => end(new Error(`no answer from the ${level.priority} work consumer (${level.next}) in ${PULL_TIMEOUT_MS} ms`)),
+        (req.waitMs ?? 0) + PULL_TIMEOUT_MS,
+      );
+      const body = req.waitMs === undefined ? { batch: req.batch, no_wait: true } : { batch: req.batch, expires: req.waitMs * 1_000_000 };
+      nc.publish(level.next, JSON.stringify(body), { reply: inbox });
+    });
+  }
+}
+
+/** A status that ends a pull: undefined for the ordinary ends (404, 408), else what went wrong. */
+function pullStatusError(level: Level, msg: Msg): Error | undefined {
+  const code = msg.headers?.code ?? 0;
+  if (code === 404 || code === 408) return undefined;
+  const why = code === 503 ? "no such consumer (no responders)" : `${code} ${msg.headers?.description ?? ""}`.trim();
+  return new Error(`pulling ${level.priority} work from ${level.next} failed: ${why}`);
+}
