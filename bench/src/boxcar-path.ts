@@ -1,6 +1,6 @@
 import { type BoxcarClient, createClient, openTopology, type Topology } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import { isTerminal, type JobRecord } from "@boxcar/protocol";
+import { isTerminal, type JobRecord, type JobSpecInput } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";
 import { type ConnectionOptions, connect, type NatsConnection } from "@nats-io/transport-node";
@@ -25,6 +25,10 @@ export type RecordListener = (record: JobRecord, seenAt: number) => void;
 
 export interface BoxcarPath extends AsyncDisposable {
   run: RunJob;
+  /** Submits no-op job `i` with extra spec fields; resolves with its id once it is admitted. */
+  submit(i: number, extra?: Partial<JobSpecInput>): Promise<string>;
+  /** Resolves once job `id`'s final record is seen. */
+  done(id: string): Promise<void>;
   connections: { client: NatsConnection; dispatcher: NatsConnection; worker: NatsConnection };
   /** Jobs that ended in a state other than `succeeded`: a bench run with any is not valid. */
   readonly unsuccessful: number;
@@ -70,13 +74,13 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     }
   })();
 
-  const run: RunJob = async (i) => {
-    const { job } = await client.submit({ agent: AGENT, input: i });
-    await completions.wait(job.id);
-  };
+  const submit = async (i: number, extra: Partial<JobSpecInput> = {}) => (await client.submit({ ...extra, agent: AGENT, input: i })).job.id;
+  const run: RunJob = async (i) => completions.wait(await submit(i));
 
   return {
     run,
+    submit,
+    done: (id) => completions.wait(id),
     connections,
     get unsuccessful() {
       return unsuccessful;
