@@ -16,6 +16,7 @@ const PULL_TIMEOUT_MS = 5_000;
 interface Level {
   readonly priority: Priority;
   readonly subject: string;
+  readonly bell: string;
   /** The consumer's pull endpoint: `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. */
   readonly next: string;
   /** Bells heard since this level was last pulled. */
@@ -36,26 +37,31 @@ interface Level {
  * fills every slot offered the pool is busy, and the bells are dropped, so busy workers do not
  * receive a copy of every item.
  *
- * An item that comes back without a publish rings no bell: one handed back with a delay (a
- * retry's backoff), or one whose lease ran out. For an item this worker handed back, the puller
- * rings its own bell when the item is due. For the others, a wait that hears no bell ends after
- * `idleMs` anyway and the next sweep asks every consumer; that also bounds what a lost bell
- * costs (say, one published through a cluster route that had not yet learnt of the subscription).
+ * An item that comes back without a publish makes no copy to hear: one handed back (a drain, or
+ * a retry's backoff), or one whose lease ran out. When an item this worker handed back comes
+ * due, the puller rings the pool's bell on `ctl.bell.<pool>.<priority>`, which idle workers of
+ * the pool (this one included) listen on too. For the others, a wait that hears no bell ends
+ * after `idleMs` anyway and the next sweep asks every consumer; that also bounds what a lost
+ * bell costs (say, one published through a cluster route that had not yet learnt of the
+ * subscription, or by a worker that died before the item came due).
  */
 export class PoolPuller {
   private readonly nc: NatsConnection;
   private readonly levels: Level[];
+  private readonly bellsSubject: string;
   private bells: Subscription[] | undefined;
   private wake: (() => void) | undefined;
-  /** Own bells set for items handed back with a delay. */
+  /** Bells to ring when items this worker handed back come due. */
   private readonly dueTimers = new Set<NodeJS.Timeout>();
 
   constructor(topology: Topology, pool: string) {
     const { names } = topology;
     this.nc = topology.nc;
+    this.bellsSubject = names.subjects.bells(pool);
     this.levels = PRIORITIES.map((priority) => ({
       priority,
       subject: names.subjects.work(pool, priority),
+      bell: names.subjects.bell(pool, priority),
       next: `$JS.API.CONSUMER.MSG.NEXT.${names.streams.work}.${names.poolConsumer(pool, priority)}`,
       rung: 0,
       empty: false,
@@ -124,7 +130,15 @@ export class PoolPuller {
   }
 
   private listen(): void {
-    this.bells = this.levels.map((level) => this.nc.subscribe(level.subject, { callback: () => this.ring(level) }));
+    this.bells = [
+      ...this.levels.map((level) => this.nc.subscribe(level.subject, { callback: () => this.ring(level) })),
+      this.nc.subscribe(this.bellsSubject, {
+        callback: (_err, msg) => {
+          const level = this.levels.find((l) => l.bell === msg.subject);
+          if (level) this.ring(level);
+        },
+      }),
+    ];
     for (const level of this.levels) level.empty = false;
   }
 
@@ -135,11 +149,20 @@ export class PoolPuller {
   }
 
   private ringWhenDue(level: Level, delayMs: number): void {
+    if (delayMs <= 0) {
+      this.ringPool(level);
+      return;
+    }
     const timer = setTimeout(() => {
       this.dueTimers.delete(timer);
-      this.ring(level);
+      this.ringPool(level);
     }, delayMs);
     this.dueTimers.add(timer);
+  }
+
+  private ringPool(level: Level): void {
+    if (this.nc.isClosed()) return; // the worker has stopped: the others' idle sweeps find the item
+    this.nc.publish(level.bell);
   }
 
   private quiet(): void {
