@@ -12,9 +12,9 @@ import { createDockerSandboxProvider, hardenedHostConfig } from "@boxcar/worker"
 import Docker from "dockerode";
 import { openBoxcarPath } from "./boxcar-path.js";
 import { sequential } from "./load.js";
-import { ms, summarize, table } from "./stats.js";
+import { envInt, ms, summarize, table } from "./stats.js";
 
-const N = Number(process.env.BENCH_DOCKER_N ?? 40);
+const N = envInt("BENCH_DOCKER_N", 40);
 const WARMUP = 3;
 const IMAGE = process.env.BOXCAR_AGENT_IMAGE ?? "boxcar-agent:latest";
 const confinement = { network: "none", limits: { cpus: 1, memory: 1024 ** 3, pids: 256 }, tmpBytes: 64 * 1024 ** 2 };

@@ -18,15 +18,7 @@ import { type NatsServer, startNatsServer } from "@boxcar/client";
 import type { Priority } from "@boxcar/protocol";
 import { type BoxcarPath, openBoxcarPath } from "./boxcar-path.js";
 import { createInstantSandboxProvider } from "./instant-sandbox.js";
-import { type LatencySummary, ms, summarize, table } from "./stats.js";
-
-function envInt(name: string, fallback: number): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === "") return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < 1) throw new RangeError(`${name} must be a positive integer, got ${JSON.stringify(raw)}`);
-  return value;
-}
+import { envInt, type LatencySummary, ms, summarize, table } from "./stats.js";
 
 const settings = {
   idleJobs: envInt("BENCH_N", 300),

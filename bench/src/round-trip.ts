@@ -25,7 +25,7 @@ import { createInstantSandboxProvider } from "./instant-sandbox.js";
 import { type RunJob, type Saturation, saturate, sequential } from "./load.js";
 import { openRawPath } from "./raw-jetstream.js";
 import { type MessageCounts, messageCounts, RoundTripLog, type RoundTripRow } from "./round-trips.js";
-import { type LatencySummary, ms, summarize, table } from "./stats.js";
+import { envInt, type LatencySummary, ms, summarize, table } from "./stats.js";
 
 /** The commit measured, and whether the packages differ from it. */
 function sourceVersion(): { commit: string; packagesModified: boolean } | null {
@@ -35,14 +35,6 @@ function sourceVersion(): { commit: string; packagesModified: boolean } | null {
   } catch {
     return null;
   }
-}
-
-function envInt(name: string, fallback: number): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === "") return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < 1) throw new RangeError(`${name} must be a positive integer, got ${JSON.stringify(raw)}`);
-  return value;
 }
 
 const settings = {

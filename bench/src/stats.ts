@@ -50,3 +50,12 @@ export function table(rows: readonly (readonly string[])[]): string {
   if (!header) return "";
   return [line(header), widths.map((w) => "-".repeat(w)).join("  "), ...body.map(line)].join("\n");
 }
+
+/** A benchmark knob from the environment: a positive whole number, or `fallback` when unset. */
+export function envInt(name: string, fallback: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < 1) throw new RangeError(`${name} must be a positive integer, got ${JSON.stringify(raw)}`);
+  return value;
+}
