@@ -1,4 +1,4 @@
-import type { Topology } from "@boxcar/client";
+import type { Logger, Topology } from "@boxcar/client";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
@@ -12,18 +12,23 @@ const ANNOUNCED_WAIT_MS = 200;
 /** How long a pull may go unanswered before it counts as failed (the server is gone, say). */
 const PULL_TIMEOUT_MS = 5_000;
 
-/** One priority of a pool: its work subject and consumer, and what this puller knows of it. */
+/** One priority of a pool: its work subject, bell and consumer, and what this puller knows of it. */
 interface Level {
   readonly priority: Priority;
   readonly subject: string;
   readonly bell: string;
   /** The consumer's pull endpoint: `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. */
   readonly next: string;
-  /** Bells heard since this level was last pulled. */
+  /** Bells heard since this level was last pulled, and when the last one rang. */
   rung: number;
-  /** Pulled dry while bells were on, and no bell since: skipped until one rings. */
+  rungAt: number;
+  /** Pulled dry while the bells were on and no bell since: skipped until one rings or a full sweep is due. */
   empty: boolean;
+  /** The last pull of this level failed: said once, not on every sweep. */
+  failing: boolean;
 }
+
+type TakeWork = (delivery: WorkDelivery, priority: Priority) => void;
 
 /**
  * Takes a pool's work for one worker, higher priorities first. Each priority has its own
@@ -33,17 +38,17 @@ interface Level {
  * An idle worker cannot keep a waiting pull open on every consumer: each would hold a slot it
  * may not have, and a pull cannot be withdrawn. Instead, once a sweep finds nothing, the puller
  * listens on the pool's work subjects ("bells": JetStream publishes reach plain subscribers
- * too) and sweeps again when one rings, skipping the priorities it knows are empty. When a sweep
- * fills every slot offered the pool is busy, and the bells are dropped, so busy workers do not
- * receive a copy of every item.
+ * too) and sweeps again when one rings, skipping the priorities it found empty since. When a
+ * sweep fills every slot offered the pool is busy, and the bells are dropped, so busy workers
+ * do not receive a copy of every item.
  *
  * An item that comes back without a publish makes no copy to hear: one handed back (a drain, or
  * a retry's backoff), or one whose lease ran out. When an item this worker handed back comes
  * due, the puller rings the pool's bell on `ctl.bell.<pool>.<priority>`, which idle workers of
- * the pool (this one included) listen on too. For the others, a wait that hears no bell ends
- * after `idleMs` anyway and the next sweep asks every consumer; that also bounds what a lost
- * bell costs (say, one published through a cluster route that had not yet learnt of the
- * subscription, or by a worker that died before the item came due).
+ * the pool (this one included) listen on too. For the rest, a sweep asks every consumer, empty
+ * or not, at least every `recheckMs`, and an idle wait that hears no bell ends after that long;
+ * that also bounds what a lost bell costs (say, one published through a cluster route that had
+ * not yet learnt of the subscription, or by a worker that died before the item came due).
  */
 export class PoolPuller {
   private readonly nc: NatsConnection;
@@ -53,8 +58,15 @@ export class PoolPuller {
   private wake: (() => void) | undefined;
   /** Bells to ring when items this worker handed back come due. */
   private readonly dueTimers = new Set<NodeJS.Timeout>();
+  /** When a sweep last asked every consumer, skipping none it thought empty. */
+  private sweptAllAt = 0;
+  private closed = false;
 
-  constructor(topology: Topology, pool: string) {
+  constructor(
+    topology: Topology,
+    pool: string,
+    private readonly opts: { recheckMs: number; log: Logger },
+  ) {
     const { names } = topology;
     this.nc = topology.nc;
     this.bellsSubject = names.subjects.bells(pool);
@@ -64,42 +76,51 @@ export class PoolPuller {
       bell: names.subjects.bell(pool, priority),
       next: `$JS.API.CONSUMER.MSG.NEXT.${names.streams.work}.${names.poolConsumer(pool, priority)}`,
       rung: 0,
+      rungAt: 0,
       empty: false,
+      failing: false,
     }));
   }
 
   /**
    * Takes up to `max` waiting work items, highest priority first, handing each to `take` as it
-   * arrives. Resolves with how many came.
+   * arrives. Resolves with how many came. A consumer that cannot be pulled is logged and passed
+   * over, so the others are still served; the sweep fails only when every consumer it asked did.
    */
-  async take(max: number, take: (delivery: WorkDelivery, priority: Priority) => void): Promise<number> {
+  async take(max: number, take: TakeWork): Promise<number> {
+    const askAll = Date.now() - this.sweptAllAt >= this.opts.recheckMs;
     let taken = 0;
+    let skipped = 0;
+    const failures: unknown[] = [];
     for (const level of this.levels) {
       const want = max - taken;
       if (want === 0) break;
-      if (level.empty && level.rung === 0) continue;
-      const announced = Math.min(level.rung, want);
-      level.rung = 0;
-      const got = await this.pull(level, announced > 0 ? { batch: announced, waitMs: ANNOUNCED_WAIT_MS } : { batch: want }, (msg) =>
-        take(
-          WorkDelivery.from(this.nc, msg, (delayMs) => this.ringWhenDue(level, delayMs)),
-          level.priority,
-        ),
-      );
-      taken += got;
-      // Dry only if no bell rang meanwhile: a bell during the pull may be for an item it missed.
-      level.empty = this.bells !== undefined && announced === 0 && got < want && level.rung === 0;
+      if (level.empty && level.rung === 0 && !askAll) {
+        skipped += 1;
+        continue;
+      }
+      try {
+        taken += await this.takeFrom(level, want, take);
+        if (level.failing) this.opts.log.info({ priority: level.priority }, "pulling work works again");
+        level.failing = false;
+      } catch (err) {
+        failures.push(err);
+        if (!level.failing) this.opts.log.warn({ err, priority: level.priority }, "pulling work failed; asking the other priorities");
+        level.failing = true;
+      }
     }
+    if (skipped === 0 && taken < max) this.sweptAllAt = Date.now();
+    if (failures.length > 0 && failures.length + skipped === this.levels.length && taken === 0) throw failures[0];
     if (taken === max) this.quiet();
     return taken;
   }
 
   /**
-   * Waits until work may have come: a bell rang, `idleMs` passed, or `signal` aborted. The
+   * Waits until work may have come: a bell rang, `recheckMs` passed, or `signal` aborted. The
    * first call after a busy spell only turns the bells on and returns, so the caller's next
    * sweep cannot miss an item published before they were on.
    */
-  async waitForWork(idleMs: number, signal: AbortSignal): Promise<void> {
+  async waitForWork(signal: AbortSignal): Promise<void> {
     if (!this.bells) {
       this.listen();
       await this.nc.flush();
@@ -107,26 +128,45 @@ export class PoolPuller {
     }
     if (signal.aborted || this.levels.some((l) => l.rung > 0)) return;
     await new Promise<void>((resolve) => {
-      const done = (heardNothing: boolean) => {
+      const done = () => {
         clearTimeout(timer);
-        signal.removeEventListener("abort", stop);
+        signal.removeEventListener("abort", done);
         this.wake = undefined;
-        // Heard nothing: ask every consumer next time, in case a bell went astray.
-        if (heardNothing) for (const level of this.levels) level.empty = false;
         resolve();
       };
-      const stop = () => done(false);
-      const timer = setTimeout(() => done(true), idleMs);
-      signal.addEventListener("abort", stop, { once: true });
-      this.wake = stop;
+      const timer = setTimeout(done, this.opts.recheckMs);
+      signal.addEventListener("abort", done, { once: true });
+      this.wake = done;
     });
   }
 
-  /** Drops the bells. */
+  /** Drops the bells, and the bells still to ring: from now on a hand-back rings only when due at once. */
   close(): void {
+    this.closed = true;
     this.quiet();
     for (const timer of this.dueTimers) clearTimeout(timer);
     this.dueTimers.clear();
+  }
+
+  /**
+   * One level's share of a sweep: what is waiting, at once; then, if bells announced more than
+   * came, a wait for the rest until 200 ms after the last bell (a bell can arrive before the
+   * stream has stored its item).
+   */
+  private async takeFrom(level: Level, want: number, take: TakeWork): Promise<number> {
+    const announced = Math.min(level.rung, want);
+    const waitMs = ANNOUNCED_WAIT_MS - (Date.now() - level.rungAt);
+    level.rung = 0;
+    const handOver = (msg: Msg) =>
+      take(
+        WorkDelivery.from(this.nc, msg, (delayMs) => this.ringWhenDue(level, delayMs)),
+        level.priority,
+      );
+    let got = await this.pull(level, { batch: want }, handOver);
+    if (got < announced && waitMs > 0) got += await this.pull(level, { batch: announced - got, waitMs }, handOver);
+    // Dry only if no bell rang meanwhile: a bell during the pull may be for an item it missed.
+    level.empty = this.bells !== undefined && got < want && level.rung === 0;
+    return got;
   }
 
   private listen(): void {
@@ -144,6 +184,7 @@ export class PoolPuller {
 
   private ring(level: Level): void {
     level.rung += 1;
+    level.rungAt = Date.now();
     level.empty = false;
     this.wake?.();
   }
@@ -153,16 +194,23 @@ export class PoolPuller {
       this.ringPool(level);
       return;
     }
+    if (this.closed) return;
     const timer = setTimeout(() => {
       this.dueTimers.delete(timer);
       this.ringPool(level);
     }, delayMs);
+    timer.unref();
     this.dueTimers.add(timer);
   }
 
+  /** A courtesy to idle workers: when it cannot be sent, their sweeps find the item anyway. */
   private ringPool(level: Level): void {
-    if (this.nc.isClosed()) return; // the worker has stopped: the others' idle sweeps find the item
-    this.nc.publish(level.bell);
+    if (this.nc.isClosed() || this.nc.isDraining()) return;
+    try {
+      this.nc.publish(level.bell);
+    } catch {
+      // the connection closed meanwhile
+    }
   }
 
   private quiet(): void {

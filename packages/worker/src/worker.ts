@@ -145,32 +145,39 @@ class BoxcarWorker implements Worker {
    * holds more than `concurrency` jobs.
    */
   private async pull(pool: string, share: number): Promise<void> {
-    const puller = new PoolPuller(this.options.topology, pool);
+    const puller = new PoolPuller(this.options.topology, pool, { recheckMs: IDLE_RECHECK_MS, log: this.log.child({ pool }) });
     try {
       while (!this.pulling.signal.aborted) {
-        const reserved = await this.slots.acquire(share);
-        if (reserved === 0) return;
-        // Counted as they come: a sweep that fails half-way still hands its slots to the jobs it took.
-        let taken = 0;
         try {
-          await puller.take(reserved, (delivery) => {
-            taken += 1;
-            this.dispatch(delivery);
-          });
+          if (!(await this.sweep(puller, share))) return;
         } catch (err) {
-          if (!this.pulling.signal.aborted) {
-            this.log.warn({ err, pool }, "pulling work failed; trying again");
-            await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
-          }
-          continue;
-        } finally {
-          this.slots.release(reserved - taken);
+          // NATS trouble mid-sweep, a flush cut short by a reconnect, ...: pause and go on.
+          if (this.pulling.signal.aborted) return;
+          this.log.warn({ err, pool }, "pulling work failed; trying again");
+          await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
         }
-        if (taken === 0) await puller.waitForWork(IDLE_RECHECK_MS, this.pulling.signal);
       }
     } finally {
       puller.close();
     }
+  }
+
+  /** One sweep for the slots free now, then a wait for work if it found none; false once the worker takes no more. */
+  private async sweep(puller: PoolPuller, share: number): Promise<boolean> {
+    const reserved = await this.slots.acquire(share);
+    if (reserved === 0) return false;
+    // Counted as they come: a sweep that fails half-way still hands its slots to the jobs it took.
+    let taken = 0;
+    try {
+      await puller.take(reserved, (delivery) => {
+        taken += 1;
+        this.dispatch(delivery);
+      });
+    } finally {
+      this.slots.release(reserved - taken);
+    }
+    if (taken === 0) await puller.waitForWork(this.pulling.signal);
+    return true;
   }
 
   /** Starts one delivered work item; it holds one slot until it is handled. */
