@@ -1,6 +1,6 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { ErrorCode, JobRecord, MAX_SPEC_BYTES } from "@boxcar/protocol";
+import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY } from "@boxcar/protocol";
 import { Svcm } from "@nats-io/services";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
@@ -22,7 +22,7 @@ afterAll(async () => {
 
 /** A request on the raw API subject, as a client in any language would send it. */
 async function rawRequest(endpoint: string, body: string | Uint8Array) {
-  const msg = await nats.nc.request(nats.topology.names.subjects.api(endpoint as never), body, { timeout: 5_000 });
+  const msg = await nats.nc.request(nats.topology.names.subjects.api(OPEN_IDENTITY, endpoint as never), body, { timeout: 5_000 });
   return {
     reply: msg.json<{ ok: boolean; data?: unknown; error?: { code: string; message: string; issues?: { path: string }[] } }>(),
     msg,
@@ -141,12 +141,12 @@ describe("the durable intake subject", () => {
     const { names } = nats.topology;
     const before = await workStreamMessages();
     await nats.topology.js.publish(
-      names.subjects.submit("echo"),
+      names.subjects.submit("local", "echo"),
       JSON.stringify({ input: { via: "intake" }, idempotencyKey: "intake-ok" }),
     );
-    await nats.topology.js.publish(names.subjects.submit("echo"), "not json at all");
-    await nats.topology.js.publish(names.subjects.submit("echo"), JSON.stringify({ input: 1, timeout: -5 }));
-    await nats.topology.js.publish(names.subjects.submit("ghost"), JSON.stringify({}));
+    await nats.topology.js.publish(names.subjects.submit("local", "echo"), "not json at all");
+    await nats.topology.js.publish(names.subjects.submit("local", "echo"), JSON.stringify({ input: 1, timeout: -5 }));
+    await nats.topology.js.publish(names.subjects.submit("local", "ghost"), JSON.stringify({}));
 
     const client = createClient(nats.topology);
     const deadline = Date.now() + 10_000;

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import { BoxcarEvent, isTerminal, JobRecord } from "@boxcar/protocol";
+import { BoxcarEvent, isTerminal, JobRecord, OPEN_IDENTITY } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, eventually } from "./helpers/cli.js";
@@ -149,9 +149,13 @@ describe("a job end to end over raw NATS", () => {
       runtime: { sandbox: "host" },
     });
     const { names } = nats.topology;
-    const reply = await nats.nc.request(names.subjects.api("jobs.submit"), JSON.stringify({ agent: "raw", input: { hello: "world" } }), {
-      timeout: 5_000,
-    });
+    const reply = await nats.nc.request(
+      names.subjects.api(OPEN_IDENTITY, "jobs.submit"),
+      JSON.stringify({ agent: "raw", input: { hello: "world" } }),
+      {
+        timeout: 5_000,
+      },
+    );
     const { ok, data } = reply.json<{ ok: boolean; data: { job: { id: string } } }>();
     expect(ok).toBe(true);
     const id = data.job.id;
@@ -166,7 +170,10 @@ describe("a job end to end over raw NATS", () => {
   });
 
   test("a fire-and-forget submission on the intake subject runs", async () => {
-    await nats.topology.js.publish(nats.topology.names.subjects.submit("raw"), JSON.stringify({ input: 7, idempotencyKey: "ff-1" }));
+    await nats.topology.js.publish(
+      nats.topology.names.subjects.submit("local", "raw"),
+      JSON.stringify({ input: 7, idempotencyKey: "ff-1" }),
+    );
     const job = await eventually(
       async () => (await client.listJobs({ agent: "raw" })).jobs.find((j) => j.spec?.idempotencyKey === "ff-1" && isTerminal(j.state)),
       "the intake job",
@@ -196,7 +203,7 @@ describe("scale and restarts", () => {
       Array.from({ length: 10 }, (_, i) => client.submit({ agent: "tick", input: i, labels: { batch: "two" } })),
     );
     for (let i = 0; i < 10; i++)
-      await js.publish(names.subjects.submit("tick"), JSON.stringify({ input: 100 + i, labels: { batch: "two" } }));
+      await js.publish(names.subjects.submit("local", "tick"), JSON.stringify({ input: 100 + i, labels: { batch: "two" } }));
     const jobs = await eventually(async () => {
       const found = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "two");
       return found.length >= 20 && found.every((j) => j.state === "succeeded") ? found : undefined;
@@ -211,7 +218,7 @@ describe("scale and restarts", () => {
     await dispatcher.close();
     const { js, names } = nats.topology;
     for (let i = 0; i < 15; i++)
-      await js.publish(names.subjects.submit("tick"), JSON.stringify({ input: i, labels: { batch: "restart" } }));
+      await js.publish(names.subjects.submit("local", "tick"), JSON.stringify({ input: i, labels: { batch: "restart" } }));
     dispatcher = await startDispatcher({ topology: nats.topology });
     const done = await eventually(async () => {
       const jobs = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "restart");

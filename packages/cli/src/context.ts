@@ -1,7 +1,16 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import { type BoxcarClient, createClient, openTopology, type Topology, type TopologyOptions } from "@boxcar/client";
-import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { connect, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import {
+  type BoxcarClient,
+  connectNats,
+  createClient,
+  openTopology,
+  type ResolvedConnection,
+  resolveConnection,
+  type Topology,
+  type TopologyOptions,
+} from "@boxcar/client";
+import { BoxcarError, type Identity, type NatsConnectionSettings } from "@boxcar/protocol";
+import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
 export interface Io {
@@ -15,6 +24,16 @@ export interface Io {
 /** Flags every command takes. */
 export const globalOptions = {
   nats: { type: "string" },
+  context: { type: "string" },
+  creds: { type: "string" },
+  nkey: { type: "string" },
+  user: { type: "string" },
+  password: { type: "string" },
+  token: { type: "string" },
+  "tls-cert": { type: "string" },
+  "tls-key": { type: "string" },
+  "tls-ca": { type: "string" },
+  "tls-first": { type: "boolean" },
   prefix: { type: "string" },
   json: { type: "boolean", default: false },
   help: { type: "boolean", short: "h", default: false },
@@ -26,6 +45,9 @@ export interface Session extends AsyncDisposable {
   nc: NatsConnection;
   topology: Topology;
   client: BoxcarClient;
+  /** Who this session asks as. */
+  identity: Identity;
+  connection: ResolvedConnection;
 }
 
 export interface CommandContext<V extends object> {
@@ -41,19 +63,36 @@ export interface CommandContext<V extends object> {
   session(name?: string, opts?: { create?: boolean }): Promise<Session>;
 }
 
-/** `--nats`, else `$BOXCAR_NATS_URL`, else the local default: one URL or several, comma-separated. */
-export function natsUrl(flag: string | undefined, env: NodeJS.ProcessEnv): string {
-  return flag ?? env.BOXCAR_NATS_URL ?? "nats://127.0.0.1:4222";
+/** The connection flags given on the command line, in the shape of the worker config file's keys. */
+export function connectionFlags(values: Record<string, unknown>): NatsConnectionSettings {
+  const flags: Record<string, unknown> = {
+    nats: values.nats,
+    context: values.context,
+    creds: values.creds,
+    nkey: values.nkey,
+    user: values.user,
+    password: values.password,
+    token: values.token,
+    tlsCert: values["tls-cert"],
+    tlsKey: values["tls-key"],
+    tlsCa: values["tls-ca"],
+    tlsFirst: values["tls-first"],
+  };
+  return Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) as NatsConnectionSettings;
 }
 
-/** The servers of a `--nats` value: `nats://a:4222,nats://b:4222` names two servers of one system. */
-export function natsServers(url: string): string[] {
-  const servers = url
-    .split(",")
-    .map((s) => s.trim())
-    .filter((s) => s !== "");
-  if (servers.length === 0) throw new UsageError(`--nats / BOXCAR_NATS_URL names no server: ${JSON.stringify(url)}`);
-  return servers;
+/** Resolves the connection settings; a bad one is a usage error naming it. */
+export function connectionFrom(
+  values: Record<string, unknown>,
+  env: NodeJS.ProcessEnv,
+  file: NatsConnectionSettings = {},
+): ResolvedConnection {
+  try {
+    return resolveConnection({ flags: connectionFlags(values), env, file });
+  } catch (err) {
+    if (err instanceof BoxcarError) throw new UsageError(err.message);
+    throw err;
+  }
 }
 
 /** `--replicas N`, taken by the roles that create the system (`up`, `dispatcher`, `worker`). */
@@ -78,26 +117,13 @@ export interface SessionTopologyOptions {
 }
 
 export async function openSession(
-  url: string,
+  connection: ResolvedConnection,
   prefix: string | undefined,
   name: string,
   create: boolean,
   topologyOptions: SessionTopologyOptions = {},
 ): Promise<Session> {
-  const servers = natsServers(url);
-  let nc: NatsConnection;
-  try {
-    // No async stack traces: nats.js builds one per request, a large share of a busy worker's CPU.
-    nc = await connect({ servers, name, maxReconnectAttempts: -1, noAsyncTraces: true });
-  } catch (cause) {
-    throw new BoxcarError(
-      ErrorCode.unavailable,
-      `cannot reach NATS at ${servers.join(", ")}: ${(cause as Error).message} (set --nats or BOXCAR_NATS_URL; \`boxcar up\` starts a local one)`,
-      {
-        cause,
-      },
-    );
-  }
+  const nc = await connectNats(connection, name);
   const options = {
     ...(prefix ? { prefix } : {}),
     ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
@@ -113,7 +139,9 @@ export async function openSession(
   return {
     nc,
     topology,
-    client: createClient(topology),
+    client: createClient(topology, { identity: connection.identity }),
+    identity: connection.identity,
+    connection,
     [Symbol.asyncDispose]: async () => {
       await nc.drain().catch(() => nc.close());
     },

@@ -1,13 +1,14 @@
 import { names, toErrorInfo } from "@boxcar/protocol";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
+import { auth } from "./commands/auth.js";
 import { artifacts, cancel, events, jobs, logs, retry, status, submit } from "./commands/jobs.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
 import { workflow } from "./commands/workflow.js";
-import { type CommandContext, type Io, natsUrl, openSession, parseCommandLine } from "./context.js";
+import { type CommandContext, connectionFrom, type Io, openSession, parseCommandLine } from "./context.js";
 import { ExitCode } from "./exit-codes.js";
 import { exitCodeFor, UsageError } from "./usage-error.js";
 
@@ -27,6 +28,7 @@ const COMMANDS: readonly Command[] = [
   run,
   workflow,
   workers,
+  auth,
 ];
 
 function help(): string {
@@ -39,10 +41,15 @@ function help(): string {
     ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
     "",
     "flags for every command:",
-    "  --nats URLS    NATS server, or several comma-separated (default $BOXCAR_NATS_URL, then nats://127.0.0.1:4222)",
-    "  --prefix P     subject and bucket prefix (default boxcar)",
-    "  --json         machine-readable output",
-    "  -h, --help     help for a command",
+    "  --nats URLS            NATS server, or several comma-separated (default $BOXCAR_NATS_URL, $NATS_URL, then nats://127.0.0.1:4222)",
+    "  --creds FILE           NATS credentials file, as `boxcar auth` writes them ($NATS_CREDS)",
+    "  --context NAME         use a `nats` CLI context ($NATS_CONTEXT)",
+    "  --nkey FILE            nkey seed file ($NATS_NKEY)",
+    "  --user U --password P  user and password ($NATS_USER, $NATS_PASSWORD); --token T ($NATS_TOKEN)",
+    "  --tls-cert FILE --tls-key FILE --tls-ca FILE [--tls-first]   TLS and mutual TLS ($NATS_CERT, $NATS_KEY, $NATS_CA)",
+    "  --prefix P             subject and bucket prefix (default boxcar)",
+    "  --json                 machine-readable output",
+    "  -h, --help             help for a command",
     "",
     "exit codes: 0 ok, 1 job or run did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
   ].join("\n");
@@ -80,7 +87,7 @@ export async function main(argv: string[], io: Io): Promise<number> {
       io,
       print: (text) => io.stdout.write(`${text}\n`),
       session: (clientName = `boxcar-${name}`, opts = {}) =>
-        openSession(natsUrl(values.nats as string | undefined, io.env), prefix, clientName, opts.create ?? false),
+        openSession(connectionFrom(values, io.env), prefix, clientName, opts.create ?? false),
     };
     return await command.run(ctx);
   } catch (err) {

@@ -12,6 +12,7 @@ import {
   BoxcarEvent,
   CancelReply,
   ErrorCode,
+  type Identity,
   type InputFileRef,
   isTerminal,
   JobRecord,
@@ -23,6 +24,7 @@ import {
   type ListRunsRequest,
   ListWorkersReply,
   type LogStream,
+  OPEN_IDENTITY,
   parseWith,
   RunReply,
   StartRunReply,
@@ -41,6 +43,12 @@ import type { Topology } from "./topology.js";
 export interface ClientOptions {
   /** How long to wait for a dispatcher's reply; default 10 s. */
   requestTimeoutMs?: number;
+  /**
+   * Who the client asks as: the role and user of its NATS credential (`connectNats` reads them
+   * from it). Default: an admin named `local`, what any caller of a server without
+   * authentication is.
+   */
+  identity?: Identity;
 }
 
 export interface LogChunk {
@@ -109,17 +117,18 @@ export interface BoxcarClient {
 }
 
 export function createClient(topology: Topology, opts: ClientOptions = {}): BoxcarClient {
-  return new Client(topology, opts.requestTimeoutMs ?? 10_000);
+  return new Client(topology, opts.requestTimeoutMs ?? 10_000, opts.identity ?? OPEN_IDENTITY);
 }
 
 class Client implements BoxcarClient {
   constructor(
     private readonly topology: Topology,
     private readonly timeoutMs: number,
+    private readonly identity: Identity,
   ) {}
 
   private async request<S extends z.ZodType>(endpoint: ApiEndpoint, body: unknown, schema: S): Promise<z.infer<S>> {
-    const subject = this.topology.names.subjects.api(endpoint);
+    const subject = this.topology.names.subjects.api(this.identity, endpoint);
     let reply: Uint8Array;
     try {
       const msg = await this.topology.nc.request(subject, JSON.stringify(body), { timeout: this.timeoutMs });
@@ -127,6 +136,14 @@ class Client implements BoxcarClient {
     } catch (err) {
       if (err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders())) {
         throw new BoxcarError(ErrorCode.unavailable, `no dispatcher answers on ${subject}: is one running?`, { cause: err });
+      }
+      const denied = err instanceof natsErrors.PermissionViolationError ? err : (err as Error).cause;
+      if (denied instanceof natsErrors.PermissionViolationError) {
+        throw new BoxcarError(
+          ErrorCode.forbidden,
+          `NATS refused ${subject}: the credential of ${this.identity.role} ${this.identity.user} may not publish there`,
+          { cause: err },
+        );
       }
       if (err instanceof natsErrors.TimeoutError) {
         throw new BoxcarError(ErrorCode.unavailable, `no reply on ${subject} within ${this.timeoutMs} ms`, { cause: err });

@@ -1,5 +1,7 @@
 export type { BoxcarClient, ClientOptions, FollowOptions, JobEventsOptions, LocalInputFile, LogChunk, SubmitOptions } from "./client.js";
 export { createClient } from "./client.js";
+export type { ResolveConnectionOptions, ResolvedConnection } from "./connection.js";
+export { connectNats, DEFAULT_NATS_URL, identityOf, newInbox, readNatsContext, resolveConnection } from "./connection.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { Revisioned } from "./kv-json.js";
 export { getJson, listJson } from "./kv-json.js";
@@ -12,3 +14,4 @@ export type { ReadStreamOptions } from "./stream-reader.js";
 export { readStream } from "./stream-reader.js";
 export type { ResolvedTopologyOptions, Topology, TopologyOptions } from "./topology.js";
 export { DUPLICATE_WINDOW_MS, isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";
+export { SIGNATURE_HEADER, SIGNER_HEADER, WorkSigner, WorkVerifier } from "./work-signature.js";

@@ -1,17 +1,21 @@
 import { createHash } from "node:crypto";
-import { DUPLICATE_WINDOW_MS, getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
 import {
   AgentDefinition,
   BoxcarError,
   type ChainLink,
   ErrorCode,
   type ErrorInfo,
+  type Identity,
   JobRecord,
   JobSpec,
+  mayAccess,
+  ownerOf,
   PROTOCOL_VERSION,
   parseWith,
   type WorkItem,
 } from "@boxcar/protocol";
+import { headers } from "@nats-io/transport-node";
 import { newJobId } from "./job-id.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
@@ -21,8 +25,18 @@ export interface Admitted {
   duplicate: boolean;
 }
 
-/** How a job comes about other than by a plain submission. */
+/** What admitting a job needs besides the topology. */
+export interface AdmissionContext {
+  log: Logger;
+  workers: WorkerDirectory;
+  /** Signs work items, so workers that check signatures run them; absent: items go unsigned. */
+  signer?: WorkSigner | undefined;
+}
+
+/** Who a job is for, and how it comes about other than by a plain submission. */
 export interface AdmitOptions {
+  /** The user the job belongs to: the caller, or the owner of the chain or run it is part of. */
+  owner: string;
   /** Deduplicates a submission that carries no key of its own (an intake redelivery, a handoff, a workflow step). */
   implicitKey?: string;
   /** The job's place in a handoff chain or workflow run; `root` defaults to the job itself. */
@@ -35,19 +49,15 @@ export interface AdmitOptions {
  * and enqueues its work item. Idempotent per key: a second call with the same key returns the
  * first job and finishes its admission if a crash interrupted it.
  */
-export async function admit(
-  topology: Topology,
-  raw: unknown,
-  ctx: { log: Logger; workers: WorkerDirectory },
-  opts: AdmitOptions = {},
-): Promise<Admitted> {
+export async function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
   const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await loadAgent(topology, spec.agent);
   ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 
-  const key = spec.idempotencyKey ?? opts.implicitKey;
+  // A caller's own key is scoped to its owner: another user's equal key is another job.
+  const key = spec.idempotencyKey !== undefined ? `owner:${opts.owner}:${spec.idempotencyKey}` : opts.implicitKey;
   let id = newJobId();
   if (key !== undefined) {
     const claimed = await claimKey(topology, key, id);
@@ -57,7 +67,7 @@ export async function admit(
         // A crash may have come between the record and its work item: publish the item again.
         // Within the stream's duplicate window the server drops it if it was already there.
         if (existing.value.state === "queued" && Date.now() - Date.parse(existing.value.createdAt) < DUPLICATE_WINDOW_MS) {
-          await publishWorkItem(topology, existing.value, agent);
+          await publishWorkItem(topology, existing.value, agent, ctx.signer);
         }
         return { job: existing.value, duplicate: true };
       }
@@ -71,6 +81,7 @@ export async function admit(
     id,
     agent: agent.name,
     pool: spec.pool ?? agent.pool,
+    owner: opts.owner,
     priority: spec.priority ?? agent.priority ?? "normal",
     state: "queued",
     spec,
@@ -98,7 +109,7 @@ export async function admit(
     publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),
     publishEvent(topology, jobEvent(record, "queued")),
   ]);
-  await publishWorkItem(topology, record, agent);
+  await publishWorkItem(topology, record, agent, ctx.signer);
   log.info(
     {
       jobId: id,
@@ -112,8 +123,14 @@ export async function admit(
   return { job: record, duplicate: false };
 }
 
-/** Publishes the job's work item, deduplicated by job id (or `msgID`, for a retry). */
-export async function publishWorkItem(topology: Topology, record: JobRecord, agent: AgentDefinition, msgID = record.id): Promise<void> {
+/** Publishes the job's work item, signed when there is a signer, deduplicated by job id (or `msgID`, for a retry). */
+export async function publishWorkItem(
+  topology: Topology,
+  record: JobRecord,
+  agent: AgentDefinition,
+  signer: WorkSigner | undefined,
+  msgID = record.id,
+): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
   // The priority is the subject's business, not the worker's: leaving it out keeps the item
@@ -131,14 +148,24 @@ export async function publishWorkItem(topology: Topology, record: JobRecord, age
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
   await topology.ensurePoolConsumer(record.pool);
-  await topology.js.publish(topology.names.subjects.work(record.pool, record.priority), JSON.stringify(item), { msgID });
+  const subject = topology.names.subjects.work(record.pool, record.priority);
+  const body = new TextEncoder().encode(JSON.stringify(item));
+  const hdrs = headers();
+  signer?.sign(subject, body, hdrs);
+  await topology.js.publish(subject, body, { msgID, headers: hdrs });
 }
 
 /**
  * Records a submission that cannot be admitted as a `rejected` job with the reason, so a
  * fire-and-forget submitter can find out why. Nothing is enqueued.
  */
-export async function recordRejection(topology: Topology, agentName: string, error: ErrorInfo, key: string): Promise<JobRecord> {
+export async function recordRejection(
+  topology: Topology,
+  agentName: string,
+  owner: string,
+  error: ErrorInfo,
+  key: string,
+): Promise<JobRecord> {
   const id = await claimKey(topology, key, newJobId());
   const existing = await getJson(topology.jobs, id, JobRecord, "job record");
   if (existing) return existing.value;
@@ -148,6 +175,7 @@ export async function recordRejection(topology: Topology, agentName: string, err
     id,
     agent: agentName,
     pool: "default",
+    owner,
     state: "rejected",
     attempt: 0,
     createdAt: now,
@@ -207,8 +235,9 @@ async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void>
   }
 }
 
-export async function getRecord(topology: Topology, id: string): Promise<JobRecord> {
+/** The job's record; one that `caller` may not see is not found, as one that does not exist. */
+export async function getRecord(topology: Topology, id: string, caller: Identity): Promise<JobRecord> {
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   return found.value;
 }

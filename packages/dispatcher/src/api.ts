@@ -5,23 +5,25 @@ import {
   ApiEndpoint,
   ApplyAgentRequest,
   BoxcarError,
+  callerOf,
   decodeMessage,
   ErrorCode,
+  type Identity,
   JobRef,
   MAX_SPEC_BYTES,
   parseWith,
+  ROLE_ENDPOINTS,
   RunRef,
   toErrorInfo,
   WorkerInfo,
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
-import { admit, getRecord } from "./admission.js";
+import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
-import type { WorkerDirectory } from "./worker-directory.js";
 import type { Runs } from "./workflows/runs.js";
 
-type Handler = (body: unknown) => Promise<unknown>;
+type Handler = (body: unknown, caller: Identity) => Promise<unknown>;
 
 /** HTTP-like status for the services API error header; the body carries the stable code. */
 const STATUS: Partial<Record<string, number>> = {
@@ -30,19 +32,29 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.unknownAgent]: 404,
   [ErrorCode.notFound]: 404,
   [ErrorCode.inputFileMissing]: 404,
+  [ErrorCode.forbidden]: 403,
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,
   [ErrorCode.noSandbox]: 422,
   [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDirectory, runs: Runs): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
+  const { log } = ctx;
   return {
-    [ApiEndpoint.jobsSubmit]: (body) => admit(topology, body, { log, workers }),
-    [ApiEndpoint.jobsGet]: async (body) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id) }),
-    [ApiEndpoint.jobsList]: (body) => listJobs(topology, body),
-    [ApiEndpoint.jobsCancel]: async (body) => ({ job: await cancelJob(topology, parseWith(JobRef, body, "request").id) }),
-    [ApiEndpoint.jobsRetry]: async (body) => ({ job: await retryJob(topology, parseWith(JobRef, body, "request").id) }),
+    [ApiEndpoint.jobsSubmit]: (body, caller) => admit(topology, body, ctx, { owner: caller.user }),
+    [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
+    [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller),
+    [ApiEndpoint.jobsCancel]: async (body, caller) => {
+      const { id } = parseWith(JobRef, body, "request");
+      await getRecord(topology, id, caller); // another's job is not found
+      return { job: await cancelJob(topology, id) };
+    },
+    [ApiEndpoint.jobsRetry]: async (body, caller) => {
+      const { id } = parseWith(JobRef, body, "request");
+      await getRecord(topology, id, caller);
+      return { job: await retryJob(topology, id, ctx.signer) };
+    },
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
       const previous = await topology.agents.get(agent.name);
@@ -66,10 +78,14 @@ export function apiHandlers(topology: Topology, log: Logger, workers: WorkerDire
       parseWith(z.strictObject({}), body, "request");
       return { workers: await listJson(topology.workers, WorkerInfo, "worker") };
     },
-    [ApiEndpoint.workflowsStart]: (body) => runs.start(body),
-    [ApiEndpoint.workflowsGet]: async (body) => ({ run: await runs.require(parseWith(RunRef, body, "request").id) }),
-    [ApiEndpoint.workflowsList]: (body) => runs.list(body),
-    [ApiEndpoint.workflowsCancel]: async (body) => ({ run: await runs.cancel(parseWith(RunRef, body, "request").id) }),
+    [ApiEndpoint.workflowsStart]: (body, caller) => runs.start(body, caller.user),
+    [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),
+    [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
+    [ApiEndpoint.workflowsCancel]: async (body, caller) => {
+      const { id } = parseWith(RunRef, body, "request");
+      await runs.require(id, caller);
+      return { run: await runs.cancel(id) };
+    },
   };
 }
 
@@ -79,11 +95,20 @@ async function getAgent(topology: Topology, name: string): Promise<AgentDefiniti
   return found.value;
 }
 
-/** Decodes a request, runs its handler and replies `{ ok, data }` or `{ ok: false, error }`. */
-export async function serve(handler: Handler, msg: ServiceMsg, log: Logger): Promise<void> {
+/**
+ * Decodes a request, checks that its caller's role may make it, runs its handler and replies
+ * `{ ok, data }` or `{ ok: false, error }`. The caller is read from the subject, where NATS
+ * permissions put it (see `access.ts`).
+ */
+export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: Handler, msg: ServiceMsg, log: Logger): Promise<void> {
   try {
+    const caller = callerOf(topology.names, msg.subject);
+    if (!caller) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.api.<role>.<user>.<endpoint>`);
+    if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {
+      throw new BoxcarError(ErrorCode.forbidden, `the ${caller.role} role may not call ${endpoint}`);
+    }
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", MAX_SPEC_BYTES);
-    const data = await handler(body);
+    const data = await handler(body, caller);
     msg.respond(JSON.stringify({ ok: true, data }));
   } catch (err) {
     const error = toErrorInfo(err);

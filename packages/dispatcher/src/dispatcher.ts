@@ -1,7 +1,9 @@
 import { hostname } from "node:os";
-import { type Logger, silentLogger, type Topology } from "@boxcar/client";
+import { type Logger, silentLogger, type Topology, type WorkSigner } from "@boxcar/client";
+import type { ApiEndpoint } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
+import type { AdmissionContext } from "./admission.js";
 import { AdmissionSweeper } from "./admission-sweeper.js";
 import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
@@ -21,6 +23,11 @@ export interface DispatcherOptions {
   version?: string;
   /** How often jobs past their queue timeout are looked for; default 1000 ms. */
   expiryIntervalMs?: number;
+  /**
+   * Signs every work item (see `WorkSigner`); workers configured with its public key run only
+   * items it signed. The CLI makes one from the dispatcher's NATS credential.
+   */
+  signer?: WorkSigner;
 }
 
 export interface Dispatcher extends AsyncDisposable {
@@ -45,9 +52,10 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
 
   const workers = await WorkerDirectory.open(topology, log);
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
-  const admissions = new AdmissionSweeper(topology, log, 1_000);
-  const runs = new Runs(topology, { log, workers });
-  const follower = new RunFollower(topology, runs, { log, workers });
+  const ctx: AdmissionContext = { log, workers, signer: opts.signer };
+  const admissions = new AdmissionSweeper(topology, log, 1_000, opts.signer);
+  const runs = new Runs(topology, ctx);
+  const follower = new RunFollower(topology, runs, ctx);
   const jobWatch = await watchJobs(topology, log, [
     (key, job) => expiry.observe(key, job),
     (key, job) => admissions.observe(key, job),
@@ -61,15 +69,15 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, log, workers, runs))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
-      subject: topology.names.subjects.api(endpoint as keyof typeof handler as never),
+      subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       handler: (err, msg) => {
         if (err) {
           log.error({ err }, "service endpoint failed");
           return;
         }
-        void serve(handler, msg, log);
+        void serve(topology, endpoint as ApiEndpoint, handler, msg, log);
       },
     });
   }
@@ -88,7 +96,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const intakeDone = (async () => {
     for await (const msg of intake) {
       try {
-        await admitIntake(topology, msg, streamCreated, { log, workers });
+        await admitIntake(topology, msg, streamCreated, ctx);
       } catch (err) {
         log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
         msg.nak(1_000);

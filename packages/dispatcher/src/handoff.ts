@@ -1,4 +1,4 @@
-import { getJson, jobEvent, type Logger, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/client";
 import {
   type AgentDefinition,
   BoxcarError,
@@ -11,11 +11,11 @@ import {
   isRunFinal,
   JobRecord,
   type JobSpecInput,
+  ownerOf,
   toErrorInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { admit, loadAgent } from "./admission.js";
-import type { WorkerDirectory } from "./worker-directory.js";
+import { type AdmissionContext, admit, loadAgent } from "./admission.js";
 
 /**
  * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the
@@ -23,7 +23,7 @@ import type { WorkerDirectory } from "./worker-directory.js";
  * compare-and-swap; the next job is admitted under the key `handoff:<jobId>`, so dispatchers that
  * race, or one that died midway and looks again, make one next job.
  */
-export async function continueChain(topology: Topology, job: JobRecord, ctx: { log: Logger; workers: WorkerDirectory }): Promise<void> {
+export async function continueChain(topology: Topology, job: JobRecord, ctx: AdmissionContext): Promise<void> {
   const request = job.result?.handoff;
   if (!request || !handoffPending(job)) return;
   const link = job.chain ?? rootLink(job);
@@ -32,6 +32,7 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: { l
     const from = await loadAgent(topology, job.agent).catch(() => undefined);
     await checkHandoff(topology, job, request, link, from);
     const next = await admit(topology, nextSpec(job, request), ctx, {
+      owner: ownerOf(job),
       implicitKey: `handoff:${job.id}`,
       chain: {
         root: link.root,

@@ -1,36 +1,34 @@
-import type { Logger, Topology } from "@boxcar/client";
-import { BoxcarError, decodeMessage, ErrorCode, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
+import type { Topology } from "@boxcar/client";
+import { BoxcarError, decodeMessage, ErrorCode, intakeSubjectParts, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import { admit, recordRejection } from "./admission.js";
-import type { WorkerDirectory } from "./worker-directory.js";
+import { type AdmissionContext, admit, recordRejection } from "./admission.js";
 
 /**
- * Admits one message from the durable intake stream `<prefix>.submit.<agent>`. The agent comes
+ * Admits one message from the durable intake stream `<prefix>.submit.<owner>.<agent>`. The agent comes
  * from the subject when the body names none. A bad submission is recorded as a rejected job;
  * either way the message is acked only once its outcome is stored, so a dispatcher that dies
  * midway leaves it for another to redo (deduplicated by the stream's creation time and sequence).
  */
-export async function admitIntake(
-  topology: Topology,
-  msg: JsMsg,
-  streamCreated: string,
-  ctx: { log: Logger; workers: WorkerDirectory },
-): Promise<void> {
+export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated: string, ctx: AdmissionContext): Promise<void> {
   const { log } = ctx;
-  const agent = msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
+  // NATS permissions let a user publish only on its own `<prefix>.submit.<user>.<agent>`.
+  const parts = intakeSubjectParts(topology.names, msg.subject);
+  const owner = parts?.owner ?? "_invalid_";
+  const agent = parts?.agent ?? msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
   // Sequences restart if the stream is recreated; its creation time keeps keys unique.
   const implicitKey = `intake:${topology.names.prefix}:${streamCreated}:${msg.seq}`;
   try {
     // An empty body is an empty spec, as on the request/reply API: the subject names the agent.
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
-    const { job } = await admit(topology, spec, ctx, { implicitKey });
+    if (!parts) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.submit.<user>.<agent>`);
+    const { job } = await admit(topology, spec, ctx, { owner, implicitKey });
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);
     if (error.code === "internal") throw err;
-    const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", error, implicitKey);
+    const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
   }
   msg.ack();

@@ -1,9 +1,20 @@
-import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/client";
-import { BoxcarError, ErrorCode, isTerminal, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
+import { getJson, jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import {
+  BoxcarError,
+  ErrorCode,
+  type Identity,
+  isTerminal,
+  JobRecord,
+  type ListJobsReply,
+  ListJobsRequest,
+  mayAccess,
+  ownerOf,
+  parseWith,
+} from "@boxcar/protocol";
 import { loadAgent, publishWorkItem } from "./admission.js";
 
 /** Pages through job records, newest first (job ids sort by creation time). */
-export async function listJobs(topology: Topology, raw: unknown): Promise<ListJobsReply> {
+export async function listJobs(topology: Topology, raw: unknown, caller: Identity): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
   const ids: string[] = [];
   for await (const key of await topology.jobs.keys()) ids.push(key);
@@ -16,6 +27,7 @@ export async function listJobs(topology: Topology, raw: unknown): Promise<ListJo
       const found = await getJson(topology.jobs, id, JobRecord, "job record");
       if (!found) continue;
       const job = found.value;
+      if (!mayAccess(caller, ownerOf(job))) continue;
       if (req.state && job.state !== req.state) continue;
       if (req.agent && job.agent !== req.agent) continue;
       if (jobs.length === req.limit) {
@@ -69,7 +81,7 @@ export async function cancelJob(topology: Topology, id: string): Promise<JobReco
  * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
  * policy's maxAttempts), its history kept. Only a dead job can be retried.
  */
-export async function retryJob(topology: Topology, id: string): Promise<JobRecord> {
+export async function retryJob(topology: Topology, id: string, signer: WorkSigner | undefined): Promise<JobRecord> {
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
   if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.value;
@@ -90,6 +102,6 @@ export async function retryJob(topology: Topology, id: string): Promise<JobRecor
     throw new BoxcarError(ErrorCode.conflict, `job ${id} changed while it was being retried; try again`);
   }
   await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
-  await publishWorkItem(topology, next, agent, `${id}:retry:${job.attempt}`);
+  await publishWorkItem(topology, next, agent, signer, `${id}:retry:${job.attempt}`);
   return next;
 }

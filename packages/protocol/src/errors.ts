@@ -37,6 +37,8 @@ export const ErrorCode = {
   handoffRefused: "handoff_refused",
   /** A workflow step failed, or the run hit its deadline. */
   workflowFailed: "workflow_failed",
+  /** The caller's role may not make this request. */
+  forbidden: "forbidden",
   /** No dispatcher answered, or NATS is unreachable. */
   unavailable: "unavailable",
   internal: "internal",

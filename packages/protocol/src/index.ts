@@ -1,3 +1,20 @@
+export type { Identity, SubjectPermissions } from "./access.js";
+export {
+  callerOf,
+  intakeSubjectParts,
+  mayAccess,
+  OPEN_IDENTITY,
+  ownerOf,
+  parseIdentity,
+  ROLE_ENDPOINTS,
+  ROLE_TAG,
+  ROLES,
+  Role,
+  rolePermissions,
+  seesAll,
+  USER_TEMPLATE,
+  UserName,
+} from "./access.js";
 export type { AgentDefinitionInput } from "./agent.js";
 export {
   AgentDefinition,
@@ -33,6 +50,7 @@ export {
   StartRunRequest,
   SubmitReply,
 } from "./api.js";
+export { maskUrl, NATS_CONNECTION_ENV, NatsConnectionSettings } from "./connection.js";
 export {
   BoxcarError,
   decodeMessage,

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
+import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
 import { durationMs } from "./units.js";
 import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
@@ -124,6 +125,8 @@ export const JobRecord = z.looseObject({
   id: z.string(),
   agent: AgentName,
   pool: PoolName,
+  /** The user who submitted it (a handoff's or workflow step's job: the chain's or run's owner); absent on older records: `local`. */
+  owner: z.string().regex(TOKEN_PATTERN).optional(),
   /** The priority its work item was queued with; absent on records older than priorities: normal. */
   priority: Priority.optional(),
   state: JobState,

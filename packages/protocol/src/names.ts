@@ -3,6 +3,7 @@
  * NATS account. The default prefix is `boxcar`.
  */
 
+import type { Identity } from "./access.js";
 import type { Priority } from "./priority.js";
 
 export const DEFAULT_PREFIX = "boxcar";
@@ -50,13 +51,28 @@ export interface Names {
   poolConsumer(pool: string, priority?: Priority): string;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
+  /**
+   * The inbox prefix of `user`'s connections (`_INBOX.<user>`): a user may subscribe only to its
+   * own inboxes, so no one reads the replies sent to another.
+   */
+  inboxPrefix(user: string): string;
   readonly subjects: {
-    submit(agent: string): string;
+    /** Durable intake of `owner`'s submissions to `agent`: `<prefix>.submit.<owner>.<agent>`. */
+    submit(owner: string, agent: string): string;
     submitAll: string;
     /** Where a pool's work items of one priority go (normal when left out). */
     work(pool: string, priority?: Priority): string;
     workAll: string;
-    api(endpoint: ApiEndpoint): string;
+    /**
+     * Where `caller` sends requests to `endpoint`: `<prefix>.api.<role>.<user>.<endpoint>`. NATS
+     * permissions let a user publish only under its own role and name.
+     */
+    api(caller: Identity, endpoint: ApiEndpoint): string;
+    /** The requests of one principal: `<prefix>.api.<role>.<user>`. */
+    apiPrincipal(caller: Identity): string;
+    /** What a dispatcher listens on for `endpoint`, from any principal. */
+    apiEndpoint(endpoint: ApiEndpoint): string;
+    apiAll: string;
     event(kind: EventKind, id: string, type: string): string;
     /** All events of one job (job and sandbox kinds). */
     jobEvents(jobId: string): string;
@@ -75,6 +91,7 @@ export interface Names {
     bell(pool: string, priority: Priority): string;
     /** Every priority's bell of one pool. */
     bells(pool: string): string;
+    bellsAll: string;
     dead(agent: string): string;
     deadAll: string;
   };
@@ -124,12 +141,16 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),
     serviceName: `${prefix}-dispatcher`,
+    inboxPrefix: (user) => `_INBOX.${user}`,
     subjects: {
-      submit: (agent) => `${prefix}.submit.${agent}`,
+      submit: (owner, agent) => `${prefix}.submit.${owner}.${agent}`,
       submitAll: `${prefix}.submit.>`,
       work: (pool, priority = "normal") => (priority === "normal" ? `${prefix}.work.${pool}` : `${prefix}.work.${pool}.${priority}`),
       workAll: `${prefix}.work.>`,
-      api: (endpoint) => `${prefix}.api.${endpoint}`,
+      api: (caller, endpoint) => `${prefix}.api.${caller.role}.${caller.user}.${endpoint}`,
+      apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,
+      apiEndpoint: (endpoint) => `${prefix}.api.*.*.${endpoint}`,
+      apiAll: `${prefix}.api.>`,
       event: (kind, id, type) => `${prefix}.evt.${kind}.${id}.${type}`,
       jobEvents: (jobId) => `${prefix}.evt.*.${jobId}.*`,
       runEvents: (runId) => `${prefix}.evt.workflow.${runId}.*`,
@@ -141,6 +162,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       cancelAll: `${prefix}.ctl.cancel.*`,
       bell: (pool, priority) => `${prefix}.ctl.bell.${pool}.${priority}`,
       bells: (pool) => `${prefix}.ctl.bell.${pool}.*`,
+      bellsAll: `${prefix}.ctl.bell.>`,
       dead: (agent) => `${prefix}.dead.${agent}`,
       deadAll: `${prefix}.dead.>`,
     },

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { PoolName } from "./agent.js";
+import { NatsConnectionSettings } from "./connection.js";
 import { SandboxBackend } from "./runtime.js";
 import { durationMs, sizeBytes } from "./units.js";
 
@@ -7,7 +8,7 @@ const HOUR = 3_600_000;
 
 /** The worker config file (YAML), as written. Every field is optional; flags override it. */
 export const WorkerConfig = z.strictObject({
-  nats: z.string().min(1).optional().describe("NATS URL; BOXCAR_NATS_URL and --nats override it"),
+  ...NatsConnectionSettings.shape,
   prefix: z.string().min(1).optional().describe("subject and bucket prefix; --prefix overrides it"),
   pools: z.array(PoolName).min(1).optional(),
   concurrency: z.number().int().min(1).max(1024).optional().describe("jobs at once across all pools"),

@@ -261,6 +261,8 @@ export const WorkflowRun = z.looseObject({
   id: z.string(),
   workflow: WorkflowDefinition,
   input: z.json(),
+  /** The user who started it; absent on older runs: `local`. */
+  owner: z.string().regex(TOKEN_PATTERN).optional(),
   state: RunState,
   createdAt: z.iso.datetime(),
   finishedAt: z.iso.datetime().optional(),

@@ -1,6 +1,6 @@
-import type { Logger, Topology } from "@boxcar/client";
+import { type Logger, newInbox, type Topology } from "@boxcar/client";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
-import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
 
 /**
@@ -231,7 +231,7 @@ export class PoolPuller {
     const { nc } = this;
     return new Promise<number>((resolve, reject) => {
       let got = 0;
-      const inbox = createInbox();
+      const inbox = newInbox(nc);
       const end = (err?: Error) => {
         clearTimeout(timer);
         sub.unsubscribe();

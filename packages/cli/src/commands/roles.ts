@@ -1,7 +1,7 @@
 import { startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
-import { natsUrl, openSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, openSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger, type LogFormat } from "../logger.js";
 import { ago, json, table } from "../output.js";
@@ -38,7 +38,7 @@ export const dispatcher: Command = {
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openSession(natsUrl(ctx.values.nats, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", true, {
+    await using session = await openSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", true, {
       ...(replicas !== undefined ? { replicas } : {}),
     });
     await using d = await startDispatcher({ topology: session.topology, logger });

@@ -2,7 +2,7 @@ import { existsSync } from "node:fs";
 import { readdir } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type NatsServer, startNatsServer } from "@boxcar/client";
+import { type NatsServer, resolveConnection, startNatsServer } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { isTerminal } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
@@ -66,7 +66,12 @@ export const up: Command = {
     const server: NatsServer = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
     cleanup.push(() => server.stop());
     try {
-      const session = await openSession(server.url, ctx.values.prefix as string | undefined, "boxcar-up", true);
+      const session = await openSession(
+        resolveConnection({ flags: { nats: server.url }, env: {} }),
+        ctx.values.prefix as string | undefined,
+        "boxcar-up",
+        true,
+      );
       cleanup.unshift(async () => await session[Symbol.asyncDispose]());
       const dispatcher = await startDispatcher({ topology: session.topology, logger });
       cleanup.unshift(() => dispatcher.close());

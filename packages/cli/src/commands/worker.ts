@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { openSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, openSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { UsageError } from "../usage-error.js";
@@ -34,11 +34,11 @@ export const worker: Command = {
     const file = ctx.values.config as string | undefined;
     const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values));
     const logger = createLogger(config.logFormat);
-    // Flags, then the environment, then the file, then the default.
-    const url = (ctx.values.nats as string | undefined) ?? ctx.io.env.BOXCAR_NATS_URL ?? config.nats ?? "nats://127.0.0.1:4222";
+    // Flags, then the environment, then a `nats` context, then the file, then the default.
+    const connection = connectionFrom(ctx.values, ctx.io.env, config);
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openSession(url, prefix, "boxcar-worker", true, { ...(replicas !== undefined ? { replicas } : {}) });
+    await using session = await openSession(connection, prefix, "boxcar-worker", true, { ...(replicas !== undefined ? { replicas } : {}) });
     const w = createWorker({ ...workerOptionsFromConfig(config, session.topology, ctx.io.env), logger });
     const running = w.run();
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });

@@ -1,7 +1,7 @@
-import { getJson, type Logger, type Topology } from "@boxcar/client";
+import { getJson, type Topology } from "@boxcar/client";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
+import type { AdmissionContext } from "../admission.js";
 import { continueChain } from "../handoff.js";
-import type { WorkerDirectory } from "../worker-directory.js";
 import type { Runs } from "./runs.js";
 
 /** How long a run may stay unchanged with work left before a dispatcher looks at it again. */
@@ -23,7 +23,7 @@ export class RunFollower {
   constructor(
     private readonly topology: Topology,
     private readonly runs: Runs,
-    private readonly ctx: { log: Logger; workers: WorkerDirectory },
+    private readonly ctx: AdmissionContext,
   ) {}
 
   /** Job observer: see `watchJobs`. */

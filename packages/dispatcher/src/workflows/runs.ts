@@ -1,12 +1,15 @@
 import { createHash } from "node:crypto";
-import { getJson, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   BoxcarError,
   ErrorCode,
+  type Identity,
   isRunFinal,
   JobRecord,
   type ListRunsReply,
   ListRunsRequest,
+  mayAccess,
+  ownerOf,
   PROTOCOL_VERSION,
   parseWith,
   StartRunRequest,
@@ -15,10 +18,9 @@ import {
   type WorkflowEvent,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { admit, loadAgent } from "../admission.js";
+import { type AdmissionContext, admit, loadAgent } from "../admission.js";
 import { newJobId } from "../job-id.js";
 import { cancelJob } from "../jobs.js";
-import type { WorkerDirectory } from "../worker-directory.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
@@ -26,10 +28,7 @@ const MAX_ROUNDS = 50;
 /** How soon a run whose advance failed (NATS trouble) is advanced again. */
 const RETRY_MS = 2_000;
 
-export interface RunsContext {
-  log: Logger;
-  workers: WorkerDirectory;
-}
+export type RunsContext = AdmissionContext;
 
 /**
  * Workflow runs: their records in the workflows bucket, changed only by compare-and-swap. Every
@@ -48,7 +47,7 @@ export class Runs {
     private readonly ctx: RunsContext,
   ) {}
 
-  async start(raw: unknown): Promise<{ run: WorkflowRun; duplicate: boolean }> {
+  async start(raw: unknown, owner: string): Promise<{ run: WorkflowRun; duplicate: boolean }> {
     const req = parseWith(StartRunRequest, raw, "request");
     const { workflow } = req;
     for (const [i, step] of workflow.steps.entries()) {
@@ -64,13 +63,15 @@ export class Runs {
       }
     }
 
-    const id = req.idempotencyKey ? runIdForKey(req.idempotencyKey) : `wf-${newJobId()}`;
+    // A caller's key is scoped to its owner: another user's equal key starts another run.
+    const id = req.idempotencyKey ? runIdForKey(`owner:${owner}:${req.idempotencyKey}`) : `wf-${newJobId()}`;
     const now = nowIso();
     const run: WorkflowRun = {
       v: PROTOCOL_VERSION,
       id,
       workflow,
       input: req.input,
+      owner,
       state: "running",
       createdAt: now,
       steps: Object.fromEntries(workflow.steps.map((s) => [s.name, { state: "pending", instances: [] } satisfies StepRun])),
@@ -94,19 +95,26 @@ export class Runs {
     return (await getJson(this.topology.workflows, id, WorkflowRun, "workflow run"))?.value;
   }
 
-  async require(id: string): Promise<WorkflowRun> {
+  /** The run; one that `caller` may not see is not found, as one that does not exist. */
+  async require(id: string, caller: Identity): Promise<WorkflowRun> {
     const run = await this.get(id);
-    if (!run) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+    if (!run || !mayAccess(caller, ownerOf(run))) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
     return run;
   }
 
   /** Runs, newest first. Reads every run: large systems need an index. */
-  async list(raw: unknown): Promise<ListRunsReply> {
+  async list(raw: unknown, caller: Identity): Promise<ListRunsReply> {
     const req = parseWith(ListRunsRequest, raw, "request");
     const runs: WorkflowRun[] = [];
     for await (const key of await this.topology.workflows.keys()) {
       const run = await this.get(key);
-      if (!run || (req.state && run.state !== req.state) || (req.workflow && run.workflow.name !== req.workflow)) continue;
+      if (
+        !run ||
+        !mayAccess(caller, ownerOf(run)) ||
+        (req.state && run.state !== req.state) ||
+        (req.workflow && run.workflow.name !== req.workflow)
+      )
+        continue;
       runs.push(run);
     }
     runs.sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0));
@@ -208,6 +216,7 @@ export class Runs {
       starts.map(async (start) => {
         try {
           const { job } = await admit(this.topology, start.spec, this.ctx, {
+            owner: ownerOf(run),
             implicitKey: `workflow:${id}:${start.step}:${start.index}`,
             chain: {
               depth: 0,

@@ -1,0 +1,294 @@
+import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { BoxcarError, ErrorCode, names, ROLE_TAG, ROLES, type Role, rolePermissions, UserName } from "@boxcar/protocol";
+import { Algorithms, encodeAccount, encodeOperator, encodeUser, fmtCreds, newScopedSigner } from "@nats-io/jwt";
+import { createAccount, createOperator, createUser, fromSeed, type KeyPair } from "@nats-io/nkeys";
+import { z } from "zod";
+
+/**
+ * An auth folder: the keys and credentials of one Boxcar system under NATS decentralised
+ * (JWT) authentication. An operator signs one system account and one Boxcar account; the Boxcar
+ * account has one scoped signing key per role, whose permission template (`rolePermissions`)
+ * fixes what every user minted under that role may publish and subscribe to, with the user's
+ * name filled in by the server. Minting a user needs no server change; revoking one updates
+ * the account and pushes it to the running servers.
+ *
+ * Layout (every file 0600, folders 0700):
+ * - `nats-server.conf`: runs as is (`nats-server -c`), or include `auth.conf` in your own;
+ * - `auth.conf`: operator, system account, resolver and the accounts' JWTs;
+ * - `<user>.creds`: one credentials file per user; `boxcar auth init` makes one per role;
+ * - `dispatchers.pub`: the public keys workers accept work items from (`--dispatcher-keys`);
+ * - `auth.json`: the users and public keys; `keys/`: the operator, account and role seeds.
+ */
+
+const User = z.strictObject({
+  name: UserName,
+  role: z.enum(ROLES as [Role, ...Role[]]),
+  publicKey: z.string(),
+  createdAt: z.iso.datetime(),
+  revokedAt: z.iso.datetime().optional(),
+});
+export type AuthUser = z.infer<typeof User>;
+
+const AuthState = z.strictObject({
+  v: z.literal(1),
+  prefix: z.string(),
+  operator: z.string(),
+  systemAccount: z.string(),
+  account: z.string(),
+  /** Public keys of users revoked and then re-minted under the same name (rotations). */
+  revoked: z.record(z.string(), z.number()).default({}),
+  users: z.array(User),
+});
+type AuthState = z.infer<typeof AuthState>;
+
+export interface InitAuthOptions {
+  /** The system's prefix; default `boxcar`. Permissions are derived from its names. */
+  prefix?: string;
+  /** What `nats-server.conf` listens on; default `127.0.0.1:4222`. */
+  listen?: string;
+  /** JetStream's store in `nats-server.conf`; default `DIR/jetstream`. */
+  storeDir?: string;
+}
+
+const STATE_FILE = "auth.json";
+const SYSTEM_USER = "sys";
+
+export class AuthDir {
+  private constructor(
+    readonly dir: string,
+    private state: AuthState,
+  ) {}
+
+  /** Creates a new auth folder with one user per role (named after it). Refuses a folder that has one. */
+  static async init(dir: string, opts: InitAuthOptions = {}): Promise<AuthDir> {
+    const root = resolve(dir);
+    const prefix = opts.prefix ?? "boxcar";
+    names(prefix); // checks it
+    await mkdir(join(root, "keys"), { recursive: true, mode: 0o700 });
+    await chmod(root, 0o700);
+    const existing = await readFile(join(root, STATE_FILE), "utf8").catch(() => undefined);
+    if (existing !== undefined) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `${root} already holds an auth folder; add users with \`boxcar auth add\`, or choose an empty folder`,
+      );
+    }
+    const operator = createOperator();
+    const system = createAccount();
+    const account = createAccount();
+    await writeSeed(root, "operator", operator);
+    await writeSeed(root, "system-account", system);
+    await writeSeed(root, "account", account);
+    for (const role of ROLES) await writeSeed(root, `role-${role}`, createAccount());
+    const auth = new AuthDir(root, {
+      v: 1,
+      prefix,
+      operator: operator.getPublicKey(),
+      systemAccount: system.getPublicKey(),
+      account: account.getPublicKey(),
+      revoked: {},
+      users: [],
+    });
+    // The system account's user pushes account updates (revocations) to running servers.
+    const sysUser = createUser();
+    const sysJwt = await encodeUser(SYSTEM_USER, sysUser, system, {}, { algorithm: Algorithms.v2 });
+    await writePrivate(join(root, "keys", `${SYSTEM_USER}.creds`), fmtCreds(sysJwt, sysUser));
+    for (const role of ROLES) await auth.mint(role, role);
+    await auth.writeServerConfig(opts.listen ?? "127.0.0.1:4222", resolve(opts.storeDir ?? join(root, "jetstream")));
+    return auth;
+  }
+
+  static async open(dir: string): Promise<AuthDir> {
+    const root = resolve(dir);
+    let text: string;
+    try {
+      text = await readFile(join(root, STATE_FILE), "utf8");
+    } catch {
+      throw new BoxcarError(
+        ErrorCode.notFound,
+        `${root} is not an auth folder (no ${STATE_FILE}): create one with \`boxcar auth init ${dir}\``,
+      );
+    }
+    return new AuthDir(root, AuthState.parse(JSON.parse(text)));
+  }
+
+  get prefix(): string {
+    return this.state.prefix;
+  }
+
+  users(): readonly AuthUser[] {
+    return this.state.users;
+  }
+
+  credsFile(user: string): string {
+    return join(this.dir, `${user}.creds`);
+  }
+
+  get systemCredsFile(): string {
+    return join(this.dir, "keys", `${SYSTEM_USER}.creds`);
+  }
+
+  /** Mints a user under `role` and writes `<user>.creds`; refuses a name already in use. */
+  async mint(user: string, role: Role): Promise<string> {
+    if (!UserName.safeParse(user).success)
+      throw new BoxcarError(ErrorCode.invalid, `a user name is 1-64 letters, digits, '-' or '_', got ${JSON.stringify(user)}`);
+    const taken = this.state.users.find((u) => u.name === user && !u.revokedAt);
+    if (taken)
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `user ${user} exists (role ${taken.role}); rotate its key with \`boxcar auth rotate ${user}\``,
+      );
+    const file = await this.writeUser(user, role);
+    await this.save();
+    return file;
+  }
+
+  /**
+   * Revokes `user`'s credential: servers refuse it from the moment they learn the updated account
+   * (`pushAccount`), and the file is kept on record only. Returns the new account JWT.
+   */
+  async revoke(user: string): Promise<string> {
+    const found = this.state.users.find((u) => u.name === user && !u.revokedAt);
+    if (!found) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
+    found.revokedAt = new Date().toISOString();
+    this.state.revoked[found.publicKey] = Math.floor(Date.now() / 1000);
+    return await this.saveAccount();
+  }
+
+  /** Replaces `user`'s key: revokes the old one and writes a new `<user>.creds` with the same name and role. */
+  async rotate(user: string): Promise<string> {
+    const found = this.state.users.find((u) => u.name === user && !u.revokedAt);
+    if (!found) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
+    found.revokedAt = new Date().toISOString();
+    this.state.revoked[found.publicKey] = Math.floor(Date.now() / 1000);
+    this.state.users = this.state.users.filter((u) => u !== found);
+    await this.writeUser(user, found.role);
+    return await this.saveAccount();
+  }
+
+  /** The Boxcar account's JWT as it stands: scoped signing keys per role, and revocations. */
+  async accountJwt(): Promise<string> {
+    const operator = await this.seed("operator");
+    const account = await this.seed("account");
+    const n = names(this.state.prefix);
+    const signingKeys = [];
+    for (const role of ROLES) {
+      const p = rolePermissions(n, role);
+      signingKeys.push(
+        newScopedSigner(await this.seed(`role-${role}`), role, {
+          pub: { allow: [...p.pub.allow], deny: [...p.pub.deny] },
+          sub: { allow: [...p.sub.allow], deny: [...p.sub.deny] },
+          ...(p.allowResponses ? { resp: { max: 1, ttl: 0 } } : {}),
+        }),
+      );
+    }
+    return await encodeAccount(
+      this.state.prefix,
+      account,
+      {
+        limits: {
+          subs: -1,
+          data: -1,
+          payload: -1,
+          imports: -1,
+          exports: -1,
+          wildcards: true,
+          conn: -1,
+          leaf: -1,
+          mem_storage: -1,
+          disk_storage: -1,
+          streams: -1,
+          consumer: -1,
+          mem_max_stream_bytes: -1,
+          disk_max_stream_bytes: -1,
+          max_ack_pending: -1,
+        },
+        signing_keys: signingKeys,
+        revocations: { ...this.state.revoked },
+      },
+      { signer: operator, algorithm: Algorithms.v2 },
+    );
+  }
+
+  /** The `auth.conf` text: operator mode with a full resolver, the two accounts preloaded. */
+  async authConfig(): Promise<string> {
+    const operator = await this.seed("operator");
+    const system = await this.seed("system-account");
+    const operatorJwt = await encodeOperator("boxcar", operator, { system_account: system.getPublicKey() }, { algorithm: Algorithms.v2 });
+    const systemJwt = await encodeAccount("SYS", system, {}, { signer: operator, algorithm: Algorithms.v2 });
+    return [
+      "# Written by `boxcar auth`; include it in a nats-server config. Holds public JWTs only.",
+      `operator: ${operatorJwt}`,
+      `system_account: ${system.getPublicKey()}`,
+      `resolver: { type: full, dir: ${JSON.stringify(join(this.dir, "jwt"))}, allow_delete: false, interval: "2m" }`,
+      "resolver_preload: {",
+      `  ${system.getPublicKey()}: ${systemJwt}`,
+      `  ${this.state.account}: ${await this.accountJwt()}`,
+      "}",
+      "",
+    ].join("\n");
+  }
+
+  /** Public keys of the live dispatcher users: what workers verify work items against. */
+  dispatcherKeys(): string[] {
+    return this.state.users.filter((u) => u.role === "dispatcher" && !u.revokedAt).map((u) => u.publicKey);
+  }
+
+  private async writeUser(user: string, role: Role): Promise<string> {
+    const account = this.state.account;
+    const signer = await this.seed(`role-${role}`);
+    const kp = createUser();
+    const jwt = await encodeUser(
+      user,
+      kp,
+      account,
+      { tags: [`${ROLE_TAG}:${role}`], issuer_account: account },
+      { signer, scopedUser: true, algorithm: Algorithms.v2 },
+    );
+    const file = this.credsFile(user);
+    await writePrivate(file, fmtCreds(jwt, kp));
+    this.state.users.push({ name: user, role, publicKey: kp.getPublicKey(), createdAt: new Date().toISOString() });
+    return file;
+  }
+
+  private async saveAccount(): Promise<string> {
+    await this.save();
+    await writePrivate(join(this.dir, "auth.conf"), await this.authConfig());
+    return await this.accountJwt();
+  }
+
+  private async save(): Promise<void> {
+    await writePrivate(join(this.dir, STATE_FILE), `${JSON.stringify(this.state, null, 2)}\n`);
+    await writePrivate(join(this.dir, "dispatchers.pub"), `${this.dispatcherKeys().join("\n")}\n`);
+  }
+
+  private async writeServerConfig(listen: string, storeDir: string): Promise<void> {
+    await writePrivate(join(this.dir, "auth.conf"), await this.authConfig());
+    await writePrivate(
+      join(this.dir, "nats-server.conf"),
+      [
+        "# Written by `boxcar auth init`: a single nats-server with JetStream and Boxcar's roles.",
+        `listen: ${JSON.stringify(listen)}`,
+        `jetstream { store_dir: ${JSON.stringify(storeDir)} }`,
+        "max_payload: 1MB",
+        'include "auth.conf"',
+        "",
+      ].join("\n"),
+    );
+  }
+
+  private async seed(name: string): Promise<KeyPair> {
+    return fromSeed(new TextEncoder().encode((await readFile(join(this.dir, "keys", `${name}.nk`), "utf8")).trim()));
+  }
+}
+
+async function writeSeed(root: string, name: string, kp: KeyPair): Promise<void> {
+  await writePrivate(join(root, "keys", `${name}.nk`), `${new TextDecoder().decode(kp.getSeed())}\n`);
+}
+
+/** Writes a file only its owner can read (mode 0600, also when it existed before). */
+async function writePrivate(file: string, data: string | Uint8Array): Promise<void> {
+  await writeFile(file, data, { mode: 0o600 });
+  await chmod(file, 0o600);
+}

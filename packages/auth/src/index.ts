@@ -1,0 +1,3 @@
+export type { AuthUser, InitAuthOptions } from "./auth-dir.js";
+export { AuthDir } from "./auth-dir.js";
+export { pushAccount } from "./push.js";

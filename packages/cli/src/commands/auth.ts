@@ -1,0 +1,105 @@
+import { AuthDir, pushAccount } from "@boxcar/auth";
+import { ROLES, Role } from "@boxcar/protocol";
+import type { Command } from "../command.js";
+import { connectionFrom } from "../context.js";
+import { ExitCode } from "../exit-codes.js";
+import { json, table } from "../output.js";
+import { UsageError } from "../usage-error.js";
+
+const usage =
+  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER --role ROLE | ls | revoke USER | rotate USER | push  [--dir DIR]";
+
+/** Where the auth folder is for every verb but `init`: `--dir`, else `$BOXCAR_AUTH_DIR`, else `.boxcar/auth`. */
+function authDir(values: Record<string, unknown>, env: NodeJS.ProcessEnv): string {
+  return (values.dir as string | undefined) ?? env.BOXCAR_AUTH_DIR ?? ".boxcar/auth";
+}
+
+export const auth: Command = {
+  name: "auth",
+  usage,
+  summary: "create NATS credentials for Boxcar's roles, mint, list, revoke and rotate users",
+  maxArgs: 2,
+  options: {
+    dir: { type: "string" },
+    role: { type: "string" },
+    listen: { type: "string" },
+    store: { type: "string" },
+  },
+  async run(ctx) {
+    const [verb, arg] = ctx.positionals;
+    const needArg = (what: string) => {
+      if (!arg) throw new UsageError(`auth ${verb} needs ${what}\n\nusage: ${usage}`);
+      return arg;
+    };
+    switch (verb) {
+      case "init": {
+        const dir = needArg("DIR");
+        const a = await AuthDir.init(dir, {
+          ...(ctx.values.prefix ? { prefix: ctx.values.prefix } : {}),
+          ...(ctx.values.listen ? { listen: ctx.values.listen as string } : {}),
+          ...(ctx.values.store ? { storeDir: ctx.values.store as string } : {}),
+        });
+        if (ctx.values.json) {
+          ctx.print(json({ dir: a.dir, users: a.users() }));
+          return ExitCode.ok;
+        }
+        ctx.print(`auth folder ${a.dir} (prefix ${a.prefix}):`);
+        ctx.print(`  nats-server -c ${a.dir}/nats-server.conf      # or include ${a.dir}/auth.conf in your own config`);
+        for (const role of ROLES) ctx.print(`  ${a.credsFile(role)}  (${role})`);
+        ctx.print(`  ${a.dir}/dispatchers.pub  (give workers --dispatcher-keys this file)`);
+        return ExitCode.ok;
+      }
+      case "add": {
+        const user = needArg("USER");
+        const parsed = Role.safeParse(ctx.values.role);
+        if (!parsed.success) throw new UsageError(`--role must be one of ${ROLES.join(", ")}, got ${String(ctx.values.role)}`);
+        const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
+        const file = await a.mint(user, parsed.data);
+        ctx.print(ctx.values.json ? json({ user, role: parsed.data, creds: file }) : `user ${user} (${parsed.data}): ${file}`);
+        return ExitCode.ok;
+      }
+      case "ls": {
+        const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
+        if (ctx.values.json) ctx.print(json(a.users()));
+        else
+          ctx.print(
+            table(
+              ["USER", "ROLE", "STATE", "CREATED", "PUBLIC KEY"],
+              a.users().map((u) => [u.name, u.role, u.revokedAt ? `revoked ${u.revokedAt}` : "live", u.createdAt, u.publicKey]),
+            ),
+          );
+        return ExitCode.ok;
+      }
+      case "revoke":
+      case "rotate": {
+        const user = needArg("USER");
+        const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
+        if (verb === "revoke") await a.revoke(user);
+        else await a.rotate(user);
+        const done =
+          verb === "revoke" ? `user ${user} revoked` : `user ${user} has a new key in ${a.credsFile(user)}; the old one is revoked`;
+        const connection = connectionFrom(ctx.values, ctx.io.env);
+        try {
+          await pushAccount(a, connection.servers, connection.settings.tlsCa ? { tlsCa: connection.settings.tlsCa } : {});
+        } catch (err) {
+          ctx.io.stderr.write(
+            `${done} in ${a.dir}/auth.conf, but the running servers were not told: ${(err as Error).message}\n` +
+              "Run `boxcar auth push` against them, or restart them with the new auth.conf.\n",
+          );
+          return ExitCode.unavailable;
+        }
+        ctx.print(`${done}; the servers at ${connection.servers.length} URL(s) have the update`);
+        return ExitCode.ok;
+      }
+      case "push": {
+        const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
+        const connection = connectionFrom(ctx.values, ctx.io.env);
+        await pushAccount(a, connection.servers, connection.settings.tlsCa ? { tlsCa: connection.settings.tlsCa } : {});
+        ctx.print("account pushed");
+        return ExitCode.ok;
+      }
+      default:
+        throw new UsageError(`auth needs one of init, add, ls, revoke, rotate, push\n\nusage: ${usage}`);
+    }
+  },
+};

@@ -1,0 +1,255 @@
+/**
+ * Who may do what. A caller is a principal: a user name under one role. NATS vouches for it: a
+ * user's credential lets it publish API requests only on `<prefix>.api.<role>.<user>.>`, so the
+ * role and user a dispatcher reads from a request's subject are the credential's own. The
+ * permissions below are derived from the names in `names.ts`, so they cannot drift from them;
+ * `boxcar auth` renders them into user credentials (as permission templates on each role's
+ * signing key) and `docs/security.md` prints them.
+ */
+
+import { z } from "zod";
+import { ApiEndpoint, type Names, TOKEN_PATTERN } from "./names.js";
+
+export const Role = z.enum(["admin", "dispatcher", "worker", "submitter", "viewer"]);
+export type Role = z.infer<typeof Role>;
+export const ROLES: readonly Role[] = Role.options;
+
+/** A user name: a subject token, so it can sit in subjects and permission templates. */
+export const UserName = z.string().regex(TOKEN_PATTERN, "a user name is 1-64 letters, digits, '-' or '_'");
+
+/** The principal a request comes from. */
+export interface Identity {
+  readonly role: Role;
+  readonly user: string;
+}
+
+/**
+ * The principal of a connection to a NATS server without authentication (`boxcar up` on
+ * 127.0.0.1): anyone who reaches such a server can do anything, so its callers are admins.
+ */
+export const OPEN_IDENTITY: Identity = { role: "admin", user: "local" };
+
+/** Parses `role:user`, as in `BOXCAR_IDENTITY`. */
+export function parseIdentity(text: string): Identity {
+  const [role, user, ...rest] = text.split(":");
+  const r = Role.safeParse(role);
+  if (!r.success || rest.length > 0 || !UserName.safeParse(user).success) {
+    throw new RangeError(
+      `an identity is ROLE:USER with ROLE one of ${ROLES.join(", ")} and USER a name of letters, digits, '-' or '_', got ${JSON.stringify(text)}`,
+    );
+  }
+  return { role: r.data, user: user as string };
+}
+
+/** The tag on a user credential that names its role (informative: its signing key fixes what it may do). */
+export const ROLE_TAG = "boxcar-role";
+
+const READ_ENDPOINTS: readonly ApiEndpoint[] = [
+  ApiEndpoint.jobsGet,
+  ApiEndpoint.jobsList,
+  ApiEndpoint.agentsGet,
+  ApiEndpoint.agentsList,
+  ApiEndpoint.workersList,
+  ApiEndpoint.workflowsGet,
+  ApiEndpoint.workflowsList,
+];
+
+/**
+ * The API endpoints each role may call. Dispatchers and workers call none: they work on the
+ * streams and buckets. Only an admin applies or removes agents, because an agent's definition
+ * decides what runs on workers (trusted host processes, secrets, networks).
+ */
+export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
+  admin: Object.values(ApiEndpoint),
+  dispatcher: [],
+  worker: [],
+  submitter: [
+    ...READ_ENDPOINTS,
+    ApiEndpoint.jobsSubmit,
+    ApiEndpoint.jobsCancel,
+    ApiEndpoint.jobsRetry,
+    ApiEndpoint.workflowsStart,
+    ApiEndpoint.workflowsCancel,
+  ],
+  viewer: READ_ENDPOINTS,
+};
+
+/** Whether `role` sees every principal's jobs and runs (else only its own). */
+export function seesAll(role: Role): boolean {
+  return role === "admin" || role === "viewer" || role === "dispatcher";
+}
+
+/** Subjects a user may publish and subscribe to. `allowResponses`: may answer requests sent to it. */
+export interface SubjectPermissions {
+  readonly pub: { readonly allow: readonly string[]; readonly deny: readonly string[] };
+  readonly sub: { readonly allow: readonly string[]; readonly deny: readonly string[] };
+  readonly allowResponses: boolean;
+}
+
+/** Stands for the user's name in permissions: NATS fills it in from the user's credential. */
+export const USER_TEMPLATE = "{{name()}}";
+
+/** The JetStream API operations a role may use on one stream. */
+type StreamAccess = "read" | "consume" | "write" | "manage";
+
+/**
+ * The permissions of `role` on the system named by `names`. `user` is the user's name, or the
+ * template that stands for it.
+ */
+export function rolePermissions(names: Names, role: Role, user: string = USER_TEMPLATE): SubjectPermissions {
+  const s = names.subjects;
+  const b = names.buckets;
+  const st = names.streams;
+  const kv = (bucket: string) => `KV_${bucket}`;
+  const obj = (bucket: string) => `OBJ_${bucket}`;
+  const kvSubjects = (bucket: string) => `$KV.${bucket}.>`;
+  const objSubjects = (bucket: string) => `$O.${bucket}.>`;
+  const allStreams = [
+    st.submit,
+    st.work,
+    st.events,
+    st.logs,
+    st.dead,
+    kv(b.jobs),
+    kv(b.agents),
+    kv(b.workers),
+    kv(b.idempotency),
+    kv(b.workflows),
+    obj(b.artifacts),
+  ];
+  const inbox = `${names.inboxPrefix(user)}.>`;
+  const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
+
+  switch (role) {
+    case "admin":
+      return { pub: { allow: [">"], deny: [] }, sub: { allow: [">"], deny: [] }, allowResponses: true };
+    case "dispatcher":
+      return {
+        pub: {
+          allow: [
+            ...common,
+            ...allStreams.flatMap((stream) => streamApi(stream, ["manage"])),
+            ...[st.submit, st.work].flatMap((stream) => streamApi(stream, ["consume"])),
+            `$JS.API.STREAM.MSG.DELETE.${st.work}`,
+            s.eventsAll,
+            s.workAll,
+            s.deadAll,
+            s.cancelAll,
+            ...[b.jobs, b.agents, b.idempotency, b.workflows].map(kvSubjects),
+            objSubjects(b.artifacts),
+          ],
+          deny: [],
+        },
+        sub: {
+          allow: [
+            inbox,
+            s.apiAll,
+            "$SRV.>",
+            `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.*`,
+            `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.${st.work}.*`,
+          ],
+          deny: [],
+        },
+        allowResponses: true,
+      };
+    case "worker":
+      return {
+        pub: {
+          allow: [
+            ...common,
+            ...allStreams.flatMap((stream) => streamApi(stream, ["manage"])),
+            ...streamApi(st.work, ["consume"]),
+            s.eventsAll,
+            s.logsAll,
+            s.bellsAll,
+            kvSubjects(b.jobs),
+            kvSubjects(b.workers),
+            objSubjects(b.artifacts),
+          ],
+          // Work items come only from dispatchers; a worker only hands them back.
+          deny: [s.workAll],
+        },
+        sub: { allow: [inbox, s.cancelAll, s.bellsAll, s.workAll], deny: [] },
+        allowResponses: false,
+      };
+    case "submitter":
+    case "viewer":
+      return {
+        pub: {
+          allow: [
+            ...common,
+            `${s.apiPrincipal({ role, user })}.>`,
+            ...(role === "submitter" ? [s.submit(user, "*")] : []),
+            ...[st.events, st.logs, kv(b.jobs), kv(b.workflows), obj(b.artifacts)].flatMap((stream) => streamApi(stream, ["read"])),
+            ...(role === "submitter" ? [objSubjects(b.artifacts)] : []),
+          ],
+          deny: [],
+        },
+        sub: { allow: [inbox], deny: [] },
+        allowResponses: false,
+      };
+  }
+}
+
+/** `$JS.API` subjects for one stream. */
+function streamApi(stream: string, access: readonly StreamAccess[]): string[] {
+  const api = "$JS.API";
+  const out: string[] = [];
+  for (const a of access) {
+    if (a === "read" || a === "manage") {
+      out.push(
+        `${api}.DIRECT.GET.${stream}`,
+        `${api}.DIRECT.GET.${stream}.>`,
+        `${api}.STREAM.MSG.GET.${stream}`,
+        // Ordered consumers: created with their filter in the subject, pulled, then deleted.
+        `${api}.CONSUMER.CREATE.${stream}.>`,
+        `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
+        `${api}.CONSUMER.INFO.${stream}.*`,
+        `${api}.CONSUMER.DELETE.${stream}.*`,
+      );
+    }
+    if (a === "consume") out.push(`${api}.CONSUMER.MSG.NEXT.${stream}.*`, `$JS.ACK.${stream}.>`);
+    if (a === "manage") {
+      out.push(
+        `${api}.STREAM.CREATE.${stream}`,
+        `${api}.STREAM.NAMES`,
+        `${api}.STREAM.LIST`,
+        `${api}.CONSUMER.CREATE.${stream}`,
+        `${api}.CONSUMER.DURABLE.CREATE.${stream}.*`,
+        `${api}.CONSUMER.NAMES.${stream}`,
+        `${api}.CONSUMER.LIST.${stream}`,
+      );
+    }
+  }
+  return out;
+}
+
+/**
+ * The principal of a request on `<prefix>.api.<role>.<user>.<endpoint>`. NATS permissions vouch
+ * for it: no credential may publish under another role or user (an admin's may).
+ */
+export function callerOf(names: Names, subject: string): Identity | undefined {
+  const rest = subject.startsWith(`${names.prefix}.api.`) ? subject.slice(names.prefix.length + 5).split(".") : [];
+  const role = Role.safeParse(rest[0]);
+  const user = rest[1];
+  if (!role.success || user === undefined || !TOKEN_PATTERN.test(user)) return undefined;
+  return { role: role.data, user };
+}
+
+/** The owner and agent of an intake message on `<prefix>.submit.<owner>.<agent>`. */
+export function intakeSubjectParts(names: Names, subject: string): { owner: string; agent: string } | undefined {
+  const rest = subject.startsWith(`${names.prefix}.submit.`) ? subject.slice(names.prefix.length + 8).split(".") : [];
+  const [owner, agent] = rest;
+  if (rest.length !== 2 || owner === undefined || agent === undefined) return undefined;
+  return { owner, agent };
+}
+
+/** The owner of a job record or workflow run; records from before owners belong to `local`. */
+export function ownerOf(record: { readonly owner?: string | undefined }): string {
+  return record.owner ?? OPEN_IDENTITY.user;
+}
+
+/** Whether `caller` may see and act on what `owner` owns (its role permitting the request). */
+export function mayAccess(caller: Identity, owner: string): boolean {
+  return seesAll(caller.role) || caller.user === owner;
+}
