@@ -52,6 +52,8 @@ export interface InitAuthOptions {
 }
 
 const STATE_FILE = "auth.json";
+/** Connections, subscriptions and payloads: unlimited (an account JWT without limits allows no connection). */
+const UNLIMITED = { subs: -1, data: -1, payload: -1, imports: -1, exports: -1, wildcards: true, conn: -1, leaf: -1 };
 const SYSTEM_USER = "sys";
 
 export class AuthDir {
@@ -188,14 +190,7 @@ export class AuthDir {
       account,
       {
         limits: {
-          subs: -1,
-          data: -1,
-          payload: -1,
-          imports: -1,
-          exports: -1,
-          wildcards: true,
-          conn: -1,
-          leaf: -1,
+          ...UNLIMITED,
           mem_storage: -1,
           disk_storage: -1,
           streams: -1,
@@ -216,7 +211,7 @@ export class AuthDir {
     const operator = await this.seed("operator");
     const system = await this.seed("system-account");
     const operatorJwt = await encodeOperator("boxcar", operator, { system_account: system.getPublicKey() }, { algorithm: Algorithms.v2 });
-    const systemJwt = await encodeAccount("SYS", system, {}, { signer: operator, algorithm: Algorithms.v2 });
+    const systemJwt = await encodeAccount("SYS", system, { limits: UNLIMITED }, { signer: operator, algorithm: Algorithms.v2 });
     return [
       "# Written by `boxcar auth`; include it in a nats-server config. Holds public JWTs only.",
       `operator: ${operatorJwt}`,

@@ -16,6 +16,11 @@ export const WorkerConfig = z.strictObject({
   drainGrace: durationMs({ min: 0, max: 24 * HOUR })
     .optional()
     .describe("how long SIGTERM lets running jobs finish"),
+  dispatcherKeys: z
+    .array(z.string().min(1))
+    .min(1)
+    .optional()
+    .describe("dispatcher public keys (U...) or files of them, one per line; work items not signed by one are never run"),
   reapInterval: durationMs({ min: 100, max: 24 * HOUR })
     .optional()
     .describe("how often leftovers of crashed workers are removed"),

@@ -1,4 +1,4 @@
-import type { Msg, NatsConnection } from "@nats-io/transport-node";
+import type { Msg, MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 
 /**
  * One delivery of a work item from a pool consumer, and the replies that settle it. JetStream
@@ -12,7 +12,9 @@ import type { Msg, NatsConnection } from "@nats-io/transport-node";
  * `passOn`).
  */
 export class WorkDelivery {
+  readonly subject: string;
   readonly data: Uint8Array;
+  readonly headers: MsgHdrs | undefined;
   /** The item's sequence in the work stream. */
   readonly seq: number;
   /** How many times JetStream has delivered this item, this delivery included. */
@@ -26,7 +28,9 @@ export class WorkDelivery {
     msg: Msg,
     facts: { seq: number; deliveryCount: number },
   ) {
+    this.subject = msg.subject;
     this.data = msg.data;
+    this.headers = msg.headers;
     this.seq = facts.seq;
     this.deliveryCount = facts.deliveryCount;
   }

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { hostname, tmpdir } from "node:os";
-import { type Logger, silentLogger, type Topology } from "@boxcar/client";
+import { type Logger, silentLogger, type Topology, WorkVerifier } from "@boxcar/client";
 import {
   BoxcarError,
   ErrorCode,
@@ -42,6 +42,12 @@ export interface WorkerOptions {
   workRoot?: string;
   /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
   reapIntervalMs?: number;
+  /**
+   * Public keys (`U...`) of the dispatchers whose signed work items this worker runs; any other
+   * item is terminated unrun with a `work_rejected` event. Absent: items are not checked (a
+   * NATS system without authentication, where anyone could publish work anyway).
+   */
+  dispatcherKeys?: readonly string[];
 }
 
 export interface ResolvedWorkerOptions {
@@ -58,6 +64,8 @@ export interface ResolvedWorkerOptions {
   maxLogBytes: number;
   workRoot: string;
   reapIntervalMs: number;
+  /** Checks work items' signatures; undefined: items are not checked. */
+  verifier: WorkVerifier | undefined;
   /** PATH given to agents: the worker's own. */
   agentPath: string;
 }
@@ -106,6 +114,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     logger: opts.logger ?? silentLogger,
     secretsEnv: opts.secretsEnv ?? env,
     providers,
+    verifier: opts.dispatcherKeys ? new WorkVerifier(opts.dispatcherKeys) : undefined,
     agentPath: env.PATH ?? DEFAULT_PATH,
   };
 }
@@ -146,5 +155,6 @@ export function workerOptionsFromConfig(
     ...(config.drainGrace !== undefined ? { drainGraceMs: config.drainGrace } : {}),
     ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
     ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),
+    ...(config.dispatcherKeys ? { dispatcherKeys: config.dispatcherKeys } : {}),
   };
 }

@@ -2,7 +2,9 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type Logger, nowIso, publishEvent } from "@boxcar/client";
 import {
+  BoxcarError,
   decodeMessage,
+  ErrorCode,
   type ErrorInfo,
   PROTOCOL_VERSION,
   toErrorInfo,
@@ -189,6 +191,8 @@ class BoxcarWorker implements Worker {
     }
     let item: WorkItem;
     try {
+      const unsigned = this.options.verifier?.problem(msg.subject, msg.data, msg.headers);
+      if (unsigned) throw new BoxcarError(ErrorCode.invalid, `${unsigned}; it was not run`);
       item = decodeMessage(WorkItem, msg.data, "work item");
     } catch (err) {
       this.reject(msg, toErrorInfo(err));
@@ -216,7 +220,7 @@ class BoxcarWorker implements Worker {
   /** A work item that can never run: terminate it so it is not delivered again, and say why. */
   private reject(msg: WorkDelivery, error: ErrorInfo): void {
     msg.term(`${error.code}: ${error.message}`.slice(0, 1024));
-    this.log.warn({ error, seq: msg.seq }, "rejected a malformed work item");
+    this.log.warn({ error, seq: msg.seq }, "rejected a work item");
     void this.step("announce a rejected work item", () => this.announce("work_rejected", error));
   }
 

@@ -1,3 +1,4 @@
+import { WorkSigner } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
@@ -41,7 +42,10 @@ export const dispatcher: Command = {
     await using session = await openSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", true, {
       ...(replicas !== undefined ? { replicas } : {}),
     });
-    await using d = await startDispatcher({ topology: session.topology, logger });
+    // With a NATS credential, the dispatcher signs work items with its key (workers check them).
+    const signer = session.connection.seed ? new WorkSigner(session.connection.seed) : undefined;
+    await using d = await startDispatcher({ topology: session.topology, logger, ...(signer ? { signer } : {}) });
+    if (signer) logger.info({ publicKey: signer.publicKey }, "work items are signed");
     await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
     await d.close();
     return ExitCode.ok;

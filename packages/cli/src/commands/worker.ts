@@ -10,7 +10,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -26,20 +26,32 @@ export const worker: Command = {
     host: { type: "string" },
     "docker-image": { type: "string" },
     "drain-grace": { type: "string" },
+    "dispatcher-keys": { type: "string" },
     heartbeat: { type: "string" },
     ...replicasOption,
     ...logFormat,
   },
   async run(ctx) {
     const file = ctx.values.config as string | undefined;
-    const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values));
+    const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values, ctx.io.env));
     const logger = createLogger(config.logFormat);
     // Flags, then the environment, then a `nats` context, then the file, then the default.
     const connection = connectionFrom(ctx.values, ctx.io.env, config);
+    const keySources = config.dispatcherKeys ?? [];
+    const dispatcherKeys = await readDispatcherKeys(keySources);
+    if (dispatcherKeys.length === 0 && connection.creds !== undefined) {
+      throw new UsageError(
+        "a worker that logs in to NATS runs only signed work items: give --dispatcher-keys FILE (the dispatchers.pub `boxcar auth init` wrote) or BOXCAR_DISPATCHER_KEYS",
+      );
+    }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
     await using session = await openSession(connection, prefix, "boxcar-worker", true, { ...(replicas !== undefined ? { replicas } : {}) });
-    const w = createWorker({ ...workerOptionsFromConfig(config, session.topology, ctx.io.env), logger });
+    const w = createWorker({
+      ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
+      logger,
+      ...(dispatcherKeys.length > 0 ? { dispatcherKeys } : {}),
+    });
     const running = w.run();
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
     await running;
@@ -59,7 +71,7 @@ async function readWorkerConfig(file: string): Promise<WorkerConfig> {
 }
 
 /** The flags given, in the config file's shape; each is checked and named when wrong. */
-function flagsAsConfig(values: Values): WorkerConfig {
+function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const pools = values.pool as string[];
   const backends = (flag: string): SandboxBackend[] | undefined => {
     const value = values[flag] as string | undefined;
@@ -79,7 +91,9 @@ function flagsAsConfig(values: Values): WorkerConfig {
   const grace = optionalDuration(values["drain-grace"], "--drain-grace");
   const heartbeat = optionalDuration(values.heartbeat, "--heartbeat");
   const logFormatValue = readLogFormat(values["log-format"]);
+  const keys = (values["dispatcher-keys"] as string | undefined) ?? env.BOXCAR_DISPATCHER_KEYS;
   return {
+    ...(keys ? { dispatcherKeys: keys.split(",").map((k) => k.trim()) } : {}),
     ...(pools.length > 0 ? { pools } : {}),
     ...(values.concurrency !== undefined ? { concurrency: positiveInt(values.concurrency, "--concurrency", 4, 1024) } : {}),
     ...(grace !== undefined ? { drainGrace: grace } : {}),
@@ -92,6 +106,25 @@ function flagsAsConfig(values: Values): WorkerConfig {
       ...(values["docker-image"] ? { docker: { image: values["docker-image"] as string } } : {}),
     },
   };
+}
+
+/** Dispatcher public keys: each source is a key (`U...`) or a file of keys, one per line. */
+async function readDispatcherKeys(sources: readonly string[]): Promise<string[]> {
+  const keys: string[] = [];
+  for (const source of sources) {
+    if (/^U[A-Z2-7]{55}$/.test(source)) {
+      keys.push(source);
+      continue;
+    }
+    let text: string;
+    try {
+      text = await readFile(source, "utf8");
+    } catch (err) {
+      throw new UsageError(`--dispatcher-keys: ${source} is neither a public key (U...) nor a readable file: ${(err as Error).message}`);
+    }
+    keys.push(...text.split(/\s+/).filter((k) => k !== ""));
+  }
+  return keys;
 }
 
 /** `over` wins field by field, sandbox settings included. */

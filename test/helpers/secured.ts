@@ -1,0 +1,124 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { AuthDir } from "@boxcar/auth";
+import {
+  type BoxcarClient,
+  connectNats,
+  createClient,
+  type Logger,
+  type NatsServer,
+  openTopology,
+  resolveConnection,
+  startNatsServer,
+  type Topology,
+  WorkSigner,
+} from "@boxcar/client";
+import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import type { Role } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { uniquePrefix } from "./nats.js";
+import { type Scratch, scratch } from "./scratch.js";
+
+/** One principal's connection: its topology handles and SDK client, as that user. */
+export interface Principal {
+  readonly user: string;
+  readonly role: Role;
+  readonly creds: string;
+  readonly nc: NatsConnection;
+  readonly topology: Topology;
+  readonly client: BoxcarClient;
+}
+
+/**
+ * A Boxcar system on a nats-server that runs the config `boxcar auth init` wrote: a dispatcher
+ * with the dispatcher credential (signing work items), a host worker with the worker credential
+ * (checking them), and a connection per principal.
+ */
+export interface SecuredSystem extends AsyncDisposable {
+  readonly auth: AuthDir;
+  readonly server: NatsServer;
+  readonly url: string;
+  readonly prefix: string;
+  readonly dispatcher: Dispatcher;
+  readonly worker: Worker;
+  /** Connects as `user` (minting it under `role` first if it has no credential yet). */
+  as(user: string, role?: Role): Promise<Principal>;
+  /** Every log line the roles wrote, to check for leaks. */
+  readonly logLines: string[];
+}
+
+export async function securedSystem(): Promise<SecuredSystem> {
+  const dir: Scratch = await scratch("boxcar-auth-");
+  const prefix = uniquePrefix();
+  const auth = await AuthDir.init(join(dir.path, "auth"), { prefix });
+  const server = await startNatsServer({ extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") });
+  const logLines: string[] = [];
+  const logger = lineLogger(logLines);
+  const principals: Principal[] = [];
+
+  const as = async (user: string, role: Role = "submitter"): Promise<Principal> => {
+    if (!auth.users().some((u) => u.name === user && !u.revokedAt)) await auth.mint(user, role);
+    const creds = auth.credsFile(user);
+    const connection = resolveConnection({ flags: { nats: server.url, creds }, env: {} });
+    const nc = await connectNats(connection, `test-${user}`);
+    const owns = connection.identity.role === "dispatcher" || connection.identity.role === "worker";
+    const topology = await openTopology(nc, { prefix, create: owns });
+    const p = {
+      user,
+      role: connection.identity.role,
+      creds,
+      nc,
+      topology,
+      client: createClient(topology, { identity: connection.identity }),
+    };
+    principals.push(p);
+    return p;
+  };
+
+  const d = await as("dispatcher");
+  const dispatcherSeed = resolveConnection({ flags: { creds: d.creds }, env: {} }).seed;
+  const dispatcher = await startDispatcher({
+    topology: d.topology,
+    logger,
+    ...(dispatcherSeed ? { signer: new WorkSigner(dispatcherSeed) } : {}),
+  });
+  const w = await as("worker");
+  const worker = createWorker({
+    topology: w.topology,
+    logger,
+    providers: [createHostSandboxProvider()],
+    policy: { host: "always" },
+    dispatcherKeys: auth.dispatcherKeys(),
+  });
+  void worker.run();
+  return {
+    auth,
+    server,
+    url: server.url,
+    prefix,
+    dispatcher,
+    worker,
+    as,
+    logLines,
+    async [Symbol.asyncDispose]() {
+      await worker.close();
+      await dispatcher.close();
+      for (const p of principals) await p.nc.close().catch(() => {});
+      await server.stop();
+      await dir[Symbol.asyncDispose]();
+    },
+  };
+}
+
+/** A logger that keeps every line as JSON text. */
+function lineLogger(lines: string[], bindings: Record<string, unknown> = {}): Logger {
+  const write = (obj: object, msg?: string) => {
+    lines.push(
+      JSON.stringify({ ...bindings, ...obj, msg }, (_key, value: unknown) =>
+        value instanceof Error ? { message: value.message, stack: value.stack } : value,
+      ),
+    );
+  };
+  return { debug: write, info: write, warn: write, error: write, child: (more) => lineLogger(lines, { ...bindings, ...more }) };
+}

@@ -1,0 +1,257 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { pushAccount } from "@boxcar/auth";
+import { connectNats, resolveConnection, WorkSigner } from "@boxcar/client";
+import { BoxcarError, type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { eventually } from "./helpers/cli.js";
+import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+
+const hello = {
+  name: "hello",
+  command:
+    'echo "hi $(cat "$BOXCAR_INPUT_FILE")"; echo out > "$BOXCAR_OUTPUT_DIR/a.txt"; printf \'{"output":{"ok":true}}\' > "$BOXCAR_RESULT_FILE"',
+  runtime: { sandbox: "host" },
+  trusted: true,
+  outputs: ["out/**"],
+};
+
+/** True when `err` is NATS refusing a publish or subscription (on its own or as a cause). */
+function isDenied(err: unknown): boolean {
+  for (let e = err; e; e = (e as Error).cause) {
+    if (e instanceof natsErrors.PermissionViolationError) return true;
+    if (e instanceof Error && /permissions violation/i.test(e.message)) return true;
+  }
+  return false;
+}
+
+async function expectDenied(what: string, action: () => Promise<unknown>): Promise<void> {
+  let error: unknown;
+  try {
+    await action();
+  } catch (err) {
+    error = err;
+  }
+  expect(error, `${what} was not refused`).toBeDefined();
+  expect(isDenied(error), `${what}: refused, but not by NATS permissions: ${String(error)}`).toBe(true);
+}
+
+/** A subscription NATS refuses ends with a permissions violation instead of delivering. */
+async function expectSubscribeDenied(nc: NatsConnection, subject: string, queue?: string): Promise<void> {
+  const sub = nc.subscribe(subject, queue ? { queue } : {});
+  const ended = (async () => {
+    for await (const _ of sub) return "delivered";
+    return "closed";
+  })().catch((err: unknown) => (isDenied(err) ? "denied" : `failed: ${String(err)}`));
+  await nc.flush();
+  expect(await Promise.race([ended, new Promise((r) => setTimeout(() => r("still open"), 3_000))]), subject).toBe("denied");
+}
+
+describe("a system run with `boxcar auth init`'s config, every role with its own credential", () => {
+  let sys: SecuredSystem;
+  let admin: Principal;
+  let alice: Principal;
+  let bob: Principal;
+  let viewer: Principal;
+  let alicesJob: JobRecord;
+
+  beforeAll(async () => {
+    sys = await securedSystem();
+    admin = await sys.as("admin");
+    alice = await sys.as("alice", "submitter");
+    bob = await sys.as("bob", "submitter");
+    viewer = await sys.as("viewer");
+    await admin.client.applyAgent(hello);
+    alicesJob = (await alice.client.submit({ agent: "hello", input: "from alice" })).job;
+    alicesJob = await alice.client.waitForJob(alicesJob.id);
+  }, 60_000);
+  afterAll(async () => {
+    await sys?.[Symbol.asyncDispose]();
+  });
+
+  it("a submitter runs a job end to end: submit, wait, events, logs, artifacts; the record names its owner", async () => {
+    expect(alicesJob.state).toBe("succeeded");
+    expect(alicesJob.owner).toBe("alice");
+    const events: BoxcarEvent[] = [];
+    for await (const e of alice.client.events(alicesJob.id)) events.push(e);
+    expect(events.map((e) => e.type)).toContain("succeeded");
+    let out = "";
+    for await (const chunk of alice.client.logs(alicesJob.id)) out += new TextDecoder().decode(chunk.data);
+    expect(out).toContain('hi "from alice"');
+    expect(alicesJob.artifacts.map((a) => a.path)).toEqual(["out/a.txt"]);
+  });
+
+  it("another submitter cannot see, cancel or retry it, and does not find it in the list; an admin and a viewer do", async () => {
+    for (const action of [
+      () => bob.client.getJob(alicesJob.id),
+      () => bob.client.cancelJob(alicesJob.id),
+      () => bob.client.retryJob(alicesJob.id),
+    ]) {
+      await expect(action()).rejects.toMatchObject({ code: ErrorCode.notFound });
+    }
+    expect((await bob.client.listJobs()).jobs.map((j) => j.id)).not.toContain(alicesJob.id);
+    expect((await alice.client.listJobs()).jobs.map((j) => j.id)).toContain(alicesJob.id);
+    expect((await admin.client.getJob(alicesJob.id)).id).toBe(alicesJob.id);
+    expect((await viewer.client.listJobs()).jobs.map((j) => j.id)).toContain(alicesJob.id);
+    // An equal idempotency key of another user is another job.
+    const a = await alice.client.submit({ agent: "hello", idempotencyKey: "same-key" });
+    const b = await bob.client.submit({ agent: "hello", idempotencyKey: "same-key" });
+    expect(b.job.id).not.toBe(a.job.id);
+    expect(b.duplicate).toBe(false);
+  });
+
+  it("a submitter cannot apply or remove agents, nor make one trusted; a viewer cannot submit or cancel", async () => {
+    await expect(alice.client.applyAgent({ ...hello, name: "mine" })).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    await expect(alice.client.removeAgent("hello")).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    await expect(viewer.client.submit({ agent: "hello" })).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    await expect(viewer.client.cancelJob(alicesJob.id)).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    expect((await admin.client.getAgent("hello")).command).toEqual(["sh", "-c", hello.command]);
+  });
+
+  it("a submitter cannot ask as someone else: NATS refuses a request on another user's or role's subject", async () => {
+    const names = alice.topology.names;
+    for (const caller of [
+      { role: "submitter", user: "bob" },
+      { role: "admin", user: "alice" },
+    ] as const) {
+      await expectDenied(`request as ${caller.role} ${caller.user}`, () =>
+        alice.nc.request(names.subjects.api(caller, "agents.apply"), JSON.stringify({ definition: hello }), { timeout: 2_000 }),
+      );
+    }
+    await expectDenied("intake as bob", () => alice.topology.js.publish(names.subjects.submit("bob", "hello"), "{}"));
+  });
+
+  it("every attack of issue 11 fails for a submitter's and a viewer's credential, and the system still runs jobs after", async () => {
+    const { names, streams } = { names: alice.topology.names, streams: alice.topology.names.streams };
+    for (const p of [alice, viewer]) {
+      const { js, nc } = p.topology;
+      const jsm = await jetstreamManager(nc);
+      const forged: WorkItem = {
+        v: PROTOCOL_VERSION,
+        jobId: "forged",
+        agent: { ...(await admin.client.getAgent("hello")), command: ["sh", "-c", "touch /tmp/pwned"] },
+        input: null,
+        files: [],
+        timeoutMs: 10_000,
+      };
+      await expectDenied("publish a work item", () => js.publish(names.subjects.work("default"), JSON.stringify(forged)));
+      await expectDenied("overwrite a job record", () =>
+        p.topology.jobs.put(alicesJob.id, JSON.stringify({ ...alicesJob, result: { output: "forged" } })),
+      );
+      await expectDenied("delete a job record", () => p.topology.jobs.delete(alicesJob.id));
+      await expectDenied("publish an event", () =>
+        js.publish(names.subjects.event("job", alicesJob.id, "succeeded"), JSON.stringify({ forged: true })),
+      );
+      await expectDenied("purge the events stream", () => jsm.streams.purge(streams.events));
+      await expectDenied("delete the work stream", () => jsm.streams.delete(streams.work));
+      await expectDenied("delete the jobs bucket's stream", () => jsm.streams.delete(`KV_${names.buckets.jobs}`));
+      await expectDenied("pull work items off the pool's consumer", async () => {
+        const c = await js.consumers.get(streams.work, names.poolConsumer("default"));
+        await c.next({ expires: 1_000 });
+      });
+      await expectSubscribeDenied(nc, names.subjects.apiAll);
+      await expectSubscribeDenied(nc, names.subjects.workAll);
+      await expectSubscribeDenied(nc, names.subjects.apiEndpoint("jobs.submit"), "q");
+      await expectSubscribeDenied(nc, "_INBOX.>");
+      // Each refused subscription above may close the connection's own subscriptions; reconnect checks below use fresh ones.
+    }
+    // A raw cancel on the control subject: core NATS gives no reply, so watch the server refuse it.
+    const refused = (async () => {
+      for await (const s of alice.nc.status()) if (s.type === "error" && isDenied(s.error)) return true;
+      return false;
+    })();
+    alice.nc.publish(alice.topology.names.subjects.cancel(alicesJob.id));
+    expect(await Promise.race([refused, new Promise((r) => setTimeout(() => r(false), 3_000))])).toBe(true);
+
+    // Unharmed: the record is as it was, and a new job runs.
+    expect((await admin.client.getJob(alicesJob.id)).result?.output).toEqual({ ok: true });
+    const after = await bob.client.submit({ agent: "hello", input: "after" });
+    expect((await bob.client.waitForJob(after.job.id)).state).toBe("succeeded");
+  }, 60_000);
+
+  it("work items without a trusted dispatcher's signature are terminated unrun, each with a work_rejected event", async () => {
+    const { names } = admin.topology;
+    const marker = join(sys.auth.dir, "forged-ran");
+    const agent = { ...(await admin.client.getAgent("hello")), command: ["sh", "-c", `touch ${marker}`] };
+    const item: WorkItem = { v: PROTOCOL_VERSION, jobId: "0forged0000000000", agent, input: null, files: [], timeoutMs: 10_000 };
+    const body = new TextEncoder().encode(JSON.stringify(item));
+    const subject = names.subjects.work("default");
+    const rejections: string[] = [];
+    const sub = admin.nc.subscribe(names.subjects.event("worker", "*", "work_rejected"), {
+      callback: (_err, m) => {
+        rejections.push(m.json<{ error?: { message: string } }>().error?.message ?? "");
+      },
+    });
+    await admin.nc.flush();
+    // With the admin's credential, which may publish anywhere, but no signature...
+    await admin.topology.js.publish(subject, body);
+    // ...and signed by the admin's own key, which workers do not trust...
+    const adminSeed = resolveConnection({ flags: { creds: admin.creds }, env: {} }).seed;
+    const hdrs = headers();
+    new WorkSigner(adminSeed as Uint8Array).sign(subject, body, hdrs);
+    await admin.topology.js.publish(subject, body, { headers: hdrs });
+    // ...and a dispatcher's signature over other content.
+    const dispatcherSeed = resolveConnection({ flags: { creds: sys.auth.credsFile("dispatcher") }, env: {} }).seed;
+    const tampered = headers();
+    new WorkSigner(dispatcherSeed as Uint8Array).sign(subject, new TextEncoder().encode("{}"), tampered);
+    await admin.topology.js.publish(subject, body, { headers: tampered });
+
+    await eventually(async () => (rejections.length >= 3 ? true : undefined), "three work_rejected events", 15_000);
+    sub.unsubscribe();
+    expect(rejections[0]).toContain("not signed");
+    expect(rejections[1]).toContain("not by a dispatcher this worker trusts");
+    expect(rejections[2]).toContain("signature does not match");
+    await expect(readFile(marker)).rejects.toThrow();
+    const info = await (await jetstreamManager(admin.nc)).streams.info(names.streams.work);
+    expect(info.state.messages).toBe(0); // terminated: gone from the work queue
+  }, 30_000);
+
+  it("no credential appears in any record, event, log line, log stream or reply", async () => {
+    const secrets: string[] = [];
+    for (const u of sys.auth.users()) {
+      const creds = await readFile(sys.auth.credsFile(u.name), "utf8").catch(() => "");
+      const jwt = /-----BEGIN NATS USER JWT-----\s*(\S+)/.exec(creds)?.[1];
+      const seed = /(SU[A-Z2-7]{56})/.exec(creds)?.[1];
+      if (jwt) secrets.push(jwt);
+      if (seed) secrets.push(seed);
+    }
+    expect(secrets.length).toBeGreaterThanOrEqual(10);
+    const everything: string[] = [...sys.logLines];
+    const jsm = await jetstreamManager(admin.nc);
+    for await (const stream of jsm.streams.list()) {
+      const count = stream.state.messages;
+      for (let seq = stream.state.first_seq; count > 0 && seq <= stream.state.last_seq; seq++) {
+        const msg = await jsm.streams.getMessage(stream.config.name, { seq }).catch(() => undefined);
+        if (msg)
+          everything.push(
+            new TextDecoder().decode(msg.data),
+            JSON.stringify(msg.header ? [...msg.header.keys()].map((k) => msg.header?.get(k)) : []),
+          );
+      }
+    }
+    expect(everything.length).toBeGreaterThan(20);
+    const text = everything.join("\n");
+    for (const secret of secrets) expect(text.includes(secret), "a credential leaked").toBe(false);
+  }, 60_000);
+
+  it("revoking a user cuts it off within seconds, with nothing restarted", async () => {
+    const carol = await sys.as("carol", "submitter");
+    expect((await carol.client.listJobs()).jobs).toEqual([]);
+    const statuses: string[] = [];
+    void (async () => {
+      for await (const st of carol.nc.status()) statuses.push(`${st.type} ${"error" in st ? String(st.error) : ""}`);
+    })();
+    const revokedAt = Date.now();
+    await sys.auth.revoke("carol");
+    await pushAccount(sys.auth, [sys.url]);
+    await eventually(async () => (statuses.some((st) => st.startsWith("disconnect")) ? true : undefined), "carol disconnected", 10_000);
+    expect(Date.now() - revokedAt).toBeLessThan(10_000);
+    await expect(
+      connectNats(resolveConnection({ flags: { nats: sys.url, creds: carol.creds }, env: {} }), "carol-again"),
+    ).rejects.toMatchObject({ code: ErrorCode.unavailable });
+    // Others are unaffected.
+    expect((await bob.client.listJobs()).jobs.length).toBeGreaterThan(0);
+  }, 30_000);
+});
