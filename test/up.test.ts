@@ -1,5 +1,5 @@
 import { spawn } from "node:child_process";
-import { readdir, readFile } from "node:fs/promises";
+import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { freePort } from "@boxcar/client";
 import { expect, test } from "vitest";
@@ -81,3 +81,37 @@ test("boxcar up on a port that is taken says so and exits 4, touching nothing th
     blocker.close();
   }
 });
+
+test("boxcar up refuses to listen beyond this machine without --auth, and names the flag", async () => {
+  await using run = await up(["--listen", "0.0.0.0"]);
+  expect(await exited(run.child)).toEqual({ code: 2, signal: null });
+  expect(run.output()).toContain("add --auth");
+  expect(await natsServerPids(run.cwd)).toEqual([]);
+}, 30_000);
+
+test("boxcar up --auth runs every role with its own credential; commands in its folder use the admin's, others need one", async () => {
+  await using run = await up(["--auth"]);
+  await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
+  const url = `nats://127.0.0.1:${run.port}`;
+  const cli = (args: string[], cwd: string) =>
+    new Promise<{ code: number; out: string }>((resolve) => {
+      const child = spawn(process.execPath, [BOXCAR_BIN, ...args], { cwd, env: { ...process.env, BOXCAR_NATS_URL: url } });
+      let out = "";
+      child.stdout.setEncoding("utf8").on("data", (d: string) => (out += d));
+      child.stderr.setEncoding("utf8").on("data", (d: string) => (out += d));
+      child.once("exit", (code) => resolve({ code: code ?? -1, out }));
+    });
+  const submitted = await cli(["submit", "hello", "--prompt", "hi", "--wait"], run.cwd);
+  expect(submitted.out).toMatch(/state\s+succeeded/);
+  expect(submitted.code).toBe(0);
+  const creds = join(run.cwd, ".boxcar", "auth", "submitter.creds");
+  expect((await stat(creds)).mode & 0o777).toBe(0o600);
+  await using elsewhere = await scratch("boxcar-elsewhere-");
+  const refused = await cli(["jobs"], elsewhere.path);
+  expect(refused.code).toBe(4);
+  expect(refused.out).toContain("Authorization Violation");
+  const asSubmitter = await cli(["jobs", "--creds", creds], elsewhere.path);
+  expect(asSubmitter.code).toBe(0);
+  run.child.kill("SIGINT");
+  expect(await exited(run.child)).toEqual({ code: 0, signal: null });
+}, 60_000);

@@ -1,3 +1,5 @@
+import { existsSync } from "node:fs";
+import { join } from "node:path";
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import {
   type BoxcarClient,
@@ -81,14 +83,23 @@ export function connectionFlags(values: Record<string, unknown>): NatsConnection
   return Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) as NatsConnectionSettings;
 }
 
-/** Resolves the connection settings; a bad one is a usage error naming it. */
+/**
+ * Resolves the connection settings; a bad one is a usage error naming it. With no credential
+ * given anywhere, the admin credential `boxcar up --auth` made in this folder
+ * (`$BOXCAR_AUTH_DIR`, else `.boxcar/auth`) is used when it is there.
+ */
 export function connectionFrom(
   values: Record<string, unknown>,
   env: NodeJS.ProcessEnv,
   file: NatsConnectionSettings = {},
 ): ResolvedConnection {
   try {
-    return resolveConnection({ flags: connectionFlags(values), env, file });
+    const resolved = resolveConnection({ flags: connectionFlags(values), env, file });
+    const s = resolved.settings;
+    const local = join(env.BOXCAR_AUTH_DIR ?? join(".boxcar", "auth"), "admin.creds");
+    const hasCredential = [s.creds, s.nkey, s.user, s.token, s.context].some((v) => v !== undefined);
+    if (hasCredential || !existsSync(local)) return resolved;
+    return resolveConnection({ flags: { ...connectionFlags(values), creds: local }, env, file });
   } catch (err) {
     if (err instanceof BoxcarError) throw new UsageError(err.message);
     throw err;

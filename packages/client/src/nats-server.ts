@@ -9,6 +9,8 @@ import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 export interface NatsServerOptions {
   /** TCP port for clients; default: a free port. */
   port?: number;
+  /** The address clients connect to; default 127.0.0.1 (this machine only). */
+  host?: string;
   /** Where JetStream keeps its data; default: a new temporary folder, removed on stop. */
   storeDir?: string;
   /** The nats-server binary; default: `$BOXCAR_NATS_SERVER`, then `.boxcar/tools/bin`, then PATH. */
@@ -76,6 +78,7 @@ function repoTool(): string {
 export async function startNatsServer(opts: NatsServerOptions = {}): Promise<NatsServer> {
   const binary = findNatsServer(opts.binary);
   const port = opts.port ?? (await freePort());
+  const host = opts.host ?? "127.0.0.1";
   const ownStore = opts.storeDir === undefined;
   const storeDir = opts.storeDir ?? (await mkdtemp(join(tmpdir(), "boxcar-nats-")));
   await mkdir(storeDir, { recursive: true });
@@ -83,7 +86,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
   await writeFile(
     configFile,
     [
-      `listen: "127.0.0.1:${port}"`,
+      `listen: ${JSON.stringify(`${host}:${port}`)}`,
       `server_name: ${JSON.stringify(opts.serverName ?? `boxcar-${port}`)}`,
       `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))} }`,
       "max_payload: 1MB",
@@ -97,7 +100,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
   // Its own process group: a Ctrl-C in the terminal reaches the CLI, which stops the server
   // last, after the workers and dispatcher have finished with it.
   const child = spawn(binary, ["-c", configFile], { stdio: ["ignore", "ignore", "pipe"], detached: true });
-  const url = `nats://127.0.0.1:${port}`;
+  const url = `nats://${host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host}:${port}`;
   await waitReady(child);
 
   let stopped: Promise<void> | undefined;

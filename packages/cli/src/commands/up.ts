@@ -1,8 +1,9 @@
 import { existsSync } from "node:fs";
-import { readdir } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { readdir, readFile } from "node:fs/promises";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type NatsServer, resolveConnection, startNatsServer } from "@boxcar/client";
+import { AuthDir } from "@boxcar/auth";
+import { type NatsServer, resolveConnection, startNatsServer, WorkSigner } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { isTerminal } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
@@ -23,11 +24,13 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 export const up: Command = {
   name: "up",
   usage:
-    "boxcar up [--port 4222] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--log-format json|pretty]",
+    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   maxArgs: 0,
   options: {
     port: { type: "string" },
+    listen: { type: "string" },
+    auth: { type: "boolean", default: false },
     data: { type: "string" },
     workers: { type: "string" },
     concurrency: { type: "string" },
@@ -43,6 +46,13 @@ export const up: Command = {
     const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [EXAMPLE_AGENTS];
     const storeDir = resolve((ctx.values.data as string | undefined) ?? join(".boxcar", "data"));
     const demo = ctx.values.demo as boolean;
+    const listen = (ctx.values.listen as string | undefined) ?? "127.0.0.1";
+    const withAuth = ctx.values.auth as boolean;
+    if (!withAuth && !isLoopback(listen)) {
+      throw new UsageError(
+        `--listen ${listen} lets other machines reach NATS, and whoever reaches it without authentication can run code on the workers: add --auth`,
+      );
+    }
     // One local server holds one copy; more replicas need a cluster (`boxcar dispatcher/worker --nats`).
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
     if (replicas !== undefined && replicas !== 1) {
@@ -63,28 +73,56 @@ export const up: Command = {
 
     const say = (line: string) => ctx.io.stderr.write(`${line}\n`);
     const cleanup: (() => Promise<unknown>)[] = [];
-    const server: NatsServer = await startNatsServer({ port, storeDir, serverName: "boxcar-up" });
+    const prefix = ctx.values.prefix as string | undefined;
+    const auth = withAuth ? await openAuthDir(join(dirname(storeDir), "auth"), prefix) : undefined;
+    const server: NatsServer = await startNatsServer({
+      port,
+      host: listen,
+      storeDir,
+      serverName: "boxcar-up",
+      ...(auth ? { extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") } : {}),
+    });
     cleanup.push(() => server.stop());
     try {
-      const session = await openSession(
-        resolveConnection({ flags: { nats: server.url }, env: {} }),
-        ctx.values.prefix as string | undefined,
-        "boxcar-up",
-        true,
-      );
-      cleanup.unshift(async () => await session[Symbol.asyncDispose]());
-      const dispatcher = await startDispatcher({ topology: session.topology, logger });
+      // With --auth each role connects with its own credential, as it would on other machines.
+      const as = async (role: "admin" | "dispatcher" | "worker") => {
+        const creds = auth ? { creds: auth.credsFile(role) } : {};
+        const session = await openSession(
+          resolveConnection({ flags: { nats: server.url, ...creds }, env: {} }),
+          prefix,
+          `boxcar-up-${role}`,
+          role !== "admin",
+        );
+        cleanup.unshift(async () => await session[Symbol.asyncDispose]());
+        return session;
+      };
+      const dispatching = await as("dispatcher");
+      const seed = dispatching.connection.seed;
+      const dispatcher = await startDispatcher({
+        topology: dispatching.topology,
+        logger,
+        ...(seed ? { signer: new WorkSigner(seed) } : {}),
+      });
       cleanup.unshift(() => dispatcher.close());
+      const working = await as("worker");
       const workers: Worker[] = [];
       for (let i = 0; i < workerCount; i++) {
-        const w = createWorker({ topology: session.topology, logger, concurrency, drainGraceMs: 10_000 });
+        const w = createWorker({
+          topology: working.topology,
+          logger,
+          concurrency,
+          drainGraceMs: 10_000,
+          ...(auth ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
+        });
         workers.push(w);
         w.run().catch((err: unknown) => logger.error({ err, workerId: w.id }, "worker stopped on an error"));
       }
       cleanup.unshift(() => Promise.allSettled(workers.map((w) => w.drain().then(() => w.close()))));
+      const session = await as("admin");
       for (const definition of definitions) await session.client.applyAgent(definition);
 
-      say(`boxcar is up: NATS ${server.url} (JetStream data in ${storeDir})`);
+      say(`boxcar is up: NATS ${server.url}${isLoopback(listen) ? "" : ` (listening on ${listen})`} (JetStream data in ${storeDir})`);
+      if (auth) say(`  authentication on: credentials in ${auth.dir}; commands run in this folder use admin.creds`);
       say(`  1 dispatcher, ${workerCount} workers x ${concurrency} jobs, agents: ${definitions.map((d) => d.name).join(", ") || "(none)"}`);
       if (demo) return await runDemo(ctx, session.client, say);
       say("");
@@ -119,4 +157,19 @@ async function runDemo(ctx: Parameters<Command["run"]>[0], client: import("@boxc
     for (const file of written) say(`  ${file}`);
   }
   return final.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed;
+}
+
+function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || /^127\./.test(host);
+}
+
+/** The checkout's auth folder (`.boxcar/auth`), created on first use for `prefix`. */
+async function openAuthDir(dir: string, prefix: string | undefined): Promise<AuthDir> {
+  const auth = existsSync(join(dir, "auth.json")) ? await AuthDir.open(dir) : await AuthDir.init(dir, prefix ? { prefix } : {});
+  if (auth.prefix !== (prefix ?? "boxcar")) {
+    throw new UsageError(
+      `${dir} holds credentials for prefix ${auth.prefix}, not ${prefix ?? "boxcar"}: pass --prefix ${auth.prefix}, or move the folder away`,
+    );
+  }
+  return auth;
 }
