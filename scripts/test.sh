@@ -8,6 +8,10 @@ bash scripts/setup.sh
 # docker.io) and build the agent image. In CI they must not be skipped.
 bash scripts/start-docker.sh
 bash scripts/build-images.sh
+# The TLS tests make their certificates with openssl.
+if ! command -v openssl >/dev/null; then
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >/dev/null
+fi
 if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1; fi
 export TESTCONTAINERS_RYUK_DISABLED=true
 pnpm run lint

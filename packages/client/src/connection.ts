@@ -18,6 +18,8 @@ import {
 import { connect, createInbox, credsAuthenticator, type NatsConnection, nkeyAuthenticator } from "@nats-io/transport-node";
 
 export const DEFAULT_NATS_URL = "nats://127.0.0.1:4222";
+/** How long the first connection may take (nats.js waits 20 s by default). */
+const CONNECT_TIMEOUT_MS = 10_000;
 
 /** Where each setting came from, for error messages that name what to fix. */
 export type SettingSource = "flag" | "environment" | "context" | "config file";
@@ -54,10 +56,21 @@ export function resolveConnection(opts: ResolveConnectionOptions = {}): Resolved
   const contextName = opts.flags?.context ?? fromEnv.context ?? opts.file?.context;
   const fromContext = contextName ? readNatsContext(contextName, env) : {};
   const settings: NatsConnectionSettings = { ...opts.file, ...fromContext, ...fromEnv, ...definedOnly(opts.flags ?? {}) };
-  const servers = (settings.nats ?? DEFAULT_NATS_URL)
-    .split(",")
-    .map((s) => s.trim())
-    .filter((s) => s !== "");
+  const servers: string[] = [];
+  for (const url of (settings.nats ?? DEFAULT_NATS_URL).split(",").map((s) => s.trim())) {
+    if (url === "") continue;
+    // `nats://user:password@host` or `nats://token@host`, as the nats CLI takes them: nats.js
+    // does not read them from the URL, so they become settings (flags still win).
+    const at = /^([a-z]+:\/\/)([^@/]*)@(.*)$/i.exec(url);
+    if (at) {
+      const [user, ...pass] = decodeURIComponent(at[2] ?? "").split(":");
+      if (pass.length > 0) {
+        settings.user ??= user;
+        settings.password ??= pass.join(":");
+      } else settings.token ??= user;
+    }
+    servers.push(at ? `${at[1]}${at[3]}` : url);
+  }
   if (servers.length === 0) throw invalid(`--nats / BOXCAR_NATS_URL names no server`);
   if ((settings.tlsCert === undefined) !== (settings.tlsKey === undefined)) {
     throw invalid("--tls-cert and --tls-key go together: give both or neither");
@@ -132,6 +145,7 @@ export async function connectNats(resolved: ResolvedConnection, name: string): P
       maxReconnectAttempts: -1,
       // No async stack traces: nats.js builds one per request, a large share of a busy worker's CPU.
       noAsyncTraces: true,
+      timeout: CONNECT_TIMEOUT_MS,
       inboxPrefix: `_INBOX.${resolved.identity.user}`,
       ...(s.user !== undefined ? { user: s.user } : {}),
       ...(s.password !== undefined ? { pass: s.password } : {}),
@@ -140,10 +154,15 @@ export async function connectNats(resolved: ResolvedConnection, name: string): P
       ...(tls ? { tls } : {}),
     });
   } catch (cause) {
-    const reason = (cause as Error).message;
+    const reason = redact((cause as Error).message, s);
+    // A server that wants a client certificate drops the handshake; nats.js only sees a timeout.
+    const hint =
+      tls && !s.tlsCert && /timeout/i.test(reason)
+        ? "if the server wants a client certificate, give --tls-cert and --tls-key"
+        : "set --nats or BOXCAR_NATS_URL, and --creds or another credential if the server wants one; `boxcar up` starts a local server";
     throw new BoxcarError(
       ErrorCode.unavailable,
-      `cannot connect to NATS at ${resolved.servers.map(maskUrl).join(", ")}: ${redact(reason, s)} (set --nats or BOXCAR_NATS_URL, and --creds or another credential if the server wants one; \`boxcar up\` starts a local server)`,
+      `cannot connect to NATS at ${resolved.servers.map(maskUrl).join(", ")}: ${reason} (${hint})`,
       { cause },
     );
   }
