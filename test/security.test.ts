@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { pushAccount } from "@boxcar/auth";
 import { connectNats, resolveConnection, WorkSigner } from "@boxcar/client";
-import { BoxcarError, type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
+import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

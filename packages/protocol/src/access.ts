@@ -253,3 +253,17 @@ export function ownerOf(record: { readonly owner?: string | undefined }): string
 export function mayAccess(caller: Identity, owner: string): boolean {
   return seesAll(caller.role) || caller.user === owner;
 }
+
+/**
+ * The permissions of every role as a Markdown table, for `docs/security.md` (between the
+ * `permissions` markers; `pnpm docs:permissions` rewrites it, and a test checks it is current).
+ */
+export function permissionsTable(n: Names): string {
+  const cell = (subjects: readonly string[]) => (subjects.length === 0 ? "none" : subjects.map((x) => `\`${x}\``).join("<br>"));
+  const rows = ROLES.map((role) => {
+    const p = rolePermissions(n, role);
+    const endpoints = ROLE_ENDPOINTS[role].length === Object.keys(ApiEndpoint).length ? "all" : ROLE_ENDPOINTS[role].join(", ") || "none";
+    return `| ${role} | ${endpoints} | ${cell(p.pub.allow)}${p.pub.deny.length ? `<br>**denied:** ${cell(p.pub.deny)}` : ""} | ${cell(p.sub.allow)} | ${p.allowResponses ? "yes" : "no"} |`;
+  });
+  return ["| role | API endpoints | may publish | may subscribe | may reply |", "| --- | --- | --- | --- | --- |", ...rows].join("\n");
+}

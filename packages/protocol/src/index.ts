@@ -6,6 +6,7 @@ export {
   OPEN_IDENTITY,
   ownerOf,
   parseIdentity,
+  permissionsTable,
   ROLE_ENDPOINTS,
   ROLE_TAG,
   ROLES,
