@@ -1,6 +1,6 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { createClient, openTopology, readStream } from "@boxcar/client";
+import { createClient, openTopology, readStream, startNatsServer } from "@boxcar/client";
 import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -104,7 +104,8 @@ describe("replicated deployment", () => {
   });
 
   test("--replicas / BOXCAR_REPLICAS are checked, and a count a single server cannot keep is a clear error", async () => {
-    await using nats = await natsFixture();
+    // A server without authentication: each command here starts a new system under its own prefix.
+    await using nats = await startNatsServer();
     const bad = await boxcar(nats.url, uniquePrefix(), ["dispatcher", "--replicas", "2"]);
     expect(bad).toMatchObject({ code: 2, stderr: expect.stringContaining("--replicas must be 1, 3 or 5") });
     const badEnv = await boxcar(nats.url, uniquePrefix(), ["worker"], { BOXCAR_REPLICAS: "7" });

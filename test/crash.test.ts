@@ -13,7 +13,7 @@ async function system() {
   const nats = await natsFixture({ ackWaitMs: LEASE_MS });
   // The pool's consumer is made here, with the short lease; workers read it from the consumer.
   await nats.topology.ensurePoolConsumer("default");
-  const dispatcher = await startDispatcher({ topology: nats.topology });
+  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   return {
     nats,
     dispatcher,
@@ -38,7 +38,7 @@ test("a slow but alive worker keeps its lease: a job longer than the lease runs 
   const worker = spawnBoxcar(s.nats.url, s.nats.topology.names.prefix, ["worker"]);
   try {
     await eventually(async () => ((await s.client.listWorkers()).length === 1 ? true : undefined), "the worker process to be live");
-    await using _other = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+    await using _other = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
     void _other.run();
     await s.client.applyAgent({ name: "slow", command: "sleep 5; echo done", trusted: true, runtime: { sandbox: "host" } });
     const { job } = await s.client.submit({ agent: "slow" });
@@ -65,7 +65,7 @@ test("a worker killed mid-job (SIGKILL): the job is picked up again, runs again,
   doomed.kill("SIGKILL");
   await exited(doomed);
 
-  await using survivor = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+  await using survivor = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
   void survivor.run();
   const final = await s.client.waitForJob(job.id);
   expect(final).toMatchObject({ state: "succeeded", attempt: 2, workerId: survivor.id });
@@ -88,7 +88,7 @@ test("a zombie attempt that finishes late cannot overwrite the outcome of a newe
     await eventually(async () => ((await s.client.getJob(job.id)).state === "running" ? true : undefined), "attempt 1 to run");
     stale.kill("SIGSTOP"); // frozen: it stops renewing its lease, and its agent keeps running
 
-    await using fresh = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+    await using fresh = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
     void fresh.run();
     const final = await s.client.waitForJob(job.id);
     expect(final).toMatchObject({ state: "succeeded", attempt: 2, workerId: fresh.id, result: { output: "attempt 2" } });
@@ -132,7 +132,7 @@ test("an admission cut short by a dispatcher crash (record written, work item no
   const { job: waiting } = await s.client.submit({ agent: "quick" });
   await new Promise((r) => setTimeout(r, 7_000));
 
-  await using worker = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()] });
+  await using worker = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
   void worker.run();
   expect(await s.client.waitForJob(orphan.id)).toMatchObject({ state: "succeeded", attempt: 1 });
   expect(await s.client.waitForJob(waiting.id)).toMatchObject({ state: "succeeded", attempt: 1 });
@@ -146,7 +146,7 @@ test("a job whose worker wrote the outcome but died before its event: the next d
   await using s = await system();
   await s.client.applyAgent({ name: "blocker", command: "sleep 2", trusted: true, runtime: { sandbox: "host" } });
   await s.client.applyAgent({ name: "quick", command: "true", trusted: true, runtime: { sandbox: "host" } });
-  await using worker = createWorker({ topology: s.nats.topology, providers: [createHostSandboxProvider()], concurrency: 1 });
+  await using worker = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()], concurrency: 1 });
   void worker.run();
   const { job: blocking } = await s.client.submit({ agent: "blocker" });
   await eventually(async () => ((await s.client.getJob(blocking.id)).state === "running" ? true : undefined), "the worker to be busy");

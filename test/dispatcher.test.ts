@@ -12,7 +12,7 @@ let dispatcher: Awaited<ReturnType<typeof startDispatcher>>;
 
 beforeAll(async () => {
   nats = await natsFixture();
-  dispatcher = await startDispatcher({ topology: nats.topology });
+  dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   await createClient(nats.topology).applyAgent(echoAgent);
 });
 afterAll(async () => {

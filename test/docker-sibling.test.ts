@@ -25,8 +25,25 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
     nats = await natsFixture();
     worker = await new GenericContainer(WORKER_IMAGE)
       .withNetworkMode("host") // to reach the test's nats-server on 127.0.0.1
-      .withBindMounts([{ source: "/var/run/docker.sock", target: "/var/run/docker.sock" }])
-      .withCommand(["worker", "--nats", nats.url, "--prefix", nats.topology.names.prefix, "--pool", "sibling", "--log-format", "json"])
+      .withBindMounts([
+        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
+        { source: nats.auth.dir, target: "/auth", mode: "ro" },
+      ])
+      .withCommand([
+        "worker",
+        "--nats",
+        nats.url,
+        "--creds",
+        "/auth/worker.creds",
+        "--dispatcher-keys",
+        "/auth/dispatchers.pub",
+        "--prefix",
+        nats.topology.names.prefix,
+        "--pool",
+        "sibling",
+        "--log-format",
+        "json",
+      ])
       .withWaitStrategy(Wait.forLogMessage(/worker started/))
       .withStartupTimeout(30_000)
       .start();
@@ -37,7 +54,7 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
   });
 
   test("runs a Docker job next to itself, with the workspace copied in and out", async () => {
-    await using _dispatcher = await startDispatcher({ topology: nats.topology });
+    await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     const client = createClient(nats.topology);
     await client.applyAgent({
       name: "sibling",
@@ -59,7 +76,7 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
   });
 
   test("stops cleanly on SIGTERM (exit 0), removing its presence", async () => {
-    await using _dispatcher = await startDispatcher({ topology: nats.topology });
+    await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     await worker.stop({ timeout: 10_000, remove: false });
     const container = new Docker().getContainer(worker.getId());
     expect((await container.inspect()).State.ExitCode).toBe(0);

@@ -25,9 +25,9 @@ let client: BoxcarClient;
 describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
   beforeAll(async () => {
     nats = await natsFixture();
-    dispatcher = await startDispatcher({ topology: nats.topology });
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     worker = createWorker({
-      topology: nats.topology,
+      ...nats.workerRole,
       concurrency: 4,
       maxLogBytes: MAX_LOG_BYTES,
       secretsEnv: { AGENT_TOKEN: SECRET },
@@ -269,7 +269,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     await exited(doomed);
     expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toHaveLength(1);
 
-    await using reaper = createWorker({ topology: nats.topology, pools: ["elsewhere"], reapIntervalMs: 200 });
+    await using reaper = createWorker({ ...nats.workerRole, pools: ["elsewhere"], reapIntervalMs: 200 });
     void reaper.run();
     await eventually(
       async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).length === 0 ? true : undefined),

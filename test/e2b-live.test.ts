@@ -25,9 +25,9 @@ let client: BoxcarClient;
 describe.skipIf(!apiKey)("E2B sandboxes (real E2B)", () => {
   beforeAll(async () => {
     nats = await natsFixture();
-    dispatcher = await startDispatcher({ topology: nats.topology });
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     worker = createWorker({
-      topology: nats.topology,
+      ...nats.workerRole,
       providers: [createE2BSandboxProvider({ apiKey, domain: process.env.E2B_DOMAIN, prefix: nats.topology.names.prefix })],
     });
     void worker.run();

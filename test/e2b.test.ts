@@ -49,16 +49,16 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
   beforeAll(async () => {
     nats = await natsFixture();
     standin = await startE2BStandIn({ templates: { base: { cpuCount: 2, memoryMB: 512 }, big: { cpuCount: 4, memoryMB: 2048 } } });
-    dispatcher = await startDispatcher({ topology: nats.topology });
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     worker = createWorker({
-      topology: nats.topology,
+      ...nats.workerRole,
       concurrency: 4,
       secretsEnv: { AGENT_TOKEN: SECRET },
       providers: [createE2BSandboxProvider(standinOptions())],
     });
     void worker.run();
     badKeyWorker = createWorker({
-      topology: nats.topology,
+      ...nats.workerRole,
       pools: ["badkey"],
       providers: [createE2BSandboxProvider(standinOptions({ apiKey: WRONG_KEY }))],
     });
@@ -308,7 +308,7 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
     const orphan = await provider.create(spec({ jobId: "orphan-job", workerId: "w-gone" }));
     const foreign = await otherSystem.create(spec({ jobId: "foreign-job", workerId: "w-gone" }));
     try {
-      await using reaper = createWorker({ topology: nats.topology, pools: ["elsewhere"], providers: [provider], reapIntervalMs: 200 });
+      await using reaper = createWorker({ ...nats.workerRole, pools: ["elsewhere"], providers: [provider], reapIntervalMs: 200 });
       void reaper.run();
       await eventually(async () => (sandboxOf("orphan-job")?.state === "killed" ? true : undefined), "the reaper to kill the orphan");
       expect(sandboxOf("orphan-job")?.killedBy).toBe("request");
@@ -458,13 +458,14 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
   });
 
   test("a worker configured from its environment (E2B_API_KEY) runs an auto agent in E2B, the strongest isolation", async () => {
-    await using fromEnv = createWorker(
-      workerOptionsFromConfig(
+    await using fromEnv = createWorker({
+      ...workerOptionsFromConfig(
         { pools: ["fromenv"], sandbox: { e2b: { apiUrl: standin.apiUrl, sandboxUrl: standin.sandboxUrl } } },
-        nats.topology,
+        nats.workerRole.topology,
         { E2B_API_KEY: standin.apiKey },
       ),
-    );
+      dispatcherKeys: nats.workerRole.dispatcherKeys,
+    });
     void fromEnv.run();
     await client.applyAgent({ name: "anywhere", pool: "fromenv", command: ["bash", "-c", "echo hi"] });
     await eventually(

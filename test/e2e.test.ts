@@ -36,8 +36,8 @@ runtime:
 
 beforeAll(async () => {
   nats = await natsFixture();
-  dispatcher = await startDispatcher({ topology: nats.topology });
-  workers = [createWorker({ topology: nats.topology, concurrency: 2 }), createWorker({ topology: nats.topology, concurrency: 2 })];
+  dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  workers = [createWorker({ ...nats.workerRole, concurrency: 2 }), createWorker({ ...nats.workerRole, concurrency: 2 })];
   for (const w of workers) void w.run();
   client = createClient(nats.topology);
   dir = await mkdtemp(join(tmpdir(), "boxcar-e2e-"));
@@ -197,7 +197,7 @@ describe("scale and restarts", () => {
   });
 
   test("two dispatchers at once share the API and the intake: every submission becomes exactly one job", async () => {
-    await using second = await startDispatcher({ topology: nats.topology });
+    await using second = await startDispatcher({ ...nats.dispatcherRole });
     const { js, names } = nats.topology;
     const viaApi = await Promise.all(
       Array.from({ length: 10 }, (_, i) => client.submit({ agent: "tick", input: i, labels: { batch: "two" } })),
@@ -219,7 +219,7 @@ describe("scale and restarts", () => {
     const { js, names } = nats.topology;
     for (let i = 0; i < 15; i++)
       await js.publish(names.subjects.submit("local", "tick"), JSON.stringify({ input: i, labels: { batch: "restart" } }));
-    dispatcher = await startDispatcher({ topology: nats.topology });
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     const done = await eventually(async () => {
       const jobs = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "restart");
       return jobs.length === 15 && jobs.every((j) => j.state === "succeeded") ? jobs : undefined;

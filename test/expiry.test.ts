@@ -15,7 +15,7 @@ async function jobTypes(client: ReturnType<typeof createClient>, jobId: string):
 
 test("a job no worker takes within its queue timeout ends expired", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology, expiryIntervalMs: 100 });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 100 });
   const client = createClient(nats.topology);
   await client.applyAgent(trustedAgent("idle", "nobody"));
   const { job } = await client.submit({ agent: "idle", queueTimeout: "300ms" });
@@ -28,14 +28,14 @@ test("a job no worker takes within its queue timeout ends expired", async () => 
 test("a worker that gets a job past its queue timeout ends it expired instead of starting it; one in time runs", async () => {
   await using nats = await natsFixture();
   // The sweeper is slowed right down: only the worker's own check can expire the job here.
-  await using _d = await startDispatcher({ topology: nats.topology, expiryIntervalMs: 600_000 });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 600_000 });
   const client = createClient(nats.topology);
   await client.applyAgent(trustedAgent("late", "default"));
   const { job: stale } = await client.submit({ agent: "late", queueTimeout: "200ms" });
   await new Promise((r) => setTimeout(r, 500));
   const { job: fresh } = await client.submit({ agent: "late", queueTimeout: "1m" });
 
-  await using worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()] });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
   void worker.run();
   expect(await client.waitForJob(stale.id)).toMatchObject({ state: "expired", attempt: 0 });
   expect(await jobTypes(client, stale.id)).toEqual(["accepted", "queued", "expired"]);
@@ -44,7 +44,7 @@ test("a worker that gets a job past its queue timeout ends it expired instead of
 
 test("a queue timeout that is not a duration is refused", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(trustedAgent("x", "default"));
   await expect(client.submit({ agent: "x", queueTimeout: "-1s" })).rejects.toMatchObject({

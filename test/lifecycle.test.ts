@@ -22,8 +22,8 @@ async function grandchildPids(client: ReturnType<typeof createClient>, jobId: st
 
 test("a timeout kills the whole process tree and the job ends timed_out", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
-  await using worker = createWorker({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole });
   void worker.run();
   const client = createClient(nats.topology);
   await client.applyAgent(treeAgent("stuck", 1000, "1s"));
@@ -39,7 +39,7 @@ test("a timeout kills the whole process tree and the job ends timed_out", async 
 
 test("SIGTERM on a worker lets a short job finish within the grace period", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(treeAgent("short", 2, "1m"));
   const child = spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--drain-grace", "30s"]);
@@ -59,7 +59,7 @@ test("SIGTERM on a worker lets a short job finish within the grace period", asyn
 
 test("SIGTERM past the grace period hands the job back; another worker completes it and no process is orphaned", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(treeAgent("long", 4, "1m"));
   const child = spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--drain-grace", "500ms"]);
@@ -74,7 +74,7 @@ test("SIGTERM past the grace period hands the job back; another worker completes
     const requeued = await client.getJob(job.id);
     expect(requeued.state).toBe("queued");
 
-    await using second = createWorker({ topology: nats.topology });
+    await using second = createWorker({ ...nats.workerRole });
     void second.run();
     const final = await client.waitForJob(job.id);
     expect(final.state).toBe("succeeded");

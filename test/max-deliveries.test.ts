@@ -18,7 +18,7 @@ let client: BoxcarClient;
 beforeEach(async () => {
   nats = await natsFixture({ ackWaitMs: LEASE_MS, maxDeliveries: MAX_DELIVERIES });
   // Two dispatchers, each with its max-deliveries watch: both receive every advisory.
-  dispatchers = [await startDispatcher({ topology: nats.topology }), await startDispatcher({ topology: nats.topology })];
+  dispatchers = [await startDispatcher({ ...nats.dispatcherRole }), await startDispatcher({ ...nats.dispatcherRole })];
   client = createClient(nats.topology);
   await client.applyAgent({ name: "doomed", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
 });
@@ -105,7 +105,7 @@ test("a waiting job whose deliveries ran out without a failure (hand-backs, back
 
   // A worker comes: JetStream gives up on the old item when it looks for one for it, and the
   // dispatchers put a fresh copy in its place, which the worker runs.
-  await using worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()] });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
   void worker.run();
   expect(await client.waitForJob(job.id)).toMatchObject({ state: "succeeded", attempt: 1 });
   expect(await workStreamHolds(seq!)).toBe(false);

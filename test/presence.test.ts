@@ -17,7 +17,7 @@ const LEASE_MS = 1_500;
 async function system() {
   const nats = await natsFixture({ ackWaitMs: LEASE_MS });
   await nats.topology.ensurePoolConsumer("default");
-  const dispatcher = await startDispatcher({ topology: nats.topology });
+  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   return {
     nats,
     client: createClient(nats.topology),
@@ -164,7 +164,7 @@ test("a worker whose sandbox probe stops answering keeps heartbeating: it stays 
     create: () => Promise.reject(new Error("not used")),
   };
   await using worker = createWorker({
-    topology: nats.topology,
+    ...nats.workerRole,
     providers: [createHostSandboxProvider(), stuckDocker],
     heartbeatMs: HEARTBEAT_MS,
   });

@@ -99,7 +99,7 @@ describe("retries", () => {
 describe("hand-backs and the retry budget", () => {
   test("an attempt handed back by a draining worker does not use up the job's attempts", async () => {
     // Attempt 1 runs long and is handed back; attempt 2 fails; attempt 3, the second real one, succeeds.
-    await using drained = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], pools: ["handback"] });
+    await using drained = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()], pools: ["handback"] });
     await client.applyAgent({
       name: "handed",
       command: ["sh", "-c", 'case "$BOXCAR_ATTEMPT" in 1) sleep 30;; 2) exit 4;; esac'],
@@ -114,7 +114,7 @@ describe("hand-backs and the retry budget", () => {
     await drained.drain(100);
     expect(await client.getJob(job.id)).toMatchObject({ state: "queued", attempt: 1, attemptsAllowed: 3 });
 
-    await using next = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], pools: ["handback"] });
+    await using next = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()], pools: ["handback"] });
     void next.run();
     const final = await client.waitForJob(job.id);
     expect(final).toMatchObject({ state: "succeeded", attempt: 3 });

@@ -41,7 +41,7 @@ async function jobEvents(client: BoxcarClient, jobId: string): Promise<BoxcarEve
 test("a rolling restart of every worker (SIGTERM, short grace) loses no job and runs none to an outcome twice", async () => {
   await using nats = await natsFixture({ ackWaitMs: 5_000 });
   await nats.topology.ensurePoolConsumer("default");
-  await using _dispatcher = await startDispatcher({ topology: nats.topology });
+  await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent({
     name: "nap",

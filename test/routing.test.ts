@@ -10,16 +10,16 @@ import { natsFixture } from "./helpers/nats.js";
 const untrusted = { name: "untrusted", command: "echo ran", runtime: { sandbox: "auto" } } as const;
 
 /** Workers here offer only host sandboxes; their policies decide whether they may run the agent. */
-const hostWorker = (topology: WorkerOptions["topology"], host: "never" | "trusted" | "always") =>
-  createWorker({ topology, providers: [createHostSandboxProvider()], policy: { host }, heartbeatMs: 300 });
+const hostWorker = (role: Pick<WorkerOptions, "topology" | "dispatcherKeys">, host: "never" | "trusted" | "always") =>
+  createWorker({ ...role, providers: [createHostSandboxProvider()], policy: { host }, heartbeatMs: 300 });
 
 test("a job a worker may not run goes back to the pool for one that may", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(untrusted);
-  await using strict = hostWorker(nats.topology, "trusted");
-  await using lenient = hostWorker(nats.topology, "always");
+  await using strict = hostWorker(nats.workerRole, "trusted");
+  await using lenient = hostWorker(nats.workerRole, "always");
   void strict.run();
   void lenient.run();
   await eventually(async () => ((await client.listWorkers()).length === 2 ? true : undefined), "both workers to be live");
@@ -32,10 +32,10 @@ test("a job a worker may not run goes back to the pool for one that may", async 
 
 test("the submitter is told at once when no live worker of the pool may run the agent, and why", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(untrusted);
-  await using strict = hostWorker(nats.topology, "trusted");
+  await using strict = hostWorker(nats.workerRole, "trusted");
   void strict.run();
   await eventually(async () => ((await client.listWorkers()).length === 1 ? true : undefined), "the worker to be live");
   const workItems = async () => (await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages;
@@ -50,13 +50,13 @@ test("the submitter is told at once when no live worker of the pool may run the 
 
 test("with no live worker the job waits; a worker that may not run it, alone, fails it saying what to change", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   const client = createClient(nats.topology);
   await client.applyAgent(untrusted);
   const { job } = await client.submit({ agent: "untrusted" });
   expect(job.state).toBe("queued");
 
-  await using strict = hostWorker(nats.topology, "trusted");
+  await using strict = hostWorker(nats.workerRole, "trusted");
   void strict.run();
   const final = await client.waitForJob(job.id);
   expect(final.state).toBe("failed");

@@ -24,8 +24,8 @@ describe.each<[SandboxBackend, boolean]>([
   beforeAll(async () => {
     if (!available) return;
     nats = await natsFixture();
-    dispatcher = await startDispatcher({ topology: nats.topology });
-    worker = createWorker({ topology: nats.topology });
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    worker = createWorker({ ...nats.workerRole });
     void worker.run();
     client = createClient(nats.topology);
   });

@@ -110,6 +110,16 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect((await admin.client.getAgent("hello")).command).toEqual(["sh", "-c", hello.command]);
   });
 
+  it("an admin's agent with a key in env is refused at apply, naming the variable and the fix", async () => {
+    const err = await admin.client
+      .applyAgent({ ...hello, name: "leaky", env: { OPENAI_API_KEY: "sk-live-0123456789abcdefghij" } })
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: ErrorCode.invalid });
+    expect((err as Error).message).toContain("env.OPENAI_API_KEY looks like a credential");
+    expect((err as Error).message).toContain("secrets: [OPENAI_API_KEY]");
+    await expect(admin.client.getAgent("leaky")).rejects.toMatchObject({ code: ErrorCode.notFound });
+  });
+
   it("a submitter cannot ask as someone else: NATS refuses a request on another user's or role's subject", async () => {
     const names = alice.topology.names;
     for (const caller of [

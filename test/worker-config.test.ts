@@ -9,7 +9,7 @@ import { scratch } from "./helpers/scratch.js";
 
 test("a worker config file sets the worker up; flags override it; the worker advertises the result", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ topology: nats.topology });
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
   await using folder = await scratch("boxcar-config-");
   const dir = folder.path;
   const config = join(dir, "worker.yaml");

@@ -15,6 +15,7 @@ import {
   type WorkItem,
 } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
+import { headers } from "@nats-io/transport-node";
 import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { waitGone } from "./helpers/process.js";
@@ -31,10 +32,11 @@ let jobCounter = 0;
 
 /** Records a queued job and publishes its work item, as a dispatcher would. */
 async function enqueue(
-  topology: Topology,
+  nats: Pick<NatsFixture, "topology" | "dispatcherRole">,
   definition: AgentDefinitionInput,
   opts: { input?: unknown; files?: InputFileRef[]; timeoutMs?: number } = {},
 ): Promise<string> {
+  const { topology } = nats;
   jobCounter += 1;
   const id = `job-${jobCounter}-${randomBytes(3).toString("hex")}`;
   // Trusted: these workers offer only host sandboxes, which the default policy keeps for trusted agents.
@@ -63,15 +65,23 @@ async function enqueue(
     files: spec.files,
     timeoutMs: opts.timeoutMs ?? agent.runtime.timeout,
   };
-  await topology.js.publish(topology.names.subjects.work(agent.pool), JSON.stringify(item), { msgID: id });
+  await publishSigned(nats, topology.names.subjects.work(agent.pool), JSON.stringify(item), id);
   return id;
+}
+
+/** Publishes a work item signed as a dispatcher signs it: workers run only what a trusted dispatcher sent. */
+async function publishSigned(nats: Pick<NatsFixture, "topology" | "dispatcherRole">, subject: string, text: string, msgID?: string) {
+  const body = new TextEncoder().encode(text);
+  const hdrs = headers();
+  nats.dispatcherRole.signer.sign(subject, body, hdrs);
+  await nats.topology.js.publish(subject, body, { headers: hdrs, ...(msgID ? { msgID } : {}) });
 }
 
 /** A running worker with its workspaces under the test's scratch folder. */
 function startWorker(nats: NatsFixture, opts: Partial<WorkerOptions> = {}): Worker {
   // Host sandboxes only: these tests are about the worker, not a backend (see docker.test.ts).
   const providers = [createHostSandboxProvider({ root: join(scratch, "work") })];
-  const worker = createWorker({ topology: nats.topology, workRoot: join(scratch, "work"), heartbeatMs: 500, providers, ...opts });
+  const worker = createWorker({ ...nats.workerRole, workRoot: join(scratch, "work"), heartbeatMs: 500, providers, ...opts });
   worker.run().catch((err: unknown) => {
     throw err;
   });
@@ -151,7 +161,7 @@ describe("worker", () => {
 
     const input = { words: ["a", "b"], n: 2 };
     const id = await enqueue(
-      topology,
+      nats,
       {
         name: "echo",
         command: [
@@ -265,7 +275,7 @@ describe("worker", () => {
     await using _worker = startWorker(nats);
     const pidFile = join(scratch, "grandchild.pid");
     const id = await enqueue(
-      nats.topology,
+      nats,
       { name: "sleeper", command: 'sleep 300 & echo $! > "$PID_FILE"; wait', env: { PID_FILE: pidFile } },
       { timeoutMs: 1_000 },
     );
@@ -284,7 +294,7 @@ describe("worker", () => {
     await using nats = await natsFixture();
     const client = createClient(nats.topology);
     await using _worker = startWorker(nats);
-    const id = await enqueue(nats.topology, { name: "waiter", command: "echo waiting; sleep 300" });
+    const id = await enqueue(nats, { name: "waiter", command: "echo waiting; sleep 300" });
     await eventually(async () => ((await logsOf(client, id)).stdout === "waiting\n" ? true : undefined), "the agent to start");
 
     nats.nc.publish(nats.topology.names.subjects.cancel(id));
@@ -299,9 +309,9 @@ describe("worker", () => {
     const { topology } = nats;
     const client = createClient(topology);
     await using worker = startWorker(nats);
-    await topology.js.publish(topology.names.subjects.work("default"), JSON.stringify({ jobId: "x", agent: "nope" }));
-    await topology.js.publish(topology.names.subjects.work("default"), "not json at all");
-    const id = await enqueue(topology, { name: "ok", command: "true" });
+    await publishSigned(nats, topology.names.subjects.work("default"), JSON.stringify({ jobId: "x", agent: "nope" }));
+    await publishSigned(nats, topology.names.subjects.work("default"), "not json at all");
+    const id = await enqueue(nats, { name: "ok", command: "true" });
 
     expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
     const rejections: BoxcarEvent[] = [];
@@ -325,9 +335,9 @@ describe("worker", () => {
     await using nats = await natsFixture();
     const client = createClient(nats.topology);
     await using _worker = startWorker(nats);
-    const exits = await enqueue(nats.topology, { name: "exits", command: "exit 3" });
-    const reports = await enqueue(nats.topology, { name: "reports", command: `echo '{"error":"no network"}' > "$BOXCAR_RESULT_FILE"` });
-    const garbles = await enqueue(nats.topology, { name: "garbles", command: `echo '{"summary": 5}' > "$BOXCAR_RESULT_FILE"` });
+    const exits = await enqueue(nats, { name: "exits", command: "exit 3" });
+    const reports = await enqueue(nats, { name: "reports", command: `echo '{"error":"no network"}' > "$BOXCAR_RESULT_FILE"` });
+    const garbles = await enqueue(nats, { name: "garbles", command: `echo '{"summary": 5}' > "$BOXCAR_RESULT_FILE"` });
 
     expect(await client.waitForJob(exits)).toMatchObject({
       state: "failed",
@@ -348,7 +358,7 @@ describe("worker", () => {
     await using nats = await natsFixture();
     const client = createClient(nats.topology);
     await using _worker = startWorker(nats, { maxLogBytes: 4096 });
-    const id = await enqueue(nats.topology, { name: "chatty", command: "head -c 100000 /dev/zero | tr '\\0' x" });
+    const id = await enqueue(nats, { name: "chatty", command: "head -c 100000 /dev/zero | tr '\\0' x" });
     expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
     const logs = await logsOf(client, id);
     expect(logs.stdout).toBe("x".repeat(4096));
@@ -360,7 +370,7 @@ describe("worker", () => {
     const client = createClient(nats.topology);
     const logger = captureLogger();
     await using _worker = startWorker(nats, { logger, secretsEnv: { PRESENT_SOURCE: "present-value-123" } });
-    const id = await enqueue(nats.topology, {
+    const id = await enqueue(nats, {
       name: "needs-secrets",
       command: "echo should not run",
       secrets: [
@@ -379,19 +389,43 @@ describe("worker", () => {
     expect(everything).not.toContain("present-value-123");
   });
 
+  test("a worker hands out only the secrets on its allow-list, however the agent names them", async () => {
+    await using nats = await natsFixture();
+    const client = createClient(nats.topology);
+    process.env.BOXCAR_TEST_ALLOWED = "allowed-value-1";
+    process.env.BOXCAR_TEST_WORKERS_OWN = "workers-own-value-2";
+    await using _worker = startWorker(nats, { allowSecrets: ["BOXCAR_TEST_ALLOWED"] });
+    const ok = await enqueue(nats, {
+      name: "allowed",
+      command: 'test "$K" = allowed-value-1 || exit 9',
+      secrets: [{ name: "K", from: "BOXCAR_TEST_ALLOWED" }],
+    });
+    const refused = await enqueue(nats, {
+      name: "greedy",
+      command: "echo should not run",
+      secrets: [{ name: "ALLOWED_NAME", from: "BOXCAR_TEST_WORKERS_OWN" }],
+    });
+    expect((await client.waitForJob(ok)).state).toBe("succeeded");
+    const record = await client.waitForJob(refused);
+    expect(record).toMatchObject({ state: "failed", error: { code: "missing_secret" } });
+    expect(record.error?.message).toContain("BOXCAR_TEST_WORKERS_OWN is not on the worker's secrets allow-list");
+    expect(record.error?.message).toContain("--allow-secret BOXCAR_TEST_WORKERS_OWN");
+    expect(JSON.stringify(record)).not.toContain("workers-own-value-2");
+  });
+
   test("secret values reach the agent but never events, logs, records or the worker's own log", async () => {
     await using nats = await natsFixture();
     const client = createClient(nats.topology);
     const secret = "s3cr3t-Value-9f8e7d";
     const logger = captureLogger();
     await using _worker = startWorker(nats, { logger, secretsEnv: { VAULT_KEY: secret } });
-    const quiet = await enqueue(nats.topology, {
+    const quiet = await enqueue(nats, {
       name: "quiet",
       command: 'test "$API_KEY" = "$EXPECTED" || exit 7',
       env: { EXPECTED: "s3cr3t-Value-9f8e7d" },
       secrets: [{ name: "API_KEY", from: "VAULT_KEY" }],
     });
-    const leaky = await enqueue(nats.topology, {
+    const leaky = await enqueue(nats, {
       name: "leaky",
       command: `echo "key=$API_KEY"; echo "err $API_KEY" >&2; printf '{"summary":"used %s","output":{"k":"%s"}}' "$API_KEY" "$API_KEY" > "$BOXCAR_RESULT_FILE"`,
       secrets: [{ name: "API_KEY", from: "VAULT_KEY" }],
@@ -421,7 +455,7 @@ describe("worker", () => {
     const { topology } = nats;
     const client = createClient(topology);
     const first = startWorker(nats, { concurrency: 1 });
-    const id = await enqueue(topology, {
+    const id = await enqueue(nats, {
       name: "slow-first-time",
       command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then echo first; sleep 300; fi; echo "attempt $BOXCAR_ATTEMPT done"',
     });

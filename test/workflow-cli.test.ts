@@ -22,8 +22,8 @@ let dir: Scratch;
 
 beforeAll(async () => {
   nats = await natsFixture();
-  dispatcher = await startDispatcher({ topology: nats.topology });
-  worker = createWorker({ topology: nats.topology, concurrency: 4 });
+  dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  worker = createWorker({ ...nats.workerRole, concurrency: 4 });
   void worker.run();
   client = createClient(nats.topology);
   dir = await scratch("boxcar-workflow-cli-");

@@ -12,7 +12,7 @@ let dispatcher: ReturnType<typeof spawnBoxcar> | undefined;
 
 beforeEach(async () => {
   nats = await natsFixture();
-  worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], concurrency: 6 });
+  worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()], concurrency: 6 });
   void worker.run();
   client = createClient(nats.topology);
   await startDispatcher();

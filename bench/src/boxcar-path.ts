@@ -1,4 +1,5 @@
-import { type BoxcarClient, createClient, openTopology, type Topology } from "@boxcar/client";
+import type { AuthDir } from "@boxcar/auth";
+import { type BoxcarClient, connectNats, createClient, openTopology, resolveConnection, type Topology, WorkSigner } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { isTerminal, type JobRecord, type JobSpecInput } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
@@ -18,6 +19,11 @@ export interface BoxcarPathOptions {
   connectOptions?: ConnectionOptions;
   /** Where the no-op agent asks to run; default the host (as a trusted agent). */
   sandbox?: "host" | "docker";
+  /**
+   * Run with authentication, as `boxcar auth init` sets it up: the client as a submitter, the
+   * dispatcher and worker on their roles' credentials, work items signed and checked.
+   */
+  auth?: AuthDir;
 }
 
 /** Every revision of a job record the shared watcher saw, with when it saw it. */
@@ -42,22 +48,46 @@ export interface BoxcarPath extends AsyncDisposable {
  * A job is done when one shared watcher on the jobs bucket sees its record in a final state.
  */
 export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPath> {
-  const conn = (name: string) => connect({ ...opts.connectOptions, servers: opts.url, name: `${opts.prefix}-${name}` });
-  const connections = { client: await conn("client"), dispatcher: await conn("dispatcher"), worker: await conn("worker") };
+  const { auth } = opts;
+  // Each role as `boxcar auth init` made it: user `submitter` for the client.
+  const resolved = (user: string) =>
+    resolveConnection({ flags: { nats: opts.url, ...(auth ? { creds: auth.credsFile(user) } : {}) }, env: {} });
+  const conn = async (name: string, user: string) => {
+    if (!auth) return connect({ ...opts.connectOptions, servers: opts.url, name: `${opts.prefix}-${name}` });
+    return connectNats(resolved(user), `${opts.prefix}-${name}`);
+  };
+  const connections = {
+    client: await conn("client", "submitter"),
+    dispatcher: await conn("dispatcher", "dispatcher"),
+    worker: await conn("worker", "worker"),
+  };
   const topology = async (nc: NatsConnection): Promise<Topology> => openTopology(nc, { prefix: opts.prefix });
-  const clientTopology = await topology(connections.client);
-  const dispatcher: Dispatcher = await startDispatcher({ topology: await topology(connections.dispatcher) });
+  const dispatcherSeed = resolved("dispatcher").seed;
+  const dispatcher: Dispatcher = await startDispatcher({
+    topology: await topology(connections.dispatcher),
+    ...(auth && dispatcherSeed ? { signer: new WorkSigner(dispatcherSeed) } : {}),
+  });
   const worker: Worker = createWorker({
     topology: await topology(connections.worker),
     concurrency: opts.concurrency,
     providers: opts.providers,
     workerId: `${opts.prefix}-worker`,
+    ...(auth ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
   });
   void worker.run();
 
-  const client: BoxcarClient = createClient(clientTopology);
+  // The agent is applied by an admin; the jobs are submitted by the client.
+  const admin = await conn("admin", "admin");
   // `trusted`: the default worker policy runs only trusted agents on the host.
-  await client.applyAgent({ name: AGENT, command: ["true"], runtime: { sandbox: opts.sandbox ?? "host" }, trusted: true });
+  await createClient(await topology(admin), { identity: resolved("admin").identity }).applyAgent({
+    name: AGENT,
+    command: ["true"],
+    runtime: { sandbox: opts.sandbox ?? "host" },
+    trusted: true,
+  });
+  await admin.close();
+  const clientTopology = await topology(connections.client);
+  const client: BoxcarClient = createClient(clientTopology, { identity: resolved("submitter").identity });
 
   const completions = new Completions();
   let unsuccessful = 0;

@@ -1,5 +1,7 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { authFor } from "./nats.js";
 
 export const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
 
@@ -9,13 +11,27 @@ export interface CliResult {
   stderr: string;
 }
 
+/**
+ * The credentials a command logs in with on a fixture server: `dispatcher` and `worker` their
+ * role's (a worker trusting the dispatcher's key), anything else the admin's.
+ */
+function credentialsEnv(url: string, args: readonly string[]): NodeJS.ProcessEnv {
+  const auth = authFor(url);
+  if (!auth) return {};
+  const role = args[0] === "dispatcher" || args[0] === "worker" ? args[0] : "admin";
+  return {
+    NATS_CREDS: auth.credsFile(role),
+    ...(role === "worker" ? { BOXCAR_DISPATCHER_KEYS: join(auth.dir, "dispatchers.pub") } : {}),
+  };
+}
+
 /** Runs `boxcar ARGS` as a user would, against `url` with `prefix`. */
 export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult> {
   return new Promise((resolve) => {
     execFile(
       process.execPath,
       [BOXCAR_BIN, ...args, "--prefix", prefix],
-      { env: { ...process.env, BOXCAR_NATS_URL: url, ...env }, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 },
+      { env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env }, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 },
       (err, stdout, stderr) => {
         const code = err ? (typeof err.code === "number" ? err.code : 1) : 0;
         resolve({ code, stdout, stderr });
@@ -32,7 +48,7 @@ export function spawnBoxcar(
   env: NodeJS.ProcessEnv = {},
 ): ChildProcess & { output: () => string } {
   const child = spawn(process.execPath, [BOXCAR_BIN, ...args, "--prefix", prefix, "--log-format", "json"], {
-    env: { ...process.env, BOXCAR_NATS_URL: url, ...env },
+    env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let output = "";

@@ -1,6 +1,4 @@
-import { readFile } from "node:fs/promises";
-import { join } from "node:path";
-import { AuthDir } from "@boxcar/auth";
+import type { AuthDir } from "@boxcar/auth";
 import {
   type BoxcarClient,
   connectNats,
@@ -9,16 +7,13 @@ import {
   type NatsServer,
   openTopology,
   resolveConnection,
-  startNatsServer,
   type Topology,
-  WorkSigner,
 } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { Role } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { uniquePrefix } from "./nats.js";
-import { type Scratch, scratch } from "./scratch.js";
+import { natsFixture } from "./nats.js";
 
 /** One principal's connection: its topology handles and SDK client, as that user. */
 export interface Principal {
@@ -49,10 +44,9 @@ export interface SecuredSystem extends AsyncDisposable {
 }
 
 export async function securedSystem(): Promise<SecuredSystem> {
-  const dir: Scratch = await scratch("boxcar-auth-");
-  const prefix = uniquePrefix();
-  const auth = await AuthDir.init(join(dir.path, "auth"), { prefix });
-  const server = await startNatsServer({ extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") });
+  const nats = await natsFixture();
+  const { auth, server } = nats;
+  const prefix = nats.topology.names.prefix;
   const logLines: string[] = [];
   const logger = lineLogger(logLines);
   const principals: Principal[] = [];
@@ -62,8 +56,7 @@ export async function securedSystem(): Promise<SecuredSystem> {
     const creds = auth.credsFile(user);
     const connection = resolveConnection({ flags: { nats: server.url, creds }, env: {} });
     const nc = await connectNats(connection, `test-${user}`);
-    const owns = connection.identity.role === "dispatcher" || connection.identity.role === "worker";
-    const topology = await openTopology(nc, { prefix, create: owns });
+    const topology = await openTopology(nc, { prefix, create: false });
     const p = {
       user,
       role: connection.identity.role,
@@ -76,21 +69,8 @@ export async function securedSystem(): Promise<SecuredSystem> {
     return p;
   };
 
-  const d = await as("dispatcher");
-  const dispatcherSeed = resolveConnection({ flags: { creds: d.creds }, env: {} }).seed;
-  const dispatcher = await startDispatcher({
-    topology: d.topology,
-    logger,
-    ...(dispatcherSeed ? { signer: new WorkSigner(dispatcherSeed) } : {}),
-  });
-  const w = await as("worker");
-  const worker = createWorker({
-    topology: w.topology,
-    logger,
-    providers: [createHostSandboxProvider()],
-    policy: { host: "always" },
-    dispatcherKeys: auth.dispatcherKeys(),
-  });
+  const dispatcher = await startDispatcher({ ...nats.dispatcherRole, logger });
+  const worker = createWorker({ ...nats.workerRole, logger, providers: [createHostSandboxProvider()], policy: { host: "always" } });
   void worker.run();
   return {
     auth,
@@ -105,8 +85,7 @@ export async function securedSystem(): Promise<SecuredSystem> {
       await worker.close();
       await dispatcher.close();
       for (const p of principals) await p.nc.close().catch(() => {});
-      await server.stop();
-      await dir[Symbol.asyncDispose]();
+      await nats[Symbol.asyncDispose]();
     },
   };
 }

@@ -16,8 +16,8 @@ export async function localSystem(
   opts: { topology?: TopologyOptions; worker?: Omit<Partial<WorkerOptions>, "topology"> } = {},
 ): Promise<LocalSystem> {
   const nats = await natsFixture(opts.topology);
-  const dispatcher = await startDispatcher({ topology: nats.topology });
-  const worker = createWorker({ topology: nats.topology, providers: [createHostSandboxProvider()], ...opts.worker });
+  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  const worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()], ...opts.worker });
   void worker.run();
   return {
     nats,

@@ -148,8 +148,18 @@ export async function publishWorkItem(
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
   await topology.ensurePoolConsumer(record.pool);
-  const subject = topology.names.subjects.work(record.pool, record.priority);
-  const body = new TextEncoder().encode(JSON.stringify(item));
+  await publishWork(topology, topology.names.subjects.work(record.pool, record.priority), JSON.stringify(item), signer, msgID);
+}
+
+/** Publishes a work item on `subject`, signed when there is a signer. */
+export async function publishWork(
+  topology: Topology,
+  subject: string,
+  item: string | Uint8Array,
+  signer: WorkSigner | undefined,
+  msgID: string,
+): Promise<void> {
+  const body = typeof item === "string" ? new TextEncoder().encode(item) : item;
   const hdrs = headers();
   signer?.sign(subject, body, hdrs);
   await topology.js.publish(subject, body, { msgID, headers: hdrs });

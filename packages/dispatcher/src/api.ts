@@ -6,6 +6,7 @@ import {
   ApplyAgentRequest,
   BoxcarError,
   callerOf,
+  credentialLikeEnv,
   decodeMessage,
   ErrorCode,
   type Identity,
@@ -57,6 +58,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     },
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
+      const credentials = credentialLikeEnv(agent.env);
+      if (credentials.length > 0) {
+        throw new BoxcarError(ErrorCode.invalid, `agent ${agent.name}: ${credentials.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
+          issues: credentials,
+        });
+      }
       const previous = await topology.agents.get(agent.name);
       await topology.agents.put(agent.name, JSON.stringify(agent));
       log.info({ agent: agent.name }, "agent applied");

@@ -62,7 +62,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     follower.observeJob,
   ]);
   await follower.start();
-  const maxDeliveries = await startMaxDeliveriesWatch(topology, log);
+  const maxDeliveries = await startMaxDeliveriesWatch(topology, log, opts.signer);
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,

@@ -1,7 +1,8 @@
-import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
-import { type AttemptOutcome, ErrorCode, type ErrorInfo, isTerminal, JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
+import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import { type AttemptOutcome, BoxcarError, ErrorCode, type ErrorInfo, isTerminal, JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
+import { publishWork } from "./admission.js";
 
 /** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
 const MaxDeliveriesAdvisory = z.looseObject({
@@ -35,7 +36,11 @@ const MAX_TRIES = 5;
  * receives the advisory; the compare-and-swap makes one of them end the job, and the fresh
  * message's id (job id and the old message's sequence) makes the stream keep one copy.
  */
-export async function startMaxDeliveriesWatch(topology: Topology, log: Logger): Promise<MaxDeliveriesWatch> {
+export async function startMaxDeliveriesWatch(
+  topology: Topology,
+  log: Logger,
+  signer: WorkSigner | undefined,
+): Promise<MaxDeliveriesWatch> {
   const stream = topology.names.streams.work;
   const subject = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.>`;
   const sub = topology.nc.subscribe(subject);
@@ -49,13 +54,18 @@ export async function startMaxDeliveriesWatch(topology: Topology, log: Logger): 
         continue;
       }
       if (advisory.stream !== stream) continue;
-      await settle(topology, advisory, log).catch((err: unknown) =>
+      await settle(topology, advisory, log, signer).catch((err: unknown) =>
         log.error({ err, seq: advisory.stream_seq }, "could not settle a work item JetStream gave up on"),
       );
     }
   })();
-  // The subscription is in place on the server before the caller goes on.
+  // The subscription is in place on the server before the caller goes on; a credential that
+  // may not subscribe there is an error now, not a silent gap.
   await topology.nc.flush();
+  if (sub.isClosed()) {
+    await done.catch(() => {});
+    throw new BoxcarError(ErrorCode.forbidden, `cannot subscribe to ${subject}: this credential's permissions do not allow it`);
+  }
   log.debug({ subject }, "watching for work items JetStream gives up on");
 
   let closing: Promise<void> | undefined;
@@ -68,7 +78,12 @@ export async function startMaxDeliveriesWatch(topology: Topology, log: Logger): 
   };
 }
 
-async function settle(topology: Topology, advisory: MaxDeliveriesAdvisory, parentLog: Logger): Promise<void> {
+async function settle(
+  topology: Topology,
+  advisory: MaxDeliveriesAdvisory,
+  parentLog: Logger,
+  signer: WorkSigner | undefined,
+): Promise<void> {
   const { stream_seq: seq, deliveries } = advisory;
   let log = parentLog.child({ seq, consumer: advisory.consumer, deliveries });
   const stored = await topology.jsm.streams.getMessage(topology.names.streams.work, { seq });
@@ -89,7 +104,7 @@ async function settle(topology: Topology, advisory: MaxDeliveriesAdvisory, paren
     const job = found.value;
     if (job.state !== "running") {
       // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by failures.
-      await topology.js.publish(stored.subject, stored.data, { msgID: `${jobId}:redelivery:${seq}` });
+      await publishWork(topology, stored.subject, stored.data, signer, `${jobId}:redelivery:${seq}`);
       log.warn({ state: job.state, attempt: job.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");
       return deleteWorkItem(topology, seq, log);
     }

@@ -141,13 +141,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           deny: [],
         },
         sub: {
-          allow: [
-            inbox,
-            s.apiAll,
-            "$SRV.>",
-            `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.*`,
-            `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.${st.work}.*`,
-          ],
+          allow: [inbox, s.apiAll, "$SRV.>", `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.>`],
           deny: [],
         },
         allowResponses: true,
@@ -162,6 +156,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.eventsAll,
             s.logsAll,
             s.bellsAll,
+            s.deadAll,
             kvSubjects(b.jobs),
             kvSubjects(b.workers),
             objSubjects(b.artifacts),

@@ -107,3 +107,39 @@ export const AgentDefinition = z.strictObject({
 export type AgentDefinition = z.infer<typeof AgentDefinition>;
 /** An agent definition as written in a file. */
 export type AgentDefinitionInput = z.input<typeof AgentDefinition>;
+
+/** Values that are credentials by their form: provider key prefixes, private keys, JWTs. */
+const CREDENTIAL_FORMS = [
+  /^(sk|pk|rk)[-_](live|test|proj|ant)?[-_]?[A-Za-z0-9_-]{16,}/, // OpenAI, Anthropic, Stripe style
+  /^(ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}/,
+  /^xox[abposr]-[A-Za-z0-9-]{10,}/,
+  /^(AKIA|ASIA)[0-9A-Z]{16}$/,
+  /^AIza[0-9A-Za-z_-]{30,}/,
+  /-----BEGIN [A-Z ]*PRIVATE KEY-----/,
+  /^eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\./,
+  /^S[UAON][A-Z2-7]{56}$/, // an nkey seed
+];
+/** Names that say "secret", with a value long enough to be one. */
+const CREDENTIAL_NAME = /(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE)/i;
+
+/**
+ * The `env` entries of an agent definition that look like credentials: `env` values are stored
+ * in clear in the definition (and in every work item), so keys and tokens belong in `secrets`,
+ * read from the worker's environment when the job runs. A heuristic: a value of a known
+ * credential form, or a value of 12 characters or more under a name that says key, token,
+ * secret or password.
+ */
+export function credentialLikeEnv(env: Readonly<Record<string, string>>): { path: string; message: string }[] {
+  const issues: { path: string; message: string }[] = [];
+  for (const [name, value] of Object.entries(env)) {
+    const byForm = CREDENTIAL_FORMS.some((form) => form.test(value));
+    const byName = CREDENTIAL_NAME.test(name) && value.length >= 12 && !/\s/.test(value);
+    if (byForm || byName) {
+      issues.push({
+        path: `env.${name}`,
+        message: `looks like a credential; env values are stored in clear: put it in the worker's environment and list it under secrets (secrets: [${name}])`,
+      });
+    }
+  }
+  return issues;
+}

@@ -20,6 +20,7 @@ export type { AgentDefinitionInput } from "./agent.js";
 export {
   AgentDefinition,
   AgentName,
+  credentialLikeEnv,
   MAX_TIMEOUT_MS,
   NetworkWish,
   OutputGlob,

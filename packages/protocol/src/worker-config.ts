@@ -16,6 +16,13 @@ export const WorkerConfig = z.strictObject({
   drainGrace: durationMs({ min: 0, max: 24 * HOUR })
     .optional()
     .describe("how long SIGTERM lets running jobs finish"),
+  secrets: z
+    .strictObject({
+      allow: z
+        .array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name"))
+        .describe("variables of the worker's environment agents may be given as secrets; others are refused"),
+    })
+    .optional(),
   dispatcherKeys: z
     .array(z.string().min(1))
     .min(1)

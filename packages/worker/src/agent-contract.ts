@@ -23,27 +23,34 @@ export const AgentPaths = {
 export const MAX_RESULT_BYTES = 256 * 1024;
 
 /**
- * The values of the agent's secrets, read from the worker's environment. Throws a
- * `missing_secret` error naming every variable that is not set (never a value).
+ * The values of the agent's secrets, from the worker's allowed secrets (`secretsEnv`: its keys
+ * are the allow-list). Throws a `missing_secret` error naming every variable that is not
+ * allowed or not set, and what to change (never a value).
  */
 export function collectSecrets(agent: AgentDefinition, secretsEnv: Readonly<Record<string, string | undefined>>): Map<string, string> {
   const values = new Map<string, string>();
   const missing: ErrorIssue[] = [];
   const names: string[] = [];
   for (const [i, { name, from }] of agent.secrets.entries()) {
+    const allowed = Object.hasOwn(secretsEnv, from);
     const value = secretsEnv[from];
     if (value !== undefined) {
       values.set(name, value);
       continue;
     }
-    missing.push({ path: `secrets[${i}]`, message: `${from} is not set in the worker's environment` });
+    missing.push({
+      path: `secrets[${i}]`,
+      message: allowed
+        ? `${from} is not set in the worker's environment`
+        : `${from} is not on the worker's secrets allow-list: start the worker with --allow-secret ${from} (or secrets.allow in its config file)`,
+    });
     names.push(name === from ? name : `${name} (from ${from})`);
   }
   if (missing.length > 0) {
     const plural = missing.length > 1;
     throw new BoxcarError(
       ErrorCode.missingSecret,
-      `agent ${agent.name} needs the secret${plural ? "s" : ""} ${names.join(", ")}: set ${plural ? "them" : "it"} in the worker's environment`,
+      `agent ${agent.name} needs the secret${plural ? "s" : ""} ${names.join(", ")}: ${missing.map((m) => m.message).join("; ")}`,
       { issues: missing },
     );
   }

@@ -18,7 +18,7 @@ function invalid(opts: Partial<WorkerOptions>): BoxcarError {
 }
 
 describe("resolveWorkerOptions", () => {
-  test("fills in defaults; secrets and PATH come from the given environment", () => {
+  test("fills in defaults; PATH comes from the given environment, secrets only when allowed", () => {
     const env = { PATH: "/opt/bin:/bin", API_KEY: "k" };
     const resolved = resolveWorkerOptions({ topology }, env);
     expect(resolved).toMatchObject({
@@ -30,7 +30,12 @@ describe("resolveWorkerOptions", () => {
       maxLogBytes: 4 * 1024 * 1024,
       agentPath: "/opt/bin:/bin",
     });
-    expect(resolved.secretsEnv).toBe(env);
+    // No secret unless allowed: the environment's variables are not handed out by default.
+    expect(resolved.secretsEnv).toEqual({});
+    expect(resolveWorkerOptions({ topology, allowSecrets: ["PATH", "UNSET_ONE"] }, env).secretsEnv).toEqual({
+      PATH: env.PATH,
+      UNSET_ONE: undefined,
+    });
     expect(resolved.workerId).toMatch(/^w-[A-Za-z0-9_-]+-[0-9a-f]{8}$/);
     expect(resolved.providers.map((p) => p.kind)).toEqual(["host", "docker"]);
     expect(resolved.reapIntervalMs).toBe(60_000);

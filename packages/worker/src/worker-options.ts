@@ -26,7 +26,15 @@ export interface WorkerOptions {
   workerId?: string;
   /** A pino-compatible logger; silent by default. */
   logger?: Logger;
-  /** Where agents' secrets are read from; default the environment passed to the resolver. */
+  /**
+   * The variables of this worker's environment that agents may be given as secrets (its
+   * allow-list); an agent that names another fails with `missing_secret`. Default: none.
+   */
+  allowSecrets?: readonly string[];
+  /**
+   * The secrets agents may be given, with their values: when set, these and only these (instead
+   * of `allowSecrets` read from the environment).
+   */
   secretsEnv?: Readonly<Record<string, string | undefined>>;
   /** Sandbox backends; default host and Docker, with workspaces under `workRoot`. */
   providers?: SandboxProvider[];
@@ -56,6 +64,7 @@ export interface ResolvedWorkerOptions {
   concurrency: number;
   workerId: string;
   logger: Logger;
+  /** The allowed secrets (every key is allowed; an undefined value is allowed but not set). */
   secretsEnv: Readonly<Record<string, string | undefined>>;
   providers: SandboxProvider[];
   policy: RuntimePolicy;
@@ -112,7 +121,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     ...settings,
     topology: opts.topology,
     logger: opts.logger ?? silentLogger,
-    secretsEnv: opts.secretsEnv ?? env,
+    secretsEnv: opts.secretsEnv ?? Object.fromEntries((opts.allowSecrets ?? []).map((name) => [name, env[name]])),
     providers,
     verifier: opts.dispatcherKeys ? new WorkVerifier(opts.dispatcherKeys) : undefined,
     agentPath: env.PATH ?? DEFAULT_PATH,
@@ -156,5 +165,6 @@ export function workerOptionsFromConfig(
     ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
     ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),
     ...(config.dispatcherKeys ? { dispatcherKeys: config.dispatcherKeys } : {}),
+    ...(config.secrets?.allow ? { allowSecrets: config.secrets.allow } : {}),
   };
 }

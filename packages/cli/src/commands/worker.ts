@@ -10,7 +10,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -27,6 +27,7 @@ export const worker: Command = {
     "docker-image": { type: "string" },
     "drain-grace": { type: "string" },
     "dispatcher-keys": { type: "string" },
+    "allow-secret": { type: "string", multiple: true, default: [] },
     heartbeat: { type: "string" },
     ...replicasOption,
     ...logFormat,
@@ -92,7 +93,9 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const heartbeat = optionalDuration(values.heartbeat, "--heartbeat");
   const logFormatValue = readLogFormat(values["log-format"]);
   const keys = (values["dispatcher-keys"] as string | undefined) ?? env.BOXCAR_DISPATCHER_KEYS;
+  const allowSecrets = values["allow-secret"] as string[];
   return {
+    ...(allowSecrets.length > 0 ? { secrets: { allow: allowSecrets } } : {}),
     ...(keys ? { dispatcherKeys: keys.split(",").map((k) => k.trim()) } : {}),
     ...(pools.length > 0 ? { pools } : {}),
     ...(values.concurrency !== undefined ? { concurrency: positiveInt(values.concurrency, "--concurrency", 4, 1024) } : {}),

@@ -1,0 +1,19 @@
+import { expect, test } from "vitest";
+import { credentialLikeEnv } from "./agent.js";
+
+test("env values that look like credentials are named, with the fix; ordinary settings pass", () => {
+  const flagged = credentialLikeEnv({
+    OPENAI_API_KEY: "sk-proj-abcdefghijklmnopqrstuvwx",
+    MODEL: "gpt-4o",
+    GITHUB: "ghp_0123456789abcdefghijABCDEFGHIJ",
+    AWS: "AKIAIOSFODNN7EXAMPLE",
+    DB_PASSWORD: "hunter2hunter2",
+    SESSION: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig",
+    TOKEN_LIMIT: "4096",
+    KEY_HINT: "use the staging key",
+    LOG_LEVEL: "debug",
+  });
+  expect(flagged.map((i) => i.path)).toEqual(["env.OPENAI_API_KEY", "env.GITHUB", "env.AWS", "env.DB_PASSWORD", "env.SESSION"]);
+  expect(flagged[0]?.message).toContain("secrets: [OPENAI_API_KEY]");
+  expect(credentialLikeEnv({})).toEqual([]);
+});
