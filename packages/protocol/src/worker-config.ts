@@ -41,6 +41,11 @@ export const WorkerConfig = z.strictObject({
       allowed: z.array(SandboxBackend).optional().describe("backends this worker may use"),
       prefer: z.array(SandboxBackend).optional().describe("the order auto tries them in"),
       host: z.enum(["never", "trusted", "always"]).optional().describe("which agents may run unisolated on the host"),
+      hostUser: z
+        .string()
+        .regex(/^[1-9]\d*:[1-9]\d*$/, "must be uid:gid, not root")
+        .optional()
+        .describe("run host agents as this user (a worker running as root), so they cannot read the worker's environment"),
       docker: z
         .strictObject({
           image: z.string().min(1).optional().describe("image for agents that name none"),

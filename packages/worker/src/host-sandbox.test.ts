@@ -177,3 +177,39 @@ describe("host sandbox", () => {
     await expect(stat(sandbox.workspace)).rejects.toMatchObject({ code: "ENOENT" });
   });
 });
+
+describe.skipIf(process.getuid?.() !== 0)("as another user (a worker running as root)", () => {
+  test("the agent cannot read the worker's environment through /proc, and still owns its workspace", async () => {
+    // The attack of issue 11: a host agent read /proc/$PPID/environ and found other agents' secrets.
+    const asWorker = await run("cat /proc/$PPID/environ >/dev/null && echo read || echo refused");
+    expect(asWorker.stdout).toBe("read\n");
+
+    const other = await createHostSandboxProvider({ root, killGraceMs: 200, user: { uid: 65534, gid: 65534 } }).create({
+      id: "sbx-nobody",
+      jobId: "j2",
+      attempt: 1,
+      workerId: "w1",
+      runtime: RuntimeWishes.parse({}),
+    });
+    try {
+      await other.writeFile("in/input.txt", new TextEncoder().encode("for the agent"));
+      let stdout = "";
+      const result = await other.exec(
+        ["sh", "-c", "id -u; cat /proc/$PPID/environ >/dev/null 2>&1 && echo read || echo refused; cat in/input.txt; echo made > out.txt"],
+        {
+          env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
+          signal: new AbortController().signal,
+          onOutput: (stream, chunk) => {
+            if (stream === "stdout") stdout += Buffer.from(chunk).toString();
+          },
+        },
+      );
+      expect(result.exitCode).toBe(0);
+      expect(stdout).toBe("65534\nrefused\nfor the agent");
+      const out = await other.readFile("out.txt");
+      expect(out && (await new Response(out).text())).toBe("made\n");
+    } finally {
+      await other.destroy();
+    }
+  });
+});

@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process";
-import { mkdir } from "node:fs/promises";
+import { lchown, mkdir, readdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { LocalFilesSandbox, LocalWorkspace } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
@@ -11,6 +12,12 @@ export interface HostSandboxOptions {
   root?: string;
   /** How long a command may take to end after SIGTERM before its process group gets SIGKILL; default 2000 ms. */
   killGraceMs?: number;
+  /**
+   * Run agents as this user and group instead of the worker's own (needs a worker running as
+   * root): the workspace is handed to that user first, and the agent cannot read the worker's
+   * environment or memory through `/proc`, nor signal it. Default: the worker's user.
+   */
+  user?: { uid: number; gid: number };
 }
 
 /**
@@ -26,7 +33,7 @@ export function createHostSandboxProvider(opts: HostSandboxOptions = {}): Sandbo
     async create(spec, signal) {
       signal?.throwIfAborted();
       await mkdir(root, { recursive: true });
-      return new HostSandbox(spec.id, await LocalWorkspace.create(root, spec.id), killGraceMs);
+      return new HostSandbox(spec.id, await LocalWorkspace.create(root, spec.id), killGraceMs, opts.user);
     },
   };
 }
@@ -43,19 +50,27 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox {
     readonly id: string,
     files: LocalWorkspace,
     private readonly killGraceMs: number,
+    private readonly user: { uid: number; gid: number } | undefined,
   ) {
     super(files);
     this.workspace = files.dir;
   }
 
-  exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
+  async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
     const [command, ...args] = argv;
-    if (command === undefined) return Promise.reject(new BoxcarError(ErrorCode.invalid, "exec needs a command"));
-    if (this.destroyed) return Promise.reject(new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`));
-    if (opts.signal.aborted) return Promise.resolve({ exitCode: null, signal: null, aborted: true, durationMs: 0 });
+    if (command === undefined) throw new BoxcarError(ErrorCode.invalid, "exec needs a command");
+    if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
+    if (opts.signal.aborted) return { exitCode: null, signal: null, aborted: true, durationMs: 0 };
 
     const startedAt = performance.now();
-    const child = spawn(command, args, { cwd: this.workspace, env: opts.env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+    if (this.user) await chownTree(this.workspace, this.user.uid, this.user.gid);
+    const child = spawn(command, args, {
+      cwd: this.workspace,
+      env: opts.env,
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+      ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
+    });
     const pgid = child.pid;
     if (pgid !== undefined) this.groups.add(pgid);
     child.stdout.on("data", (chunk: Buffer) => opts.onOutput("stdout", chunk));
@@ -108,4 +123,10 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox {
     })();
     return this.destroyed;
   }
+}
+
+/** Hands a workspace to the agent's user: the folder and everything in it. */
+async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
+  await lchown(dir, uid, gid);
+  for (const entry of await readdir(dir, { recursive: true })) await lchown(join(dir, entry), uid, gid);
 }

@@ -26,7 +26,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
   const e2b = config.e2b;
   const e2bKey = ctx.env[e2b?.apiKeyEnv ?? "E2B_API_KEY"];
   return [
-    createHostSandboxProvider({ root: ctx.workRoot }),
+    createHostSandboxProvider({ root: ctx.workRoot, ...(config.hostUser ? { user: parseUser(config.hostUser) } : {}) }),
     createDockerSandboxProvider({
       prefix: ctx.prefix,
       root: ctx.workRoot,
@@ -50,4 +50,10 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
         ]
       : []),
   ];
+}
+
+/** `uid:gid`, as the worker config's `sandbox.hostUser` holds it (checked by its schema). */
+function parseUser(text: string): { uid: number; gid: number } {
+  const [uid, gid] = text.split(":").map(Number);
+  return { uid: uid ?? 0, gid: gid ?? 0 };
 }
