@@ -181,6 +181,19 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect((await bob.client.waitForJob(after.job.id)).state).toBe("succeeded");
   }, 60_000);
 
+  it("a worker's credential cannot publish work items, call the API or delete streams; a dispatcher's cannot delete or purge them either", async () => {
+    const worker = await sys.as("worker");
+    const dispatcher = await sys.as("dispatcher");
+    const { names } = worker.topology;
+    await expectDenied("a worker publishes a work item", () => worker.topology.js.publish(names.subjects.work("default"), "{}"));
+    await expect(worker.client.listJobs()).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    for (const p of [worker, dispatcher]) {
+      const jsm = await jetstreamManager(p.nc);
+      await expectDenied(`${p.user} purges the events stream`, () => jsm.streams.purge(names.streams.events));
+      await expectDenied(`${p.user} deletes the work stream`, () => jsm.streams.delete(names.streams.work));
+    }
+  });
+
   it("work items without a trusted dispatcher's signature are terminated unrun, each with a work_rejected event", async () => {
     const { names } = admin.topology;
     const marker = join(sys.auth.dir, "forged-ran");
