@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { pushAccount } from "@boxcar/auth";
-import { connectNats, resolveConnection, WorkSigner } from "@boxcar/client";
+import { connectNats, readStream, resolveConnection, WorkSigner } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
@@ -102,6 +102,32 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect(b.duplicate).toBe(false);
   });
 
+  it("a submitter reads its own events and output straight from the streams, nobody else's, and no records from the buckets", async () => {
+    const { names } = bob.topology;
+    const first = async (p: Principal, stream: string, filter: string) => {
+      for await (const msg of readStream(p.topology, stream, filter)) return msg.subject;
+      return "none";
+    };
+    expect(await first(alice, names.streams.events, names.subjects.jobEvents("alice", alicesJob.id))).toContain(alicesJob.id);
+    expect(await first(alice, names.streams.logs, names.subjects.jobLogs("alice", alicesJob.id))).toContain(alicesJob.id);
+    await expectDenied("bob reads alice's events", () => first(bob, names.streams.events, names.subjects.jobEvents("alice", alicesJob.id)));
+    await expectDenied("bob reads every event", () => first(bob, names.streams.events, names.subjects.eventsAll));
+    await expectDenied("bob reads alice's output", () => first(bob, names.streams.logs, names.subjects.jobLogs("alice", alicesJob.id)));
+    await expectDenied("bob reads an event by its sequence", async () =>
+      (await jetstreamManager(bob.nc)).direct.getMessage(names.streams.events, { seq: 1 }),
+    );
+    await expectDenied("bob reads alice's job record from the bucket", () => bob.topology.jobs.get(alicesJob.id));
+    await expectDenied("bob lists the job records", async () => {
+      for await (const _ of await bob.topology.jobs.keys()) break;
+    });
+    // Bob's own job: his SDK follows it without any bucket.
+    const mine = await bob.client.submit({ agent: "hello", input: "bob's" });
+    expect((await bob.client.waitForJob(mine.job.id)).owner).toBe("bob");
+    let out = "";
+    for await (const chunk of bob.client.logs(mine.job.id)) out += new TextDecoder().decode(chunk.data);
+    expect(out).toContain("bob's");
+  });
+
   it("a submitter cannot apply or remove agents, nor make one trusted; a viewer cannot submit or cancel", async () => {
     await expect(alice.client.applyAgent({ ...hello, name: "mine" })).rejects.toMatchObject({ code: ErrorCode.forbidden });
     await expect(alice.client.removeAgent("hello")).rejects.toMatchObject({ code: ErrorCode.forbidden });
@@ -152,7 +178,7 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
       );
       await expectDenied("delete a job record", () => p.topology.jobs.delete(alicesJob.id));
       await expectDenied("publish an event", () =>
-        js.publish(names.subjects.event("job", alicesJob.id, "succeeded"), JSON.stringify({ forged: true })),
+        js.publish(names.subjects.event("job", alicesJob.id, "succeeded", "alice"), JSON.stringify({ forged: true })),
       );
       await expectDenied("purge the events stream", () => jsm.streams.purge(streams.events));
       await expectDenied("delete the work stream", () => jsm.streams.delete(streams.work));

@@ -2,14 +2,16 @@ import { createHash, randomBytes } from "node:crypto";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type BoxcarClient, createClient, type Logger, nowIso, readStream, type Topology } from "@boxcar/client";
+import { type Logger, nowIso, readStream, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   type AgentDefinitionInput,
   BoxcarEvent,
   type InputFileRef,
-  type JobRecord,
+  isTerminal,
+  JobRecord,
   JobSpec,
+  LOCAL_OWNER,
   PROTOCOL_VERSION,
   parseWith,
   type WorkItem,
@@ -89,17 +91,41 @@ function startWorker(nats: NatsFixture, opts: Partial<WorkerOptions> = {}): Work
 }
 
 /** `kind.type` of every event of a job, once its final event is stored. */
-async function eventsOf(client: BoxcarClient, jobId: string): Promise<BoxcarEvent[]> {
+/** A job's record once it is final, watched in its bucket (no dispatcher runs here to answer `jobs.get`). */
+async function finalRecord(topology: Topology, jobId: string): Promise<JobRecord> {
+  const watch = await topology.jobs.watch({ key: jobId });
+  try {
+    for await (const entry of watch) {
+      if (entry.operation !== "PUT") continue;
+      const record = parseWith(JobRecord, entry.json(), "job record");
+      if (isTerminal(record.state)) return record;
+    }
+    throw new Error(`stopped watching job ${jobId}`);
+  } finally {
+    watch.stop();
+  }
+}
+
+/** A job's events, read from the stream (no dispatcher runs here to answer `jobs.get`), until its final one. */
+async function eventsOf(topology: Topology, jobId: string): Promise<BoxcarEvent[]> {
   const events: BoxcarEvent[] = [];
-  for await (const event of client.events(jobId, { follow: true })) events.push(event);
+  const subject = topology.names.subjects.jobEvents(LOCAL_OWNER, jobId);
+  for await (const msg of readStream(topology, topology.names.streams.events, subject, { follow: true })) {
+    const event = BoxcarEvent.parse(msg.json());
+    events.push(event);
+    if (event.kind === "job" && isTerminal(event.state)) break;
+  }
   return events;
 }
 
 const names = (events: BoxcarEvent[]) => events.map((e) => `${e.kind}.${e.type}`);
 
-async function logsOf(client: BoxcarClient, jobId: string): Promise<{ stdout: string; stderr: string }> {
+/** A job's output, read from the stream. */
+async function logsOf(topology: Topology, jobId: string): Promise<{ stdout: string; stderr: string }> {
   const out = { stdout: "", stderr: "" };
-  for await (const chunk of client.logs(jobId)) out[chunk.stream] += Buffer.from(chunk.data).toString();
+  for await (const msg of readStream(topology, topology.names.streams.logs, topology.names.subjects.jobLogs(LOCAL_OWNER, jobId))) {
+    out[msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as "stdout" | "stderr"] += Buffer.from(msg.data).toString();
+  }
   return out;
 }
 
@@ -150,7 +176,6 @@ describe("worker", () => {
   test("runs a job: input and files in, events in order, logs, result and byte-exact artifacts out", async () => {
     await using nats = await natsFixture();
     const { topology } = nats;
-    const client = createClient(topology);
     const payload = randomBytes(300 * 1024);
     await topology.artifacts.putBlob({ name: "inputs/test/in.bin" }, payload);
     process.env.BOXCAR_WORKER_TEST_LEAK = "worker-only";
@@ -181,7 +206,7 @@ describe("worker", () => {
       { input, files: [{ path: "data/in.bin", object: "inputs/test/in.bin" }] },
     );
 
-    const record = await client.waitForJob(id);
+    const record = await finalRecord(nats.topology, id);
     expect(record).toMatchObject({
       state: "succeeded",
       attempt: 1,
@@ -243,7 +268,7 @@ describe("worker", () => {
         .sort(),
     );
 
-    const events = await eventsOf(client, id);
+    const events = await eventsOf(nats.topology, id);
     expect(names(events)).toEqual([
       "job.started",
       "sandbox.creating",
@@ -261,7 +286,7 @@ describe("worker", () => {
       new Set([record.sandbox?.id]),
     );
 
-    const logs = await logsOf(client, id);
+    const logs = await logsOf(nats.topology, id);
     expect(logs.stdout).toBe("::progress halfway there\nhello on stdout\n");
     expect(logs.stderr).toBe("oops on stderr\n");
 
@@ -271,7 +296,6 @@ describe("worker", () => {
 
   test("a job that runs too long is killed with its whole process tree and ends timed_out", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     await using _worker = startWorker(nats);
     const pidFile = join(scratch, "grandchild.pid");
     const id = await enqueue(
@@ -280,40 +304,38 @@ describe("worker", () => {
       { timeoutMs: 1_000 },
     );
 
-    const record = await client.waitForJob(id);
+    const record = await finalRecord(nats.topology, id);
     expect(record).toMatchObject({ state: "timed_out", attempt: 1, error: { code: "timed_out" } });
     expect(record.result?.exitCode).toBeNull();
     const grandchild = Number.parseInt(await readFile(pidFile, "utf8"), 10);
     expect(grandchild).toBeGreaterThan(0);
     expect(await waitGone(grandchild)).toBe(true);
-    const events = names(await eventsOf(client, id));
+    const events = names(await eventsOf(nats.topology, id));
     expect(events.slice(-3)).toEqual(["sandbox.exec_exited", "sandbox.destroyed", "job.timed_out"]);
   });
 
   test("a cancel on <prefix>.ctl.cancel.<jobId> stops the running job and it ends cancelled", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     await using _worker = startWorker(nats);
     const id = await enqueue(nats, { name: "waiter", command: "echo waiting; sleep 300" });
-    await eventually(async () => ((await logsOf(client, id)).stdout === "waiting\n" ? true : undefined), "the agent to start");
+    await eventually(async () => ((await logsOf(nats.topology, id)).stdout === "waiting\n" ? true : undefined), "the agent to start");
 
     nats.nc.publish(nats.topology.names.subjects.cancel(id));
-    const record = await client.waitForJob(id);
+    const record = await finalRecord(nats.topology, id);
     expect(record).toMatchObject({ state: "cancelled", attempt: 1, error: { code: "cancelled" } });
-    const events = await eventsOf(client, id);
+    const events = await eventsOf(nats.topology, id);
     expect(names(events).slice(-3)).toEqual(["sandbox.exec_exited", "sandbox.destroyed", "job.cancelled"]);
   });
 
   test("a malformed work item is terminated with a work_rejected event, and the worker keeps working", async () => {
     await using nats = await natsFixture();
     const { topology } = nats;
-    const client = createClient(topology);
     await using worker = startWorker(nats);
     await publishSigned(nats, topology.names.subjects.work("default"), JSON.stringify({ jobId: "x", agent: "nope" }));
     await publishSigned(nats, topology.names.subjects.work("default"), "not json at all");
     const id = await enqueue(nats, { name: "ok", command: "true" });
 
-    expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
+    expect(await finalRecord(nats.topology, id)).toMatchObject({ state: "succeeded" });
     const rejections: BoxcarEvent[] = [];
     for await (const msg of readStream(
       topology,
@@ -333,41 +355,38 @@ describe("worker", () => {
 
   test("an agent that fails, or writes a bad result, fails the job with the reason", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     await using _worker = startWorker(nats);
     const exits = await enqueue(nats, { name: "exits", command: "exit 3" });
     const reports = await enqueue(nats, { name: "reports", command: `echo '{"error":"no network"}' > "$BOXCAR_RESULT_FILE"` });
     const garbles = await enqueue(nats, { name: "garbles", command: `echo '{"summary": 5}' > "$BOXCAR_RESULT_FILE"` });
 
-    expect(await client.waitForJob(exits)).toMatchObject({
+    expect(await finalRecord(nats.topology, exits)).toMatchObject({
       state: "failed",
       result: { exitCode: 3 },
       error: { code: "agent_failed", message: "agent exited with code 3" },
     });
-    expect(await client.waitForJob(reports)).toMatchObject({
+    expect(await finalRecord(nats.topology, reports)).toMatchObject({
       state: "failed",
       result: { exitCode: 0 },
       error: { code: "agent_failed", message: "no network" },
     });
-    const garbled = await client.waitForJob(garbles);
+    const garbled = await finalRecord(nats.topology, garbles);
     expect(garbled).toMatchObject({ state: "failed", error: { code: "bad_result" } });
     expect(garbled.error?.message).toContain("summary");
   });
 
   test("output beyond maxLogBytes is dropped after one marker", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     await using _worker = startWorker(nats, { maxLogBytes: 4096 });
     const id = await enqueue(nats, { name: "chatty", command: "head -c 100000 /dev/zero | tr '\\0' x" });
-    expect(await client.waitForJob(id)).toMatchObject({ state: "succeeded" });
-    const logs = await logsOf(client, id);
+    expect(await finalRecord(nats.topology, id)).toMatchObject({ state: "succeeded" });
+    const logs = await logsOf(nats.topology, id);
     expect(logs.stdout).toBe("x".repeat(4096));
     expect(logs.stderr).toBe("\n[boxcar: output truncated after 4096 bytes]\n");
   });
 
   test("a missing secret fails the job before it starts, naming the variable but no value", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     const logger = captureLogger();
     await using _worker = startWorker(nats, { logger, secretsEnv: { PRESENT_SOURCE: "present-value-123" } });
     const id = await enqueue(nats, {
@@ -379,19 +398,18 @@ describe("worker", () => {
       ],
     });
 
-    const record = await client.waitForJob(id);
+    const record = await finalRecord(nats.topology, id);
     expect(record).toMatchObject({ state: "failed", attempt: 1, error: { code: "missing_secret" } });
     expect(record.error?.message).toContain("BOXCAR_TEST_MISSING_TOKEN");
-    const events = await eventsOf(client, id);
+    const events = await eventsOf(nats.topology, id);
     expect(names(events)).toEqual(["job.failed"]);
-    expect(await logsOf(client, id)).toEqual({ stdout: "", stderr: "" });
+    expect(await logsOf(nats.topology, id)).toEqual({ stdout: "", stderr: "" });
     const everything = JSON.stringify([record, events, logger.lines]);
     expect(everything).not.toContain("present-value-123");
   });
 
   test("a worker hands out only the secrets on its allow-list, however the agent names them", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     process.env.BOXCAR_TEST_ALLOWED = "allowed-value-1";
     process.env.BOXCAR_TEST_WORKERS_OWN = "workers-own-value-2";
     await using _worker = startWorker(nats, { allowSecrets: ["BOXCAR_TEST_ALLOWED"] });
@@ -405,8 +423,8 @@ describe("worker", () => {
       command: "echo should not run",
       secrets: [{ name: "ALLOWED_NAME", from: "BOXCAR_TEST_WORKERS_OWN" }],
     });
-    expect((await client.waitForJob(ok)).state).toBe("succeeded");
-    const record = await client.waitForJob(refused);
+    expect((await finalRecord(nats.topology, ok)).state).toBe("succeeded");
+    const record = await finalRecord(nats.topology, refused);
     expect(record).toMatchObject({ state: "failed", error: { code: "missing_secret" } });
     expect(record.error?.message).toContain("BOXCAR_TEST_WORKERS_OWN is not on the worker's secrets allow-list");
     expect(record.error?.message).toContain("--allow-secret BOXCAR_TEST_WORKERS_OWN");
@@ -415,7 +433,6 @@ describe("worker", () => {
 
   test("secret values reach the agent but never events, logs, records or the worker's own log", async () => {
     await using nats = await natsFixture();
-    const client = createClient(nats.topology);
     const secret = "s3cr3t-Value-9f8e7d";
     const logger = captureLogger();
     await using _worker = startWorker(nats, { logger, secretsEnv: { VAULT_KEY: secret } });
@@ -431,19 +448,19 @@ describe("worker", () => {
       secrets: [{ name: "API_KEY", from: "VAULT_KEY" }],
     });
 
-    const quietRecord = await client.waitForJob(quiet);
+    const quietRecord = await finalRecord(nats.topology, quiet);
     expect(quietRecord).toMatchObject({ state: "succeeded", result: { exitCode: 0 } });
-    const leakyRecord = await client.waitForJob(leaky);
+    const leakyRecord = await finalRecord(nats.topology, leaky);
     expect(leakyRecord).toMatchObject({ state: "succeeded", result: { summary: `used ${REDACTED}`, output: { k: REDACTED } } });
-    const leakyLogs = await logsOf(client, leaky);
+    const leakyLogs = await logsOf(nats.topology, leaky);
     expect(leakyLogs).toEqual({ stdout: `key=${REDACTED}\n`, stderr: `err ${REDACTED}\n` });
 
     const everything = JSON.stringify([
       quietRecord,
       leakyRecord,
-      await eventsOf(client, quiet),
-      await eventsOf(client, leaky),
-      await logsOf(client, quiet),
+      await eventsOf(nats.topology, quiet),
+      await eventsOf(nats.topology, leaky),
+      await logsOf(nats.topology, quiet),
       leakyLogs,
       logger.lines,
     ]);
@@ -453,13 +470,12 @@ describe("worker", () => {
   test("drain hands a running job back to the queue, and another worker completes it", async () => {
     await using nats = await natsFixture();
     const { topology } = nats;
-    const client = createClient(topology);
     const first = startWorker(nats, { concurrency: 1 });
     const id = await enqueue(nats, {
       name: "slow-first-time",
       command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then echo first; sleep 300; fi; echo "attempt $BOXCAR_ATTEMPT done"',
     });
-    await eventually(async () => ((await logsOf(client, id)).stdout === "first\n" ? true : undefined), "the first attempt to start");
+    await eventually(async () => ((await logsOf(nats.topology, id)).stdout === "first\n" ? true : undefined), "the first attempt to start");
 
     await first.drain(100);
     expect(first.state).toBe("stopped");
@@ -469,15 +485,15 @@ describe("worker", () => {
     expect(await topology.workers.get(first.id)).toMatchObject({ operation: "DEL" });
 
     await using second = startWorker(nats);
-    const record = await client.waitForJob(id);
+    const record = await finalRecord(nats.topology, id);
     expect(record).toMatchObject({ state: "succeeded", attempt: 2, workerId: second.id });
-    const events = await eventsOf(client, id);
+    const events = await eventsOf(nats.topology, id);
     const jobEvents = events.filter((e) => e.kind === "job").map((e) => `${e.type}@${e.attempt}`);
     expect(jobEvents).toEqual(["started@1", "requeued@1", "started@2", "succeeded@2"]);
     const destroyedFirst = events.findIndex((e) => e.type === "destroyed" && e.attempt === 1);
     expect(destroyedFirst).toBeGreaterThan(-1);
     expect(destroyedFirst).toBeLessThan(events.findIndex((e) => e.type === "requeued"));
-    expect((await logsOf(client, id)).stdout).toBe("first\nattempt 2 done\n");
+    expect((await logsOf(nats.topology, id)).stdout).toBe("first\nattempt 2 done\n");
     await first.close();
   });
 

@@ -52,7 +52,10 @@ async function round(variant: Round["variant"], index: number): Promise<Round> {
       ...(auth ? { auth } : {}),
     });
     let next = 0;
-    const take = (n: number) => ((next += n), next - n);
+    const take = (n: number) => {
+      next += n;
+      return next - n;
+    };
     await sequential(path.run, 200, take(200)); // warm-up
     await saturate(path.run, 1_000, settings.inFlight, take(1_000));
     const seq = summarize(await sequential(path.run, settings.sequentialJobs, take(settings.sequentialJobs)));

@@ -5,55 +5,127 @@ import {
   handoffPending,
   isRunFinal,
   isTerminal,
-  JobRecord,
+  type JobRecord,
+  ownerOf,
   parseWith,
   type WorkflowRun as Run,
-  WorkflowRun,
 } from "@boxcar/protocol";
-import type { KV } from "@nats-io/kv";
-import type { z } from "zod";
 import type { FollowOptions } from "./client.js";
-import { getJson } from "./kv-json.js";
 import { readStream } from "./stream-reader.js";
 import type { Topology } from "./topology.js";
 
-/** Watches one KV entry until `done` says its value is the one wanted. */
-export async function watchUntil<S extends z.ZodType>(
-  kv: KV,
-  key: string,
-  schema: S,
-  what: string,
-  done: (value: z.infer<S>) => boolean,
+/**
+ * How a client reads records: through the dispatchers' API, which checks that the caller may see
+ * them. Waiting and following never read the jobs or workflows buckets, which a submitter's
+ * credential may not.
+ */
+export interface RecordReader {
+  getJob(id: string): Promise<JobRecord>;
+  getRun(id: string): Promise<Run>;
+}
+
+/**
+ * How often a wait asks for the record again although no event came: events can be missing
+ * (their publish is not retried), the record cannot.
+ */
+const RECHECK_MS = 5_000;
+
+/**
+ * Waits until `done(read())` holds: reads at once, then again after every event on `filter` that
+ * `matters`, and every few seconds in any case. Following starts before the first read, so an
+ * event that comes after it is not missed.
+ */
+async function waitUntil<T>(
+  topology: Topology,
+  events: { filter: string; startTime?: string },
+  read: () => Promise<T>,
+  done: (value: T) => boolean,
+  matters: (event: BoxcarEvent) => boolean,
   signal?: AbortSignal,
-): Promise<z.infer<S>> {
-  const watch = await kv.watch({ key });
-  const onAbort = () => watch.stop();
-  signal?.addEventListener("abort", onAbort, { once: true });
-  try {
-    for await (const entry of watch) {
-      if (entry.operation !== "PUT") continue;
-      const value = parseWith(schema, entry.json(), `${what} ${key}`);
-      if (done(value)) return value;
+): Promise<T> {
+  const stop = new AbortController();
+  const following = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+  let pending = false;
+  let wake: (() => void) | undefined;
+  const pump = (async () => {
+    const stream = readStream(topology, topology.names.streams.events, events.filter, {
+      follow: true,
+      signal: following,
+      ...(events.startTime ? { startTime: events.startTime } : {}),
+    });
+    for await (const msg of stream) {
+      const event = BoxcarEvent.safeParse(msg.json());
+      if (!event.success || !matters(event.data)) continue;
+      pending = true;
+      wake?.();
     }
-    throw new BoxcarError(ErrorCode.cancelled, `stopped waiting for ${what} ${key}`);
+  })().catch(() => {}); // a follow that fails leaves the periodic reads
+  try {
+    for (;;) {
+      pending = false;
+      const value = await read();
+      if (done(value)) return value;
+      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
+      if (pending) continue;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(finish, RECHECK_MS);
+        function finish() {
+          clearTimeout(timer);
+          wake = undefined;
+          signal?.removeEventListener("abort", finish);
+          resolve();
+        }
+        wake = finish;
+        signal?.addEventListener("abort", finish, { once: true });
+      });
+    }
   } finally {
-    signal?.removeEventListener("abort", onAbort);
-    watch.stop();
+    stop.abort();
+    await pump;
   }
 }
 
+/** A job's record once `done` holds for it. */
+export function waitForJobRecord(
+  topology: Topology,
+  reader: RecordReader,
+  job: JobRecord,
+  done: (job: JobRecord) => boolean,
+  signal?: AbortSignal,
+): Promise<JobRecord> {
+  // A job has a few events: read them all rather than trust two clocks to agree on a start time.
+  return waitUntil(
+    topology,
+    { filter: topology.names.subjects.jobEvents(ownerOf(job), job.id) },
+    () => reader.getJob(job.id),
+    done,
+    (e) => e.kind === "job" && isTerminal(e.state),
+    signal,
+  );
+}
+
 /** The last job of the chain `jobId` starts, once it has ended (its handoff, if any, decided and followed). */
-export async function waitForChainEnd(topology: Topology, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
+export async function waitForChainEnd(topology: Topology, reader: RecordReader, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
   for (let id = jobId; ; ) {
-    const job = await watchUntil(topology.jobs, id, JobRecord, "job record", (j) => isTerminal(j.state) && !handoffPending(j), signal);
+    const job = await waitForJobRecord(topology, reader, await reader.getJob(id), (j) => isTerminal(j.state) && !handoffPending(j), signal);
     if (!job.handoff?.jobId) return job;
     id = job.handoff.jobId;
   }
 }
 
 /** A run once it has ended and none of its jobs is still going. */
-export function waitForRunEnd(topology: Topology, runId: string, signal?: AbortSignal): Promise<Run> {
-  return watchUntil(topology.workflows, runId, WorkflowRun, "workflow run", (run) => isRunFinal(run.state) && !hasJobsGoing(run), signal);
+export async function waitForRunEnd(topology: Topology, reader: RecordReader, runId: string, signal?: AbortSignal): Promise<Run> {
+  const run = await reader.getRun(runId);
+  // The run's events and its jobs' final events, all under its owner.
+  return waitUntil(
+    topology,
+    // Not the owner's whole history: from a little before now, a margin for clocks that differ.
+    { filter: topology.names.subjects.ownerEvents(ownerOf(run)), startTime: new Date(Date.now() - 5_000).toISOString() },
+    () => reader.getRun(runId),
+    (r) => isRunFinal(r.state) && !hasJobsGoing(r),
+    (e) => (e.kind === "workflow" && e.runId === runId) || (e.kind === "job" && e.run === runId && isTerminal(e.state)),
+    signal,
+  );
 }
 
 const hasJobsGoing = (run: Run): boolean =>
@@ -63,12 +135,18 @@ const hasJobsGoing = (run: Run): boolean =>
  * The events of a job and of the jobs it hands off to, one job after the other. With `follow`
  * it waits for each job's handoff decision and ends with the chain's last job.
  */
-export async function* followChain(topology: Topology, jobId: string, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+export async function* followChain(
+  topology: Topology,
+  reader: RecordReader,
+  first: JobRecord,
+  opts: FollowOptions = {},
+): AsyncGenerator<BoxcarEvent> {
   const { names } = topology;
-  for (let id: string | undefined = jobId; id !== undefined; ) {
+  const owner = ownerOf(first); // every job of a chain belongs to its first job's owner
+  for (let id: string | undefined = first.id; id !== undefined; ) {
     const current: string = id;
     id = undefined;
-    for await (const msg of readStream(topology, names.streams.events, names.subjects.jobEvents(current), opts)) {
+    for await (const msg of readStream(topology, names.streams.events, names.subjects.jobEvents(owner, current), opts)) {
       const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
       yield event;
       if (event.kind !== "job") continue;
@@ -80,8 +158,8 @@ export async function* followChain(topology: Topology, jobId: string, opts: Foll
       if (event.type === "handoff_refused") break;
       if (isTerminal(event.state)) {
         // Only a succeeded job's handoff is decided: wait for the decision, else the chain ends here.
-        const record = (await getJson(topology.jobs, current, JobRecord, "job record"))?.value;
-        if (!record || !(handoffPending(record) || record.handoff)) break;
+        const record = await reader.getJob(current);
+        if (!(handoffPending(record) || record.handoff)) break;
       }
     }
   }
@@ -91,15 +169,15 @@ export async function* followChain(topology: Topology, jobId: string, opts: Foll
  * A run's events and the events of its jobs (and their sandboxes), in the order they were
  * stored. With `follow`, until the run's final event.
  */
-export async function* followRun(topology: Topology, runId: string, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
-  const run = await getJson(topology.workflows, runId, WorkflowRun, "workflow run");
-  if (!run) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${runId}`);
-  const { names, options } = topology;
-  const filters = [names.subjects.runEvents(runId), `${options.prefix}.evt.job.>`, `${options.prefix}.evt.sandbox.>`];
+export async function* followRun(topology: Topology, run: Run, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+  const runId = run.id;
+  const { names } = topology;
+  // The run's jobs belong to its owner: one filter, the owner's events, covers the run and its jobs.
+  const filter = names.subjects.ownerEvents(ownerOf(run));
   const jobs = new Set<string>();
   // A margin for clocks that differ between the dispatcher that stamped the run and the server.
-  const startTime = new Date(Date.parse(run.value.createdAt) - 5_000).toISOString();
-  for await (const msg of readStream(topology, names.streams.events, filters, { ...opts, startTime })) {
+  const startTime = new Date(Date.parse(run.createdAt) - 5_000).toISOString();
+  for await (const msg of readStream(topology, names.streams.events, filter, { ...opts, startTime })) {
     const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
     if (event.kind === "job" && event.run === runId) jobs.add(event.jobId);
     const ours =

@@ -15,7 +15,7 @@ import {
   type Identity,
   type InputFileRef,
   isTerminal,
-  JobRecord,
+  type JobRecord,
   type JobSpecInput,
   ListAgentsReply,
   ListJobsReply,
@@ -25,6 +25,7 @@ import {
   ListWorkersReply,
   type LogStream,
   OPEN_IDENTITY,
+  ownerOf,
   parseWith,
   RunReply,
   StartRunReply,
@@ -36,7 +37,7 @@ import {
 import type { JsMsg } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import type { z } from "zod";
-import { followChain, followRun, waitForChainEnd, waitForRunEnd, watchUntil } from "./chain-events.js";
+import { followChain, followRun, waitForChainEnd, waitForJobRecord, waitForRunEnd } from "./chain-events.js";
 import { readStream } from "./stream-reader.js";
 import type { Topology } from "./topology.js";
 
@@ -201,17 +202,19 @@ class Client implements BoxcarClient {
     return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
   }
 
-  waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
-    return watchUntil(this.topology.jobs, id, JobRecord, "job record", (job) => isTerminal(job.state), signal);
+  async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
+    return waitForJobRecord(this.topology, this, await this.getJob(id), (job) => isTerminal(job.state), signal);
   }
 
   async *events(jobId: string, opts: JobEventsOptions = {}): AsyncGenerator<BoxcarEvent> {
+    // The job's owner is in its events' subjects; asking for the job also checks the caller may see it.
+    const job = await this.getJob(jobId);
     if (opts.chain) {
-      yield* followChain(this.topology, jobId, opts);
+      yield* followChain(this.topology, this, job, opts);
       return;
     }
     const { names } = this.topology;
-    for await (const msg of readStream(this.topology, names.streams.events, names.subjects.jobEvents(jobId), opts)) {
+    for await (const msg of readStream(this.topology, names.streams.events, names.subjects.jobEvents(ownerOf(job), jobId), opts)) {
       const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
       yield event;
       if (opts.follow && event.kind === "job" && isTerminal(event.state)) return;
@@ -220,7 +223,7 @@ class Client implements BoxcarClient {
 
   async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
     const { names } = this.topology;
-    const filter = names.subjects.jobLogs(jobId);
+    const filter = names.subjects.jobLogs(ownerOf(await this.getJob(jobId)), jobId);
     const toChunk = (msg: JsMsg): LogChunk => ({
       stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream,
       data: msg.data,
@@ -285,7 +288,7 @@ class Client implements BoxcarClient {
   }
 
   waitForChain(jobId: string, signal?: AbortSignal) {
-    return waitForChainEnd(this.topology, jobId, signal);
+    return waitForChainEnd(this.topology, this, jobId, signal);
   }
 
   startRun(request: StartRunRequest) {
@@ -305,10 +308,10 @@ class Client implements BoxcarClient {
   }
 
   waitForRun(id: string, signal?: AbortSignal) {
-    return waitForRunEnd(this.topology, id, signal);
+    return waitForRunEnd(this.topology, this, id, signal);
   }
 
-  runEvents(runId: string, opts: FollowOptions = {}) {
-    return followRun(this.topology, runId, opts);
+  async *runEvents(runId: string, opts: FollowOptions = {}) {
+    yield* followRun(this.topology, await this.getRun(runId), opts);
   }
 }

@@ -1,4 +1,4 @@
-import { type BoxcarEvent, type JobEvent, type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
+import { type BoxcarEvent, type JobEvent, type JobRecord, ownerOf, PROTOCOL_VERSION } from "@boxcar/protocol";
 import type { Topology } from "./topology.js";
 
 /** The id an event is filed under: the job's for job and sandbox events, the worker's or run's otherwise. */
@@ -19,7 +19,8 @@ function eventSubjectId(event: BoxcarEvent): string {
  * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window).
  */
 export async function publishEvent(topology: Topology, event: BoxcarEvent): Promise<void> {
-  const subject = topology.names.subjects.event(event.kind, eventSubjectId(event), event.type);
+  const owner = event.kind === "worker" ? undefined : event.owner;
+  const subject = topology.names.subjects.event(event.kind, eventSubjectId(event), event.type, owner);
   const msgID = event.kind === "job" && event.type !== "progress" ? `${event.jobId}:${event.attempt}:${event.type}` : undefined;
   await topology.js.publish(subject, JSON.stringify(event), msgID ? { msgID } : undefined);
 }
@@ -34,6 +35,7 @@ export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Parti
     kind: "job",
     type,
     jobId: record.id,
+    owner: ownerOf(record),
     agent: record.agent,
     state: record.state,
     attempt: record.attempt,

@@ -36,6 +36,7 @@ export async function* readStream(
   const messages = await consumer.consume({ max_messages: 256 });
   const onAbort = () => void messages.stop();
   opts.signal?.addEventListener("abort", onAbort, { once: true });
+  if (opts.signal?.aborted) onAbort(); // aborted while the consumer was being made
   try {
     for await (const msg of messages) {
       yield msg;

@@ -139,6 +139,7 @@ export async function publishWorkItem(
   const item: WorkItem = {
     v: PROTOCOL_VERSION,
     jobId: record.id,
+    owner: ownerOf(record),
     agent: runnable,
     input: spec.input,
     files: spec.files,

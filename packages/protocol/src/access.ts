@@ -8,7 +8,7 @@
  */
 
 import { z } from "zod";
-import { ApiEndpoint, type Names, TOKEN_PATTERN } from "./names.js";
+import { ApiEndpoint, LOCAL_OWNER, type Names, TOKEN_PATTERN } from "./names.js";
 
 export const Role = z.enum(["admin", "dispatcher", "worker", "submitter", "viewer"]);
 export type Role = z.infer<typeof Role>;
@@ -27,7 +27,7 @@ export interface Identity {
  * The principal of a connection to a NATS server without authentication (`boxcar up` on
  * 127.0.0.1): anyone who reaches such a server can do anything, so its callers are admins.
  */
-export const OPEN_IDENTITY: Identity = { role: "admin", user: "local" };
+export const OPEN_IDENTITY: Identity = { role: "admin", user: LOCAL_OWNER };
 
 /** Parses `role:user`, as in `BOXCAR_IDENTITY`. */
 export function parseIdentity(text: string): Identity {
@@ -167,16 +167,32 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         sub: { allow: [inbox, s.cancelAll, s.bellsAll, s.workAll], deny: [] },
         allowResponses: false,
       };
-    case "submitter":
     case "viewer":
+      // Reads everything, changes nothing.
       return {
         pub: {
           allow: [
             ...common,
             `${s.apiPrincipal({ role, user })}.>`,
-            ...(role === "submitter" ? [s.submit(user, "*")] : []),
             ...[st.events, st.logs, kv(b.jobs), kv(b.workflows), obj(b.artifacts)].flatMap((stream) => streamApi(stream, ["read"])),
-            ...(role === "submitter" ? [objSubjects(b.artifacts)] : []),
+          ],
+          deny: [],
+        },
+        sub: { allow: [inbox], deny: [] },
+        allowResponses: false,
+      };
+    case "submitter":
+      // Records through the API only; events and output only its own (their subjects carry the owner).
+      return {
+        pub: {
+          allow: [
+            ...common,
+            `${s.apiPrincipal({ role, user })}.>`,
+            s.submit(user, "*"),
+            ...ownConsumers(st.events, s.ownerEvents(user)),
+            ...ownConsumers(st.logs, s.ownerLogs(user)),
+            ...streamApi(obj(b.artifacts), ["read"]),
+            objSubjects(b.artifacts),
           ],
           deny: [],
         },
@@ -184,6 +200,21 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         allowResponses: false,
       };
   }
+}
+
+/**
+ * Ordered consumers on `stream` whose filter is `filter` or narrower: created with the filter in
+ * the subject (the server checks it matches the request), then pulled and deleted. No direct
+ * gets, which could read any message by its sequence.
+ */
+function ownConsumers(stream: string, filter: string): string[] {
+  const api = "$JS.API";
+  return [
+    `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
+    `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
+    `${api}.CONSUMER.INFO.${stream}.*`,
+    `${api}.CONSUMER.DELETE.${stream}.*`,
+  ];
 }
 
 /** `$JS.API` subjects for one stream. */
@@ -241,7 +272,7 @@ export function intakeSubjectParts(names: Names, subject: string): { owner: stri
 
 /** The owner of a job record or workflow run; records from before owners belong to `local`. */
 export function ownerOf(record: { readonly owner?: string | undefined }): string {
-  return record.owner ?? OPEN_IDENTITY.user;
+  return record.owner ?? LOCAL_OWNER;
 }
 
 /** Whether `caller` may see and act on what `owner` owns (its role permitting the request). */

@@ -29,12 +29,16 @@ export const JobEventType = z.enum([
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
-/** `<prefix>.evt.job.<jobId>.<type>` */
+/** The user whose job or run an event is about: its subject carries it (absent on older events: `local`). */
+const owner = z.string().optional();
+
+/** `<prefix>.evt.job.<owner>.<jobId>.<type>` */
 export const JobEvent = z.looseObject({
   ...base,
   kind: z.literal("job"),
   type: JobEventType,
   jobId: z.string(),
+  owner,
   agent: z.string(),
   state: JobState,
   attempt: z.number().int().nonnegative(),
@@ -53,12 +57,13 @@ export type JobEvent = z.infer<typeof JobEvent>;
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);
 export type SandboxEventType = z.infer<typeof SandboxEventType>;
 
-/** `<prefix>.evt.sandbox.<jobId>.<type>` */
+/** `<prefix>.evt.sandbox.<owner>.<jobId>.<type>` */
 export const SandboxEvent = z.looseObject({
   ...base,
   kind: z.literal("sandbox"),
   type: SandboxEventType,
   jobId: z.string(),
+  owner,
   attempt: z.number().int().nonnegative(),
   workerId: z.string(),
   backend: z.enum(["host", "docker", "e2b"]),
@@ -104,12 +109,13 @@ export const WorkflowEventType = z.enum([
 ]);
 export type WorkflowEventType = z.infer<typeof WorkflowEventType>;
 
-/** `<prefix>.evt.workflow.<runId>.<type>` */
+/** `<prefix>.evt.workflow.<owner>.<runId>.<type>` */
 export const WorkflowEvent = z.looseObject({
   ...base,
   kind: z.literal("workflow"),
   type: WorkflowEventType,
   runId: z.string(),
+  owner,
   workflow: z.string(),
   state: RunState,
   step: z.string().optional(),

@@ -98,7 +98,7 @@ export {
 } from "./job.js";
 export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
-export { ApiEndpoint, DEFAULT_PREFIX, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";

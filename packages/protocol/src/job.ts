@@ -165,6 +165,8 @@ export const handoffPending = (job: JobRecord): boolean => job.state === "succee
 export const WorkItem = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
   jobId: z.string(),
+  /** The job's owner: its events and output go on subjects that carry it (absent on older items: `local`). */
+  owner: z.string().regex(TOKEN_PATTERN).optional(),
   agent: AgentDefinition,
   input: z.json(),
   files: z.array(InputFileRef),

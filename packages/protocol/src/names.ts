@@ -8,6 +8,9 @@ import type { Priority } from "./priority.js";
 
 export const DEFAULT_PREFIX = "boxcar";
 
+/** The owner of what was made without one: records and events from before owners, and every job on a server without authentication. */
+export const LOCAL_OWNER = "local";
+
 /** A subject token: no dots, spaces or wildcards. Job ids, agent names and pools are tokens. */
 export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 
@@ -73,14 +76,22 @@ export interface Names {
     /** What a dispatcher listens on for `endpoint`, from any principal. */
     apiEndpoint(endpoint: ApiEndpoint): string;
     apiAll: string;
-    event(kind: EventKind, id: string, type: string): string;
+    /**
+     * A worker's events: `<prefix>.evt.worker.<workerId>.<type>`; a job's, sandbox's or run's:
+     * `<prefix>.evt.<kind>.<owner>.<id>.<type>`, so NATS permissions can give each user its own.
+     */
+    event(kind: EventKind, id: string, type: string, owner?: string): string;
     /** All events of one job (job and sandbox kinds). */
-    jobEvents(jobId: string): string;
+    jobEvents(owner: string, jobId: string): string;
     /** All events of one workflow run (not those of its jobs). */
-    runEvents(runId: string): string;
+    runEvents(owner: string, runId: string): string;
+    /** Every job, sandbox and run event of one user. */
+    ownerEvents(owner: string): string;
     eventsAll: string;
-    log(jobId: string, stream: LogStream): string;
-    jobLogs(jobId: string): string;
+    log(owner: string, jobId: string, stream: LogStream): string;
+    jobLogs(owner: string, jobId: string): string;
+    /** The output of every job of one user. */
+    ownerLogs(owner: string): string;
     logsAll: string;
     cancel(jobId: string): string;
     cancelAll: string;
@@ -151,12 +162,15 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,
       apiEndpoint: (endpoint) => `${prefix}.api.*.*.${endpoint}`,
       apiAll: `${prefix}.api.>`,
-      event: (kind, id, type) => `${prefix}.evt.${kind}.${id}.${type}`,
-      jobEvents: (jobId) => `${prefix}.evt.*.${jobId}.*`,
-      runEvents: (runId) => `${prefix}.evt.workflow.${runId}.*`,
+      event: (kind, id, type, owner = LOCAL_OWNER) =>
+        kind === "worker" ? `${prefix}.evt.worker.${id}.${type}` : `${prefix}.evt.${kind}.${owner}.${id}.${type}`,
+      jobEvents: (owner, jobId) => `${prefix}.evt.*.${owner}.${jobId}.*`,
+      runEvents: (owner, runId) => `${prefix}.evt.workflow.${owner}.${runId}.*`,
+      ownerEvents: (owner) => `${prefix}.evt.*.${owner}.>`,
       eventsAll: `${prefix}.evt.>`,
-      log: (jobId, stream) => `${prefix}.log.${jobId}.${stream}`,
-      jobLogs: (jobId) => `${prefix}.log.${jobId}.*`,
+      log: (owner, jobId, stream) => `${prefix}.log.${owner}.${jobId}.${stream}`,
+      jobLogs: (owner, jobId) => `${prefix}.log.${owner}.${jobId}.*`,
+      ownerLogs: (owner) => `${prefix}.log.${owner}.>`,
       logsAll: `${prefix}.log.>`,
       cancel: (jobId) => `${prefix}.ctl.cancel.${jobId}`,
       cancelAll: `${prefix}.ctl.cancel.*`,

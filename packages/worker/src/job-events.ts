@@ -42,7 +42,7 @@ export class JobEvents {
 
   constructor(
     private readonly topology: Topology,
-    private readonly ids: { jobId: string; agent: string; workerId: string; run?: string },
+    private readonly ids: { jobId: string; owner: string; agent: string; workerId: string; run?: string },
     private readonly log: Logger,
   ) {}
 
@@ -53,6 +53,7 @@ export class JobEvents {
       kind: "job",
       type,
       jobId: this.ids.jobId,
+      owner: this.ids.owner,
       agent: this.ids.agent,
       state,
       attempt: this.attempt,
@@ -69,6 +70,7 @@ export class JobEvents {
       kind: "sandbox",
       type,
       jobId: this.ids.jobId,
+      owner: this.ids.owner,
       attempt: this.attempt,
       workerId: this.ids.workerId,
       ...ref,

@@ -11,6 +11,7 @@ import {
   type JobEventType,
   type JobRecord,
   type JobResult,
+  ownerOf,
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
@@ -90,7 +91,13 @@ export class JobRun {
     this.log = ctx.log.child({ jobId: item.jobId });
     this.events = new JobEvents(
       this.topology,
-      { jobId: item.jobId, agent: item.agent.name, workerId: ctx.options.workerId, ...(item.chain?.run ? { run: item.chain.run } : {}) },
+      {
+        jobId: item.jobId,
+        owner: ownerOf(item),
+        agent: item.agent.name,
+        workerId: ctx.options.workerId,
+        ...(item.chain?.run ? { run: item.chain.run } : {}),
+      },
       this.log,
     );
   }
@@ -312,7 +319,7 @@ export class JobRun {
     });
     const output = new OutputLog({
       publish: async (stream, data) => {
-        await this.topology.js.publish(this.topology.names.subjects.log(this.jobId, stream), data);
+        await this.topology.js.publish(this.topology.names.subjects.log(ownerOf(this.item), this.jobId, stream), data);
       },
       maxBytes: options.maxLogBytes,
       secrets: this.secretValues,

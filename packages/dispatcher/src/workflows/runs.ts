@@ -287,6 +287,7 @@ export class Runs {
       at: nowIso(),
       kind: "workflow",
       runId: run.id,
+      owner: ownerOf(run),
       workflow: run.workflow.name,
       state: run.state,
       ...draft,
