@@ -1,14 +1,15 @@
 /**
  * What authentication costs: the no-op job path (memory workspace: no process, no files) on a
- * nats-server without authentication against one run from `boxcar auth init`'s config, where
- * the client is a submitter, every role logs in with its own credential, the server checks every
- * publish and subscription against the role's permissions, and every work item is signed by the
- * dispatcher and checked by the worker. The two run interleaved (open, auth, open, auth, ...),
- * each round on a fresh server, so the machine's drift hits both alike.
+ * nats-server without authentication (`open`), on one run from `boxcar auth init`'s config with
+ * work items unsigned (`unsigned`: credentials and the server's permission checks only), and
+ * with everything (`auth`: also every work item signed by the dispatcher and checked by the
+ * worker). The client is a submitter. The variants run interleaved, in rounds whose order
+ * rotates, each on a fresh server, so the machine's drift hits all alike. In all three the jobs
+ * bucket is watched on a connection of its own (a submitter may not), and every connection is
+ * made as `connectNats` makes it (no async stack traces).
  *
- * Run it with `pnpm bench:auth`. Environment: BENCH_ROUNDS (pairs, default 3), BENCH_N (jobs one
- * at a time per round, default 500), BENCH_M (jobs at BENCH_IN_FLIGHT in flight, default 3000
- * and 64).
+ * Run it with `pnpm bench:auth`. Environment: BENCH_ROUNDS (default 3), BENCH_N (jobs one at a
+ * time per run, default 500), BENCH_M (jobs at BENCH_IN_FLIGHT in flight, default 3000 and 64).
  */
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -29,8 +30,12 @@ const settings = {
 };
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
+/** open: no authentication; unsigned: credentials and permissions, work items unsigned; auth: both. */
+const VARIANTS = ["open", "unsigned", "auth"] as const;
+type Variant = (typeof VARIANTS)[number];
+
 interface Round {
-  variant: "open" | "auth";
+  variant: Variant;
   p50: number;
   p99: number;
   jobsPerSecond: number;
@@ -38,10 +43,10 @@ interface Round {
   perJob: { messages: number; bytes: number };
 }
 
-async function round(variant: Round["variant"], index: number): Promise<Round> {
+async function round(variant: Variant, index: number): Promise<Round> {
   const root = await mkdtemp(join(tmpdir(), "boxcar-bench-auth-"));
   const prefix = `benchauth${index}`;
-  const auth = variant === "auth" ? await AuthDir.init(join(root, "auth"), { prefix }) : undefined;
+  const auth = variant !== "open" ? await AuthDir.init(join(root, "auth"), { prefix }) : undefined;
   const server = await startNatsServer(auth ? { extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") } : {});
   try {
     await using path = await openBoxcarPath({
@@ -49,8 +54,12 @@ async function round(variant: Round["variant"], index: number): Promise<Round> {
       prefix,
       providers: [createInstantSandboxProvider("memory", root)],
       concurrency: 64,
-      ...(auth ? { auth } : {}),
+      ...(auth ? { auth, signWork: variant === "auth" } : {}),
+      separateObserver: true, // as with auth, whose submitter may not watch the bucket itself
+      // What `connectNats` (the auth side's connections) sets too: no async stack traces, a user's inboxes.
+      connectOptions: { noAsyncTraces: true, inboxPrefix: "_INBOX.local" },
     });
+    const conns = [...Object.values(path.connections), path.observer];
     let next = 0;
     const take = (n: number) => {
       next += n;
@@ -59,11 +68,11 @@ async function round(variant: Round["variant"], index: number): Promise<Round> {
     await sequential(path.run, 200, take(200)); // warm-up
     await saturate(path.run, 1_000, settings.inFlight, take(1_000));
     const seq = summarize(await sequential(path.run, settings.sequentialJobs, take(settings.sequentialJobs)));
-    const before = Object.values(path.connections).map(messageCounts);
-    const stats = Object.values(path.connections).map((nc) => nc.stats());
+    const before = conns.map(messageCounts);
+    const stats = conns.map((nc) => nc.stats());
     const sat = await saturate(path.run, settings.saturationJobs, settings.inFlight, take(settings.saturationJobs));
-    const after = Object.values(path.connections).map(messageCounts);
-    const statsAfter = Object.values(path.connections).map((nc) => nc.stats());
+    const after = conns.map(messageCounts);
+    const statsAfter = conns.map((nc) => nc.stats());
     if (path.unsuccessful > 0) throw new Error(`${variant}: ${path.unsuccessful} jobs did not succeed; the figures are not valid`);
     const messages = after.reduce((sum, a, i) => sum + a.out + a.in - (before[i]?.out ?? 0) - (before[i]?.in ?? 0), 0);
     const bytes = statsAfter.reduce((sum, a, i) => sum + a.inBytes + a.outBytes - (stats[i]?.inBytes ?? 0) - (stats[i]?.outBytes ?? 0), 0);
@@ -83,7 +92,8 @@ async function round(variant: Round["variant"], index: number): Promise<Round> {
 async function main(): Promise<void> {
   const rounds: Round[] = [];
   for (let i = 0; i < settings.rounds; i++) {
-    for (const variant of ["open", "auth"] as const) {
+    // Rotate which goes first, so a place in the round (a warmer machine, say) favours none.
+    for (const variant of [...VARIANTS.slice(i % 3), ...VARIANTS.slice(0, i % 3)]) {
       log(`round ${i + 1}/${settings.rounds}: ${variant}`);
       rounds.push(await round(variant, rounds.length));
     }
@@ -99,7 +109,7 @@ async function main(): Promise<void> {
   console.log(
     table([["variant", "p50 (one at a time)", "p99", `jobs/s (${settings.inFlight} in flight)`, "messages/job", "bytes/job"], ...rows]),
   );
-  for (const variant of ["open", "auth"] as const) {
+  for (const variant of VARIANTS) {
     const of = rounds.filter((r) => r.variant === variant);
     const p50s = of.map((r) => r.p50).sort((a, b) => a - b);
     const rates = of.map((r) => r.jobsPerSecond).sort((a, b) => a - b);

@@ -24,6 +24,10 @@ export interface BoxcarPathOptions {
    * dispatcher and worker on their roles' credentials, work items signed and checked.
    */
   auth?: AuthDir;
+  /** With `auth`: sign and check work items (default); false leaves them unsigned, to tell the costs apart. */
+  signWork?: boolean;
+  /** Watch the jobs bucket on a connection of its own (an admin's), not the client's; forced with `auth`. */
+  separateObserver?: boolean;
 }
 
 /** Every revision of a job record the shared watcher saw, with when it saw it. */
@@ -36,6 +40,8 @@ export interface BoxcarPath extends AsyncDisposable {
   /** Resolves once job `id`'s final record is seen. */
   done(id: string): Promise<void>;
   connections: { client: NatsConnection; dispatcher: NatsConnection; worker: NatsConnection };
+  /** The connection the jobs bucket is watched on: the client's, or an admin's of its own. */
+  observer: NatsConnection;
   /** Jobs that ended in a state other than `succeeded`: a bench run with any is not valid. */
   readonly unsuccessful: number;
   /** Called for every record revision the watcher sees (for the breakdown). */
@@ -65,14 +71,14 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
   const dispatcherSeed = resolved("dispatcher").seed;
   const dispatcher: Dispatcher = await startDispatcher({
     topology: await topology(connections.dispatcher),
-    ...(auth && dispatcherSeed ? { signer: new WorkSigner(dispatcherSeed) } : {}),
+    ...(auth && dispatcherSeed && opts.signWork !== false ? { signer: new WorkSigner(dispatcherSeed) } : {}),
   });
   const worker: Worker = createWorker({
     topology: await topology(connections.worker),
     concurrency: opts.concurrency,
     providers: opts.providers,
     workerId: `${opts.prefix}-worker`,
-    ...(auth ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
+    ...(auth && opts.signWork !== false ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
   });
   void worker.run();
 
@@ -85,14 +91,15 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     runtime: { sandbox: opts.sandbox ?? "host" },
     trusted: true,
   });
-  await admin.close();
   const clientTopology = await topology(connections.client);
   const client: BoxcarClient = createClient(clientTopology, { identity: resolved("submitter").identity });
 
   const completions = new Completions();
   let unsuccessful = 0;
   let listener: RecordListener | undefined;
-  const watch = await clientTopology.jobs.watch({ include: KvWatchInclude.UpdatesOnly });
+  // The watcher reads the jobs bucket, which a submitter's credential may not: with auth, an admin watches.
+  const observer = auth || opts.separateObserver ? await topology(admin) : clientTopology;
+  const watch = await observer.jobs.watch({ include: KvWatchInclude.UpdatesOnly });
   const watching = (async () => {
     for await (const entry of watch) {
       if (entry.operation !== "PUT") continue;
@@ -112,6 +119,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     submit,
     done: (id) => completions.wait(id),
     connections,
+    observer: observer.nc,
     get unsuccessful() {
       return unsuccessful;
     },
@@ -124,6 +132,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
       watch.stop();
       await watching;
       for (const nc of Object.values(connections)) await nc.drain();
+      await admin.drain();
     },
   };
 }
