@@ -146,6 +146,25 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     await expect(admin.client.getAgent("leaky")).rejects.toMatchObject({ code: ErrorCode.notFound });
   });
 
+  it("only an admin sends a job or a workflow step to another pool than its agent's", async () => {
+    await expect(alice.client.submit({ agent: "hello", pool: "prod" })).rejects.toMatchObject({ code: ErrorCode.forbidden });
+    const workflow = { name: "w", steps: [{ name: "a", agent: "hello", pool: "prod" }] };
+    await expect(alice.client.startRun({ workflow })).rejects.toMatchObject({ code: ErrorCode.forbidden });
+  });
+
+  it("a request whose reply subject aims at JetStream's API gets no answer there: the dispatcher may reply only to inboxes", async () => {
+    const { names } = viewer.topology;
+    const jsm = await jetstreamManager(admin.nc);
+    const before = (await jsm.streams.info(names.streams.events)).state.messages;
+    expect(before).toBeGreaterThan(0);
+    viewer.nc.publish(names.subjects.api({ role: "viewer", user: "viewer" }, "agents.list"), "{}", {
+      reply: `$JS.API.STREAM.PURGE.${names.streams.events}`,
+    });
+    await viewer.nc.flush();
+    await new Promise((r) => setTimeout(r, 500));
+    expect((await jsm.streams.info(names.streams.events)).state.messages).toBeGreaterThanOrEqual(before);
+  });
+
   it("a submitter cannot ask as someone else: NATS refuses a request on another user's or role's subject", async () => {
     const names = alice.topology.names;
     for (const caller of [

@@ -1,6 +1,6 @@
 import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
-import { BoxcarError, ErrorCode, names, ROLE_TAG, ROLES, type Role, rolePermissions, UserName } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, LOCAL_OWNER, names, ROLE_TAG, ROLES, type Role, rolePermissions, UserName } from "@boxcar/protocol";
 import { Algorithms, encodeAccount, encodeOperator, encodeUser, fmtCreds, newScopedSigner } from "@nats-io/jwt";
 import { createAccount, createOperator, createUser, fromSeed, type KeyPair } from "@nats-io/nkeys";
 import { z } from "zod";
@@ -135,6 +135,9 @@ export class AuthDir {
   async mint(user: string, role: Role): Promise<string> {
     if (!UserName.safeParse(user).success)
       throw new BoxcarError(ErrorCode.invalid, `a user name is 1-64 letters, digits, '-' or '_', got ${JSON.stringify(user)}`);
+    if (user === LOCAL_OWNER) {
+      throw new BoxcarError(ErrorCode.invalid, `${LOCAL_OWNER} is reserved: it owns what was made without authentication`);
+    }
     const taken = this.state.users.find((u) => u.name === user && !u.revokedAt);
     if (taken)
       throw new BoxcarError(
@@ -177,13 +180,15 @@ export class AuthDir {
     const signingKeys = [];
     for (const role of ROLES) {
       const p = rolePermissions(n, role);
-      signingKeys.push(
-        newScopedSigner(await this.seed(`role-${role}`), role, {
-          pub: { allow: [...p.pub.allow], deny: [...p.pub.deny] },
-          sub: { allow: [...p.sub.allow], deny: [...p.sub.deny] },
-          ...(p.allowResponses ? { resp: { max: 1, ttl: 0 } } : {}),
-        }),
-      );
+      const scoped = newScopedSigner(await this.seed(`role-${role}`), role, {
+        pub: { allow: [...p.pub.allow], deny: [...p.pub.deny] },
+        sub: { allow: [...p.sub.allow], deny: [...p.sub.deny] },
+      });
+      // @nats-io/jwt fills in `resp: {max: 0}`, which the server reads as "may answer one message
+      // on any reply subject": a caller could then aim a dispatcher's answer at JetStream's API.
+      if (p.allowResponses) scoped.template.resp = { max: 1, ttl: 0 };
+      else delete scoped.template.resp;
+      signingKeys.push(scoped);
     }
     return await encodeAccount(
       this.state.prefix,

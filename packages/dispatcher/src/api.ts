@@ -43,7 +43,10 @@ const STATUS: Partial<Record<string, number>> = {
 export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
   return {
-    [ApiEndpoint.jobsSubmit]: (body, caller) => admit(topology, body, ctx, { owner: caller.user }),
+    [ApiEndpoint.jobsSubmit]: (body, caller) => {
+      onlyAdminsChoosePools(caller, [body]);
+      return admit(topology, body, ctx, { owner: caller.user });
+    },
     [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
     [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
@@ -85,7 +88,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       parseWith(z.strictObject({}), body, "request");
       return { workers: await listJson(topology.workers, WorkerInfo, "worker") };
     },
-    [ApiEndpoint.workflowsStart]: (body, caller) => runs.start(body, caller.user),
+    [ApiEndpoint.workflowsStart]: (body, caller) => {
+      const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
+      onlyAdminsChoosePools(caller, Array.isArray(steps) ? steps : []);
+      return runs.start(body, caller.user);
+    },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
     [ApiEndpoint.workflowsCancel]: async (body, caller) => {
@@ -94,6 +101,21 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       return { run: await runs.cancel(id) };
     },
   };
+}
+
+/**
+ * A job's pool decides which workers run it, and so which of their secrets and networks it
+ * reaches: an admin chooses it, in the agent's definition. Others may not send a job or a
+ * workflow step to another pool.
+ */
+function onlyAdminsChoosePools(caller: Identity, specs: readonly unknown[]): void {
+  if (caller.role === "admin") return;
+  const chosen = specs.some((spec) => spec !== null && typeof spec === "object" && "pool" in spec);
+  if (chosen) {
+    throw new BoxcarError(ErrorCode.forbidden, `only an admin chooses a job's pool; the ${caller.role} role uses the agent's own`, {
+      issues: [{ path: "pool", message: "not allowed for this role" }],
+    });
+  }
 }
 
 async function getAgent(topology: Topology, name: string): Promise<AgentDefinition> {

@@ -137,6 +137,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.cancelAll,
             ...[b.jobs, b.agents, b.idempotency, b.workflows].map(kvSubjects),
             objSubjects(b.artifacts),
+            // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
+            // aim a dispatcher's reply at JetStream's API (say, a stream's purge).
+            "_INBOX.>",
           ],
           deny: [],
         },
@@ -144,7 +147,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           allow: [inbox, s.apiAll, "$SRV.>", `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.>`],
           deny: [],
         },
-        allowResponses: true,
+        allowResponses: false,
       };
     case "worker":
       return {
