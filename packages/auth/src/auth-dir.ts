@@ -109,7 +109,7 @@ export class AuthDir {
     } catch {
       throw new BoxcarError(
         ErrorCode.notFound,
-        `${root} is not an auth folder (no ${STATE_FILE}): create one with \`boxcar auth init ${dir}\``,
+        `${root} is not an auth folder (no ${STATE_FILE}): name yours with --dir DIR or BOXCAR_AUTH_DIR, or create one with \`boxcar auth init DIR\``,
       );
     }
     return new AuthDir(root, AuthState.parse(JSON.parse(text)));

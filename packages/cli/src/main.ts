@@ -1,4 +1,5 @@
-import { names, toErrorInfo } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, names, toErrorInfo } from "@boxcar/protocol";
+import { errors as natsErrors } from "@nats-io/transport-node";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { auth } from "./commands/auth.js";
@@ -55,6 +56,23 @@ function help(): string {
   ].join("\n");
 }
 
+/**
+ * NATS refusing a publish or subscription, as a clear `forbidden` error: the credential lacks
+ * the permission, most often because `--prefix` or `BOXCAR_IDENTITY` is not the one it was made for.
+ */
+function refusedByNats(err: unknown): BoxcarError | undefined {
+  for (let e = err; e; e = (e as Error).cause) {
+    if (e instanceof natsErrors.PermissionViolationError) {
+      return new BoxcarError(
+        ErrorCode.forbidden,
+        `NATS refused to let this credential ${e.operation === "publish" ? "publish to" : "subscribe to"} ${e.subject}: check that --prefix and BOXCAR_IDENTITY (if set) are the ones its credential was made for`,
+        { cause: err },
+      );
+    }
+  }
+  return undefined;
+}
+
 /** Runs one `boxcar` command line and returns its exit code. Never exits the process. */
 export async function main(argv: string[], io: Io): Promise<number> {
   const [name, ...rest] = argv;
@@ -90,7 +108,8 @@ export async function main(argv: string[], io: Io): Promise<number> {
         openSession(connectionFrom(values, io.env), prefix, clientName, opts.create ?? false),
     };
     return await command.run(ctx);
-  } catch (err) {
+  } catch (thrown) {
+    const err = refusedByNats(thrown) ?? thrown;
     const code = exitCodeFor(err);
     const info = toErrorInfo(err);
     if (argv.includes("--json") && !(err instanceof UsageError)) io.stdout.write(`${JSON.stringify({ error: info })}\n`);

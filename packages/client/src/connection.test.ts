@@ -48,3 +48,11 @@ test("a missing credential file is an error naming the flag and the file", () =>
     "--creds / NATS_CREDS: cannot read /no/such.creds: ENOENT",
   );
 });
+
+test("a file given as --creds that holds no user JWT is named, with the flag for a bare seed", () => {
+  const dir = mkdtempSync(join(tmpdir(), "boxcar-creds-"));
+  const seedOnly = join(dir, "account.nk");
+  writeFileSync(seedOnly, "SAAB2C3D\n");
+  expect(() => resolveConnection({ flags: { creds: seedOnly }, env: {} })).toThrow(`${seedOnly} holds no user JWT`);
+  expect(() => resolveConnection({ flags: { creds: seedOnly }, env: {} })).toThrow("use --nkey");
+});

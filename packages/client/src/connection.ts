@@ -76,6 +76,11 @@ export function resolveConnection(opts: ResolveConnectionOptions = {}): Resolved
     throw invalid("--tls-cert and --tls-key go together: give both or neither");
   }
   const creds = settings.creds !== undefined ? readCredential(settings.creds, "--creds / NATS_CREDS") : undefined;
+  if (creds !== undefined && !JWT_BLOCK.test(creds)) {
+    throw invalid(
+      `--creds / NATS_CREDS: ${settings.creds} holds no user JWT (a credentials file, as \`boxcar auth\` writes; for a bare nkey seed use --nkey)`,
+    );
+  }
   const nkey = settings.nkey !== undefined ? readCredential(settings.nkey, "--nkey / NATS_NKEY") : undefined;
   const seed = creds ? seedOfCreds(creds) : nkey ? new TextEncoder().encode(nkey.trim()) : undefined;
   return {

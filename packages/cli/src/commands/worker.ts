@@ -125,7 +125,14 @@ async function readDispatcherKeys(sources: readonly string[]): Promise<string[]>
     } catch (err) {
       throw new UsageError(`--dispatcher-keys: ${source} is neither a public key (U...) nor a readable file: ${(err as Error).message}`);
     }
-    keys.push(...text.split(/\s+/).filter((k) => k !== ""));
+    for (const key of text.split(/\s+/).filter((k) => k !== "")) {
+      if (!/^U[A-Z2-7]{55}$/.test(key)) {
+        throw new UsageError(
+          `--dispatcher-keys: ${source} holds ${JSON.stringify(key.slice(0, 16))}, not a dispatcher public key (U...): give the dispatchers.pub file \`boxcar auth init\` wrote`,
+        );
+      }
+      keys.push(key);
+    }
   }
   return keys;
 }
