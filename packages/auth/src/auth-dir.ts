@@ -151,25 +151,28 @@ export class AuthDir {
 
   /**
    * Revokes `user`'s credential: servers refuse it from the moment they learn the updated account
-   * (`pushAccount`), and the file is kept on record only. Returns the new account JWT.
+   * (`pushAccount`), and the file is kept on record only.
    */
-  async revoke(user: string): Promise<string> {
-    const found = this.state.users.find((u) => u.name === user && !u.revokedAt);
-    if (!found) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
-    found.revokedAt = new Date().toISOString();
-    this.state.revoked[found.publicKey] = Math.floor(Date.now() / 1000);
-    return await this.saveAccount();
+  async revoke(user: string): Promise<void> {
+    this.revokeKey(user);
+    await this.saveAccount();
   }
 
   /** Replaces `user`'s key: revokes the old one and writes a new `<user>.creds` with the same name and role. */
-  async rotate(user: string): Promise<string> {
+  async rotate(user: string): Promise<void> {
+    const old = this.revokeKey(user);
+    this.state.users = this.state.users.filter((u) => u !== old);
+    await this.writeUser(user, old.role);
+    await this.saveAccount();
+  }
+
+  /** Marks `user`'s live key revoked in the account's revocation list; returns its entry. */
+  private revokeKey(user: string): AuthUser {
     const found = this.state.users.find((u) => u.name === user && !u.revokedAt);
     if (!found) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
     found.revokedAt = new Date().toISOString();
     this.state.revoked[found.publicKey] = Math.floor(Date.now() / 1000);
-    this.state.users = this.state.users.filter((u) => u !== found);
-    await this.writeUser(user, found.role);
-    return await this.saveAccount();
+    return found;
   }
 
   /** The Boxcar account's JWT as it stands: scoped signing keys per role, and revocations. */
@@ -252,10 +255,14 @@ export class AuthDir {
     return file;
   }
 
-  private async saveAccount(): Promise<string> {
+  /** Saves the users and rewrites `auth.conf` with the account as it now stands (for servers that restart). */
+  private async saveAccount(): Promise<void> {
     await this.save();
+    await this.writeAuthConfig();
+  }
+
+  private async writeAuthConfig(): Promise<void> {
     await writePrivate(join(this.dir, "auth.conf"), await this.authConfig());
-    return await this.accountJwt();
   }
 
   private async save(): Promise<void> {
@@ -264,7 +271,7 @@ export class AuthDir {
   }
 
   private async writeServerConfig(listen: string, storeDir: string): Promise<void> {
-    await writePrivate(join(this.dir, "auth.conf"), await this.authConfig());
+    await this.writeAuthConfig();
     await writePrivate(
       join(this.dir, "nats-server.conf"),
       [

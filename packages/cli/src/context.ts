@@ -11,7 +11,7 @@ import {
   type Topology,
   type TopologyOptions,
 } from "@boxcar/client";
-import { BoxcarError, type Identity, type NatsConnectionSettings } from "@boxcar/protocol";
+import { BoxcarError, type NatsConnectionSettings } from "@boxcar/protocol";
 import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
@@ -47,8 +47,7 @@ export interface Session extends AsyncDisposable {
   nc: NatsConnection;
   topology: Topology;
   client: BoxcarClient;
-  /** Who this session asks as. */
-  identity: Identity;
+  /** How it connected, and who it asks as (`connection.identity`). */
   connection: ResolvedConnection;
 }
 
@@ -151,7 +150,6 @@ export async function openSession(
     nc,
     topology,
     client: createClient(topology, { identity: connection.identity }),
-    identity: connection.identity,
     connection,
     [Symbol.asyncDispose]: async () => {
       await nc.drain().catch(() => nc.close());

@@ -31,18 +31,21 @@ export interface RecordReader {
 const RECHECK_MS = 5_000;
 
 /**
- * Waits until `done(read())` holds: reads at once, then again after every event on `filter` that
- * `matters`, and every few seconds in any case. Following starts before the first read, so an
- * event that comes after it is not missed.
+ * Waits until `done` holds for the record: `first` as the caller read it, then read again after
+ * every event on `filter` that `matters`, and every few seconds in any case. The follow starts
+ * at or before the time of the first read (`startTime`, or the filter's whole history), so an
+ * event that came after it is not missed.
  */
 async function waitUntil<T>(
   topology: Topology,
   events: { filter: string; startTime?: string },
+  first: T,
   read: () => Promise<T>,
   done: (value: T) => boolean,
   matters: (event: BoxcarEvent) => boolean,
   signal?: AbortSignal,
 ): Promise<T> {
+  if (done(first)) return first; // no follow needed
   const stop = new AbortController();
   const following = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
   let pending = false;
@@ -61,12 +64,13 @@ async function waitUntil<T>(
     }
   })().catch(() => {}); // a follow that fails leaves the periodic reads
   try {
-    for (;;) {
-      pending = false;
-      const value = await read();
+    for (let value = first; ; value = await read()) {
       if (done(value)) return value;
       if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
-      if (pending) continue;
+      if (pending) {
+        pending = false;
+        continue;
+      }
       await new Promise<void>((resolve) => {
         const timer = setTimeout(finish, RECHECK_MS);
         function finish() {
@@ -78,6 +82,7 @@ async function waitUntil<T>(
         wake = finish;
         signal?.addEventListener("abort", finish, { once: true });
       });
+      pending = false;
     }
   } finally {
     stop.abort();
@@ -85,7 +90,7 @@ async function waitUntil<T>(
   }
 }
 
-/** A job's record once `done` holds for it. */
+/** A job's record (`job`, as just read) once `done` holds for it. */
 export function waitForJobRecord(
   topology: Topology,
   reader: RecordReader,
@@ -97,6 +102,7 @@ export function waitForJobRecord(
   return waitUntil(
     topology,
     { filter: topology.names.subjects.jobEvents(ownerOf(job), job.id) },
+    job,
     () => reader.getJob(job.id),
     done,
     (e) => e.kind === "job" && isTerminal(e.state),
@@ -115,12 +121,14 @@ export async function waitForChainEnd(topology: Topology, reader: RecordReader, 
 
 /** A run once it has ended and none of its jobs is still going. */
 export async function waitForRunEnd(topology: Topology, reader: RecordReader, runId: string, signal?: AbortSignal): Promise<Run> {
+  // Not the owner's whole history: from a little before the first read, a margin for clocks that differ.
+  const startTime = new Date(Date.now() - 5_000).toISOString();
   const run = await reader.getRun(runId);
   // The run's events and its jobs' final events, all under its owner.
   return waitUntil(
     topology,
-    // Not the owner's whole history: from a little before now, a margin for clocks that differ.
-    { filter: topology.names.subjects.ownerEvents(ownerOf(run)), startTime: new Date(Date.now() - 5_000).toISOString() },
+    { filter: topology.names.subjects.ownerEvents(ownerOf(run)), startTime },
+    run,
     () => reader.getRun(runId),
     (r) => isRunFinal(r.state) && !hasJobsGoing(r),
     (e) => (e.kind === "workflow" && e.runId === runId) || (e.kind === "job" && e.run === runId && isTerminal(e.state)),

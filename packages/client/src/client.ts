@@ -223,7 +223,8 @@ class Client implements BoxcarClient {
 
   async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
     const { names } = this.topology;
-    const filter = names.subjects.jobLogs(ownerOf(await this.getJob(jobId)), jobId);
+    const job = await this.getJob(jobId);
+    const filter = names.subjects.jobLogs(ownerOf(job), jobId);
     const toChunk = (msg: JsMsg): LogChunk => ({
       stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream,
       data: msg.data,
@@ -234,7 +235,7 @@ class Client implements BoxcarClient {
       // stop following and read what is left up to the end of the stream.
       const final = new AbortController();
       const signal = opts.signal ? AbortSignal.any([opts.signal, final.signal]) : final.signal;
-      this.waitForJob(jobId, signal).then(
+      waitForJobRecord(this.topology, this, job, (j) => isTerminal(j.state), signal).then(
         () => final.abort(),
         () => {},
       );

@@ -21,9 +21,6 @@ export const DEFAULT_NATS_URL = "nats://127.0.0.1:4222";
 /** How long the first connection may take (nats.js waits 20 s by default). */
 const CONNECT_TIMEOUT_MS = 10_000;
 
-/** Where each setting came from, for error messages that name what to fix. */
-export type SettingSource = "flag" | "environment" | "context" | "config file";
-
 /** Settings resolved from flags, the environment, a `nats` context and a config file, in that order. */
 export interface ResolvedConnection {
   readonly servers: readonly string[];

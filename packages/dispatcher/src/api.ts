@@ -50,14 +50,10 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
     [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
-      const { id } = parseWith(JobRef, body, "request");
-      await getRecord(topology, id, caller); // another's job is not found
-      return { job: await cancelJob(topology, id) };
+      return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
     },
     [ApiEndpoint.jobsRetry]: async (body, caller) => {
-      const { id } = parseWith(JobRef, body, "request");
-      await getRecord(topology, id, caller);
-      return { job: await retryJob(topology, id, ctx.signer) };
+      return { job: await retryJob(topology, parseWith(JobRef, body, "request").id, caller, ctx.signer) };
     },
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
@@ -96,9 +92,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
     [ApiEndpoint.workflowsCancel]: async (body, caller) => {
-      const { id } = parseWith(RunRef, body, "request");
-      await runs.require(id, caller);
-      return { run: await runs.cancel(id) };
+      return { run: await runs.cancel(parseWith(RunRef, body, "request").id, caller) };
     },
   };
 }

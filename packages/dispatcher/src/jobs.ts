@@ -13,6 +13,9 @@ import {
 } from "@boxcar/protocol";
 import { loadAgent, publishWorkItem } from "./admission.js";
 
+/** The caller of what a dispatcher does on its own account: it sees every job. */
+const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
+
 /** Pages through job records, newest first (job ids sort by creation time). */
 export async function listJobs(topology: Topology, raw: unknown, caller: Identity): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
@@ -43,12 +46,13 @@ export async function listJobs(topology: Topology, raw: unknown, caller: Identit
 /**
  * Cancels a job. A job not yet started is marked cancelled and never starts; a running one is
  * flagged and its worker told over `<prefix>.ctl.cancel.<id>`. Cancelling a cancelled job is a
- * no-op; cancelling a finished one is a conflict.
+ * no-op; cancelling a finished one is a conflict. A job `caller` may not see is not found; the
+ * dispatcher's own cancels (of a workflow run's jobs) are made as itself.
  */
-export async function cancelJob(topology: Topology, id: string): Promise<JobRecord> {
+export async function cancelJob(topology: Topology, id: string, caller: Identity = DISPATCHER): Promise<JobRecord> {
   for (let tries = 0; tries < 10; tries++) {
     const found = await getJson(topology.jobs, id, JobRecord, "job record");
-    if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+    if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
     const job = found.value;
     if (job.state === "cancelled" || (job.state === "running" && job.cancelRequested)) return job;
     if (isTerminal(job.state)) throw new BoxcarError(ErrorCode.conflict, `job ${id} already ended ${job.state}`);
@@ -81,9 +85,9 @@ export async function cancelJob(topology: Topology, id: string): Promise<JobReco
  * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
  * policy's maxAttempts), its history kept. Only a dead job can be retried.
  */
-export async function retryJob(topology: Topology, id: string, signer: WorkSigner | undefined): Promise<JobRecord> {
+export async function retryJob(topology: Topology, id: string, caller: Identity, signer: WorkSigner | undefined): Promise<JobRecord> {
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.value;
   if (job.state !== "dead")
     throw new BoxcarError(ErrorCode.conflict, `job ${id} is ${job.state}, not dead: only a dead job can be retried`);

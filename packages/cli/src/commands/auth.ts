@@ -1,4 +1,5 @@
 import { AuthDir, pushAccount } from "@boxcar/auth";
+import type { ResolvedConnection } from "@boxcar/client";
 import { ROLES, Role } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { connectionFrom } from "../context.js";
@@ -12,6 +13,11 @@ const usage =
 /** Where the auth folder is for every verb but `init`: `--dir`, else `$BOXCAR_AUTH_DIR`, else `.boxcar/auth`. */
 function authDir(values: Record<string, unknown>, env: NodeJS.ProcessEnv): string {
   return (values.dir as string | undefined) ?? env.BOXCAR_AUTH_DIR ?? ".boxcar/auth";
+}
+
+/** Sends the auth folder's account to the servers the command names (with their CA, if any). */
+function push(a: AuthDir, connection: ResolvedConnection): Promise<void> {
+  return pushAccount(a, connection.servers, connection.settings.tlsCa ? { tlsCa: connection.settings.tlsCa } : {});
 }
 
 export const auth: Command = {
@@ -80,7 +86,7 @@ export const auth: Command = {
           verb === "revoke" ? `user ${user} revoked` : `user ${user} has a new key in ${a.credsFile(user)}; the old one is revoked`;
         const connection = connectionFrom(ctx.values, ctx.io.env);
         try {
-          await pushAccount(a, connection.servers, connection.settings.tlsCa ? { tlsCa: connection.settings.tlsCa } : {});
+          await push(a, connection);
         } catch (err) {
           ctx.io.stderr.write(
             `${done} in ${a.dir}/auth.conf, but the running servers were not told: ${(err as Error).message}\n` +
@@ -93,8 +99,7 @@ export const auth: Command = {
       }
       case "push": {
         const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
-        const connection = connectionFrom(ctx.values, ctx.io.env);
-        await pushAccount(a, connection.servers, connection.settings.tlsCa ? { tlsCa: connection.settings.tlsCa } : {});
+        await push(a, connectionFrom(ctx.values, ctx.io.env));
         ctx.print("account pushed");
         return ExitCode.ok;
       }

@@ -121,11 +121,14 @@ export class Runs {
     return { runs: runs.slice(0, req.limit) };
   }
 
-  /** Cancels a run: steps not started never start, and running steps' jobs are cancelled. Idempotent. */
-  async cancel(id: string): Promise<WorkflowRun> {
+  /**
+   * Cancels a run: steps not started never start, and running steps' jobs are cancelled.
+   * Idempotent. A run `caller` may not see is not found.
+   */
+  async cancel(id: string, caller: Identity): Promise<WorkflowRun> {
     for (let tries = 0; tries < 10; tries++) {
       const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
-      if (!found) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+      if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
       const run = found.value;
       if (run.state === "cancelled") return run;
       if (isRunFinal(run.state)) throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} already ended ${run.state}`);
