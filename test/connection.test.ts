@@ -10,10 +10,10 @@ import { type Scratch, scratch } from "./helpers/scratch.js";
 
 /**
  * Every command connects as the `nats` CLI does. A command that reaches a server with no Boxcar
- * system on it fails with "no Boxcar system": proof that it connected and logged in, where a
- * refused login fails with "Authorization Violation".
+ * system on it fails with "no dispatcher answers": proof that it connected, logged in and sent
+ * its request, where a refused login fails with "Authorization Violation".
  */
-const CONNECTED = /no Boxcar system with prefix/;
+const CONNECTED = /no dispatcher answers on/;
 const REFUSED = /Authorization Violation|authorization violation/i;
 
 let dir: Scratch;

@@ -238,7 +238,8 @@ describe("what a mistaken command line gets", () => {
     const streamsBefore = await streamNames(bare);
     const typo = await boxcar(bare.url, "typo", ["status", "x"]);
     expect(typo.code).toBe(4);
-    expect(typo.stderr).toContain('no Boxcar system with prefix "typo"');
+    expect(typo.stderr).toContain("no dispatcher answers on typo.api.");
+    expect(typo.stderr).toContain("with prefix typo?");
     expect(await streamNames(bare)).toEqual(streamsBefore);
 
     const badPrefix = await boxcar(bare.url, "Not Valid", ["jobs"]);

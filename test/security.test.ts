@@ -1,9 +1,13 @@
-import { readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pushAccount } from "@boxcar/auth";
-import { connectNats, readStream, resolveConnection, WorkSigner } from "@boxcar/client";
+import { connectNats, resolveConnection, WorkSigner } from "@boxcar/client";
+import { MAX_OPEN_UPLOADS } from "@boxcar/dispatcher";
 import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { Objm } from "@nats-io/obj";
 import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { eventually } from "./helpers/cli.js";
@@ -56,8 +60,10 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   let bob: Principal;
   let viewer: Principal;
   let alicesJob: JobRecord;
+  let dir: string;
 
   beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "boxcar-security-"));
     sys = await securedSystem();
     admin = await sys.as("admin");
     alice = await sys.as("alice", "submitter");
@@ -69,6 +75,7 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   }, 60_000);
   afterAll(async () => {
     await sys?.[Symbol.asyncDispose]();
+    await rm(dir, { recursive: true, force: true });
   });
 
   it("a submitter runs a job end to end: submit, wait, events, logs, artifacts; the record names its owner", async () => {
@@ -102,30 +109,90 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect(b.duplicate).toBe(false);
   });
 
-  it("a submitter reads its own events and output straight from the streams, nobody else's, and no records from the buckets", async () => {
-    const { names } = bob.topology;
-    const first = async (p: Principal, stream: string, filter: string) => {
-      for await (const msg of readStream(p.topology, stream, filter)) return msg.subject;
-      return "none";
-    };
-    expect(await first(alice, names.streams.events, names.subjects.jobEvents("alice", alicesJob.id))).toContain(alicesJob.id);
-    expect(await first(alice, names.streams.logs, names.subjects.jobLogs("alice", alicesJob.id))).toContain(alicesJob.id);
-    await expectDenied("bob reads alice's events", () => first(bob, names.streams.events, names.subjects.jobEvents("alice", alicesJob.id)));
-    await expectDenied("bob reads every event", () => first(bob, names.streams.events, names.subjects.eventsAll));
-    await expectDenied("bob reads alice's output", () => first(bob, names.streams.logs, names.subjects.jobLogs("alice", alicesJob.id)));
-    await expectDenied("bob reads an event by its sequence", async () =>
-      (await jetstreamManager(bob.nc)).direct.getMessage(names.streams.events, { seq: 1 }),
-    );
-    await expectDenied("bob reads alice's job record from the bucket", () => bob.topology.jobs.get(alicesJob.id));
-    await expectDenied("bob lists the job records", async () => {
-      for await (const _ of await bob.topology.jobs.keys()) break;
-    });
-    // Bob's own job: his SDK follows it without any bucket.
+  it("a submitter reads its own events, output and artifacts through the API and live subscriptions, nobody else's", async () => {
+    const { names } = bob;
+    await expect(alice.client.downloadArtifacts(alicesJob.id, join(dir, "alice"))).resolves.toEqual([join(dir, "alice", "out/a.txt")]);
+    expect(await readFile(join(dir, "alice", "out/a.txt"), "utf8")).toBe("out\n");
+    for (const action of [
+      async () => {
+        for await (const _ of bob.client.events(alicesJob.id)) break;
+      },
+      async () => {
+        for await (const _ of bob.client.logs(alicesJob.id)) break;
+      },
+      () => bob.client.downloadArtifacts(alicesJob.id, join(dir, "bob")),
+      () =>
+        bob.nc
+          .request(
+            names.subjects.api({ role: "submitter", user: "bob" }, "jobs.artifact"),
+            JSON.stringify({ id: alicesJob.id, path: "out/a.txt" }),
+          )
+          .then((m) => {
+            throw new Error(m.string());
+          }),
+    ]) {
+      await expect(action()).rejects.toMatchObject({ message: expect.stringContaining(alicesJob.id) });
+    }
+    await expectSubscribeDenied(bob.nc, names.subjects.ownerEventsOf("job", "alice"));
+    await expectSubscribeDenied(bob.nc, names.subjects.jobLogs("alice", alicesJob.id));
+    await expectSubscribeDenied(bob.nc, names.subjects.eventsAll);
+    // Bob's own job: his SDK follows it live, its output included, with no JetStream access.
     const mine = await bob.client.submit({ agent: "hello", input: "bob's" });
-    expect((await bob.client.waitForJob(mine.job.id)).owner).toBe("bob");
     let out = "";
-    for await (const chunk of bob.client.logs(mine.job.id)) out += new TextDecoder().decode(chunk.data);
+    for await (const chunk of bob.client.logs(mine.job.id, { follow: true })) out += new TextDecoder().decode(chunk.data);
     expect(out).toContain("bob's");
+    expect((await bob.client.waitForJob(mine.job.id)).owner).toBe("bob");
+    const types: string[] = [];
+    for await (const e of bob.client.events(mine.job.id, { follow: true })) types.push(e.type);
+    expect(types.at(-1)).toBe("succeeded");
+  });
+
+  it("a submitter uploads input files through the dispatcher, and cannot use or write another's", async () => {
+    const copy = { ...hello, name: "cat-input", command: 'cat data.txt; printf \'{"output":null}\' > "$BOXCAR_RESULT_FILE"' };
+    await admin.client.applyAgent(copy);
+    const file = join(dir, "data.txt");
+    // Larger than one chunk, so the upload takes several messages.
+    await writeFile(file, `${"x".repeat(300 * 1024)}\nalice's data\n`);
+    const { job } = await alice.client.submit({ agent: "cat-input" }, { upload: [{ localPath: file, path: "data.txt" }] });
+    const object = job.spec?.files[0]?.object ?? "";
+    expect(object.startsWith("inputs/alice/")).toBe(true);
+    let out = "";
+    for await (const chunk of alice.client.logs(job.id, { follow: true })) out += new TextDecoder().decode(chunk.data);
+    expect(out).toContain("alice's data");
+    // Bob names alice's upload in his own job: refused, and her file stays.
+    await expect(bob.client.submit({ agent: "cat-input", files: [{ path: "data.txt", object }] })).rejects.toMatchObject({
+      code: ErrorCode.forbidden,
+    });
+    // Bob cannot send chunks into an upload of alice's, whatever its token.
+    await expectDenied("bob writes into alice's upload", () => bob.nc.request(alice.names.subjects.upload("alice", "0".repeat(32)), "x"));
+    // A refused submission removes the file uploaded for it.
+    const objects = async () => {
+      const list = await (await new Objm(jetstream(admin.nc)).open(alice.names.buckets.artifacts)).list();
+      return list.filter((o) => o.name.startsWith("inputs/alice/")).length;
+    };
+    const before = await objects();
+    await expect(
+      alice.client.submit({ agent: "cat-input", timeout: 1 }, { upload: [{ localPath: file, path: "data.txt" }] }),
+    ).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+    });
+    expect(await objects()).toBe(before);
+  });
+
+  it("a submitter's uploads are few at a time; workers show it no job ids; an unreadable record breaks no list", async () => {
+    const dave = await sys.as("dave", "submitter");
+    const open = () => dave.nc.request(dave.names.subjects.api({ role: "submitter", user: "dave" }, "inputs.upload"), '{"path":"a.txt"}');
+    for (let i = 0; i < MAX_OPEN_UPLOADS; i++) expect((await open()).json<{ ok: boolean }>().ok).toBe(true);
+    expect((await open()).json<{ error: { code: string } }>().error.code).toBe(ErrorCode.conflict);
+
+    const workers = await dave.client.listWorkers();
+    expect(workers.length).toBeGreaterThan(0);
+    expect(workers.every((w) => w.jobs.length === 0)).toBe(true);
+
+    await (await new Kvm(jetstream(admin.nc)).open(admin.names.buckets.jobs)).put("0garbage", "not json");
+    const listed = await admin.client.listJobs({ limit: 1000 });
+    expect(listed.jobs.map((j) => j.id)).toContain(alicesJob.id);
+    expect(listed.jobs.map((j) => j.id)).not.toContain("0garbage");
   });
 
   it("a submitter cannot apply or remove agents, nor make one trusted; a viewer cannot submit or cancel", async () => {
@@ -153,7 +220,7 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   });
 
   it("a request whose reply subject aims at JetStream's API gets no answer there: the dispatcher may reply only to inboxes", async () => {
-    const { names } = viewer.topology;
+    const { names } = viewer;
     const jsm = await jetstreamManager(admin.nc);
     const before = (await jsm.streams.info(names.streams.events)).state.messages;
     expect(before).toBeGreaterThan(0);
@@ -166,7 +233,7 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   });
 
   it("a submitter cannot ask as someone else: NATS refuses a request on another user's or role's subject", async () => {
-    const names = alice.topology.names;
+    const { names } = alice;
     for (const caller of [
       { role: "submitter", user: "bob" },
       { role: "admin", user: "alice" },
@@ -175,14 +242,24 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
         alice.nc.request(names.subjects.api(caller, "agents.apply"), JSON.stringify({ definition: hello }), { timeout: 2_000 }),
       );
     }
-    await expectDenied("intake as bob", () => alice.topology.js.publish(names.subjects.submit("bob", "hello"), "{}"));
+    await expectDenied("intake as bob", () => alice.nc.request(names.subjects.submit("bob", "hello"), "{}", { timeout: 2_000 }));
   });
 
   it("every attack of issue 11 fails for a submitter's and a viewer's credential, and the system still runs jobs after", async () => {
-    const { names, streams } = { names: alice.topology.names, streams: alice.topology.names.streams };
+    const { names } = alice;
+    const { streams, buckets } = names;
+    const jsm = await jetstreamManager(admin.nc);
+    const stored = async () => (await jsm.streams.info(streams.events)).state.messages;
+    const eventsBefore = await stored();
     for (const p of [alice, viewer]) {
-      const { js, nc } = p.topology;
-      const jsm = await jetstreamManager(nc);
+      const { nc } = p;
+      const send =
+        (subject: string, body = "{}", reply?: string) =>
+        async () => {
+          if (reply === undefined) return nc.request(subject, body, { timeout: 2_000 });
+          nc.publish(subject, body, { reply });
+          return nc.request(subject, body, { timeout: 2_000 }); // a request to the same subject reports the refusal
+        };
       const forged: WorkItem = {
         v: PROTOCOL_VERSION,
         jobId: "forged",
@@ -191,33 +268,41 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
         files: [],
         timeoutMs: 10_000,
       };
-      await expectDenied("publish a work item", () => js.publish(names.subjects.work("default"), JSON.stringify(forged)));
-      await expectDenied("overwrite a job record", () =>
-        p.topology.jobs.put(alicesJob.id, JSON.stringify({ ...alicesJob, result: { output: "forged" } })),
+      await expectDenied("publish a work item", send(names.subjects.work("default"), JSON.stringify(forged)));
+      const record = JSON.stringify({ ...alicesJob, result: { output: "forged" } });
+      await expectDenied("overwrite a job record", send(`$KV.${buckets.jobs}.${alicesJob.id}`, record));
+      await expectDenied("publish an event", send(names.subjects.event("job", alicesJob.id, "succeeded", "alice")));
+      await expectDenied("purge the events stream", send(`$JS.API.STREAM.PURGE.${streams.events}`));
+      await expectDenied("delete the work stream", send(`$JS.API.STREAM.DELETE.${streams.work}`));
+      await expectDenied(
+        "pull work items off the pool's consumer",
+        send(`$JS.API.CONSUMER.MSG.NEXT.${streams.work}.${names.poolConsumer("default")}`),
       );
-      await expectDenied("delete a job record", () => p.topology.jobs.delete(alicesJob.id));
-      await expectDenied("publish an event", () =>
-        js.publish(names.subjects.event("job", alicesJob.id, "succeeded", "alice"), JSON.stringify({ forged: true })),
+      await expectDenied(
+        "list a stream's subjects (users and job ids)",
+        send(`$JS.API.STREAM.INFO.${streams.events}`, '{"subjects_filter":">"}'),
       );
-      await expectDenied("purge the events stream", () => jsm.streams.purge(streams.events));
-      await expectDenied("delete the work stream", () => jsm.streams.delete(streams.work));
-      await expectDenied("delete the jobs bucket's stream", () => jsm.streams.delete(`KV_${names.buckets.jobs}`));
-      await expectDenied("pull work items off the pool's consumer", async () => {
-        const c = await js.consumers.get(streams.work, names.poolConsumer("default"));
-        await c.next({ expires: 1_000 });
-      });
+      await expectDenied("make a consumer", send(`$JS.API.CONSUMER.CREATE.${streams.events}`));
+      await expectDenied("roll up the artifacts store", send(`$O.${buckets.artifacts}.M.x`));
+      // JetStream answers a stored message on the reply subject its publisher names, past the
+      // publisher's permissions: so no stream's subject may be published to, with or without one.
+      await expectDenied(
+        "intake with its publish ack aimed at a purge",
+        send(names.subjects.submit(p.user, "hello"), "{}", `$JS.API.STREAM.PURGE.${streams.events}`),
+      );
       await expectSubscribeDenied(nc, names.subjects.apiAll);
       await expectSubscribeDenied(nc, names.subjects.workAll);
       await expectSubscribeDenied(nc, names.subjects.apiEndpoint("jobs.submit"), "q");
       await expectSubscribeDenied(nc, "_INBOX.>");
       // Each refused subscription above may close the connection's own subscriptions; reconnect checks below use fresh ones.
     }
+    expect(await stored()).toBeGreaterThanOrEqual(eventsBefore);
     // A raw cancel on the control subject: core NATS gives no reply, so watch the server refuse it.
     const refused = (async () => {
       for await (const s of alice.nc.status()) if (s.type === "error" && isDenied(s.error)) return true;
       return false;
     })();
-    alice.nc.publish(alice.topology.names.subjects.cancel(alicesJob.id));
+    alice.nc.publish(alice.names.subjects.cancel(alicesJob.id));
     expect(await Promise.race([refused, new Promise((r) => setTimeout(() => r(false), 3_000))])).toBe(true);
 
     // Unharmed: the record is as it was, and a new job runs.
@@ -229,8 +314,8 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   it("a worker's credential cannot publish work items, call the API or delete streams; a dispatcher's cannot delete or purge them either", async () => {
     const worker = await sys.as("worker");
     const dispatcher = await sys.as("dispatcher");
-    const { names } = worker.topology;
-    await expectDenied("a worker publishes a work item", () => worker.topology.js.publish(names.subjects.work("default"), "{}"));
+    const { names } = worker;
+    await expectDenied("a worker publishes a work item", () => jetstream(worker.nc).publish(names.subjects.work("default"), "{}"));
     await expect(worker.client.listJobs()).rejects.toMatchObject({ code: ErrorCode.forbidden });
     for (const p of [worker, dispatcher]) {
       const jsm = await jetstreamManager(p.nc);
@@ -240,7 +325,8 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
   });
 
   it("work items without a trusted dispatcher's signature are terminated unrun, each with a work_rejected event", async () => {
-    const { names } = admin.topology;
+    const { names } = admin;
+    const js = jetstream(admin.nc);
     const marker = join(sys.auth.dir, "forged-ran");
     const agent = { ...(await admin.client.getAgent("hello")), command: ["sh", "-c", `touch ${marker}`] };
     const item: WorkItem = { v: PROTOCOL_VERSION, jobId: "0forged0000000000", agent, input: null, files: [], timeoutMs: 10_000 };
@@ -254,17 +340,17 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     });
     await admin.nc.flush();
     // With the admin's credential, which may publish anywhere, but no signature...
-    await admin.topology.js.publish(subject, body);
+    await js.publish(subject, body);
     // ...and signed by the admin's own key, which workers do not trust...
     const adminSeed = resolveConnection({ flags: { creds: admin.creds }, env: {} }).seed;
     const hdrs = headers();
     new WorkSigner(adminSeed as Uint8Array).sign(subject, body, hdrs);
-    await admin.topology.js.publish(subject, body, { headers: hdrs });
+    await js.publish(subject, body, { headers: hdrs });
     // ...and a dispatcher's signature over other content.
     const dispatcherSeed = resolveConnection({ flags: { creds: sys.auth.credsFile("dispatcher") }, env: {} }).seed;
     const tampered = headers();
     new WorkSigner(dispatcherSeed as Uint8Array).sign(subject, new TextEncoder().encode("{}"), tampered);
-    await admin.topology.js.publish(subject, body, { headers: tampered });
+    await js.publish(subject, body, { headers: tampered });
 
     await eventually(async () => (rejections.length >= 3 ? true : undefined), "three work_rejected events", 15_000);
     sub.unsubscribe();

@@ -1,7 +1,7 @@
 import type { AuthDir } from "@boxcar/auth";
 import { type BoxcarClient, connectNats, createClient, openTopology, resolveConnection, type Topology, WorkSigner } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import { isTerminal, type JobRecord, type JobSpecInput } from "@boxcar/protocol";
+import { isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";
 import { type ConnectionOptions, connect, type NatsConnection } from "@nats-io/transport-node";
@@ -91,14 +91,16 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     runtime: { sandbox: opts.sandbox ?? "host" },
     trusted: true,
   });
-  const clientTopology = await topology(connections.client);
-  const client: BoxcarClient = createClient(clientTopology, { identity: resolved("submitter").identity });
+  const client: BoxcarClient = createClient(
+    { nc: connections.client, names: names(opts.prefix) },
+    { identity: resolved("submitter").identity },
+  );
 
   const completions = new Completions();
   let unsuccessful = 0;
   let listener: RecordListener | undefined;
   // The watcher reads the jobs bucket, which a submitter's credential may not: with auth, an admin watches.
-  const observer = auth || opts.separateObserver ? await topology(admin) : clientTopology;
+  const observer = await topology(auth || opts.separateObserver ? admin : connections.client);
   const watch = await observer.jobs.watch({ include: KvWatchInclude.UpdatesOnly });
   const watching = (async () => {
     for await (const entry of watch) {

@@ -1,27 +1,18 @@
 import type { AuthDir } from "@boxcar/auth";
-import {
-  type BoxcarClient,
-  connectNats,
-  createClient,
-  type Logger,
-  type NatsServer,
-  openTopology,
-  resolveConnection,
-  type Topology,
-} from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, type Logger, type NatsServer, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import type { Role } from "@boxcar/protocol";
+import { type Names, names as namesOf, type Role } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { natsFixture } from "./nats.js";
 
-/** One principal's connection: its topology handles and SDK client, as that user. */
+/** One principal's connection and SDK client, as that user. */
 export interface Principal {
   readonly user: string;
   readonly role: Role;
   readonly creds: string;
   readonly nc: NatsConnection;
-  readonly topology: Topology;
+  readonly names: Names;
   readonly client: BoxcarClient;
 }
 
@@ -56,14 +47,14 @@ export async function securedSystem(): Promise<SecuredSystem> {
     const creds = auth.credsFile(user);
     const connection = resolveConnection({ flags: { nats: server.url, creds }, env: {} });
     const nc = await connectNats(connection, `test-${user}`);
-    const topology = await openTopology(nc, { prefix, create: false });
+    const names = namesOf(prefix);
     const p = {
       user,
       role: connection.identity.role,
       creds,
       nc,
-      topology,
-      client: createClient(topology, { identity: connection.identity }),
+      names,
+      client: createClient({ nc, names }, { identity: connection.identity }),
     };
     principals.push(p);
     return p;

@@ -11,7 +11,7 @@ import {
   type Topology,
   type TopologyOptions,
 } from "@boxcar/client";
-import { BoxcarError, type NatsConnectionSettings } from "@boxcar/protocol";
+import { BoxcarError, type NatsConnectionSettings, names } from "@boxcar/protocol";
 import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
@@ -43,12 +43,17 @@ export const globalOptions = {
 
 export type OptionsConfig = NonNullable<ParseArgsConfig["options"]>;
 
+/** A client's connection: it talks to the dispatchers' API only, and needs no JetStream access. */
 export interface Session extends AsyncDisposable {
   nc: NatsConnection;
-  topology: Topology;
   client: BoxcarClient;
   /** How it connected, and who it asks as (`connection.identity`). */
   connection: ResolvedConnection;
+}
+
+/** A dispatcher's or worker's connection, with the streams and buckets it works on. */
+export interface RoleSession extends Session {
+  topology: Topology;
 }
 
 export interface CommandContext<V extends object> {
@@ -57,11 +62,8 @@ export interface CommandContext<V extends object> {
   io: Io;
   /** Writes a line to stdout. */
   print(text: string): void;
-  /**
-   * Connects to NATS and opens the Boxcar system. Only the roles that own it (`create`) make
-   * streams and buckets; other commands fail clearly when the system is not there.
-   */
-  session(name?: string, opts?: { create?: boolean }): Promise<Session>;
+  /** Connects to NATS as a client of the Boxcar system. */
+  session(name?: string): Promise<Session>;
 }
 
 /** The connection flags given on the command line, in the shape of the worker config file's keys. */
@@ -126,30 +128,41 @@ export interface SessionTopologyOptions {
   replicas?: number;
 }
 
-export async function openSession(
+/** Connects as a client: names only, no streams or buckets. */
+export async function openSession(connection: ResolvedConnection, prefix: string | undefined, name: string): Promise<Session> {
+  const link = { nc: await connectNats(connection, name), names: names(prefix) };
+  return sessionOf(link.nc, createClient(link, { identity: connection.identity }), connection);
+}
+
+/**
+ * Connects as a role that works on the system's streams and buckets (a dispatcher, a worker, an
+ * admin that starts them), making whatever is missing.
+ */
+export async function openRoleSession(
   connection: ResolvedConnection,
   prefix: string | undefined,
   name: string,
-  create: boolean,
   topologyOptions: SessionTopologyOptions = {},
-): Promise<Session> {
+): Promise<RoleSession> {
   const nc = await connectNats(connection, name);
   const options = {
     ...(prefix ? { prefix } : {}),
     ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
-    create,
   };
   let topology: Topology;
   try {
-    topology = create ? await openTopologyPatiently(nc, options) : await openTopology(nc, options);
+    topology = await openTopologyPatiently(nc, options);
   } catch (err) {
     await nc.close();
     throw err;
   }
+  return { ...sessionOf(nc, createClient(topology, { identity: connection.identity }), connection), topology };
+}
+
+function sessionOf(nc: NatsConnection, client: BoxcarClient, connection: ResolvedConnection): Session {
   return {
     nc,
-    topology,
-    client: createClient(topology, { identity: connection.identity }),
+    client,
     connection,
     [Symbol.asyncDispose]: async () => {
       await nc.drain().catch(() => nc.close());

@@ -104,8 +104,7 @@ export async function main(argv: string[], io: Io): Promise<number> {
       positionals,
       io,
       print: (text) => io.stdout.write(`${text}\n`),
-      session: (clientName = `boxcar-${name}`, opts = {}) =>
-        openSession(connectionFrom(values, io.env), prefix, clientName, opts.create ?? false),
+      session: (clientName = `boxcar-${name}`) => openSession(connectionFrom(values, io.env), prefix, clientName),
     };
     return await command.run(ctx);
   } catch (thrown) {

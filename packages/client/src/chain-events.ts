@@ -6,102 +6,83 @@ import {
   isRunFinal,
   isTerminal,
   type JobRecord,
+  type Names,
   ownerOf,
-  parseWith,
   type WorkflowRun as Run,
 } from "@boxcar/protocol";
+import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import type { FollowOptions } from "./client.js";
-import { readStream } from "./stream-reader.js";
-import type { Topology } from "./topology.js";
+import { followPages, type HistoryPage, RECHECK_MS, Wake } from "./follow.js";
+import { jsonOf } from "./kv-json.js";
 
-/**
- * How a client reads records: through the dispatchers' API, which checks that the caller may see
- * them. Waiting and following never read the jobs or workflows buckets, which a submitter's
- * credential may not.
- */
-export interface RecordReader {
-  getJob(id: string): Promise<JobRecord>;
-  getRun(id: string): Promise<Run>;
+/** How a client reaches a Boxcar system: one NATS connection and the system's names. */
+export interface ClientLink {
+  readonly nc: NatsConnection;
+  readonly names: Names;
 }
 
 /**
- * How often a wait asks for the record again although no event came: events can be missing
- * (their publish is not retried), the record cannot.
+ * How a client reads records and history: through the dispatchers' API, which checks that the
+ * caller may see them. Waiting and following never touch JetStream, which a submitter's
+ * credential may not.
  */
-const RECHECK_MS = 5_000;
+export interface HistoryReader {
+  getJob(id: string): Promise<JobRecord>;
+  getRun(id: string): Promise<Run>;
+  jobEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>>;
+  runEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>>;
+}
+
+const eventOf = (msg: Msg): BoxcarEvent | undefined => {
+  const parsed = BoxcarEvent.safeParse(jsonOf(msg));
+  return parsed.success ? parsed.data : undefined;
+};
 
 /**
- * Waits until `done` holds for the record: `first` as the caller read it, then read again after
- * every event on `filter` that `matters`, and every few seconds in any case. The follow starts
- * at or before the time of the first read (`startTime`, or the filter's whole history), so an
- * event that came after it is not missed.
+ * Waits until `done` holds for the record: `first` as the caller read it, else read again after
+ * every live event on `live` that `matters`, and every few seconds in any case (events are not
+ * stored when their publish fails; records are).
  */
 async function waitUntil<T>(
-  topology: Topology,
-  events: { filter: string; startTime?: string },
+  link: ClientLink,
+  live: readonly string[],
   first: T,
   read: () => Promise<T>,
   done: (value: T) => boolean,
   matters: (event: BoxcarEvent) => boolean,
   signal?: AbortSignal,
 ): Promise<T> {
-  if (done(first)) return first; // no follow needed
-  const stop = new AbortController();
-  const following = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
-  let pending = false;
-  let wake: (() => void) | undefined;
-  const pump = (async () => {
-    const stream = readStream(topology, topology.names.streams.events, events.filter, {
-      follow: true,
-      signal: following,
-      ...(events.startTime ? { startTime: events.startTime } : {}),
-    });
-    for await (const msg of stream) {
-      const event = BoxcarEvent.safeParse(msg.json());
-      if (!event.success || !matters(event.data)) continue;
-      pending = true;
-      wake?.();
-    }
-  })().catch(() => {}); // a follow that fails leaves the periodic reads
-  try {
-    for (let value = first; ; value = await read()) {
-      if (done(value)) return value;
-      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
-      if (pending) {
-        pending = false;
-        continue;
-      }
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(finish, RECHECK_MS);
-        function finish() {
-          clearTimeout(timer);
-          wake = undefined;
-          signal?.removeEventListener("abort", finish);
-          resolve();
-        }
-        wake = finish;
-        signal?.addEventListener("abort", finish, { once: true });
-      });
-      pending = false;
-    }
-  } finally {
-    stop.abort();
-    await pump;
+  if (done(first)) return first; // no subscription needed
+  using wake = await Wake.open(link.nc, live, (msg) => {
+    const event = eventOf(msg);
+    return event !== undefined && matters(event);
+  });
+  // Read again now that the subscription stands: the record may have changed in between.
+  for (let value = await read(); ; value = await read()) {
+    if (done(value)) return value;
+    if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
+    await wake.wait(RECHECK_MS, signal);
   }
 }
 
+/** The live subjects of a job's own events (`job` kind), and of all its events. */
+export const jobEventSubjects = (names: Names, owner: string, jobId: string) => names.subjects.event("job", jobId, "*", owner);
+const allJobEventSubjects = (names: Names, owner: string, jobId: string): string[] => [
+  jobEventSubjects(names, owner, jobId),
+  names.subjects.event("sandbox", jobId, "*", owner),
+];
+
 /** A job's record (`job`, as just read) once `done` holds for it. */
 export function waitForJobRecord(
-  topology: Topology,
-  reader: RecordReader,
+  link: ClientLink,
+  reader: HistoryReader,
   job: JobRecord,
   done: (job: JobRecord) => boolean,
   signal?: AbortSignal,
 ): Promise<JobRecord> {
-  // A job has a few events: read them all rather than trust two clocks to agree on a start time.
   return waitUntil(
-    topology,
-    { filter: topology.names.subjects.jobEvents(ownerOf(job), job.id) },
+    link,
+    [jobEventSubjects(link.names, ownerOf(job), job.id)],
     job,
     () => reader.getJob(job.id),
     done,
@@ -111,23 +92,22 @@ export function waitForJobRecord(
 }
 
 /** The last job of the chain `jobId` starts, once it has ended (its handoff, if any, decided and followed). */
-export async function waitForChainEnd(topology: Topology, reader: RecordReader, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
+export async function waitForChainEnd(link: ClientLink, reader: HistoryReader, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
   for (let id = jobId; ; ) {
-    const job = await waitForJobRecord(topology, reader, await reader.getJob(id), (j) => isTerminal(j.state) && !handoffPending(j), signal);
+    const job = await waitForJobRecord(link, reader, await reader.getJob(id), (j) => isTerminal(j.state) && !handoffPending(j), signal);
     if (!job.handoff?.jobId) return job;
     id = job.handoff.jobId;
   }
 }
 
 /** A run once it has ended and none of its jobs is still going. */
-export async function waitForRunEnd(topology: Topology, reader: RecordReader, runId: string, signal?: AbortSignal): Promise<Run> {
-  // Not the owner's whole history: from a little before the first read, a margin for clocks that differ.
-  const startTime = new Date(Date.now() - 5_000).toISOString();
+export async function waitForRunEnd(link: ClientLink, reader: HistoryReader, runId: string, signal?: AbortSignal): Promise<Run> {
   const run = await reader.getRun(runId);
+  const owner = ownerOf(run);
   // The run's events and its jobs' final events, all under its owner.
   return waitUntil(
-    topology,
-    { filter: topology.names.subjects.ownerEvents(ownerOf(run)), startTime },
+    link,
+    [link.names.subjects.runEvents(owner, runId), link.names.subjects.ownerEventsOf("job", owner)],
     run,
     () => reader.getRun(runId),
     (r) => isRunFinal(r.state) && !hasJobsGoing(r),
@@ -139,23 +119,34 @@ export async function waitForRunEnd(topology: Topology, reader: RecordReader, ru
 const hasJobsGoing = (run: Run): boolean =>
   Object.values(run.steps).some((s) => s.instances.some((i) => i.state === "running" || i.state === "starting"));
 
+/** A job's events, oldest first; with `follow`, until its final event. */
+export function followJob(link: ClientLink, reader: HistoryReader, job: JobRecord, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+  return followPages(link.nc, (after) => reader.jobEventsPage(job.id, after), {
+    ...opts,
+    live: allJobEventSubjects(link.names, ownerOf(job), job.id),
+    done: (event) => event.kind === "job" && isTerminal(event.state),
+  });
+}
+
 /**
  * The events of a job and of the jobs it hands off to, one job after the other. With `follow`
  * it waits for each job's handoff decision and ends with the chain's last job.
  */
 export async function* followChain(
-  topology: Topology,
-  reader: RecordReader,
+  link: ClientLink,
+  reader: HistoryReader,
   first: JobRecord,
   opts: FollowOptions = {},
 ): AsyncGenerator<BoxcarEvent> {
-  const { names } = topology;
   const owner = ownerOf(first); // every job of a chain belongs to its first job's owner
   for (let id: string | undefined = first.id; id !== undefined; ) {
     const current: string = id;
     id = undefined;
-    for await (const msg of readStream(topology, names.streams.events, names.subjects.jobEvents(owner, current), opts)) {
-      const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
+    const events = followPages(link.nc, (after) => reader.jobEventsPage(current, after), {
+      ...opts,
+      live: allJobEventSubjects(link.names, owner, current),
+    });
+    for await (const event of events) {
       yield event;
       if (event.kind !== "job") continue;
       if (event.type === "handoff") {
@@ -177,23 +168,12 @@ export async function* followChain(
  * A run's events and the events of its jobs (and their sandboxes), in the order they were
  * stored. With `follow`, until the run's final event.
  */
-export async function* followRun(topology: Topology, run: Run, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
-  const runId = run.id;
-  const { names } = topology;
-  // The run's jobs belong to its owner: one filter, the owner's events, covers the run and its jobs.
-  const filter = names.subjects.ownerEvents(ownerOf(run));
-  const jobs = new Set<string>();
-  // A margin for clocks that differ between the dispatcher that stamped the run and the server.
-  const startTime = new Date(Date.parse(run.createdAt) - 5_000).toISOString();
-  for await (const msg of readStream(topology, names.streams.events, filter, { ...opts, startTime })) {
-    const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
-    if (event.kind === "job" && event.run === runId) jobs.add(event.jobId);
-    const ours =
-      (event.kind === "workflow" && event.runId === runId) ||
-      (event.kind === "job" && event.run === runId) ||
-      (event.kind === "sandbox" && jobs.has(event.jobId));
-    if (!ours) continue;
-    yield event;
-    if (opts.follow && event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type)) return;
-  }
+export function followRun(link: ClientLink, reader: HistoryReader, run: Run, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
+  const owner = ownerOf(run);
+  return followPages(link.nc, (after) => reader.runEventsPage(run.id, after), {
+    ...opts,
+    // The run's jobs belong to its owner: their live events announce the run's history.
+    live: (["workflow", "job", "sandbox"] as const).map((kind) => link.names.subjects.ownerEventsOf(kind, owner)),
+    done: (event) => event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type),
+  });
 }

@@ -1,17 +1,17 @@
-import { createWriteStream } from "node:fs";
-import { mkdir, open } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import { mkdir, open, rm } from "node:fs/promises";
 import { dirname, join, resolve, sep } from "node:path";
-import { Readable } from "node:stream";
-import { pipeline } from "node:stream/promises";
 import {
   type AgentDefinition,
   ApiEndpoint,
   ApiReply,
   ApplyAgentReply,
+  ArtifactChunk,
   BoxcarError,
   BoxcarEvent,
   CancelReply,
   ErrorCode,
+  EventsPage,
   type Identity,
   type InputFileRef,
   isTerminal,
@@ -24,6 +24,7 @@ import {
   type ListRunsRequest,
   ListWorkersReply,
   type LogStream,
+  LogsPage,
   OPEN_IDENTITY,
   ownerOf,
   parseWith,
@@ -31,15 +32,26 @@ import {
   StartRunReply,
   type StartRunRequest,
   SubmitReply,
+  UPLOAD_END_HEADER,
+  UploadDone,
+  UploadReply,
   type WorkerInfo,
   type WorkflowRun,
 } from "@boxcar/protocol";
-import type { JsMsg } from "@nats-io/jetstream";
-import { errors as natsErrors } from "@nats-io/transport-node";
-import type { z } from "zod";
-import { followChain, followRun, waitForChainEnd, waitForJobRecord, waitForRunEnd } from "./chain-events.js";
-import { readStream } from "./stream-reader.js";
-import type { Topology } from "./topology.js";
+import { errors as natsErrors, headers as natsHeaders } from "@nats-io/transport-node";
+import { z } from "zod";
+import {
+  type ClientLink,
+  followChain,
+  followJob,
+  followRun,
+  type HistoryReader,
+  jobEventSubjects,
+  waitForChainEnd,
+  waitForJobRecord,
+  waitForRunEnd,
+} from "./chain-events.js";
+import { followPages, type HistoryPage } from "./follow.js";
 
 export interface ClientOptions {
   /** How long to wait for a dispatcher's reply; default 10 s. */
@@ -117,26 +129,48 @@ export interface BoxcarClient {
   listWorkers(): Promise<WorkerInfo[]>;
 }
 
-export function createClient(topology: Topology, opts: ClientOptions = {}): BoxcarClient {
-  return new Client(topology, opts.requestTimeoutMs ?? 10_000, opts.identity ?? OPEN_IDENTITY);
+/**
+ * A client of the Boxcar system `link` reaches. Everything goes through the dispatchers' API
+ * (and live follows through core subscriptions to the caller's own events): a client needs no
+ * JetStream access, and so works with a submitter's or viewer's credential. A `Topology` is a
+ * `ClientLink`.
+ */
+export function createClient(link: ClientLink, opts: ClientOptions = {}): BoxcarClient {
+  return new Client({ nc: link.nc, names: link.names }, opts.requestTimeoutMs ?? 10_000, opts.identity ?? OPEN_IDENTITY);
 }
 
-class Client implements BoxcarClient {
+/** The largest chunk of an input file sent in one message (the server's limit is usually 1 MiB). */
+const UPLOAD_CHUNK_BYTES = 128 * 1024;
+
+class Client implements BoxcarClient, HistoryReader {
   constructor(
-    private readonly topology: Topology,
+    private readonly link: ClientLink,
     private readonly timeoutMs: number,
     private readonly identity: Identity,
   ) {}
 
   private async request<S extends z.ZodType>(endpoint: ApiEndpoint, body: unknown, schema: S): Promise<z.infer<S>> {
-    const subject = this.topology.names.subjects.api(this.identity, endpoint);
+    return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema);
+  }
+
+  /** Sends a request and reads the `{ ok, data }` reply; NATS's errors become Boxcar's. */
+  private async ask<S extends z.ZodType>(
+    subject: string,
+    body: string | Uint8Array,
+    schema: S,
+    headers?: ReturnType<typeof natsHeaders>,
+  ): Promise<z.infer<S>> {
     let reply: Uint8Array;
     try {
-      const msg = await this.topology.nc.request(subject, JSON.stringify(body), { timeout: this.timeoutMs });
+      const msg = await this.link.nc.request(subject, body, { timeout: this.timeoutMs, ...(headers ? { headers } : {}) });
       reply = msg.data;
     } catch (err) {
       if (err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders())) {
-        throw new BoxcarError(ErrorCode.unavailable, `no dispatcher answers on ${subject}: is one running?`, { cause: err });
+        throw new BoxcarError(
+          ErrorCode.unavailable,
+          `no dispatcher answers on ${subject}: is one running, with prefix ${this.link.names.prefix}?`,
+          { cause: err },
+        );
       }
       const denied = err instanceof natsErrors.PermissionViolationError ? err : (err as Error).cause;
       if (denied instanceof natsErrors.PermissionViolationError) {
@@ -157,35 +191,34 @@ class Client implements BoxcarClient {
   }
 
   async submit(spec: JobSpecInput, opts: SubmitOptions = {}) {
+    // A refused submission removes the files uploaded for it (the dispatcher does).
     const uploaded: InputFileRef[] = [];
-    try {
-      for (const file of opts.upload ?? []) uploaded.push(await this.uploadInput(file.localPath, file.path));
-      const reply = await this.request(ApiEndpoint.jobsSubmit, { ...spec, files: [...(spec.files ?? []), ...uploaded] }, SubmitReply);
-      if (reply.duplicate) await this.discard(uploaded);
-      return reply;
-    } catch (err) {
-      // Refused: the files will never be used. Unanswered: the job may exist, so keep them.
-      if (err instanceof BoxcarError && err.code !== ErrorCode.unavailable) await this.discard(uploaded);
-      throw err;
-    }
-  }
-
-  private async discard(refs: readonly InputFileRef[]): Promise<void> {
-    for (const ref of refs) await this.topology.artifacts.delete(ref.object).catch(() => {});
+    for (const file of opts.upload ?? []) uploaded.push(await this.uploadInput(file.localPath, file.path));
+    return this.request(ApiEndpoint.jobsSubmit, { ...spec, files: [...(spec.files ?? []), ...uploaded] }, SubmitReply);
   }
 
   async uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef> {
     const file = await open(localPath);
     try {
-      const object = `inputs/${crypto.randomUUID()}/${workspacePath}`;
-      const body = Readable.toWeb(file.createReadStream()) as ReadableStream<Uint8Array>;
-      await this.topology.artifacts.put({ name: object }, body);
-      return { path: workspacePath, object };
+      const upload = await this.request(ApiEndpoint.inputsUpload, { path: workspacePath }, UploadReply);
+      const buffer = new Uint8Array(UPLOAD_CHUNK_BYTES);
+      let size = 0;
+      for (;;) {
+        const { bytesRead } = await file.read(buffer, 0, buffer.length, null);
+        size += bytesRead;
+        if (bytesRead === buffer.length) {
+          await this.ask(upload.subject, buffer, z.unknown());
+          continue;
+        }
+        const end = natsHeaders();
+        end.set(UPLOAD_END_HEADER, String(size));
+        await this.ask(upload.subject, buffer.subarray(0, bytesRead), UploadDone, end);
+        return { path: workspacePath, object: upload.object };
+      }
     } finally {
       await file.close();
     }
   }
-
   async getJob(id: string) {
     return (await this.request(ApiEndpoint.jobsGet, { id }, SubmitReply.pick({ job: true }))).job;
   }
@@ -203,52 +236,44 @@ class Client implements BoxcarClient {
   }
 
   async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
-    return waitForJobRecord(this.topology, this, await this.getJob(id), (job) => isTerminal(job.state), signal);
+    return waitForJobRecord(this.link, this, await this.getJob(id), (job) => isTerminal(job.state), signal);
   }
 
   async *events(jobId: string, opts: JobEventsOptions = {}): AsyncGenerator<BoxcarEvent> {
-    // The job's owner is in its events' subjects; asking for the job also checks the caller may see it.
+    // Asking for the job checks the caller may see it; its owner is in its events' subjects.
     const job = await this.getJob(jobId);
-    if (opts.chain) {
-      yield* followChain(this.topology, this, job, opts);
-      return;
-    }
-    const { names } = this.topology;
-    for await (const msg of readStream(this.topology, names.streams.events, names.subjects.jobEvents(ownerOf(job), jobId), opts)) {
-      const event = parseWith(BoxcarEvent, msg.json(), `event ${msg.subject}`);
-      yield event;
-      if (opts.follow && event.kind === "job" && isTerminal(event.state)) return;
-    }
+    yield* opts.chain ? followChain(this.link, this, job, opts) : followJob(this.link, this, job, opts);
+  }
+
+  async jobEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>> {
+    return eventsPage(await this.request(ApiEndpoint.jobsEvents, { id, after }, EventsPage));
+  }
+
+  async runEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>> {
+    return eventsPage(await this.request(ApiEndpoint.workflowsEvents, { id, after }, EventsPage));
   }
 
   async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
-    const { names } = this.topology;
     const job = await this.getJob(jobId);
-    const filter = names.subjects.jobLogs(ownerOf(job), jobId);
-    const toChunk = (msg: JsMsg): LogChunk => ({
-      stream: msg.subject.slice(msg.subject.lastIndexOf(".") + 1) as LogStream,
-      data: msg.data,
+    const owner = ownerOf(job);
+    const { names } = this.link;
+    let final = isTerminal(job.state);
+    const read = async (after: number): Promise<HistoryPage<LogChunk>> => {
+      const page = await this.request(ApiEndpoint.jobsLogs, { id: jobId, after }, LogsPage);
+      const items = page.chunks.map((c) => ({ stream: c.stream as LogStream, data: new Uint8Array(Buffer.from(c.data, "base64")) }));
+      return { items, last: page.last, more: page.more };
+    };
+    yield* followPages(this.link.nc, read, {
+      ...opts,
+      // New output, and the job's final event: the worker stores all output before the final record.
+      live: [names.subjects.jobLogs(owner, jobId), jobEventSubjects(names, owner, jobId)],
+      finished: async () => {
+        // Once the job is final, one more read takes what is left.
+        if (final) return true;
+        final = isTerminal((await this.getJob(jobId)).state);
+        return false;
+      },
     });
-    let lastSeq = 0;
-    if (opts.follow) {
-      // The worker stores all output before it writes the final record: once the job is final,
-      // stop following and read what is left up to the end of the stream.
-      const final = new AbortController();
-      const signal = opts.signal ? AbortSignal.any([opts.signal, final.signal]) : final.signal;
-      waitForJobRecord(this.topology, this, job, (j) => isTerminal(j.state), signal).then(
-        () => final.abort(),
-        () => {},
-      );
-      for await (const msg of readStream(this.topology, names.streams.logs, filter, { follow: true, signal })) {
-        lastSeq = msg.seq;
-        yield toChunk(msg);
-      }
-      final.abort();
-      if (opts.signal?.aborted) return;
-    }
-    for await (const msg of readStream(this.topology, names.streams.logs, filter, { startSeq: lastSeq + 1 })) {
-      yield toChunk(msg);
-    }
   }
 
   async downloadArtifacts(jobId: string, dir: string): Promise<string[]> {
@@ -258,14 +283,42 @@ class Client implements BoxcarClient {
     for (const artifact of job.artifacts) {
       const target = resolve(join(root, artifact.path));
       if (!target.startsWith(root + sep)) throw new BoxcarError(ErrorCode.invalid, `artifact path escapes ${dir}: ${artifact.path}`);
-      const result = await this.topology.artifacts.get(artifact.object);
-      if (!result) throw new BoxcarError(ErrorCode.notFound, `artifact ${artifact.path} of job ${jobId} is missing from the Object Store`);
       await mkdir(dirname(target), { recursive: true });
-      await pipeline(Readable.fromWeb(result.data as import("node:stream/web").ReadableStream), createWriteStream(target));
-      if (await result.error) throw new BoxcarError(ErrorCode.internal, `artifact ${artifact.path} arrived incomplete`);
+      const file = await open(target, "w");
+      try {
+        await this.downloadArtifact(jobId, artifact.path, file);
+      } catch (err) {
+        await file.close();
+        await rm(target, { force: true });
+        throw err;
+      }
+      await file.close();
       written.push(target);
     }
     return written;
+  }
+
+  /** Writes one artifact to `file` a chunk at a time, and checks its size and digest. */
+  private async downloadArtifact(jobId: string, path: string, file: import("node:fs/promises").FileHandle): Promise<void> {
+    const hash = createHash("sha256");
+    let received = 0;
+    for (let after = 0; ; ) {
+      const chunk = await this.request(ApiEndpoint.jobsArtifact, { id: jobId, path, after }, ArtifactChunk);
+      const data = Buffer.from(chunk.data, "base64");
+      hash.update(data);
+      await file.write(data);
+      received += data.length;
+      after = chunk.last;
+      if (received >= chunk.size || !chunk.more) {
+        if (received !== chunk.size || !sameDigest(chunk.digest, hash.digest())) {
+          throw new BoxcarError(
+            ErrorCode.internal,
+            `artifact ${path} of job ${jobId} arrived incomplete (${received} of ${chunk.size} bytes)`,
+          );
+        }
+        return;
+      }
+    }
   }
 
   applyAgent(definition: unknown) {
@@ -289,7 +342,7 @@ class Client implements BoxcarClient {
   }
 
   waitForChain(jobId: string, signal?: AbortSignal) {
-    return waitForChainEnd(this.topology, this, jobId, signal);
+    return waitForChainEnd(this.link, this, jobId, signal);
   }
 
   startRun(request: StartRunRequest) {
@@ -309,10 +362,22 @@ class Client implements BoxcarClient {
   }
 
   waitForRun(id: string, signal?: AbortSignal) {
-    return waitForRunEnd(this.topology, this, id, signal);
+    return waitForRunEnd(this.link, this, id, signal);
   }
 
   async *runEvents(runId: string, opts: FollowOptions = {}) {
-    yield* followRun(this.topology, await this.getRun(runId), opts);
+    yield* followRun(this.link, this, await this.getRun(runId), opts);
   }
+}
+
+const eventsPage = (page: EventsPage): HistoryPage<BoxcarEvent> => ({
+  items: page.events.map((e) => parseWith(BoxcarEvent, e, "event")),
+  last: page.last,
+  more: page.more,
+});
+
+/** Whether an Object Store digest (`SHA-256=` and the hash in base64, URL-safe or not, padded or not) is `sha256`. */
+function sameDigest(digest: string, sha256: Buffer): boolean {
+  const normal = (b64: string) => b64.replaceAll("-", "+").replaceAll("_", "/").replace(/=+$/, "");
+  return digest.startsWith("SHA-256=") && normal(digest.slice(8)) === normal(sha256.toString("base64"));
 }

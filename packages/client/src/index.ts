@@ -1,10 +1,11 @@
+export type { ClientLink } from "./chain-events.js";
 export type { BoxcarClient, ClientOptions, FollowOptions, JobEventsOptions, LocalInputFile, LogChunk, SubmitOptions } from "./client.js";
 export { createClient } from "./client.js";
 export type { ResolveConnectionOptions, ResolvedConnection } from "./connection.js";
 export { connectNats, DEFAULT_NATS_URL, identityOf, newInbox, readNatsContext, resolveConnection } from "./connection.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { Revisioned } from "./kv-json.js";
-export { getJson, listJson } from "./kv-json.js";
+export { getJson, jsonOf, listJson } from "./kv-json.js";
 export type { Logger } from "./logger.js";
 export { silentLogger } from "./logger.js";
 export { isTransientNatsError } from "./nats-errors.js";

@@ -40,11 +40,6 @@ export interface TopologyOptions {
    * can show it and account for the jobs it had in hand.
    */
   workerTtlMs?: number;
-  /**
-   * Create the streams and buckets where missing (default). Clients pass `false`: a system that
-   * does not exist (say, a mistyped prefix) is then an error rather than a new empty system.
-   */
-  create?: boolean;
 }
 
 export interface ResolvedTopologyOptions {
@@ -113,7 +108,6 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const jsm = await jetstreamManager(nc);
   const js = retryingPublish(jetstream(nc));
   const existing = await workStreamReplicas(jsm, names);
-  if (opts.create === false && existing === undefined) throw noSystem(names);
 
   // The work stream comes first: it marks the system, and the others follow its replica count.
   const workStream: StreamSpec = {
@@ -271,13 +265,6 @@ async function workStreamReplicas(jsm: JetStreamManager, names: Names): Promise<
     if (!isNotFound(err)) throw err;
     return undefined;
   }
-}
-
-function noSystem(names: Names): BoxcarError {
-  return new BoxcarError(
-    ErrorCode.unavailable,
-    `no Boxcar system with prefix ${JSON.stringify(names.prefix)} on this NATS: start a dispatcher (or \`boxcar up\`), or check --prefix`,
-  );
 }
 
 /**

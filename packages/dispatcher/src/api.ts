@@ -10,17 +10,21 @@ import {
   decodeMessage,
   ErrorCode,
   type Identity,
+  InputFileRef,
   JobRef,
   MAX_SPEC_BYTES,
   parseWith,
   ROLE_ENDPOINTS,
   RunRef,
+  seesAll,
   toErrorInfo,
   WorkerInfo,
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
 import { type AdmissionContext, admit, getRecord } from "./admission.js";
+import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
+import { jobEvents, jobLogs, runEvents } from "./history.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
 import type { Runs } from "./workflows/runs.js";
 
@@ -42,13 +46,31 @@ const STATUS: Partial<Record<string, number>> = {
 
 export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
+  const uploads = new Uploads(topology, log);
   return {
-    [ApiEndpoint.jobsSubmit]: (body, caller) => {
+    [ApiEndpoint.jobsSubmit]: async (body, caller) => {
       onlyAdminsChoosePools(caller, [body]);
-      return admit(topology, body, ctx, { owner: caller.user });
+      const files = inputFiles(body);
+      checkInputOwnership(files, caller);
+      try {
+        const reply = await admit(topology, body, ctx, { owner: caller.user });
+        // An earlier job for the same key was returned: the files sent for this one are not used.
+        if (reply.duplicate) {
+          const used = new Set(reply.job.spec?.files.map((f) => f.object));
+          await discardUploads(
+            topology,
+            files.filter((f) => !used.has(f.object)),
+            caller,
+          );
+        }
+        return reply;
+      } catch (err) {
+        if (err instanceof BoxcarError && err.code !== ErrorCode.internal) await discardUploads(topology, files, caller);
+        throw err;
+      }
     },
     [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
-    [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller),
+    [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller, log),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
       return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
     },
@@ -80,9 +102,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       log.info({ agent: name }, "agent removed");
       return { agent };
     },
-    [ApiEndpoint.workersList]: async (body) => {
+    [ApiEndpoint.workersList]: async (body, caller) => {
       parseWith(z.strictObject({}), body, "request");
-      return { workers: await listJson(topology.workers, WorkerInfo, "worker") };
+      const workers = await listJson(topology.workers, WorkerInfo, "worker");
+      // The jobs a worker runs are anyone's: a caller who sees only its own gets their count (load).
+      return { workers: seesAll(caller.role) ? workers : workers.map((w) => ({ ...w, jobs: [] })) };
     },
     [ApiEndpoint.workflowsStart]: (body, caller) => {
       const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
@@ -94,7 +118,18 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.workflowsCancel]: async (body, caller) => {
       return { run: await runs.cancel(parseWith(RunRef, body, "request").id, caller) };
     },
+    [ApiEndpoint.jobsEvents]: (body, caller) => jobEvents(topology, body, caller),
+    [ApiEndpoint.jobsLogs]: (body, caller) => jobLogs(topology, body, caller),
+    [ApiEndpoint.jobsArtifact]: (body, caller) => artifactChunk(topology, body, caller),
+    [ApiEndpoint.workflowsEvents]: (body, caller) => runEvents(topology, runs, body, caller),
+    [ApiEndpoint.inputsUpload]: async (body, caller) => uploads.start(body, caller),
   };
+}
+
+/** The input files a job spec names, as far as they are well formed (admission checks the rest). */
+function inputFiles(body: unknown): InputFileRef[] {
+  const files = (body as { files?: unknown } | null)?.files;
+  return Array.isArray(files) ? files.filter((f): f is InputFileRef => InputFileRef.safeParse(f).success) : [];
 }
 
 /**

@@ -1,4 +1,4 @@
-import type { Logger, Topology } from "@boxcar/client";
+import { jsonOf, type Logger, type Topology } from "@boxcar/client";
 import { JobRecord } from "@boxcar/protocol";
 
 export type JobObserver = (key: string, job: JobRecord | undefined) => void;
@@ -12,7 +12,7 @@ export async function watchJobs(topology: Topology, log: Logger, observers: read
   const watch = await topology.jobs.watch();
   void (async () => {
     for await (const entry of watch) {
-      const parsed = entry.operation === "PUT" ? JobRecord.safeParse(entry.json()) : undefined;
+      const parsed = entry.operation === "PUT" ? JobRecord.safeParse(jsonOf(entry)) : undefined;
       if (parsed && !parsed.success) log.warn({ key: entry.key }, "a job record does not parse; ignoring it");
       const job = parsed?.success ? parsed.data : undefined;
       for (const observe of observers) observe(entry.key, job);

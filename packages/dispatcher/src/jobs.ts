@@ -1,4 +1,4 @@
-import { getJson, jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
 import {
   BoxcarError,
   ErrorCode,
@@ -16,8 +16,11 @@ import { loadAgent, publishWorkItem } from "./admission.js";
 /** The caller of what a dispatcher does on its own account: it sees every job. */
 const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
 
-/** Pages through job records, newest first (job ids sort by creation time). */
-export async function listJobs(topology: Topology, raw: unknown, caller: Identity): Promise<ListJobsReply> {
+/**
+ * Pages through job records, newest first (job ids sort by creation time). A record that does
+ * not read as one is left out and logged, so it cannot break the list for everyone.
+ */
+export async function listJobs(topology: Topology, raw: unknown, caller: Identity, log: Logger): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
   const ids: string[] = [];
   for await (const key of await topology.jobs.keys()) ids.push(key);
@@ -27,7 +30,11 @@ export async function listJobs(topology: Topology, raw: unknown, caller: Identit
   let next: string | undefined;
   if (start >= 0) {
     for (const id of ids.slice(start)) {
-      const found = await getJson(topology.jobs, id, JobRecord, "job record");
+      const found = await getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
+        if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;
+        log.warn({ err, jobId: id }, "unreadable job record left out of a list");
+        return null;
+      });
       if (!found) continue;
       const job = found.value;
       if (!mayAccess(caller, ownerOf(job))) continue;

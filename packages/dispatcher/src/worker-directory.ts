@@ -1,4 +1,4 @@
-import type { Logger, Topology } from "@boxcar/client";
+import { jsonOf, type Logger, type Topology } from "@boxcar/client";
 import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe } from "@boxcar/protocol";
 
 /**
@@ -19,7 +19,7 @@ export class WorkerDirectory {
           directory.workers.delete(entry.key);
           continue;
         }
-        const parsed = WorkerInfo.safeParse(entry.json());
+        const parsed = WorkerInfo.safeParse(jsonOf(entry));
         if (parsed.success) directory.workers.set(entry.key, parsed.data);
         else log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
       }

@@ -5,6 +5,12 @@
  * permissions below are derived from the names in `names.ts`, so they cannot drift from them;
  * `boxcar auth` renders them into user credentials (as permission templates on each role's
  * signing key) and `docs/security.md` prints them.
+ *
+ * Submitters and viewers get no JetStream at all, and may publish on no subject a stream or
+ * JetStream's API listens on: JetStream sends its publish acks, pulled messages and API replies
+ * to whatever reply subject the publisher names, without checking it against the publisher's
+ * permissions, so any such publish could be aimed at (say) a stream's purge. They call the
+ * dispatchers' API, which replies only to inboxes, and subscribe to their own live events.
  */
 
 import { z } from "zod";
@@ -52,6 +58,10 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.workersList,
   ApiEndpoint.workflowsGet,
   ApiEndpoint.workflowsList,
+  ApiEndpoint.jobsEvents,
+  ApiEndpoint.jobsLogs,
+  ApiEndpoint.jobsArtifact,
+  ApiEndpoint.workflowsEvents,
 ];
 
 /**
@@ -70,6 +80,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.jobsRetry,
     ApiEndpoint.workflowsStart,
     ApiEndpoint.workflowsCancel,
+    ApiEndpoint.inputsUpload,
   ],
   viewer: READ_ENDPOINTS,
 };
@@ -90,7 +101,7 @@ export interface SubjectPermissions {
 export const USER_TEMPLATE = "{{name()}}";
 
 /** The JetStream API operations a role may use on one stream. */
-type StreamAccess = "read" | "consume" | "write" | "manage";
+type StreamAccess = "consume" | "manage";
 
 /**
  * The permissions of `role` on the system named by `names`. `user` is the user's name, or the
@@ -128,8 +139,8 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         pub: {
           allow: [
             ...common,
-            ...allStreams.flatMap((stream) => streamApi(stream, ["manage"])),
-            ...[st.submit, st.work].flatMap((stream) => streamApi(stream, ["consume"])),
+            ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
+            ...[st.submit, st.work].flatMap((stream) => streamApi(stream, "consume")),
             `$JS.API.STREAM.MSG.DELETE.${st.work}`,
             s.eventsAll,
             s.workAll,
@@ -144,7 +155,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           deny: [],
         },
         sub: {
-          allow: [inbox, s.apiAll, "$SRV.>", `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.>`],
+          allow: [inbox, s.apiAll, s.uploadsAll, "$SRV.>", `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${st.work}.>`],
           deny: [],
         },
         allowResponses: false,
@@ -154,8 +165,8 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         pub: {
           allow: [
             ...common,
-            ...allStreams.flatMap((stream) => streamApi(stream, ["manage"])),
-            ...streamApi(st.work, ["consume"]),
+            ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
+            ...streamApi(st.work, "consume"),
             s.eventsAll,
             s.logsAll,
             s.bellsAll,
@@ -171,86 +182,50 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         allowResponses: false,
       };
     case "viewer":
-      // Reads everything, changes nothing.
+      // Reads everything through the API, changes nothing.
       return {
-        pub: {
-          allow: [
-            ...common,
-            `${s.apiPrincipal({ role, user })}.>`,
-            ...[st.events, st.logs, kv(b.jobs), kv(b.workflows), obj(b.artifacts)].flatMap((stream) => streamApi(stream, ["read"])),
-          ],
-          deny: [],
-        },
-        sub: { allow: [inbox], deny: [] },
+        pub: { allow: [`${s.apiPrincipal({ role, user })}.>`], deny: [] },
+        sub: { allow: [inbox, s.eventsAll, s.logsAll], deny: [] },
         allowResponses: false,
       };
     case "submitter":
-      // Records through the API only; events and output only its own (their subjects carry the owner).
+      // Everything through the API; live events and output only its own (their subjects carry the owner).
       return {
-        pub: {
-          allow: [
-            ...common,
-            `${s.apiPrincipal({ role, user })}.>`,
-            s.submit(user, "*"),
-            ...ownConsumers(st.events, s.ownerEvents(user)),
-            ...ownConsumers(st.logs, s.ownerLogs(user)),
-            ...streamApi(obj(b.artifacts), ["read"]),
-            objSubjects(b.artifacts),
-          ],
+        pub: { allow: [`${s.apiPrincipal({ role, user })}.>`, s.ownerUploads(user)], deny: [] },
+        sub: {
+          allow: [inbox, ...OWNED_EVENT_KINDS.map((kind) => s.ownerEventsOf(kind, user)), s.ownerLogs(user)],
           deny: [],
         },
-        sub: { allow: [inbox], deny: [] },
         allowResponses: false,
       };
   }
 }
 
-/**
- * Ordered consumers on `stream` whose filter is `filter` or narrower: created with the filter in
- * the subject (the server checks it matches the request), then pulled and deleted. No direct
- * gets, which could read any message by its sequence.
- */
-function ownConsumers(stream: string, filter: string): string[] {
+/** The kinds of event that belong to a user (a worker's belong to no one). */
+const OWNED_EVENT_KINDS = ["job", "sandbox", "workflow"] as const;
+
+/** `$JS.API` subjects for one stream: `consume` pulls and acks; `manage` also reads, creates and lists. */
+function streamApi(stream: string, access: StreamAccess): string[] {
   const api = "$JS.API";
+  const consume = [`${api}.CONSUMER.MSG.NEXT.${stream}.*`, `$JS.ACK.${stream}.>`];
+  if (access === "consume") return consume;
   return [
-    `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
+    `${api}.DIRECT.GET.${stream}`,
+    `${api}.DIRECT.GET.${stream}.>`,
+    `${api}.STREAM.MSG.GET.${stream}`,
+    // Ordered consumers: created with their filter in the subject, pulled, then deleted.
+    `${api}.CONSUMER.CREATE.${stream}.>`,
     `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
     `${api}.CONSUMER.INFO.${stream}.*`,
     `${api}.CONSUMER.DELETE.${stream}.*`,
+    `${api}.STREAM.CREATE.${stream}`,
+    `${api}.STREAM.NAMES`,
+    `${api}.STREAM.LIST`,
+    `${api}.CONSUMER.CREATE.${stream}`,
+    `${api}.CONSUMER.DURABLE.CREATE.${stream}.*`,
+    `${api}.CONSUMER.NAMES.${stream}`,
+    `${api}.CONSUMER.LIST.${stream}`,
   ];
-}
-
-/** `$JS.API` subjects for one stream. */
-function streamApi(stream: string, access: readonly StreamAccess[]): string[] {
-  const api = "$JS.API";
-  const out: string[] = [];
-  for (const a of access) {
-    if (a === "read" || a === "manage") {
-      out.push(
-        `${api}.DIRECT.GET.${stream}`,
-        `${api}.DIRECT.GET.${stream}.>`,
-        `${api}.STREAM.MSG.GET.${stream}`,
-        // Ordered consumers: created with their filter in the subject, pulled, then deleted.
-        `${api}.CONSUMER.CREATE.${stream}.>`,
-        `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
-        `${api}.CONSUMER.INFO.${stream}.*`,
-        `${api}.CONSUMER.DELETE.${stream}.*`,
-      );
-    }
-    if (a === "consume") out.push(`${api}.CONSUMER.MSG.NEXT.${stream}.*`, `$JS.ACK.${stream}.>`);
-    if (a === "manage") {
-      out.push(
-        `${api}.STREAM.CREATE.${stream}`,
-        `${api}.STREAM.NAMES`,
-        `${api}.STREAM.LIST`,
-        `${api}.CONSUMER.CREATE.${stream}`,
-        `${api}.CONSUMER.DURABLE.CREATE.${stream}.*`,
-        `${api}.CONSUMER.NAMES.${stream}`,
-        `${api}.CONSUMER.LIST.${stream}`,
-      );
-    }
-  }
-  return out;
 }
 
 /**

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
-import { JobRecord, JobState } from "./job.js";
+import { JobRecord, JobState, WorkspacePath } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
@@ -69,3 +69,54 @@ export const ListRunsRequest = z.strictObject({
 export type ListRunsRequest = z.input<typeof ListRunsRequest>;
 export const ListRunsReply = z.strictObject({ runs: z.array(WorkflowRun) });
 export type ListRunsReply = z.infer<typeof ListRunsReply>;
+
+/**
+ * History is read in pages through the dispatchers, which check the caller may see it: `after`
+ * is the stream sequence of the last message already read (0 or absent: from the start).
+ */
+const After = z.number().int().nonnegative().default(0).describe("the sequence of the last message already read");
+
+export const JobEventsRequest = z.strictObject({ id: JobRef.shape.id, after: After });
+export type JobEventsRequest = z.input<typeof JobEventsRequest>;
+export const RunEventsRequest = z.strictObject({ id: RunRef.shape.id, after: After });
+export type RunEventsRequest = z.input<typeof RunEventsRequest>;
+
+/** One page of history; ask again with `after: last` while `more` is true. */
+const Page = {
+  /** The sequence of the last message this page covers (returned or skipped); `after` when none. */
+  last: z.number().int().nonnegative(),
+  /** More messages were stored when this page was read. */
+  more: z.boolean(),
+};
+
+export const EventsPage = z.strictObject({ events: z.array(z.unknown()), ...Page });
+export type EventsPage = z.infer<typeof EventsPage>;
+
+export const JobLogsRequest = JobEventsRequest;
+export const LogChunkData = z.strictObject({ stream: z.enum(["stdout", "stderr"]), data: z.base64() });
+export const LogsPage = z.strictObject({ chunks: z.array(LogChunkData), ...Page });
+export type LogsPage = z.infer<typeof LogsPage>;
+
+/** One chunk of an artifact at a time, in order: `after` is the last chunk's sequence. */
+export const ArtifactRequest = z.strictObject({ id: JobRef.shape.id, path: z.string().min(1).max(512), after: After });
+export type ArtifactRequest = z.input<typeof ArtifactRequest>;
+export const ArtifactChunk = z.strictObject({
+  data: z.base64(),
+  /** The whole artifact's size in bytes and its digest (`SHA-256=<base64url>`), to check the download. */
+  size: z.number().int().nonnegative(),
+  digest: z.string(),
+  ...Page,
+});
+export type ArtifactChunk = z.infer<typeof ArtifactChunk>;
+
+/**
+ * Opens an upload of one input file. The reply names the object the job spec refers to and the
+ * subject the chunks go to, in order, each a request with the raw bytes as its body; the last
+ * carries the `Boxcar-Upload-End` header with the file's size in bytes.
+ */
+export const UploadRequest = z.strictObject({ path: WorkspacePath });
+export const UploadReply = z.strictObject({ object: z.string(), subject: z.string() });
+export type UploadReply = z.infer<typeof UploadReply>;
+export const UPLOAD_END_HEADER = "Boxcar-Upload-End";
+/** The reply to an upload's last chunk: what was stored. */
+export const UploadDone = z.strictObject({ object: z.string(), size: z.number().int().nonnegative(), digest: z.string() });

@@ -27,6 +27,9 @@ export const InputFileRef = z.strictObject({
 });
 export type InputFileRef = z.infer<typeof InputFileRef>;
 
+/** Where `owner`'s uploaded input files are kept in the artifacts Object Store. */
+export const inputObjectPrefix = (owner: string): string => `inputs/${owner}/`;
+
 export const JobSpec = z.strictObject({
   v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION),
   agent: AgentName,

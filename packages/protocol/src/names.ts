@@ -22,7 +22,7 @@ export type EventKind = "job" | "sandbox" | "worker" | "workflow";
 export interface Names {
   readonly prefix: string;
   readonly streams: {
-    /** Durable intake: `<prefix>.submit.<agent>`, work-queue retention. */
+    /** Durable intake: `<prefix>.submit.<owner>.<agent>`, work-queue retention. */
     readonly submit: string;
     /**
      * Work items: `<prefix>.work.<pool>` (normal priority) and `<prefix>.work.<pool>.<high|low>`,
@@ -31,7 +31,7 @@ export interface Names {
     readonly work: string;
     /** Job, sandbox and worker events: `<prefix>.evt.>`, limits retention. */
     readonly events: string;
-    /** Live agent output: `<prefix>.log.<jobId>.<stdout|stderr>`, size-capped. */
+    /** Live agent output: `<prefix>.log.<owner>.<jobId>.<stdout|stderr>`, size-capped. */
     readonly logs: string;
     /** Final records of dead jobs: `<prefix>.dead.<agent>`. */
     readonly dead: string;
@@ -87,6 +87,8 @@ export interface Names {
     runEvents(owner: string, runId: string): string;
     /** Every job, sandbox and run event of one user. */
     ownerEvents(owner: string): string;
+    /** The events of one kind (not `worker`) of one user: `<prefix>.evt.<kind>.<owner>.>`. */
+    ownerEventsOf(kind: Exclude<EventKind, "worker">, owner: string): string;
     eventsAll: string;
     log(owner: string, jobId: string, stream: LogStream): string;
     jobLogs(owner: string, jobId: string): string;
@@ -105,6 +107,14 @@ export interface Names {
     bellsAll: string;
     dead(agent: string): string;
     deadAll: string;
+    /**
+     * Where `owner` sends the chunks of one upload to the dispatcher that opened it (core NATS):
+     * `<prefix>.upload.<owner>.<token>`, the token unguessable.
+     */
+    upload(owner: string, token: string): string;
+    /** The uploads of one user. */
+    ownerUploads(owner: string): string;
+    uploadsAll: string;
   };
 }
 
@@ -123,6 +133,11 @@ export const ApiEndpoint = {
   workflowsGet: "workflows.get",
   workflowsList: "workflows.list",
   workflowsCancel: "workflows.cancel",
+  jobsEvents: "jobs.events",
+  jobsLogs: "jobs.logs",
+  jobsArtifact: "jobs.artifact",
+  workflowsEvents: "workflows.events",
+  inputsUpload: "inputs.upload",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -167,6 +182,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       jobEvents: (owner, jobId) => `${prefix}.evt.*.${owner}.${jobId}.*`,
       runEvents: (owner, runId) => `${prefix}.evt.workflow.${owner}.${runId}.*`,
       ownerEvents: (owner) => `${prefix}.evt.*.${owner}.>`,
+      ownerEventsOf: (kind, owner) => `${prefix}.evt.${kind}.${owner}.>`,
       eventsAll: `${prefix}.evt.>`,
       log: (owner, jobId, stream) => `${prefix}.log.${owner}.${jobId}.${stream}`,
       jobLogs: (owner, jobId) => `${prefix}.log.${owner}.${jobId}.*`,
@@ -179,6 +195,9 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       bellsAll: `${prefix}.ctl.bell.>`,
       dead: (agent) => `${prefix}.dead.${agent}`,
       deadAll: `${prefix}.dead.>`,
+      upload: (owner, token) => `${prefix}.upload.${owner}.${token}`,
+      ownerUploads: (owner) => `${prefix}.upload.${owner}.*`,
+      uploadsAll: `${prefix}.upload.>`,
     },
   };
 }

@@ -2,7 +2,7 @@ import { WorkSigner } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
-import { connectionFrom, openSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger, type LogFormat } from "../logger.js";
 import { ago, json, table } from "../output.js";
@@ -39,7 +39,7 @@ export const dispatcher: Command = {
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", true, {
+    await using session = await openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", {
       ...(replicas !== undefined ? { replicas } : {}),
     });
     // With a NATS credential, the dispatcher signs work items with its key (workers check them).

@@ -8,7 +8,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { isTerminal } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
 import type { Command } from "../command.js";
-import { openSession, replicasFrom, replicasOption } from "../context.js";
+import { openRoleSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { describeEvent, describeJob } from "../output.js";
@@ -87,11 +87,10 @@ export const up: Command = {
       // With --auth each role connects with its own credential, as it would on other machines.
       const as = async (role: "admin" | "dispatcher" | "worker") => {
         const creds = auth ? { creds: auth.credsFile(role) } : {};
-        const session = await openSession(
+        const session = await openRoleSession(
           resolveConnection({ flags: { nats: server.url, ...creds }, env: {} }),
           prefix,
           `boxcar-up-${role}`,
-          role !== "admin",
         );
         cleanup.unshift(async () => await session[Symbol.asyncDispose]());
         return session;

@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { connectionFrom, openSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { UsageError } from "../usage-error.js";
@@ -47,7 +47,7 @@ export const worker: Command = {
     }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openSession(connection, prefix, "boxcar-worker", true, { ...(replicas !== undefined ? { replicas } : {}) });
+    await using session = await openRoleSession(connection, prefix, "boxcar-worker", { ...(replicas !== undefined ? { replicas } : {}) });
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,

@@ -1,4 +1,4 @@
-import { getJson, type Topology } from "@boxcar/client";
+import { getJson, jsonOf, type Topology } from "@boxcar/client";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../admission.js";
 import { continueChain } from "../handoff.js";
@@ -49,7 +49,7 @@ export class RunFollower {
     void (async () => {
       for await (const entry of watch) {
         this.clearTimers(entry.key);
-        const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(entry.json()) : undefined;
+        const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
         const run = parsed?.success ? parsed.data : undefined;
         if (!run || !hasWorkLeft(run)) continue;
         this.schedule(entry.key, "recheck", RECHECK_MS);
