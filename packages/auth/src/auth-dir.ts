@@ -27,6 +27,8 @@ const User = z.strictObject({
   publicKey: z.string(),
   createdAt: z.iso.datetime(),
   revokedAt: z.iso.datetime().optional(),
+  /** A key being rotated out: still live until `finishRotation` revokes it. */
+  retiringSince: z.iso.datetime().optional(),
 });
 export type AuthUser = z.infer<typeof User>;
 
@@ -154,25 +156,58 @@ export class AuthDir {
    * (`pushAccount`), and the file is kept on record only.
    */
   async revoke(user: string): Promise<void> {
-    this.revokeKey(user);
+    this.revokeUser(user);
     await this.saveAccount();
   }
 
-  /** Replaces `user`'s key: revokes the old one and writes a new `<user>.creds` with the same name and role. */
-  async rotate(user: string): Promise<void> {
-    const old = this.revokeKey(user);
-    this.state.users = this.state.users.filter((u) => u !== old);
-    await this.writeUser(user, old.role);
+  /**
+   * Gives `user` a new key in a new `<user>.creds`, same name and role. The old key stays live
+   * (and, for a dispatcher, trusted in `dispatchers.pub`) until `finishRotation`, so processes
+   * move to the new file one by one; with `now`, it is revoked at once (a leaked key).
+   */
+  async rotate(user: string, opts: { now?: boolean } = {}): Promise<void> {
+    const live = this.liveKeys(user);
+    const current = live.find((u) => !u.retiringSince) ?? live[0];
+    if (!current) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
+    if (opts.now) {
+      for (const key of live) this.revokeKey(key);
+    } else {
+      if (live.some((u) => u.retiringSince)) {
+        throw new BoxcarError(
+          ErrorCode.conflict,
+          `a rotation of ${user} is under way: finish it with \`boxcar auth rotate ${user} --finish\` (or revoke every old key with --now)`,
+        );
+      }
+      current.retiringSince = new Date().toISOString();
+    }
+    await this.writeUser(user, current.role);
     await this.saveAccount();
   }
 
-  /** Marks `user`'s live key revoked in the account's revocation list; returns its entry. */
-  private revokeKey(user: string): AuthUser {
-    const found = this.state.users.find((u) => u.name === user && !u.revokedAt);
-    if (!found) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
-    found.revokedAt = new Date().toISOString();
-    this.state.revoked[found.publicKey] = Math.floor(Date.now() / 1000);
-    return found;
+  /** Revokes the keys `rotate` left live for `user`; refuses when no rotation is under way. */
+  async finishRotation(user: string): Promise<void> {
+    const retiring = this.liveKeys(user).filter((u) => u.retiringSince);
+    if (retiring.length === 0) throw new BoxcarError(ErrorCode.conflict, `no rotation of ${user} is under way`);
+    for (const key of retiring) this.revokeKey(key);
+    await this.saveAccount();
+  }
+
+  private liveKeys(user: string): AuthUser[] {
+    return this.state.users.filter((u) => u.name === user && !u.revokedAt);
+  }
+
+  /** Revokes every live key of `user`. */
+  private revokeUser(user: string): void {
+    const live = this.liveKeys(user);
+    if (live.length === 0) throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live credential`);
+    for (const key of live) this.revokeKey(key);
+  }
+
+  /** Puts one key on the account's revocation list. */
+  private revokeKey(key: AuthUser): void {
+    key.revokedAt = new Date().toISOString();
+    delete key.retiringSince;
+    this.state.revoked[key.publicKey] = Math.floor(Date.now() / 1000);
   }
 
   /** The Boxcar account's JWT as it stands: scoped signing keys per role, and revocations. */

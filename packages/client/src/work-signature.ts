@@ -67,9 +67,15 @@ export class WorkSigner {
 
 /** Checks work items against the public keys (`U...`) of the dispatchers a worker trusts. */
 export class WorkVerifier {
-  private readonly keys = new Map<string, KeyObject>();
+  private keys = new Map<string, KeyObject>();
 
   constructor(publicKeys: readonly string[]) {
+    this.trust(publicKeys);
+  }
+
+  /** Trusts exactly these keys from now on (say, after a rotation); a bad list changes nothing. */
+  trust(publicKeys: readonly string[]): void {
+    const keys = new Map<string, KeyObject>();
     for (const pk of publicKeys) {
       try {
         fromPublic(pk);
@@ -80,9 +86,15 @@ export class WorkVerifier {
         );
       }
       const raw = base32(pk).subarray(1, 33);
-      this.keys.set(pk, createPublicKey({ key: Buffer.concat([SPKI_ED25519, raw]), format: "der", type: "spki" }));
+      keys.set(pk, createPublicKey({ key: Buffer.concat([SPKI_ED25519, raw]), format: "der", type: "spki" }));
     }
-    if (this.keys.size === 0) throw new BoxcarError(ErrorCode.invalid, "no dispatcher keys to trust");
+    if (keys.size === 0) throw new BoxcarError(ErrorCode.invalid, "no dispatcher keys to trust");
+    this.keys = keys;
+  }
+
+  /** The keys trusted now. */
+  get trusted(): string[] {
+    return [...this.keys.keys()];
   }
 
   /** Why the item must not run, or undefined when a trusted dispatcher signed exactly this. */

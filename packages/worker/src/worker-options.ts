@@ -53,9 +53,11 @@ export interface WorkerOptions {
   /**
    * Public keys (`U...`) of the dispatchers whose signed work items this worker runs; any other
    * item is terminated unrun with a `work_rejected` event. Absent: items are not checked (a
-   * NATS system without authentication, where anyone could publish work anyway).
+   * NATS system without authentication, where anyone could publish work anyway). A
+   * `WorkVerifier` instead of a list lets the caller change the keys while the worker runs
+   * (`boxcar worker` re-reads its `--dispatcher-keys` file during a rotation).
    */
-  dispatcherKeys?: readonly string[];
+  dispatcherKeys?: readonly string[] | WorkVerifier;
 }
 
 export interface ResolvedWorkerOptions {
@@ -123,7 +125,12 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     logger: opts.logger ?? silentLogger,
     secretsEnv: opts.secretsEnv ?? Object.fromEntries((opts.allowSecrets ?? []).map((name) => [name, env[name]])),
     providers,
-    verifier: opts.dispatcherKeys ? new WorkVerifier(opts.dispatcherKeys) : undefined,
+    verifier:
+      opts.dispatcherKeys instanceof WorkVerifier
+        ? opts.dispatcherKeys
+        : opts.dispatcherKeys
+          ? new WorkVerifier(opts.dispatcherKeys)
+          : undefined,
     agentPath: env.PATH ?? DEFAULT_PATH,
   };
 }

@@ -8,7 +8,7 @@ import { json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER --role ROLE | ls | revoke USER | rotate USER | push  [--dir DIR]";
+  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER --role ROLE | ls | revoke USER | rotate USER [--now|--finish] | push  [--dir DIR]";
 
 /** Where the auth folder is for every verb but `init`: `--dir`, else `$BOXCAR_AUTH_DIR`, else `.boxcar/auth`. */
 function authDir(values: Record<string, unknown>, env: NodeJS.ProcessEnv): string {
@@ -30,6 +30,8 @@ export const auth: Command = {
     role: { type: "string" },
     listen: { type: "string" },
     store: { type: "string" },
+    now: { type: "boolean" },
+    finish: { type: "boolean" },
   },
   async run(ctx) {
     const [verb, arg] = ctx.positionals;
@@ -71,7 +73,15 @@ export const auth: Command = {
           ctx.print(
             table(
               ["USER", "ROLE", "STATE", "CREATED", "PUBLIC KEY"],
-              a.users().map((u) => [u.name, u.role, u.revokedAt ? `revoked ${u.revokedAt}` : "live", u.createdAt, u.publicKey]),
+              a
+                .users()
+                .map((u) => [
+                  u.name,
+                  u.role,
+                  u.revokedAt ? `revoked ${u.revokedAt}` : u.retiringSince ? `retiring since ${u.retiringSince}` : "live",
+                  u.createdAt,
+                  u.publicKey,
+                ]),
             ),
           );
         return ExitCode.ok;
@@ -80,10 +90,27 @@ export const auth: Command = {
       case "rotate": {
         const user = needArg("USER");
         const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
-        if (verb === "revoke") await a.revoke(user);
-        else await a.rotate(user);
-        const done =
-          verb === "revoke" ? `user ${user} revoked` : `user ${user} has a new key in ${a.credsFile(user)}; the old one is revoked`;
+        const { now, finish } = ctx.values as { now?: boolean; finish?: boolean };
+        if (now && finish) throw new UsageError("auth rotate takes --now or --finish, not both");
+        if (verb === "revoke" && (now || finish)) throw new UsageError("--now and --finish are for auth rotate");
+        let done: string;
+        if (verb === "revoke") {
+          await a.revoke(user);
+          done = `user ${user} revoked`;
+        } else if (finish) {
+          await a.finishRotation(user);
+          done = `user ${user}'s old key revoked; only ${a.credsFile(user)} works now`;
+        } else if (now) {
+          await a.rotate(user, { now: true });
+          done = `user ${user} has a new key in ${a.credsFile(user)}; the old one is revoked`;
+        } else {
+          await a.rotate(user);
+          done =
+            `user ${user} has a new key in ${a.credsFile(user)}; the old one works until \`boxcar auth rotate ${user} --finish\`` +
+            (a.users().find((u) => u.name === user)?.role === "dispatcher"
+              ? ` (${a.dir}/dispatchers.pub lists both: workers re-read it)`
+              : "");
+        }
         const connection = connectionFrom(ctx.values, ctx.io.env);
         try {
           await push(a, connection);

@@ -1,4 +1,5 @@
 import { readFile } from "node:fs/promises";
+import { type Logger, WorkVerifier } from "@boxcar/client";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
@@ -48,14 +49,17 @@ export const worker: Command = {
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
     await using session = await openRoleSession(connection, prefix, "boxcar-worker", { ...(replicas !== undefined ? { replicas } : {}) });
+    const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,
-      ...(dispatcherKeys.length > 0 ? { dispatcherKeys } : {}),
+      ...(verifier ? { dispatcherKeys: verifier } : {}),
     });
     const running = w.run();
+    const stopReloading = verifier ? reloadDispatcherKeys(keySources, verifier, logger) : () => {};
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
     await running;
+    stopReloading();
     await w.close();
     return ExitCode.ok;
   },
@@ -111,11 +115,37 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   };
 }
 
+/** How often `--dispatcher-keys` files are read again. */
+const KEYS_RELOAD_MS = 5_000;
+
+/**
+ * Reads the key files again every few seconds and trusts what they hold, so a dispatcher's key
+ * rotation (`boxcar auth rotate`, which lists the old and new key until it is finished) needs no
+ * worker restart. A file that does not read as keys leaves the trusted keys as they were.
+ */
+function reloadDispatcherKeys(sources: readonly string[], verifier: WorkVerifier, logger: Logger): () => void {
+  if (sources.every((s) => DISPATCHER_KEY.test(s))) return () => {};
+  const timer = setInterval(() => {
+    readDispatcherKeys(sources).then(
+      (keys) => {
+        if (keys.length === 0 || [...keys].sort().join() === verifier.trusted.sort().join()) return;
+        verifier.trust(keys);
+        logger.info({ keys: keys.length }, "dispatcher keys reloaded");
+      },
+      (err: unknown) => logger.warn({ err: (err as Error).message }, "dispatcher keys not reloaded: keeping the ones trusted"),
+    );
+  }, KEYS_RELOAD_MS);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+const DISPATCHER_KEY = /^U[A-Z2-7]{55}$/;
+
 /** Dispatcher public keys: each source is a key (`U...`) or a file of keys, one per line. */
 async function readDispatcherKeys(sources: readonly string[]): Promise<string[]> {
   const keys: string[] = [];
   for (const source of sources) {
-    if (/^U[A-Z2-7]{55}$/.test(source)) {
+    if (DISPATCHER_KEY.test(source)) {
       keys.push(source);
       continue;
     }
@@ -126,7 +156,7 @@ async function readDispatcherKeys(sources: readonly string[]): Promise<string[]>
       throw new UsageError(`--dispatcher-keys: ${source} is neither a public key (U...) nor a readable file: ${(err as Error).message}`);
     }
     for (const key of text.split(/\s+/).filter((k) => k !== "")) {
-      if (!/^U[A-Z2-7]{55}$/.test(key)) {
+      if (!DISPATCHER_KEY.test(key)) {
         throw new UsageError(
           `--dispatcher-keys: ${source} holds ${JSON.stringify(key.slice(0, 16))}, not a dispatcher public key (U...): give the dispatchers.pub file \`boxcar auth init\` wrote`,
         );
