@@ -4,6 +4,7 @@ import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { auth } from "./commands/auth.js";
 import { artifacts, cancel, events, jobs, logs, retry, status, submit } from "./commands/jobs.js";
+import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
 import { up } from "./commands/up.js";
@@ -29,6 +30,7 @@ const COMMANDS: readonly Command[] = [
   run,
   workflow,
   workers,
+  policy,
   auth,
 ];
 

@@ -27,11 +27,15 @@ import {
   LogsPage,
   OPEN_IDENTITY,
   ownerOf,
+  PolicyReply,
   parseWith,
   RunReply,
+  SetPolicyReply,
   StartRunReply,
   type StartRunRequest,
   SubmitReply,
+  type SystemPolicy,
+  type SystemPolicyInput,
   UPLOAD_END_HEADER,
   UploadDone,
   UploadReply,
@@ -127,6 +131,10 @@ export interface BoxcarClient {
   listAgents(): Promise<AgentDefinition[]>;
   removeAgent(name: string): Promise<void>;
   listWorkers(): Promise<WorkerInfo[]>;
+  /** The admin's system policy: what agents may ask for, and users' quotas. */
+  getPolicy(): Promise<SystemPolicy>;
+  /** Replaces the system policy (admins only); says which applied agents it refuses. */
+  setPolicy(policy: SystemPolicyInput): Promise<SetPolicyReply>;
 }
 
 /**
@@ -339,6 +347,14 @@ class Client implements BoxcarClient, HistoryReader {
 
   async listWorkers() {
     return (await this.request(ApiEndpoint.workersList, {}, ListWorkersReply)).workers;
+  }
+
+  async getPolicy() {
+    return (await this.request(ApiEndpoint.policyGet, {}, PolicyReply)).policy;
+  }
+
+  setPolicy(policy: SystemPolicyInput) {
+    return this.request(ApiEndpoint.policySet, { policy }, SetPolicyReply);
   }
 
   waitForChain(jobId: string, signal?: AbortSignal) {

@@ -85,6 +85,8 @@ export interface Topology {
   readonly idempotency: KV;
   readonly workflows: KV;
   readonly artifacts: ObjectStore;
+  /** The admin's system policy (`SystemPolicy`, under the key `system`). */
+  readonly policy: KV;
   /**
    * Creates the durable consumers of a pool's work (one per priority) if they do not exist yet.
    * Resolves with their shortest lease (ack wait) in ms: whoever created a consumer chose it, so
@@ -165,17 +167,18 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const consistentReads = num_replicas > 1 ? { allow_direct: false } : {};
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
     kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}), ...consistentReads });
-  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, artifacts: ObjectStore;
+  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, artifacts: ObjectStore;
   try {
     for (const config of streams) {
       await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
     }
-    [jobs, agents, workers, idempotency, workflows] = await Promise.all([
+    [jobs, agents, workers, idempotency, workflows, policy] = await Promise.all([
       kv(names.buckets.jobs, { history: 5 }),
       kv(names.buckets.agents, { history: 5 }),
       kv(names.buckets.workers, { ttl: options.workerTtlMs }),
       kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
       kv(names.buckets.workflows, { history: 5 }),
+      kv(names.buckets.policy, { history: 5 }),
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
   } catch (err) {
@@ -195,6 +198,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     idempotency,
     workflows,
     artifacts,
+    policy,
     async ensurePoolConsumer(pool) {
       let leaseMs = leases.get(pool);
       if (leaseMs === undefined) {

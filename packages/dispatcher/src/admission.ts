@@ -4,6 +4,7 @@ import {
   AgentDefinition,
   BoxcarError,
   type ChainLink,
+  checkAgentPolicy,
   ErrorCode,
   type ErrorInfo,
   type Identity,
@@ -17,6 +18,7 @@ import {
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
 import { newJobId } from "./job-id.js";
+import type { PolicyBook } from "./policy.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
@@ -31,6 +33,8 @@ export interface AdmissionContext {
   workers: WorkerDirectory;
   /** Signs work items, so workers that check signatures run them; absent: items go unsigned. */
   signer?: WorkSigner | undefined;
+  /** The admin's policy: every job's agent must conform to it, however the job comes about. */
+  policy: PolicyBook;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -53,6 +57,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await loadAgent(topology, spec.agent);
+  checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
   ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 

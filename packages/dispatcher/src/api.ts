@@ -6,6 +6,7 @@ import {
   ApplyAgentRequest,
   BoxcarError,
   callerOf,
+  checkAgentPolicy,
   credentialLikeEnv,
   decodeMessage,
   ErrorCode,
@@ -26,6 +27,7 @@ import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { jobEvents, jobLogs, runEvents } from "./history.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
+import type { OwnerLoad } from "./policy.js";
 import type { Runs } from "./workflows/runs.js";
 
 type Handler = (body: unknown, caller: Identity) => Promise<unknown>;
@@ -38,13 +40,15 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.notFound]: 404,
   [ErrorCode.inputFileMissing]: 404,
   [ErrorCode.forbidden]: 403,
+  [ErrorCode.policyDenied]: 403,
+  [ErrorCode.quotaExceeded]: 429,
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,
   [ErrorCode.noSandbox]: 422,
   [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs, load: OwnerLoad): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
@@ -52,6 +56,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);
       checkInputOwnership(files, caller);
+      load.check(caller, ctx.policy.policy);
       try {
         const reply = await admit(topology, body, ctx, { owner: caller.user });
         // An earlier job for the same key was returned: the files sent for this one are not used.
@@ -79,6 +84,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     },
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
+      checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
       const credentials = credentialLikeEnv(agent.env);
       if (credentials.length > 0) {
         throw new BoxcarError(ErrorCode.invalid, `agent ${agent.name}: ${credentials.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
@@ -123,6 +129,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.jobsArtifact]: (body, caller) => artifactChunk(topology, body, caller),
     [ApiEndpoint.workflowsEvents]: (body, caller) => runEvents(topology, runs, body, caller),
     [ApiEndpoint.inputsUpload]: async (body, caller) => uploads.start(body, caller),
+    [ApiEndpoint.policyGet]: async (body) => {
+      parseWith(z.strictObject({}), body, "request");
+      return { policy: ctx.policy.policy };
+    },
+    [ApiEndpoint.policySet]: (body) => ctx.policy.set(body),
   };
 }
 

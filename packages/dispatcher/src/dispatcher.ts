@@ -10,6 +10,7 @@ import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
 import { watchJobs } from "./job-watch.js";
 import { startMaxDeliveriesWatch } from "./max-deliveries.js";
+import { OwnerLoad, PolicyBook } from "./policy.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
@@ -51,8 +52,10 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
   const workers = await WorkerDirectory.open(topology, log);
+  const policy = await PolicyBook.open(topology, log);
+  const load = new OwnerLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
-  const ctx: AdmissionContext = { log, workers, signer: opts.signer };
+  const ctx: AdmissionContext = { log, workers, signer: opts.signer, policy };
   const admissions = new AdmissionSweeper(topology, log, 1_000, opts.signer);
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);
@@ -60,6 +63,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     (key, job) => expiry.observe(key, job),
     (key, job) => admissions.observe(key, job),
     follower.observeJob,
+    load.observe,
   ]);
   await follower.start();
   const maxDeliveries = await startMaxDeliveriesWatch(topology, log, opts.signer);
@@ -69,7 +73,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs, load))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       handler: (err, msg) => {
@@ -121,6 +125,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         async () => follower.close(),
         async () => runs.close(),
         async () => workers.close(),
+        async () => policy.close(),
         async () => expiry.close(),
         async () => admissions.close(),
       ];

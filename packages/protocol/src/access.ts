@@ -66,8 +66,8 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
 
 /**
  * The API endpoints each role may call. Dispatchers and workers call none: they work on the
- * streams and buckets. Only an admin applies or removes agents, because an agent's definition
- * decides what runs on workers (trusted host processes, secrets, networks).
+ * streams and buckets. Only an admin applies or removes agents and sets the policy, because an
+ * agent's definition decides what runs on workers (trusted host processes, secrets, networks).
  */
 export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
   admin: Object.values(ApiEndpoint),
@@ -82,7 +82,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.workflowsCancel,
     ApiEndpoint.inputsUpload,
   ],
-  viewer: READ_ENDPOINTS,
+  viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };
 
 /** Whether `role` sees every principal's jobs and runs (else only its own). */
@@ -127,6 +127,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
     kv(b.idempotency),
     kv(b.workflows),
     obj(b.artifacts),
+    kv(b.policy),
   ];
   const inbox = `${names.inboxPrefix(user)}.>`;
   const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
@@ -146,7 +147,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.workAll,
             s.deadAll,
             s.cancelAll,
-            ...[b.jobs, b.agents, b.idempotency, b.workflows].map(kvSubjects),
+            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy].map(kvSubjects),
             objSubjects(b.artifacts),
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
             // aim a dispatcher's reply at JetStream's API (say, a stream's purge).

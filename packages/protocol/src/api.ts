@@ -1,8 +1,9 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName } from "./agent.js";
-import { ErrorInfo } from "./errors.js";
+import { ErrorInfo, ErrorIssue } from "./errors.js";
 import { JobRecord, JobState, WorkspacePath } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
+import { SystemPolicy } from "./policy.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
 
@@ -120,3 +121,11 @@ export type UploadReply = z.infer<typeof UploadReply>;
 export const UPLOAD_END_HEADER = "Boxcar-Upload-End";
 /** The reply to an upload's last chunk: what was stored. */
 export const UploadDone = z.strictObject({ object: z.string(), size: z.number().int().nonnegative(), digest: z.string() });
+
+export const PolicyReply = z.strictObject({ policy: SystemPolicy });
+export const SetPolicyReply = z.strictObject({
+  policy: SystemPolicy,
+  /** Applied agents the new policy refuses: they stay, but jobs cannot be submitted to them. */
+  refusedAgents: z.array(z.strictObject({ name: z.string(), issues: z.array(ErrorIssue) })),
+});
+export type SetPolicyReply = z.infer<typeof SetPolicyReply>;

@@ -39,6 +39,10 @@ export const ErrorCode = {
   workflowFailed: "workflow_failed",
   /** The caller's role may not make this request. */
   forbidden: "forbidden",
+  /** The agent asks for more than an admin's (or the worker's) policy allows; `issues` names the fields. */
+  policyDenied: "policy_denied",
+  /** The caller has as many jobs queued or running as its quota allows. */
+  quotaExceeded: "quota_exceeded",
   /** No dispatcher answered, or NATS is unreachable. */
   unavailable: "unavailable",
   internal: "internal",

@@ -52,9 +52,11 @@ export {
   ListRunsRequest,
   ListWorkersReply,
   LogsPage,
+  PolicyReply,
   RunEventsRequest,
   RunRef,
   RunReply,
+  SetPolicyReply,
   StartRunReply,
   StartRunRequest,
   SubmitReply,
@@ -111,6 +113,8 @@ export {
 export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
+export { AgentPolicy, checkAgentPolicy, policyViolations, Quota, quotaOf, SystemPolicy } from "./policy.js";
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
@@ -152,4 +156,4 @@ export {
   WorkflowStep,
 } from "./workflow.js";
 export type { FileIssue } from "./yaml-file.js";
-export { FileError, locateYamlPath, parseAgentFile, parseWorkflowFile, parseYamlFile } from "./yaml-file.js";
+export { FileError, locateYamlPath, parseAgentFile, parsePolicyFile, parseWorkflowFile, parseYamlFile } from "./yaml-file.js";

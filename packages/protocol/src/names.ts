@@ -44,6 +44,8 @@ export interface Names {
     /** Workflow runs and handoff chains. */
     readonly workflows: string;
     readonly artifacts: string;
+    /** The admin's system policy: what agents may ask for, and users' quotas (one key, `system`). */
+    readonly policy: string;
   };
   /** The durable consumer all dispatchers share on the intake stream. */
   readonly intakeConsumer: string;
@@ -138,6 +140,8 @@ export const ApiEndpoint = {
   jobsArtifact: "jobs.artifact",
   workflowsEvents: "workflows.events",
   inputsUpload: "inputs.upload",
+  policyGet: "policy.get",
+  policySet: "policy.set",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -163,6 +167,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       idempotency: `${bucket}_idempotency`,
       workflows: `${bucket}_workflows`,
       artifacts: `${bucket}_artifacts`,
+      policy: `${bucket}_policy`,
     },
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),

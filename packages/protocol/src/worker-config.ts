@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { PoolName } from "./agent.js";
 import { NatsConnectionSettings } from "./connection.js";
+import { AgentPolicy } from "./policy.js";
 import { SandboxBackend } from "./runtime.js";
 import { durationMs, sizeBytes } from "./units.js";
 
@@ -36,6 +37,9 @@ export const WorkerConfig = z.strictObject({
     .describe("agent output kept per job"),
   workRoot: z.string().min(1).optional().describe("where workspaces are staged on this machine"),
   logFormat: z.enum(["json", "pretty"]).optional(),
+  policy: AgentPolicy.optional().describe(
+    "what this worker lets agents ask for (networks, images, templates, pools, secrets, trusted, limits); a job whose agent asks for more fails unrun",
+  ),
   sandbox: z
     .strictObject({
       allowed: z.array(SandboxBackend).optional().describe("backends this worker may use"),

@@ -2,6 +2,7 @@ import { isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
 import type { z } from "zod";
 import { AgentDefinition } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue, formatPath } from "./errors.js";
+import { SystemPolicy } from "./policy.js";
 import { WorkflowDefinition } from "./workflow.js";
 
 /** A problem in a YAML file, located by line and column (1-based). */
@@ -30,6 +31,11 @@ export class FileError extends BoxcarError {
  */
 export function parseAgentFile(text: string, file: string): AgentDefinition {
   return parseYamlFile(text, file, AgentDefinition, "agent file");
+}
+
+/** Parses a system policy from YAML text; errors name the file, line, column and field. */
+export function parsePolicyFile(text: string, file: string): SystemPolicy {
+  return parseYamlFile(text, file, SystemPolicy, "policy file");
 }
 
 /** Parses one workflow definition from YAML text; errors name the file, line, column and field. */

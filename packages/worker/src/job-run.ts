@@ -4,6 +4,7 @@ import {
   type AgentResultFile,
   type Artifact,
   BoxcarError,
+  checkAgentPolicy,
   ErrorCode,
   type ErrorInfo,
   isLive,
@@ -240,9 +241,10 @@ export class JobRun {
     )?.id;
   }
 
-  /** What can fail before anything starts: no sandbox fits, or a secret is missing. */
+  /** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, or a secret is missing. */
   private preflight(): Preflight {
     try {
+      checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
       const runtime = resolveRuntime(this.item.agent.runtime, this.item.agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
       return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
     } catch (err) {

@@ -2,6 +2,8 @@ import { randomBytes } from "node:crypto";
 import { hostname, tmpdir } from "node:os";
 import { type Logger, silentLogger, type Topology, WorkVerifier } from "@boxcar/client";
 import {
+  AgentPolicy,
+  type AgentPolicyInput,
   BoxcarError,
   ErrorCode,
   PoolName,
@@ -58,6 +60,11 @@ export interface WorkerOptions {
    * (`boxcar worker` re-reads its `--dispatcher-keys` file during a rotation).
    */
   dispatcherKeys?: readonly string[] | WorkVerifier;
+  /**
+   * What this worker lets agents ask for (networks, images, limits, ...), whatever the
+   * dispatcher's policy: a job whose agent asks for more fails with `policy_denied` unrun.
+   */
+  agentPolicy?: AgentPolicyInput;
 }
 
 export interface ResolvedWorkerOptions {
@@ -77,6 +84,8 @@ export interface ResolvedWorkerOptions {
   reapIntervalMs: number;
   /** Checks work items' signatures; undefined: items are not checked. */
   verifier: WorkVerifier | undefined;
+  /** This worker's own limits on what agents ask for; undefined: none. */
+  agentPolicy: AgentPolicy | undefined;
   /** PATH given to agents: the worker's own. */
   agentPath: string;
 }
@@ -131,6 +140,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
         : opts.dispatcherKeys
           ? new WorkVerifier(opts.dispatcherKeys)
           : undefined,
+    agentPolicy: opts.agentPolicy ? parseWith(AgentPolicy, opts.agentPolicy, "worker options: agentPolicy") : undefined,
     agentPath: env.PATH ?? DEFAULT_PATH,
   };
 }
@@ -173,5 +183,6 @@ export function workerOptionsFromConfig(
     ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),
     ...(config.dispatcherKeys ? { dispatcherKeys: config.dispatcherKeys } : {}),
     ...(config.secrets?.allow ? { allowSecrets: config.secrets.allow } : {}),
+    ...(config.policy ? { agentPolicy: config.policy } : {}),
   };
 }

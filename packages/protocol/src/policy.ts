@@ -1,0 +1,112 @@
+import { z } from "zod";
+import { UserName } from "./access.js";
+import { type AgentDefinition, MAX_TIMEOUT_MS, NetworkWish, PoolName } from "./agent.js";
+import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
+import { durationMs, sizeBytes } from "./units.js";
+
+/** An image or template name, with `*` standing for any run of characters (`registry.example.com/agents/*`). */
+const NamePattern = z.string().min(1).max(512);
+
+/**
+ * What agents may ask for. An admin sets one for the system (`boxcar policy set`: checked when
+ * an agent is applied and when a job is submitted); a worker may have its own (the `policy` of
+ * its config file: checked before a job runs). A field left out allows anything.
+ */
+export const AgentPolicy = z.strictObject({
+  networks: z.array(NetworkWish).optional().describe("the network wishes agents may make: none, bridge, network names"),
+  images: z.array(NamePattern).optional().describe("the container images agents may name, as patterns with *"),
+  templates: z.array(NamePattern).optional().describe("the E2B templates agents may name, as patterns with *"),
+  pools: z.array(PoolName).optional().describe("the pools agents may name"),
+  secrets: z
+    .array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name"))
+    .optional()
+    .describe("the worker variables agents may ask for"),
+  trusted: z.boolean().optional().describe("false: no agent may be marked trusted (so none runs unisolated)"),
+  limits: z
+    .strictObject({
+      cpus: z.number().positive().max(256).optional(),
+      memory: sizeBytes({ min: 4 * 1024 ** 2, max: 1024 ** 4 }).optional(),
+      pids: z.number().int().min(8).max(1_000_000).optional(),
+      timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional(),
+    })
+    .optional()
+    .describe("the most an agent may ask for"),
+});
+export type AgentPolicy = z.infer<typeof AgentPolicy>;
+export type AgentPolicyInput = z.input<typeof AgentPolicy>;
+
+const matches = (pattern: string, name: string): boolean =>
+  new RegExp(`^${pattern.replace(/[.+?^${}()|[\]\\]/g, "\\$&").replaceAll("*", ".*")}$`).test(name);
+
+const list = (values: readonly string[]) => (values.length === 0 ? "nothing" : values.join(", "));
+
+/** Where `agent` asks for more than `policy` allows, one issue per field. */
+export function policyViolations(agent: AgentDefinition, policy: AgentPolicy): ErrorIssue[] {
+  const issues: ErrorIssue[] = [];
+  const { runtime } = agent;
+  const refuse = (path: string, message: string) => issues.push({ path, message });
+  if (policy.networks && !policy.networks.includes(runtime.network)) {
+    refuse("runtime.network", `${runtime.network} is not allowed (allowed: ${list(policy.networks)})`);
+  }
+  if (policy.images && runtime.image !== undefined && !policy.images.some((p) => matches(p, runtime.image as string))) {
+    refuse("runtime.image", `${runtime.image} is not allowed (allowed: ${list(policy.images)})`);
+  }
+  if (policy.templates && runtime.template !== undefined && !policy.templates.some((p) => matches(p, runtime.template as string))) {
+    refuse("runtime.template", `${runtime.template} is not allowed (allowed: ${list(policy.templates)})`);
+  }
+  if (policy.pools && !policy.pools.includes(agent.pool)) refuse("pool", `${agent.pool} is not allowed (allowed: ${list(policy.pools)})`);
+  if (policy.secrets) {
+    const allowed = policy.secrets;
+    agent.secrets.forEach((s, i) => {
+      if (!allowed.includes(s.from)) refuse(`secrets[${i}]`, `${s.from} is not allowed (allowed: ${list(allowed)})`);
+    });
+  }
+  if (policy.trusted === false && agent.trusted) refuse("trusted", "no agent may be trusted");
+  const max = policy.limits ?? {};
+  for (const key of ["cpus", "memory", "pids"] as const) {
+    const asked = runtime.limits[key];
+    const most = max[key];
+    if (asked !== undefined && most !== undefined && asked > most)
+      refuse(`runtime.limits.${key}`, `${asked} is more than the ${most} allowed`);
+  }
+  if (max.timeout !== undefined && runtime.timeout > max.timeout) {
+    refuse("runtime.timeout", `${runtime.timeout} ms is more than the ${max.timeout} ms allowed`);
+  }
+  return issues;
+}
+
+/** Throws `policy_denied` naming every field where `agent` asks for more than `whose` policy allows. */
+export function checkAgentPolicy(agent: AgentDefinition, policy: AgentPolicy | undefined, whose: string): void {
+  const issues = policy ? policyViolations(agent, policy) : [];
+  if (issues.length === 0) return;
+  throw new BoxcarError(
+    ErrorCode.policyDenied,
+    `agent ${agent.name}: ${whose} does not allow ${issues.map((i) => `${i.path}: ${i.message}`).join("; ")}`,
+    { issues },
+  );
+}
+
+/** How many jobs one user may have waiting to start (`queued`) and running (`running`); absent: no limit. */
+export const Quota = z.strictObject({
+  queued: z.number().int().nonnegative().optional().describe("jobs accepted or queued, not yet started"),
+  running: z.number().int().nonnegative().optional().describe("jobs running"),
+});
+export type Quota = z.infer<typeof Quota>;
+
+/** An admin's policy for the whole system, kept in the policy bucket (`boxcar policy set -f FILE`). */
+export const SystemPolicy = z.strictObject({
+  agents: AgentPolicy.default({}).describe("what agents may ask for"),
+  quotas: z
+    .strictObject({
+      default: Quota.default({}).describe("every user's, unless named below"),
+      users: z.record(UserName, Quota).default({}).describe("a user's own, in place of the default"),
+    })
+    .default({ default: {}, users: {} }),
+});
+export type SystemPolicy = z.infer<typeof SystemPolicy>;
+export type SystemPolicyInput = z.input<typeof SystemPolicy>;
+
+/** The quota that applies to `user`. Admins and the system's own roles have none. */
+export function quotaOf(policy: SystemPolicy, user: string): Quota {
+  return policy.quotas.users[user] ?? policy.quotas.default;
+}
