@@ -1,7 +1,7 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import Docker from "dockerode";
-import { GenericContainer, type StartedTestContainer, Wait } from "testcontainers";
+import { GenericContainer, Network, type StartedTestContainer, Wait } from "testcontainers";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
@@ -83,4 +83,46 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
     await container.remove();
     expect(await createClient(nats.topology).listWorkers()).toEqual([]);
   });
+});
+
+describe.skipIf(!ready)("a worker in a container on a network of its own", () => {
+  test("never puts an agent on the worker's own network (the one NATS and the roles use)", async () => {
+    await using nats = await natsFixture({}, { host: "0.0.0.0" });
+    const network = await new Network().start();
+    const info = await new Docker().getNetwork(network.getName()).inspect();
+    const gateway = info.IPAM?.Config?.[0]?.Gateway as string;
+    const port = new URL(nats.url).port;
+    const worker = await new GenericContainer(WORKER_IMAGE)
+      .withNetwork(network)
+      .withBindMounts([
+        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
+        { source: nats.auth.dir, target: "/auth", mode: "ro" },
+      ])
+      .withCommand([
+        "worker",
+        ...["--nats", `nats://${gateway}:${port}`, "--creds", "/auth/worker.creds", "--dispatcher-keys", "/auth/dispatchers.pub"],
+        ...["--prefix", nats.topology.names.prefix, "--pool", "own-net", "--log-format", "json"],
+      ])
+      .withWaitStrategy(Wait.forLogMessage(/worker started/))
+      .withStartupTimeout(30_000)
+      .start();
+    try {
+      await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+      const client = createClient(nats.topology);
+      await client.applyAgent({
+        name: "sneaky",
+        pool: "own-net",
+        command: ["true"],
+        runtime: { sandbox: "docker", network: network.getName() },
+      });
+      const { job } = await client.submit({ agent: "sneaky" });
+      const final = await client.waitForJob(job.id);
+      expect(final.state).toBe("failed");
+      expect(final.error?.message).toContain(`runtime.network ${network.getName()} is not allowed: the worker itself is on it`);
+      expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+    } finally {
+      await worker.stop({ timeout: 10_000 });
+      await network.stop();
+    }
+  }, 90_000);
 });

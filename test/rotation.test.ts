@@ -66,8 +66,7 @@ test("a dispatcher's key is rotated with no job lost and no worker restarted: ol
     expect(again.code).toBe(3);
     expect(again.stderr).toContain("no rotation of dispatcher is under way");
   } catch (err) {
-    console.log(`dispatcher:\n${dispatcher.output()}\nworker:\n${worker.output()}`);
-    throw err;
+    throw new Error(`${(err as Error).message}\ndispatcher:\n${dispatcher.output()}\nworker:\n${worker.output()}`, { cause: err });
   } finally {
     dispatcher.kill("SIGTERM");
     worker.kill("SIGTERM");

@@ -49,11 +49,11 @@ export interface NatsFixture extends AsyncDisposable {
  * A real nats-server on a free port with a temporary store, run with the config `boxcar auth
  * init` writes, so every test runs with authentication on and each role on its own credential.
  */
-export async function natsFixture(opts: TopologyOptions = {}): Promise<NatsFixture> {
+export async function natsFixture(opts: TopologyOptions = {}, serverOpts: { host?: string } = {}): Promise<NatsFixture> {
   const prefix = opts.prefix ?? uniquePrefix();
   const dir = await scratch("boxcar-auth-");
   const auth = await AuthDir.init(join(dir.path, "auth"), { prefix });
-  const server = await startNatsServer({ extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") });
+  const server = await startNatsServer({ ...serverOpts, extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") });
   authByUrl.set(server.url, auth);
   const connections: NatsConnection[] = [];
   const connectAs = async (user: string) => {

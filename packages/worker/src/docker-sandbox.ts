@@ -1,5 +1,5 @@
 import { mkdir } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { hostname, tmpdir } from "node:os";
 import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
@@ -58,6 +58,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     root: opts.root ?? tmpdir(),
   };
   let engineCpus: number | undefined;
+  let ownNetworks: Promise<Set<string>> | undefined;
 
   return {
     kind: "docker",
@@ -85,7 +86,8 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
           `runtime.limits.cpus is ${limits.cpus}, more than the ${engineCpus} CPUs of this Docker engine`,
         );
       }
-      const network = await checkNetwork(docker, runtime.network);
+      ownNetworks ??= workerNetworks(docker);
+      const network = await checkNetwork(docker, runtime.network, await ownNetworks);
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
       await mkdir(settings.root, { recursive: true });
@@ -284,18 +286,40 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
   }
 }
 
-/** The network mode for an agent's wish: `none` (default), `bridge`, or an existing network. */
-async function checkNetwork(docker: Docker, wish: string): Promise<string> {
+/**
+ * The network mode for an agent's wish: `none` (default), `bridge`, or an existing network, but
+ * never the worker's own (`host`, another container's, or a network the worker's container is
+ * on: the one NATS and the roles use).
+ */
+async function checkNetwork(docker: Docker, wish: string, own: ReadonlySet<string>): Promise<string> {
   if (wish === "none" || wish === "bridge") return wish;
   if (wish === "host" || wish.startsWith("container:")) {
     throw new BoxcarError(ErrorCode.invalid, `runtime.network ${wish} is not allowed: it would share the worker's network`);
   }
+  let found: { Id: string; Name: string };
   try {
-    await docker.getNetwork(wish).inspect();
-    return wish;
+    found = await docker.getNetwork(wish).inspect();
   } catch (err) {
     if (statusOf(err) === 404) throw new BoxcarError(ErrorCode.invalid, `runtime.network: there is no Docker network named ${wish}`);
     throw err;
+  }
+  if (own.has(found.Id) || own.has(found.Name)) {
+    throw new BoxcarError(
+      ErrorCode.invalid,
+      `runtime.network ${wish} is not allowed: the worker itself is on it (agents never join the system's networks)`,
+    );
+  }
+  return wish;
+}
+
+/** The ids and names of the networks the worker's own container is on; none when it is not in a container of this engine. */
+async function workerNetworks(docker: Docker): Promise<Set<string>> {
+  try {
+    const self = await docker.getContainer(hostname()).inspect();
+    const networks = self.NetworkSettings?.Networks ?? {};
+    return new Set(Object.entries(networks).flatMap(([name, n]) => [name, n.NetworkID]));
+  } catch {
+    return new Set();
   }
 }
 
