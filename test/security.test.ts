@@ -10,7 +10,7 @@ import { Kvm } from "@nats-io/kv";
 import { Objm } from "@nats-io/obj";
 import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { eventually } from "./helpers/cli.js";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const hello = {
@@ -133,6 +133,19 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     ]) {
       await expect(action()).rejects.toMatchObject({ message: expect.stringContaining(alicesJob.id) });
     }
+    // The same through the CLI with bob's credential, and his own job works there.
+    const asBob = (...args: string[]) => boxcar(sys.url, sys.prefix, args, { NATS_CREDS: bob.creds });
+    for (const args of [
+      ["status", alicesJob.id],
+      ["logs", alicesJob.id],
+      ["events", alicesJob.id],
+      ["artifacts", alicesJob.id, "--out", dir],
+    ]) {
+      const r = await asBob(...args);
+      expect(r.code, args.join(" ")).toBe(3);
+      expect(r.stderr).toContain("not_found");
+    }
+    expect((await asBob("jobs")).stdout).not.toContain(alicesJob.id);
     await expectSubscribeDenied(bob.nc, names.subjects.ownerEventsOf("job", "alice"));
     await expectSubscribeDenied(bob.nc, names.subjects.jobLogs("alice", alicesJob.id));
     await expectSubscribeDenied(bob.nc, names.subjects.eventsAll);
