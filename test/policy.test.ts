@@ -91,6 +91,11 @@ describe("an admin's policy over agents, a worker's own, and quotas per user", (
 
     // Allowed by the system's policy, refused by this worker's own: it fails unrun.
     await admin.applyAgent({ name: "online", ...ok, runtime: { sandbox: "host", network: "bridge" } });
+    // A job's own timeout may not ask for more than the policy allows either.
+    await expect(alice.submit({ agent: "online", timeout: "2h" })).rejects.toMatchObject({
+      code: ErrorCode.policyDenied,
+      issues: [expect.objectContaining({ path: "runtime.timeout" })],
+    });
     const { job } = await alice.submit({ agent: "online" });
     const ended = await alice.waitForJob(job.id);
     expect(ended.state).toBe("failed");

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { pushAccount } from "@boxcar/auth";
 import { connectNats, resolveConnection, WorkSigner } from "@boxcar/client";
 import { MAX_OPEN_UPLOADS } from "@boxcar/dispatcher";
-import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, type WorkItem } from "@boxcar/protocol";
+import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, UPLOAD_END_HEADER, type WorkItem } from "@boxcar/protocol";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { Objm } from "@nats-io/obj";
@@ -183,11 +183,31 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
       const list = await (await new Objm(jetstream(admin.nc)).open(alice.names.buckets.artifacts)).list();
       return list.filter((o) => o.name.startsWith("inputs/alice/")).length;
     };
+    const stored = async () => (await jetstreamManager(admin.nc)).streams.info(`OBJ_${alice.names.buckets.artifacts}`);
     const before = await objects();
+    const bytesBefore = (await stored()).state.bytes;
     await expect(
       alice.client.submit({ agent: "cat-input", timeout: 1 }, { upload: [{ localPath: file, path: "data.txt" }] }),
     ).rejects.toMatchObject({
       code: ErrorCode.invalid,
+    });
+    expect(await objects()).toBe(before);
+    // Its chunks are gone too, not only its name (300 KiB were sent).
+    expect((await stored()).state.bytes - bytesBefore).toBeLessThan(10_000);
+
+    // A chunk over 128 KiB, or a size that does not add up, ends the upload with nothing stored.
+    const open = async () =>
+      JSON.parse(
+        (await alice.nc.request(alice.names.subjects.api({ role: "submitter", user: "alice" }, "inputs.upload"), '{"path":"y"}')).string(),
+      ).data as { subject: string };
+    const big = await alice.nc.request((await open()).subject, new Uint8Array(200 * 1024));
+    expect(big.json<{ error: { code: string } }>().error.code).toBe(ErrorCode.tooLarge);
+    const short = headers();
+    short.set(UPLOAD_END_HEADER, "999");
+    const wrong = await alice.nc.request((await open()).subject, "abc", { headers: short, timeout: 5_000 });
+    expect(wrong.json<{ error: { code: string; message: string } }>().error).toMatchObject({
+      code: ErrorCode.invalid,
+      message: "the upload declared 999 bytes and sent 3",
     });
     expect(await objects()).toBe(before);
   });
@@ -232,17 +252,48 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     await expect(alice.client.startRun({ workflow })).rejects.toMatchObject({ code: ErrorCode.forbidden });
   });
 
-  it("a request whose reply subject aims at JetStream's API gets no answer there: the dispatcher may reply only to inboxes", async () => {
+  it("a request whose reply subject is not its caller's inbox is dropped: no answer lands on records, control subjects or another's inbox", async () => {
     const { names } = viewer;
     const jsm = await jetstreamManager(admin.nc);
-    const before = (await jsm.streams.info(names.streams.events)).state.messages;
-    expect(before).toBeGreaterThan(0);
-    viewer.nc.publish(names.subjects.api({ role: "viewer", user: "viewer" }, "agents.list"), "{}", {
-      reply: `$JS.API.STREAM.PURGE.${names.streams.events}`,
+    const eventsBefore = (await jsm.streams.info(names.streams.events)).state.messages;
+    // Subjects a dispatcher may publish to, so an answer aimed there would have landed.
+    const targets = [
+      `$JS.API.STREAM.PURGE.${names.streams.events}`,
+      `$KV.${names.buckets.agents}.hello`,
+      `$KV.${names.buckets.jobs}.${alicesJob.id}`,
+      `$KV.${names.buckets.idempotency}.0123abcd`,
+      `$O.${names.buckets.artifacts}.M.eA`,
+      names.subjects.cancel(alicesJob.id),
+      names.subjects.event("job", alicesJob.id, "succeeded", "alice"),
+      `${names.inboxPrefix("alice")}.stolen`,
+    ];
+    const landed: string[] = [];
+    const watch = admin.nc.subscribe(">", {
+      callback: (_e, m) => {
+        if (targets.includes(m.subject)) landed.push(m.subject);
+      },
     });
-    await viewer.nc.flush();
-    await new Promise((r) => setTimeout(r, 500));
-    expect((await jsm.streams.info(names.streams.events)).state.messages).toBeGreaterThanOrEqual(before);
+    await admin.nc.flush();
+    const upload = JSON.parse(
+      (await bob.nc.request(names.subjects.api({ role: "submitter", user: "bob" }, "inputs.upload"), '{"path":"x.txt"}')).string(),
+    ).data as { subject: string };
+    for (const target of targets) {
+      for (const [p, role] of [
+        [viewer, "viewer"],
+        [bob, "submitter"],
+      ] as const) {
+        p.nc.publish(names.subjects.api({ role, user: p.user }, "agents.list"), "{}", { reply: target });
+        p.nc.publish(names.subjects.api({ role, user: p.user }, "jobs.get"), JSON.stringify({ id: alicesJob.id }), { reply: target });
+      }
+      bob.nc.publish(upload.subject, "chunk", { reply: target });
+    }
+    await Promise.all([viewer.nc.flush(), bob.nc.flush()]);
+    await new Promise((r) => setTimeout(r, 1_000));
+    watch.unsubscribe();
+    expect(landed).toEqual([]);
+    expect((await jsm.streams.info(names.streams.events)).state.messages).toBeGreaterThanOrEqual(eventsBefore);
+    expect((await admin.client.getAgent("hello")).name).toBe("hello");
+    expect((await admin.client.getJob(alicesJob.id)).state).toBe("succeeded");
   });
 
   it("a submitter cannot ask as someone else: NATS refuses a request on another user's or role's subject", async () => {

@@ -59,7 +59,8 @@ async function round(variant: Variant, index: number): Promise<Round> {
       // What `connectNats` (the auth side's connections) sets too: no async stack traces, a user's inboxes.
       connectOptions: { noAsyncTraces: true, inboxPrefix: "_INBOX.local" },
     });
-    const conns = [...Object.values(path.connections), path.observer];
+    // Each connection once: without auth the observer is the client's own connection.
+    const conns = [...new Set([...Object.values(path.connections), path.observer])];
     let next = 0;
     const take = (n: number) => {
       next += n;

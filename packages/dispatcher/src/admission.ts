@@ -57,7 +57,9 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await loadAgent(topology, spec.agent);
-  checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
+  // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
+  const asRun = spec.timeout === undefined ? agent : { ...agent, runtime: { ...agent.runtime, timeout: spec.timeout } };
+  checkAgentPolicy(asRun, ctx.policy.policy.agents, "the system policy");
   ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 

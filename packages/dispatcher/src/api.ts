@@ -14,6 +14,7 @@ import {
   InputFileRef,
   JobRef,
   MAX_SPEC_BYTES,
+  mayReplyTo,
   parseWith,
   ROLE_ENDPOINTS,
   RunRef,
@@ -66,11 +67,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
             topology,
             files.filter((f) => !used.has(f.object)),
             caller,
+            log,
           );
         }
         return reply;
       } catch (err) {
-        if (err instanceof BoxcarError && err.code !== ErrorCode.internal) await discardUploads(topology, files, caller);
+        if (err instanceof BoxcarError && err.code !== ErrorCode.internal) await discardUploads(topology, files, caller, log);
         throw err;
       }
     },
@@ -167,11 +169,19 @@ async function getAgent(topology: Topology, name: string): Promise<AgentDefiniti
 /**
  * Decodes a request, checks that its caller's role may make it, runs its handler and replies
  * `{ ok, data }` or `{ ok: false, error }`. The caller is read from the subject, where NATS
- * permissions put it (see `access.ts`).
+ * permissions put it (see `access.ts`). A request whose reply subject is not one of its caller's
+ * inboxes is dropped unanswered and unrun: a dispatcher may publish to records, events and
+ * control subjects, so an answer sent where a caller says could overwrite or cancel anything.
  */
 export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: Handler, msg: ServiceMsg, log: Logger): Promise<void> {
+  const caller = callerOf(topology.names, msg.subject);
+  // Only an admin may publish on a subject that names no caller (see `access.ts`).
+  const replyOk = caller ? mayReplyTo(topology.names, caller, msg.reply) : msg.reply?.startsWith("_INBOX.") === true;
+  if (!replyOk) {
+    log.warn({ subject: msg.subject, reply: msg.reply }, "request dropped: its reply subject is not one of its caller's inboxes");
+    return;
+  }
   try {
-    const caller = callerOf(topology.names, msg.subject);
     if (!caller) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.api.<role>.<user>.<endpoint>`);
     if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {
       throw new BoxcarError(ErrorCode.forbidden, `the ${caller.role} role may not call ${endpoint}`);

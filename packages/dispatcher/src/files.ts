@@ -8,6 +8,7 @@ import {
   type Identity,
   type InputFileRef,
   inputObjectPrefix,
+  mayReplyTo,
   parseWith,
   toErrorInfo,
   UPLOAD_END_HEADER,
@@ -49,6 +50,9 @@ export async function artifactChunk(topology: Topology, body: unknown, caller: I
 const UPLOAD_IDLE_MS = 30_000;
 /** How many uploads one user may have open on one dispatcher at a time. */
 export const MAX_OPEN_UPLOADS = 8;
+/** The largest chunk of an upload (one message), and the largest input file. */
+const MAX_CHUNK_BYTES = 128 * 1024;
+const MAX_UPLOAD_BYTES = 1024 ** 3;
 
 /**
  * Uploads of input files into `inputs/<owner>/<uuid>/<path>`. An upload's chunks come as
@@ -74,7 +78,7 @@ export class Uploads {
     const subject = this.topology.names.subjects.upload(caller.user, randomBytes(16).toString("hex"));
     const sub = this.topology.nc.subscribe(subject);
     this.open.set(caller.user, open + 1);
-    void receive(this.topology, sub, object)
+    void receive(this.topology, sub, object, caller, this.log)
       .catch((err) => this.log.warn({ err, object }, "upload abandoned"))
       .finally(() => {
         const left = (this.open.get(caller.user) ?? 1) - 1;
@@ -85,30 +89,40 @@ export class Uploads {
   }
 }
 
-async function receive(topology: Topology, sub: Subscription, object: string): Promise<void> {
+async function receive(topology: Topology, sub: Subscription, object: string, caller: Identity, log: Logger): Promise<void> {
   let received = 0;
-  let end: Msg | undefined;
+  let last: Msg | undefined; // the chunk being stored: it gets the answer when something fails
+  let failure: BoxcarError | undefined;
   let idle: NodeJS.Timeout | undefined;
   const stall = () => {
     clearTimeout(idle);
     idle = setTimeout(() => sub.unsubscribe(), UPLOAD_IDLE_MS);
   };
+  const fail = (error: BoxcarError) => {
+    failure = error;
+    throw error;
+  };
   // Each chunk is answered when the store asks for the next one: the client waits for that answer.
   async function* chunks(): AsyncGenerator<Uint8Array> {
     for await (const msg of sub) {
-      if (!msg.reply?.startsWith("_INBOX.")) continue; // answers go to inboxes only
+      if (!mayReplyTo(topology.names, caller, msg.reply)) continue; // answers go to the uploader's inboxes only
       stall();
+      last = msg;
       received += msg.data.length;
-      if (msg.headers?.has(UPLOAD_END_HEADER)) end = msg;
+      if (msg.data.length > MAX_CHUNK_BYTES)
+        fail(new BoxcarError(ErrorCode.tooLarge, `an upload chunk is at most ${MAX_CHUNK_BYTES} bytes, got ${msg.data.length}`));
+      if (received > MAX_UPLOAD_BYTES) fail(new BoxcarError(ErrorCode.tooLarge, `an input file is at most ${MAX_UPLOAD_BYTES} bytes`));
+      const end = msg.headers?.has(UPLOAD_END_HEADER);
       if (msg.data.length > 0) yield msg.data; // resumes once the store has taken it
       if (end) {
-        const declared = Number(end.headers?.get(UPLOAD_END_HEADER));
-        if (declared !== received) throw new BoxcarError(ErrorCode.invalid, `the upload declared ${declared} bytes and sent ${received}`);
+        const declared = Number(msg.headers?.get(UPLOAD_END_HEADER));
+        if (declared !== received) fail(new BoxcarError(ErrorCode.invalid, `the upload declared ${declared} bytes and sent ${received}`));
         return;
       }
       msg.respond(JSON.stringify({ ok: true, data: { received } }));
+      last = undefined;
     }
-    throw new BoxcarError(ErrorCode.unavailable, `upload stalled for ${UPLOAD_IDLE_MS} ms`);
+    fail(new BoxcarError(ErrorCode.unavailable, `upload stalled for ${UPLOAD_IDLE_MS} ms`));
   }
   stall();
   try {
@@ -121,11 +135,13 @@ async function receive(topology: Topology, sub: Subscription, object: string): P
       },
     });
     const info = await topology.artifacts.put({ name: object }, body);
-    end?.respond(JSON.stringify({ ok: true, data: { object, size: info.size, digest: info.digest } }));
+    last?.respond(JSON.stringify({ ok: true, data: { object, size: info.size, digest: info.digest } }));
   } catch (err) {
-    await topology.artifacts.delete(object).catch(() => {});
-    end?.respond(JSON.stringify({ ok: false, error: toErrorInfo(err) }));
-    throw err;
+    // The store's own error (say, from cleaning up) must not hide why the upload failed.
+    const error = failure ?? err;
+    await topology.artifacts.delete(object).catch((e: unknown) => log.warn({ err: e, object }, "a failed upload's object was not removed"));
+    last?.respond(JSON.stringify({ ok: false, error: toErrorInfo(error) }));
+    throw error;
   } finally {
     clearTimeout(idle);
     sub.unsubscribe();
@@ -148,7 +164,12 @@ export function checkInputOwnership(files: readonly InputFileRef[], caller: Iden
 }
 
 /** Removes the caller's own uploads among `files` (a submission that used them was refused). */
-export async function discardUploads(topology: Topology, files: readonly InputFileRef[], caller: Identity): Promise<void> {
+export async function discardUploads(topology: Topology, files: readonly InputFileRef[], caller: Identity, log: Logger): Promise<void> {
   const own = inputObjectPrefix(caller.user);
-  for (const file of files) if (file.object.startsWith(own)) await topology.artifacts.delete(file.object).catch(() => {});
+  for (const file of files) {
+    if (!file.object.startsWith(own)) continue;
+    await topology.artifacts
+      .delete(file.object)
+      .catch((err: unknown) => log.warn({ err, object: file.object }, "an unused upload was not removed"));
+  }
 }

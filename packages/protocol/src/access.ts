@@ -10,7 +10,8 @@
  * JetStream's API listens on: JetStream sends its publish acks, pulled messages and API replies
  * to whatever reply subject the publisher names, without checking it against the publisher's
  * permissions, so any such publish could be aimed at (say) a stream's purge. They call the
- * dispatchers' API, which replies only to inboxes, and subscribe to their own live events.
+ * dispatchers' API, which answers only on the caller's own inboxes (`mayReplyTo`), and subscribe
+ * to their own live events.
  */
 
 import { z } from "zod";
@@ -149,6 +150,8 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.cancelAll,
             ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy].map(kvSubjects),
             objSubjects(b.artifacts),
+            // An object's chunks are removed by a purge filtered on them (deletes, overwrites).
+            `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
             // aim a dispatcher's reply at JetStream's API (say, a stream's purge).
             "_INBOX.>",
@@ -175,6 +178,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             kvSubjects(b.jobs),
             kvSubjects(b.workers),
             objSubjects(b.artifacts),
+            `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,
           ],
           // Work items come only from dispatchers; a worker only hands them back.
           deny: [s.workAll],
@@ -239,6 +243,18 @@ export function callerOf(names: Names, subject: string): Identity | undefined {
   const user = rest[1];
   if (!role.success || user === undefined || !TOKEN_PATTERN.test(user)) return undefined;
   return { role: role.data, user };
+}
+
+/**
+ * Whether a dispatcher may answer `caller` on `reply`: only on the caller's own inboxes
+ * (`_INBOX.<user>.`), which nobody else may subscribe to; an admin's on any inbox (on a server
+ * without authentication, clients in other languages use their library's default inboxes). Every
+ * other subject is refused: a dispatcher may publish to records, events and control subjects,
+ * and its answer must never land there.
+ */
+export function mayReplyTo(names: Names, caller: Identity, reply: string | undefined): boolean {
+  if (!reply) return false;
+  return reply.startsWith(`${names.inboxPrefix(caller.user)}.`) || (caller.role === "admin" && reply.startsWith("_INBOX."));
 }
 
 /** The owner and agent of an intake message on `<prefix>.submit.<owner>.<agent>`. */

@@ -3,6 +3,7 @@ export {
   callerOf,
   intakeSubjectParts,
   mayAccess,
+  mayReplyTo,
   OPEN_IDENTITY,
   ownerOf,
   parseIdentity,
