@@ -62,7 +62,7 @@ export function describeEvent(event: BoxcarEvent): string {
   const time = event.at.slice(11, 23);
   if (event.kind === "job") {
     const detail = [
-      event.message,
+      event.message === event.error?.message ? undefined : event.message, // the error says it
       event.workerId && event.type === "started" ? `on ${event.workerId}` : undefined,
       event.sandbox && event.type === "started" ? `in ${event.sandbox.kind} (${event.sandbox.reason})` : undefined,
       event.error ? `${event.error.code}: ${event.error.message}` : undefined,

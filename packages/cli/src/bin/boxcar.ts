@@ -1,6 +1,12 @@
 #!/usr/bin/env node
 import { main } from "../main.js";
 
+// Output piped into a reader that stops early (`| head`): stop quietly, as other tools do.
+process.stdout.on("error", (err: NodeJS.ErrnoException) => {
+  if (err.code === "EPIPE") process.exit(0);
+  throw err;
+});
+
 const controller = new AbortController();
 let signals = 0;
 for (const signal of ["SIGINT", "SIGTERM"] as const) {

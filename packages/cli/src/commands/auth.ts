@@ -8,7 +8,7 @@ import { json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER --role ROLE | ls | revoke USER | rotate USER [--now|--finish] | push  [--dir DIR]";
+  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER [--role] ROLE | ls | revoke USER | rotate USER [--now|--finish] | push  [--dir DIR]";
 
 /** Where the auth folder is for every verb but `init`: `--dir`, else `$BOXCAR_AUTH_DIR`, else `.boxcar/auth`. */
 function authDir(values: Record<string, unknown>, env: NodeJS.ProcessEnv): string {
@@ -24,7 +24,7 @@ export const auth: Command = {
   name: "auth",
   usage,
   summary: "create NATS credentials for Boxcar's roles, mint, list, revoke and rotate users",
-  maxArgs: 2,
+  maxArgs: 3,
   options: {
     dir: { type: "string" },
     role: { type: "string" },
@@ -35,6 +35,8 @@ export const auth: Command = {
   },
   async run(ctx) {
     const [verb, arg] = ctx.positionals;
+    if (verb !== "add" && ctx.positionals.length > 2)
+      throw new UsageError(`unexpected argument "${ctx.positionals[2]}"\n\nusage: ${usage}`);
     const needArg = (what: string) => {
       if (!arg) throw new UsageError(`auth ${verb} needs ${what}\n\nusage: ${usage}`);
       return arg;
@@ -59,7 +61,10 @@ export const auth: Command = {
       }
       case "add": {
         const user = needArg("USER");
-        const parsed = Role.safeParse(ctx.values.role);
+        // `auth add alice --role submitter`, or `auth add alice submitter`
+        const [, , roleArg] = ctx.positionals;
+        if (roleArg !== undefined && ctx.values.role !== undefined) throw new UsageError("give the role once: --role ROLE or a third word");
+        const parsed = Role.safeParse(ctx.values.role ?? roleArg);
         if (!parsed.success) throw new UsageError(`--role must be one of ${ROLES.join(", ")}, got ${String(ctx.values.role)}`);
         const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
         const file = await a.mint(user, parsed.data);
