@@ -59,8 +59,7 @@ async function round(variant: Variant, index: number): Promise<Round> {
       // What `connectNats` (the auth side's connections) sets too: no async stack traces, a user's inboxes.
       connectOptions: { noAsyncTraces: true, inboxPrefix: "_INBOX.local" },
     });
-    // Each connection once: without auth the observer is the client's own connection.
-    const conns = [...new Set([...Object.values(path.connections), path.observer])];
+    const conns = [...Object.values(path.connections), path.observer];
     let next = 0;
     const take = (n: number) => {
       next += n;
