@@ -50,7 +50,7 @@ else
   echo "build-images: built $agent_image"
 fi
 
-# The worker image needs Node.js 20. Without a registry, copy this machine's node into the base.
+# The worker image (and the NATS image of deploy/compose) needs Node.js 20. Without a registry, copy this machine's node into the base.
 node_image=${BOXCAR_NODE_IMAGE:-}
 context=.boxcar/image
 rm -rf "$context" && mkdir -p "$context"
@@ -64,3 +64,12 @@ fi
 pnpm --silent --filter @boxcar/cli deploy --prod --legacy "$context/app" >/dev/null
 build --build-arg NODE_IMAGE="$node_image" -t "${BOXCAR_WORKER_IMAGE:-boxcar-worker:latest}" -f Dockerfile.worker "$context"
 echo "build-images: built ${BOXCAR_WORKER_IMAGE:-boxcar-worker:latest} on $node_image"
+
+# nats-server in an image, for the Compose cluster (deploy/compose): the binary the set-up fetched.
+nats_bin=${BOXCAR_NATS_SERVER:-.boxcar/tools/bin/nats-server}
+if [ -x "$nats_bin" ]; then
+  rm -rf "$context" && mkdir -p "$context"
+  cp "$nats_bin" "$context/nats-server"
+  build --build-arg BASE_IMAGE="$node_image" -t "${BOXCAR_NATS_IMAGE:-boxcar-nats:latest}" -f Dockerfile.nats "$context"
+  echo "build-images: built ${BOXCAR_NATS_IMAGE:-boxcar-nats:latest} ($("$nats_bin" --version))"
+fi

@@ -1,0 +1,105 @@
+import { execFile } from "node:child_process";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { AuthDir } from "@boxcar/auth";
+import { connectNats, createClient, freePort, resolveConnection } from "@boxcar/client";
+import { type JobRecord, names } from "@boxcar/protocol";
+import Docker from "dockerode";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
+import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { uniquePrefix } from "./helpers/nats.js";
+import { type Scratch, scratch } from "./helpers/scratch.js";
+
+const run = promisify(execFile);
+const COMPOSE_FILE = fileURLToPath(new URL("../deploy/compose/docker-compose.yml", import.meta.url));
+const NATS_IMAGE = process.env.BOXCAR_NATS_IMAGE ?? "boxcar-nats:latest";
+const ready =
+  (await dockerReady()) &&
+  (await dockerReady(NATS_IMAGE)) &&
+  (await dockerReady(process.env.BOXCAR_WORKER_IMAGE ?? "boxcar-worker:latest"));
+const JOBS = 200;
+
+/**
+ * deploy/compose as a user runs it: `boxcar auth init`, then `docker-compose up` of three NATS
+ * servers, two dispatchers and two workers with Docker sandboxes; one NATS server and one worker
+ * are killed mid-run.
+ */
+describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
+  let dir: Scratch;
+  const project = `bx${process.pid}`;
+  const prefix = uniquePrefix();
+  let env: NodeJS.ProcessEnv;
+  const compose = (...args: string[]) => run("docker-compose", ["-p", project, "-f", COMPOSE_FILE, ...args], { env, timeout: 300_000 });
+
+  beforeAll(async () => {
+    dir = await scratch("boxcar-compose-");
+    await AuthDir.init(join(dir.path, "auth"), { prefix });
+    env = {
+      ...process.env,
+      BOXCAR_AUTH_DIR: join(dir.path, "auth"),
+      BOXCAR_PREFIX: prefix,
+      BOXCAR_NATS_PORT: String(await freePort()),
+    };
+    await compose("up", "-d", "--scale", "worker=2");
+  }, 300_000);
+  afterAll(async () => {
+    await compose("down", "-v", "--timeout", "5").catch(() => {});
+    for (const c of await boxcarContainers(prefix)) await new Docker().getContainer(c.Id).remove({ force: true });
+    await dir?.[Symbol.asyncDispose]();
+  });
+
+  test(`${JOBS} jobs all succeed once while a NATS server and a worker are killed; down -v leaves nothing`, async () => {
+    const auth = await AuthDir.open(join(dir.path, "auth"));
+    const url = `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`;
+    const nc = await connectNats(resolveConnection({ flags: { nats: url, creds: auth.credsFile("admin") }, env: {} }), "compose-test");
+    try {
+      const client = createClient({ nc, names: names(prefix) });
+      const running = async () => (await client.listWorkers().catch(() => [])).filter((w) => w.state === "running").length;
+      await eventually(async () => ((await running()) === 2 ? true : undefined), "two workers", 60_000);
+      await client.applyAgent({
+        name: "echo",
+        command: 'sleep 0.2; printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
+        runtime: { sandbox: "docker" },
+      });
+      const ids: string[] = [];
+      for (let i = 0; i < JOBS; i += 20) {
+        const batch = await Promise.all(Array.from({ length: 20 }, (_, j) => client.submit({ agent: "echo", input: i + j })));
+        ids.push(...batch.map((b) => b.job.id));
+      }
+      // While the cluster elects new stream leaders a request may fail: ask again.
+      const records = async () => (await client.listJobs({ agent: "echo", limit: 1000 }).catch(() => ({ jobs: [] }))).jobs;
+      await eventually(
+        async () => ((await records()).filter((j) => j.state === "succeeded").length >= 30 ? true : undefined),
+        "30 jobs done",
+      );
+      const docker = new Docker();
+      await docker.getContainer(`${project}_nats2_1`).kill();
+      await docker.getContainer(`${project}_worker_1`).kill();
+
+      const finals = await eventually(
+        async () => {
+          const all = await records();
+          return all.length === JOBS && all.every((j) => j.state === "succeeded") ? all : undefined;
+        },
+        `all ${JOBS} jobs to succeed`,
+        150_000,
+      );
+      const byId = new Map<string, JobRecord>(finals.map((j) => [j.id, j]));
+      expect([...byId.keys()].sort()).toEqual([...ids].sort());
+      for (const [i, id] of ids.entries()) expect(byId.get(id)?.result?.output, id).toBe(i);
+      const rerun = finals.filter((j) => j.attempt > 1).length;
+      process.stdout.write(`compose: ${JOBS} jobs, nats2 and worker_1 killed mid-run; ${rerun} ran a second attempt; all succeeded once\n`);
+    } finally {
+      await nc.close();
+    }
+
+    await compose("down", "-v", "--timeout", "5");
+    const docker = new Docker();
+    const label = `com.docker.compose.project=${project}`;
+    expect(await docker.listContainers({ all: true, filters: { label: [label] } })).toEqual([]);
+    expect((await docker.listNetworks({ filters: { label: [label] } })).map((n) => n.Name)).toEqual([]);
+    expect(((await docker.listVolumes({ filters: { label: [label] } })).Volumes ?? []).map((v) => v.Name)).toEqual([]);
+  }, 300_000);
+});
