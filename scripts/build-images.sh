@@ -67,9 +67,10 @@ echo "build-images: built ${BOXCAR_WORKER_IMAGE:-boxcar-worker:latest} on $node_
 
 # nats-server in an image, for the Compose cluster (deploy/compose): the binary the set-up fetched.
 nats_bin=${BOXCAR_NATS_SERVER:-.boxcar/tools/bin/nats-server}
-if [ -x "$nats_bin" ]; then
-  rm -rf "$context" && mkdir -p "$context"
-  cp "$nats_bin" "$context/nats-server"
-  build --build-arg BASE_IMAGE="$node_image" -t "${BOXCAR_NATS_IMAGE:-boxcar-nats:latest}" -f Dockerfile.nats "$context"
-  echo "build-images: built ${BOXCAR_NATS_IMAGE:-boxcar-nats:latest} ($("$nats_bin" --version))"
-fi
+[ -x "$nats_bin" ] || nats_bin=$(command -v nats-server || true)
+[ -n "$nats_bin" ] || { echo "build-images: no nats-server for the NATS image; run scripts/install-nats-server.sh" >&2; exit 1; }
+rm -rf "$context" && mkdir -p "$context"
+cp "$nats_bin" "$context/nats-server"
+build --build-arg BASE_IMAGE="$node_image" -t "${BOXCAR_NATS_IMAGE:-boxcar-nats:latest}" -f Dockerfile.nats "$context"
+rm -rf "$context"
+echo "build-images: built ${BOXCAR_NATS_IMAGE:-boxcar-nats:latest} ($("$nats_bin" --version))"
