@@ -159,6 +159,8 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
   readonly agentPath: string;
   readonly description: { image: string; network: string; limits: ResourceLimits };
   private container: Docker.Container | undefined;
+  /** The container being created: an abort stops waiting for it, and destroy() removes it once made. */
+  private creating: Promise<Docker.Container> | undefined;
   private destroyed: Promise<void> | undefined;
 
   constructor(
@@ -183,7 +185,8 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
     // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
     const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
-    const container = await untilAborted(this.createContainer(argv, opts.env));
+    this.creating = this.createContainer(argv, opts.env);
+    const container = await untilAborted(this.creating);
     if (!container) return notRun;
     this.container = container;
     const [uid, gid] = this.settings.user.split(":").map(Number);
@@ -279,7 +282,8 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
-      await this.container?.remove({ force: true, v: true }).catch(ignoreGone);
+      const container = this.container ?? (await this.creating?.catch(() => undefined));
+      await container?.remove({ force: true, v: true }).catch(ignoreGone);
       await this.files.remove();
     })();
     return this.destroyed;
