@@ -18,6 +18,10 @@ export interface NatsCluster extends AsyncDisposable {
   kill(i: number): Promise<void>;
   /** Starts server `i` again on the same ports and store. */
   restart(i: number): Promise<void>;
+  /** Freezes server `i` (SIGSTOP), as a long pause would: connections stay open, nothing answers. */
+  pause(i: number): void;
+  /** Lets a paused server `i` go on (SIGCONT). */
+  resume(i: number): void;
   /** Resolves once JetStream answers through server `i` (it has a meta leader again). */
   waitForJetStream(i?: number, ms?: number): Promise<void>;
   /**
@@ -136,6 +140,8 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
       return nc;
     },
     isUp: (i) => members[i]?.server !== undefined,
+    pause: (i) => process.kill(members[i]!.server!.pid, "SIGSTOP"),
+    resume: (i) => process.kill(members[i]!.server!.pid, "SIGCONT"),
     async kill(i) {
       const m = members[i]!;
       await m.server?.kill();

@@ -5,14 +5,15 @@ import {
   type BoxcarClient,
   connectNats,
   createClient,
+  type Logger,
   openTopology,
+  patiently,
   type ResolvedConnection,
   resolveConnection,
   type Topology,
-  type TopologyOptions,
 } from "@boxcar/client";
 import { BoxcarError, type NatsConnectionSettings, names } from "@boxcar/protocol";
-import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
 export interface Io {
@@ -136,12 +137,14 @@ export async function openSession(connection: ResolvedConnection, prefix: string
 
 /**
  * Connects as a role that works on the system's streams and buckets (a dispatcher, a worker, an
- * admin that starts them), making whatever is missing.
+ * admin that starts them), making whatever is missing. Started while the cluster recovers (no
+ * JetStream answer yet), it waits, saying so once in `log`, instead of exiting.
  */
 export async function openRoleSession(
   connection: ResolvedConnection,
   prefix: string | undefined,
   name: string,
+  log: Logger,
   topologyOptions: SessionTopologyOptions = {},
 ): Promise<RoleSession> {
   const nc = await connectNats(connection, name);
@@ -151,7 +154,7 @@ export async function openRoleSession(
   };
   let topology: Topology;
   try {
-    topology = await openTopologyPatiently(nc, options);
+    topology = await patiently("the streams and buckets", () => openTopology(nc, options), log);
   } catch (err) {
     await nc.close();
     throw err;
@@ -168,26 +171,6 @@ function sessionOf(nc: NatsConnection, client: BoxcarClient, connection: Resolve
       await nc.drain().catch(() => nc.close());
     },
   };
-}
-
-/** How long a role that creates the system keeps trying to reach JetStream when it starts. */
-const START_PATIENCE_MS = 30_000;
-
-/**
- * Opens the topology, trying again while JetStream does not answer in time. A server of a cluster
- * that has just restarted takes connections a few seconds before its JetStream answers; a role
- * (re)started then waits instead of exiting.
- */
-async function openTopologyPatiently(nc: NatsConnection, options: TopologyOptions): Promise<Topology> {
-  const deadline = Date.now() + START_PATIENCE_MS;
-  for (;;) {
-    try {
-      return await openTopology(nc, options);
-    } catch (err) {
-      if (!(err instanceof natsErrors.TimeoutError) || Date.now() + 1_000 > deadline) throw err;
-      await new Promise((r) => setTimeout(r, 1_000));
-    }
-  }
 }
 
 export interface CommandLine {

@@ -1,4 +1,6 @@
+import { JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
+import type { Logger } from "./logger.js";
 
 /** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
 export function isNoResponders(err: unknown): boolean {
@@ -21,4 +23,46 @@ export function isTransientNatsError(err: unknown): boolean {
     isNoResponders(err) ||
     (err instanceof Error && err.cause !== undefined && err.cause !== err && isTransientNatsError(err.cause))
   );
+}
+
+/** JetStream's "system temporarily unavailable": no meta leader (say, a server paused or restarting). */
+const TEMPORARILY_UNAVAILABLE = 10008;
+
+/**
+ * True for what a recovering cluster answers for a while: no answer in time, no responders, no
+ * meta leader. Anything else (a refusal, a configuration the server rejects) is not transient.
+ */
+export function isTransientJetStreamError(err: unknown): boolean {
+  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
+    if (e instanceof JetStreamApiError && e.code === TEMPORARILY_UNAVAILABLE) return true;
+  }
+  return isTransientNatsError(err);
+}
+
+const MAX_BACKOFF_MS = 5_000;
+
+/**
+ * Runs `step` until it succeeds, waiting out transient JetStream answers (see
+ * `isTransientJetStreamError`) with backoff from 250 ms to 5 s. The wait is logged once when it
+ * starts and once when it ends; any other error, or an abort, is thrown at once. Roles start
+ * with it, so one started while its cluster recovers waits instead of exiting.
+ */
+export async function patiently<T>(what: string, step: () => Promise<T>, log: Logger, signal?: AbortSignal): Promise<T> {
+  let delay = 250;
+  let since: number | undefined;
+  for (;;) {
+    try {
+      const value = await step();
+      if (since !== undefined) log.info({ what, waitedMs: Date.now() - since }, `${what}: JetStream answers again`);
+      return value;
+    } catch (err) {
+      if (!isTransientJetStreamError(err) || signal?.aborted) throw err;
+      if (since === undefined) {
+        since = Date.now();
+        log.warn({ what, err: (err as Error).message }, `${what}: JetStream does not answer yet; waiting for it`);
+      }
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, MAX_BACKOFF_MS);
+    }
+  }
 }

@@ -1,5 +1,5 @@
 import { hostname } from "node:os";
-import { type Logger, silentLogger, type Topology, type WorkSigner } from "@boxcar/client";
+import { isTransientJetStreamError, type Logger, patiently, silentLogger, type Topology, type WorkSigner } from "@boxcar/client";
 import type { ApiEndpoint } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
@@ -51,22 +51,26 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const id = opts.dispatcherId ?? `d-${hostname().replace(/[^A-Za-z0-9_-]/g, "-")}-${Math.random().toString(36).slice(2, 8)}`;
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
-  const workers = await WorkerDirectory.open(topology, log);
-  const policy = await PolicyBook.open(topology, log);
+  // Started while the cluster recovers, a dispatcher waits for JetStream instead of giving up.
+  const wait = <T>(what: string, step: () => Promise<T>) => patiently(what, step, log);
+  const workers = await wait("the worker directory", () => WorkerDirectory.open(topology, log));
+  const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
   const load = new OwnerLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
   const ctx: AdmissionContext = { log, workers, signer: opts.signer, policy };
   const admissions = new AdmissionSweeper(topology, log, 1_000, opts.signer);
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);
-  const jobWatch = await watchJobs(topology, log, [
-    (key, job) => expiry.observe(key, job),
-    (key, job) => admissions.observe(key, job),
-    follower.observeJob,
-    load.observe,
-  ]);
-  await follower.start();
-  const maxDeliveries = await startMaxDeliveriesWatch(topology, log, opts.signer);
+  const jobWatch = await wait("the job records", () =>
+    watchJobs(topology, log, [
+      (key, job) => expiry.observe(key, job),
+      (key, job) => admissions.observe(key, job),
+      follower.observeJob,
+      load.observe,
+    ]),
+  );
+  await wait("the workflow runs", () => follower.start());
+  const maxDeliveries = await wait("the max-deliveries advisories", () => startMaxDeliveriesWatch(topology, log, opts.signer));
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -87,15 +91,18 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   }
 
   const { jsm, js, names } = topology;
-  await jsm.consumers.info(names.streams.submit, names.intakeConsumer).catch(() =>
-    jsm.consumers.add(names.streams.submit, {
-      durable_name: names.intakeConsumer,
-      ack_policy: AckPolicy.Explicit,
-      ack_wait: topology.options.ackWaitMs * 1_000_000,
+  await wait("the intake consumer", () =>
+    jsm.consumers.info(names.streams.submit, names.intakeConsumer).catch((err: unknown) => {
+      if (isTransientJetStreamError(err)) throw err;
+      return jsm.consumers.add(names.streams.submit, {
+        durable_name: names.intakeConsumer,
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: topology.options.ackWaitMs * 1_000_000,
+      });
     }),
   );
-  const streamCreated = (await jsm.streams.info(names.streams.submit)).created;
-  const consumer = await js.consumers.get(names.streams.submit, names.intakeConsumer);
+  const streamCreated = (await wait("the intake stream", () => jsm.streams.info(names.streams.submit))).created;
+  const consumer = await wait("the intake consumer", () => js.consumers.get(names.streams.submit, names.intakeConsumer));
   const intake: ConsumerMessages = await consumer.consume({ max_messages: 64 });
   const intakeDone = (async () => {
     for await (const msg of intake) {

@@ -1,6 +1,6 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type Logger, nowIso, publishEvent } from "@boxcar/client";
+import { type Logger, nowIso, patiently, publishEvent } from "@boxcar/client";
 import {
   BoxcarError,
   decodeMessage,
@@ -117,13 +117,17 @@ class BoxcarWorker implements Worker {
     const { topology } = this.options;
     await this.refreshCapabilities();
     // Keep-alives must come well inside the shortest lease of the pools this worker pulls.
-    for (const pool of this.options.pools) this.leaseMs = Math.min(this.leaseMs, await topology.ensurePoolConsumer(pool));
+    // Started while the cluster recovers, a worker waits for JetStream instead of giving up.
+    const wait = <T>(what: string, step: () => Promise<T>) => patiently(what, step, this.log, this.pulling.signal);
+    for (const pool of this.options.pools) {
+      this.leaseMs = Math.min(this.leaseMs, await wait(`the ${pool} pool's consumers`, () => topology.ensurePoolConsumer(pool)));
+    }
     const cancelPrefix = topology.names.subjects.cancel("");
     this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
     });
     await topology.nc.flush();
-    await this.putPresence();
+    await wait("the presence entry", () => this.putPresence());
     await this.announce("started");
     this.heartbeat = setInterval(() => {
       // One heartbeat at a time: while a write hangs (NATS cut off), ticks do not pile up more.

@@ -39,7 +39,7 @@ export const dispatcher: Command = {
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", {
+    await using session = await openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", logger, {
       ...(replicas !== undefined ? { replicas } : {}),
     });
     // With a NATS credential, the dispatcher signs work items with its key (workers check them).

@@ -91,6 +91,7 @@ export const up: Command = {
           resolveConnection({ flags: { nats: server.url, ...creds }, env: {} }),
           prefix,
           `boxcar-up-${role}`,
+          logger,
         );
         cleanup.unshift(async () => await session[Symbol.asyncDispose]());
         return session;

@@ -48,7 +48,9 @@ export const worker: Command = {
     }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
-    await using session = await openRoleSession(connection, prefix, "boxcar-worker", { ...(replicas !== undefined ? { replicas } : {}) });
+    await using session = await openRoleSession(connection, prefix, "boxcar-worker", logger, {
+      ...(replicas !== undefined ? { replicas } : {}),
+    });
     const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),

@@ -1,0 +1,52 @@
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { type NatsCluster, natsCluster } from "./helpers/cluster.js";
+import { uniquePrefix } from "./helpers/nats.js";
+
+let cluster: NatsCluster;
+beforeAll(async () => {
+  cluster = await natsCluster(3);
+}, 60_000);
+afterAll(async () => {
+  await cluster?.[Symbol.asyncDispose]();
+});
+
+test("a dispatcher and a worker started while the cluster has no meta leader wait for it, saying so once, then work", async () => {
+  const prefix = uniquePrefix();
+  const url = cluster.urls[0] as string; // the server that stays up; the roles connect to it
+  // Two of three servers frozen: no quorum, so no meta leader and no JetStream answer.
+  cluster.pause(1);
+  cluster.pause(2);
+  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
+  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
+  try {
+    await eventually(
+      async () => (/JetStream does not answer yet; waiting/.test(dispatcher.output() + worker.output()) ? true : undefined),
+      "a role to say it waits",
+    );
+    await new Promise((r) => setTimeout(r, 5_000));
+    expect(dispatcher.exitCode, dispatcher.output()).toBeNull();
+    expect(worker.exitCode, worker.output()).toBeNull();
+    cluster.resume(1);
+    cluster.resume(2);
+    await eventually(
+      async () => (dispatcher.output().includes("dispatcher started") ? true : undefined),
+      "the dispatcher to start",
+      60_000,
+    );
+    await eventually(async () => (worker.output().includes("worker started") ? true : undefined), "the worker to start", 60_000);
+    for (const role of [dispatcher, worker]) {
+      expect(role.output().match(/JetStream does not answer yet/g)?.length ?? 0, role.output()).toBeLessThanOrEqual(1);
+    }
+    const agent = await boxcar(url, prefix, ["agent", "apply", "-f", "examples/agents/hello.yaml"]);
+    expect(agent.code, agent.stderr).toBe(0);
+    const job = await boxcar(url, prefix, ["submit", "hello", "--wait", "--json"]);
+    expect(JSON.parse(job.stdout).state, job.stderr).toBe("succeeded");
+  } finally {
+    cluster.resume(1);
+    cluster.resume(2);
+    dispatcher.kill("SIGTERM");
+    worker.kill("SIGTERM");
+    await Promise.all([exited(dispatcher), exited(worker)]);
+  }
+}, 120_000);
