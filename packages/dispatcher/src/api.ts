@@ -1,4 +1,4 @@
-import { getJson, type Logger, listJson, type Topology } from "@boxcar/client";
+import { getJson, isTransientJetStreamError, type Logger, listJson, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   AgentRef,
@@ -43,6 +43,7 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.forbidden]: 403,
   [ErrorCode.policyDenied]: 403,
   [ErrorCode.quotaExceeded]: 429,
+  [ErrorCode.unavailable]: 503,
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,
   [ErrorCode.noSandbox]: 422,
@@ -190,7 +191,10 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     const data = await handler(body, caller);
     msg.respond(JSON.stringify({ ok: true, data }));
   } catch (err) {
-    const error = toErrorInfo(err);
+    // JetStream not answering (a cluster electing leaders) is worth asking again, not a fault.
+    const error = isTransientJetStreamError(err)
+      ? { code: ErrorCode.unavailable, message: `JetStream did not answer in time (${(err as Error).message}): try again` }
+      : toErrorInfo(err);
     if (error.code === ErrorCode.internal) log.error({ err, subject: msg.subject }, "request failed");
     else log.debug({ subject: msg.subject, code: error.code }, "request refused");
     msg.respondError(STATUS[error.code] ?? 500, error.message, JSON.stringify({ ok: false, error }));
