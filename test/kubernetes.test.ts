@@ -1,0 +1,89 @@
+import { readFile } from "node:fs/promises";
+import { fileURLToPath } from "node:url";
+import { names, PRIORITIES, type Priority } from "@boxcar/protocol";
+import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1";
+import { Deployment } from "kubernetes-models/apps/v1";
+import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
+import { describe, expect, test } from "vitest";
+import { parse, parseAllDocuments } from "yaml";
+
+/** The manifests in deploy/kubernetes, checked against the Kubernetes and KEDA API schemas and against Boxcar's own names. */
+const file = (name: string) => fileURLToPath(new URL(`../deploy/kubernetes/${name}`, import.meta.url));
+const documents = async (name: string) =>
+  parseAllDocuments(await readFile(file(name), "utf8")).map((d) => d.toJS() as { kind: string; metadata: { name: string } });
+/** The Deployment of one role in boxcar.yaml. */
+const deployment = async (role: string) =>
+  (await documents("boxcar.yaml")).find((d) => d.kind === "Deployment" && d.metadata.name === `boxcar-${role}`) as unknown as Deployment;
+
+const MODELS: Record<string, new (value: never) => { validate(): void }> = {
+  Deployment,
+  PodDisruptionBudget,
+  ScaledObject,
+};
+
+describe("deploy/kubernetes", () => {
+  test("every manifest is valid for its API (Deployments, PodDisruptionBudgets, KEDA ScaledObject)", async () => {
+    const all = [...(await documents("boxcar.yaml")), ...(await documents("keda.yaml"))];
+    expect(all.map((d) => `${d.kind}/${d.metadata.name}`).sort()).toEqual([
+      "Deployment/boxcar-dispatcher",
+      "Deployment/boxcar-worker",
+      "PodDisruptionBudget/boxcar-dispatcher",
+      "PodDisruptionBudget/boxcar-worker",
+      "ScaledObject/boxcar-worker",
+    ]);
+    for (const doc of all) {
+      const Model = MODELS[doc.kind];
+      expect(Model, doc.kind).toBeDefined();
+      expect(() => new (Model as NonNullable<typeof Model>)(doc as never).validate(), `${doc.kind}/${doc.metadata.name}`).not.toThrow();
+    }
+    // A broken manifest is caught: the check is not vacuous.
+    const broken = { ...(all[0] as object), spec: { replicas: "two" } };
+    expect(() => new Deployment(broken as never).validate()).toThrow();
+  });
+
+  test("the KEDA triggers name the stream, consumers and pool Boxcar makes, one per priority, summed", async () => {
+    const n = names();
+    const [scaled] = (await documents("keda.yaml")) as unknown as ScaledObject[];
+    const worker = await deployment("worker");
+    const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
+    const pool = args[args.indexOf("--pool") + 1] as string;
+    expect(pool).toBe("default");
+    expect(scaled?.spec?.scaleTargetRef.name).toBe(worker?.metadata?.name);
+    const triggers = scaled?.spec?.triggers ?? [];
+    expect(triggers.map((t) => t.name).sort()).toEqual([...PRIORITIES].sort());
+    for (const t of triggers) {
+      expect(t.type).toBe("nats-jetstream");
+      expect(t.metadata.stream).toBe(n.streams.work);
+      expect(t.metadata.consumer).toBe(n.poolConsumer(pool, t.name as Priority));
+      // The account's public key is the deployment's own (documented placeholder).
+      expect(t.metadata.account).toBe("BOXCAR_ACCOUNT");
+      expect(t.metadata.natsServerMonitoringEndpoint).toMatch(/:8222$/);
+    }
+    const formula = scaled?.spec?.advanced?.scalingModifiers?.formula ?? "";
+    for (const p of PRIORITIES) expect(formula).toContain(p);
+    // The threshold per worker is its concurrency.
+    expect(scaled?.spec?.advanced?.scalingModifiers?.target).toBe(args[args.indexOf("--concurrency") + 1]);
+  });
+
+  test("the NATS chart values make a three-server JetStream cluster with the monitoring port KEDA reads", async () => {
+    const values = parse(await readFile(file("nats-values.yaml"), "utf8"));
+    expect(values.config.cluster).toMatchObject({ enabled: true, replicas: 3 });
+    expect(values.config.jetstream.enabled).toBe(true);
+    expect(values.config.monitor).toMatchObject({ enabled: true, port: 8222 });
+  });
+
+  test("the worker's grace period covers its drain, and both roles read only the documented secret keys", async () => {
+    const [dispatcher, worker] = [await deployment("dispatcher"), await deployment("worker")];
+    const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
+    const drainSeconds = Number.parseInt(args[args.indexOf("--drain-grace") + 1] ?? "", 10);
+    expect(worker?.spec?.template.spec?.terminationGracePeriodSeconds).toBeGreaterThan(drainSeconds);
+    const text = await readFile(file("boxcar.yaml"), "utf8");
+    const documented = ["dispatcher.creds", "worker.creds", "dispatchers.pub"];
+    for (const d of [dispatcher, worker]) {
+      for (const arg of d?.spec?.template.spec?.containers[0]?.args ?? []) {
+        if (arg.startsWith("/auth/")) expect(documented).toContain(arg.slice(6));
+      }
+    }
+    for (const key of documented) expect(text).toContain(`--from-file=${key}=`);
+  });
+});
