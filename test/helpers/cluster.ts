@@ -10,6 +10,8 @@ export interface NatsCluster extends AsyncDisposable {
   readonly urls: readonly string[];
   /** All client URLs, comma-separated, as `--nats` and `BOXCAR_NATS_URL` take them. */
   readonly url: string;
+  /** Each server's monitoring endpoint (`http://127.0.0.1:<port>`), by server name. */
+  readonly monitors: ReadonlyMap<string, string>;
   /** Connects to the cluster (any server, reconnecting to the others). */
   connect(name?: string): Promise<NatsConnection>;
   /** Whether server `i` is running. */
@@ -34,6 +36,7 @@ export interface NatsCluster extends AsyncDisposable {
 interface Member {
   name: string;
   port: number;
+  monitorPort: number;
   clusterPort: number;
   storeDir: string;
   server: NatsServer | undefined;
@@ -51,6 +54,7 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
     members.push({
       name: `${clusterName}-n${i}`,
       port: await freePort(),
+      monitorPort: await freePort(),
       clusterPort: await freePort(),
       storeDir: join(root, `n${i}`),
       server: undefined,
@@ -65,6 +69,7 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
       port: m.port,
       storeDir: m.storeDir,
       serverName: m.name,
+      extraConfig: `http: "127.0.0.1:${m.monitorPort}"`,
       cluster: {
         name: clusterName,
         port: m.clusterPort,
@@ -134,6 +139,7 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
   return {
     urls,
     url: urls.join(","),
+    monitors: new Map(members.map((m) => [m.name, `http://127.0.0.1:${m.monitorPort}`])),
     async connect(name = "test") {
       const nc = await connect({ servers: [...urls], name, maxReconnectAttempts: -1 });
       connections.push(nc);
