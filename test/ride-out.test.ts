@@ -52,3 +52,51 @@ test("a dispatcher and a worker started while the cluster has no meta leader wai
     await Promise.all([exited(dispatcher), exited(worker)]);
   }
 }, 120_000);
+
+test("running roles ride out a cluster that loses its meta leader and stream leaders mid-run: every job ends succeeded, no role exits", async () => {
+  const prefix = uniquePrefix();
+  const url = cluster.urls[0] as string;
+  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
+  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
+  try {
+    await eventually(async () => (worker.output().includes("worker started") ? true : undefined), "the worker to start", 60_000);
+    await eventually(async () => ((await boxcar(url, prefix, ["workers"])).code === 0 ? true : undefined), "a dispatcher to answer");
+    const agent = await boxcar(url, prefix, ["agent", "apply", "-f", "examples/agents/hello.yaml"]);
+    expect(agent.code, agent.stderr).toBe(0);
+    const submitted: string[] = [];
+    const submitSome = async (n: number) => {
+      for (let i = 0; i < n; i++) {
+        const r = await boxcar(url, prefix, ["submit", "hello", "--json"]);
+        if (r.code === 0) submitted.push(JSON.parse(r.stdout).job.id);
+      }
+    };
+    await submitSome(5);
+    // Two of three servers frozen for a while: the streams (3 replicas) lose their leaders and quorum.
+    cluster.pause(1);
+    cluster.pause(2);
+    await new Promise((r) => setTimeout(r, 6_000));
+    cluster.resume(1);
+    cluster.resume(2);
+    await submitSome(5);
+    expect(submitted.length).toBeGreaterThanOrEqual(10);
+    for (const id of submitted) {
+      const status = await eventually(
+        async () => {
+          const r = await boxcar(url, prefix, ["status", id, "--wait", "--json"]);
+          return r.code === 0 ? JSON.parse(r.stdout) : undefined;
+        },
+        `job ${id} to end`,
+        60_000,
+      );
+      expect(status.state, id).toBe("succeeded");
+    }
+    expect(dispatcher.exitCode, dispatcher.output()).toBeNull();
+    expect(worker.exitCode, worker.output()).toBeNull();
+  } finally {
+    cluster.resume(1);
+    cluster.resume(2);
+    dispatcher.kill("SIGTERM");
+    worker.kill("SIGTERM");
+    await Promise.all([exited(dispatcher), exited(worker)]);
+  }
+}, 180_000);
