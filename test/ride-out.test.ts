@@ -4,6 +4,26 @@ import { type NatsCluster, natsCluster } from "./helpers/cluster.js";
 import { uniquePrefix } from "./helpers/nats.js";
 
 let cluster: NatsCluster;
+
+/** A dispatcher and a host worker as `boxcar` processes on the first server, stopped (and every server resumed) after `body`. */
+async function withRoles(
+  prefix: string,
+  body: (roles: { url: string; dispatcher: ReturnType<typeof spawnBoxcar>; worker: ReturnType<typeof spawnBoxcar> }) => Promise<void>,
+): Promise<void> {
+  const url = cluster.urls[0] as string; // the server that stays up; the roles connect to it
+  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
+  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
+  try {
+    await body({ url, dispatcher, worker });
+  } finally {
+    cluster.resume(1);
+    cluster.resume(2);
+    dispatcher.kill("SIGTERM");
+    worker.kill("SIGTERM");
+    await Promise.all([exited(dispatcher), exited(worker)]);
+  }
+}
+
 beforeAll(async () => {
   cluster = await natsCluster(3);
 }, 60_000);
@@ -13,13 +33,10 @@ afterAll(async () => {
 
 test("a dispatcher and a worker started while the cluster has no meta leader wait for it, saying so once per step, then work", async () => {
   const prefix = uniquePrefix();
-  const url = cluster.urls[0] as string; // the server that stays up; the roles connect to it
   // Two of three servers frozen: no quorum, so no meta leader and no JetStream answer.
   cluster.pause(1);
   cluster.pause(2);
-  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
-  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
-  try {
+  await withRoles(prefix, async ({ url, dispatcher, worker }) => {
     await eventually(
       async () => (/JetStream does not answer yet; waiting/.test(dispatcher.output() + worker.output()) ? true : undefined),
       "a role to say it waits",
@@ -44,21 +61,12 @@ test("a dispatcher and a worker started while the cluster has no meta leader wai
     expect(agent.code, agent.stderr).toBe(0);
     const job = await boxcar(url, prefix, ["submit", "hello", "--wait", "--json"]);
     expect(JSON.parse(job.stdout).state, job.stderr).toBe("succeeded");
-  } finally {
-    cluster.resume(1);
-    cluster.resume(2);
-    dispatcher.kill("SIGTERM");
-    worker.kill("SIGTERM");
-    await Promise.all([exited(dispatcher), exited(worker)]);
-  }
+  });
 }, 120_000);
 
 test("running roles ride out a cluster that loses its meta leader and stream leaders mid-run: every job ends succeeded, no role exits", async () => {
   const prefix = uniquePrefix();
-  const url = cluster.urls[0] as string;
-  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
-  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
-  try {
+  await withRoles(prefix, async ({ url, dispatcher, worker }) => {
     await eventually(async () => (worker.output().includes("worker started") ? true : undefined), "the worker to start", 60_000);
     await eventually(async () => ((await boxcar(url, prefix, ["workers"])).code === 0 ? true : undefined), "a dispatcher to answer");
     const agent = await boxcar(url, prefix, ["agent", "apply", "-f", "examples/agents/hello.yaml"]);
@@ -92,11 +100,5 @@ test("running roles ride out a cluster that loses its meta leader and stream lea
     }
     expect(dispatcher.exitCode, dispatcher.output()).toBeNull();
     expect(worker.exitCode, worker.output()).toBeNull();
-  } finally {
-    cluster.resume(1);
-    cluster.resume(2);
-    dispatcher.kill("SIGTERM");
-    worker.kill("SIGTERM");
-    await Promise.all([exited(dispatcher), exited(worker)]);
-  }
+  });
 }, 180_000);

@@ -56,7 +56,7 @@ export const RetryPolicy = z.strictObject({
 });
 export type RetryPolicy = z.infer<typeof RetryPolicy>;
 
-const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name");
+export const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name");
 
 export const SecretRef = z.union([
   EnvName.transform((name) => ({ name, from: name })),

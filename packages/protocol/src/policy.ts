@@ -1,8 +1,8 @@
 import { z } from "zod";
 import { UserName } from "./access.js";
-import { type AgentDefinition, MAX_TIMEOUT_MS, NetworkWish, PoolName } from "./agent.js";
+import { type AgentDefinition, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
-import { durationMs, sizeBytes } from "./units.js";
+import { durationMs } from "./units.js";
 
 /** An image or template name, with `*` standing for any run of characters (`registry.example.com/agents/*`). */
 const NamePattern = z.string().min(1).max(512);
@@ -17,18 +17,9 @@ export const AgentPolicy = z.strictObject({
   images: z.array(NamePattern).optional().describe("the container images agents may name, as patterns with *"),
   templates: z.array(NamePattern).optional().describe("the E2B templates agents may name, as patterns with *"),
   pools: z.array(PoolName).optional().describe("the pools agents may name"),
-  secrets: z
-    .array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name"))
-    .optional()
-    .describe("the worker variables agents may ask for"),
+  secrets: z.array(EnvName).optional().describe("the worker variables agents may ask for"),
   trusted: z.boolean().optional().describe("false: no agent may be marked trusted (so none runs unisolated)"),
-  limits: z
-    .strictObject({
-      cpus: z.number().positive().max(256).optional(),
-      memory: sizeBytes({ min: 4 * 1024 ** 2, max: 1024 ** 4 }).optional(),
-      pids: z.number().int().min(8).max(1_000_000).optional(),
-      timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional(),
-    })
+  limits: ResourceLimits.extend({ timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional() })
     .optional()
     .describe("the most an agent may ask for"),
 });
