@@ -8,7 +8,7 @@ export type { Revisioned } from "./kv-json.js";
 export { getJson, jsonOf, listJson } from "./kv-json.js";
 export type { Logger } from "./logger.js";
 export { silentLogger } from "./logger.js";
-export { isTransientJetStreamError, isTransientNatsError, patiently } from "./nats-errors.js";
+export { isTransientJetStreamError, patiently } from "./nats-errors.js";
 export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-server.js";
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
 export type { ReadStreamOptions } from "./stream-reader.js";

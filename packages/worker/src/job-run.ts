@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { isTransientNatsError, jobEvent, type Logger, listJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { isTransientJetStreamError, jobEvent, type Logger, listJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   type AgentResultFile,
   type Artifact,
@@ -265,8 +265,9 @@ export class JobRun {
       return await this.conclude(sandbox, exec);
     } catch (err) {
       if (this.stopReason && !exec) return this.stopped(undefined);
-      // NATS out of reach says nothing about the job: hand it back (the caller naks) for another try.
-      if (isTransientNatsError(err)) throw err;
+      // NATS out of reach, or a cluster without leaders for a moment (storing the artifacts, say),
+      // says nothing about the job: hand it back (the caller naks) for another try.
+      if (isTransientJetStreamError(err)) throw err;
       return this.failed(err, exec);
     } finally {
       if (sandbox) await this.destroySandbox(sandbox, ref);
