@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { type NatsCluster, natsCluster } from "./helpers/cluster.js";
+import { answers, healthOf, probe } from "./helpers/health.js";
 import { uniquePrefix } from "./helpers/nats.js";
 
 let cluster: NatsCluster;
@@ -11,8 +12,8 @@ async function withRoles(
   body: (roles: { url: string; dispatcher: ReturnType<typeof spawnBoxcar>; worker: ReturnType<typeof spawnBoxcar> }) => Promise<void>,
 ): Promise<void> {
   const url = cluster.urls[0] as string; // the server that stays up; the roles connect to it
-  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher"]);
-  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always"]);
+  const dispatcher = spawnBoxcar(url, prefix, ["dispatcher", "--health", "127.0.0.1:0"]);
+  const worker = spawnBoxcar(url, prefix, ["worker", "--host", "always", "--health", "127.0.0.1:0"]);
   try {
     await body({ url, dispatcher, worker });
   } finally {
@@ -44,6 +45,12 @@ test("a dispatcher and a worker started while the cluster has no meta leader wai
     await new Promise((r) => setTimeout(r, 5_000));
     expect(dispatcher.exitCode, dispatcher.output()).toBeNull();
     expect(worker.exitCode, worker.output()).toBeNull();
+    // Waiting is alive but not ready: a probe neither restarts the role nor sends it traffic.
+    const health = await Promise.all([healthOf(dispatcher), healthOf(worker)]);
+    for (const base of health) {
+      expect((await probe(base, "/healthz")).status).toBe(200);
+      expect(await probe(base, "/readyz")).toEqual({ status: 503, body: '{"status":"starting","nats":"connected"}\n' });
+    }
     cluster.resume(1);
     cluster.resume(2);
     await eventually(
@@ -52,6 +59,8 @@ test("a dispatcher and a worker started while the cluster has no meta leader wai
       60_000,
     );
     await eventually(async () => (worker.output().includes("worker started") ? true : undefined), "the worker to start", 60_000);
+    for (const base of health)
+      expect(await answers(base, "/readyz", 200, "the role to be ready")).toEqual({ status: "ready", nats: "connected" });
     // Each step that waits says so once, however long it waits.
     for (const role of [dispatcher, worker]) {
       const waits = role.output().match(/"msg":"[^"]*: JetStream does not answer yet/g) ?? [];

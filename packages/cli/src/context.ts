@@ -127,6 +127,8 @@ export function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | un
 /** What a role that creates the system may choose about it. */
 export interface SessionTopologyOptions {
   replicas?: number;
+  /** Called once connected, before the wait for JetStream: a health endpoint follows the connection from then on. */
+  connected?: (nc: NatsConnection) => void;
 }
 
 /** Connects as a client: names only, no streams or buckets. */
@@ -148,6 +150,7 @@ export async function openRoleSession(
   topologyOptions: SessionTopologyOptions = {},
 ): Promise<RoleSession> {
   const nc = await connectNats(connection, name);
+  topologyOptions.connected?.(nc);
   const options = {
     ...(prefix ? { prefix } : {}),
     ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),

@@ -37,6 +37,11 @@ export const WorkerConfig = z.strictObject({
     .describe("agent output kept per job"),
   workRoot: z.string().min(1).optional().describe("where workspaces are staged on this machine"),
   logFormat: z.enum(["json", "pretty"]).optional(),
+  health: z
+    .string()
+    .regex(/^.+:\d{1,5}$/, "must be HOST:PORT")
+    .optional()
+    .describe("where to serve /healthz and /readyz, such as 0.0.0.0:8080; --health overrides it"),
   policy: AgentPolicy.optional().describe(
     "what this worker lets agents ask for (networks, images, templates, pools, secrets, trusted, limits); a job whose agent asks for more fails unrun",
   ),

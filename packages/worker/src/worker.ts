@@ -28,6 +28,8 @@ export type WorkerLifecycleState = "idle" | "running" | "draining" | "stopped";
 export interface Worker extends AsyncDisposable {
   readonly id: string;
   readonly state: WorkerLifecycleState;
+  /** True from when it starts pulling work until it drains: what its readiness probe reports. */
+  readonly accepting: boolean;
   /** Starts pulling work; resolves once the worker has stopped. */
   run(): Promise<void>;
   /**
@@ -52,6 +54,7 @@ const RETRY_MS = 1_000;
 class BoxcarWorker implements Worker {
   readonly id: string;
   state: WorkerLifecycleState = "idle";
+  accepting = false;
   private readonly log: Logger;
   private readonly providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
   private readonly slots: Slots;
@@ -139,6 +142,7 @@ class BoxcarWorker implements Worker {
     this.reaper = setInterval(() => void this.reap(), this.options.reapIntervalMs);
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
+    this.accepting = !this.pulling.signal.aborted;
     this.log.info(
       { pools: this.options.pools, concurrency: this.options.concurrency, sandboxes: [...this.capabilities] },
       "worker started",
@@ -234,7 +238,10 @@ class BoxcarWorker implements Worker {
       this.stopped.resolve();
       return;
     }
+    // Not ready from now on, also if a start still under way finishes in the meantime.
+    this.accepting = false;
     await this.starting;
+    this.accepting = false;
     this.state = "draining";
     this.log.info({ running: this.runs.size, graceMs }, "worker draining");
     this.pulling.abort();

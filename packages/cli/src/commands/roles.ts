@@ -4,6 +4,7 @@ import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } fr
 import type { Command } from "../command.js";
 import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { HealthEndpoint, healthAddressFrom, type RolePhase } from "../health.js";
 import { createLogger, type LogFormat } from "../logger.js";
 import { ago, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
@@ -32,22 +33,32 @@ export function optionalDuration(value: unknown, flag: string): number | undefin
 
 export const dispatcher: Command = {
   name: "dispatcher",
-  usage: "boxcar dispatcher [--replicas 1|3|5] [--log-format json|pretty]",
+  usage: "boxcar dispatcher [--health HOST:PORT] [--replicas 1|3|5] [--log-format json|pretty]",
   summary: "run a dispatcher until SIGINT/SIGTERM",
   maxArgs: 0,
-  options: { ...logFormat, ...replicasOption },
+  options: { ...logFormat, ...replicasOption, health: { type: "string" } },
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    const healthAddress = healthAddressFrom(ctx.values.health, ctx.io.env);
+    let phase: RolePhase = "starting";
+    // Listening before NATS is reached: a dispatcher waiting for the cluster is alive, not ready.
+    await using health = new HealthEndpoint(logger);
+    health.report(() => phase);
+    if (healthAddress) await health.listen(healthAddress);
     await using session = await openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", logger, {
       ...(replicas !== undefined ? { replicas } : {}),
+      connected: (nc) => health.follow(nc),
     });
     // With a NATS credential, the dispatcher signs work items with its key (workers check them).
     const signer = session.connection.seed ? new WorkSigner(session.connection.seed) : undefined;
     await using d = await startDispatcher({ topology: session.topology, logger, ...(signer ? { signer } : {}) });
     if (signer) logger.info({ publicKey: signer.publicKey }, "work items are signed");
+    phase = "ready";
     await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
+    phase = "draining";
     await d.close();
+    phase = "stopped";
     return ExitCode.ok;
   },
 };

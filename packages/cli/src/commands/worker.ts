@@ -5,13 +5,14 @@ import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
 import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { HealthEndpoint, healthAddressFrom } from "../health.js";
 import { createLogger } from "../logger.js";
 import { UsageError } from "../usage-error.js";
 import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--replicas 1|3|5] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--replicas 1|3|5] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -30,6 +31,7 @@ export const worker: Command = {
     "dispatcher-keys": { type: "string" },
     "allow-secret": { type: "string", multiple: true, default: [] },
     heartbeat: { type: "string" },
+    health: { type: "string" },
     ...replicasOption,
     ...logFormat,
   },
@@ -37,6 +39,7 @@ export const worker: Command = {
     const file = ctx.values.config as string | undefined;
     const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values, ctx.io.env));
     const logger = createLogger(config.logFormat);
+    const healthAddress = healthAddressFrom(ctx.values.health, ctx.io.env, config.health);
     // Flags, then the environment, then a `nats` context, then the file, then the default.
     const connection = connectionFrom(ctx.values, ctx.io.env, config);
     const keySources = config.dispatcherKeys ?? [];
@@ -48,8 +51,12 @@ export const worker: Command = {
     }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
     const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
+    await using health = new HealthEndpoint(logger);
+    if (healthAddress) await health.listen(healthAddress);
     await using session = await openRoleSession(connection, prefix, "boxcar-worker", logger, {
       ...(replicas !== undefined ? { replicas } : {}),
+      connected: (nc) => health.follow(nc),
     });
     const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
     const w = createWorker({
@@ -57,6 +64,7 @@ export const worker: Command = {
       logger,
       ...(verifier ? { dispatcherKeys: verifier } : {}),
     });
+    health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
     const running = w.run();
     const stopReloading = verifier ? reloadDispatcherKeys(keySources, verifier, logger) : () => {};
     ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
