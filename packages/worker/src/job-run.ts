@@ -228,9 +228,13 @@ export class JobRun {
     await publishEvent(this.topology, event).catch((err: unknown) => this.log.warn({ err }, "could not publish the outcome event again"));
   }
 
-  /** Another live worker of the pool that can run this agent, if any. */
+  /**
+   * Another live worker of the pool that can run this agent, if any. A presence list that cannot
+   * be read (a cluster electing leaders, say) throws, and the item is handed back: reading it as
+   * "no such worker" would fail a job another worker could run.
+   */
   private async capableWorker(pool: string): Promise<string | undefined> {
-    const workers = await listJson(this.topology.workers, WorkerInfo, "worker").catch(() => []);
+    const workers = await listJson(this.topology.workers, WorkerInfo, "worker");
     return workers.find(
       (w) =>
         w.id !== this.ctx.options.workerId &&
