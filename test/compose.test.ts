@@ -7,6 +7,7 @@ import { connectNats, createClient, freePort, resolveConnection } from "@boxcar/
 import { type JobRecord, names } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { type E2BStandIn, startE2BStandIn } from "./e2b-standin/index.js";
 import { eventually } from "./helpers/cli.js";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { uniquePrefix } from "./helpers/nats.js";
@@ -23,30 +24,38 @@ const JOBS = 200;
 
 /**
  * deploy/compose as a user runs it: `boxcar auth init`, then `docker-compose up` of three NATS
- * servers, two dispatchers and two workers with Docker sandboxes; one NATS server and one worker
- * are killed mid-run.
+ * servers, two dispatchers, two workers with Docker sandboxes and one E2B-only worker (against
+ * the E2B stand-in on this host); one NATS server and one worker are killed mid-run.
  */
 describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
   let dir: Scratch;
   const project = `bx${process.pid}`;
   const prefix = uniquePrefix();
   let env: NodeJS.ProcessEnv;
+  let e2b: E2BStandIn;
   const compose = (...args: string[]) => run("docker-compose", ["-p", project, "-f", COMPOSE_FILE, ...args], { env, timeout: 300_000 });
 
   beforeAll(async () => {
     dir = await scratch("boxcar-compose-");
     await AuthDir.init(join(dir.path, "auth"), { prefix });
+    // Reached from the containers through the host's gateway address.
+    e2b = await startE2BStandIn({ host: "0.0.0.0" });
+    const fromContainers = (url: string) => url.replace("127.0.0.1", "host.docker.internal");
     env = {
       ...process.env,
       BOXCAR_AUTH_DIR: join(dir.path, "auth"),
       BOXCAR_PREFIX: prefix,
       BOXCAR_NATS_PORT: String(await freePort()),
+      E2B_API_KEY: e2b.apiKey,
+      E2B_API_URL: fromContainers(e2b.apiUrl),
+      E2B_SANDBOX_URL: fromContainers(e2b.sandboxUrl),
     };
-    await compose("up", "-d", "--scale", "worker=2");
+    await compose("up", "-d", "--scale", "worker=2", "--scale", "worker-e2b=1");
   }, 300_000);
   afterAll(async () => {
     await compose("down", "-v", "--timeout", "5").catch(() => {});
     for (const c of await boxcarContainers(prefix)) await new Docker().getContainer(c.Id).remove({ force: true });
+    await e2b?.close();
     await dir?.[Symbol.asyncDispose]();
   });
 
@@ -57,7 +66,29 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     try {
       const client = createClient({ nc, names: names(prefix) });
       const running = async () => (await client.listWorkers().catch(() => [])).filter((w) => w.state === "running").length;
-      await eventually(async () => ((await running()) === 2 ? true : undefined), "two workers", 60_000);
+      await eventually(async () => ((await running()) === 3 ? true : undefined), "three workers", 60_000);
+      // Every role's own health check (its /readyz) passes once it works.
+      const docker = new Docker();
+      const roles = (await docker.listContainers({ filters: { label: [`com.docker.compose.project=${project}`] } })).filter(
+        (c) => !/_nats\d_/.test(c.Names[0] ?? ""),
+      );
+      expect(roles.length).toBe(5);
+      for (const c of roles) {
+        await eventually(
+          async () => ((await docker.getContainer(c.Id).inspect()).State.Health?.Status === "healthy" ? true : undefined),
+          `${c.Names[0]} to be healthy`,
+          60_000,
+        );
+      }
+      // The E2B-only worker has no way to the engine: no socket is mounted into it.
+      const e2bWorker = await docker.getContainer(`${project}_worker-e2b_1`).inspect();
+      expect(e2bWorker.Mounts.map((m) => m.Destination)).toEqual(["/auth"]);
+      await client.applyAgent({
+        name: "echo-e2b",
+        command: 'printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
+        runtime: { sandbox: "e2b" },
+      });
+      const e2bJobs = await Promise.all(Array.from({ length: 10 }, (_, i) => client.submit({ agent: "echo-e2b", input: i })));
       await client.applyAgent({
         name: "echo",
         command: 'sleep 0.2; printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
@@ -74,7 +105,6 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
         async () => ((await records()).filter((j) => j.state === "succeeded").length >= 30 ? true : undefined),
         "30 jobs done",
       );
-      const docker = new Docker();
       await docker.getContainer(`${project}_nats2_1`).kill();
       await docker.getContainer(`${project}_worker_1`).kill();
 
@@ -89,6 +119,15 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       const byId = new Map<string, JobRecord>(finals.map((j) => [j.id, j]));
       expect([...byId.keys()].sort()).toEqual([...ids].sort());
       for (const [i, id] of ids.entries()) expect(byId.get(id)?.result?.output, id).toBe(i);
+      for (const [i, { job }] of e2bJobs.entries()) {
+        const record = await eventually(async () => {
+          const r = await client.getJob(job.id).catch(() => undefined);
+          return r?.state === "succeeded" ? r : undefined;
+        }, `e2b job ${job.id} to succeed`);
+        expect([record.sandbox?.kind, record.result?.output]).toEqual(["e2b", i]);
+      }
+      // One sandbox per attempt: an attempt cut short by the kill runs again in a new one.
+      expect(e2b.sandboxes().length).toBeGreaterThanOrEqual(e2bJobs.length);
       const rerun = finals.filter((j) => j.attempt > 1).length;
       process.stdout.write(`compose: ${JOBS} jobs, nats2 and worker_1 killed mid-run; ${rerun} ran a second attempt; all succeeded once\n`);
     } finally {

@@ -86,4 +86,17 @@ describe("deploy/kubernetes", () => {
     }
     for (const key of documented) expect(text).toContain(`--from-file=${key}=`);
   });
+
+  test("each role's probes ask the health endpoint its --health flag opens: liveness /healthz, readiness /readyz", async () => {
+    for (const role of ["dispatcher", "worker"]) {
+      const container = (await deployment(role))?.spec?.template.spec?.containers[0];
+      const args = container?.args ?? [];
+      const port = Number((args[args.indexOf("--health") + 1] ?? "").split(":").pop());
+      expect(args[args.indexOf("--health") + 1], role).toMatch(/^0\.0\.0\.0:\d+$/);
+      const named = container?.ports?.find((p) => p.name === container?.livenessProbe?.httpGet?.port);
+      expect(named?.containerPort, role).toBe(port);
+      expect(container?.livenessProbe?.httpGet?.path, role).toBe("/healthz");
+      expect(container?.readinessProbe?.httpGet).toEqual({ path: "/readyz", port: named?.name });
+    }
+  });
 });

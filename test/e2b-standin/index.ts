@@ -19,6 +19,8 @@ export interface E2BStandInOptions {
   maxRunning?: number;
   /** The envd version reported for sandboxes, which decides some SDK behaviour; default 0.5.7. */
   envdVersion?: string;
+  /** The address to listen on; default 127.0.0.1 (0.0.0.0 lets containers reach it). */
+  host?: string;
 }
 
 export interface E2BStandIn extends AsyncDisposable {
@@ -36,7 +38,7 @@ export interface E2BStandIn extends AsyncDisposable {
 }
 
 /**
- * A local stand-in for E2B, on two free ports of 127.0.0.1: the control-plane API and the
+ * A local stand-in for E2B, on two free ports (of 127.0.0.1 unless told): the control-plane API and the
  * sandbox daemon. Sandboxes are real folders and real processes on this machine, with no
  * isolation at all (see README.md).
  */
@@ -50,8 +52,12 @@ export async function startE2BStandIn(opts: E2BStandInOptions = {}): Promise<E2B
     sandboxes: new Map(),
     root,
   };
-  const api = await listen(createApiHandler(plane));
-  const envd = await listen(createEnvdHandler((id) => plane.sandboxes.get(id)));
+  const host = opts.host ?? "127.0.0.1";
+  const api = await listen(createApiHandler(plane), host);
+  const envd = await listen(
+    createEnvdHandler((id) => plane.sandboxes.get(id)),
+    host,
+  );
   let closed: Promise<void> | undefined;
   const close = () => {
     closed ??= (async () => {
@@ -79,7 +85,7 @@ export async function startE2BStandIn(opts: E2BStandInOptions = {}): Promise<E2B
 
 type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void>;
 
-async function listen(handler: Handler): Promise<Server> {
+async function listen(handler: Handler, host: string): Promise<Server> {
   const server = createServer((req, res) => {
     handler(req, res).catch((err: unknown) => {
       if (!res.headersSent) res.writeHead(500, { "content-type": "text/plain" });
@@ -88,7 +94,7 @@ async function listen(handler: Handler): Promise<Server> {
   });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => resolve());
+    server.listen(0, host, () => resolve());
   });
   return server;
 }
