@@ -11,9 +11,12 @@ import { parse, parseAllDocuments } from "yaml";
 const file = (name: string) => fileURLToPath(new URL(`../deploy/kubernetes/${name}`, import.meta.url));
 const documents = async (name: string) =>
   parseAllDocuments(await readFile(file(name), "utf8")).map((d) => d.toJS() as { kind: string; metadata: { name: string } });
-/** The Deployment of one role in boxcar.yaml. */
-const deployment = async (role: string) =>
-  (await documents("boxcar.yaml")).find((d) => d.kind === "Deployment" && d.metadata.name === `boxcar-${role}`) as unknown as Deployment;
+/** Every manifest of Boxcar's own (the NATS chart's values are not one). */
+const MANIFESTS = ["boxcar.yaml", "keda.yaml", "worker-e2b.yaml"];
+const manifests = async () => (await Promise.all(MANIFESTS.map(documents))).flat();
+const deployments = async () => (await manifests()).filter((d) => d.kind === "Deployment") as unknown as Deployment[];
+/** The Deployment of one role. */
+const deployment = async (role: string) => (await deployments()).find((d) => d.metadata?.name === `boxcar-${role}`);
 
 const MODELS: Record<string, new (value: never) => { validate(): void }> = {
   Deployment,
@@ -23,13 +26,16 @@ const MODELS: Record<string, new (value: never) => { validate(): void }> = {
 
 describe("deploy/kubernetes", () => {
   test("every manifest is valid for its API (Deployments, PodDisruptionBudgets, KEDA ScaledObject)", async () => {
-    const all = [...(await documents("boxcar.yaml")), ...(await documents("keda.yaml"))];
+    const all = await manifests();
     expect(all.map((d) => `${d.kind}/${d.metadata.name}`).sort()).toEqual([
       "Deployment/boxcar-dispatcher",
       "Deployment/boxcar-worker",
+      "Deployment/boxcar-worker-e2b",
       "PodDisruptionBudget/boxcar-dispatcher",
       "PodDisruptionBudget/boxcar-worker",
+      "PodDisruptionBudget/boxcar-worker-e2b",
       "ScaledObject/boxcar-worker",
+      "ScaledObject/boxcar-worker-e2b",
     ]);
     for (const doc of all) {
       const Model = MODELS[doc.kind];
@@ -41,28 +47,41 @@ describe("deploy/kubernetes", () => {
     expect(() => new Deployment(broken as never).validate()).toThrow();
   });
 
-  test("the KEDA triggers name the stream, consumers and pool Boxcar makes, one per priority, summed", async () => {
+  test("the KEDA triggers name the stream, consumers and pool Boxcar makes for the Deployment they scale, one per priority, summed", async () => {
     const n = names();
-    const [scaled] = (await documents("keda.yaml")) as unknown as ScaledObject[];
-    const worker = await deployment("worker");
-    const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
-    const pool = args[args.indexOf("--pool") + 1] as string;
-    expect(pool).toBe("default");
-    expect(scaled?.spec?.scaleTargetRef.name).toBe(worker?.metadata?.name);
-    const triggers = scaled?.spec?.triggers ?? [];
-    expect(triggers.map((t) => t.name).sort()).toEqual([...PRIORITIES].sort());
-    for (const t of triggers) {
-      expect(t.type).toBe("nats-jetstream");
-      expect(t.metadata.stream).toBe(n.streams.work);
-      expect(t.metadata.consumer).toBe(n.poolConsumer(pool, t.name as Priority));
-      // The account's public key is the deployment's own (documented placeholder).
-      expect(t.metadata.account).toBe("BOXCAR_ACCOUNT");
-      expect(t.metadata.natsServerMonitoringEndpoint).toMatch(/:8222$/);
+    const scaledObjects = (await manifests()).filter((d) => d.kind === "ScaledObject") as unknown as ScaledObject[];
+    expect(scaledObjects.length).toBe(2);
+    for (const scaled of scaledObjects) {
+      const worker = (await deployments()).find((d) => d.metadata?.name === scaled.spec?.scaleTargetRef.name);
+      const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
+      expect(args[0], scaled.metadata?.name).toBe("worker");
+      const pool = args[args.indexOf("--pool") + 1] as string;
+      const triggers = scaled.spec?.triggers ?? [];
+      expect(triggers.map((t) => t.name).sort()).toEqual([...PRIORITIES].sort());
+      for (const t of triggers) {
+        expect(t.type).toBe("nats-jetstream");
+        expect(t.metadata.stream).toBe(n.streams.work);
+        expect(t.metadata.consumer).toBe(n.poolConsumer(pool, t.name as Priority));
+        // The account's public key is the deployment's own (documented placeholder).
+        expect(t.metadata.account).toBe("BOXCAR_ACCOUNT");
+        expect(t.metadata.natsServerMonitoringEndpoint).toMatch(/:8222$/);
+      }
+      const formula = scaled.spec?.advanced?.scalingModifiers?.formula ?? "";
+      for (const p of PRIORITIES) expect(formula).toContain(p);
+      // The threshold per worker is its concurrency.
+      expect(scaled.spec?.advanced?.scalingModifiers?.target).toBe(args[args.indexOf("--concurrency") + 1]);
     }
-    const formula = scaled?.spec?.advanced?.scalingModifiers?.formula ?? "";
-    for (const p of PRIORITIES) expect(formula).toContain(p);
-    // The threshold per worker is its concurrency.
-    expect(scaled?.spec?.advanced?.scalingModifiers?.target).toBe(args[args.indexOf("--concurrency") + 1]);
+    expect((await deployment("worker"))?.spec?.template.spec?.containers[0]?.args).toContain("default");
+  });
+
+  test("the E2B-only workers mount no engine socket and no host path, take only E2B sandboxes, and read the key from a Secret", async () => {
+    const pod = (await deployment("worker-e2b"))?.spec?.template.spec;
+    const container = pod?.containers[0];
+    const args = container?.args ?? [];
+    expect(args[args.indexOf("--sandboxes") + 1]).toBe("e2b");
+    expect(pod?.volumes?.map((v) => Object.keys(v).filter((k) => k !== "name"))).toEqual([["secret"]]);
+    expect(container?.volumeMounts?.map((m) => m.mountPath)).toEqual(["/auth"]);
+    expect(container?.env?.find((e) => e.name === "E2B_API_KEY")?.valueFrom?.secretKeyRef?.name).toBe("boxcar-e2b");
   });
 
   test("the NATS chart values make a three-server JetStream cluster with the monitoring port KEDA reads", async () => {
@@ -73,13 +92,15 @@ describe("deploy/kubernetes", () => {
   });
 
   test("the worker's grace period covers its drain, and both roles read only the documented secret keys", async () => {
-    const [dispatcher, worker] = [await deployment("dispatcher"), await deployment("worker")];
-    const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
-    const drainSeconds = Number.parseInt(args[args.indexOf("--drain-grace") + 1] ?? "", 10);
-    expect(worker?.spec?.template.spec?.terminationGracePeriodSeconds).toBeGreaterThan(drainSeconds);
+    for (const role of ["worker", "worker-e2b"]) {
+      const worker = await deployment(role);
+      const args = worker?.spec?.template.spec?.containers[0]?.args ?? [];
+      const drainSeconds = Number.parseInt(args[args.indexOf("--drain-grace") + 1] ?? "", 10);
+      expect(worker?.spec?.template.spec?.terminationGracePeriodSeconds, role).toBeGreaterThan(drainSeconds);
+    }
     const text = await readFile(file("boxcar.yaml"), "utf8");
     const documented = ["dispatcher.creds", "worker.creds", "dispatchers.pub"];
-    for (const d of [dispatcher, worker]) {
+    for (const d of await deployments()) {
       for (const arg of d?.spec?.template.spec?.containers[0]?.args ?? []) {
         if (arg.startsWith("/auth/")) expect(documented).toContain(arg.slice(6));
       }
@@ -88,8 +109,9 @@ describe("deploy/kubernetes", () => {
   });
 
   test("each role's probes ask the health endpoint its --health flag opens: liveness /healthz, readiness /readyz", async () => {
-    for (const role of ["dispatcher", "worker"]) {
-      const container = (await deployment(role))?.spec?.template.spec?.containers[0];
+    for (const d of await deployments()) {
+      const role = d.metadata?.name;
+      const container = d.spec?.template.spec?.containers[0];
       const args = container?.args ?? [];
       const port = Number((args[args.indexOf("--health") + 1] ?? "").split(":").pop());
       expect(args[args.indexOf("--health") + 1], role).toMatch(/^0\.0\.0\.0:\d+$/);
