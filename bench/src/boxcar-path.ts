@@ -28,6 +28,8 @@ export interface BoxcarPathOptions {
   signWork?: boolean;
   /** Watch the jobs bucket on a connection of its own (an admin's), not the client's; forced with `auth`. */
   separateObserver?: boolean;
+  /** Run no worker here: the jobs are for workers started elsewhere (default false). */
+  noWorker?: boolean;
 }
 
 /** Every revision of a job record the shared watcher saw, with when it saw it. */
@@ -73,14 +75,16 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     topology: await topology(connections.dispatcher),
     ...(auth && dispatcherSeed && opts.signWork !== false ? { signer: new WorkSigner(dispatcherSeed) } : {}),
   });
-  const worker: Worker = createWorker({
-    topology: await topology(connections.worker),
-    concurrency: opts.concurrency,
-    providers: opts.providers,
-    workerId: `${opts.prefix}-worker`,
-    ...(auth && opts.signWork !== false ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
-  });
-  void worker.run();
+  const worker: Worker | undefined = opts.noWorker
+    ? undefined
+    : createWorker({
+        topology: await topology(connections.worker),
+        concurrency: opts.concurrency,
+        providers: opts.providers,
+        workerId: `${opts.prefix}-worker`,
+        ...(auth && opts.signWork !== false ? { dispatcherKeys: auth.dispatcherKeys() } : {}),
+      });
+  void worker?.run();
 
   // The agent is applied by an admin; the jobs are submitted by the client.
   const admin = await conn("admin", "admin");
@@ -129,7 +133,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
       listener = next;
     },
     async [Symbol.asyncDispose]() {
-      await worker.close();
+      await worker?.close();
       await dispatcher.close();
       watch.stop();
       await watching;
