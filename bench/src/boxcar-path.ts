@@ -117,7 +117,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     }
   })();
 
-  const submit = async (i: number, extra: Partial<JobSpecInput> = {}) => (await client.submit({ ...extra, agent: AGENT, input: i })).job.id;
+  const submit = async (i: number, extra: Partial<JobSpecInput> = {}) => (await client.submit({ agent: AGENT, input: i, ...extra })).job.id;
   const run: RunJob = async (i) => completions.wait(await submit(i));
 
   return {
