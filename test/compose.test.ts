@@ -49,6 +49,8 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       E2B_API_KEY: e2b.apiKey,
       E2B_API_URL: fromContainers(e2b.apiUrl),
       E2B_SANDBOX_URL: fromContainers(e2b.sandboxUrl),
+      // Next to Docker workers, the E2B worker serves a pool of its own, as docs/deploy.md advises.
+      BOXCAR_E2B_POOL: "e2b",
     };
     await compose("up", "-d", "--scale", "worker=2", "--scale", "worker-e2b=1");
   }, 300_000);
@@ -85,6 +87,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       expect(e2bWorker.Mounts.map((m) => m.Destination)).toEqual(["/auth"]);
       await client.applyAgent({
         name: "echo-e2b",
+        pool: "e2b",
         command: 'printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
         runtime: { sandbox: "e2b" },
       });
