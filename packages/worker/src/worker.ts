@@ -46,6 +46,24 @@ export function createWorker(options: WorkerOptions): Worker {
   return new BoxcarWorker(resolveWorkerOptions(options));
 }
 
+/** How long a work item from a newer release waits before it is offered again. */
+const NEWER_RELEASE_DELAY_MS = 5_000;
+
+/**
+ * True for a work item that fails this release's schema only for fields it does not know: one
+ * a newer release wrote (see docs/deploy.md#upgrades), not a malformed one.
+ */
+function isFromNewerRelease(data: Uint8Array): boolean {
+  let json: unknown;
+  try {
+    json = JSON.parse(new TextDecoder().decode(data));
+  } catch {
+    return false;
+  }
+  const parsed = WorkItem.safeParse(json);
+  return !parsed.success && parsed.error.issues.every((issue) => issue.code === "unrecognized_keys");
+}
+
 /** How long an idle worker waits for a bell before asking its pools' consumers again. */
 const IDLE_RECHECK_MS = 1_000;
 /** Pause after a failed pull. */
@@ -203,7 +221,14 @@ class BoxcarWorker implements Worker {
       if (unsigned) throw new BoxcarError(ErrorCode.invalid, `${unsigned}; it was not run`);
       item = decodeMessage(WorkItem, msg.data, "work item");
     } catch (err) {
-      this.reject(msg, toErrorInfo(err));
+      if (isFromNewerRelease(msg.data)) {
+        // Mid-upgrade, a newer dispatcher's item (an agent field this release does not know):
+        // hand it back for a newer worker. Never taken, it ends dead at the consumer's max deliveries.
+        this.log.warn({ seq: msg.seq, err: (err as Error).message }, "a work item from a newer release; handing it back");
+        msg.passOn(NEWER_RELEASE_DELAY_MS);
+      } else {
+        this.reject(msg, toErrorInfo(err));
+      }
       this.slots.release(1);
       return;
     }
