@@ -223,7 +223,7 @@ class BoxcarWorker implements Worker {
     } catch (err) {
       if (isFromNewerRelease(msg.data)) {
         // Mid-upgrade, a newer dispatcher's item (an agent field this release does not know):
-        // hand it back for a newer worker. Never taken, it ends dead at the consumer's max deliveries.
+        // hand it back for a newer worker. Its job stays queued until one comes or its queue timeout.
         this.log.warn({ seq: msg.seq, err: (err as Error).message }, "a work item from a newer release; handing it back");
         msg.passOn(NEWER_RELEASE_DELAY_MS);
       } else {
