@@ -357,6 +357,7 @@ describe("worker", () => {
   test("a work item from a newer release (an agent field this one does not know) is handed back, not terminated", async () => {
     await using nats = await natsFixture();
     const { topology } = nats;
+    await topology.ensurePoolConsumer("default");
     await using worker = startWorker(nats);
     const id = await enqueue(nats, { name: "later", command: "true" }, { newerAgentFields: { gpu: { count: 1 } } });
     const consumer = topology.names.poolConsumer("default", "normal");
