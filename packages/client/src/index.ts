@@ -4,6 +4,8 @@ export { createClient } from "./client.js";
 export type { ResolveConnectionOptions, ResolvedConnection } from "./connection.js";
 export { connectNats, DEFAULT_NATS_URL, identityOf, newInbox, readNatsContext, resolveConnection } from "./connection.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
+export type { JobChange, JobHandle } from "./job-store.js";
+export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
 export { getJson, jsonOf, listJson } from "./kv-json.js";
 export type { Logger } from "./logger.js";

@@ -13,6 +13,7 @@ import {
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
 import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import { JobStore } from "./job-store.js";
 import { isNoResponders } from "./nats-errors.js";
 
 export interface TopologyOptions {
@@ -79,7 +80,10 @@ export interface Topology {
   readonly nc: NatsConnection;
   readonly js: JetStreamClient;
   readonly jsm: JetStreamManager;
+  /** The job records, for reading and watching; every write goes through `jobStore`. */
   readonly jobs: KV;
+  /** The one writer of job records: creates and compare-and-swap changes. */
+  readonly jobStore: JobStore;
   readonly agents: KV;
   readonly workers: KV;
   readonly idempotency: KV;
@@ -193,6 +197,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     js,
     jsm,
     jobs,
+    jobStore: new JobStore(jobs),
     agents,
     workers,
     idempotency,

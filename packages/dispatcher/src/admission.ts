@@ -103,13 +103,11 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
-  try {
-    await topology.jobs.create(id, JSON.stringify(record));
-  } catch (err) {
+  if (!(await topology.jobStore.create(record))) {
     // Two submissions with one key raced past the key's claim: the other one wrote the record.
-    const other = await getJson(topology.jobs, id, JobRecord, "job record");
-    if (!other) throw err;
-    return { job: other.value, duplicate: true };
+    const other = await topology.jobStore.read(id);
+    if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);
+    return { job: other.record, duplicate: true };
   }
   // Both events are sent before the work item, so they precede anything a worker publishes.
   await Promise.all([
@@ -185,8 +183,8 @@ export async function recordRejection(
   key: string,
 ): Promise<JobRecord> {
   const id = await claimKey(topology, key, newJobId());
-  const existing = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (existing) return existing.value;
+  const existing = await topology.jobStore.read(id);
+  if (existing) return existing.record;
   const now = nowIso();
   const record: JobRecord = {
     v: PROTOCOL_VERSION,
@@ -202,7 +200,8 @@ export async function recordRejection(
     history: [],
     error,
   };
-  await topology.jobs.put(id, JSON.stringify(record));
+  // Raced by the other submission with this key: its record stands.
+  if (!(await topology.jobStore.create(record))) return (await topology.jobStore.read(id))?.record ?? record;
   await publishEvent(topology, jobEvent(record, "rejected"));
   return record;
 }

@@ -1,5 +1,5 @@
-import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
-import { ErrorCode, JobRecord } from "@boxcar/protocol";
+import { jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { type JobRecord, JobTransitions } from "@boxcar/protocol";
 import { JobTimers } from "./job-timers.js";
 
 /**
@@ -17,7 +17,7 @@ export class ExpirySweeper {
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
-    this.timers.set(key, job && (job.state === "queued" || job.state === "accepted") ? dueAt(job) : undefined);
+    this.timers.set(key, job && JobTransitions.waitingDueAt(job));
   }
 
   close(): void {
@@ -25,35 +25,13 @@ export class ExpirySweeper {
   }
 }
 
-/** When a waiting job runs out of time: its queue timeout (first attempt only) or its overall deadline. */
-function dueAt(job: JobRecord): number | undefined {
-  const times = [job.attempt === 0 ? job.expiresAt : undefined, job.deadlineAt].flatMap((t) => (t ? [Date.parse(t)] : []));
-  return times.length > 0 ? Math.min(...times) : undefined;
-}
-
 /**
  * Ends a job still waiting past its queue timeout (`expired`) or its overall deadline
  * (`timed_out`, e.g. while it waits for a retry); a job that started meanwhile is left alone.
  */
 async function expire(topology: Topology, id: string): Promise<void> {
-  const found = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (!found || (found.value.state !== "queued" && found.value.state !== "accepted")) return;
-  const job = found.value;
-  const due = dueAt(job);
-  if (due === undefined || due > Date.now()) return;
-  const pastDeadline = job.deadlineAt !== undefined && Date.parse(job.deadlineAt) <= Date.now();
-  const expired: JobRecord = {
-    ...job,
-    state: pastDeadline ? "timed_out" : "expired",
-    finishedAt: nowIso(),
-    error: pastDeadline
-      ? { code: ErrorCode.timedOut, message: `passed its deadline of ${job.deadlineAt} while waiting for attempt ${job.attempt + 1}` }
-      : { code: ErrorCode.expired, message: `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time` },
-  };
-  try {
-    await topology.jobs.update(id, JSON.stringify(expired), found.revision);
-  } catch {
-    return; // a worker claimed it (or it was cancelled) in the meantime
-  }
-  await publishEvent(topology, jobEvent(expired, pastDeadline ? "timed_out" : "expired"));
+  const change = await topology.jobStore.change(id, (job) => JobTransitions.expire(job, nowIso()));
+  if (!change.written) return;
+  const expired = change.handle.record;
+  await publishEvent(topology, jobEvent(expired, expired.state === "timed_out" ? "timed_out" : "expired"));
 }

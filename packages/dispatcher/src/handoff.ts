@@ -9,7 +9,7 @@ import {
   type HandoffRequest,
   handoffPending,
   isRunFinal,
-  JobRecord,
+  type JobRecord,
   type JobSpecInput,
   ownerOf,
   toErrorInfo,
@@ -129,16 +129,7 @@ function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
 }
 
 async function recordDecision(topology: Topology, id: string, decision: HandoffDecision): Promise<JobRecord | undefined> {
-  for (let tries = 0; tries < 10; tries++) {
-    const found = await getJson(topology.jobs, id, JobRecord, "job record");
-    if (!found || found.value.handoff) return undefined;
-    const next = { ...found.value, handoff: decision };
-    try {
-      await topology.jobs.update(id, JSON.stringify(next), found.revision);
-      return next;
-    } catch {
-      // changed under us: look again
-    }
-  }
-  throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing while its handoff was recorded`);
+  // Once: a job whose handoff is decided keeps that decision.
+  const change = await topology.jobStore.change(id, (job) => (job.handoff ? null : { ...job, handoff: decision }));
+  return change.written ? change.handle.record : undefined;
 }

@@ -3,8 +3,8 @@ import {
   BoxcarError,
   ErrorCode,
   type Identity,
-  isTerminal,
   JobRecord,
+  JobTransitions,
   type ListJobsReply,
   ListJobsRequest,
   mayAccess,
@@ -57,35 +57,22 @@ export async function listJobs(topology: Topology, raw: unknown, caller: Identit
  * dispatcher's own cancels (of a workflow run's jobs) are made as itself.
  */
 export async function cancelJob(topology: Topology, id: string, caller: Identity = DISPATCHER): Promise<JobRecord> {
-  for (let tries = 0; tries < 10; tries++) {
-    const found = await getJson(topology.jobs, id, JobRecord, "job record");
-    if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-    const job = found.value;
-    if (job.state === "cancelled" || (job.state === "running" && job.cancelRequested)) return job;
-    if (isTerminal(job.state)) throw new BoxcarError(ErrorCode.conflict, `job ${id} already ended ${job.state}`);
-    const next: JobRecord =
-      job.state === "running"
-        ? { ...job, cancelRequested: true }
-        : {
-            ...job,
-            state: "cancelled",
-            finishedAt: nowIso(),
-            error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
-          };
-    try {
-      await topology.jobs.update(id, JSON.stringify(next), found.revision);
-    } catch {
-      continue; // the record changed under us: look again
-    }
-    if (next.state === "running") {
-      await publishEvent(topology, jobEvent(next, "cancel_requested"));
-      topology.nc.publish(topology.names.subjects.cancel(id));
-    } else {
-      await publishEvent(topology, jobEvent(next, "cancelled"));
-    }
-    return next;
+  const change = await topology.jobStore.change(id, (job) => {
+    if (!mayAccess(caller, ownerOf(job))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+    return JobTransitions.cancel(job, nowIso());
+  });
+  if (!change.written) {
+    if (!change.current) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+    return change.current.record; // cancelled already, or asked to be
   }
-  throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing; try the cancel again`);
+  const next = change.handle.record;
+  if (next.state === "running") {
+    await publishEvent(topology, jobEvent(next, "cancel_requested"));
+    topology.nc.publish(topology.names.subjects.cancel(id));
+  } else {
+    await publishEvent(topology, jobEvent(next, "cancelled"));
+  }
+  return next;
 }
 
 /**
@@ -93,25 +80,14 @@ export async function cancelJob(topology: Topology, id: string, caller: Identity
  * policy's maxAttempts), its history kept. Only a dead job can be retried.
  */
 export async function retryJob(topology: Topology, id: string, caller: Identity, signer: WorkSigner | undefined): Promise<JobRecord> {
-  const found = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  const job = found.value;
-  if (job.state !== "dead")
-    throw new BoxcarError(ErrorCode.conflict, `job ${id} is ${job.state}, not dead: only a dead job can be retried`);
+  const found = await topology.jobStore.read(id);
+  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const job = found.record;
   const agent = await loadAgent(topology, job.agent);
   const retry = job.spec?.retry ?? agent.retry;
-  const next: JobRecord = {
-    ...job,
-    state: "queued",
-    queuedAt: nowIso(),
-    finishedAt: undefined,
-    attemptsAllowed: job.attempt + (retry?.maxAttempts ?? 1),
-  };
-  try {
-    await topology.jobs.update(id, JSON.stringify(next), found.revision);
-  } catch {
-    throw new BoxcarError(ErrorCode.conflict, `job ${id} changed while it was being retried; try again`);
-  }
+  const change = await topology.jobStore.change(found, (current) => JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso()));
+  if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const next = change.handle.record;
   await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
   await publishWorkItem(topology, next, agent, signer, `${id}:retry:${job.attempt}`);
   return next;

@@ -1,5 +1,5 @@
-import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
-import { type AttemptOutcome, BoxcarError, ErrorCode, type ErrorInfo, isTerminal, JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
+import { jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWork } from "./admission.js";
@@ -17,9 +17,6 @@ export interface MaxDeliveriesWatch {
   /** Stops listening and waits for the advisory in hand; safe to call twice. */
   close(): Promise<void>;
 }
-
-/** How often a compare-and-swap on the record is tried again when the record changed in between. */
-const MAX_TRIES = 5;
 
 /**
  * Keeps work items that JetStream gives up on (a pool consumer's `max_deliver`, see
@@ -95,49 +92,36 @@ async function settle(
   const jobId = item.jobId;
   log = log.child({ jobId });
 
-  for (let tries = 0; tries < MAX_TRIES; tries++) {
-    const found = await getJson(topology.jobs, jobId, JobRecord, "job record");
-    if (!found || isTerminal(found.value.state)) {
-      log.info({ state: found?.value.state }, "JetStream gave up on the work item of a job that has ended; removing it");
-      return deleteWorkItem(topology, seq, log);
-    }
-    const job = found.value;
+  let waiting: JobRecord | undefined;
+  const change = await topology.jobStore.change(jobId, (job) => {
+    waiting = undefined;
+    if (isTerminal(job.state)) return null;
     if (job.state !== "running") {
-      // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by failures.
-      await publishWork(topology, stored.subject, stored.data, signer, `${jobId}:redelivery:${seq}`);
-      log.warn({ state: job.state, attempt: job.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");
-      return deleteWorkItem(topology, seq, log);
+      waiting = job;
+      return null;
     }
-
-    const now = nowIso();
-    const error: ErrorInfo = {
-      code: ErrorCode.internal,
-      message:
-        `JetStream gave up after ${deliveries} deliveries of the work item: attempt ${job.attempt}` +
-        `${job.workerId ? ` (worker ${job.workerId})` : ""} and those before it stopped without finishing, e.g. their workers crashed`,
-    };
-    const ended: AttemptOutcome = {
-      attempt: Math.max(1, job.attempt),
-      state: "failed",
-      finishedAt: now,
-      error,
-      ...(job.workerId ? { workerId: job.workerId } : {}),
-    };
-    const dead: JobRecord = { ...job, state: "dead", finishedAt: now, error, history: [...job.history, ended] };
-    try {
-      await topology.jobs.update(jobId, JSON.stringify(dead), found.revision);
-    } catch (err) {
-      if (!isRevisionConflict(err)) throw err;
-      continue; // changed meanwhile (another dispatcher, or a worker): decide again
-    }
-    await publishEvent(topology, jobEvent(dead, "dead", { message: error.message, error }));
-    await topology.js
-      .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead), { msgID: `${jobId}:dead:${seq}` })
-      .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));
-    log.warn({ attempt: job.attempt, workerId: job.workerId }, "job is dead: JetStream gave up on its work item");
+    return JobTransitions.buryUndelivered(job, deliveries, nowIso());
+  });
+  if (waiting) {
+    // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by failures.
+    await publishWork(topology, stored.subject, stored.data, signer, `${jobId}:redelivery:${seq}`);
+    log.warn({ state: waiting.state, attempt: waiting.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");
     return deleteWorkItem(topology, seq, log);
   }
-  log.error({}, "the job record kept changing; the given-up work item stays in the work stream");
+  if (!change.written) {
+    log.info({ state: change.current?.record.state }, "JetStream gave up on the work item of a job that has ended; removing it");
+    return deleteWorkItem(topology, seq, log);
+  }
+  const dead = change.handle.record;
+  await publishEvent(
+    topology,
+    jobEvent(dead, "dead", { message: dead.error?.message ?? "dead", ...(dead.error ? { error: dead.error } : {}) }),
+  );
+  await topology.js
+    .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead), { msgID: `${jobId}:dead:${seq}` })
+    .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));
+  log.warn({ attempt: dead.attempt, workerId: dead.workerId }, "job is dead: JetStream gave up on its work item");
+  return deleteWorkItem(topology, seq, log);
 }
 
 async function deleteWorkItem(topology: Topology, seq: number, log: Logger): Promise<void> {
@@ -148,8 +132,4 @@ async function deleteWorkItem(topology: Topology, seq: number, log: Logger): Pro
     if (err instanceof JetStreamApiError && (err.code === JetStreamApiCodes.NoMessageFound || err.code === 10057)) return;
     log.warn({ err }, "could not remove the given-up work item from the work stream");
   }
-}
-
-function isRevisionConflict(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }

@@ -111,6 +111,7 @@ export {
   WorkItem,
   WorkspacePath,
 } from "./job.js";
+export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";

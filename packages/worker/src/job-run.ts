@@ -1,5 +1,14 @@
 import { randomBytes } from "node:crypto";
-import { isTransientJetStreamError, jobEvent, type Logger, listJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import {
+  isTransientJetStreamError,
+  type JobHandle,
+  jobEvent,
+  type Logger,
+  listJson,
+  nowIso,
+  publishEvent,
+  type Topology,
+} from "@boxcar/client";
 import {
   type AgentResultFile,
   type Artifact,
@@ -24,7 +33,6 @@ import {
 import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts } from "./agent-workspace.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
-import { type JobHandle, readJob, updateJob } from "./job-record.js";
 import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
@@ -125,7 +133,7 @@ export class JobRun {
   }
 
   private async process(): Promise<void> {
-    const found = await readJob(this.topology, this.jobId);
+    const found = await this.topology.jobStore.read(this.jobId);
     if (!found) {
       // Admission writes the record before the item, so a missing record is a read that came too
       // early (or a job deleted since): look a few more times before dropping the item.
@@ -153,7 +161,7 @@ export class JobRun {
     const decided: SandboxInfo | undefined = preflight.ok
       ? { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason }
       : undefined;
-    const claim = await updateJob(this.topology, found, (current): JobRecord | null => {
+    const claim = await this.topology.jobStore.change(found, (current): JobRecord | null => {
       if (isTerminal(current.state)) return null;
       if (current.cancelRequested) {
         return {
@@ -307,7 +315,7 @@ export class JobRun {
 
   /** Before the agent starts: stops the run if another attempt took the job over, or it was cancelled. */
   private async checkOwnership(): Promise<void> {
-    const found = await readJob(this.topology, this.jobId);
+    const found = await this.topology.jobStore.read(this.jobId);
     if (!found || !this.owns(found.record)) {
       this.stop("fenced");
       throw new BoxcarError(ErrorCode.conflict, `job ${this.jobId} was taken over by another attempt`);
@@ -565,7 +573,7 @@ export class JobRun {
 
   /** The record changed hands: a finished job's work item is done, another attempt's is not ours. */
   private async leave(): Promise<void> {
-    const current = await readJob(this.topology, this.jobId);
+    const current = await this.topology.jobStore.read(this.jobId);
     if (!current || isTerminal(current.record.state)) {
       this.log.warn({ state: current?.record.state }, "the job ended elsewhere; dropping this attempt's outcome");
       return this.ack();
@@ -576,7 +584,7 @@ export class JobRun {
   /** Applies `change` to the record while this attempt owns it; null once it does not. */
   private async updateOwned(change: (current: JobRecord) => JobRecord): Promise<JobRecord | null> {
     if (!this.handle) return null;
-    const update = await updateJob(this.topology, this.handle, (current) => (this.owns(current) ? change(current) : null));
+    const update = await this.topology.jobStore.change(this.handle, (current) => (this.owns(current) ? change(current) : null));
     if (!update.written) return null;
     this.handle = update.handle;
     return update.handle.record;
@@ -596,7 +604,7 @@ export class JobRun {
   private keepAlive(): void {
     this.msg.working();
     if (!this.handle || this.finishing) return;
-    readJob(this.topology, this.jobId).then(
+    this.topology.jobStore.read(this.jobId).then(
       (found) => {
         if (this.finishing || !found) return;
         if (!this.owns(found.record)) this.stop("fenced");

@@ -1,0 +1,87 @@
+import { describe, expect, test } from "vitest";
+import { BoxcarError } from "./errors.js";
+import type { JobRecord, JobState } from "./job.js";
+import { buryUndelivered, cancel, expire, requeueDead, waitingDueAt } from "./job-transitions.js";
+
+const NOW = "2026-11-24T12:00:00.000Z";
+const at = (offsetMs: number) => new Date(Date.parse(NOW) + offsetMs).toISOString();
+
+function job(state: JobState, extra: Partial<JobRecord> = {}): JobRecord {
+  return {
+    v: 1,
+    id: "j1",
+    agent: "a",
+    pool: "default",
+    state,
+    attempt: state === "queued" || state === "accepted" ? 0 : 1,
+    createdAt: at(-60_000),
+    artifacts: [],
+    history: [],
+    ...extra,
+  } as JobRecord;
+}
+
+const conflict = (f: () => unknown) => {
+  try {
+    f();
+  } catch (err) {
+    return err instanceof BoxcarError ? err.code : `not a BoxcarError: ${String(err)}`;
+  }
+  return "no error";
+};
+
+describe("cancel", () => {
+  test("a waiting job ends cancelled; a running one is flagged for its worker", () => {
+    for (const state of ["accepted", "queued"] as const) {
+      expect(cancel(job(state), NOW)).toMatchObject({ state: "cancelled", finishedAt: NOW, error: { code: "cancelled" } });
+    }
+    expect(cancel(job("running"), NOW)).toMatchObject({ state: "running", cancelRequested: true });
+  });
+
+  test("cancelled already, or asked to: left as it is; finished: a conflict", () => {
+    expect(cancel(job("cancelled"), NOW)).toBeNull();
+    expect(cancel(job("running", { cancelRequested: true }), NOW)).toBeNull();
+    for (const state of ["succeeded", "failed", "timed_out", "expired", "dead", "rejected"] as const) {
+      expect(
+        conflict(() => cancel(job(state), NOW)),
+        state,
+      ).toBe("conflict");
+    }
+  });
+});
+
+describe("expire", () => {
+  test("past its queue timeout a first attempt expires; past its deadline any waiting attempt times out", () => {
+    expect(expire(job("queued", { expiresAt: at(-1) }), NOW)).toMatchObject({ state: "expired", error: { code: "expired" } });
+    expect(expire(job("queued", { attempt: 1, expiresAt: at(-1) }), NOW)).toBeNull(); // a retry: the queue timeout was for the first start
+    expect(expire(job("queued", { attempt: 2, deadlineAt: at(-1) }), NOW)).toMatchObject({
+      state: "timed_out",
+      error: { code: "timed_out" },
+    });
+    expect(expire(job("queued", { expiresAt: at(-5), deadlineAt: at(-1) }), NOW)?.state).toBe("timed_out");
+  });
+
+  test("not due yet, or no longer waiting: left as it is", () => {
+    expect(expire(job("queued", { expiresAt: at(1) }), NOW)).toBeNull();
+    expect(expire(job("queued"), NOW)).toBeNull();
+    expect(expire(job("running", { expiresAt: at(-1), deadlineAt: at(-1) }), NOW)).toBeNull();
+    expect(waitingDueAt(job("queued", { expiresAt: at(5), deadlineAt: at(3) }))).toBe(Date.parse(at(3)));
+    expect(waitingDueAt(job("succeeded", { deadlineAt: at(3) }))).toBeUndefined();
+  });
+});
+
+describe("requeueDead and buryUndelivered", () => {
+  test("a dead job goes back to the queue with more attempts and its history; any other is a conflict", () => {
+    const dead = job("dead", { attempt: 3, finishedAt: at(-5), history: [{ attempt: 3, state: "failed", finishedAt: at(-5) }] });
+    expect(requeueDead(dead, 2, NOW)).toMatchObject({ state: "queued", queuedAt: NOW, attemptsAllowed: 5, history: dead.history });
+    expect(requeueDead(dead, 2, NOW).finishedAt).toBeUndefined();
+    expect(conflict(() => requeueDead(job("failed"), 2, NOW))).toBe("conflict");
+  });
+
+  test("a running job JetStream gave up on ends dead, the attempt failed in its history", () => {
+    const buried = buryUndelivered(job("running", { attempt: 2, workerId: "w1" }), 20, NOW);
+    expect(buried).toMatchObject({ state: "dead", finishedAt: NOW, error: { code: "internal" } });
+    expect(buried.error?.message).toContain("after 20 deliveries");
+    expect(buried.history).toEqual([{ attempt: 2, state: "failed", finishedAt: NOW, error: buried.error, workerId: "w1" }]);
+  });
+});

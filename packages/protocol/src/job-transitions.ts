@@ -1,0 +1,84 @@
+import { BoxcarError, ErrorCode, type ErrorInfo } from "./errors.js";
+import { type AttemptOutcome, isTerminal, type JobRecord } from "./job.js";
+
+/**
+ * The job transitions a dispatcher makes, as pure functions of the record as it stands: each
+ * returns the next record, or null to leave it as it is, and throws a `conflict` when the
+ * request cannot apply to the job's state. The job store (`JobStore.change`) runs them against
+ * the current record and runs them again if another writer got there first.
+ *
+ * States and who moves a job between them:
+ *
+ *   (admission, dispatcher) --> accepted | queued | rejected
+ *   accepted/queued --claim (worker)--> running --finish (worker)--> succeeded | failed | timed_out | cancelled
+ *   running --retry (worker)--> queued          running --bury (worker; max deliveries: dispatcher)--> dead
+ *   running --hand back (worker)--> queued      dead --requeueDead (boxcar retry)--> queued
+ *   accepted/queued --cancel--> cancelled       running --cancel--> running with cancelRequested
+ *   accepted/queued --expire--> expired | timed_out
+ */
+
+/**
+ * A cancel: a job not yet started ends `cancelled`; a running one is flagged (its worker stops
+ * it). Already cancelled, or already asked to: left as it is. Finished: a conflict.
+ */
+export function cancel(job: JobRecord, now: string): JobRecord | null {
+  if (job.state === "cancelled" || (job.state === "running" && job.cancelRequested)) return null;
+  if (isTerminal(job.state)) throw new BoxcarError(ErrorCode.conflict, `job ${job.id} already ended ${job.state}`);
+  if (job.state === "running") return { ...job, cancelRequested: true };
+  return { ...job, state: "cancelled", finishedAt: now, error: { code: ErrorCode.cancelled, message: "cancelled before it started" } };
+}
+
+/** When a waiting job runs out of time: its queue timeout (first attempt only) or its overall deadline. */
+export function waitingDueAt(job: JobRecord): number | undefined {
+  if (job.state !== "queued" && job.state !== "accepted") return undefined;
+  const times = [job.attempt === 0 ? job.expiresAt : undefined, job.deadlineAt].flatMap((t) => (t ? [Date.parse(t)] : []));
+  return times.length > 0 ? Math.min(...times) : undefined;
+}
+
+/**
+ * A waiting job past its queue timeout ends `expired`, past its overall deadline (say, while it
+ * waits for a retry) `timed_out`. One that started meanwhile, or is not due yet: left as it is.
+ */
+export function expire(job: JobRecord, now: string): JobRecord | null {
+  const due = waitingDueAt(job);
+  const nowMs = Date.parse(now);
+  if (due === undefined || due > nowMs) return null;
+  const pastDeadline = job.deadlineAt !== undefined && Date.parse(job.deadlineAt) <= nowMs;
+  return {
+    ...job,
+    state: pastDeadline ? "timed_out" : "expired",
+    finishedAt: now,
+    error: pastDeadline
+      ? { code: ErrorCode.timedOut, message: `passed its deadline of ${job.deadlineAt} while waiting for attempt ${job.attempt + 1}` }
+      : { code: ErrorCode.expired, message: `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time` },
+  };
+}
+
+/** `boxcar retry`: a dead job goes back to the queue with `maxAttempts` more attempts, its history kept. Only a dead job. */
+export function requeueDead(job: JobRecord, maxAttempts: number, now: string): JobRecord {
+  if (job.state !== "dead") {
+    throw new BoxcarError(ErrorCode.conflict, `job ${job.id} is ${job.state}, not dead: only a dead job can be retried`);
+  }
+  return { ...job, state: "queued", queuedAt: now, finishedAt: undefined, attemptsAllowed: job.attempt + maxAttempts };
+}
+
+/**
+ * A running job whose work item JetStream stopped delivering (`deliveries` times, all cut
+ * short: its workers crashed, say) ends `dead`, its last attempt in the history as failed.
+ */
+export function buryUndelivered(job: JobRecord, deliveries: number, now: string): JobRecord {
+  const error: ErrorInfo = {
+    code: ErrorCode.internal,
+    message:
+      `JetStream gave up after ${deliveries} deliveries of the work item: attempt ${job.attempt}` +
+      `${job.workerId ? ` (worker ${job.workerId})` : ""} and those before it stopped without finishing, e.g. their workers crashed`,
+  };
+  const ended: AttemptOutcome = {
+    attempt: Math.max(1, job.attempt),
+    state: "failed",
+    finishedAt: now,
+    error,
+    ...(job.workerId ? { workerId: job.workerId } : {}),
+  };
+  return { ...job, state: "dead", finishedAt: now, error, history: [...job.history, ended] };
+}
