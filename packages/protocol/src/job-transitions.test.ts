@@ -1,7 +1,18 @@
 import { describe, expect, test } from "vitest";
 import { BoxcarError } from "./errors.js";
 import type { JobRecord, JobState } from "./job.js";
-import { buryUndelivered, cancel, expire, requeueDead, waitingDueAt } from "./job-transitions.js";
+import {
+  buryUndelivered,
+  cancel,
+  claim,
+  endAttempt,
+  expire,
+  finish,
+  handBack,
+  isOwnedBy,
+  requeueDead,
+  waitingDueAt,
+} from "./job-transitions.js";
 
 const NOW = "2026-11-24T12:00:00.000Z";
 const at = (offsetMs: number) => new Date(Date.parse(NOW) + offsetMs).toISOString();
@@ -83,5 +94,46 @@ describe("requeueDead and buryUndelivered", () => {
     expect(buried).toMatchObject({ state: "dead", finishedAt: NOW, error: { code: "internal" } });
     expect(buried.error?.message).toContain("after 20 deliveries");
     expect(buried.history).toEqual([{ attempt: 2, state: "failed", finishedAt: NOW, error: buried.error, workerId: "w1" }]);
+  });
+});
+
+describe("a worker's transitions", () => {
+  const sandbox = { kind: "host" as const, id: "sbx-1", reason: "trusted agent" };
+
+  test("a claim makes the next attempt the worker's, running in its sandbox, or failed with the refusal", () => {
+    const running = claim(job("queued", { attempt: 1, error: { code: "internal", message: "before" } }), {
+      workerId: "w1",
+      now: NOW,
+      sandbox,
+    });
+    expect(running).toMatchObject({ state: "running", attempt: 2, workerId: "w1", startedAt: NOW, sandbox });
+    expect(running?.error).toBeUndefined();
+    expect(isOwnedBy(running as JobRecord, "w1", 2)).toBe(true);
+    expect(isOwnedBy(running as JobRecord, "w2", 2) || isOwnedBy(running as JobRecord, "w1", 1)).toBe(false);
+    const refusal = { code: "no_sandbox", message: "no docker here" };
+    expect(claim(job("queued"), { workerId: "w1", now: NOW, refusal })).toMatchObject({ state: "failed", attempt: 1, error: refusal });
+  });
+
+  test("a claim ends instead a job cancelled meanwhile, past its deadline, or a first attempt past its queue timeout; a finished job is left alone", () => {
+    const by = { workerId: "w1", now: NOW, sandbox };
+    expect(claim(job("running", { cancelRequested: true }), by)?.state).toBe("cancelled");
+    expect(claim(job("queued", { attempt: 1, deadlineAt: at(-1) }), by)?.state).toBe("timed_out");
+    expect(claim(job("queued", { expiresAt: at(-1) }), by)?.state).toBe("expired");
+    expect(claim(job("queued", { attempt: 1, expiresAt: at(-1) }), by)?.state).toBe("running");
+    expect(claim(job("succeeded"), by)).toBeNull();
+  });
+
+  test("a hand-back queues the job again without using up an attempt; an outcome is written once, a retry keeps the history", () => {
+    const running = job("running", { attempt: 1, workerId: "w1", sandbox, startedAt: at(-5), attemptsAllowed: 3 });
+    expect(handBack(running, NOW)).toMatchObject({ state: "queued", queuedAt: NOW, attemptsAllowed: 4, attempt: 1 });
+    expect(handBack(running, NOW).workerId).toBeUndefined();
+    const error = { code: "agent_failed", message: "exit 1" };
+    const end = { state: "failed" as const, now: NOW, sandbox, artifacts: [], error };
+    expect(finish(running, end)).toMatchObject({ state: "failed", finishedAt: NOW, error, sandbox });
+    const ended = { attempt: 1, state: "failed" as const, finishedAt: NOW, error, workerId: "w1" };
+    const retry = endAttempt(running, ended, end, "retry");
+    expect(retry).toMatchObject({ state: "queued", history: [ended], error, artifacts: [] });
+    expect(retry.workerId).toBeUndefined();
+    expect(endAttempt(running, ended, end, "dead")).toMatchObject({ state: "dead", finishedAt: NOW, history: [ended], sandbox });
   });
 });

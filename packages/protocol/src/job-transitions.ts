@@ -1,10 +1,10 @@
 import { BoxcarError, ErrorCode, type ErrorInfo } from "./errors.js";
-import { type AttemptOutcome, isTerminal, type JobRecord } from "./job.js";
+import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type JobResult, type SandboxInfo } from "./job.js";
 
 /**
- * The job transitions a dispatcher makes, as pure functions of the record as it stands: each
- * returns the next record, or null to leave it as it is, and throws a `conflict` when the
- * request cannot apply to the job's state. The job store (`JobStore.change`) runs them against
+ * Every transition of a job record, by a dispatcher or a worker, as a pure function of the
+ * record as it stands: each returns the next record, or null to leave it as it is, and throws a
+ * `conflict` when the request cannot apply to the job's state. The job store (`JobStore.change`) runs them against
  * the current record and runs them again if another writer got there first.
  *
  * States and who moves a job between them:
@@ -81,4 +81,103 @@ export function buryUndelivered(job: JobRecord, deliveries: number, now: string)
     ...(job.workerId ? { workerId: job.workerId } : {}),
   };
   return { ...job, state: "dead", finishedAt: now, error, history: [...job.history, ended] };
+}
+
+/** What a worker knows when it claims a job: who it is, and the sandbox it chose, or why it cannot run the job. */
+export interface Claim {
+  workerId: string;
+  now: string;
+  /** The sandbox decided on; absent when `refusal` says why the job cannot run here. */
+  sandbox?: SandboxInfo;
+  refusal?: ErrorInfo;
+}
+
+/**
+ * A worker claims a waiting job: the next attempt is its own, `running` in the sandbox it chose
+ * (or `failed` at once with the refusal). A cancel asked for meanwhile, a deadline passed or a
+ * first attempt past its queue timeout end the job instead. A finished job is left as it is.
+ */
+export function claim(job: JobRecord, by: Claim): JobRecord | null {
+  const { now } = by;
+  if (isTerminal(job.state)) return null;
+  if (job.cancelRequested) {
+    return { ...job, state: "cancelled", finishedAt: now, error: { code: ErrorCode.cancelled, message: "cancelled before it started" } };
+  }
+  if (job.deadlineAt && Date.parse(job.deadlineAt) <= Date.parse(now)) {
+    const message = `passed its deadline of ${job.deadlineAt} before attempt ${job.attempt + 1} could start`;
+    return { ...job, state: "timed_out", finishedAt: now, error: { code: ErrorCode.timedOut, message } };
+  }
+  if (job.expiresAt && job.attempt === 0 && Date.parse(job.expiresAt) < Date.parse(now)) {
+    const message = `not started before ${job.expiresAt}: it waited longer than its queue timeout`;
+    return { ...job, state: "expired", finishedAt: now, error: { code: ErrorCode.expired, message } };
+  }
+  const claimed: JobRecord = {
+    ...job,
+    attempt: job.attempt + 1,
+    workerId: by.workerId,
+    startedAt: undefined,
+    sandbox: undefined,
+    result: undefined,
+    error: undefined,
+    finishedAt: undefined,
+    artifacts: [],
+  };
+  return by.refusal
+    ? { ...claimed, state: "failed", finishedAt: now, error: by.refusal }
+    : { ...claimed, state: "running", startedAt: now, sandbox: by.sandbox };
+}
+
+/** True while `job` is `attempt` of `workerId`: only then may that worker write its outcome. */
+export function isOwnedBy(job: JobRecord, workerId: string, attempt: number): boolean {
+  return job.state === "running" && job.workerId === workerId && job.attempt === attempt;
+}
+
+/** A running job handed back by its worker (a drain past its grace): queued again, without using up an attempt. */
+export function handBack(job: JobRecord, now: string): JobRecord {
+  return {
+    ...job,
+    state: "queued",
+    queuedAt: now,
+    workerId: undefined,
+    sandbox: undefined,
+    startedAt: undefined,
+    attemptsAllowed: (job.attemptsAllowed ?? 1) + 1,
+  };
+}
+
+/** The states an attempt's worker can end a job in. */
+export type AttemptState = "succeeded" | "failed" | "timed_out" | "cancelled";
+
+/** How an attempt ended, as its worker writes it. */
+export interface AttemptEnd {
+  state: AttemptState;
+  now: string;
+  sandbox?: SandboxInfo;
+  result?: JobResult;
+  artifacts: Artifact[];
+  error?: ErrorInfo;
+}
+
+/** The job's final outcome, from the attempt that ran it. */
+export function finish(job: JobRecord, end: AttemptEnd): JobRecord {
+  return {
+    ...job,
+    state: end.state,
+    finishedAt: end.now,
+    sandbox: end.sandbox,
+    result: end.result,
+    artifacts: end.artifacts,
+    error: end.error,
+  };
+}
+
+/**
+ * A failed attempt its retry policy covers: into the history, then back to the queue
+ * (`retry`), or, attempts exhausted, `dead` with the attempt's artifacts.
+ */
+export function endAttempt(job: JobRecord, ended: AttemptOutcome, end: AttemptEnd, then: "retry" | "dead"): JobRecord {
+  const kept = { ...job, history: [...job.history, ended], result: end.result, error: end.error };
+  return then === "retry"
+    ? { ...kept, state: "queued", queuedAt: end.now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
+    : { ...kept, state: "dead", finishedAt: end.now, artifacts: end.artifacts, sandbox: end.sandbox };
 }

@@ -21,6 +21,7 @@ import {
   type JobEventType,
   type JobRecord,
   type JobResult,
+  JobTransitions,
   ownerOf,
   type ResolvedRuntime,
   resolveRuntime,
@@ -61,10 +62,16 @@ export interface JobRunContext {
   leaseMs: number;
 }
 
-type FinalState = "succeeded" | "failed" | "timed_out" | "cancelled";
-
 type Outcome =
-  | { kind: "final"; state: FinalState; result?: JobResult; artifacts: Artifact[]; error?: ErrorInfo; message?: string; noRetry?: boolean }
+  | {
+      kind: "final";
+      state: JobTransitions.AttemptState;
+      result?: JobResult;
+      artifacts: Artifact[];
+      error?: ErrorInfo;
+      message?: string;
+      noRetry?: boolean;
+    }
   /** The worker stops: the job goes back to the queue. */
   | { kind: "requeue" }
   /** Another attempt owns the job now: this one must change nothing. */
@@ -161,39 +168,13 @@ export class JobRun {
     const decided: SandboxInfo | undefined = preflight.ok
       ? { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason }
       : undefined;
-    const claim = await this.topology.jobStore.change(found, (current): JobRecord | null => {
-      if (isTerminal(current.state)) return null;
-      if (current.cancelRequested) {
-        return {
-          ...current,
-          state: "cancelled",
-          finishedAt: now,
-          error: { code: ErrorCode.cancelled, message: "cancelled before it started" },
-        };
-      }
-      if (current.deadlineAt && Date.parse(current.deadlineAt) <= Date.parse(now)) {
-        const message = `passed its deadline of ${current.deadlineAt} before attempt ${current.attempt + 1} could start`;
-        return { ...current, state: "timed_out", finishedAt: now, error: { code: ErrorCode.timedOut, message } };
-      }
-      if (current.expiresAt && current.attempt === 0 && Date.parse(current.expiresAt) < Date.parse(now)) {
-        const message = `not started before ${current.expiresAt}: it waited longer than its queue timeout`;
-        return { ...current, state: "expired", finishedAt: now, error: { code: ErrorCode.expired, message } };
-      }
-      const claimed: JobRecord = {
-        ...current,
-        attempt: current.attempt + 1,
+    const claim = await this.topology.jobStore.change(found, (current) =>
+      JobTransitions.claim(current, {
         workerId: this.ctx.options.workerId,
-        startedAt: undefined,
-        sandbox: undefined,
-        result: undefined,
-        error: undefined,
-        finishedAt: undefined,
-        artifacts: [],
-      };
-      return preflight.ok
-        ? { ...claimed, state: "running", startedAt: now, sandbox: decided }
-        : { ...claimed, state: "failed", finishedAt: now, error: preflight.error };
-    });
+        now,
+        ...(preflight.ok ? { sandbox: decided } : { refusal: preflight.error }),
+      }),
+    );
     if (!claim.written) {
       this.log.info({ state: claim.current?.record.state }, "job is not waiting to run; dropping the work item");
       if (claim.current) await this.republishOutcome(claim.current.record);
@@ -415,7 +396,7 @@ export class JobRun {
   /** The outcome of a run stopped from outside. */
   private stopped(exec: ExecResult | undefined): Outcome {
     const result = exec && { ...execResult(exec), output: null };
-    const final = (state: FinalState, code: ErrorCode, message: string): Outcome => ({
+    const final = (state: JobTransitions.AttemptState, code: ErrorCode, message: string): Outcome => ({
       kind: "final",
       state,
       artifacts: [],
@@ -486,25 +467,8 @@ export class JobRun {
     const now = nowIso();
     const update =
       outcome.kind === "requeue"
-        ? await this.updateOwned((current) => ({
-            ...current,
-            state: "queued",
-            queuedAt: now,
-            workerId: undefined,
-            sandbox: undefined,
-            startedAt: undefined,
-            // A hand-back is not a failed attempt: it does not use up the retry budget.
-            attemptsAllowed: (current.attemptsAllowed ?? 1) + 1,
-          }))
-        : await this.updateOwned((current) => ({
-            ...current,
-            state: outcome.state,
-            finishedAt: now,
-            sandbox: this.sandboxInfo,
-            result: outcome.result,
-            artifacts: outcome.artifacts,
-            error: outcome.error,
-          }));
+        ? await this.updateOwned((current) => JobTransitions.handBack(current, now))
+        : await this.updateOwned((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
     if (!update) return this.leave();
 
     if (outcome.kind === "requeue") {
@@ -543,15 +507,9 @@ export class JobRun {
       finishedAt: now,
       ...(outcome.error ? { error: outcome.error } : {}),
     };
-    const update = await this.updateOwned((current) => ({
-      ...current,
-      history: [...current.history, ended],
-      result: outcome.result,
-      error: outcome.error,
-      ...(plan.kind === "retry"
-        ? { state: "queued" as const, queuedAt: now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
-        : { state: "dead" as const, finishedAt: now, artifacts: outcome.artifacts, sandbox: this.sandboxInfo }),
-    }));
+    const update = await this.updateOwned((current) =>
+      JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan.kind),
+    );
     if (!update) return this.leave();
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
@@ -569,6 +527,17 @@ export class JobRun {
       .catch((err: unknown) => this.log.error({ err }, "could not keep the dead job in the dead-letter stream"));
     this.log.warn({ error: outcome.error }, "job is dead: its attempts are exhausted");
     await this.ack();
+  }
+
+  private attemptEnd(outcome: Outcome & { kind: "final" }, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
+    return {
+      state,
+      now,
+      artifacts: outcome.artifacts,
+      ...(this.sandboxInfo ? { sandbox: this.sandboxInfo } : {}),
+      ...(outcome.result ? { result: outcome.result } : {}),
+      ...(outcome.error ? { error: outcome.error } : {}),
+    };
   }
 
   /** The record changed hands: a finished job's work item is done, another attempt's is not ours. */
@@ -597,7 +566,7 @@ export class JobRun {
   }
 
   private owns(record: JobRecord): boolean {
-    return record.state === "running" && record.workerId === this.ctx.options.workerId && record.attempt === this.events.attempt;
+    return JobTransitions.isOwnedBy(record, this.ctx.options.workerId, this.events.attempt);
   }
 
   /** Keeps the message from being redelivered, and notices a cancel or takeover in the record. */
