@@ -73,6 +73,27 @@ test("a dispatcher and a worker started while the cluster has no meta leader wai
   });
 }, 120_000);
 
+test("a role told to stop (SIGTERM) while it waits for a cluster with no meta leader stops at once, cleanly", async () => {
+  const prefix = uniquePrefix();
+  const url = cluster.urls[0] as string;
+  cluster.pause(1);
+  cluster.pause(2);
+  const roles = [spawnBoxcar(url, prefix, ["dispatcher"]), spawnBoxcar(url, prefix, ["worker", "--host", "always"])];
+  try {
+    for (const role of roles) {
+      await eventually(async () => (/JetStream does not answer yet; waiting/.test(role.output()) ? true : undefined), "the role to wait");
+      role.kill("SIGTERM");
+      // It exits while the cluster still has no leader (resumed only after), not when it comes back.
+      expect((await exited(role)).code, role.output()).toBe(0);
+      expect(role.output()).toContain("stopped before it started");
+    }
+  } finally {
+    cluster.resume(1);
+    cluster.resume(2);
+    for (const role of roles) role.kill("SIGKILL");
+  }
+}, 90_000);
+
 test("running roles ride out a cluster that loses its meta leader and stream leaders mid-run: every job ends succeeded, no role exits", async () => {
   const prefix = uniquePrefix();
   await withRoles(prefix, async ({ url, dispatcher, worker }) => {

@@ -129,6 +129,8 @@ export interface SessionTopologyOptions {
   replicas?: number;
   /** Called once connected, before the wait for JetStream: a health endpoint follows the connection from then on. */
   connected?: (nc: NatsConnection) => void;
+  /** Aborted (SIGTERM) while it waits for JetStream: it stops waiting and throws the abort. */
+  signal?: AbortSignal;
 }
 
 /** Connects as a client: names only, no streams or buckets. */
@@ -157,7 +159,7 @@ export async function openRoleSession(
   };
   let topology: Topology;
   try {
-    topology = await patiently("the streams and buckets", () => openTopology(nc, options), log);
+    topology = await patiently("the streams and buckets", () => openTopology(nc, options), log, topologyOptions.signal);
   } catch (err) {
     await nc.close();
     throw err;
@@ -187,4 +189,24 @@ export function parseCommandLine(args: string[], options: OptionsConfig, usage: 
   } catch (err) {
     throw new UsageError(`${(err as Error).message}\n\nusage: ${usage}`);
   }
+}
+
+/**
+ * A role's start that SIGTERM (`signal`) cut short while it waited for JetStream: undefined, a
+ * clean stop with nothing to hand back. Any other failure is thrown.
+ */
+export async function unlessStopped<T>(signal: AbortSignal, start: Promise<T>, log: Logger): Promise<T | undefined> {
+  try {
+    return await start;
+  } catch (err) {
+    if (!signal.aborted) throw err;
+    log.info({}, "stopped before it started");
+    return undefined;
+  }
+}
+
+/** Runs `stop` once `signal` aborts, at once if it has already. */
+export function onStop(signal: AbortSignal, stop: () => void): void {
+  if (signal.aborted) stop();
+  else signal.addEventListener("abort", stop, { once: true });
 }

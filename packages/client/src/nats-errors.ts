@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 import type { Logger } from "./logger.js";
@@ -56,12 +57,15 @@ export async function patiently<T>(what: string, step: () => Promise<T>, log: Lo
       if (since !== undefined) log.info({ what, waitedMs: Date.now() - since }, `${what}: JetStream answers again`);
       return value;
     } catch (err) {
-      if (!isTransientJetStreamError(err) || signal?.aborted) throw err;
+      if (!isTransientJetStreamError(err)) throw err;
+      signal?.throwIfAborted();
       if (since === undefined) {
         since = Date.now();
         log.warn({ what, err: (err as Error).message }, `${what}: JetStream does not answer yet; waiting for it`);
       }
-      await new Promise((r) => setTimeout(r, delay));
+      // An abort ends the pause at once and is thrown as it is.
+      await sleep(delay, undefined, signal ? { signal } : {}).catch(() => signal?.throwIfAborted());
+      signal?.throwIfAborted();
       delay = Math.min(delay * 2, MAX_BACKOFF_MS);
     }
   }

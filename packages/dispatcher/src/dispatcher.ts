@@ -29,6 +29,11 @@ export interface DispatcherOptions {
    * items it signed. The CLI makes one from the dispatcher's NATS credential.
    */
   signer?: WorkSigner;
+  /**
+   * Aborted while it still waits for JetStream at start (a recovering cluster), it gives up
+   * waiting and throws the abort; what it had started ends with its connection.
+   */
+  signal?: AbortSignal;
 }
 
 export interface Dispatcher extends AsyncDisposable {
@@ -52,7 +57,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const log = (opts.logger ?? silentLogger).child({ dispatcherId: id });
 
   // Started while the cluster recovers, a dispatcher waits for JetStream instead of giving up.
-  const wait = <T>(what: string, step: () => Promise<T>) => patiently(what, step, log);
+  const wait = <T>(what: string, step: () => Promise<T>) => patiently(what, step, log, opts.signal);
   const workers = await wait("the worker directory", () => WorkerDirectory.open(topology, log));
   const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
   const load = new OwnerLoad();

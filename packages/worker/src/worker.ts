@@ -112,6 +112,11 @@ class BoxcarWorker implements Worker {
     if (this.state === "idle") {
       this.state = "running";
       this.starting = this.start().catch((err: unknown) => {
+        // Told to stop while it waited for JetStream at start: a stop, not a failure.
+        if (this.pulling.signal.aborted) {
+          this.log.info({}, "worker stopped before it started");
+          return;
+        }
         this.log.error({ err }, "worker failed to start");
         this.startError = err;
         void this.close();
@@ -263,13 +268,14 @@ class BoxcarWorker implements Worker {
       this.stopped.resolve();
       return;
     }
-    // Not ready from now on, also if a start still under way finishes in the meantime.
+    // Not ready from now on, also if a start still under way finishes in the meantime; a start
+    // still waiting for JetStream gives up.
     this.accepting = false;
+    this.pulling.abort();
     await this.starting;
     this.accepting = false;
     this.state = "draining";
     this.log.info({ running: this.runs.size, graceMs }, "worker draining");
-    this.pulling.abort();
     this.slots.close();
     await this.step("announce draining", async () => {
       await this.putPresence();

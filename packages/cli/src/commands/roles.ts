@@ -2,7 +2,7 @@ import { WorkSigner } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
-import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, onStop, openRoleSession, replicasFrom, replicasOption, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { HealthEndpoint, healthAddressFrom, type RolePhase } from "../health.js";
 import { createLogger, type LogFormat } from "../logger.js";
@@ -46,16 +46,28 @@ export const dispatcher: Command = {
     await using health = new HealthEndpoint(logger);
     health.report(() => phase);
     if (healthAddress) await health.listen(healthAddress);
-    await using session = await openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", logger, {
-      ...(replicas !== undefined ? { replicas } : {}),
-      connected: (nc) => health.follow(nc),
-    });
+    const { signal } = ctx.io;
+    await using session = await unlessStopped(
+      signal,
+      openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", logger, {
+        ...(replicas !== undefined ? { replicas } : {}),
+        connected: (nc) => health.follow(nc),
+        signal,
+      }),
+      logger,
+    );
+    if (!session) return ExitCode.ok;
     // With a NATS credential, the dispatcher signs work items with its key (workers check them).
     const signer = session.connection.seed ? new WorkSigner(session.connection.seed) : undefined;
-    await using d = await startDispatcher({ topology: session.topology, logger, ...(signer ? { signer } : {}) });
+    await using d = await unlessStopped(
+      signal,
+      startDispatcher({ topology: session.topology, logger, signal, ...(signer ? { signer } : {}) }),
+      logger,
+    );
+    if (!d) return ExitCode.ok;
     if (signer) logger.info({ publicKey: signer.publicKey }, "work items are signed");
     phase = "ready";
-    await new Promise((r) => ctx.io.signal.addEventListener("abort", r, { once: true }));
+    await new Promise<void>((r) => onStop(signal, r));
     phase = "draining";
     await d.close();
     phase = "stopped";

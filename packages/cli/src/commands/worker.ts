@@ -3,7 +3,7 @@ import { type Logger, WorkVerifier } from "@boxcar/client";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { connectionFrom, openRoleSession, replicasFrom, replicasOption } from "../context.js";
+import { connectionFrom, onStop, openRoleSession, replicasFrom, replicasOption, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { HealthEndpoint, healthAddressFrom } from "../health.js";
 import { createLogger } from "../logger.js";
@@ -54,10 +54,17 @@ export const worker: Command = {
     // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     if (healthAddress) await health.listen(healthAddress);
-    await using session = await openRoleSession(connection, prefix, "boxcar-worker", logger, {
-      ...(replicas !== undefined ? { replicas } : {}),
-      connected: (nc) => health.follow(nc),
-    });
+    const { signal } = ctx.io;
+    await using session = await unlessStopped(
+      signal,
+      openRoleSession(connection, prefix, "boxcar-worker", logger, {
+        ...(replicas !== undefined ? { replicas } : {}),
+        connected: (nc) => health.follow(nc),
+        signal,
+      }),
+      logger,
+    );
+    if (!session) return ExitCode.ok;
     const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
@@ -67,7 +74,7 @@ export const worker: Command = {
     health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
     const running = w.run();
     const stopReloading = verifier ? reloadDispatcherKeys(keySources, verifier, logger) : () => {};
-    ctx.io.signal.addEventListener("abort", () => void w.drain(), { once: true });
+    onStop(signal, () => void w.drain());
     await running;
     stopReloading();
     await w.close();
