@@ -1,3 +1,4 @@
+import { execFileSync } from "node:child_process";
 /** Latency figures in milliseconds. */
 export interface LatencySummary {
   count: number;
@@ -58,4 +59,13 @@ export function envInt(name: string, fallback: number): number {
   const value = Number(raw);
   if (!Number.isInteger(value) || value < 1) throw new RangeError(`${name} must be a positive integer, got ${JSON.stringify(raw)}`);
   return value;
+}
+
+/** The commit this run was built from, for the record. */
+export function gitCommit(): string {
+  try {
+    return execFileSync("git", ["rev-parse", "--short", "HEAD"], { encoding: "utf8" }).trim();
+  } catch {
+    return "unknown";
+  }
 }
