@@ -100,6 +100,8 @@ export interface Topology {
 }
 
 const MiB = 1024 * 1024;
+/** How many waiting pulls a pool consumer holds at once: one per idle worker of the pool. */
+export const MAX_WAITING_PULLS = 4_096;
 /** How long the submit and work streams remember a message id: a re-publish within it is dropped. */
 export const DUPLICATE_WINDOW_MS = 120_000;
 const DAY_NS = 24 * 3_600 * 1e9;
@@ -229,6 +231,8 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
         ack_wait: nanos(options.ackWaitMs),
         max_deliver: options.maxDeliveries,
         max_ack_pending: 10_000,
+        // Every idle worker of the pool keeps one waiting pull here (JetStream's default allows 512).
+        max_waiting: MAX_WAITING_PULLS,
       });
       return info.config.ack_wait ?? nanos(options.ackWaitMs);
     }

@@ -173,7 +173,6 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             ...streamApi(st.work, "consume"),
             s.eventsAll,
             s.logsAll,
-            s.bellsAll,
             s.deadAll,
             kvSubjects(b.jobs),
             kvSubjects(b.workers),
@@ -183,7 +182,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           // Work items come only from dispatchers; a worker only hands them back.
           deny: [s.workAll],
         },
-        sub: { allow: [inbox, s.cancelAll, s.bellsAll, s.workAll], deny: [] },
+        sub: { allow: [inbox, s.cancelAll], deny: [] },
         allowResponses: false,
       };
     case "viewer":

@@ -99,14 +99,6 @@ export interface Names {
     logsAll: string;
     cancel(jobId: string): string;
     cancelAll: string;
-    /**
-     * Rung by a worker when a work item it handed back comes due again, so idle workers of the
-     * pool look for it (core NATS, not stored): `<prefix>.ctl.bell.<pool>.<priority>`.
-     */
-    bell(pool: string, priority: Priority): string;
-    /** Every priority's bell of one pool. */
-    bells(pool: string): string;
-    bellsAll: string;
     dead(agent: string): string;
     deadAll: string;
     /**
@@ -195,9 +187,6 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       logsAll: `${prefix}.log.>`,
       cancel: (jobId) => `${prefix}.ctl.cancel.${jobId}`,
       cancelAll: `${prefix}.ctl.cancel.*`,
-      bell: (pool, priority) => `${prefix}.ctl.bell.${pool}.${priority}`,
-      bells: (pool) => `${prefix}.ctl.bell.${pool}.*`,
-      bellsAll: `${prefix}.ctl.bell.>`,
       dead: (agent) => `${prefix}.dead.${agent}`,
       deadAll: `${prefix}.dead.>`,
       upload: (owner, token) => `${prefix}.upload.${owner}.${token}`,

@@ -159,7 +159,7 @@ export class JobRun {
       if (other) {
         // Not for this worker: hand it back (after a pause) for one that can run it.
         this.log.info({ capableWorker: other, reason: preflight.error.message }, "cannot run this job here; handing it back");
-        this.msg.passOn(HAND_BACK_DELAY_MS);
+        this.msg.nak(HAND_BACK_DELAY_MS);
         return;
       }
     }

@@ -3,7 +3,7 @@ import { type NatsServer, openTopology, silentLogger, startNatsServer, type Topo
 import type { Priority } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
-import { PoolPuller } from "./pool-puller.js";
+import { type IdleWait, PoolPuller } from "./pool-puller.js";
 import type { WorkDelivery } from "./work-delivery.js";
 
 // Against a real nats-server: the puller speaks JetStream's pull protocol itself.
@@ -38,7 +38,57 @@ async function sweep(puller: PoolPuller, max: number): Promise<{ got: string[]; 
   return { got, deliveries };
 }
 
-const puller = (recheckMs = 1_000) => new PoolPuller(topology, "p", { recheckMs, log: silentLogger });
+const puller = () => new PoolPuller(topology, "p", { log: silentLogger });
+
+async function until(done: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !done(); i++) await sleep(10);
+  if (!done()) throw new Error("timed out waiting");
+}
+
+/** A worker's side of an idle wait, with `slots` free slots, recording what it was offered. */
+function idleWaiter(opts: { slots?: number } = {}) {
+  const abort = new AbortController();
+  let free = opts.slots ?? 10;
+  let ended = false;
+  const fullListeners = new Set<() => void>();
+  const got: string[] = [];
+  const refused: string[] = [];
+  const deliveries: WorkDelivery[] = [];
+  const wait: IdleWait = {
+    signal: abort.signal,
+    offer: (d, priority) => {
+      const what = `${priority}:${new TextDecoder().decode(d.data)}`;
+      if (free === 0) {
+        refused.push(what);
+        return false;
+      }
+      free -= 1;
+      got.push(what);
+      deliveries.push(d);
+      d.ack();
+      return true;
+    },
+    onFull: (full) => {
+      fullListeners.add(full);
+      return () => {
+        ended = true;
+        fullListeners.delete(full);
+      };
+    },
+  };
+  return {
+    wait,
+    got,
+    refused,
+    deliveries,
+    ended: () => ended,
+    stop: () => abort.abort(),
+    fill: () => {
+      free = 0;
+      for (const full of fullListeners) full();
+    },
+  };
+}
 
 describe("PoolPuller", () => {
   test("a sweep takes high before normal before low, each in queue order, and no more than asked", async () => {
@@ -54,7 +104,6 @@ describe("PoolPuller", () => {
     expect((await sweep(p, 3)).got).toEqual(["high:h1", "high:h2", "normal:n1"]);
     expect((await sweep(p, 3)).got).toEqual(["low:l1", "low:l2"]);
     expect((await sweep(p, 3)).got).toEqual([]);
-    p.close();
   });
 
   test("a consumer that cannot be pulled is passed over; the sweep fails only when every one fails", async () => {
@@ -65,33 +114,99 @@ describe("PoolPuller", () => {
     await topology.jsm.consumers.delete(topology.names.streams.work, topology.names.poolConsumer("p", "normal"));
     await topology.jsm.consumers.delete(topology.names.streams.work, topology.names.poolConsumer("p", "low"));
     await expect(sweep(p, 2)).rejects.toThrow(/pulling high work from .* failed: no such consumer/);
-    p.close();
   });
 
-  test("while bells keep ringing, a priority found empty is still asked again: an item back without a bell is found", async () => {
-    const abort = new AbortController();
-    const recheckMs = 200;
-    const p = puller(recheckMs);
-    // Another worker holds a high item; this one goes idle (bells on) and finds every priority empty.
+  test("an idle wait is handed new work of any priority as it is published, and waits on while nothing queues behind it", async () => {
+    const p = puller();
+    const waiter = idleWaiter();
+    const waiting = p.waitForWork(waiter.wait);
+    await nc.flush();
+    await publish("low", "l1");
+    await until(() => waiter.got.length === 1);
     await publish("high", "h1");
-    const other = puller();
-    const [held] = (await sweep(other, 1)).deliveries;
-    await p.waitForWork(abort.signal);
-    expect((await sweep(p, 4)).got).toEqual([]);
-    // The high item comes back with no publish and, handed on, no bell.
-    held?.passOn(20);
-    other.close();
-    // Normal work rings the bells more often than the recheck, for 4 rechecks' time, and never fills
-    // the 4 slots offered (which would drop the bells and start afresh); the high item must still come.
-    const seen: string[] = [];
-    for (let i = 0; i < 40 && !seen.includes("high:h1"); i++) {
-      await publish("normal", `n${i}`);
-      await p.waitForWork(abort.signal);
-      seen.push(...(await sweep(p, 4)).got);
-      await sleep(recheckMs / 10);
-    }
-    expect(seen).toContain("high:h1");
-    p.close();
+    await until(() => waiter.got.length === 2);
+    expect(waiter.got).toEqual(["low:l1", "high:h1"]);
+    expect(waiter.ended()).toBe(false);
+    waiter.stop();
+    await waiting;
+    expect((await sweep(p, 5)).got).toEqual([]);
+  });
+
+  test("an idle wait ends once work queues up, leaving what waits to a sweep in priority order", async () => {
+    const p = puller();
+    // Queued behind one another: the first item reaches the waiting pull with more behind it.
+    for (const [priority, body] of [
+      ["low", "l1"],
+      ["low", "l2"],
+      ["normal", "n1"],
+      ["high", "h1"],
+    ] as const)
+      await publish(priority, body);
+    const waiter = idleWaiter();
+    await p.waitForWork(waiter.wait);
+    expect(waiter.got.length).toBeGreaterThanOrEqual(1);
+    const rest = (await sweep(p, 5)).got;
+    expect([...waiter.got, ...rest].sort()).toEqual(["high:h1", "low:l1", "low:l2", "normal:n1"]);
+    // The sweep takes what is left in priority order.
+    const order = ["high", "normal", "low"];
+    const ranks = rest.map((g) => order.indexOf(g.split(":")[0] as string));
+    expect(ranks).toEqual([...ranks].sort());
+    expect(rest).toContain("low:l2");
+  });
+
+  test("an item handed back with a delay comes to an idle worker when it is due, with no sweep", async () => {
+    await publish("normal", "n1");
+    const [held] = (await sweep(puller(), 1)).deliveries;
+    const p = puller();
+    const waiter = idleWaiter();
+    const waiting = p.waitForWork(waiter.wait);
+    await nc.flush();
+    held?.nak(50);
+    await until(() => waiter.got.length === 1);
+    expect(waiter.got).toEqual(["normal:n1"]);
+    expect(waiter.deliveries[0]?.deliveryCount).toBe(2);
+    waiter.stop();
+    await waiting;
+  });
+
+  test("an item with no free slot goes back at once and ends the wait; full slots end it and withdraw its pulls", async () => {
+    const p = puller();
+    const noSlot = idleWaiter({ slots: 0 });
+    const waiting = p.waitForWork(noSlot.wait);
+    await nc.flush();
+    await publish("normal", "n1");
+    await waiting;
+    expect(noSlot.refused).toEqual(["normal:n1"]);
+    const back = (await sweep(p, 1)).deliveries;
+    expect(back.map((d) => d.deliveryCount)).toEqual([2]);
+    back[0]?.ack();
+
+    const full = idleWaiter();
+    const waiting2 = p.waitForWork(full.wait);
+    await nc.flush();
+    full.fill();
+    await waiting2;
+    // The withdrawn pulls take nothing: a new item waits for a sweep, delivered for the first time.
+    await publish("high", "h1");
+    await nc.flush();
+    await sleep(100);
+    expect(full.got).toEqual([]);
+    expect((await sweep(p, 1)).deliveries.map((d) => d.deliveryCount)).toEqual([1]);
+  });
+
+  test("a priority whose consumer is gone is logged; the others go on waiting", async () => {
+    await topology.jsm.consumers.delete(topology.names.streams.work, topology.names.poolConsumer("p", "high"));
+    const warnings: string[] = [];
+    const p = new PoolPuller(topology, "p", { log: { ...silentLogger, warn: (_o: unknown, m: string) => warnings.push(m) } as never });
+    const waiter = idleWaiter();
+    const waiting = p.waitForWork(waiter.wait);
+    await until(() => warnings.length > 0);
+    await publish("normal", "n1");
+    await until(() => waiter.got.length === 1);
+    expect(waiter.got).toEqual(["normal:n1"]);
+    expect(warnings).toEqual(["waiting for work failed; asking again in a moment"]);
+    waiter.stop();
+    await waiting;
   });
 
   test("settling: a nak comes back with the delivery counted; the first settle wins", async () => {
@@ -108,6 +223,5 @@ describe("PoolPuller", () => {
     again?.nak();
     await nc.flush();
     expect((await sweep(p, 1)).got).toEqual([]);
-    p.close();
   });
 });

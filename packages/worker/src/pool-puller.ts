@@ -3,81 +3,74 @@ import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
 
-/**
- * How long a pull for work a bell announced waits for it: the bell (a plain copy of the publish)
- * can arrive before the stream has stored the item, and a pull that did not wait would find
- * nothing. Another worker may also take the item first; then the pull ends empty after this.
- */
-const ANNOUNCED_WAIT_MS = 200;
-/** How long a pull may go unanswered before it counts as failed (the server is gone, say). */
+/** How long a pull may go unanswered beyond its own wait before it counts as lost (the server is gone, say). */
 const PULL_TIMEOUT_MS = 5_000;
+/** How long an idle worker's waiting pull lasts at the server before it is renewed. */
+export const IDLE_PULL_MS = 10_000;
+/** Pause before a waiting pull that failed is asked again. */
+const FAILED_PULL_PAUSE_MS = 1_000;
 
-/** One priority of a pool: its work subject, bell and consumer, and what this puller knows of it. */
+/** One priority of a pool: its consumer and what this puller knows of it. */
 interface Level {
   readonly priority: Priority;
+  /** Where its items are published: a delivery carries this subject. */
   readonly subject: string;
-  readonly bell: string;
   /** The consumer's pull endpoint: `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`. */
   readonly next: string;
-  /** Bells heard since this level was last pulled, and when the last one rang. */
-  rung: number;
-  rungAt: number;
-  /** Pulled dry while the bells were on and no bell since: skipped until one rings or a full sweep is due. */
-  empty: boolean;
   /** The last pull of this level failed: said once, not on every sweep. */
   failing: boolean;
 }
 
 type TakeWork = (delivery: WorkDelivery, priority: Priority) => void;
 
+/** What an idle wait needs from the worker. */
+export interface IdleWait {
+  signal: AbortSignal;
+  /**
+   * Offered each item that comes while the worker waits: true when it took the item (a slot was
+   * free), false when it had no slot for it; the item then goes back to the queue at once.
+   */
+  offer(delivery: WorkDelivery, priority: Priority): boolean;
+  /** Calls `full` when the worker has no free slot left; returns how to stop listening. */
+  onFull(full: () => void): () => void;
+}
+
 /**
  * Takes a pool's work for one worker, higher priorities first. Each priority has its own
- * consumer; a sweep asks them in order without waiting (`no_wait` pulls), so a waiting `high`
- * item is always taken before a `normal` one, whatever the order they were queued in.
+ * consumer.
  *
- * An idle worker cannot keep a waiting pull open on every consumer: each would hold a slot it
- * may not have, and a pull cannot be withdrawn. Instead, once a sweep finds nothing, the puller
- * listens on the pool's work subjects ("bells": JetStream publishes reach plain subscribers
- * too) and sweeps again when one rings, skipping the priorities it found empty since. When a
- * sweep fills every slot offered the pool is busy, and the bells are dropped, so busy workers
- * do not receive a copy of every item.
+ * While the worker has free slots and work waits, it sweeps: it asks the consumers in order,
+ * without waiting (`no_wait` pulls), for as many items as it has slots reserved, so a waiting
+ * `high` item is always taken before a `normal` one, whatever the order they were queued in.
  *
- * An item that comes back without a publish makes no copy to hear: one handed back (a drain, or
- * a retry's backoff), or one whose lease ran out. When an item this worker handed back comes
- * due, the puller rings the pool's bell on `ctl.bell.<pool>.<priority>`, which idle workers of
- * the pool (this one included) listen on too. For the rest, a sweep asks every consumer, empty
- * or not, at least every `recheckMs`, and an idle wait that hears no bell ends after that long;
- * that also bounds what a lost bell costs (say, one published through a cluster route that had
- * not yet learnt of the subscription, or by a worker that died before the item came due).
+ * Once a sweep finds every priority empty, the worker waits for work with one waiting pull per
+ * priority, one item each (`waitForWork`). JetStream hands a new item, one handed back or one
+ * whose lease ran out straight to a waiting pull, so nothing else is needed to hear of work, and
+ * an idle worker costs three pull requests per `IDLE_PULL_MS`. The wait ends as soon as what
+ * arrives says work is waiting (the item's `pending` count is not zero), when the worker runs
+ * out of free slots, or when an item comes with no slot for it; then the waiting pulls are
+ * withdrawn and the worker sweeps again. A withdrawn pull is one whose reply subject nobody
+ * listens on any more: JetStream drops such a pull before it would deliver to it.
+ *
+ * An idle wait does not hold slots: one worker waits on every pool and every priority at
+ * once. Two items that reach the last free slot together leave one without a slot; it goes
+ * back to the queue at once (a `nak`, so its delivery count grows by one).
  */
 export class PoolPuller {
   private readonly nc: NatsConnection;
   private readonly levels: Level[];
-  private readonly bellsSubject: string;
-  private bells: Subscription[] | undefined;
-  private wake: (() => void) | undefined;
-  /** Bells to ring when items this worker handed back come due. */
-  private readonly dueTimers = new Set<NodeJS.Timeout>();
-  /** When a sweep last asked every consumer, skipping none it thought empty. */
-  private sweptAllAt = 0;
-  private closed = false;
 
   constructor(
     topology: Topology,
     pool: string,
-    private readonly opts: { recheckMs: number; log: Logger },
+    private readonly opts: { log: Logger; idlePullMs?: number },
   ) {
     const { names } = topology;
     this.nc = topology.nc;
-    this.bellsSubject = names.subjects.bells(pool);
     this.levels = PRIORITIES.map((priority) => ({
       priority,
       subject: names.subjects.work(pool, priority),
-      bell: names.subjects.bell(pool, priority),
       next: `$JS.API.CONSUMER.MSG.NEXT.${names.streams.work}.${names.poolConsumer(pool, priority)}`,
-      rung: 0,
-      rungAt: 0,
-      empty: false,
       failing: false,
     }));
   }
@@ -88,19 +81,15 @@ export class PoolPuller {
    * over, so the others are still served; the sweep fails only when every consumer it asked did.
    */
   async take(max: number, take: TakeWork): Promise<number> {
-    const askAll = Date.now() - this.sweptAllAt >= this.opts.recheckMs;
     let taken = 0;
-    let skipped = 0;
+    let asked = 0;
     const failures: unknown[] = [];
     for (const level of this.levels) {
       const want = max - taken;
       if (want === 0) break;
-      if (level.empty && level.rung === 0 && !askAll) {
-        skipped += 1;
-        continue;
-      }
+      asked += 1;
       try {
-        taken += await this.takeFrom(level, want, take);
+        taken += await this.pull(level, want, take);
         if (level.failing) this.opts.log.info({ priority: level.priority }, "pulling work works again");
         level.failing = false;
       } catch (err) {
@@ -109,125 +98,25 @@ export class PoolPuller {
         level.failing = true;
       }
     }
-    if (skipped === 0 && taken < max) this.sweptAllAt = Date.now();
-    if (failures.length > 0 && failures.length + skipped === this.levels.length && taken === 0) throw failures[0];
-    if (taken === max) this.quiet();
+    if (failures.length > 0 && failures.length === asked && taken === 0) throw failures[0];
     return taken;
   }
 
   /**
-   * Waits until work may have come: a bell rang, `recheckMs` passed, or `signal` aborted. The
-   * first call after a busy spell only turns the bells on and returns, so the caller's next
-   * sweep cannot miss an item published before they were on.
+   * Waits for work with a waiting pull on every priority, offering what comes to the worker,
+   * until there is reason to sweep again (see the class comment) or `signal` aborts. A pull that
+   * fails (the consumer is gone, or has too many waiting pulls: 409 Exceeded MaxWaiting) is
+   * logged once and asked again after a pause; the other priorities wait on meanwhile.
    */
-  async waitForWork(signal: AbortSignal): Promise<void> {
-    if (!this.bells) {
-      this.listen();
-      await this.nc.flush();
-      return;
-    }
-    if (signal.aborted || this.levels.some((l) => l.rung > 0)) return;
-    await new Promise<void>((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        signal.removeEventListener("abort", done);
-        this.wake = undefined;
-        resolve();
-      };
-      const timer = setTimeout(done, this.opts.recheckMs);
-      signal.addEventListener("abort", done, { once: true });
-      this.wake = done;
-    });
-  }
-
-  /** Drops the bells, and the bells still to ring: from now on a hand-back rings only when due at once. */
-  close(): void {
-    this.closed = true;
-    this.quiet();
-    for (const timer of this.dueTimers) clearTimeout(timer);
-    this.dueTimers.clear();
+  waitForWork(wait: IdleWait): Promise<void> {
+    return new IdleSpell(this.nc, this.levels, wait, { pullMs: this.opts.idlePullMs ?? IDLE_PULL_MS, log: this.opts.log }).run();
   }
 
   /**
-   * One level's share of a sweep: what is waiting, at once; then, if bells announced more than
-   * came, a wait for the rest until 200 ms after the last bell (a bell can arrive before the
-   * stream has stored its item).
+   * One `no_wait` pull: up to `batch` items that are waiting now. JetStream ends it with a
+   * status (404 none waiting, 408 fewer than asked) unless it sent the whole batch.
    */
-  private async takeFrom(level: Level, want: number, take: TakeWork): Promise<number> {
-    const announced = Math.min(level.rung, want);
-    const waitMs = ANNOUNCED_WAIT_MS - (Date.now() - level.rungAt);
-    level.rung = 0;
-    const handOver = (msg: Msg) =>
-      take(
-        WorkDelivery.from(this.nc, msg, (delayMs) => this.ringWhenDue(level, delayMs)),
-        level.priority,
-      );
-    let got = await this.pull(level, { batch: want }, handOver);
-    if (got < announced && waitMs > 0) got += await this.pull(level, { batch: announced - got, waitMs }, handOver);
-    // Dry only if no bell rang meanwhile: a bell during the pull may be for an item it missed.
-    level.empty = this.bells !== undefined && got < want && level.rung === 0;
-    return got;
-  }
-
-  private listen(): void {
-    this.bells = [
-      ...this.levels.map((level) => this.nc.subscribe(level.subject, { callback: () => this.ring(level) })),
-      this.nc.subscribe(this.bellsSubject, {
-        callback: (_err, msg) => {
-          const level = this.levels.find((l) => l.bell === msg.subject);
-          if (level) this.ring(level);
-        },
-      }),
-    ];
-    for (const level of this.levels) level.empty = false;
-  }
-
-  private ring(level: Level): void {
-    level.rung += 1;
-    level.rungAt = Date.now();
-    level.empty = false;
-    this.wake?.();
-  }
-
-  private ringWhenDue(level: Level, delayMs: number): void {
-    if (delayMs <= 0) {
-      this.ringPool(level);
-      return;
-    }
-    if (this.closed) return;
-    const timer = setTimeout(() => {
-      this.dueTimers.delete(timer);
-      this.ringPool(level);
-    }, delayMs);
-    timer.unref();
-    this.dueTimers.add(timer);
-  }
-
-  /** A courtesy to idle workers: when it cannot be sent, their sweeps find the item anyway. */
-  private ringPool(level: Level): void {
-    if (this.nc.isClosed() || this.nc.isDraining()) return;
-    try {
-      this.nc.publish(level.bell);
-    } catch {
-      // the connection closed meanwhile
-    }
-  }
-
-  private quiet(): void {
-    for (const bell of this.bells ?? []) bell.unsubscribe();
-    this.bells = undefined;
-    for (const level of this.levels) {
-      level.rung = 0;
-      level.empty = false;
-    }
-  }
-
-  /**
-   * One pull request: up to `batch` items, at once (`no_wait`) or waiting up to `waitMs` for
-   * them. JetStream ends it with a status (404 none waiting, 408 fewer than asked by the time it
-   * expired) unless it sent the whole batch.
-   */
-  private pull(level: Level, req: { batch: number; waitMs?: number }, take: (msg: Msg) => void): Promise<number> {
+  private pull(level: Level, batch: number, take: TakeWork): Promise<number> {
     const { nc } = this;
     return new Promise<number>((resolve, reject) => {
       let got = 0;
@@ -244,20 +133,154 @@ export class PoolPuller {
           if (!msg.reply) return end(pullStatusError(level, msg));
           got += 1;
           try {
-            take(msg);
+            take(WorkDelivery.from(nc, msg), level.priority);
           } catch (cause) {
             return end(cause as Error);
           }
-          if (got === req.batch) end();
+          if (got === batch) end();
         },
       });
       const timer = setTimeout(
         () => end(new Error(`no answer from the ${level.priority} work consumer (${level.next}) in ${PULL_TIMEOUT_MS} ms`)),
-        (req.waitMs ?? 0) + PULL_TIMEOUT_MS,
+        PULL_TIMEOUT_MS,
       );
-      const body = req.waitMs === undefined ? { batch: req.batch, no_wait: true } : { batch: req.batch, expires: req.waitMs * 1_000_000 };
-      nc.publish(level.next, JSON.stringify(body), { reply: inbox });
+      nc.publish(level.next, JSON.stringify({ batch, no_wait: true }), { reply: inbox });
     });
+  }
+}
+
+/**
+ * One idle wait: a waiting pull of one item on every priority, all answered on one inbox
+ * (`<inbox>.<level>.<request>`, where a pull's status comes; an item comes with the subject it
+ * was published to), renewed as they expire or deliver, until the wait ends. Ending
+ * it drains the inbox: items already on their way are still offered, and JetStream drops the
+ * pulls nobody listens for any more.
+ */
+class IdleSpell {
+  private readonly inbox: string;
+  /** The request each level waits on now, by level index; a status for an older one is stale. */
+  private readonly current: number[];
+  private readonly lostTimers: (NodeJS.Timeout | undefined)[];
+  private requests = 0;
+  private ended = false;
+  private endSpell: (err?: unknown) => void = () => {};
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly levels: Level[],
+    private readonly wait: IdleWait,
+    private readonly opts: { pullMs: number; log: Logger },
+  ) {
+    this.inbox = newInbox(nc);
+    this.current = levels.map(() => 0);
+    this.lostTimers = levels.map(() => undefined);
+  }
+
+  async run(): Promise<void> {
+    const { wait } = this;
+    if (wait.signal.aborted) return;
+    let outcome: unknown;
+    const sub = this.nc.subscribe(`${this.inbox}.>`, { callback: (err, msg) => this.heard(err, msg) });
+    const stopListening = wait.onFull(() => this.end());
+    const aborted = () => this.end();
+    wait.signal.addEventListener("abort", aborted, { once: true });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        this.endSpell = (err) => (err === undefined ? resolve() : reject(err));
+        for (const i of this.levels.keys()) this.ask(i);
+      });
+    } catch (err) {
+      outcome = err;
+    } finally {
+      this.ended = true;
+      for (const timer of this.lostTimers) clearTimeout(timer);
+      stopListening();
+      wait.signal.removeEventListener("abort", aborted);
+      // Withdraws the pulls; an item already on its way is still offered while the drain lasts.
+      await sub.drain().catch(() => {});
+    }
+    if (outcome !== undefined) throw outcome;
+  }
+
+  private end(err?: unknown): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.endSpell(err);
+  }
+
+  /** Sends level `i` a fresh waiting pull of one item. */
+  private ask(i: number): void {
+    if (this.ended) return;
+    const level = this.levels[i] as Level;
+    const request = ++this.requests;
+    this.current[i] = request;
+    clearTimeout(this.lostTimers[i]);
+    // A pull the server lost (a restart, say) would leave this level deaf: renew it when its answer is overdue.
+    this.lostTimers[i] = setTimeout(() => this.ask(i), this.opts.pullMs + PULL_TIMEOUT_MS);
+    const body = { batch: 1, expires: this.opts.pullMs * 1_000_000 };
+    try {
+      this.nc.publish(level.next, JSON.stringify(body), { reply: `${this.inbox}.${i}.${request}` });
+    } catch (err) {
+      this.end(err);
+    }
+  }
+
+  private heard(err: Error | null, msg: Msg): void {
+    if (err) {
+      this.end(err);
+      return;
+    }
+    if (msg.reply) {
+      // An item: it carries the subject it was published to, which names its priority.
+      const i = this.levels.findIndex((l) => l.subject === msg.subject);
+      if (i >= 0) this.offer(i, this.levels[i] as Level, msg);
+      return;
+    }
+    // A status, sent to the pull's own reply subject: the pull ended without an item.
+    const tokens = msg.subject.split(".");
+    const i = Number(tokens[tokens.length - 2]);
+    const request = Number(tokens[tokens.length - 1]);
+    const level = this.levels[i];
+    if (!level || this.ended || request !== this.current[i]) return;
+    const code = msg.headers?.code ?? 0;
+    if (code === 408 || (code === 409 && /leadership change/i.test(msg.headers?.description ?? ""))) {
+      this.works(level);
+      this.ask(i);
+      return;
+    }
+    const failure = pullStatusError(level, msg) ?? new Error(`pulling ${level.priority} work from ${level.next} ended with ${code}`);
+    if (!level.failing) this.opts.log.warn({ err: failure, priority: level.priority }, "waiting for work failed; asking again in a moment");
+    level.failing = true;
+    clearTimeout(this.lostTimers[i]);
+    this.lostTimers[i] = setTimeout(() => this.ask(i), FAILED_PULL_PAUSE_MS);
+  }
+
+  private works(level: Level): void {
+    if (level.failing) this.opts.log.info({ priority: level.priority }, "pulling work works again");
+    level.failing = false;
+  }
+
+  private offer(i: number, level: Level, msg: Msg): void {
+    let delivery: WorkDelivery;
+    try {
+      delivery = WorkDelivery.from(this.nc, msg);
+    } catch (err) {
+      this.end(err);
+      return;
+    }
+    if (!this.wait.offer(delivery, level.priority)) {
+      delivery.nak();
+      this.end();
+      return;
+    }
+    this.works(level);
+    if (this.ended) return;
+    // More waiting behind it: sweep, so what waits is taken in priority order.
+    if (delivery.pending > 0) {
+      this.end();
+      return;
+    }
+    this.ask(i);
   }
 }
 

@@ -2,6 +2,7 @@
 export class Slots {
   private free: number;
   private waiters: (() => void)[] = [];
+  private readonly fullListeners = new Set<() => void>();
   private closed = false;
 
   constructor(capacity: number) {
@@ -13,8 +14,21 @@ export class Slots {
     while (!this.closed && this.free === 0) await new Promise<void>((resolve) => this.waiters.push(resolve));
     if (this.closed) return 0;
     const taken = Math.min(max, this.free);
-    this.free -= taken;
+    this.take(taken);
     return taken;
+  }
+
+  /** Takes one free slot if there is one, at once; false when none is free or the slots are closed. */
+  tryAcquire(): boolean {
+    if (this.closed || this.free === 0) return false;
+    this.take(1);
+    return true;
+  }
+
+  /** Calls `full` each time the last free slot is taken; returns how to stop. */
+  onFull(full: () => void): () => void {
+    this.fullListeners.add(full);
+    return () => this.fullListeners.delete(full);
   }
 
   release(count: number): void {
@@ -27,6 +41,11 @@ export class Slots {
   close(): void {
     this.closed = true;
     this.wake();
+  }
+
+  private take(count: number): void {
+    this.free -= count;
+    if (count > 0 && this.free === 0) for (const full of [...this.fullListeners]) full();
   }
 
   private wake(): void {

@@ -8,8 +8,6 @@ import type { Msg, MsgHdrs, NatsConnection } from "@nats-io/transport-node";
  *
  * The first of `ack`, `nak` and `term` settles the delivery; later ones are ignored, so a run
  * that ends two ways at once cannot send JetStream both. `working` only extends the lease.
- * `onRequeue` hears of every `nak`, with the delay after which the item is due again (not of a
- * `passOn`).
  */
 export class WorkDelivery {
   readonly subject: string;
@@ -19,26 +17,28 @@ export class WorkDelivery {
   readonly seq: number;
   /** How many times JetStream has delivered this item, this delivery included. */
   readonly deliveryCount: number;
+  /** How many items the consumer still had waiting, not yet delivered, when it sent this one. */
+  readonly pending: number;
   private settled = false;
 
   private constructor(
     private readonly nc: NatsConnection,
     private readonly ackSubject: string,
-    private readonly onRequeue: (delayMs: number) => void,
     msg: Msg,
-    facts: { seq: number; deliveryCount: number },
+    facts: DeliveryFacts,
   ) {
     this.subject = msg.subject;
     this.data = msg.data;
     this.headers = msg.headers;
     this.seq = facts.seq;
     this.deliveryCount = facts.deliveryCount;
+    this.pending = facts.pending;
   }
 
   /** The delivery a pull brought; throws when its reply subject is not a JetStream ack subject. */
-  static from(nc: NatsConnection, msg: Msg, onRequeue: (delayMs: number) => void = () => {}): WorkDelivery {
+  static from(nc: NatsConnection, msg: Msg): WorkDelivery {
     const reply = msg.reply ?? "";
-    return new WorkDelivery(nc, reply, onRequeue, msg, deliveryFacts(reply));
+    return new WorkDelivery(nc, reply, msg, deliveryFacts(reply));
   }
 
   /** Done with: JetStream removes the item. */
@@ -48,15 +48,7 @@ export class WorkDelivery {
 
   /** Give the item back, to be delivered again at once or after `delayMs`. */
   nak(delayMs?: number): void {
-    if (this.settle(delayMs ? nakWithDelay(delayMs) : "-NAK")) this.onRequeue(delayMs ?? 0);
-  }
-
-  /**
-   * Give the item back for another worker to take after `delayMs`: a `nak` that `onRequeue`
-   * does not hear of, so this worker does not wait for the item to come due.
-   */
-  passOn(delayMs: number): void {
-    this.settle(nakWithDelay(delayMs));
+    this.settle(delayMs ? nakWithDelay(delayMs) : "-NAK");
   }
 
   /** Never deliver the item again. */
@@ -78,16 +70,23 @@ export class WorkDelivery {
   }
 }
 
+interface DeliveryFacts {
+  seq: number;
+  deliveryCount: number;
+  pending: number;
+}
+
 /** What a delivery's reply subject says of it (see `WorkDelivery`); throws when it is not a JetStream ack subject. */
-export function deliveryFacts(reply: string): { seq: number; deliveryCount: number } {
+export function deliveryFacts(reply: string): DeliveryFacts {
   const tokens = reply.split(".");
   const at = tokens.length === 9 ? 2 : tokens.length >= 11 ? 4 : -1;
   const deliveryCount = Number(tokens[at + 2]);
   const seq = Number(tokens[at + 3]);
-  if (tokens[0] !== "$JS" || tokens[1] !== "ACK" || at < 0 || !(deliveryCount >= 1) || !(seq >= 1)) {
+  const pending = Number(tokens[at + 6]);
+  if (tokens[0] !== "$JS" || tokens[1] !== "ACK" || at < 0 || !(deliveryCount >= 1) || !(seq >= 1) || !(pending >= 0)) {
     throw new Error(`not a JetStream delivery: reply subject ${JSON.stringify(reply)}`);
   }
-  return { seq, deliveryCount };
+  return { seq, deliveryCount, pending };
 }
 
 const nakWithDelay = (delayMs: number): string => `-NAK ${JSON.stringify({ delay: Math.round(delayMs * 1_000_000) })}`;

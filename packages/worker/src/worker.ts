@@ -64,8 +64,6 @@ function isFromNewerRelease(data: Uint8Array): boolean {
   return !parsed.success && parsed.error.issues.every((issue) => issue.code === "unrecognized_keys");
 }
 
-/** How long an idle worker waits for a bell before asking its pools' consumers again. */
-const IDLE_RECHECK_MS = 1_000;
 /** Pause after a failed pull. */
 const RETRY_MS = 1_000;
 
@@ -174,28 +172,24 @@ class BoxcarWorker implements Worker {
 
   /**
    * Pulls a pool's work while the worker runs, higher priorities first (see `PoolPuller`). Each
-   * sweep asks for at most `share` jobs and only for slots it has reserved, so the worker never
-   * holds more than `concurrency` jobs.
+   * sweep asks for at most `share` jobs and only for slots it has reserved, and an idle wait
+   * starts a job only in a free slot, so the worker never holds more than `concurrency` jobs.
    */
   private async pull(pool: string, share: number): Promise<void> {
-    const puller = new PoolPuller(this.options.topology, pool, { recheckMs: IDLE_RECHECK_MS, log: this.log.child({ pool }) });
-    try {
-      while (!this.pulling.signal.aborted) {
-        try {
-          if (!(await this.sweep(puller, share))) return;
-        } catch (err) {
-          // NATS trouble mid-sweep, a flush cut short by a reconnect, ...: pause and go on.
-          if (this.pulling.signal.aborted) return;
-          this.log.warn({ err, pool }, "pulling work failed; trying again");
-          await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
-        }
+    const puller = new PoolPuller(this.options.topology, pool, { log: this.log.child({ pool }) });
+    while (!this.pulling.signal.aborted) {
+      try {
+        if (!(await this.sweep(puller, share))) return;
+      } catch (err) {
+        // NATS trouble mid-sweep, a flush cut short by a reconnect, ...: pause and go on.
+        if (this.pulling.signal.aborted) return;
+        this.log.warn({ err, pool }, "pulling work failed; trying again");
+        await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
       }
-    } finally {
-      puller.close();
     }
   }
 
-  /** One sweep for the slots free now, then a wait for work if it found none; false once the worker takes no more. */
+  /** One sweep for the slots free now, then a wait for work if it left any free; false once the worker takes no more. */
   private async sweep(puller: PoolPuller, share: number): Promise<boolean> {
     const reserved = await this.slots.acquire(share);
     if (reserved === 0) return false;
@@ -209,7 +203,17 @@ class BoxcarWorker implements Worker {
     } finally {
       this.slots.release(reserved - taken);
     }
-    if (taken === 0) await puller.waitForWork(this.pulling.signal);
+    if (taken < reserved) {
+      await puller.waitForWork({
+        signal: this.pulling.signal,
+        offer: (delivery) => {
+          if (!this.slots.tryAcquire()) return false;
+          this.dispatch(delivery);
+          return true;
+        },
+        onFull: (full) => this.slots.onFull(full),
+      });
+    }
     return true;
   }
 
@@ -230,7 +234,7 @@ class BoxcarWorker implements Worker {
         // Mid-upgrade, a newer dispatcher's item (an agent field this release does not know):
         // hand it back for a newer worker. Its job stays queued until one comes or its queue timeout.
         this.log.warn({ seq: msg.seq, err: (err as Error).message }, "a work item from a newer release; handing it back");
-        msg.passOn(NEWER_RELEASE_DELAY_MS);
+        msg.nak(NEWER_RELEASE_DELAY_MS);
       } else {
         this.reject(msg, toErrorInfo(err));
       }
