@@ -107,6 +107,8 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       await eventually(
         async () => ((await records()).filter((j) => j.state === "succeeded").length >= 30 ? true : undefined),
         "30 jobs done",
+        // Eight slots, and a Docker job takes seconds while the rest of the suite runs beside it.
+        60_000,
       );
       await docker.getContainer(`${project}_nats2_1`).kill();
       await docker.getContainer(`${project}_worker_1`).kill();

@@ -1,6 +1,6 @@
-import { DUPLICATE_WINDOW_MS, getJson, type Logger, type Topology, type WorkSigner } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, type Logger, type Topology } from "@boxcar/client";
 import { JobRecord } from "@boxcar/protocol";
-import { loadAgent, publishWorkItem } from "./admission.js";
+import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import { JobTimers } from "./job-timers.js";
 
 /** How long a new job may wait before its work item is published again, in case it never was. */
@@ -24,7 +24,7 @@ export class AdmissionSweeper {
     private readonly topology: Topology,
     private readonly log: Logger,
     intervalMs: number,
-    private readonly signer: WorkSigner | undefined,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer">,
   ) {
     this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");
   }
@@ -38,7 +38,7 @@ export class AdmissionSweeper {
   private async republish(id: string): Promise<void> {
     const job = (await getJson(this.topology.jobs, id, JobRecord, "job record"))?.value;
     if (job?.state !== "queued" || job.attempt !== 0 || !withinWindow(job)) return;
-    await publishWorkItem(this.topology, job, await loadAgent(this.topology, job.agent), this.signer);
+    await publishWorkItem(this.topology, job, await this.ctx.agents.get(job.agent), this.ctx.signer);
     this.log.debug({ jobId: id }, "work item published again (dropped by the stream if it was there)");
   }
 

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { DUPLICATE_WINDOW_MS, getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
 import {
-  AgentDefinition,
+  type AgentDefinition,
   BoxcarError,
   type ChainLink,
   checkAgentPolicy,
@@ -17,6 +17,7 @@ import {
   type WorkItem,
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
+import type { AgentCatalog } from "./agent-catalog.js";
 import { newJobId } from "./job-id.js";
 import type { PolicyBook } from "./policy.js";
 import type { WorkerDirectory } from "./worker-directory.js";
@@ -30,6 +31,7 @@ export interface Admitted {
 /** What admitting a job needs besides the topology. */
 export interface AdmissionContext {
   log: Logger;
+  agents: AgentCatalog;
   workers: WorkerDirectory;
   /** Signs work items, so workers that check signatures run them; absent: items go unsigned. */
   signer?: WorkSigner | undefined;
@@ -56,7 +58,7 @@ export interface AdmitOptions {
 export async function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
   const { log } = ctx;
   const spec = parseWith(JobSpec, raw, "job spec");
-  const agent = await loadAgent(topology, spec.agent);
+  const agent = await ctx.agents.get(spec.agent);
   // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
   const asRun = spec.timeout === undefined ? agent : { ...agent, runtime: { ...agent.runtime, timeout: spec.timeout } };
   checkAgentPolicy(asRun, ctx.policy.policy.agents, "the system policy");
@@ -218,16 +220,6 @@ async function claimKey(topology: Topology, key: string, id: string): Promise<st
     await topology.idempotency.put(hashed, id);
     return id;
   }
-}
-
-export async function loadAgent(topology: Topology, name: string): Promise<AgentDefinition> {
-  const found = await getJson(topology.agents, name, AgentDefinition, "agent");
-  if (!found) {
-    throw new BoxcarError(ErrorCode.unknownAgent, `no agent named ${JSON.stringify(name)}: apply it with \`boxcar agent apply -f FILE\``, {
-      issues: [{ path: "agent", message: "unknown agent" }],
-    });
-  }
-  return found.value;
 }
 
 async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {

@@ -83,7 +83,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
     },
     [ApiEndpoint.jobsRetry]: async (body, caller) => {
-      return { job: await retryJob(topology, parseWith(JobRef, body, "request").id, caller, ctx.signer) };
+      return { job: await retryJob(topology, parseWith(JobRef, body, "request").id, caller, ctx) };
     },
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
@@ -94,10 +94,9 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
           issues: credentials,
         });
       }
-      const previous = await topology.agents.get(agent.name);
-      await topology.agents.put(agent.name, JSON.stringify(agent));
+      const created = await ctx.agents.apply(agent);
       log.info({ agent: agent.name }, "agent applied");
-      return { agent, created: previous?.operation !== "PUT" };
+      return { agent, created };
     },
     [ApiEndpoint.agentsGet]: async (body) => ({ agent: await getAgent(topology, parseWith(AgentRef, body, "request").name) }),
     [ApiEndpoint.agentsList]: async (body) => {
@@ -107,7 +106,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.agentsRemove]: async (body) => {
       const { name } = parseWith(AgentRef, body, "request");
       const agent = await getAgent(topology, name);
-      await topology.agents.delete(name);
+      await ctx.agents.remove(name);
       log.info({ agent: name }, "agent removed");
       return { agent };
     },

@@ -5,6 +5,7 @@ import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import type { AdmissionContext } from "./admission.js";
 import { AdmissionSweeper } from "./admission-sweeper.js";
+import { AgentCatalog } from "./agent-catalog.js";
 import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
@@ -62,8 +63,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
   const load = new OwnerLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
-  const ctx: AdmissionContext = { log, workers, signer: opts.signer, policy };
-  const admissions = new AdmissionSweeper(topology, log, 1_000, opts.signer);
+  const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
+  const ctx: AdmissionContext = { log, agents, workers, signer: opts.signer, policy };
+  const admissions = new AdmissionSweeper(topology, log, 1_000, ctx);
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);
   const jobWatch = await wait("the job records", () =>
@@ -138,6 +140,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         async () => runs.close(),
         async () => workers.close(),
         async () => policy.close(),
+        async () => agents.close(),
         async () => expiry.close(),
         async () => admissions.close(),
       ];

@@ -15,7 +15,7 @@ import {
   toErrorInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { type AdmissionContext, admit, loadAgent } from "./admission.js";
+import { type AdmissionContext, admit } from "./admission.js";
 
 /**
  * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the
@@ -29,7 +29,7 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
   const link = job.chain ?? rootLink(job);
   let decision: HandoffDecision;
   try {
-    const from = await loadAgent(topology, job.agent).catch(() => undefined);
+    const from = await ctx.agents.get(job.agent).catch(() => undefined);
     await checkHandoff(topology, job, request, link, from);
     const next = await admit(topology, nextSpec(job, request), ctx, {
       owner: ownerOf(job),

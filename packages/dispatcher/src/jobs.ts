@@ -1,4 +1,4 @@
-import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
 import {
   BoxcarError,
   ErrorCode,
@@ -11,7 +11,7 @@ import {
   ownerOf,
   parseWith,
 } from "@boxcar/protocol";
-import { loadAgent, publishWorkItem } from "./admission.js";
+import { type AdmissionContext, publishWorkItem } from "./admission.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */
 const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
@@ -79,16 +79,21 @@ export async function cancelJob(topology: Topology, id: string, caller: Identity
  * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
  * policy's maxAttempts), its history kept. Only a dead job can be retried.
  */
-export async function retryJob(topology: Topology, id: string, caller: Identity, signer: WorkSigner | undefined): Promise<JobRecord> {
+export async function retryJob(
+  topology: Topology,
+  id: string,
+  caller: Identity,
+  ctx: Pick<AdmissionContext, "agents" | "signer">,
+): Promise<JobRecord> {
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
-  const agent = await loadAgent(topology, job.agent);
+  const agent = await ctx.agents.get(job.agent);
   const retry = job.spec?.retry ?? agent.retry;
   const change = await topology.jobStore.change(found, (current) => JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso()));
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const next = change.handle.record;
   await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
-  await publishWorkItem(topology, next, agent, signer, `${id}:retry:${job.attempt}`);
+  await publishWorkItem(topology, next, agent, ctx.signer, `${id}:retry:${job.attempt}`);
   return next;
 }

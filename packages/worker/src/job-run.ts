@@ -252,7 +252,7 @@ export class JobRun {
     let exec: ExecResult | undefined;
     try {
       sandbox = await this.createSandbox(ref);
-      await Promise.all([this.checkOwnership(), prepareWorkspace(sandbox, this.item, this.topology.artifacts)]);
+      await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
       exec = await this.runAgent(sandbox, ref, secrets);
       if (exec.aborted) return this.stopped(exec);
       return await this.conclude(sandbox, exec);
@@ -292,16 +292,6 @@ export class JobRun {
       await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
       throw error;
     }
-  }
-
-  /** Before the agent starts: stops the run if another attempt took the job over, or it was cancelled. */
-  private async checkOwnership(): Promise<void> {
-    const found = await this.topology.jobStore.read(this.jobId);
-    if (!found || !this.owns(found.record)) {
-      this.stop("fenced");
-      throw new BoxcarError(ErrorCode.conflict, `job ${this.jobId} was taken over by another attempt`);
-    }
-    if (found.record.cancelRequested) this.stop("cancelled");
   }
 
   private async runAgent(sandbox: Sandbox, ref: SandboxRef, secrets: Map<string, string>): Promise<ExecResult> {
@@ -439,11 +429,12 @@ export class JobRun {
     const startedAt = performance.now();
     try {
       await sandbox.destroy();
-      await this.events.sandbox("destroyed", ref, { durationMs: performance.now() - startedAt });
+      // Stored before the outcome event, which is awaited: the publishes keep their order.
+      void this.events.sandbox("destroyed", ref, { durationMs: performance.now() - startedAt });
     } catch (cause) {
       this.log.error({ err: cause, sandboxId: ref.sandboxId }, "could not destroy the sandbox");
       const error = new BoxcarError(ErrorCode.sandboxFailed, `could not destroy sandbox ${ref.sandboxId}: ${(cause as Error).message}`);
-      await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
+      void this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
     }
   }
 

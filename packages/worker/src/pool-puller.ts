@@ -1,6 +1,6 @@
 import { type Logger, newInbox, type Topology } from "@boxcar/client";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
 
 /** How long a pull may go unanswered beyond its own wait before it counts as lost (the server is gone, say). */

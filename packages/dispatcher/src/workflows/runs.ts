@@ -18,7 +18,7 @@ import {
   type WorkflowEvent,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { type AdmissionContext, admit, loadAgent } from "../admission.js";
+import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
 import { cancelJob } from "../jobs.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
@@ -52,7 +52,7 @@ export class Runs {
     const { workflow } = req;
     for (const [i, step] of workflow.steps.entries()) {
       try {
-        const agent = await loadAgent(this.topology, step.agent);
+        const agent = await this.ctx.agents.get(step.agent);
         this.ctx.workers.checkServable(agent, step.pool ?? agent.pool);
       } catch (err) {
         const error = toErrorInfo(err);
