@@ -36,7 +36,10 @@ export interface BoxcarPathOptions {
 export type RecordListener = (record: JobRecord, seenAt: number) => void;
 
 export interface BoxcarPath extends AsyncDisposable {
+  /** Submits a job and waits for the shared watcher to see it end. */
   run: RunJob;
+  /** A job as a user's program runs one: `client.submit`, then `client.waitForJob`. */
+  runWithSdk: RunJob;
   /** Submits no-op job `i` with extra spec fields; resolves with its id once it is admitted. */
   submit(i: number, extra?: Partial<JobSpecInput>): Promise<string>;
   /** Resolves once job `id`'s final record is seen. */
@@ -119,9 +122,16 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
 
   const submit = async (i: number, extra: Partial<JobSpecInput> = {}) => (await client.submit({ agent: AGENT, input: i, ...extra })).job.id;
   const run: RunJob = async (i) => completions.wait(await submit(i));
+  const runWithSdk: RunJob = async (i) => {
+    const id = await submit(i);
+    if ((await client.waitForJob(id)).state !== "succeeded") unsuccessful += 1;
+    // The shared watcher saw it end too: settle its entry, or it would be kept.
+    await completions.wait(id);
+  };
 
   return {
     run,
+    runWithSdk,
     submit,
     done: (id) => completions.wait(id),
     connections,

@@ -19,6 +19,7 @@ import type { JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, type SandboxProvider } from "@boxcar/worker";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { type BoxcarPath, openBoxcarPath } from "./boxcar-path.js";
+import { findRedisServer, openBullmqPath, startRedisServer } from "./bullmq-path.js";
 import { type CpuPerJob, cpuPerJob, cpuSnapshot } from "./cpu.js";
 import { measureBareSpawn, measureHostSandbox } from "./host-spawn.js";
 import { createInstantSandboxProvider } from "./instant-sandbox.js";
@@ -95,7 +96,25 @@ async function measureRaw(server: NatsServer, name: string): Promise<PathResult>
   return await measurePath(name, raw.run, server.pid);
 }
 
-async function measureBoxcar(server: NatsServer, name: string, tag: string, providers: SandboxProvider[]): Promise<PathResult> {
+/** BullMQ on a redis-server of its own; null (and said why) without one. */
+async function measureBullmq(): Promise<PathResult | null> {
+  const binary = findRedisServer();
+  if (!binary) {
+    log("BullMQ: skipped, no redis-server on PATH (Debian: apt-get install redis-server)");
+    return null;
+  }
+  await using redis = await startRedisServer(binary);
+  await using bullmq = await openBullmqPath(redis, nextPrefix("bullmq"), settings.workerConcurrency);
+  return await measurePath("BullMQ on Redis", bullmq.run, redis.pid);
+}
+
+async function measureBoxcar(
+  server: NatsServer,
+  name: string,
+  tag: string,
+  providers: SandboxProvider[],
+  wait: "watcher" | "sdk" = "watcher",
+): Promise<PathResult> {
   await using boxcar = await openBoxcarPath({
     url: server.url,
     prefix: nextPrefix(tag),
@@ -103,7 +122,7 @@ async function measureBoxcar(server: NatsServer, name: string, tag: string, prov
     concurrency: settings.workerConcurrency,
     connectOptions,
   });
-  const result = await measurePath(name, boxcar.run, server.pid);
+  const result = await measurePath(name, wait === "sdk" ? boxcar.runWithSdk : boxcar.run, server.pid);
   if (boxcar.unsuccessful > 0) throw new Error(`${name}: ${boxcar.unsuccessful} jobs did not succeed; the figures are not valid`);
   return result;
 }
@@ -250,6 +269,7 @@ function printResults(
   hostSandbox: LatencySummary,
   raw: PathResult,
   rawAgain: PathResult,
+  bullmq: PathResult | null,
   boxcar: PathResult[],
   target: PathResult,
   breakdown: Breakdown,
@@ -282,13 +302,14 @@ function printResults(
         "raw jobs/s / jobs/s",
       ],
       row(raw),
+      ...(bullmq ? [row(bullmq)] : []),
       ...boxcar.map(row),
       row(rawAgain),
     ]),
   );
   console.log("");
   console.log(
-    `CPU ms per job: the bench process (user+system, all threads) and nats-server; and CPUs kept busy by the rest of the machine`,
+    `CPU ms per job: the bench process (user+system, all threads) and nats-server (for BullMQ, redis-server); and CPUs kept busy by the rest of the machine`,
   );
   const cores = (n: number | null) => (n === null ? "-" : n.toFixed(2));
   const cpuMs = (n: number | null) => (n === null ? "-" : ms(n));
@@ -311,6 +332,7 @@ function printResults(
     table([
       ["path", "seq node", "seq server", `${at} node user`, `${at} node sys`, `${at} server`, "other CPUs seq", `other CPUs ${at}`],
       cpuRow(raw),
+      ...(bullmq ? [cpuRow(bullmq)] : []),
       ...boxcar.map(cpuRow),
       cpuRow(rawAgain),
     ]),
@@ -376,6 +398,7 @@ async function main(): Promise<void> {
     const hostSandbox = await measureHostSandbox(root, 500, 50);
 
     const raw = await measureRaw(server, "raw JetStream");
+    const bullmq = await measureBullmq();
     const host = await measureBoxcar(server, "Boxcar, host sandbox (`true`)", "host", [createHostSandboxProvider({ root })]);
     const noSpawn = await measureBoxcar(server, "Boxcar, no spawn (host workspace)", "nospawn", [
       createInstantSandboxProvider("host-files", root),
@@ -383,6 +406,14 @@ async function main(): Promise<void> {
     const memory = await measureBoxcar(server, "Boxcar, no spawn (memory workspace)", "memory", [
       createInstantSandboxProvider("memory", root),
     ]);
+    // As a user's program waits: `client.waitForJob` (a subscription and reads per job) instead of the shared watcher.
+    const sdk = await measureBoxcar(
+      server,
+      "Boxcar, no spawn (memory workspace), SDK wait",
+      "sdk",
+      [createInstantSandboxProvider("memory", root)],
+      "sdk",
+    );
     const rawAgain = await measureRaw(server, "raw JetStream (again, at the end)");
     const breakdown = await breakDown(server.url, root);
 
@@ -390,7 +421,7 @@ async function main(): Promise<void> {
     const natsServerVersion = probe.info?.version ?? "unknown";
     await probe.close();
 
-    printResults(spawnBare, hostSandbox, raw, rawAgain, [host, noSpawn, memory], noSpawn, breakdown);
+    printResults(spawnBare, hostSandbox, raw, rawAgain, bullmq, [host, noSpawn, memory, sdk], noSpawn, breakdown);
 
     const ceiling = ceilingOf(raw, rawAgain);
     const ratio = (r: PathResult) => ratioTo(ceiling, r);
@@ -410,9 +441,15 @@ async function main(): Promise<void> {
       arrangement:
         "one process: raw submitter, raw worker, Boxcar client, dispatcher and worker each on their own NATS connection; nats-server is a child process",
       hostSpawn: { bare: spawnBare, hostSandboxLifecycle: hostSandbox },
-      paths: { raw, host, noSpawn, memory, rawAgain },
+      paths: { raw, bullmq, host, noSpawn, memory, sdk, rawAgain },
       rawCeiling: ceiling,
-      ratiosToRaw: { host: ratio(host), noSpawn: ratio(noSpawn), memory: ratio(memory) },
+      ratiosToRaw: {
+        ...(bullmq ? { bullmq: ratio(bullmq) } : {}),
+        host: ratio(host),
+        noSpawn: ratio(noSpawn),
+        memory: ratio(memory),
+        sdk: ratio(sdk),
+      },
       target: {
         path: noSpawn.name,
         p50Ratio: ratio(noSpawn).p50,
