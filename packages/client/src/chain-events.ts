@@ -39,20 +39,20 @@ const eventOf = (msg: Msg): BoxcarEvent | undefined => {
 };
 
 /**
- * Waits until `done` holds for the record: `first` as the caller read it, else read again after
- * every live event on `live` that `matters`, and every few seconds in any case (events are not
- * stored when their publish fails; records are).
+ * Waits until `done` holds for the record: `first` as the caller read it (if it did), else read
+ * again after every live event on `live` that `matters`, and every few seconds in any case
+ * (events are not stored when their publish fails; records are).
  */
 async function waitUntil<T>(
   link: ClientLink,
   live: readonly string[],
-  first: T,
+  first: T | undefined,
   read: () => Promise<T>,
   done: (value: T) => boolean,
   matters: (event: BoxcarEvent) => boolean,
   signal?: AbortSignal,
 ): Promise<T> {
-  if (done(first)) return first; // no subscription needed
+  if (first !== undefined && done(first)) return first; // no subscription needed
   using wake = await Wake.open(link.nc, live, (msg) => {
     const event = eventOf(msg);
     return event !== undefined && matters(event);
@@ -72,18 +72,21 @@ const allJobEventSubjects = (names: Names, owner: string, jobId: string): string
   names.subjects.event("sandbox", jobId, "*", owner),
 ];
 
-/** A job's record (`job`, as just read) once `done` holds for it. */
+/**
+ * A job's record once `done` holds for it. `owner` names whose events to listen to: the job's
+ * owner, or `*` (for a caller who may see everyone's) when the record is not read yet.
+ */
 export function waitForJobRecord(
   link: ClientLink,
   reader: HistoryReader,
-  job: JobRecord,
+  job: { id: string; owner: string; record?: JobRecord },
   done: (job: JobRecord) => boolean,
   signal?: AbortSignal,
 ): Promise<JobRecord> {
   return waitUntil(
     link,
-    [jobEventSubjects(link.names, ownerOf(job), job.id)],
-    job,
+    [jobEventSubjects(link.names, job.owner, job.id)],
+    job.record,
     () => reader.getJob(job.id),
     done,
     (e) => e.kind === "job" && isTerminal(e.state),
@@ -94,7 +97,14 @@ export function waitForJobRecord(
 /** The last job of the chain `jobId` starts, once it has ended (its handoff, if any, decided and followed). */
 export async function waitForChainEnd(link: ClientLink, reader: HistoryReader, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
   for (let id = jobId; ; ) {
-    const job = await waitForJobRecord(link, reader, await reader.getJob(id), (j) => isTerminal(j.state) && !handoffPending(j), signal);
+    const record = await reader.getJob(id);
+    const job = await waitForJobRecord(
+      link,
+      reader,
+      { id, owner: ownerOf(record), record },
+      (j) => isTerminal(j.state) && !handoffPending(j),
+      signal,
+    );
     if (!job.handoff?.jobId) return job;
     id = job.handoff.jobId;
   }

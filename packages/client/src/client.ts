@@ -244,7 +244,9 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
-    return waitForJobRecord(this.link, this, await this.getJob(id), (job) => isTerminal(job.state), signal);
+    // Listens before the one read: a submitter hears only its own jobs' events, others anyone's.
+    const owner = this.identity.role === "submitter" ? this.identity.user : "*";
+    return waitForJobRecord(this.link, this, { id, owner }, (job) => isTerminal(job.state), signal);
   }
 
   async *events(jobId: string, opts: JobEventsOptions = {}): AsyncGenerator<BoxcarEvent> {
