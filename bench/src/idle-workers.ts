@@ -10,7 +10,8 @@
  *    CPU, memory and open files, and what their connections sent and received.
  * 2. Jobs flowing: BENCH_RATE no-op jobs a second (memory workspace, no process) submitted
  *    through the dispatcher for BENCH_FLOW_S seconds while the same workers wait: what each job
- *    costs on top of the idle traffic, and how many copies of it ("bells": pool-puller.ts) and
+ *    costs on top of the idle traffic, and how many copies of it ("bells": heard on plain subscriptions to
+ *    the work subjects, as workers before waiting pulls did; none now) and
  *    pull requests it makes the workers receive and send.
  *
  * `pnpm bench:idle`. Environment: BENCH_IDLE_WORKERS (0,10,100,1000; 0 is the cluster with a

@@ -4,8 +4,8 @@
  * Run it with `pnpm bench:priority`; docs/benchmarks.md has the figures and what they mean.
  *
  * 1. Idle pickup: jobs one at a time to an idle worker, the three priorities in turn. An idle
- *    worker hears of work through the pool's work subjects ("bells"), so each priority should
- *    be picked up as fast as the others.
+ *    worker waits with a pull on each priority's consumer, so each priority should be picked
+ *    up as fast as the others.
  * 2. Jumping the queue: a backlog of BENCH_BACKLOG low jobs is queued; right after it, probe
  *    jobs are submitted together, as `high` and, in a second run, as `low`. A high probe should
  *    wait for free slots, not for the backlog; a low one waits for the backlog.

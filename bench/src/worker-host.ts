@@ -61,8 +61,9 @@ const countingLogger: Logger = {
 
 /**
  * Counts, on one connection, the pull requests the worker sends and the "bells" it hears: the
- * copies of work items published to its pool (and `ctl.bell` rings) that reach an idle worker's
- * plain subscriptions. Pull deliveries arrive on inboxes and are not counted as bells.
+ * copies of work items published to its pool (and `ctl.bell` rings) that reach plain
+ * subscriptions, as idle workers before waiting pulls had; there should be none now. Pull
+ * deliveries arrive on inboxes and are not counted as bells.
  */
 function instrument(nc: NatsConnection): void {
   const publish = nc.publish.bind(nc);
