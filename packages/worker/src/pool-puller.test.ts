@@ -1,3 +1,4 @@
+import { rm } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type NatsServer, openTopology, silentLogger, startNatsServer, type Topology } from "@boxcar/client";
 import type { Priority } from "@boxcar/protocol";
@@ -192,6 +193,36 @@ describe("PoolPuller", () => {
     await sleep(100);
     expect(full.got).toEqual([]);
     expect((await sweep(p, 1)).deliveries.map((d) => d.deliveryCount)).toEqual([1]);
+  });
+
+  test("after its server restarts, an idle wait asks again at once: its pulls went with the server", async () => {
+    // A server of its own, killed and started again on the same port and store; pulls that would wait a minute.
+    const own = await startNatsServer();
+    const ownNc = await connect({ servers: own.url, reconnectTimeWait: 100, maxReconnectAttempts: -1 });
+    let again: NatsServer | undefined;
+    try {
+      const ownTopology = await openTopology(ownNc, { prefix: "restart" });
+      await ownTopology.ensurePoolConsumer("p");
+      const p = new PoolPuller(ownTopology, "p", { log: silentLogger, idlePullMs: 60_000 });
+      const waiter = idleWaiter();
+      const waiting = p.waitForWork(waiter.wait);
+      await ownNc.flush();
+      const reconnected = (async () => {
+        for await (const s of ownNc.status()) if (s.type === "reconnect") return;
+      })();
+      await own.kill();
+      again = await startNatsServer({ port: own.port, storeDir: own.storeDir });
+      await reconnected;
+      await ownTopology.js.publish(ownTopology.names.subjects.work("p", "normal"), "after");
+      await until(() => waiter.got.length > 0);
+      expect(waiter.got).toEqual(["normal:after"]);
+      waiter.stop();
+      await waiting;
+    } finally {
+      await ownNc.close();
+      await again?.stop();
+      await rm(own.storeDir, { recursive: true, force: true });
+    }
   });
 
   test("a priority whose consumer is gone is logged; the others go on waiting", async () => {

@@ -1,6 +1,6 @@
 import { type Logger, newInbox, type Topology } from "@boxcar/client";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
-import type { Msg, NatsConnection } from "@nats-io/transport-node";
+import type { Msg, NatsConnection, Status } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
 
 /** How long a pull may go unanswered beyond its own wait before it counts as lost (the server is gone, say). */
@@ -152,7 +152,8 @@ export class PoolPuller {
 /**
  * One idle wait: a waiting pull of one item on every priority, all answered on one inbox
  * (`<inbox>.<level>.<request>`, where a pull's status comes; an item comes with the subject it
- * was published to), renewed as they expire or deliver, until the wait ends. Ending
+ * was published to), renewed as they expire or deliver, and after a reconnect, until the wait
+ * ends. Ending
  * it drains the inbox: items already on their way are still offered, and JetStream drops the
  * pulls nobody listens for any more.
  */
@@ -182,6 +183,11 @@ class IdleSpell {
     let outcome: unknown;
     const sub = this.nc.subscribe(`${this.inbox}.>`, { callback: (err, msg) => this.heard(err, msg) });
     const stopListening = wait.onFull(() => this.end());
+    // Back after a reconnect, the pulls may be gone with the server that held them: ask again.
+    const status = this.nc.status() as AsyncIterable<Status> & { stop(): void };
+    void (async () => {
+      for await (const event of status) if (event.type === "reconnect") for (const i of this.levels.keys()) this.ask(i);
+    })();
     const aborted = () => this.end();
     wait.signal.addEventListener("abort", aborted, { once: true });
     try {
@@ -195,6 +201,7 @@ class IdleSpell {
       this.ended = true;
       for (const timer of this.lostTimers) clearTimeout(timer);
       stopListening();
+      status.stop();
       wait.signal.removeEventListener("abort", aborted);
       // Withdraws the pulls; an item already on its way is still offered while the drain lasts.
       await sub.drain().catch(() => {});
