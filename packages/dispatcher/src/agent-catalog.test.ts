@@ -45,6 +45,8 @@ describe("AgentCatalog", () => {
     expect(script(await catalog.get("echo"))).toBe("true");
     expect(await catalog.apply(agent("false"))).toBe(false);
     expect(script(await catalog.get("echo"))).toBe("false");
+    await catalog.remove("echo");
+    await expect(catalog.get("echo")).rejects.toMatchObject({ code: ErrorCode.unknownAgent });
     catalog.close();
   });
 

@@ -55,7 +55,8 @@ export class AgentCatalog {
 
   async remove(name: string): Promise<void> {
     await this.topology.agents.delete(name);
-    this.agents.delete(name);
+    // Gone at once here; an older entry the watch still brings cannot bring it back.
+    this.agents.set(name, { revision: this.agents.get(name)?.revision ?? 0 });
   }
 
   /** Keeps what the bucket held at `revision`, unless a later revision is known already. */
