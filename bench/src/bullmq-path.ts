@@ -11,7 +11,7 @@ export interface BullmqPath extends AsyncDisposable {
   run: RunJob;
 }
 
-/** A `redis-server` of its own (Debian's package), or why there is none. */
+/** A `redis-server` of the bench's own (Debian's package). */
 export interface RedisServer extends AsyncDisposable {
   url: { host: string; port: number };
   pid: number;

@@ -7,7 +7,7 @@ export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { JobChange, JobHandle } from "./job-store.js";
 export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
-export { getJson, jsonOf, listJson } from "./kv-json.js";
+export { followKv, getJson, jsonOf, listJson } from "./kv-json.js";
 export type { Logger } from "./logger.js";
 export { silentLogger } from "./logger.js";
 export { isTransientJetStreamError, patiently } from "./nats-errors.js";

@@ -1,11 +1,23 @@
 import { parseWith } from "@boxcar/protocol";
-import type { KV } from "@nats-io/kv";
+import type { KV, KvEntry, KvWatchOptions } from "@nats-io/kv";
 import type { z } from "zod";
 
 export interface Revisioned<T> {
   value: T;
   /** The KV revision, for a compare-and-swap `kv.update(key, value, revision)`. */
   revision: number;
+}
+
+/**
+ * Hands `take` every entry of `kv` the watch brings (by default the current values, then each
+ * change) until the returned function stops it: how a role keeps a bucket in memory.
+ */
+export async function followKv(kv: KV, take: (entry: KvEntry) => void, opts: KvWatchOptions = {}): Promise<() => void> {
+  const watch = await kv.watch(opts);
+  void (async () => {
+    for await (const entry of watch) take(entry);
+  })();
+  return () => watch.stop();
 }
 
 /** Reads a JSON value from KV and validates it; `null` when the key is absent or deleted. */

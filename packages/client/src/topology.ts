@@ -101,7 +101,7 @@ export interface Topology {
 
 const MiB = 1024 * 1024;
 /** How many waiting pulls a pool consumer holds at once: one per idle worker of the pool. */
-export const MAX_WAITING_PULLS = 4_096;
+const MAX_WAITING_PULLS = 4_096;
 /** How long the submit and work streams remember a message id: a re-publish within it is dropped. */
 export const DUPLICATE_WINDOW_MS = 120_000;
 const DAY_NS = 24 * 3_600 * 1e9;

@@ -1,4 +1,4 @@
-import { getJson, jsonOf, type Logger, type Topology } from "@boxcar/client";
+import { followKv, getJson, jsonOf, type Logger, type Topology } from "@boxcar/client";
 import { AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";
 
@@ -20,12 +20,7 @@ export class AgentCatalog {
 
   static async open(topology: Topology, log: Logger): Promise<AgentCatalog> {
     const catalog = new AgentCatalog(topology, log);
-    // Brings every stored agent first, then each change.
-    const watch = await topology.agents.watch();
-    void (async () => {
-      for await (const entry of watch) catalog.take(entry);
-    })();
-    catalog.stopWatch = () => watch.stop();
+    catalog.stopWatch = await followKv(topology.agents, (entry) => catalog.take(entry));
     return catalog;
   }
 

@@ -1,4 +1,4 @@
-import { jsonOf, type Logger, listJson, type Topology } from "@boxcar/client";
+import { followKv, jsonOf, type Logger, listJson, type Topology } from "@boxcar/client";
 import {
   AgentDefinition,
   BoxcarError,
@@ -35,11 +35,7 @@ export class PolicyBook {
     const stored = await topology.policy.get(POLICY_KEY);
     if (stored) book.take(stored);
     // The watch delivers the stored value again (or a newer one), then every change.
-    const watch = await topology.policy.watch({ key: POLICY_KEY });
-    void (async () => {
-      for await (const entry of watch) book.take(entry);
-    })();
-    book.stopWatch = () => watch.stop();
+    book.stopWatch = await followKv(topology.policy, (entry) => book.take(entry), { key: POLICY_KEY });
     return book;
   }
 

@@ -1,4 +1,4 @@
-import { jsonOf, type Logger, type Topology } from "@boxcar/client";
+import { followKv, jsonOf, type Logger, type Topology } from "@boxcar/client";
 import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe } from "@boxcar/protocol";
 
 /**
@@ -11,19 +11,15 @@ export class WorkerDirectory {
 
   static async open(topology: Topology, log: Logger): Promise<WorkerDirectory> {
     const directory = new WorkerDirectory();
-    const watch = await topology.workers.watch();
-    directory.stopWatch = () => watch.stop();
-    void (async () => {
-      for await (const entry of watch) {
-        if (entry.operation !== "PUT") {
-          directory.workers.delete(entry.key);
-          continue;
-        }
-        const parsed = WorkerInfo.safeParse(jsonOf(entry));
-        if (parsed.success) directory.workers.set(entry.key, parsed.data);
-        else log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
+    directory.stopWatch = await followKv(topology.workers, (entry) => {
+      if (entry.operation !== "PUT") {
+        directory.workers.delete(entry.key);
+        return;
       }
-    })();
+      const parsed = WorkerInfo.safeParse(jsonOf(entry));
+      if (parsed.success) directory.workers.set(entry.key, parsed.data);
+      else log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
+    });
     return directory;
   }
 

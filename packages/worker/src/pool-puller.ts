@@ -6,7 +6,7 @@ import { WorkDelivery } from "./work-delivery.js";
 /** How long a pull may go unanswered beyond its own wait before it counts as lost (the server is gone, say). */
 const PULL_TIMEOUT_MS = 5_000;
 /** How long an idle worker's waiting pull lasts at the server before it is renewed. */
-export const IDLE_PULL_MS = 10_000;
+const IDLE_PULL_MS = 10_000;
 /** Pause before a waiting pull that failed is asked again. */
 const FAILED_PULL_PAUSE_MS = 1_000;
 
@@ -153,9 +153,8 @@ export class PoolPuller {
  * One idle wait: a waiting pull of one item on every priority, all answered on one inbox
  * (`<inbox>.<level>.<request>`, where a pull's status comes; an item comes with the subject it
  * was published to), renewed as they expire or deliver, and after a reconnect, until the wait
- * ends. Ending
- * it drains the inbox: items already on their way are still offered, and JetStream drops the
- * pulls nobody listens for any more.
+ * ends. Ending it drains the inbox: items already on their way are still offered, and
+ * JetStream drops the pulls nobody listens for any more.
  */
 class IdleSpell {
   private readonly inbox: string;
@@ -250,7 +249,7 @@ class IdleSpell {
     const level = this.levels[i];
     if (!level || this.ended || request !== this.current[i]) return;
     const code = msg.headers?.code ?? 0;
-    if (code === 408 || (code === 409 && /leadership change/i.test(msg.headers?.description ?? ""))) {
+    if (code === 408) {
       this.works(level);
       this.ask(i);
       return;
