@@ -35,7 +35,13 @@ export const WorkerConfig = z.strictObject({
   maxLogBytes: sizeBytes({ min: 1024, max: 1024 ** 3 })
     .optional()
     .describe("agent output kept per job"),
-  workRoot: z.string().min(1).optional().describe("where workspaces are staged on this machine"),
+  workRoot: z
+    .string()
+    .min(1)
+    .optional()
+    .describe(
+      "where workspaces are staged on this machine; default /dev/shm where it is a tmpfs of at least 1 GiB with 512 MiB free, else the temporary folder",
+    ),
   logFormat: z.enum(["json", "pretty"]).optional(),
   health: z
     .string()

@@ -1,10 +1,9 @@
-import { mkdir } from "node:fs/promises";
 import { hostname, tmpdir } from "node:os";
 import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
-import { LocalFilesSandbox, LocalWorkspace } from "./local-workspace.js";
+import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 
@@ -55,7 +54,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     defaultLimits: opts.defaultLimits ?? { cpus: 1, memory: 1024 ** 3, pids: 256 },
     tmpBytes: opts.tmpBytes ?? 64 * 1024 ** 2,
     maxWorkspaceBytes: opts.maxWorkspaceBytes ?? 1024 ** 3,
-    root: opts.root ?? tmpdir(),
+    root: new WorkspaceRoot(opts.root ?? tmpdir()),
   };
   let engineCpus: number | undefined;
   let ownNetworks: Promise<Set<string>> | undefined;
@@ -90,8 +89,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       const network = await checkNetwork(docker, runtime.network, await ownNetworks);
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
-      await mkdir(settings.root, { recursive: true });
-      const files = await LocalWorkspace.create(settings.root, spec.id);
+      const files = await settings.root.create(spec.id);
       return new DockerSandbox(docker, spec, { ...settings, image, network, limits, prefix: opts.prefix, agentPath: imagePath }, files);
     },
 
@@ -141,7 +139,7 @@ export function hardenedHostConfig(c: Confinement): Docker.HostConfig {
 }
 
 interface ContainerSettings {
-  root: string;
+  root: WorkspaceRoot;
   image: string;
   network: string;
   limits: { cpus: number; memory: number; pids: number };
@@ -268,7 +266,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 
   /** Replaces the staged workspace with the container's, for reading results and artifacts. */
   private async copyOut(container: Docker.Container): Promise<void> {
-    const fresh = await LocalWorkspace.create(this.settings.root, this.id);
+    const fresh = await this.settings.root.create(this.id);
     try {
       const archive = await container.getArchive({ path: `${CONTAINER_WORKSPACE}/.` });
       await unpackInto(archive, fresh, this.settings.maxWorkspaceBytes);

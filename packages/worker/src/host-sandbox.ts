@@ -1,9 +1,9 @@
 import { spawn } from "node:child_process";
-import { lchown, mkdir, readdir } from "node:fs/promises";
+import { lchown, readdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { LocalFilesSandbox, LocalWorkspace } from "./local-workspace.js";
+import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxProvider } from "./sandbox.js";
 
@@ -25,15 +25,14 @@ export interface HostSandboxOptions {
  * nothing but the environment and the working folder: for development and trusted agents.
  */
 export function createHostSandboxProvider(opts: HostSandboxOptions = {}): SandboxProvider {
-  const root = opts.root ?? tmpdir();
+  const root = new WorkspaceRoot(opts.root ?? tmpdir());
   const killGraceMs = opts.killGraceMs ?? 2_000;
   return {
     kind: "host",
     available: async () => true,
     async create(spec, signal) {
       signal?.throwIfAborted();
-      await mkdir(root, { recursive: true });
-      return new HostSandbox(spec.id, await LocalWorkspace.create(root, spec.id), killGraceMs, opts.user);
+      return new HostSandbox(spec.id, await root.create(spec.id), killGraceMs, opts.user);
     },
   };
 }

@@ -24,6 +24,7 @@ export type {
   WorkspaceFile,
 } from "./sandbox.js";
 export { orphanCheck } from "./sandbox-reaper.js";
+export { defaultWorkRoot } from "./work-root.js";
 export type { Worker, WorkerLifecycleState } from "./worker.js";
 export { createWorker } from "./worker.js";
 export type { ResolvedWorkerOptions, WorkerOptions } from "./worker-options.js";

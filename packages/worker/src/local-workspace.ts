@@ -1,5 +1,5 @@
 import { constants } from "node:fs";
-import { type FileHandle, lstat, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
+import { type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
@@ -10,6 +10,32 @@ const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC |
 const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW;
 
 /**
+ * The folder workspaces are made in. It is created and resolved to its real path once, not for
+ * every workspace: each job then costs one `mkdtemp` here.
+ */
+export class WorkspaceRoot {
+  private real: Promise<string> | undefined;
+
+  constructor(readonly path: string) {}
+
+  /** A new empty workspace, readable by this user only (mode 0700). */
+  async create(name: string): Promise<LocalWorkspace> {
+    try {
+      return new LocalWorkspace(await mkdtemp(join(await this.resolve(), `boxcar-${name}-`)));
+    } catch (err) {
+      // Removed while the worker runs (a cleaned temporary folder, say): made again next time.
+      this.real = undefined;
+      throw err;
+    }
+  }
+
+  private resolve(): Promise<string> {
+    this.real ??= mkdir(this.path, { recursive: true }).then(() => realpath(this.path));
+    return this.real;
+  }
+}
+
+/**
  * A private folder on this machine holding a job's workspace: the host sandbox runs commands in
  * it; the Docker sandbox stages files in it and copies them in and out of its container.
  * Paths are workspace-relative and may not leave it, through `..` or any symlink.
@@ -17,12 +43,8 @@ const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW;
 export class LocalWorkspace {
   private removed: Promise<void> | undefined;
 
-  private constructor(readonly dir: string) {}
-
-  /** A new empty workspace under `root`, readable by this user only (mode 0700). */
-  static async create(root: string, name: string): Promise<LocalWorkspace> {
-    return new LocalWorkspace(await realpath(await mkdtemp(join(root, `boxcar-${name}-`))));
-  }
+  /** `dir`: a folder just made for it, by its real path ({@link WorkspaceRoot.create}). */
+  constructor(readonly dir: string) {}
 
   async mkdir(path: string): Promise<void> {
     await workspaceDir(this.dir, this.segments(path), path, true);

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { hostname, tmpdir } from "node:os";
+import { hostname } from "node:os";
 import { type Logger, silentLogger, type Topology, WorkVerifier } from "@boxcar/client";
 import {
   AgentPolicy,
@@ -16,6 +16,7 @@ import {
 import { z } from "zod";
 import { sandboxProviders } from "./providers.js";
 import type { SandboxProvider } from "./sandbox.js";
+import { defaultWorkRoot } from "./work-root.js";
 
 export interface WorkerOptions {
   /** The Boxcar system to work for. */
@@ -48,7 +49,7 @@ export interface WorkerOptions {
   drainGraceMs?: number;
   /** Agent output kept per job; default 4 MiB. */
   maxLogBytes?: number;
-  /** Where the default host provider creates workspaces; default the OS temporary folder. */
+  /** Where the default providers stage workspaces; default `/dev/shm` where it is a roomy tmpfs, else the OS temporary folder. */
   workRoot?: string;
   /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
   reapIntervalMs?: number;
@@ -119,7 +120,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       heartbeatMs: opts.heartbeatMs ?? 5_000,
       drainGraceMs: opts.drainGraceMs ?? 30_000,
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
-      workRoot: opts.workRoot ?? tmpdir(),
+      workRoot: opts.workRoot ?? defaultWorkRoot(),
       reapIntervalMs: opts.reapIntervalMs ?? 60_000,
     },
     "worker options",
@@ -163,7 +164,7 @@ export function workerOptionsFromConfig(
   topology: Topology,
   env: Readonly<Record<string, string | undefined>> = process.env,
 ): WorkerOptions {
-  const workRoot = config.workRoot ?? tmpdir();
+  const workRoot = config.workRoot ?? defaultWorkRoot();
   const sandbox = config.sandbox ?? {};
   const policy = {
     ...(sandbox.allowed ? { allowed: sandbox.allowed } : {}),

@@ -165,7 +165,12 @@ class BoxcarWorker implements Worker {
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
     this.accepting = !this.pulling.signal.aborted;
     this.log.info(
-      { pools: this.options.pools, concurrency: this.options.concurrency, sandboxes: [...this.capabilities] },
+      {
+        pools: this.options.pools,
+        concurrency: this.options.concurrency,
+        sandboxes: [...this.capabilities],
+        workRoot: this.options.workRoot,
+      },
       "worker started",
     );
   }

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { ErrorCode } from "@boxcar/protocol";
 import tar from "tar-stream";
 import { afterEach, beforeEach, expect, test } from "vitest";
-import { LocalWorkspace } from "./local-workspace.js";
+import { WorkspaceRoot } from "./local-workspace.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 
 let root: string;
@@ -35,7 +35,7 @@ test("a folder packed and unpacked comes back byte-exact, owned as asked", async
     stream.on("end", next);
   });
   const packed = packFolder(source, { uid: 1000, gid: 1000 });
-  const copy = await LocalWorkspace.create(root, "copy");
+  const copy = await new WorkspaceRoot(root).create("copy");
   const [again] = [packFolder(source, { uid: 1000, gid: 1000 })];
   await Promise.all([unpackInto(packed, copy, 1024), new Promise((r) => again.pipe(extract).on("finish", r))]);
   expect(await readFile(join(copy.dir, "a/b/data.bin"))).toEqual(Buffer.from([0, 1, 2, 255]));
@@ -44,7 +44,7 @@ test("a folder packed and unpacked comes back byte-exact, owned as asked", async
 });
 
 test("unpacking keeps folders and regular files only: symlinks are skipped, escapes refused", async () => {
-  const copy = await LocalWorkspace.create(root, "copy");
+  const copy = await new WorkspaceRoot(root).create("copy");
   await unpackInto(
     archiveOf([
       { name: "./", type: "directory" },
@@ -60,7 +60,7 @@ test("unpacking keeps folders and regular files only: symlinks are skipped, esca
 });
 
 test("unpacking stops at the size limit with a clear error", async () => {
-  const copy = await LocalWorkspace.create(root, "copy");
+  const copy = await new WorkspaceRoot(root).create("copy");
   const err = await unpackInto(archiveOf([{ name: "big.txt", body: "x".repeat(2048) }]), copy, 1024).catch((e: unknown) => e);
   expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 1024 bytes") });
 });
