@@ -6,17 +6,18 @@
  * Environment: BENCH_N (sequential jobs per path), BENCH_M (jobs per saturation run),
  * BENCH_IN_FLIGHT (default 64), BENCH_WARMUP (sequential warm-up jobs, then saturated batches of
  * twice as many until at least 3 s have passed), BENCH_PROFILE_N (jobs in the instrumented breakdown pass),
- * BENCH_WORK_ROOT (where host workspaces go; default the OS temporary folder, as the worker's),
- * BENCH_NO_ASYNC_TRACES=1 (connect every client with `noAsyncTraces: true`; default off, as the
- * CLI connects).
+ * BENCH_WORK_ROOT (where host workspaces go; default the worker's: `/dev/shm` where it is a roomy
+ * tmpfs, else the OS temporary folder; `BENCH_WORK_ROOT=/tmp` measures a disk here),
+ * BENCH_ASYNC_TRACES=1 (connect with nats.js's async stack traces on; default off, as Boxcar's
+ * roles and SDK connect, and for the raw JetStream path too).
  */
 import { execFileSync } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { cpus, tmpdir, totalmem } from "node:os";
+import { cpus, totalmem } from "node:os";
 import { join } from "node:path";
 import { type NatsServer, startNatsServer } from "@boxcar/client";
 import type { JobRecord } from "@boxcar/protocol";
-import { createHostSandboxProvider, type SandboxProvider } from "@boxcar/worker";
+import { createHostSandboxProvider, defaultWorkRoot, type SandboxProvider } from "@boxcar/worker";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { type BoxcarPath, openBoxcarPath } from "./boxcar-path.js";
 import { findRedisServer, openBullmqPath, startRedisServer } from "./bullmq-path.js";
@@ -45,10 +46,10 @@ const settings = {
   warmupJobs: envInt("BENCH_WARMUP", 200),
   profileJobs: envInt("BENCH_PROFILE_N", 300),
   workerConcurrency: 64,
-  workRoot: process.env.BENCH_WORK_ROOT || tmpdir(),
-  noAsyncTraces: process.env.BENCH_NO_ASYNC_TRACES === "1",
+  workRoot: process.env.BENCH_WORK_ROOT || defaultWorkRoot(),
+  asyncTraces: process.env.BENCH_ASYNC_TRACES === "1",
 };
-const connectOptions = settings.noAsyncTraces ? { noAsyncTraces: true } : {};
+const connectOptions = { noAsyncTraces: !settings.asyncTraces };
 
 interface PathResult {
   name: string;
@@ -391,7 +392,7 @@ async function main(): Promise<void> {
   const root = await mkdtemp(join(settings.workRoot, "boxcar-bench-"));
   try {
     log(
-      `nats-server on ${server.url}, store ${server.storeDir}; workspaces under ${root}; async traces ${settings.noAsyncTraces ? "off" : "on"}`,
+      `nats-server on ${server.url}, store ${server.storeDir}; workspaces under ${root}; async traces ${settings.asyncTraces ? "on" : "off"}`,
     );
     log("host spawn");
     const spawnBare = await measureBareSpawn(root, 500, 50);
