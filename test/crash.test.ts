@@ -127,10 +127,22 @@ test("an admission cut short by a dispatcher crash (record written, work item no
     history: [],
     attemptsAllowed: 1,
   };
+  // Every work item published, stored or dropped as a duplicate, as a plain subscriber sees it.
+  const published: string[] = [];
+  const prefix = s.nats.topology.names.prefix;
+  const tap = s.nats.nc.subscribe(`${prefix}.work.>`, {
+    callback: (_err, msg) => {
+      published.push(msg.json<{ jobId: string }>().jobId);
+    },
+  });
+  await s.nats.nc.flush();
   await s.nats.topology.jobs.create(orphan.id, JSON.stringify(orphan));
-  // A job properly admitted that waits longer than the sweeper's grace: its work item is published again, and dropped.
+  // A job properly admitted that waits longer than the sweeper's grace: its dispatcher stored its
+  // work item, so it does not publish it again (under a backlog that would double every job's cost).
   const { job: waiting } = await s.client.submit({ agent: "quick" });
   await new Promise((r) => setTimeout(r, 7_000));
+  tap.unsubscribe();
+  expect(published.sort()).toEqual([orphan.id, waiting.id].sort());
 
   await using worker = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
   void worker.run();

@@ -15,10 +15,14 @@ const MARGIN_MS = 15_000;
  * after a few seconds gets its work item published again under the same message id, which the
  * work stream drops when the first one did arrive. This works within the stream's duplicate
  * window (2 min): a job orphaned while no dispatcher ran for longer stays queued until its queue
- * timeout, if it has one.
+ * timeout, if it has one. A job this dispatcher admitted itself is left alone once its work item
+ * is stored ({@link workPublished}): under a backlog, that spares every queued job a second read
+ * and publish.
  */
 export class AdmissionSweeper {
   private readonly timers: JobTimers;
+  /** Jobs whose work item this dispatcher stored before the watcher showed their record. */
+  private readonly published = new Set<string>();
 
   constructor(
     private readonly topology: Topology,
@@ -31,8 +35,14 @@ export class AdmissionSweeper {
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
+    if (this.published.delete(key)) return;
     const waiting = job?.state === "queued" && job.attempt === 0 && withinWindow(job);
     this.timers.set(key, waiting ? Date.parse(job.createdAt) + GRACE_MS : undefined);
+  }
+
+  /** Admission stored the job's work item: nothing is left to finish for it. */
+  workPublished(id: string): void {
+    if (!this.timers.clear(id)) this.published.add(id);
   }
 
   private async republish(id: string): Promise<void> {

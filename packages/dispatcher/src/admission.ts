@@ -37,6 +37,8 @@ export interface AdmissionContext {
   signer?: WorkSigner | undefined;
   /** The admin's policy: every job's agent must conform to it, however the job comes about. */
   policy: PolicyBook;
+  /** Told when a new job's work item is stored, so the sweeper that finishes cut-short admissions leaves it alone. */
+  onWorkPublished?(jobId: string): void;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -117,6 +119,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
     publishEvent(topology, jobEvent(record, "queued")),
   ]);
   await publishWorkItem(topology, record, agent, ctx.signer);
+  ctx.onWorkPublished?.(id);
   log.info(
     {
       jobId: id,

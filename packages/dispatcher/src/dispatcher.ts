@@ -64,8 +64,15 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const load = new OwnerLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
-  const ctx: AdmissionContext = { log, agents, workers, signer: opts.signer, policy };
-  const admissions = new AdmissionSweeper(topology, log, 1_000, ctx);
+  const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer });
+  const ctx: AdmissionContext = {
+    log,
+    agents,
+    workers,
+    signer: opts.signer,
+    policy,
+    onWorkPublished: (id) => admissions.workPublished(id),
+  };
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);
   const jobWatch = await wait("the job records", () =>

@@ -7,6 +7,8 @@ import type { Logger } from "@boxcar/client";
 export class JobTimers {
   private readonly due = new Map<string, number>();
   private readonly timer: NodeJS.Timeout;
+  private sweeping = false;
+  private closed = false;
 
   constructor(
     intervalMs: number,
@@ -23,16 +25,31 @@ export class JobTimers {
     else this.due.set(jobId, at);
   }
 
+  /** Clears the job's time; true if it had one. */
+  clear(jobId: string): boolean {
+    return this.due.delete(jobId);
+  }
+
+  /** Acts on the jobs due, one at a time; a sweep still going when the next is due is not doubled. */
   private async sweep(): Promise<void> {
-    const now = Date.now();
-    for (const [jobId, at] of this.due) {
-      if (at > now) continue;
-      this.due.delete(jobId);
-      await this.act(jobId).catch((err: unknown) => this.log.warn({ err, jobId }, `could not ${this.what}`));
+    if (this.sweeping) return;
+    this.sweeping = true;
+    try {
+      const now = Date.now();
+      for (const [jobId, at] of this.due) {
+        if (this.closed) return;
+        if (at > now) continue;
+        this.due.delete(jobId);
+        await this.act(jobId).catch((err: unknown) => this.log.warn({ err, jobId }, `could not ${this.what}`));
+      }
+    } finally {
+      this.sweeping = false;
     }
   }
 
+  /** Stops: no job is acted on after this, not even by a sweep under way. */
   close(): void {
+    this.closed = true;
     clearInterval(this.timer);
   }
 }
