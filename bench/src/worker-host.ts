@@ -89,8 +89,7 @@ function instrument(nc: NatsConnection): void {
 const started = performance.now();
 const connections: NatsConnection[] = [];
 const workers: Worker[] = [];
-const provider = () =>
-  sandbox === "host" ? createHostSandboxProvider({ root: tmpdir() }) : createInstantSandboxProvider("memory", tmpdir());
+const provider = () => (sandbox === "host" ? createHostSandboxProvider() : createInstantSandboxProvider("memory", tmpdir()));
 
 process.on("message", async (request: HostRequest) => {
   if (request.type === "stats") {

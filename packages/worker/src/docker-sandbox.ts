@@ -1,10 +1,11 @@
-import { hostname, tmpdir } from "node:os";
+import { hostname } from "node:os";
 import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
+import { defaultWorkRoot } from "./work-root.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 
 export interface DockerSandboxOptions {
@@ -22,7 +23,7 @@ export interface DockerSandboxOptions {
   tmpBytes?: number;
   /** Most workspace data copied back out of a container; default 1 GiB. */
   maxWorkspaceBytes?: number;
-  /** Where workspaces are staged on this machine; default the OS temporary folder. */
+  /** Where workspaces are staged on this machine; default {@link defaultWorkRoot}. */
   root?: string;
   /** Registry credentials for an image, passed with that pull only (never written to a config). */
   registryAuth?: (image: string) => Docker.AuthConfig | undefined;
@@ -54,7 +55,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     defaultLimits: opts.defaultLimits ?? { cpus: 1, memory: 1024 ** 3, pids: 256 },
     tmpBytes: opts.tmpBytes ?? 64 * 1024 ** 2,
     maxWorkspaceBytes: opts.maxWorkspaceBytes ?? 1024 ** 3,
-    root: new WorkspaceRoot(opts.root ?? tmpdir()),
+    root: new WorkspaceRoot(opts.root ?? defaultWorkRoot()),
   };
   let engineCpus: number | undefined;
   let ownNetworks: Promise<Set<string>> | undefined;

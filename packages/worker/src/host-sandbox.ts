@@ -1,14 +1,14 @@
 import { spawn } from "node:child_process";
 import { lchown, readdir } from "node:fs/promises";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxProvider } from "./sandbox.js";
+import { defaultWorkRoot } from "./work-root.js";
 
 export interface HostSandboxOptions {
-  /** Folder under which workspaces are created; default the OS temporary folder. */
+  /** Folder under which workspaces are created; default {@link defaultWorkRoot}. */
   root?: string;
   /** How long a command may take to end after SIGTERM before its process group gets SIGKILL; default 2000 ms. */
   killGraceMs?: number;
@@ -25,7 +25,7 @@ export interface HostSandboxOptions {
  * nothing but the environment and the working folder: for development and trusted agents.
  */
 export function createHostSandboxProvider(opts: HostSandboxOptions = {}): SandboxProvider {
-  const root = new WorkspaceRoot(opts.root ?? tmpdir());
+  const root = new WorkspaceRoot(opts.root ?? defaultWorkRoot());
   const killGraceMs = opts.killGraceMs ?? 2_000;
   return {
     kind: "host",
