@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient, openTopology, readStream, startNatsServer } from "@boxcar/client";
-import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES } from "@boxcar/protocol";
+import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES, unfoldEvents } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { natsCluster } from "./helpers/cluster.js";
@@ -142,9 +142,10 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
   const explain = async (jobIds: string[]) => {
     const events = new Map<string, string[]>();
     for await (const msg of readStream(topology, topology.names.streams.events, `${prefix}.evt.>`)) {
-      const e = BoxcarEvent.parse(msg.json());
-      if ((e.kind === "job" || e.kind === "sandbox") && jobIds.includes(e.jobId))
-        events.set(e.jobId, [...(events.get(e.jobId) ?? []), `${e.at.slice(11, 23)} ${e.kind} ${e.type}`]);
+      for (const e of unfoldEvents(BoxcarEvent.parse(msg.json()))) {
+        if ((e.kind === "job" || e.kind === "sandbox") && jobIds.includes(e.jobId))
+          events.set(e.jobId, [...(events.get(e.jobId) ?? []), `${e.at.slice(11, 23)} ${e.kind} ${e.type}`]);
+      }
     }
     const logs = [dispatcher, ...workers].flatMap((r) =>
       [...r.outputs, r.child.output()]
@@ -244,12 +245,13 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
     const outcomes = new Map<string, string[]>();
     const starts = new Map<string, number[]>();
     for await (const msg of readStream(topology, topology.names.streams.events, `${prefix}.evt.job.>`)) {
-      const event = BoxcarEvent.parse(msg.json());
-      if (event.kind !== "job") continue;
-      if (TERMINAL_STATES.has(event.state) && event.type === event.state) {
-        outcomes.set(event.jobId, [...(outcomes.get(event.jobId) ?? []), event.type]);
+      for (const event of unfoldEvents(BoxcarEvent.parse(msg.json()))) {
+        if (event.kind !== "job") continue;
+        if (TERMINAL_STATES.has(event.state) && event.type === event.state) {
+          outcomes.set(event.jobId, [...(outcomes.get(event.jobId) ?? []), event.type]);
+        }
+        if (event.type === "started") starts.set(event.jobId, [...(starts.get(event.jobId) ?? []), event.attempt]);
       }
-      if (event.type === "started") starts.set(event.jobId, [...(starts.get(event.jobId) ?? []), event.attempt]);
     }
     const completed = new Map<string, number[]>();
     for (const line of (await readFile(completions, "utf8")).split("\n").filter(Boolean)) {

@@ -14,6 +14,7 @@ import {
   LOCAL_OWNER,
   PROTOCOL_VERSION,
   parseWith,
+  unfoldEvents,
   type WorkItem,
 } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
@@ -112,9 +113,9 @@ async function eventsOf(topology: Topology, jobId: string): Promise<BoxcarEvent[
   const events: BoxcarEvent[] = [];
   const subject = topology.names.subjects.jobEvents(LOCAL_OWNER, jobId);
   for await (const msg of readStream(topology, topology.names.streams.events, subject, { follow: true })) {
-    const event = BoxcarEvent.parse(msg.json());
-    events.push(event);
-    if (event.kind === "job" && isTerminal(event.state)) break;
+    const stored = BoxcarEvent.parse(msg.json());
+    events.push(...unfoldEvents(stored));
+    if (stored.kind === "job" && isTerminal(stored.state)) break;
   }
   return events;
 }

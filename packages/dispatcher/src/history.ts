@@ -9,6 +9,7 @@ import {
   ownerOf,
   parseWith,
   RunEventsRequest,
+  unfoldEvents,
   type WorkflowRun,
 } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
@@ -48,9 +49,10 @@ async function readPage(topology: Topology, stream: string, filter: string, afte
   return { messages, last, more: false };
 }
 
-const eventOf = (msg: JsMsg): BoxcarEvent | undefined => {
+/** The events a stored message stands for: one, or an attempt's folded into its last. */
+const eventsOf = (msg: JsMsg): BoxcarEvent[] => {
   const parsed = BoxcarEvent.safeParse(jsonOf(msg));
-  return parsed.success ? parsed.data : undefined;
+  return parsed.success ? unfoldEvents(parsed.data) : [];
 };
 
 export async function jobEvents(topology: Topology, body: unknown, caller: Identity): Promise<EventsPage> {
@@ -58,7 +60,7 @@ export async function jobEvents(topology: Topology, body: unknown, caller: Ident
   const job = await getRecord(topology, id, caller);
   const { names } = topology;
   const page = await readPage(topology, names.streams.events, names.subjects.jobEvents(ownerOf(job), id), after);
-  return { events: page.messages.flatMap((m) => eventOf(m) ?? []), last: page.last, more: page.more };
+  return { events: page.messages.flatMap(eventsOf), last: page.last, more: page.more };
 }
 
 export async function jobLogs(topology: Topology, body: unknown, caller: Identity): Promise<LogsPage> {
@@ -87,9 +89,7 @@ export async function runEvents(topology: Topology, runs: Runs, body: unknown, c
   const page = await readPage(topology, names.streams.events, names.subjects.ownerEvents(ownerOf(run)), after, startTime);
   const jobs = runJobs(run);
   const events: BoxcarEvent[] = [];
-  for (const msg of page.messages) {
-    const event = eventOf(msg);
-    if (!event) continue;
+  for (const event of page.messages.flatMap(eventsOf)) {
     if (event.kind === "job" && event.run === id) jobs.add(event.jobId);
     const ours =
       (event.kind === "workflow" && event.runId === id) ||

@@ -32,8 +32,14 @@ export type JobEventType = z.infer<typeof JobEventType>;
 /** The user whose job or run an event is about: its subject carries it (absent on older events: `local`). */
 const owner = z.string().optional();
 
-/** `<prefix>.evt.job.<owner>.<jobId>.<type>` */
-export const JobEvent = z.looseObject({
+/**
+ * An event's place among its attempt's events, from 1, as the worker numbers them: the order
+ * they happened in, whether they were stored one by one or folded into the attempt's last
+ * event. Absent on events a dispatcher publishes.
+ */
+const seq = z.number().int().positive().optional();
+
+const jobEventFields = {
   ...base,
   kind: z.literal("job"),
   type: JobEventType,
@@ -51,8 +57,8 @@ export const JobEvent = z.looseObject({
   next: z.string().optional(),
   /** The workflow run the job belongs to, if any. */
   run: z.string().optional(),
-});
-export type JobEvent = z.infer<typeof JobEvent>;
+  seq,
+};
 
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);
 export type SandboxEventType = z.infer<typeof SandboxEventType>;
@@ -77,8 +83,24 @@ export const SandboxEvent = z.looseObject({
   oomKilled: z.boolean().optional(),
   usage: ResourceUsage.optional(),
   error: ErrorInfo.optional(),
+  seq,
 });
 export type SandboxEvent = z.infer<typeof SandboxEvent>;
+
+/**
+ * `<prefix>.evt.job.<owner>.<jobId>.<type>`. An attempt that ends within a moment (250 ms) stores
+ * two events: `started`, and its last (`succeeded`, `failed`, `timed_out`, `cancelled`,
+ * `expired`, `retrying`, `dead` or `requeued`) with the events between them in `folded`; a
+ * longer one stores each as it happens. {@link unfoldEvents} gives them back one by one.
+ */
+export const JobEvent = z.looseObject({
+  ...jobEventFields,
+  folded: z
+    .array(z.discriminatedUnion("kind", [z.looseObject(jobEventFields), SandboxEvent]))
+    .optional()
+    .describe("the attempt's earlier events, oldest first, when they were not stored on their own"),
+});
+export type JobEvent = z.infer<typeof JobEvent>;
 
 export const WorkerEventType = z.enum(["started", "heartbeat", "draining", "stopped", "work_rejected"]);
 export type WorkerEventType = z.infer<typeof WorkerEventType>;
@@ -134,3 +156,10 @@ export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
 
 export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent]);
 export type BoxcarEvent = z.infer<typeof BoxcarEvent>;
+
+/** A stored event as the events it stands for: the ones folded into it, oldest first, then itself. */
+export function unfoldEvents(event: BoxcarEvent): BoxcarEvent[] {
+  if (event.kind !== "job" || !event.folded) return [event];
+  const { folded, ...last } = event;
+  return [...folded, last];
+}

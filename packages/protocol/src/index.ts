@@ -85,6 +85,7 @@ export {
   JobEventType,
   SandboxEvent,
   SandboxEventType,
+  unfoldEvents,
   WorkerEvent,
   WorkerEventType,
   WorkflowEvent,

@@ -2,6 +2,7 @@ import { type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client
 import {
   type BoxcarEvent,
   type ErrorInfo,
+  type JobEvent,
   type JobEventType,
   type JobState,
   PROTOCOL_VERSION,
@@ -13,6 +14,21 @@ import type { SandboxBackend } from "./sandbox.js";
 
 /** Progress events waiting beyond this many are dropped: a chatty agent cannot flood the stream. */
 const MAX_QUEUED_PROGRESS = 64;
+/** An attempt that ends sooner than this stores one event, its last, with the others folded into it. */
+export const LIVE_AFTER_MS = 250;
+/** Events held back beyond this many go out one by one at once: a folded event stays small. */
+const MAX_HELD = 32;
+/** The job events that end an attempt: the one an attempt's held events are folded into. */
+const ATTEMPT_ENDS: ReadonlySet<JobEventType> = new Set([
+  "succeeded",
+  "failed",
+  "timed_out",
+  "cancelled",
+  "expired",
+  "retrying",
+  "dead",
+  "requeued",
+]);
 
 export interface SandboxRef {
   backend: SandboxBackend;
@@ -30,14 +46,23 @@ export type SandboxEventDetails = Partial<
 >;
 
 /**
- * Publishes the job and sandbox events of one attempt in order without waiting for each to be
- * stored: every publish is sent at once on the worker's one connection, which NATS delivers,
- * and the stream stores, in order. The promise a call returns settles when that event and all
- * before it are stored; a failed publish is logged and does not stop the job.
+ * Publishes the job and sandbox events of one attempt, numbered (`seq`) in the order they
+ * happen. `started` is stored at once; the events after it are held back for the attempt's first
+ * 250 ms: one that ends by then stores its last event with them in `folded` (a no-op job stores
+ * two messages, where it stored seven). After that, the held events and every later one are
+ * published as they come.
+ * Publishes are not waited for one by one: they go out in order on the worker's one connection,
+ * which NATS delivers, and the stream stores, in order. The promise a call returns settles when
+ * that event and all before it are stored (at once for a held one); a failed publish is logged
+ * and does not stop the job.
  */
 export class JobEvents {
   private tail: Promise<void> = Promise.resolve();
   private queuedProgress = 0;
+  private seq = 0;
+  /** Events held back while the attempt is young; null once events go out as they come. */
+  private held: (JobEvent | SandboxEvent)[] | null = [];
+  private liveTimer: NodeJS.Timeout | undefined;
   attempt = 0;
 
   constructor(
@@ -47,7 +72,7 @@ export class JobEvents {
   ) {}
 
   job(type: JobEventType, state: JobState, details: JobEventDetails = {}): Promise<void> {
-    return this.enqueue({
+    return this.record({
       v: PROTOCOL_VERSION,
       at: nowIso(),
       kind: "job",
@@ -60,11 +85,12 @@ export class JobEvents {
       workerId: this.ids.workerId,
       ...(this.ids.run ? { run: this.ids.run } : {}),
       ...details,
+      seq: ++this.seq,
     });
   }
 
   sandbox(type: SandboxEventType, ref: SandboxRef, details: SandboxEventDetails = {}): Promise<void> {
-    return this.enqueue({
+    return this.record({
       v: PROTOCOL_VERSION,
       at: nowIso(),
       kind: "sandbox",
@@ -75,6 +101,7 @@ export class JobEvents {
       workerId: this.ids.workerId,
       ...ref,
       ...details,
+      seq: ++this.seq,
     });
   }
 
@@ -88,6 +115,29 @@ export class JobEvents {
     void this.job("progress", "running", { message, ...(sandbox ? { sandbox } : {}) }).finally(() => {
       this.queuedProgress -= 1;
     });
+  }
+
+  /** Publishes whatever is held back, and every later event as it comes: the attempt is no longer short, or is over. */
+  goLive(): void {
+    clearTimeout(this.liveTimer);
+    const held = this.held ?? [];
+    this.held = null;
+    for (const event of held) void this.enqueue(event);
+  }
+
+  private record(event: JobEvent | SandboxEvent): Promise<void> {
+    // `started` is stored at once: if the worker dies, the history still shows the attempt began.
+    if (this.held === null || (event.kind === "job" && event.type === "started")) return this.enqueue(event);
+    if (event.kind === "job" && ATTEMPT_ENDS.has(event.type)) {
+      const folded = this.held;
+      this.held = [];
+      this.goLive();
+      return this.enqueue(folded.length > 0 ? { ...event, folded } : event);
+    }
+    this.held.push(event);
+    if (this.held.length >= MAX_HELD) this.goLive();
+    else if (!this.liveTimer) this.liveTimer = setTimeout(() => this.goLive(), LIVE_AFTER_MS).unref();
+    return this.tail;
   }
 
   private enqueue(event: BoxcarEvent): Promise<void> {

@@ -136,6 +136,8 @@ export class JobRun {
       this.msg.nak(5_000);
     } finally {
       clearInterval(keepAlive);
+      // An attempt that ended without its last event (fenced, or handed back on an error) keeps the rest.
+      this.events.goLive();
     }
   }
 
