@@ -1,5 +1,6 @@
-import { createClient, openTopology, type Topology } from "@boxcar/client";
+import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { openTopology, type Topology } from "@boxcar/fabric";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { afterAll, beforeAll, expect, test } from "vitest";

@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { createClient, openTopology, readStream, startNatsServer } from "@boxcar/client";
+import { createClient } from "@boxcar/client";
+import { openTopology, readStream, startNatsServer } from "@boxcar/fabric";
 import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES, unfoldEvents } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";

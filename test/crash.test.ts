@@ -1,5 +1,6 @@
-import { createClient, publishEvent } from "@boxcar/client";
+import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { publishEvent } from "@boxcar/fabric";
 import { type BoxcarEvent, type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";

@@ -1,5 +1,6 @@
-import { type BoxcarClient, createClient, readStream, type Topology } from "@boxcar/client";
+import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { readStream, type Topology } from "@boxcar/fabric";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { JsMsg } from "@nats-io/jetstream";

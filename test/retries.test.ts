@@ -1,4 +1,5 @@
-import { type BoxcarClient, readStream } from "@boxcar/client";
+import type { BoxcarClient } from "@boxcar/client";
+import { readStream } from "@boxcar/fabric";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";

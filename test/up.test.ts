@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { freePort } from "@boxcar/client";
+import { freePort } from "@boxcar/fabric";
 import { expect, test } from "vitest";
 import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";

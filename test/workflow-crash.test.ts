@@ -1,4 +1,5 @@
-import { type BoxcarClient, createClient, listJson } from "@boxcar/client";
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { listJson } from "@boxcar/fabric";
 import { JobRecord, type WorkflowRun } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterEach, beforeEach, expect, test } from "vitest";

@@ -15,7 +15,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AuthDir } from "@boxcar/auth";
-import { startNatsServer } from "@boxcar/client";
+import { startNatsServer } from "@boxcar/fabric";
 import { openBoxcarPath } from "./boxcar-path.js";
 import { createInstantSandboxProvider } from "./instant-sandbox.js";
 import { saturate, sequential } from "./load.js";

@@ -1,6 +1,7 @@
 import type { AuthDir } from "@boxcar/auth";
-import { type BoxcarClient, connectNats, createClient, openTopology, resolveConnection, type Topology, WorkSigner } from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { openTopology, type Topology, WorkSigner } from "@boxcar/fabric";
 import { isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";

@@ -7,7 +7,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import { startNatsServer } from "@boxcar/client";
+import { startNatsServer } from "@boxcar/fabric";
 import { createDockerSandboxProvider, hardenedHostConfig } from "@boxcar/worker";
 import Docker from "dockerode";
 import { openBoxcarPath } from "./boxcar-path.js";

@@ -14,7 +14,7 @@
  * BENCH_PROBES (probes per run, default 20), BENCH_CONCURRENCY (the worker's, default 4).
  */
 import { tmpdir } from "node:os";
-import { type NatsServer, startNatsServer } from "@boxcar/client";
+import { type NatsServer, startNatsServer } from "@boxcar/fabric";
 import type { Priority } from "@boxcar/protocol";
 import { type BoxcarPath, openBoxcarPath } from "./boxcar-path.js";
 import { createInstantSandboxProvider } from "./instant-sandbox.js";

@@ -9,7 +9,8 @@
  * has the figures.
  */
 import { readFileSync } from "node:fs";
-import { connectNats, createClient, openTopology, resolveConnection, startNatsServer } from "@boxcar/client";
+import { connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { openTopology, startNatsServer } from "@boxcar/fabric";
 import { type RoleProcess, startDispatcher, startWorkerHosts } from "./separate-roles.js";
 import { table } from "./stats.js";
 

@@ -8,7 +8,7 @@
  * Environment: BENCH_N (requests per round, default 20000), BENCH_ROUNDS (default 4),
  * BENCH_IN_FLIGHT (default 64).
  */
-import { startNatsServer } from "@boxcar/client";
+import { startNatsServer } from "@boxcar/fabric";
 import { RequestOne } from "@nats-io/nats-core/internal";
 import { connect, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { cpuPerJob, cpuSnapshot } from "./cpu.js";

@@ -15,7 +15,7 @@ import { execFileSync } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { cpus, totalmem } from "node:os";
 import { join } from "node:path";
-import { type NatsServer, startNatsServer } from "@boxcar/client";
+import { type NatsServer, startNatsServer } from "@boxcar/fabric";
 import type { JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, defaultWorkRoot, type SandboxProvider } from "@boxcar/worker";
 import { connect, type NatsConnection } from "@nats-io/transport-node";

@@ -1,6 +1,7 @@
 import { type ChildProcess, fork, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { connectNats, createClient, freePort, openTopology, resolveConnection } from "@boxcar/client";
+import { connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { freePort, openTopology } from "@boxcar/fabric";
 import { isTerminal, type JobRecord } from "@boxcar/protocol";
 import { KvWatchInclude } from "@nats-io/kv";
 import { Completions } from "./load.js";

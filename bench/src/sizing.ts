@@ -9,7 +9,7 @@
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { startNatsServer } from "@boxcar/client";
+import { startNatsServer } from "@boxcar/fabric";
 import { createWorker } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
@@ -61,7 +61,7 @@ log(`${JOBS} jobs submitted in ${((performance.now() - started) / 1000).toFixed(
 const queued = await snapshot(`${JOBS} queued`);
 
 await using connection = await connect({ servers: server.url });
-const { openTopology } = await import("@boxcar/client");
+const { openTopology } = await import("@boxcar/fabric");
 const worker = createWorker({
   topology: await openTopology(connection, { prefix: PREFIX }),
   concurrency: 16,

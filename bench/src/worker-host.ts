@@ -10,7 +10,8 @@
  * sandbox, which spawns the agent's command).
  */
 import { tmpdir } from "node:os";
-import { connectNats, type Logger, openTopology, resolveConnection } from "@boxcar/client";
+import { connectNats, type Logger, resolveConnection } from "@boxcar/client";
+import { openTopology } from "@boxcar/fabric";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { createInstantSandboxProvider } from "./instant-sandbox.js";

@@ -1,7 +1,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { freePort, type NatsServer, startNatsServer } from "@boxcar/client";
+import { freePort, type NatsServer, startNatsServer } from "@boxcar/fabric";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 

@@ -1,16 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { AuthDir } from "@boxcar/auth";
-import {
-  connectNats,
-  type NatsServer,
-  openTopology,
-  resolveConnection,
-  startNatsServer,
-  type Topology,
-  type TopologyOptions,
-  WorkSigner,
-} from "@boxcar/client";
+import { connectNats, resolveConnection } from "@boxcar/client";
+import { type NatsServer, openTopology, startNatsServer, type Topology, type TopologyOptions, WorkSigner } from "@boxcar/fabric";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { scratch } from "./scratch.js";
 

@@ -1,6 +1,7 @@
 import type { AuthDir } from "@boxcar/auth";
-import { type BoxcarClient, connectNats, createClient, type Logger, type NatsServer, resolveConnection } from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, type Logger, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import type { NatsServer } from "@boxcar/fabric";
 import { type Names, names as namesOf, type Role } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";

@@ -1,5 +1,6 @@
-import { type BoxcarClient, createClient, type TopologyOptions } from "@boxcar/client";
+import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import type { TopologyOptions } from "@boxcar/fabric";
 import { createHostSandboxProvider, createWorker, type Worker, type WorkerOptions } from "@boxcar/worker";
 import { type NatsFixture, natsFixture } from "./nats.js";
 

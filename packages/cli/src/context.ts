@@ -1,17 +1,8 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import {
-  type BoxcarClient,
-  connectNats,
-  createClient,
-  type Logger,
-  openTopology,
-  patiently,
-  type ResolvedConnection,
-  resolveConnection,
-  type Topology,
-} from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, type Logger, type ResolvedConnection, resolveConnection } from "@boxcar/client";
+import { openTopology, patiently, type Topology } from "@boxcar/fabric";
 import { BoxcarError, type NatsConnectionSettings, names } from "@boxcar/protocol";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";

@@ -13,7 +13,7 @@ import {
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import type { FollowOptions } from "./client.js";
 import { followPages, type HistoryPage, RECHECK_MS, Wake } from "./follow.js";
-import { jsonOf } from "./kv-json.js";
+import { jsonOf } from "./json.js";
 
 /** How a client reaches a Boxcar system: one NATS connection and the system's names. */
 export interface ClientLink {

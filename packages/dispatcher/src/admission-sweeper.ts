@@ -1,4 +1,5 @@
-import { DUPLICATE_WINDOW_MS, getJson, type Logger, type Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import { JobTimers } from "./job-timers.js";

@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
-import { DUPLICATE_WINDOW_MS, getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
 import {
   type AgentDefinition,
   BoxcarError,

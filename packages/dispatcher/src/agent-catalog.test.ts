@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import { type NatsServer, openTopology, silentLogger, startNatsServer, type Topology } from "@boxcar/client";
+import { silentLogger } from "@boxcar/client";
+import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
 import { AgentDefinition, ErrorCode } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";

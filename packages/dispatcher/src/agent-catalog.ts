@@ -1,4 +1,5 @@
-import { followKv, getJson, jsonOf, type Logger, type Topology } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/client";
+import { followKv, getJson, type Topology } from "@boxcar/fabric";
 import { AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";
 

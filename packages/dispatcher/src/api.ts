@@ -1,4 +1,5 @@
-import { getJson, isTransientJetStreamError, type Logger, listJson, type Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
   AgentRef,

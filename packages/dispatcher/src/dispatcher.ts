@@ -1,5 +1,6 @@
 import { hostname } from "node:os";
-import { isTransientJetStreamError, type Logger, patiently, silentLogger, type Topology, type WorkSigner } from "@boxcar/client";
+import { type Logger, silentLogger } from "@boxcar/client";
+import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } from "@boxcar/fabric";
 import type { ApiEndpoint } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";

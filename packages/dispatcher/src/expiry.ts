@@ -1,4 +1,5 @@
-import { jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type JobRecord, JobTransitions } from "@boxcar/protocol";
 import { JobTimers } from "./job-timers.js";
 

@@ -1,5 +1,6 @@
 import { randomBytes, randomUUID } from "node:crypto";
-import type { Logger, Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
 import {
   type ArtifactChunk,
   ArtifactRequest,

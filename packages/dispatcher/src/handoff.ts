@@ -1,4 +1,4 @@
-import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,
   BoxcarError,

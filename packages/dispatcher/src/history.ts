@@ -1,4 +1,5 @@
-import { jsonOf, readStream, type Topology } from "@boxcar/client";
+import { jsonOf } from "@boxcar/client";
+import { readStream, type Topology } from "@boxcar/fabric";
 import {
   BoxcarEvent,
   type EventsPage,

@@ -1,4 +1,5 @@
-import { jsonOf, type Logger, type Topology } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 
 export type JobObserver = (key: string, job: JobRecord | undefined) => void;

@@ -1,4 +1,5 @@
-import { getJson, jobEvent, type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   ErrorCode,

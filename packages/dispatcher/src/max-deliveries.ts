@@ -1,4 +1,5 @@
-import { jobEvent, type Logger, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";

@@ -1,4 +1,5 @@
-import { followKv, jsonOf, type Logger, listJson, type Topology } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/client";
+import { followKv, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
   BoxcarError,

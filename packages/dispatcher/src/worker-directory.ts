@@ -1,4 +1,5 @@
-import { followKv, jsonOf, type Logger, type Topology } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/client";
+import { followKv, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe } from "@boxcar/protocol";
 
 /**

@@ -1,4 +1,5 @@
-import { type Logger, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type BoxcarEvent,
   type ErrorInfo,

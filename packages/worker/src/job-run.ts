@@ -1,14 +1,6 @@
 import { randomBytes } from "node:crypto";
-import {
-  isTransientJetStreamError,
-  type JobHandle,
-  jobEvent,
-  type Logger,
-  listJson,
-  nowIso,
-  publishEvent,
-  type Topology,
-} from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { isTransientJetStreamError, type JobHandle, jobEvent, listJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentResultFile,
   type Artifact,

@@ -1,6 +1,7 @@
 import { rm } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type NatsServer, openTopology, silentLogger, startNatsServer, type Topology } from "@boxcar/client";
+import { silentLogger } from "@boxcar/client";
+import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
 import type { Priority } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";

@@ -1,4 +1,5 @@
-import { type Logger, newInbox, type Topology } from "@boxcar/client";
+import { type Logger, newInbox } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Status } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";

@@ -1,4 +1,4 @@
-import { getJson, type Topology } from "@boxcar/client";
+import { getJson, type Topology } from "@boxcar/fabric";
 import { isLive, JobRecord, WorkerInfo } from "@boxcar/protocol";
 import type { SandboxOwner } from "./sandbox.js";
 

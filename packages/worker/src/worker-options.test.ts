@@ -1,4 +1,4 @@
-import type { Topology } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, names } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { createHostSandboxProvider } from "./host-sandbox.js";

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
-import { type Logger, silentLogger, type Topology, WorkVerifier } from "@boxcar/client";
+import { type Logger, silentLogger } from "@boxcar/client";
+import { type Topology, WorkVerifier } from "@boxcar/fabric";
 import {
   AgentPolicy,
   type AgentPolicyInput,

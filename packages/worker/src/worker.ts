@@ -1,6 +1,7 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type Logger, nowIso, patiently, publishEvent } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { nowIso, patiently, publishEvent } from "@boxcar/fabric";
 import {
   BoxcarError,
   decodeMessage,

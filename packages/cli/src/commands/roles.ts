@@ -1,5 +1,5 @@
-import { WorkSigner } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { WorkSigner } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, replicasFrom, replicasOption, unlessStopped } from "../context.js";

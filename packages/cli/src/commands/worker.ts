@@ -1,5 +1,6 @@
 import { readFile } from "node:fs/promises";
-import { type Logger, WorkVerifier } from "@boxcar/client";
+import type { Logger } from "@boxcar/client";
+import { WorkVerifier } from "@boxcar/fabric";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";

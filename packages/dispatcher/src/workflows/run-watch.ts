@@ -1,4 +1,5 @@
-import { getJson, jsonOf, type Topology } from "@boxcar/client";
+import { jsonOf } from "@boxcar/client";
+import { getJson, type Topology } from "@boxcar/fabric";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../admission.js";
 import { continueChain } from "../handoff.js";

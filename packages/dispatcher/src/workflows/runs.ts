@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/client";
+import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   ErrorCode,

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from "node:timers/promises";
+import type { Logger } from "@boxcar/client";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
-import type { Logger } from "./logger.js";
 
 /** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
 export function isNoResponders(err: unknown): boolean {

@@ -1,0 +1,13 @@
+export { jobEvent, nowIso, publishEvent } from "./events.js";
+export type { JobChange, JobHandle } from "./job-store.js";
+export { JobStore } from "./job-store.js";
+export type { Revisioned } from "./kv-json.js";
+export { followKv, getJson, listJson } from "./kv-json.js";
+export { isTransientJetStreamError, patiently } from "./nats-errors.js";
+export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-server.js";
+export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
+export type { ReadStreamOptions } from "./stream-reader.js";
+export { readStream } from "./stream-reader.js";
+export type { ResolvedTopologyOptions, Topology, TopologyOptions } from "./topology.js";
+export { DUPLICATE_WINDOW_MS, isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";
+export { SIGNATURE_HEADER, SIGNER_HEADER, WorkSigner, WorkVerifier } from "./work-signature.js";
