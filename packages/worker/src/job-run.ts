@@ -3,7 +3,6 @@ import type { Logger } from "@boxcar/client";
 import { isTransientJetStreamError, type JobHandle, jobEvent, listJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentResultFile,
-  type Artifact,
   BoxcarError,
   checkAgentPolicy,
   ErrorCode,
@@ -12,7 +11,6 @@ import {
   isTerminal,
   type JobEventType,
   type JobRecord,
-  type JobResult,
   JobTransitions,
   ownerOf,
   type ResolvedRuntime,
@@ -25,6 +23,7 @@ import {
 } from "@boxcar/protocol";
 import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts } from "./agent-workspace.js";
+import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
@@ -40,9 +39,6 @@ const MISSING_RECORD_LOOKS = 5;
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
 const REPUBLISH_WITHIN_MS = 90_000;
 
-/** Why a run was stopped before it ended on its own. */
-export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced";
-
 export interface JobRunContext {
   options: ResolvedWorkerOptions;
   /** The worker's logger. */
@@ -53,21 +49,6 @@ export interface JobRunContext {
   /** The pool consumer's ack wait: the message is kept alive at a third of it. */
   leaseMs: number;
 }
-
-type Outcome =
-  | {
-      kind: "final";
-      state: JobTransitions.AttemptState;
-      result?: JobResult;
-      artifacts: Artifact[];
-      error?: ErrorInfo;
-      message?: string;
-      noRetry?: boolean;
-    }
-  /** The worker stops: the job goes back to the queue. */
-  | { kind: "requeue" }
-  /** Another attempt owns the job now: this one must change nothing. */
-  | { kind: "fenced" };
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
 
@@ -343,80 +324,17 @@ export class JobRun {
     } catch (err) {
       return { ...this.failed(err, exec), artifacts };
     }
-    const result: JobResult = {
-      ...execResult(exec),
-      output: file?.output ?? null,
-      ...(file?.summary !== undefined ? { summary: file.summary } : {}),
-      ...(file?.handoff ? { handoff: file.handoff } : {}),
-    };
-    if (exec.oomKilled) {
-      const limit = sandbox.description?.limits?.memory;
-      const message = `the agent used more memory than its limit${limit ? ` of ${limit} bytes` : ""} and was killed`;
-      return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
-    }
-    const failure =
-      file?.error !== undefined
-        ? file.error
-        : exec.exitCode === null
-          ? `agent was killed by ${exec.signal ?? "a signal"}`
-          : exec.exitCode !== 0
-            ? `agent exited with code ${exec.exitCode}`
-            : undefined;
-    if (failure !== undefined) {
-      const error = { code: ErrorCode.agentFailed, message: failure };
-      return {
-        kind: "final",
-        state: "failed",
-        result,
-        artifacts,
-        error,
-        message: failure,
-        ...(file?.retry === false ? { noRetry: true } : {}),
-      };
-    }
-    return { kind: "final", state: "succeeded", result, artifacts, ...(file?.summary !== undefined ? { message: file.summary } : {}) };
+    return outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
   }
 
   /** The outcome of a run stopped from outside. */
   private stopped(exec: ExecResult | undefined): Outcome {
-    const result = exec && { ...execResult(exec), output: null };
-    const final = (state: JobTransitions.AttemptState, code: ErrorCode, message: string): Outcome => ({
-      kind: "final",
-      state,
-      artifacts: [],
-      error: { code, message },
-      message,
-      ...(result ? { result } : {}),
-    });
-    switch (this.stopReason) {
-      case "timed_out":
-        return final(
-          "timed_out",
-          ErrorCode.timedOut,
-          `the agent ran longer than its time limit of ${this.item.timeoutMs} ms and was stopped`,
-        );
-      case "deadline":
-        return final("timed_out", ErrorCode.timedOut, `the job passed its deadline of ${this.handle?.record.deadlineAt} and was stopped`);
-      case "cancelled":
-        return final("cancelled", ErrorCode.cancelled, "cancelled while running");
-      case "worker_stopped":
-        return { kind: "requeue" };
-      default:
-        return { kind: "fenced" };
-    }
+    return outcomeOfStop(this.stopReason, exec, { timeoutMs: this.item.timeoutMs, deadlineAt: this.handle?.record.deadlineAt });
   }
 
-  private failed(err: unknown, exec: ExecResult | undefined): Outcome & { kind: "final" } {
+  private failed(err: unknown, exec: ExecResult | undefined): FinalOutcome {
     if (!(err instanceof BoxcarError)) this.log.error({ err }, "job failed on an unexpected error");
-    const error = this.errorInfo(err);
-    return {
-      kind: "final",
-      state: "failed",
-      artifacts: [],
-      error,
-      message: error.message,
-      ...(exec ? { result: { ...execResult(exec), output: null } } : {}),
-    };
+    return failedOutcome(this.errorInfo(err), exec);
   }
 
   private async destroySandbox(sandbox: Sandbox, ref: SandboxRef): Promise<void> {
@@ -479,7 +397,7 @@ export class JobRun {
    * dead-letter stream. Either way the attempt is kept in the record's history.
    */
   private async retryOrBury(
-    outcome: Outcome & { kind: "final" },
+    outcome: FinalOutcome,
     state: "failed" | "timed_out",
     plan: RetryPlan & { kind: "retry" | "dead" },
   ): Promise<void> {
@@ -514,7 +432,7 @@ export class JobRun {
     await this.ack();
   }
 
-  private attemptEnd(outcome: Outcome & { kind: "final" }, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
+  private attemptEnd(outcome: FinalOutcome, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
     return {
       state,
       now,
@@ -580,15 +498,4 @@ export class JobRun {
       this.log.warn({ err }, "could not acknowledge the work item");
     }
   }
-}
-
-/** What the record keeps of how the agent's process ended. */
-function execResult(exec: ExecResult): Pick<JobResult, "exitCode" | "signal" | "durationMs" | "oomKilled" | "usage"> {
-  return {
-    exitCode: exec.exitCode,
-    signal: exec.signal,
-    durationMs: exec.durationMs,
-    ...(exec.oomKilled !== undefined ? { oomKilled: exec.oomKilled } : {}),
-    ...(exec.usage ? { usage: exec.usage } : {}),
-  };
 }

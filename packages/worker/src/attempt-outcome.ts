@@ -1,0 +1,123 @@
+import { type AgentResultFile, type Artifact, ErrorCode, type ErrorInfo, type JobResult, type JobTransitions } from "@boxcar/protocol";
+import type { ExecResult } from "./sandbox.js";
+
+/** Why a run was stopped before it ended on its own. */
+export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced";
+
+/**
+ * How an attempt ended, as its worker decides it from what happened, before anything is written:
+ * the pure half of a run's ending (JobRun does the reading and the writing).
+ */
+export type Outcome =
+  | {
+      kind: "final";
+      state: JobTransitions.AttemptState;
+      result?: JobResult;
+      artifacts: Artifact[];
+      error?: ErrorInfo;
+      /** The outcome event's summary. */
+      message?: string;
+      /** The agent said not to retry it (`"retry": false` in its result file). */
+      noRetry?: boolean;
+    }
+  /** The worker stops: the job goes back to the queue. */
+  | { kind: "requeue" }
+  /** Another attempt owns the job now: this one must change nothing. */
+  | { kind: "fenced" };
+
+export type FinalOutcome = Outcome & { kind: "final" };
+
+/** What the record keeps of how the agent's process ended. */
+export function execResult(exec: ExecResult): Pick<JobResult, "exitCode" | "signal" | "durationMs" | "oomKilled" | "usage"> {
+  return {
+    exitCode: exec.exitCode,
+    signal: exec.signal,
+    durationMs: exec.durationMs,
+    ...(exec.oomKilled !== undefined ? { oomKilled: exec.oomKilled } : {}),
+    ...(exec.usage ? { usage: exec.usage } : {}),
+  };
+}
+
+/**
+ * An agent that ended on its own: killed for its memory, failed (its result file's `error`, a
+ * signal, a non-zero exit code), or succeeded. `memoryLimit` is the sandbox's, for the message.
+ */
+export function outcomeOfExit(
+  exec: ExecResult,
+  file: AgentResultFile | undefined,
+  artifacts: Artifact[],
+  memoryLimit?: number,
+): FinalOutcome {
+  const result: JobResult = {
+    ...execResult(exec),
+    output: file?.output ?? null,
+    ...(file?.summary !== undefined ? { summary: file.summary } : {}),
+    ...(file?.handoff ? { handoff: file.handoff } : {}),
+  };
+  if (exec.oomKilled) {
+    const message = `the agent used more memory than its limit${memoryLimit ? ` of ${memoryLimit} bytes` : ""} and was killed`;
+    return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
+  }
+  const failure =
+    file?.error !== undefined
+      ? file.error
+      : exec.exitCode === null
+        ? `agent was killed by ${exec.signal ?? "a signal"}`
+        : exec.exitCode !== 0
+          ? `agent exited with code ${exec.exitCode}`
+          : undefined;
+  if (failure !== undefined) {
+    const error = { code: ErrorCode.agentFailed, message: failure };
+    return {
+      kind: "final",
+      state: "failed",
+      result,
+      artifacts,
+      error,
+      message: failure,
+      ...(file?.retry === false ? { noRetry: true } : {}),
+    };
+  }
+  return { kind: "final", state: "succeeded", result, artifacts, ...(file?.summary !== undefined ? { message: file.summary } : {}) };
+}
+
+/** A run stopped from outside, by the first reason given; without one, another attempt took over. */
+export function outcomeOfStop(
+  reason: StopReason | undefined,
+  exec: ExecResult | undefined,
+  job: { timeoutMs: number; deadlineAt?: string | undefined },
+): Outcome {
+  const result = exec && { ...execResult(exec), output: null };
+  const final = (state: JobTransitions.AttemptState, code: ErrorCode, message: string): Outcome => ({
+    kind: "final",
+    state,
+    artifacts: [],
+    error: { code, message },
+    message,
+    ...(result ? { result } : {}),
+  });
+  switch (reason) {
+    case "timed_out":
+      return final("timed_out", ErrorCode.timedOut, `the agent ran longer than its time limit of ${job.timeoutMs} ms and was stopped`);
+    case "deadline":
+      return final("timed_out", ErrorCode.timedOut, `the job passed its deadline of ${job.deadlineAt} and was stopped`);
+    case "cancelled":
+      return final("cancelled", ErrorCode.cancelled, "cancelled while running");
+    case "worker_stopped":
+      return { kind: "requeue" };
+    default:
+      return { kind: "fenced" };
+  }
+}
+
+/** An attempt that failed on an error (already redacted), with what its process did if it ran. */
+export function failedOutcome(error: ErrorInfo, exec: ExecResult | undefined): FinalOutcome {
+  return {
+    kind: "final",
+    state: "failed",
+    artifacts: [],
+    error,
+    message: error.message,
+    ...(exec ? { result: { ...execResult(exec), output: null } } : {}),
+  };
+}
