@@ -1,4 +1,3 @@
-import { createHash } from "node:crypto";
 import type { Logger } from "@boxcar/client";
 import { DUPLICATE_WINDOW_MS, getJson, jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
 import {
@@ -19,6 +18,7 @@ import {
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
 import type { AgentCatalog } from "./agent-catalog.js";
+import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { PolicyBook } from "./policy.js";
 import type { WorkerDirectory } from "./worker-directory.js";
@@ -72,7 +72,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const key = spec.idempotencyKey !== undefined ? `owner:${opts.owner}:${spec.idempotencyKey}` : opts.implicitKey;
   let id = newJobId();
   if (key !== undefined) {
-    const claimed = await claimKey(topology, key, id);
+    const claimed = await claimKey(topology.idempotency, key, id);
     if (claimed !== id) {
       const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
       if (existing) {
@@ -188,7 +188,7 @@ export async function recordRejection(
   error: ErrorInfo,
   key: string,
 ): Promise<JobRecord> {
-  const id = await claimKey(topology, key, newJobId());
+  const id = await claimKey(topology.idempotency, key, newJobId());
   const existing = await topology.jobStore.read(id);
   if (existing) return existing.record;
   const now = nowIso();
@@ -210,20 +210,6 @@ export async function recordRejection(
   if (!(await topology.jobStore.create(record))) return (await topology.jobStore.read(id))?.record ?? record;
   await publishEvent(topology, jobEvent(record, "rejected"));
   return record;
-}
-
-/** Remembers `key` → `id` for the idempotency window; returns the id that owns the key. */
-async function claimKey(topology: Topology, key: string, id: string): Promise<string> {
-  const hashed = createHash("sha256").update(key).digest("hex");
-  try {
-    await topology.idempotency.create(hashed, id);
-    return id;
-  } catch {
-    const entry = await topology.idempotency.get(hashed);
-    if (entry && entry.operation === "PUT") return entry.string();
-    await topology.idempotency.put(hashed, id);
-    return id;
-  }
 }
 
 async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {
