@@ -1,14 +1,20 @@
 import { jsonOf, type Logger } from "@boxcar/client";
 import { followKv, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe, workerStatus } from "@boxcar/protocol";
+
+/** How often workers that stopped heartbeating are forgotten. */
+const FORGET_EVERY_MS = 60_000;
 
 /**
  * What the dispatcher knows of the workers, kept current by one watcher on the workers bucket
- * (not a read per submission).
+ * (not a read per submission). A worker whose presence has gone stale is forgotten within a
+ * minute: nats-server 2.10 sends no delete when a KV entry expires, and autoscaled workers come
+ * and go. One that heartbeats again is known again from its next presence.
  */
 export class WorkerDirectory {
   private readonly workers = new Map<string, WorkerInfo>();
   private stopWatch: (() => void) | undefined;
+  private readonly forgetter = setInterval(() => this.forgetGone(), FORGET_EVERY_MS).unref();
 
   static async open(topology: Topology, log: Logger): Promise<WorkerDirectory> {
     const directory = new WorkerDirectory();
@@ -42,7 +48,18 @@ export class WorkerDirectory {
     );
   }
 
+  /** How many workers it holds: those heartbeating, and those gone less than a minute or so. */
+  get size(): number {
+    return this.workers.size;
+  }
+
+  /** Forgets the workers whose presence is older than a few of their heartbeats. */
+  forgetGone(now: number = Date.now()): void {
+    for (const [id, info] of this.workers) if (workerStatus(info, now) === "gone") this.workers.delete(id);
+  }
+
   close(): void {
+    clearInterval(this.forgetter);
     this.stopWatch?.();
   }
 }

@@ -1,0 +1,69 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import { silentLogger } from "@boxcar/client";
+import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
+import { PROTOCOL_VERSION, RuntimePolicy, type WorkerInfo } from "@boxcar/protocol";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { WorkerDirectory } from "./worker-directory.js";
+
+// Against a real nats-server: the directory is a watch of the workers bucket.
+let server: NatsServer;
+let nc: NatsConnection;
+let topology: Topology;
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  nc = await connect({ servers: server.url });
+  topology = await openTopology(nc, { prefix: "wd" });
+});
+afterAll(async () => {
+  await nc?.close();
+  await server?.stop();
+});
+
+/** A worker's presence, heartbeating every second, last at `heartbeatAt`. */
+const presence = (id: string, heartbeatAt: Date): WorkerInfo => ({
+  v: PROTOCOL_VERSION,
+  id,
+  host: "h",
+  pid: 1,
+  pools: ["default"],
+  sandboxes: ["host"],
+  policy: RuntimePolicy.parse({}),
+  capacity: 1,
+  load: 0,
+  jobs: [],
+  state: "running",
+  startedAt: heartbeatAt.toISOString(),
+  heartbeatAt: heartbeatAt.toISOString(),
+  heartbeatMs: 1_000,
+});
+
+async function until(done: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !done(); i++) await sleep(10);
+  expect(done()).toBe(true);
+}
+
+test("workers that come and go are forgotten once gone, and known again when they heartbeat", async () => {
+  const directory = await WorkerDirectory.open(topology, silentLogger);
+  try {
+    // 200 autoscaled workers that each heartbeated once and went (their entries stay: 2.10 sends no delete on expiry).
+    const now = Date.now();
+    await topology.workers.put("steady", JSON.stringify(presence("steady", new Date(now))));
+    for (let i = 0; i < 200; i++) await topology.workers.put(`w${i}`, JSON.stringify(presence(`w${i}`, new Date(now))));
+    await until(() => directory.size === 201);
+
+    // Five seconds on (more than 3 missed heartbeats), "steady" has heartbeated again; the others have not.
+    const later = now + 5_000;
+    await topology.workers.put("steady", JSON.stringify(presence("steady", new Date(later))));
+    await sleep(50);
+    directory.forgetGone(later);
+    expect(directory.size).toBe(1);
+
+    // One of them comes back.
+    await topology.workers.put("w7", JSON.stringify(presence("w7", new Date())));
+    await until(() => directory.size === 2);
+  } finally {
+    directory.close();
+  }
+});
