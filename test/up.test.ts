@@ -7,11 +7,11 @@ import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";
 import { scratch } from "./helpers/scratch.js";
 
-/** Runs `boxcar up ARGS` in a scratch folder; returns the child and its combined output. */
-async function up(args: string[]) {
-  const folder = await scratch("boxcar-up-");
+/** Runs `boxcar up ARGS` in a scratch folder (or `at` one, on its port); returns the child and its combined output. */
+async function up(args: string[], at?: { cwd: string; port: number }) {
+  const folder = at ? { path: at.cwd, [Symbol.asyncDispose]: async () => {} } : await scratch("boxcar-up-");
   const cwd = folder.path;
-  const port = await freePort();
+  const port = at?.port ?? (await freePort());
   const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port), "--log-format", "json", ...args], {
     cwd,
     stdio: ["ignore", "pipe", "pipe"],
@@ -61,6 +61,26 @@ test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the n
   expect(await waitGone(started[0] as number)).toBe(true);
   expect(await readdir(join(run.cwd, ".boxcar", "data", "jetstream"))).not.toHaveLength(0);
 }, 60_000);
+
+test("a boxcar up killed with SIGKILL leaves its nats-server running; the next boxcar up in that folder stops it and starts", async () => {
+  await using first = await up([]);
+  const ready = (run: { output(): string }) =>
+    eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
+  await ready(first);
+  const [orphan] = await natsServerPids(first.cwd);
+  first.child.kill("SIGKILL");
+  await exited(first.child);
+  expect(isAlive(orphan as number)).toBe(true);
+
+  await using second = await up([], { cwd: first.cwd, port: first.port });
+  await ready(second);
+  expect(second.output()).toContain(`stopped the nats-server (pid ${orphan}) an earlier boxcar up left running`);
+  expect(isAlive(orphan as number)).toBe(false);
+  expect(await natsServerPids(first.cwd)).toHaveLength(1);
+  second.child.kill("SIGINT");
+  expect(await exited(second.child)).toEqual({ code: 0, signal: null });
+  expect(await natsServerPids(first.cwd)).toEqual([]);
+}, 90_000);
 
 test("boxcar up on a port that is taken says so and exits 4, touching nothing there", async () => {
   const { createServer } = await import("node:net");

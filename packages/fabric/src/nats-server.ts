@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
@@ -37,6 +37,11 @@ export interface NatsServer extends AsyncDisposable {
   readonly port: number;
   readonly storeDir: string;
   readonly pid: number;
+  /**
+   * The pid of a server on the same store folder that was still running when this one started
+   * (its owner killed with SIGKILL, say) and was stopped first; absent when there was none.
+   */
+  readonly leftoverStopped?: number;
   /** Stops the server (SIGTERM, then SIGKILL after 5 s). Safe to call twice. */
   stop(): Promise<void>;
   /** Kills the server at once, as a crash would, keeping its store. */
@@ -83,10 +88,15 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
   const storeDir = opts.storeDir ?? (await mkdtemp(join(tmpdir(), "boxcar-nats-")));
   await mkdir(storeDir, { recursive: true });
   const configFile = join(storeDir, "nats-server.conf");
+  const pidFile = join(storeDir, "nats-server.pid");
+  // A server left on this store by a launcher that died without stopping it would hold the
+  // port and the store: stop it first.
+  const leftoverStopped = ownStore ? undefined : await stopLeftover(pidFile, configFile);
   await writeFile(
     configFile,
     [
       `listen: ${JSON.stringify(`${host}:${port}`)}`,
+      `pid_file: ${JSON.stringify(pidFile)}`,
       `server_name: ${JSON.stringify(opts.serverName ?? `boxcar-${port}`)}`,
       `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))} }`,
       "max_payload: 1MB",
@@ -114,10 +124,37 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
     port,
     storeDir,
     pid: child.pid ?? -1,
+    ...(leftoverStopped !== undefined ? { leftoverStopped } : {}),
     stop: () => stopWith("SIGTERM", true),
     kill: () => stopWith("SIGKILL", false),
     [Symbol.asyncDispose]: () => stopWith("SIGTERM", true),
   };
+}
+
+/**
+ * Stops the server whose pid `pidFile` holds if it still runs with `configFile` (so not another
+ * program that got the pid since); returns its pid, or undefined when there was none.
+ */
+async function stopLeftover(pidFile: string, configFile: string): Promise<number | undefined> {
+  const pid = Number.parseInt(await readFile(pidFile, "utf8").catch(() => ""), 10);
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  const commandLine = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+  if (!commandLine.includes(configFile)) return undefined;
+  for (const [signal, waitMs] of [
+    ["SIGTERM", 10_000],
+    ["SIGKILL", 5_000],
+  ] as const) {
+    try {
+      process.kill(pid, signal);
+    } catch {
+      return pid; // gone already
+    }
+    for (let waited = 0; waited < waitMs; waited += 50) {
+      if (!existsSync(`/proc/${pid}`)) return pid;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  throw new BoxcarError(ErrorCode.unavailable, `the nats-server left running on this store (pid ${pid}) does not stop`);
 }
 
 function clusterBlock(cluster: NatsClusterOptions): string {

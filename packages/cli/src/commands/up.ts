@@ -84,6 +84,9 @@ export const up: Command = {
       ...(auth ? { extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") } : {}),
     });
     cleanup.push(() => server.stop());
+    if (server.leftoverStopped !== undefined) {
+      say(`stopped the nats-server (pid ${server.leftoverStopped}) an earlier boxcar up left running on ${storeDir}`);
+    }
     try {
       // With --auth each role connects with its own credential, as it would on other machines.
       const as = async (role: "admin" | "dispatcher" | "worker") => {
