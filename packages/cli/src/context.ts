@@ -2,8 +2,8 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import { type BoxcarClient, connectNats, createClient, type Logger, type ResolvedConnection, resolveConnection } from "@boxcar/client";
-import { openTopology, patiently, type Topology } from "@boxcar/fabric";
-import { BoxcarError, type NatsConnectionSettings, names } from "@boxcar/protocol";
+import { DEFAULT_STREAM_LIMITS, openTopology, patiently, type StreamLimits, type Topology } from "@boxcar/fabric";
+import { BoxcarError, type NatsConnectionSettings, names, parseSizeBytes } from "@boxcar/protocol";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
@@ -100,14 +100,14 @@ export function connectionFrom(
 }
 
 /** `--replicas N`, taken by the roles that create the system (`up`, `dispatcher`, `worker`). */
-export const replicasOption = { replicas: { type: "string" } } as const satisfies ParseArgsConfig["options"];
+const replicasOption = { replicas: { type: "string" } } as const satisfies ParseArgsConfig["options"];
 
 /**
  * The replica count asked for: `--replicas`, else `$BOXCAR_REPLICAS`. Undefined when neither is
  * set: the topology then follows the NATS system (the existing system's count, else 3 on a
  * cluster of three or more servers, else 1).
  */
-export function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
+function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
   const [source, value] = flag !== undefined ? ["--replicas", String(flag)] : ["BOXCAR_REPLICAS", env.BOXCAR_REPLICAS];
   if (value === undefined || value.trim() === "") return undefined;
   const n = Number(value);
@@ -115,9 +115,48 @@ export function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | un
   return n;
 }
 
+/** `--stream-limits events=SIZE,logs=SIZE,dead=SIZE`, taken by the roles that create the system. */
+const streamLimitsOption = { "stream-limits": { type: "string" } } as const satisfies ParseArgsConfig["options"];
+
+/**
+ * The history streams' sizes asked for: `--stream-limits`, else `$BOXCAR_STREAM_LIMITS`, as
+ * `events=256Mi,logs=128Mi,dead=64Mi` (any of the three). Undefined when neither is set.
+ */
+function streamLimitsFrom(flag: unknown, env: NodeJS.ProcessEnv): StreamLimits | undefined {
+  const [source, value] = flag !== undefined ? ["--stream-limits", String(flag)] : ["BOXCAR_STREAM_LIMITS", env.BOXCAR_STREAM_LIMITS];
+  if (value === undefined || value.trim() === "") return undefined;
+  const limits: StreamLimits = {};
+  for (const part of value.split(",")) {
+    const [name = "", size = ""] = part.split("=").map((p) => p.trim());
+    if (!(name in DEFAULT_STREAM_LIMITS)) {
+      throw new UsageError(`${source}: ${JSON.stringify(name)} is not a stream with a limit; use events, logs or dead (e.g. events=256Mi)`);
+    }
+    const bytes = parseSizeBytes(size);
+    if (bytes === undefined || bytes < 1024 ** 2) {
+      throw new UsageError(`${source}: ${name}=${size} is not a size of at least 1Mi (e.g. ${name}=64Mi)`);
+    }
+    limits[name as keyof StreamLimits] = bytes;
+  }
+  return limits;
+}
+
+/** The flags of the roles that create the system: replicas, and what the history streams reserve. */
+export const systemOptions = { ...replicasOption, ...streamLimitsOption } as const satisfies ParseArgsConfig["options"];
+
+/** The system's shape from `--replicas` and `--stream-limits` (or their variables), as `openRoleSession` takes it. */
+export function systemOptionsFrom(
+  values: Record<string, unknown>,
+  env: NodeJS.ProcessEnv,
+): Pick<SessionTopologyOptions, "replicas" | "streamLimits"> {
+  const replicas = replicasFrom(values.replicas, env);
+  const streamLimits = streamLimitsFrom(values["stream-limits"], env);
+  return { ...(replicas !== undefined ? { replicas } : {}), ...(streamLimits ? { streamLimits } : {}) };
+}
+
 /** What a role that creates the system may choose about it. */
 export interface SessionTopologyOptions {
   replicas?: number;
+  streamLimits?: StreamLimits;
   /** Called once connected, before the wait for JetStream: a health endpoint follows the connection from then on. */
   connected?: (nc: NatsConnection) => void;
   /** Aborted (SIGTERM) while it waits for JetStream: it stops waiting and throws the abort. */
@@ -147,6 +186,7 @@ export async function openRoleSession(
   const options = {
     ...(prefix ? { prefix } : {}),
     ...(topologyOptions.replicas !== undefined ? { replicas: topologyOptions.replicas } : {}),
+    ...(topologyOptions.streamLimits ? { streamLimits: topologyOptions.streamLimits } : {}),
   };
   let topology: Topology;
   try {

@@ -44,6 +44,7 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.forbidden]: 403,
   [ErrorCode.policyDenied]: 403,
   [ErrorCode.quotaExceeded]: 429,
+  [ErrorCode.storageFull]: 507,
   [ErrorCode.unavailable]: 503,
   [ErrorCode.conflict]: 409,
   [ErrorCode.tooLarge]: 413,

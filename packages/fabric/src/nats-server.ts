@@ -21,6 +21,8 @@ export interface NatsServerOptions {
   serverName?: string;
   /** Joins a JetStream cluster: its name, this server's route port, and the other servers' routes. */
   cluster?: NatsClusterOptions;
+  /** The most JetStream may keep on disk (`max_file_store`), in bytes; default: the server's own (a share of the disk). */
+  maxFileStore?: number;
 }
 
 export interface NatsClusterOptions {
@@ -98,7 +100,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
       `listen: ${JSON.stringify(`${host}:${port}`)}`,
       `pid_file: ${JSON.stringify(pidFile)}`,
       `server_name: ${JSON.stringify(opts.serverName ?? `boxcar-${port}`)}`,
-      `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))} }`,
+      `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))}${opts.maxFileStore ? `, max_file_store: ${opts.maxFileStore}` : ""} }`,
       "max_payload: 1MB",
       opts.cluster ? clusterBlock(opts.cluster) : "",
       opts.extraConfig ?? "",

@@ -41,7 +41,23 @@ export interface TopologyOptions {
    * can show it and account for the jobs it had in hand.
    */
   workerTtlMs?: number;
+  /**
+   * The most the history streams keep, in bytes, when they are created (an existing stream keeps
+   * its own): events (default 1 GiB), agent output logs (512 MiB), dead letters (256 MiB).
+   * JetStream reserves these up front, so a small server or account needs smaller ones.
+   */
+  streamLimits?: StreamLimits;
 }
+
+/** Sizes of the streams JetStream reserves storage for, in bytes. */
+export interface StreamLimits {
+  events?: number;
+  logs?: number;
+  dead?: number;
+}
+
+/** What each history stream reserves by default. */
+export const DEFAULT_STREAM_LIMITS: Required<StreamLimits> = { events: 1024 * 1024 ** 2, logs: 512 * 1024 ** 2, dead: 256 * 1024 ** 2 };
 
 export interface ResolvedTopologyOptions {
   prefix: string;
@@ -50,6 +66,7 @@ export interface ResolvedTopologyOptions {
   maxDeliveries: number;
   idempotencyWindowMs: number;
   workerTtlMs: number;
+  streamLimits: Required<StreamLimits>;
 }
 
 /**
@@ -64,7 +81,12 @@ export function resolveTopologyOptions(opts: TopologyOptions = {}, defaultReplic
     maxDeliveries: opts.maxDeliveries ?? 20,
     idempotencyWindowMs: opts.idempotencyWindowMs ?? 24 * 3_600_000,
     workerTtlMs: opts.workerTtlMs ?? 3_600_000,
+    streamLimits: { ...DEFAULT_STREAM_LIMITS, ...opts.streamLimits },
   };
+  for (const [stream, bytes] of Object.entries(resolved.streamLimits)) {
+    if (!Number.isInteger(bytes) || bytes < 1024 ** 2)
+      throw new RangeError(`the ${stream} stream's limit must be at least 1 MiB, got ${bytes} bytes`);
+  }
   if (![1, 3, 5].includes(resolved.replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${resolved.replicas}`);
   if (resolved.ackWaitMs < 1_000) throw new RangeError(`ackWaitMs must be at least 1000, got ${resolved.ackWaitMs}`);
   if (!Number.isInteger(resolved.maxDeliveries) || resolved.maxDeliveries < 1) {
@@ -149,21 +171,21 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       subjects: [names.subjects.eventsAll],
       retention: RetentionPolicy.Limits,
       max_age: 7 * DAY_NS,
-      max_bytes: 1024 * MiB,
+      max_bytes: options.streamLimits.events,
     },
     {
       name: names.streams.dead,
       subjects: [names.subjects.deadAll],
       retention: RetentionPolicy.Limits,
       max_age: 30 * DAY_NS,
-      max_bytes: 256 * MiB,
+      max_bytes: options.streamLimits.dead,
     },
     {
       name: names.streams.logs,
       subjects: [names.subjects.logsAll],
       retention: RetentionPolicy.Limits,
       max_age: 7 * DAY_NS,
-      max_bytes: 512 * MiB,
+      max_bytes: options.streamLimits.logs,
       max_msg_size: MiB,
     },
   ];
@@ -188,7 +210,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
   } catch (err) {
-    throw replicaError(err, num_replicas);
+    throw storageError(err, options.streamLimits) ?? replicaError(err, num_replicas);
   }
 
   const leases = new Map<string, number>();
@@ -319,6 +341,22 @@ async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpec): Pro
       await new Promise((r) => setTimeout(r, 500));
     }
   }
+}
+
+/** JetStream's answer when the storage a stream or bucket asks for is more than the server or account has free. */
+const INSUFFICIENT_STORAGE = 10047;
+
+/** A refusal for want of storage, said in one line with what Boxcar asked for and how to ask for less; undefined for other errors. */
+function storageError(err: unknown, limits: Required<StreamLimits>): BoxcarError | undefined {
+  if (!(err instanceof JetStreamApiError && err.code === INSUFFICIENT_STORAGE)) return undefined;
+  const size = (bytes: number) => (bytes % 1024 ** 3 === 0 ? `${bytes / 1024 ** 3}Gi` : `${Math.round(bytes / 1024 ** 2)}Mi`);
+  const asked = `events=${size(limits.events)},logs=${size(limits.logs)},dead=${size(limits.dead)}`;
+  return new BoxcarError(
+    ErrorCode.storageFull,
+    `JetStream has less file storage free than Boxcar's streams reserve (${asked}, ${size(limits.events + limits.logs + limits.dead)} in all, plus room for jobs): ` +
+      "give the server or account more (jetstream max_file_store, account limits) or reserve less with --stream-limits / BOXCAR_STREAM_LIMITS, e.g. events=64Mi,logs=32Mi,dead=16Mi",
+    { cause: err },
+  );
 }
 
 function replicaError(err: unknown, replicas: number): unknown {

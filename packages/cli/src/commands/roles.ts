@@ -2,7 +2,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { WorkSigner } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } from "@boxcar/protocol";
 import type { Command } from "../command.js";
-import { connectionFrom, onStop, openRoleSession, replicasFrom, replicasOption, unlessStopped } from "../context.js";
+import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { HealthEndpoint, healthAddressFrom, type RolePhase } from "../health.js";
 import { createLogger, type LogFormat } from "../logger.js";
@@ -33,13 +33,14 @@ export function optionalDuration(value: unknown, flag: string): number | undefin
 
 export const dispatcher: Command = {
   name: "dispatcher",
-  usage: "boxcar dispatcher [--health HOST:PORT] [--replicas 1|3|5] [--log-format json|pretty]",
+  usage:
+    "boxcar dispatcher [--health HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
   summary: "run a dispatcher until SIGINT/SIGTERM",
   maxArgs: 0,
-  options: { ...logFormat, ...replicasOption, health: { type: "string" } },
+  options: { ...logFormat, ...systemOptions, health: { type: "string" } },
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
-    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    const system = systemOptionsFrom(ctx.values, ctx.io.env);
     const healthAddress = healthAddressFrom(ctx.values.health, ctx.io.env);
     let phase: RolePhase = "starting";
     // Listening before NATS is reached: a dispatcher waiting for the cluster is alive, not ready.
@@ -50,7 +51,7 @@ export const dispatcher: Command = {
     await using session = await unlessStopped(
       signal,
       openRoleSession(connectionFrom(ctx.values, ctx.io.env), ctx.values.prefix, "boxcar-dispatcher", logger, {
-        ...(replicas !== undefined ? { replicas } : {}),
+        ...system,
         connected: (nc) => health.follow(nc),
         signal,
       }),

@@ -9,7 +9,7 @@ import { type NatsServer, startNatsServer, WorkSigner } from "@boxcar/fabric";
 import { isTerminal } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
 import type { Command } from "../command.js";
-import { openRoleSession, replicasFrom, replicasOption } from "../context.js";
+import { openRoleSession, systemOptions, systemOptionsFrom } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { createLogger } from "../logger.js";
 import { describeEvent, describeJob } from "../output.js";
@@ -25,7 +25,7 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 export const up: Command = {
   name: "up",
   usage:
-    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--log-format json|pretty]",
+    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   maxArgs: 0,
   options: {
@@ -37,7 +37,7 @@ export const up: Command = {
     concurrency: { type: "string" },
     agents: { type: "string", multiple: true, default: [] },
     demo: { type: "boolean", default: false },
-    ...replicasOption,
+    ...systemOptions,
     ...logFormat,
   },
   async run(ctx) {
@@ -55,7 +55,7 @@ export const up: Command = {
       );
     }
     // One local server holds one copy; more replicas need a cluster (`boxcar dispatcher/worker --nats`).
-    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    const { replicas, streamLimits } = systemOptionsFrom(ctx.values, ctx.io.env);
     if (replicas !== undefined && replicas !== 1) {
       throw new UsageError(
         `boxcar up runs a single nats-server, which keeps 1 replica: --replicas / BOXCAR_REPLICAS must be 1, got ${replicas}`,
@@ -96,6 +96,7 @@ export const up: Command = {
           prefix,
           `boxcar-up-${role}`,
           logger,
+          streamLimits ? { streamLimits } : {},
         );
         cleanup.unshift(async () => await session[Symbol.asyncDispose]());
         return session;

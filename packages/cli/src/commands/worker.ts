@@ -4,7 +4,7 @@ import { WorkVerifier } from "@boxcar/fabric";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { connectionFrom, onStop, openRoleSession, replicasFrom, replicasOption, unlessStopped } from "../context.js";
+import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { HealthEndpoint, healthAddressFrom } from "../health.js";
 import { createLogger } from "../logger.js";
@@ -13,7 +13,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--replicas 1|3|5] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -33,7 +33,7 @@ export const worker: Command = {
     "allow-secret": { type: "string", multiple: true, default: [] },
     heartbeat: { type: "string" },
     health: { type: "string" },
-    ...replicasOption,
+    ...systemOptions,
     ...logFormat,
   },
   async run(ctx) {
@@ -51,7 +51,7 @@ export const worker: Command = {
       );
     }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
-    const replicas = replicasFrom(ctx.values.replicas, ctx.io.env);
+    const system = systemOptionsFrom(ctx.values, ctx.io.env);
     // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     if (healthAddress) await health.listen(healthAddress);
@@ -59,7 +59,7 @@ export const worker: Command = {
     await using session = await unlessStopped(
       signal,
       openRoleSession(connection, prefix, "boxcar-worker", logger, {
-        ...(replicas !== undefined ? { replicas } : {}),
+        ...system,
         connected: (nc) => health.follow(nc),
         signal,
       }),
