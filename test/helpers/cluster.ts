@@ -45,8 +45,20 @@ interface Member {
 /**
  * Three real nats-servers in one JetStream cluster, each with its own store and free client and
  * route ports. Resolves once JetStream has a meta leader and can place a stream on every server.
+ * A port found free can be taken before its server binds it (by another test's outgoing
+ * connection, say): then the cluster is started again on new ports, up to three times.
  */
 export async function natsCluster(size = 3): Promise<NatsCluster> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startCluster(size);
+    } catch (err) {
+      if (attempt === 3 || !/already in use/.test((err as Error).message)) throw err;
+    }
+  }
+}
+
+async function startCluster(size: number): Promise<NatsCluster> {
   const root = await mkdtemp(join(tmpdir(), "boxcar-cluster-"));
   const clusterName = `c${Math.random().toString(36).slice(2, 8)}`;
   const members: Member[] = [];
