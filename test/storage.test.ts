@@ -1,7 +1,13 @@
-import { startNatsServer } from "@boxcar/fabric";
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { openTopology, startNatsServer } from "@boxcar/fabric";
+import type { BoxcarError } from "@boxcar/protocol";
+import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { uniquePrefix } from "./helpers/nats.js";
+
+const MiB = 1024 ** 2;
 
 // A real nats-server whose JetStream may keep 48 MiB on disk: less than the 1.75 GiB Boxcar's
 // history streams reserve by default.
@@ -41,3 +47,48 @@ test("on a server with too little JetStream storage, a role says so in one line;
     await Promise.all([exited(dispatcher), exited(worker)]);
   }
 }, 90_000);
+
+test("a submit on a full store is refused with storage_full, and no job is left half-admitted", async () => {
+  await using server = await startNatsServer({ maxFileStore: 24 * 1024 ** 2 });
+  const nc = await connect({ servers: server.url });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const dispatcher = await startDispatcher({ topology });
+  try {
+    const client = createClient(topology);
+    await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    // Under the 128 KiB a command-line argument may hold, for the CLI's try below.
+    const pad = "x".repeat(120_000);
+    let accepted = 0;
+    let refusal: BoxcarError | undefined;
+    for (let i = 0; i < 500 && !refusal; i++) {
+      try {
+        await client.submit({ agent: "noop", input: { i, pad } });
+        accepted += 1;
+      } catch (err) {
+        refusal = err as BoxcarError;
+      }
+    }
+    expect(refusal?.code).toBe("storage_full");
+    expect(refusal?.message).toContain("its store is full");
+    expect(accepted).toBeGreaterThan(10);
+
+    // As a user sees it: a refusal (exit 3) that names the cause.
+    const cli = await boxcar(server.url, topology.names.prefix, ["submit", "noop", "--input", JSON.stringify({ i: -1, pad })]);
+    expect(cli.code).toBe(3);
+    expect(cli.stderr).toContain("storage_full");
+
+    // Every accepted job has its record and its work item. A refused one is taken back, unless
+    // the store was too full even for that: then, and only then, its refusal says it may still run.
+    const records: string[] = [];
+    for await (const key of await topology.jobs.keys()) {
+      if ((await topology.jobs.get(key))?.operation === "PUT") records.push(key);
+    }
+    const work = await topology.jsm.streams.info(topology.names.streams.work);
+    expect(work.state.messages).toBe(accepted);
+    const leftBehind = [refusal?.message ?? "", cli.stderr].filter((m) => m.includes("may still run once space frees")).length;
+    expect(records).toHaveLength(accepted + leftBehind);
+  } finally {
+    await dispatcher.close();
+    await nc.close();
+  }
+}, 120_000);

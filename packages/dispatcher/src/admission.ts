@@ -1,5 +1,14 @@
 import type { Logger } from "@boxcar/client";
-import { DUPLICATE_WINDOW_MS, getJson, jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
+import {
+  DUPLICATE_WINDOW_MS,
+  getJson,
+  isStorageFull,
+  jobEvent,
+  nowIso,
+  publishEvent,
+  type Topology,
+  type WorkSigner,
+} from "@boxcar/fabric";
 import {
   type AgentDefinition,
   BoxcarError,
@@ -108,18 +117,31 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
-  if (!(await topology.jobStore.create(record))) {
+  const created = await topology.jobStore.create(record).catch((err: unknown) => {
+    throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
+  });
+  if (!created) {
     // Two submissions with one key raced past the key's claim: the other one wrote the record.
     const other = await topology.jobStore.read(id);
     if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);
     return { job: other.record, duplicate: true };
   }
-  // Both events are sent before the work item, so they precede anything a worker publishes.
-  await Promise.all([
-    publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),
-    publishEvent(topology, jobEvent(record, "queued")),
-  ]);
-  await publishWorkItem(topology, record, agent, ctx.signer);
+  try {
+    // Both events are sent before the work item, so they precede anything a worker publishes.
+    await Promise.all([
+      publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),
+      publishEvent(topology, jobEvent(record, "queued")),
+    ]);
+    await publishWorkItem(topology, record, agent, ctx.signer);
+  } catch (err) {
+    if (!isStorageFull(err)) throw err;
+    // The record without its work item would be a job half-admitted: take it back.
+    const removed = await topology.jobStore.withdraw(created).catch((removeErr: unknown) => {
+      log.error({ err: removeErr, jobId: id }, "a job refused for want of storage could not be removed; it runs once space frees");
+      return false;
+    });
+    throw noRoom(id, removed ? "nothing was kept" : "its record could not be removed, so it may still run once space frees");
+  }
   ctx.onWorkPublished?.(id);
   log.info(
     {
@@ -210,6 +232,15 @@ export async function recordRejection(
   if (!(await topology.jobStore.create(record))) return (await topology.jobStore.read(id))?.record ?? record;
   await publishEvent(topology, jobEvent(record, "rejected"));
   return record;
+}
+
+/** A submission refused because JetStream's store is full; `kept` says what became of it. */
+function noRoom(id: string, kept: string): BoxcarError {
+  return new BoxcarError(
+    ErrorCode.storageFull,
+    `no room in JetStream for job ${id}: its store is full (the server's max_file_store or the account's limit); ${kept}. ` +
+      "Submit again once queued jobs have run or space is freed (with an idempotency key a retry cannot make two jobs)",
+  );
 }
 
 async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {

@@ -40,6 +40,20 @@ export class JobStore {
   }
 
   /**
+   * Removes a record as it was written (compare-and-swap on its revision): an admission that
+   * could not finish takes back its job. True when removed; false when it changed meanwhile.
+   */
+  async withdraw(handle: JobHandle): Promise<boolean> {
+    try {
+      await this.kv.delete(handle.record.id, { previousSeq: handle.revision });
+      return true;
+    } catch (err) {
+      if (isRevisionConflict(err)) return false;
+      throw err;
+    }
+  }
+
+  /**
    * Changes a job's record: `decide` gets the record as it stands and returns the next one, or
    * null to leave it as it is. Starts from `from` when the caller has just read it, else reads
    * it. A job that does not exist is left alone.

@@ -40,6 +40,17 @@ export function isTransientJetStreamError(err: unknown): boolean {
   return isTransientNatsError(err);
 }
 
+/** JetStream's refusals for want of storage: "insufficient resources" and "insufficient storage resources available". */
+const STORAGE_REFUSALS: readonly number[] = [10023, 10047];
+
+/** True when JetStream refused a write because its store (the server's or the account's) has no room left. */
+export function isStorageFull(err: unknown): boolean {
+  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
+    if (e instanceof JetStreamApiError && STORAGE_REFUSALS.includes(e.code)) return true;
+  }
+  return false;
+}
+
 const MAX_BACKOFF_MS = 5_000;
 
 /**
