@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, startNatsServer } from "@boxcar/fabric";
@@ -87,6 +88,49 @@ test("a submit on a full store is refused with storage_full, and no job is left 
     expect(work.state.messages).toBe(accepted);
     const leftBehind = [refusal?.message ?? "", cli.stderr].filter((m) => m.includes("may still run once space frees")).length;
     expect(records).toHaveLength(accepted + leftBehind);
+  } finally {
+    await dispatcher.close();
+    await nc.close();
+  }
+}, 120_000);
+
+test("a durable intake submission that meets a full store waits in its stream, and is admitted once space frees", async () => {
+  await using server = await startNatsServer({ maxFileStore: 24 * 1024 ** 2 });
+  const nc = await connect({ servers: server.url });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const { names } = topology;
+  const client = createClient(topology);
+  let dispatcher = await startDispatcher({ topology });
+  await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+  await dispatcher.close();
+  try {
+    // Stored while no dispatcher runs; then something else takes the rest of the store.
+    await topology.js.publish(`${names.prefix}.submit.local.noop`, JSON.stringify({ input: { pad: "x".repeat(100_000) } }));
+    await topology.jsm.streams.add({ name: "FILLER", subjects: ["filler"] });
+    // Filled to within 16 KiB: room for a small rejection record, none for the 100 KB job.
+    for (const chunk of [512 * 1024, 64 * 1024, 16 * 1024]) {
+      for (let stored = true; stored; ) {
+        stored = await topology.js.publish("filler", new Uint8Array(chunk)).then(
+          () => true,
+          () => false,
+        );
+      }
+    }
+    dispatcher = await startDispatcher({ topology });
+    await sleep(3_000);
+    // Not admitted, and not recorded as rejected either: still waiting in the intake stream.
+    const jobs: string[] = [];
+    for await (const key of await topology.jobs.keys()) jobs.push(key);
+    expect(jobs).toEqual([]);
+    expect((await topology.jsm.streams.info(names.streams.submit)).state.messages).toBe(1);
+
+    await topology.jsm.streams.delete("FILLER");
+    const admitted = await eventually(async () => {
+      const { jobs: listed } = await client.listJobs({ limit: 10 });
+      return listed.length > 0 ? listed : undefined;
+    }, "the intake submission to be admitted");
+    expect(admitted).toHaveLength(1);
+    expect(admitted[0]).toMatchObject({ agent: "noop", state: "queued" });
   } finally {
     await dispatcher.close();
     await nc.close();

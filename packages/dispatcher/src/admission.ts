@@ -81,7 +81,9 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   const key = spec.idempotencyKey !== undefined ? `owner:${opts.owner}:${spec.idempotencyKey}` : opts.implicitKey;
   let id = newJobId();
   if (key !== undefined) {
-    const claimed = await claimKey(topology.idempotency, key, id);
+    const claimed = await claimKey(topology.idempotency, key, id).catch((err: unknown) => {
+      throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
+    });
     if (claimed !== id) {
       const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
       if (existing) {

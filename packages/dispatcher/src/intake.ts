@@ -6,7 +6,8 @@ import { type AdmissionContext, admit, recordRejection } from "./admission.js";
 
 /**
  * Admits one message from the durable intake stream `<prefix>.submit.<owner>.<agent>`. The agent comes
- * from the subject when the body names none. A bad submission is recorded as a rejected job;
+ * from the subject when the body names none. A bad submission is recorded as a rejected job (a
+ * store with no room is not the submission's fault: it is tried again later);
  * either way the message is acked only once its outcome is stored, so a dispatcher that dies
  * midway leaves it for another to redo (deduplicated by the stream's creation time and sequence).
  */
@@ -27,7 +28,8 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);
-    if (error.code === "internal") throw err;
+    // Not the submission's fault: it stays in the stream and is tried again (a full store may free up).
+    if (error.code === ErrorCode.internal || error.code === ErrorCode.storageFull) throw err;
     const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
   }
