@@ -99,7 +99,9 @@ describe("how an attempt's events are stored", () => {
   beforeAll(async () => {
     nats = await natsFixture();
     dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    worker = createWorker({ ...nats.workerRole });
+    // Held for 1.5 s rather than 250 ms: on a loaded machine (CI) a no-op attempt has taken
+    // longer than 250 ms, and its events went out one by one.
+    worker = createWorker({ ...nats.workerRole, eventHoldMs: 1_500 });
     void worker.run();
     client = createClient(nats.topology);
   });
@@ -147,7 +149,7 @@ describe("how an attempt's events are stored", () => {
   });
 
   test("a longer attempt stores each event as it happens, so followers see it start", async () => {
-    const { id, events } = await run("longer", "sleep 2", async (jobId) => {
+    const { id, events } = await run("longer", "sleep 4", async (jobId) => {
       await eventually(async () => {
         const seen: string[] = [];
         for await (const e of client.events(jobId)) seen.push(e.type);

@@ -46,14 +46,18 @@ interface Member {
  * Three real nats-servers in one JetStream cluster, each with its own store and free client and
  * route ports. Resolves once JetStream has a meta leader and can place a stream on every server.
  * A port found free can be taken before its server binds it (by another test's outgoing
- * connection, say): then the cluster is started again on new ports, up to three times.
+ * connection, say), and on a loaded machine a server has been seen never to join the others'
+ * JetStream (CI, twice at once): then the cluster is started again, on new ports, up to three
+ * times, and what each server said about its routes and JetStream is printed.
  */
 export async function natsCluster(size = 3): Promise<NatsCluster> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await startCluster(size);
     } catch (err) {
-      if (attempt === 3 || !/already in use/.test((err as Error).message)) throw err;
+      const message = (err as Error).message;
+      if (attempt === 3 || !/already in use|could not place/.test(message)) throw err;
+      process.stderr.write(`natsCluster: starting again (attempt ${attempt + 1} of 3): ${message}\n`);
     }
   }
 }
@@ -129,14 +133,36 @@ async function startCluster(size: number): Promise<NatsCluster> {
           await jsm.streams.delete(name);
           return;
         } catch (err) {
-          if (Date.now() > deadline)
-            throw new Error(`JetStream could not place ${size} replicas within ${ms} ms: ${(err as Error).message}`);
+          if (Date.now() > deadline) {
+            throw new Error(
+              `JetStream could not place ${size} replicas within ${ms} ms: ${(err as Error).message}; ${await describeMembers()}`,
+            );
+          }
           await new Promise((r) => setTimeout(r, 250));
         }
       }
     } finally {
       await nc.close();
     }
+  };
+
+  /** Each server's routes and view of the JetStream meta group, from its monitoring endpoint. */
+  const describeMembers = async () => {
+    const described = await Promise.all(
+      members.map(async (m) => {
+        const get = async (path: string) => {
+          const res = await fetch(`http://127.0.0.1:${m.monitorPort}${path}`, { signal: AbortSignal.timeout(2_000) });
+          return (await res.json()) as Record<string, unknown>;
+        };
+        try {
+          const [routez, jsz] = await Promise.all([get("/routez"), get("/jsz")]);
+          return `${m.name}: ${routez.num_routes} routes, meta ${JSON.stringify(jsz.meta_cluster)}`;
+        } catch (err) {
+          return `${m.name}: ${(err as Error).message}`;
+        }
+      }),
+    );
+    return described.join("; ");
   };
 
   try {

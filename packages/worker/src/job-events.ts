@@ -15,8 +15,6 @@ import type { SandboxBackend } from "./sandbox.js";
 
 /** Progress events waiting beyond this many are dropped: a chatty agent cannot flood the stream. */
 const MAX_QUEUED_PROGRESS = 64;
-/** An attempt that ends sooner than this stores one event, its last, with the others folded into it. */
-export const LIVE_AFTER_MS = 250;
 /** Events held back beyond this many go out one by one at once: a folded event stays small. */
 const MAX_HELD = 32;
 /** The job events that end an attempt: the one an attempt's held events are folded into. */
@@ -49,9 +47,9 @@ export type SandboxEventDetails = Partial<
 /**
  * Publishes the job and sandbox events of one attempt, numbered (`seq`) in the order they
  * happen. `started` is stored at once; the events after it are held back for the attempt's first
- * 250 ms: one that ends by then stores its last event with them in `folded` (a no-op job stores
- * two messages, where it stored seven). After that, the held events and every later one are
- * published as they come.
+ * `holdMs` (the worker's `eventHoldMs`, 250 ms by default): one that ends by then stores its last
+ * event with them in `folded` (a no-op job stores two messages, where it stored seven). After
+ * that, the held events and every later one are published as they come.
  * Publishes are not waited for one by one: they go out in order on the worker's one connection,
  * which NATS delivers, and the stream stores, in order. The promise a call returns settles when
  * that event and all before it are stored (at once for a held one); a failed publish is logged
@@ -62,7 +60,7 @@ export class JobEvents {
   private queuedProgress = 0;
   private seq = 0;
   /** Events held back while the attempt is young; null once events go out as they come. */
-  private held: (JobEvent | SandboxEvent)[] | null = [];
+  private held: (JobEvent | SandboxEvent)[] | null;
   private liveTimer: NodeJS.Timeout | undefined;
   attempt = 0;
 
@@ -70,7 +68,10 @@ export class JobEvents {
     private readonly topology: Topology,
     private readonly ids: { jobId: string; owner: string; agent: string; workerId: string; run?: string },
     private readonly log: Logger,
-  ) {}
+    private readonly holdMs: number,
+  ) {
+    this.held = holdMs > 0 ? [] : null;
+  }
 
   job(type: JobEventType, state: JobState, details: JobEventDetails = {}): Promise<void> {
     return this.record({
@@ -137,7 +138,7 @@ export class JobEvents {
     }
     this.held.push(event);
     if (this.held.length >= MAX_HELD) this.goLive();
-    else if (!this.liveTimer) this.liveTimer = setTimeout(() => this.goLive(), LIVE_AFTER_MS).unref();
+    else if (!this.liveTimer) this.liveTimer = setTimeout(() => this.goLive(), this.holdMs).unref();
     return this.tail;
   }
 

@@ -88,6 +88,7 @@ export class JobRun {
         ...(item.chain?.run ? { run: item.chain.run } : {}),
       },
       this.log,
+      ctx.options.eventHoldMs,
     );
   }
 
