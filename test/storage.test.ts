@@ -3,6 +3,7 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, startNatsServer } from "@boxcar/fabric";
 import type { BoxcarError } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -131,6 +132,70 @@ test("a durable intake submission that meets a full store waits in its stream, a
     }, "the intake submission to be admitted");
     expect(admitted).toHaveLength(1);
     expect(admitted[0]).toMatchObject({ agent: "noop", state: "queued" });
+  } finally {
+    await dispatcher.close();
+    await nc.close();
+  }
+}, 120_000);
+
+test("past the system's queue limit new work is refused with queue_full and nothing is kept; a worker drains the queue and submissions are admitted again", async () => {
+  // A store with room to spare: the queue limit, not the store, is what refuses.
+  await using server = await startNatsServer({ maxFileStore: 64 * MiB });
+  const nc = await connect({ servers: server.url });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const { names } = topology;
+  const dispatcher = await startDispatcher({ topology });
+  const client = createClient(topology);
+  try {
+    await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    await client.setPolicy({ queue: { bytes: "2Mi" } });
+    const pad = "x".repeat(100_000);
+    const accepted: string[] = [];
+    let refusal: BoxcarError | undefined;
+    for (let i = 0; i < 100 && !refusal; i++) {
+      try {
+        accepted.push((await client.submit({ agent: "noop", input: { i, pad } })).job.id);
+      } catch (err) {
+        refusal = err as BoxcarError;
+      }
+    }
+    expect(refusal?.code).toBe("queue_full");
+    expect(refusal?.message).toMatch(
+      /the queue is full: \d+ jobs \([\d.]+ MiB\) wait to start, and the system policy allows 100000 jobs or 2 MiB/,
+    );
+    // 2 MiB of 100 KB records: about 20, whatever the watch's delay.
+    expect(accepted.length).toBeGreaterThanOrEqual(19);
+    expect(accepted.length).toBeLessThanOrEqual(22);
+
+    // As a user sees it: a refusal (exit 3) that names the cause. Nothing was kept of any refusal.
+    const cli = await boxcar(server.url, names.prefix, ["submit", "noop", "--input", '{"small":true}']);
+    expect(cli.code).toBe(3);
+    expect(cli.stderr).toContain("queue_full");
+    const records: string[] = [];
+    for await (const key of await topology.jobs.keys()) records.push(key);
+    expect(records.sort()).toEqual([...accepted].sort());
+    expect((await topology.jsm.streams.info(names.streams.work)).state.messages).toBe(accepted.length);
+    // A workflow is new work too.
+    const run = await client.startRun({ workflow: { name: "one", steps: [{ name: "a", agent: "noop" }] } }).catch((e: unknown) => e);
+    expect(run).toMatchObject({ code: "queue_full" });
+
+    // A durable intake submission waits in its stream for room, rather than being rejected.
+    await topology.js.publish(`${names.prefix}.submit.local.noop`, JSON.stringify({ input: { from: "intake" } }));
+    await sleep(1_500);
+    expect((await topology.jsm.streams.info(names.streams.submit)).state.messages).toBe(1);
+
+    // A worker started on the full queue drains it; the intake submission is admitted and runs.
+    await using worker = createWorker({ topology, concurrency: 4, providers: [createHostSandboxProvider()] });
+    void worker.run();
+    for (const id of accepted) expect((await client.waitForJob(id)).state).toBe("succeeded");
+    // (Read from the bucket: a page of jobs.list with these inputs would pass the payload limit, issue 19 part 4.)
+    const fromIntake = await eventually(async () => {
+      for await (const key of await topology.jobs.keys()) if (!accepted.includes(key)) return key;
+      return undefined;
+    }, "the intake submission to be admitted");
+    expect((await client.waitForJob(fromIntake)).state).toBe("succeeded");
+    const again = await client.submit({ agent: "noop", input: { pad } });
+    expect((await client.waitForJob(again.job.id)).state).toBe("succeeded");
   } finally {
     await dispatcher.close();
     await nc.close();

@@ -34,6 +34,8 @@ try {
   const agent = { runtime: { sandbox: "host" as const }, trusted: true };
   await client.applyAgent({ name: "blocker", command: ["sleep", "3600"], ...agent });
   await client.applyAgent({ name: "noop", command: ["true"], ...agent });
+  // Room for every checkpoint: the system's default queue limit is 100 000 jobs.
+  await client.setPolicy({ queue: { jobs: Math.max(...CHECKPOINTS) + 10 } });
   const blocker = (await client.submit({ agent: "blocker", input: null })).job.id;
   while ((await client.getJob(blocker)).state !== "running") await sleep(100);
 

@@ -29,7 +29,7 @@ import { headers } from "@nats-io/transport-node";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
-import type { PolicyBook } from "./policy.js";
+import type { JobLoad, PolicyBook } from "./policy.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
@@ -47,6 +47,8 @@ export interface AdmissionContext {
   signer?: WorkSigner | undefined;
   /** The admin's policy: every job's agent must conform to it, however the job comes about. */
   policy: PolicyBook;
+  /** The jobs waiting and running: quotas, and the room left in the queue for new work. */
+  load: JobLoad;
   /** Told when a new job's work item is stored, so the sweeper that finishes cut-short admissions leaves it alone. */
   onWorkPublished?(jobId: string): void;
 }
@@ -69,6 +71,9 @@ export interface AdmitOptions {
  */
 export async function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
   const { log } = ctx;
+  // New work waits for room in the queue; a job that continues admitted work (a handoff, a
+  // workflow step) does not, or the queue could strand what it already holds.
+  if (!opts.chain) ctx.load.checkRoom(ctx.policy.policy);
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await ctx.agents.get(spec.agent);
   // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
@@ -128,6 +133,8 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
     if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);
     return { job: other.record, duplicate: true };
   }
+  // Counted at once, not when the watch brings it: a burst cannot pass the queue limit unseen.
+  ctx.load.observe(id, record, Buffer.byteLength(JSON.stringify(record)));
   try {
     // Both events are sent before the work item, so they precede anything a worker publishes.
     await Promise.all([
@@ -142,6 +149,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
       log.error({ err: removeErr, jobId: id }, "a job refused for want of storage could not be removed; it runs once space frees");
       return false;
     });
+    if (removed) ctx.load.observe(id, undefined);
     throw noRoom(id, removed ? "nothing was kept" : "its record could not be removed, so it may still run once space frees");
   }
   ctx.onWorkPublished?.(id);

@@ -29,7 +29,6 @@ import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { jobEvents, jobLogs, runEvents } from "./history.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
-import type { OwnerLoad } from "./policy.js";
 import type { Runs } from "./workflows/runs.js";
 
 type Handler = (body: unknown, caller: Identity) => Promise<unknown>;
@@ -44,6 +43,7 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.forbidden]: 403,
   [ErrorCode.policyDenied]: 403,
   [ErrorCode.quotaExceeded]: 429,
+  [ErrorCode.queueFull]: 503,
   [ErrorCode.storageFull]: 507,
   [ErrorCode.unavailable]: 503,
   [ErrorCode.conflict]: 409,
@@ -52,7 +52,7 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs, load: OwnerLoad): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
@@ -60,7 +60,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);
       checkInputOwnership(files, caller);
-      load.check(caller, ctx.policy.policy);
+      ctx.load.check(caller, ctx.policy.policy);
       try {
         const reply = await admit(topology, body, ctx, { owner: caller.user });
         // An earlier job for the same key was returned: the files sent for this one are not used.
@@ -121,6 +121,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.workflowsStart]: (body, caller) => {
       const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
       onlyAdminsChoosePools(caller, Array.isArray(steps) ? steps : []);
+      ctx.load.checkRoom(ctx.policy.policy);
       return runs.start(body, caller.user);
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),

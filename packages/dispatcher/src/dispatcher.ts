@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
 import { type Logger, silentLogger } from "@boxcar/client";
 import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } from "@boxcar/fabric";
-import type { ApiEndpoint } from "@boxcar/protocol";
+import { type ApiEndpoint, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import type { AdmissionContext } from "./admission.js";
@@ -12,7 +12,7 @@ import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
 import { watchJobs } from "./job-watch.js";
 import { startMaxDeliveriesWatch } from "./max-deliveries.js";
-import { OwnerLoad, PolicyBook } from "./policy.js";
+import { JobLoad, PolicyBook } from "./policy.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
@@ -62,7 +62,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const wait = <T>(what: string, step: () => Promise<T>) => patiently(what, step, log, opts.signal);
   const workers = await wait("the worker directory", () => WorkerDirectory.open(topology, log));
   const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
-  const load = new OwnerLoad();
+  const load = new JobLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
   const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer });
@@ -72,6 +72,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     workers,
     signer: opts.signer,
     policy,
+    load,
     onWorkPublished: (id) => admissions.workPublished(id),
   };
   const runs = new Runs(topology, ctx);
@@ -92,7 +93,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs, load))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       handler: (err, msg) => {
@@ -124,8 +125,11 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       try {
         await admitIntake(topology, msg, streamCreated, ctx);
       } catch (err) {
-        log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
-        msg.nak(1_000);
+        // A full queue or store is waited out: the submission stays in the stream until there is room.
+        const waiting = err instanceof BoxcarError && (err.code === ErrorCode.queueFull || err.code === ErrorCode.storageFull);
+        if (waiting) log.warn({ seq: msg.seq, code: err.code }, "intake submission waits for room; it will be redelivered");
+        else log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
+        msg.nak(waiting ? 5_000 : 1_000);
       }
     }
   })();

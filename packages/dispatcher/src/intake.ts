@@ -28,8 +28,8 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);
-    // Not the submission's fault: it stays in the stream and is tried again (a full store may free up).
-    if (error.code === ErrorCode.internal || error.code === ErrorCode.storageFull) throw err;
+    // Not the submission's fault: it stays in the stream and is tried again (a full queue or store frees up).
+    if (([ErrorCode.internal, ErrorCode.queueFull, ErrorCode.storageFull] as string[]).includes(error.code)) throw err;
     const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
   }

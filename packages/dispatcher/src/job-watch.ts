@@ -2,7 +2,8 @@ import { jsonOf, type Logger } from "@boxcar/client";
 import type { Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 
-export type JobObserver = (key: string, job: JobRecord | undefined) => void;
+/** Shown each record as stored (`undefined` once deleted or unreadable) with its size in bytes. */
+export type JobObserver = (key: string, job: JobRecord | undefined, bytes: number) => void;
 
 /**
  * The dispatcher's one watcher on the jobs bucket: it replays every record's latest value at
@@ -16,7 +17,7 @@ export async function watchJobs(topology: Topology, log: Logger, observers: read
       const parsed = entry.operation === "PUT" ? JobRecord.safeParse(jsonOf(entry)) : undefined;
       if (parsed && !parsed.success) log.warn({ key: entry.key }, "a job record does not parse; ignoring it");
       const job = parsed?.success ? parsed.data : undefined;
-      for (const observe of observers) observe(entry.key, job);
+      for (const observe of observers) observe(entry.key, job, entry.length);
     }
   })();
   return { stop: () => watch.stop() };

@@ -3,6 +3,7 @@ import { followKv, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
   BoxcarError,
+  DEFAULT_QUEUE_LIMITS,
   ErrorCode,
   type ErrorIssue,
   type Identity,
@@ -72,34 +73,55 @@ export class PolicyBook {
   }
 }
 
-/**
- * How many jobs each user has waiting and running, counted from the dispatcher's watch of the
- * job records. The count trails the bucket by the watch's delay, so a burst of submissions can
- * pass a quota by the few that are in flight at once.
- */
-export class OwnerLoad {
-  private readonly jobs = new Map<string, { owner: string; state: "queued" | "running" }>();
-  private readonly counts = new Map<string, { queued: number; running: number }>();
+/** A job the load counts: waiting (`queued`) or `running`. */
+interface Counted {
+  owner: string;
+  state: "queued" | "running";
+  /** The size of its record, as stored. */
+  bytes: number;
+}
 
-  readonly observe = (key: string, job: JobRecord | undefined): void => {
+/**
+ * How many jobs each user has waiting and running, and how many (and how many bytes of records)
+ * the whole system has waiting, counted from the dispatcher's watch of the job records. The
+ * counts trail the bucket by the watch's delay, so a burst of submissions can pass a quota or a
+ * queue limit by the few that are in flight at once.
+ */
+export class JobLoad {
+  private readonly jobs = new Map<string, Counted>();
+  private readonly counts = new Map<string, { queued: number; running: number }>();
+  /** Jobs waiting to start in the whole system, and the bytes of their records. */
+  private readonly queue = { jobs: 0, bytes: 0 };
+
+  readonly observe = (key: string, job: JobRecord | undefined, bytes = 0): void => {
     const before = this.jobs.get(key);
-    if (before) this.add(before.owner, before.state, -1);
+    if (before) this.add(before, -1);
     const state = job?.state === "running" ? "running" : job?.state === "accepted" || job?.state === "queued" ? "queued" : undefined;
     if (job && state) {
-      this.jobs.set(key, { owner: ownerOf(job), state });
-      this.add(ownerOf(job), state, 1);
+      const now: Counted = { owner: ownerOf(job), state, bytes };
+      this.jobs.set(key, now);
+      this.add(now, 1);
     } else this.jobs.delete(key);
   };
 
-  private add(owner: string, state: "queued" | "running", n: number): void {
-    const c = this.counts.get(owner) ?? { queued: 0, running: 0 };
-    c[state] += n;
-    if (c.queued === 0 && c.running === 0) this.counts.delete(owner);
-    else this.counts.set(owner, c);
+  private add(job: Counted, n: number): void {
+    const c = this.counts.get(job.owner) ?? { queued: 0, running: 0 };
+    c[job.state] += n;
+    if (c.queued === 0 && c.running === 0) this.counts.delete(job.owner);
+    else this.counts.set(job.owner, c);
+    if (job.state === "queued") {
+      this.queue.jobs += n;
+      this.queue.bytes += n * job.bytes;
+    }
   }
 
   of(owner: string): { queued: number; running: number } {
     return this.counts.get(owner) ?? { queued: 0, running: 0 };
+  }
+
+  /** Jobs waiting to start in the whole system, and the bytes of their records. */
+  get queued(): { jobs: number; bytes: number } {
+    return { ...this.queue };
   }
 
   /** Refuses a new job of `caller` when it has as many waiting or running as its quota allows. Admins have no quota. */
@@ -116,5 +138,21 @@ export class OwnerLoad {
         );
       }
     }
+  }
+
+  /**
+   * Refuses new work, admins' too, when the system holds as many jobs or bytes queued as its
+   * policy allows: the store keeps room for the jobs already admitted to run and end.
+   */
+  checkRoom(policy: SystemPolicy): void {
+    const limits = { ...DEFAULT_QUEUE_LIMITS, ...policy.queue };
+    const { jobs, bytes } = this.queue;
+    if (jobs < limits.jobs && bytes < limits.bytes) return;
+    const mib = (n: number) => `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`;
+    throw new BoxcarError(
+      ErrorCode.queueFull,
+      `the queue is full: ${jobs} jobs (${mib(bytes)}) wait to start, and the system policy allows ${limits.jobs} jobs or ${mib(limits.bytes)}; ` +
+        "submit again once some have started (an admin can raise queue.jobs / queue.bytes with boxcar policy set)",
+    );
   }
 }

@@ -43,6 +43,8 @@ export const ErrorCode = {
   policyDenied: "policy_denied",
   /** The caller has as many jobs queued or running as its quota allows. */
   quotaExceeded: "quota_exceeded",
+  /** The system has as many jobs (or bytes of them) queued as its policy's `queue` limits allow; retry later. */
+  queueFull: "queue_full",
   /** JetStream has no room for it: the server's or account's storage is used up, or smaller than the streams ask for. */
   storageFull: "storage_full",
   /** No dispatcher answered, or NATS is unreachable. */

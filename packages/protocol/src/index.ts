@@ -117,7 +117,16 @@ export { jsonSchemas } from "./json-schemas.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
-export { AgentPolicy, checkAgentPolicy, policyViolations, Quota, quotaOf, SystemPolicy } from "./policy.js";
+export {
+  AgentPolicy,
+  checkAgentPolicy,
+  DEFAULT_QUEUE_LIMITS,
+  policyViolations,
+  QueueLimits,
+  Quota,
+  quotaOf,
+  SystemPolicy,
+} from "./policy.js";
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { UserName } from "./access.js";
 import { type AgentDefinition, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
-import { durationMs } from "./units.js";
+import { durationMs, sizeBytes } from "./units.js";
 
 /** An image or template name, with `*` standing for any run of characters (`registry.example.com/agents/*`). */
 const NamePattern = z.string().min(1).max(512);
@@ -84,6 +84,18 @@ export const Quota = z.strictObject({
 });
 export type Quota = z.infer<typeof Quota>;
 
+/** What the whole system holds queued before new submissions are refused; what is left out takes its default. */
+export const QueueLimits = z.strictObject({
+  jobs: z.number().int().positive().optional().describe("jobs accepted or queued, not yet started (default 100000)"),
+  bytes: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 })
+    .optional()
+    .describe('bytes of their records, inputs included, such as "256Mi" (default 256Mi)'),
+});
+export type QueueLimits = z.infer<typeof QueueLimits>;
+
+/** The queue limits of a system whose policy sets none. */
+export const DEFAULT_QUEUE_LIMITS: Required<QueueLimits> = { jobs: 100_000, bytes: 256 * 1024 ** 2 };
+
 /** An admin's policy for the whole system, kept in the policy bucket (`boxcar policy set -f FILE`). */
 export const SystemPolicy = z.strictObject({
   agents: AgentPolicy.default({}).describe("what agents may ask for"),
@@ -93,6 +105,10 @@ export const SystemPolicy = z.strictObject({
       users: z.record(UserName, Quota).default({}).describe("a user's own, in place of the default"),
     })
     .default({ default: {}, users: {} }),
+  queue: QueueLimits.default({}).describe(
+    "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
+      "jobs that continue admitted work (handoffs, workflow steps, retries) are not",
+  ),
 });
 export type SystemPolicy = z.infer<typeof SystemPolicy>;
 export type SystemPolicyInput = z.input<typeof SystemPolicy>;
