@@ -376,16 +376,23 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect((await bob.client.waitForJob(after.job.id)).state).toBe("succeeded");
   }, 60_000);
 
-  it("a worker's credential cannot publish work items, call the API or delete streams; a dispatcher's cannot delete or purge them either", async () => {
+  it("a worker's credential cannot publish work items, call the API, delete or purge streams; a dispatcher's may purge only what retention deletes", async () => {
     const worker = await sys.as("worker");
     const dispatcher = await sys.as("dispatcher");
     const { names } = worker;
     await expectDenied("a worker publishes a work item", () => jetstream(worker.nc).publish(names.subjects.work("default"), "{}"));
     await expect(worker.client.listJobs()).rejects.toMatchObject({ code: ErrorCode.forbidden });
-    for (const p of [worker, dispatcher]) {
-      const jsm = await jetstreamManager(p.nc);
-      await expectDenied(`${p.user} purges the events stream`, () => jsm.streams.purge(names.streams.events));
-      await expectDenied(`${p.user} deletes the work stream`, () => jsm.streams.delete(names.streams.work));
+    const workerJsm = await jetstreamManager(worker.nc);
+    await expectDenied("a worker purges the events stream", () => workerJsm.streams.purge(names.streams.events));
+    // A dispatcher deletes an ended job's events, output and record past its retention (by
+    // purges filtered on the job), but no queued work, submission, agent or stream.
+    const dispatcherJsm = await jetstreamManager(dispatcher.nc);
+    for (const stream of [names.streams.work, names.streams.submit, names.streams.dead, `KV_${names.buckets.agents}`]) {
+      await expectDenied(`a dispatcher purges ${stream}`, () => dispatcherJsm.streams.purge(stream));
+    }
+    for (const jsm of [workerJsm, dispatcherJsm]) {
+      await expectDenied("a role deletes the work stream", () => jsm.streams.delete(names.streams.work));
+      await expectDenied("a role deletes the events stream", () => jsm.streams.delete(names.streams.events));
     }
   });
 

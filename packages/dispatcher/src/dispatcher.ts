@@ -13,6 +13,7 @@ import { admitIntake } from "./intake.js";
 import { watchJobs } from "./job-watch.js";
 import { startMaxDeliveriesWatch } from "./max-deliveries.js";
 import { JobLoad, PolicyBook } from "./policy.js";
+import { RetentionSweeper } from "./retention.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
@@ -26,6 +27,8 @@ export interface DispatcherOptions {
   version?: string;
   /** How often jobs past their queue timeout are looked for; default 1000 ms. */
   expiryIntervalMs?: number;
+  /** How often ended jobs past the system policy's retention are looked for and deleted; default 60000 ms. */
+  retentionIntervalMs?: number;
   /**
    * Signs every work item (see `WorkSigner`); workers configured with its public key run only
    * items it signed. The CLI makes one from the dispatcher's NATS credential.
@@ -64,6 +67,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
   const load = new JobLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
+  const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
   const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer });
   const ctx: AdmissionContext = {
@@ -81,6 +85,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     watchJobs(topology, log, [
       (key, job) => expiry.observe(key, job),
       (key, job) => admissions.observe(key, job),
+      (key, job) => retention.observe(key, job),
       follower.observeJob,
       load.observe,
     ]),
@@ -154,6 +159,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         async () => policy.close(),
         async () => agents.close(),
         async () => expiry.close(),
+        () => retention.close(),
         async () => admissions.close(),
       ];
       for (const step of steps) {

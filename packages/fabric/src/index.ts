@@ -6,6 +6,7 @@ export { followKv, getJson, listJson } from "./kv-json.js";
 export { isStorageFull, isTransientJetStreamError, patiently } from "./nats-errors.js";
 export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-server.js";
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
+export { removeObject } from "./objects.js";
 export type { ReadStreamOptions } from "./stream-reader.js";
 export { readStream } from "./stream-reader.js";
 export type { ResolvedTopologyOptions, StreamLimits, Topology, TopologyOptions } from "./topology.js";

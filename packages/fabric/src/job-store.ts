@@ -22,7 +22,14 @@ const MAX_TRIES = 10;
  * anew, up to 10 times. Errors other than a lost race (NATS out of reach, say) are thrown.
  */
 export class JobStore {
-  constructor(private readonly kv: KV) {}
+  /**
+   * `purgeKey` removes every message a key has in the bucket's stream (a JetStream purge
+   * filtered on the key's subject), for `remove`.
+   */
+  constructor(
+    private readonly kv: KV,
+    private readonly purgeKey: (id: string) => Promise<void>,
+  ) {}
 
   async read(id: string): Promise<JobHandle | null> {
     const found = await getJson(this.kv, id, JobRecord, "job record");
@@ -51,6 +58,17 @@ export class JobStore {
       if (isRevisionConflict(err)) return false;
       throw err;
     }
+  }
+
+  /**
+   * Deletes a record for good, as it was read (compare-and-swap on its revision): false when it
+   * changed meanwhile. Watchers see the delete; then every revision, the delete marker included,
+   * is purged, so nothing of the job stays in the bucket (a marker per deleted job would pile up).
+   */
+  async remove(handle: JobHandle): Promise<boolean> {
+    if (!(await this.withdraw(handle))) return false;
+    await this.purgeKey(handle.record.id);
+    return true;
   }
 
   /**

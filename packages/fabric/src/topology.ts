@@ -221,7 +221,9 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     js,
     jsm,
     jobs,
-    jobStore: new JobStore(jobs),
+    jobStore: new JobStore(jobs, async (id) => {
+      await jsm.streams.purge(`KV_${names.buckets.jobs}`, { filter: `$KV.${names.buckets.jobs}.${id}` });
+    }),
     agents,
     workers,
     idempotency,

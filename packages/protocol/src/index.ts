@@ -121,10 +121,13 @@ export {
   AgentPolicy,
   checkAgentPolicy,
   DEFAULT_QUEUE_LIMITS,
+  DEFAULT_RETENTION_MS,
   policyViolations,
   QueueLimits,
   Quota,
   quotaOf,
+  Retention,
+  retentionOf,
   SystemPolicy,
 } from "./policy.js";
 export { PRIORITIES, Priority } from "./priority.js";

@@ -2,7 +2,10 @@ import { z } from "zod";
 import { UserName } from "./access.js";
 import { type AgentDefinition, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
+import type { JobState } from "./job.js";
 import { durationMs, sizeBytes } from "./units.js";
+
+const DAY_MS = 24 * 3_600_000;
 
 /** An image or template name, with `*` standing for any run of characters (`registry.example.com/agents/*`). */
 const NamePattern = z.string().min(1).max(512);
@@ -96,6 +99,29 @@ export type QueueLimits = z.infer<typeof QueueLimits>;
 /** The queue limits of a system whose policy sets none. */
 export const DEFAULT_QUEUE_LIMITS: Required<QueueLimits> = { jobs: 100_000, bytes: 256 * 1024 ** 2 };
 
+/** How long ended jobs are kept before they are deleted with their events, output, input files and artifacts. */
+export const Retention = z.strictObject({
+  jobs: durationMs({ min: 1_000, max: 3_650 * DAY_MS })
+    .optional()
+    .describe('every ended job, counted from its end, such as "7d" or "12h" (default 7d)'),
+  failed: durationMs({ min: 1_000, max: 3_650 * DAY_MS })
+    .optional()
+    .describe("jobs that ended failed, timed_out or dead, in place of jobs (default: as jobs)"),
+});
+export type Retention = z.infer<typeof Retention>;
+
+/** How long ended jobs are kept when the policy says nothing. */
+export const DEFAULT_RETENTION_MS = 7 * DAY_MS;
+
+/** The final states whose jobs `Retention.failed` keeps. */
+const FAILED_STATES: ReadonlySet<string> = new Set(["failed", "timed_out", "dead"]);
+
+/** How long a job that ended in `state` is kept under `policy`. */
+export function retentionOf(policy: SystemPolicy, state: JobState): number {
+  const jobs = policy.retention.jobs ?? DEFAULT_RETENTION_MS;
+  return FAILED_STATES.has(state) ? (policy.retention.failed ?? jobs) : jobs;
+}
+
 /** An admin's policy for the whole system, kept in the policy bucket (`boxcar policy set -f FILE`). */
 export const SystemPolicy = z.strictObject({
   agents: AgentPolicy.default({}).describe("what agents may ask for"),
@@ -105,6 +131,7 @@ export const SystemPolicy = z.strictObject({
       users: z.record(UserName, Quota).default({}).describe("a user's own, in place of the default"),
     })
     .default({ default: {}, users: {} }),
+  retention: Retention.default({}).describe("how long ended jobs are kept"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",

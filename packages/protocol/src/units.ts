@@ -1,9 +1,9 @@
 import { z } from "zod";
 
-const DURATION = /^(\d+(?:\.\d+)?)(ms|s|m|h)$/;
-const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 } as const;
+const DURATION = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)$/;
+const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 
-/** Parses `500ms`, `30s`, `10m`, `2h` (or a number of milliseconds) into milliseconds. */
+/** Parses `500ms`, `30s`, `10m`, `2h`, `7d` (or a number of milliseconds) into milliseconds. */
 export function parseDurationMs(value: string | number): number | undefined {
   if (typeof value === "number") return Number.isFinite(value) && value >= 0 ? value : undefined;
   const m = DURATION.exec(value.trim());

@@ -1,0 +1,140 @@
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
+
+let nats: NatsFixture;
+let dispatcher: Dispatcher;
+let worker: Worker;
+let client: BoxcarClient;
+let dir: Awaited<ReturnType<typeof scratch>>;
+
+beforeAll(async () => {
+  nats = await natsFixture();
+  dir = await scratch("boxcar-retention-");
+  // The dispatcher runs as its own role, with its own NATS permissions: the deletions must pass them.
+  dispatcher = await startDispatcher({ ...nats.dispatcherRole, retentionIntervalMs: 250 });
+  worker = createWorker({ ...nats.workerRole, concurrency: 4, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  client = createClient(nats.topology);
+  const script = (body: string) => ["sh", "-c", body];
+  const host = { trusted: true, runtime: { sandbox: "host" } } as const;
+  // Reads its input file, prints, writes an artifact.
+  await client.applyAgent({
+    name: "maker",
+    command: script('cat data.txt; mkdir -p out; echo made > out/made.txt; printf \'{"output":"ok"}\' > "$BOXCAR_RESULT_FILE"'),
+    outputs: ["out/**"],
+    ...host,
+  });
+  await client.applyAgent({ name: "slow", command: script('sleep 4; printf \'{"output":null}\' > "$BOXCAR_RESULT_FILE"'), ...host });
+  await client.applyAgent({ name: "waiter", command: script("sleep 60"), ...host });
+  await client.applyAgent({ name: "broken", command: script("echo failing; exit 3"), ...host });
+  await client.setPolicy({ retention: { jobs: "2s", failed: "1h" } });
+}, 60_000);
+afterAll(async () => {
+  await worker?.close();
+  await dispatcher?.close();
+  await dir?.[Symbol.asyncDispose]();
+  await nats?.[Symbol.asyncDispose]();
+});
+
+/** Every message the job has left in the events and logs streams and in the jobs bucket's stream. */
+async function leftOf(jobId: string, owner = "local"): Promise<Record<string, number>> {
+  const { jsm, names } = nats.topology;
+  const count = async (stream: string, subject: string) =>
+    Object.values((await jsm.streams.info(stream, { subjects_filter: subject })).state.subjects ?? {}).reduce((a, b) => a + b, 0);
+  return {
+    events: await count(names.streams.events, names.subjects.jobEvents(owner, jobId)),
+    logs: await count(names.streams.logs, names.subjects.jobLogs(owner, jobId)),
+    record: await count(`KV_${names.buckets.jobs}`, `$KV.${names.buckets.jobs}.${jobId}`),
+  };
+}
+
+/** What the Object Store holds of an object: its name (not deleted), its metadata messages and its chunks. */
+async function stored(object: { name: string; nuid: string }): Promise<{ live: boolean; meta: number; chunks: number }> {
+  const { artifacts, jsm, names } = nats.topology;
+  const info = await artifacts.info(object.name);
+  const bucket = names.buckets.artifacts;
+  const count = async (subject: string) =>
+    Object.values((await jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: subject })).state.subjects ?? {}).reduce((a, b) => a + b, 0);
+  const encoded = Buffer.from(object.name).toString("base64").replaceAll("+", "-").replaceAll("/", "_");
+  return {
+    live: info !== null && !info.deleted,
+    meta: await count(`$O.${bucket}.M.${encoded}`),
+    chunks: await count(`$O.${bucket}.C.${object.nuid}`),
+  };
+}
+
+/** The object's name and chunk id, read while it exists. */
+async function objectRef(name: string): Promise<{ name: string; nuid: string }> {
+  const info = await nats.topology.artifacts.info(name);
+  if (!info) throw new Error(`no object ${name}`);
+  return { name, nuid: info.nuid };
+}
+
+const GONE = { live: false, meta: 0, chunks: 0 };
+
+test("an ended job past its retention is deleted with its events, output, input files and artifacts; a failed one is kept longer; the system runs on", async () => {
+  const file = join(dir.path, "data.txt");
+  await writeFile(file, "the input\n");
+  const { job: made } = await client.submit({ agent: "maker" }, { upload: [{ localPath: file, path: "data.txt" }] });
+  const { job: failed } = await client.submit({ agent: "broken" });
+  const done = await client.waitForJob(made.id);
+  expect(done.state).toBe("succeeded");
+  expect((await client.waitForJob(failed.id)).state).toBe("failed");
+  const input = await objectRef(done.spec?.files[0]?.object ?? "");
+  const artifact = await objectRef(done.artifacts[0]?.object ?? "");
+  expect(await stored(input)).toEqual({ live: true, meta: 1, chunks: 1 });
+  expect(await stored(artifact)).toEqual({ live: true, meta: 1, chunks: 1 });
+  const before = await leftOf(made.id);
+  expect(before.events).toBeGreaterThan(0);
+  expect(before.logs).toBeGreaterThan(0);
+  expect(before.record).toBeGreaterThan(0);
+
+  // Two seconds after it ended, and a sweep: nothing of it is left, not even a delete marker.
+  await eventually(
+    async () => ((await client.getJob(made.id).catch((e: { code?: string }) => e.code)) === "not_found" ? true : undefined),
+    "the job to be deleted",
+  );
+  expect(await leftOf(made.id)).toEqual({ events: 0, logs: 0, record: 0 });
+  expect(await stored(input)).toEqual(GONE);
+  expect(await stored(artifact)).toEqual(GONE);
+  // A failed job is kept for the longer `failed` retention.
+  expect((await client.getJob(failed.id)).state).toBe("failed");
+  expect((await leftOf(failed.id)).events).toBeGreaterThan(0);
+
+  // The system runs on.
+  const { job: next } = await client.submit({ agent: "slow" });
+  expect((await client.waitForJob(next.id)).state).toBe("succeeded");
+}, 60_000);
+
+test("an input file that a job still running also names keeps the ended job that named it until that one ends too (here, cancelled)", async () => {
+  const file = join(dir.path, "shared.txt");
+  await writeFile(file, "shared\n");
+  const ref = await client.uploadInput(file, "data.txt");
+  const shared = await objectRef(ref.object);
+  const { job: slow } = await client.submit({ agent: "waiter", files: [ref] });
+  await eventually(async () => ((await client.getJob(slow.id)).state === "running" ? true : undefined), "the waiting job to run");
+  const { job: quick } = await client.submit({ agent: "maker", files: [ref] });
+  expect((await client.waitForJob(quick.id)).state).toBe("succeeded");
+  // Past the quick job's retention while the other one still runs: kept, and so is the file.
+  await sleep(2_500);
+  expect((await client.getJob(quick.id)).state).toBe("succeeded");
+  expect((await stored(shared)).live).toBe(true);
+
+  await client.cancelJob(slow.id);
+  expect((await client.waitForJob(slow.id)).state).toBe("cancelled");
+  await eventually(async () => {
+    const gone = await Promise.all(
+      [quick.id, slow.id].map(async (id) => (await client.getJob(id).catch((e: { code?: string }) => e.code)) === "not_found"),
+    );
+    return gone.every(Boolean) ? true : undefined;
+  }, "both jobs to be deleted");
+  expect(await stored(shared)).toEqual(GONE);
+}, 60_000);
