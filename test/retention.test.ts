@@ -5,7 +5,7 @@ import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 
@@ -137,4 +137,42 @@ test("an input file that a job still running also names keeps the ended job that
     return gone.every(Boolean) ? true : undefined;
   }, "both jobs to be deleted");
   expect(await stored(shared)).toEqual(GONE);
+}, 60_000);
+
+test("boxcar clean deletes now the ended jobs that match, as an admin asks; a submitter may not; bad flags are usage errors", async () => {
+  await client.setPolicy({ retention: { jobs: "1h" } });
+  const ids = async (agent: string) => {
+    const { job } = await client.submit({ agent });
+    await client.waitForJob(job.id);
+    return job.id;
+  };
+  const made = [await ids("maker"), await ids("maker")];
+  const broken = await ids("broken");
+  const prefix = nats.topology.names.prefix;
+  const gone = async (id: string) => (await client.getJob(id).catch((e: { code?: string }) => e.code)) === "not_found";
+
+  const usage = await boxcar(nats.url, prefix, ["clean", "--older-than", "soon"]);
+  expect(usage).toMatchObject({ code: 2, stderr: expect.stringContaining("--older-than must be a duration") });
+  const running = await boxcar(nats.url, prefix, ["clean", "--older-than", "0s", "--state", "running"]);
+  expect(running).toMatchObject({ code: 2, stderr: expect.stringContaining("--state must be a final state") });
+  const missing = await boxcar(nats.url, prefix, ["clean"]);
+  expect(missing).toMatchObject({ code: 2, stderr: expect.stringContaining("give --older-than") });
+
+  // Ended an hour ago or more: none of these.
+  const none = await boxcar(nats.url, prefix, ["clean", "--older-than", "1h"]);
+  expect(none).toMatchObject({ code: 0, stdout: expect.stringContaining("deleted 0 ended jobs") });
+  await nats.auth.mint("carol", "submitter");
+  const asSubmitter = await boxcar(nats.url, prefix, ["clean", "--older-than", "0s"], { NATS_CREDS: nats.auth.credsFile("carol") });
+  expect(asSubmitter.code).toBe(3);
+  expect(asSubmitter.stderr).toContain("forbidden");
+  expect(await gone(made[0] as string)).toBe(false);
+
+  const cleaned = await boxcar(nats.url, prefix, ["clean", "--older-than", "0s", "--state", "succeeded", "--agent", "maker"]);
+  expect(cleaned.code, cleaned.stderr).toBe(0);
+  expect(cleaned.stdout).toContain("deleted 2 ended jobs");
+  for (const id of made) {
+    expect(await gone(id)).toBe(true);
+    expect(await leftOf(id)).toEqual({ events: 0, logs: 0, record: 0 });
+  }
+  expect((await client.getJob(broken)).state).toBe("failed");
 }, 60_000);

@@ -10,6 +10,8 @@ import {
   BoxcarError,
   BoxcarEvent,
   CancelReply,
+  CleanJobsReply,
+  type CleanJobsRequest,
   ErrorCode,
   EventsPage,
   type Identity,
@@ -107,6 +109,8 @@ export interface BoxcarClient {
   cancelJob(id: string): Promise<JobRecord>;
   /** Runs a dead job again, with a fresh budget of attempts. */
   retryJob(id: string): Promise<JobRecord>;
+  /** Deletes now the ended jobs that match, as retention would (admins only); ask again while `more`. */
+  cleanJobs(request: CleanJobsRequest): Promise<CleanJobsReply>;
   /** Resolves with the job's record once it reaches a final state. */
   waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord>;
   /** The job's events in order; with `follow`, until its final event (with `chain`, the chain's). */
@@ -241,6 +245,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async retryJob(id: string) {
     return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
+  }
+
+  cleanJobs(request: CleanJobsRequest) {
+    return this.request(ApiEndpoint.jobsClean, request, CleanJobsReply);
   }
 
   async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {

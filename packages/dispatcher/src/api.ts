@@ -6,6 +6,7 @@ import {
   ApiEndpoint,
   ApplyAgentRequest,
   BoxcarError,
+  type CleanJobsRequest,
   callerOf,
   checkAgentPolicy,
   credentialLikeEnv,
@@ -29,6 +30,7 @@ import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { jobEvents, jobLogs, runEvents } from "./history.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
+import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
 
 type Handler = (body: unknown, caller: Identity) => Promise<unknown>;
@@ -52,7 +54,12 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Runs): Record<ApiEndpoint, Handler> {
+export function apiHandlers(
+  topology: Topology,
+  ctx: AdmissionContext,
+  runs: Runs,
+  retention: RetentionSweeper,
+): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
@@ -87,6 +94,8 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, runs: Run
     [ApiEndpoint.jobsRetry]: async (body, caller) => {
       return { job: await retryJob(topology, parseWith(JobRef, body, "request").id, caller, ctx) };
     },
+    // Admins only (ROLE_ENDPOINTS): it deletes anyone's ended jobs.
+    [ApiEndpoint.jobsClean]: (body) => retention.clean(body as CleanJobsRequest),
     [ApiEndpoint.agentsApply]: async (body) => {
       const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
       checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");

@@ -98,7 +98,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs))) {
+  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs, retention))) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       handler: (err, msg) => {

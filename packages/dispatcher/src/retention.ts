@@ -1,9 +1,18 @@
 import type { Logger } from "@boxcar/client";
 import { removeObject, type Topology } from "@boxcar/fabric";
-import { isTerminal, type JobRecord, type JobState, ownerOf, retentionOf } from "@boxcar/protocol";
+import {
+  type CleanJobsReply,
+  CleanJobsRequest,
+  isTerminal,
+  type JobRecord,
+  type JobState,
+  ownerOf,
+  parseWith,
+  retentionOf,
+} from "@boxcar/protocol";
 import type { PolicyBook } from "./policy.js";
 
-/** Jobs deleted per sweep at most: a backlog (a shorter retention just set) is worked off over several. */
+/** Jobs deleted per sweep, or per `clean` request, at most: a backlog is worked off over several. */
 const MAX_PER_SWEEP = 500;
 /** Deletions under way at once within a sweep. */
 const PARALLEL = 8;
@@ -21,8 +30,8 @@ const objectsOf = (job: JobRecord): string[] => [...(job.spec?.files ?? []).map(
  * jobs until that job has ended.
  */
 export class RetentionSweeper {
-  /** Ended jobs: when each ended, and how. */
-  private readonly ended = new Map<string, { at: number; state: JobState }>();
+  /** Ended jobs: when each ended, how, and its agent. */
+  private readonly ended = new Map<string, { at: number; state: JobState; agent: string }>();
   /** How many jobs not yet ended name each object, and the objects of each. */
   private readonly inUse = new Map<string, number>();
   private readonly openObjects = new Map<string, string[]>();
@@ -50,7 +59,7 @@ export class RetentionSweeper {
     this.ended.delete(key);
     if (!job) return;
     if (isTerminal(job.state)) {
-      this.ended.set(key, { at: Date.parse(job.finishedAt ?? job.createdAt), state: job.state });
+      this.ended.set(key, { at: Date.parse(job.finishedAt ?? job.createdAt), state: job.state, agent: job.agent });
       return;
     }
     const objects = objectsOf(job);
@@ -61,53 +70,76 @@ export class RetentionSweeper {
 
   /** Deletes the ended jobs past their retention, up to a bound; resolves with how many went. */
   sweep(now = Date.now()): Promise<number> {
-    this.sweeping ??= this.deleteDue(now).finally(() => {
+    this.sweeping ??= (async () => {
+      const policy = this.policy.policy;
+      const { deleted } = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now);
+      if (deleted > 0) this.log.info({ deleted }, "deleted jobs past their retention");
+      return deleted;
+    })().finally(() => {
       this.sweeping = undefined;
     });
     return this.sweeping;
   }
 
-  private async deleteDue(now: number): Promise<number> {
-    const policy = this.policy.policy;
+  /** Deletes now the ended jobs that match, as retention would (`boxcar clean`), up to a bound. */
+  async clean(request: CleanJobsRequest): Promise<CleanJobsReply> {
+    const { olderThan, state, agent } = parseWith(CleanJobsRequest, request, "request");
+    const before = Date.now() - olderThan;
+    const result = await this.deleteMatching(
+      (job) => job.at <= before && (state === undefined || job.state === state) && (agent === undefined || job.agent === agent),
+    );
+    this.log.info({ olderThanMs: olderThan, state, agent, ...result }, "jobs cleaned by request");
+    return result;
+  }
+
+  private async deleteMatching(matches: (job: { at: number; state: JobState; agent: string }) => boolean): Promise<CleanJobsReply> {
     const due: string[] = [];
-    for (const [id, { at, state }] of this.ended) {
-      if (at + retentionOf(policy, state) <= now) due.push(id);
-      if (due.length === MAX_PER_SWEEP) break;
+    let more = false;
+    for (const [id, job] of this.ended) {
+      if (!matches(job)) continue;
+      if (due.length === MAX_PER_SWEEP) {
+        more = true;
+        break;
+      }
+      due.push(id);
     }
     let deleted = 0;
+    let kept = 0;
     for (let i = 0; i < due.length && !this.closed; i += PARALLEL) {
       await Promise.all(
         due.slice(i, i + PARALLEL).map(async (id) => {
           try {
-            if (await this.deleteJob(id)) deleted += 1;
+            const outcome = await this.deleteJob(id);
+            if (outcome === "deleted") deleted += 1;
+            if (outcome === "kept") kept += 1;
           } catch (err) {
-            this.log.warn({ err, jobId: id }, "could not delete a job past its retention; trying again at the next sweep");
+            kept += 1;
+            this.log.warn({ err, jobId: id }, "could not delete an ended job; trying again at the next sweep");
           }
         }),
       );
     }
-    if (deleted > 0) this.log.info({ deleted, due: due.length }, "deleted jobs past their retention");
-    return deleted;
+    return { deleted, kept, more };
   }
 
-  /** Deletes one ended job and what belongs to it; false when it is kept (gone, changed, or an object still in use). */
-  private async deleteJob(id: string): Promise<boolean> {
+  /** Deletes one ended job and what belongs to it; "kept" when an object is still in use or it changed meanwhile. */
+  private async deleteJob(id: string): Promise<"deleted" | "kept" | "gone"> {
     const { topology } = this;
     const found = await topology.jobStore.read(id);
     if (!found || !isTerminal(found.record.state)) {
       this.ended.delete(id);
-      return false;
+      return "gone";
     }
     const job = found.record;
     const objects = objectsOf(job);
-    if (objects.some((o) => this.inUse.has(o))) return false; // a job not yet ended needs them: later
+    if (objects.some((o) => this.inUse.has(o))) return "kept"; // a job not yet ended needs them: later
     const { names } = topology;
     for (const object of new Set(objects)) await removeObject(topology, object);
     await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.jobEvents(ownerOf(job), id) });
     await topology.jsm.streams.purge(names.streams.logs, { filter: names.subjects.jobLogs(ownerOf(job), id) });
-    if (!(await topology.jobStore.remove(found))) return false; // changed meanwhile (retried): kept
+    if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
     this.ended.delete(id);
-    return true;
+    return "deleted";
   }
 
   /** Stops sweeping; a sweep under way ends after the deletions in flight. */

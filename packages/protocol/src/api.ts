@@ -1,9 +1,10 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName } from "./agent.js";
 import { ErrorInfo, ErrorIssue } from "./errors.js";
-import { JobRecord, JobState, WorkspacePath } from "./job.js";
+import { isTerminal, JobRecord, JobState, WorkspacePath } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
+import { durationMs } from "./units.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
 
@@ -40,6 +41,25 @@ export const ListJobsReply = z.strictObject({
 export type ListJobsReply = z.infer<typeof ListJobsReply>;
 
 export const CancelReply = z.strictObject({ job: JobRecord });
+
+/** Deletes now the ended jobs that match, as retention would (admins only). */
+export const CleanJobsRequest = z.strictObject({
+  /** Jobs that ended at least this long ago, in ms or as a duration (`1h`); 0: every ended job. */
+  olderThan: durationMs({ min: 0, max: 3_650 * 86_400_000 }),
+  state: JobState.refine(isTerminal, "only an ended job can be deleted: give a final state").optional(),
+  agent: AgentName.optional(),
+});
+export type CleanJobsRequest = z.input<typeof CleanJobsRequest>;
+
+export const CleanJobsReply = z.strictObject({
+  /** Jobs deleted by this request. */
+  deleted: z.number().int().nonnegative(),
+  /** Jobs that matched but were kept: an object of theirs is in use by a job not yet ended, or they changed meanwhile. */
+  kept: z.number().int().nonnegative(),
+  /** More jobs match than one request deletes: ask again. */
+  more: z.boolean(),
+});
+export type CleanJobsReply = z.infer<typeof CleanJobsReply>;
 
 export const AgentRef = z.strictObject({ name: AgentName });
 export const ApplyAgentRequest = z.strictObject({ definition: z.unknown() });

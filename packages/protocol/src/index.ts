@@ -42,6 +42,8 @@ export {
   ArtifactChunk,
   ArtifactRequest,
   CancelReply,
+  CleanJobsReply,
+  CleanJobsRequest,
   EventsPage,
   JobEventsRequest,
   JobLogsRequest,

@@ -118,6 +118,7 @@ export const ApiEndpoint = {
   jobsList: "jobs.list",
   jobsCancel: "jobs.cancel",
   jobsRetry: "jobs.retry",
+  jobsClean: "jobs.clean",
   agentsApply: "agents.apply",
   agentsGet: "agents.get",
   agentsList: "agents.list",

@@ -1,7 +1,7 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { isTerminal, type JobRecord, JobState, Priority } from "@boxcar/protocol";
+import { isTerminal, type JobRecord, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
@@ -312,3 +312,41 @@ async function deadJobs(client: BoxcarClient, agent: string): Promise<string[]> 
   } while (after);
   return ids;
 }
+
+export const clean: Command = {
+  name: "clean",
+  usage: "boxcar clean --older-than DURATION [--state STATE] [--agent AGENT]",
+  summary: "delete now the ended jobs that match, with their events, output and files (admins)",
+  maxArgs: 0,
+  options: { "older-than": { type: "string" }, state: { type: "string" }, agent: { type: "string" } },
+  async run(ctx) {
+    const olderThan = ctx.values["older-than"] as string | undefined;
+    if (olderThan === undefined) throw new UsageError(`give --older-than, e.g. 1h or 0s for every ended job\n\nusage: ${this.usage}`);
+    if (parseDurationMs(olderThan) === undefined)
+      throw new UsageError(`--older-than must be a duration such as 30m, 1h or 7d, got ${olderThan}`);
+    const state = ctx.values.state as string | undefined;
+    const ended = JobState.options.filter((s) => isTerminal(s));
+    if (state !== undefined && !(ended as string[]).includes(state)) {
+      throw new UsageError(`--state must be a final state (${ended.join(", ")}), got ${state}`);
+    }
+    await using session = await ctx.session("boxcar-clean");
+    const total = { deleted: 0, kept: 0 };
+    for (let more = true; more; ) {
+      const reply = await session.client.cleanJobs({
+        olderThan,
+        ...(state ? { state: state as JobState } : {}),
+        ...(ctx.values.agent ? { agent: ctx.values.agent as string } : {}),
+      });
+      total.deleted += reply.deleted;
+      total.kept += reply.kept;
+      // Ask again only while a request still deletes some: kept ones would be asked about forever.
+      more = reply.more && reply.deleted > 0;
+    }
+    if (ctx.values.json) ctx.print(json(total));
+    else {
+      const kept = total.kept > 0 ? `; ${total.kept} kept (a file of theirs is used by a job not yet ended, or they changed)` : "";
+      ctx.print(`deleted ${total.deleted} ended jobs${kept}`);
+    }
+    return ExitCode.ok;
+  },
+};
