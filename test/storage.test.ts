@@ -188,12 +188,22 @@ test("past the system's queue limit new work is refused with queue_full and noth
     await using worker = createWorker({ topology, concurrency: 4, providers: [createHostSandboxProvider()] });
     void worker.run();
     for (const id of accepted) expect((await client.waitForJob(id)).state).toBe("succeeded");
-    // (Read from the bucket: a page of jobs.list with these inputs would pass the payload limit, issue 19 part 4.)
     const fromIntake = await eventually(async () => {
       for await (const key of await topology.jobs.keys()) if (!accepted.includes(key)) return key;
       return undefined;
     }, "the intake submission to be admitted");
     expect((await client.waitForJob(fromIntake)).state).toBe("succeeded");
+    // Listing these jobs pages by bytes: twenty records of 100 KB would not fit in one message.
+    const listed: string[] = [];
+    let pages = 0;
+    for (let after: string | undefined, more = true; more; pages++) {
+      const page = await client.listJobs({ limit: 100, ...(after ? { after } : {}) });
+      listed.push(...page.jobs.map((j) => j.id));
+      after = page.next;
+      more = after !== undefined;
+    }
+    expect(listed.sort()).toEqual([...accepted, fromIntake].sort());
+    expect(pages).toBeGreaterThan(1);
     const again = await client.submit({ agent: "noop", input: { pad } });
     expect((await client.waitForJob(again.job.id)).state).toBe("succeeded");
   } finally {

@@ -17,9 +17,13 @@ import { type AdmissionContext, publishWorkItem } from "./admission.js";
 /** The caller of what a dispatcher does on its own account: it sees every job. */
 const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
 
+/** The most bytes of records one `jobs.list` reply carries, under NATS's 1 MiB message limit. */
+const LIST_REPLY_BUDGET = 768 * 1024;
+
 /**
- * Pages through job records, newest first (job ids sort by creation time). A record that does
- * not read as one is left out and logged, so it cannot break the list for everyone.
+ * Pages through job records, newest first (job ids sort by creation time), up to the limit or
+ * the byte budget. A record that does not read as one is left out and logged, so it cannot
+ * break the list for everyone.
  */
 export async function listJobs(topology: Topology, raw: unknown, caller: Identity, log: Logger): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
@@ -28,6 +32,7 @@ export async function listJobs(topology: Topology, raw: unknown, caller: Identit
   ids.sort().reverse();
   const start = req.after === undefined ? 0 : ids.findIndex((id) => id < (req.after as string));
   const jobs: JobRecord[] = [];
+  let bytes = 0;
   let next: string | undefined;
   if (start >= 0) {
     for (const id of ids.slice(start)) {
@@ -41,11 +46,15 @@ export async function listJobs(topology: Topology, raw: unknown, caller: Identit
       if (!mayAccess(caller, ownerOf(job))) continue;
       if (req.state && job.state !== req.state) continue;
       if (req.agent && job.agent !== req.agent) continue;
-      if (jobs.length === req.limit) {
+      // A page ends at the limit, or before the reply would pass the byte budget (records carry
+      // their input: twenty of 100 KB would not fit in one NATS message).
+      const size = Buffer.byteLength(JSON.stringify(job));
+      if (jobs.length === req.limit || (jobs.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
         next = jobs[jobs.length - 1]?.id;
         break;
       }
       jobs.push(job);
+      bytes += size;
     }
   }
   return next ? { jobs, next } : { jobs };
