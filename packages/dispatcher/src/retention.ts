@@ -12,8 +12,8 @@ import {
 } from "@boxcar/protocol";
 import type { PolicyBook } from "./policy.js";
 
-/** Jobs deleted per sweep, or per `clean` request, at most: a backlog is worked off over several. */
-const MAX_PER_SWEEP = 500;
+/** Jobs deleted per batch (a `clean` request is one): a reply comes in time, a sweep takes batch after batch. */
+const MAX_PER_BATCH = 500;
 /** Deletions under way at once within a sweep. */
 const PARALLEL = 8;
 
@@ -68,11 +68,18 @@ export class RetentionSweeper {
     for (const object of objects) this.inUse.set(object, (this.inUse.get(object) ?? 0) + 1);
   }
 
-  /** Deletes the ended jobs past their retention, up to a bound; resolves with how many went. */
+  /** Deletes the ended jobs past their retention; resolves with how many went. */
   sweep(now = Date.now()): Promise<number> {
     this.sweeping ??= (async () => {
       const policy = this.policy.policy;
-      const { deleted } = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now);
+      let deleted = 0;
+      // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
+      // that one dispatcher can delete them.
+      for (let more = true; more && !this.closed; ) {
+        const batch = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now);
+        deleted += batch.deleted;
+        more = batch.more && batch.deleted > 0;
+      }
       if (deleted > 0) this.log.info({ deleted }, "deleted jobs past their retention");
       return deleted;
     })().finally(() => {
@@ -97,7 +104,7 @@ export class RetentionSweeper {
     let more = false;
     for (const [id, job] of this.ended) {
       if (!matches(job)) continue;
-      if (due.length === MAX_PER_SWEEP) {
+      if (due.length === MAX_PER_BATCH) {
         more = true;
         break;
       }
