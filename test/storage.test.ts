@@ -161,7 +161,7 @@ test("past the system's queue limit new work is refused with queue_full and noth
     }
     expect(refusal?.code).toBe("queue_full");
     expect(refusal?.message).toMatch(
-      /the queue is full: \d+ jobs \([\d.]+ MiB\) wait to start, and the system policy allows 100000 jobs or 2 MiB/,
+      /the queue is full: \d+ jobs \([\d.]+ [KM]iB\) wait to start, and the system policy allows 100000 jobs or 2 MiB/,
     );
     // 2 MiB of 100 KB records: about 20, whatever the watch's delay.
     expect(accepted.length).toBeGreaterThanOrEqual(19);

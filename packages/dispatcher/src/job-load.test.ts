@@ -15,7 +15,7 @@ test("the queue's jobs and bytes follow each record's latest state, and new work
 
   load.observe("c", job("c", "accepted"), 500);
   expect(() => load.checkRoom(policy)).toThrow(
-    /the queue is full: 3 jobs \(0 MiB\) wait to start, and the system policy allows 3 jobs or 1 MiB/,
+    /the queue is full: 3 jobs \(3 KiB\) wait to start, and the system policy allows 3 jobs or 1 MiB/,
   );
 
   load.observe("a", job("a", "running"), 1_200); // started: no longer waiting

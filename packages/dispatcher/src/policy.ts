@@ -148,7 +148,7 @@ export class JobLoad {
     const limits = { ...DEFAULT_QUEUE_LIMITS, ...policy.queue };
     const { jobs, bytes } = this.queue;
     if (jobs < limits.jobs && bytes < limits.bytes) return;
-    const mib = (n: number) => `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`;
+    const mib = (n: number) => (n < 1024 ** 2 ? `${Math.round(n / 1024)} KiB` : `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`);
     throw new BoxcarError(
       ErrorCode.queueFull,
       `the queue is full: ${jobs} jobs (${mib(bytes)}) wait to start, and the system policy allows ${limits.jobs} jobs or ${mib(limits.bytes)}; ` +
