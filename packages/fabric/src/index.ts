@@ -2,7 +2,7 @@ export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { JobChange, JobHandle } from "./job-store.js";
 export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
-export { followKv, getJson, listJson } from "./kv-json.js";
+export { followKv, getJson, keysOf, listJson } from "./kv-json.js";
 export { isStorageFull, isTransientJetStreamError, patiently } from "./nats-errors.js";
 export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-server.js";
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";

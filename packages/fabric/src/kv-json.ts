@@ -27,12 +27,20 @@ export async function getJson<S extends z.ZodType>(kv: KV, key: string, schema: 
   return { value: parseWith(schema, entry.json(), `${what} ${key}`), revision: entry.revision };
 }
 
+/**
+ * The bucket's keys, each once, in key order. KV's `keys()` reads them with a consumer that also
+ * delivers what is written meanwhile, so a key written while they are read comes twice.
+ */
+export async function keysOf(kv: KV): Promise<string[]> {
+  const keys = new Set<string>();
+  for await (const key of await kv.keys()) keys.add(key);
+  return [...keys].sort();
+}
+
 /** Every value of a bucket, validated, in key order. */
 export async function listJson<S extends z.ZodType>(kv: KV, schema: S, what: string): Promise<z.infer<S>[]> {
-  const keys: string[] = [];
-  for await (const key of await kv.keys()) keys.push(key);
   const values: z.infer<S>[] = [];
-  for (const key of keys.sort()) {
+  for (const key of await keysOf(kv)) {
     const found = await getJson(kv, key, schema, what);
     if (found) values.push(found.value);
   }

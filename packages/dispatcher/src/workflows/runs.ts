@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, keysOf, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   ErrorCode,
@@ -106,7 +106,7 @@ export class Runs {
   async list(raw: unknown, caller: Identity): Promise<ListRunsReply> {
     const req = parseWith(ListRunsRequest, raw, "request");
     const runs: WorkflowRun[] = [];
-    for await (const key of await this.topology.workflows.keys()) {
+    for (const key of await keysOf(this.topology.workflows)) {
       const run = await this.get(key);
       if (
         !run ||
