@@ -29,6 +29,7 @@ import { z } from "zod";
 import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { jobEvents, jobLogs, runEvents } from "./history.js";
+import type { JobIndex } from "./job-index.js";
 import { cancelJob, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
@@ -54,12 +55,15 @@ const STATUS: Partial<Record<string, number>> = {
   [ErrorCode.handoffRefused]: 422,
 };
 
-export function apiHandlers(
-  topology: Topology,
-  ctx: AdmissionContext,
-  runs: Runs,
-  retention: RetentionSweeper,
-): Record<ApiEndpoint, Handler> {
+/** What the API answers from besides the topology and the admission context. */
+export interface ApiParts {
+  runs: Runs;
+  retention: RetentionSweeper;
+  /** The job index, and when it holds every record stored when the dispatcher started. */
+  jobs: { index: JobIndex; caughtUp: Promise<void> };
+}
+
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Record<ApiEndpoint, Handler> {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
@@ -87,7 +91,7 @@ export function apiHandlers(
       }
     },
     [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
-    [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, body, caller, log),
+    [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, jobs, body, caller, log),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
       return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
     },

@@ -10,6 +10,7 @@ import { AgentCatalog } from "./agent-catalog.js";
 import { apiHandlers, serve } from "./api.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
+import { JobIndex } from "./job-index.js";
 import { watchJobs } from "./job-watch.js";
 import { startMaxDeliveriesWatch } from "./max-deliveries.js";
 import { JobLoad, PolicyBook } from "./policy.js";
@@ -68,6 +69,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const load = new JobLoad();
   const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
   const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
+  const index = new JobIndex();
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
   const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer });
   const ctx: AdmissionContext = {
@@ -86,6 +88,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       (key, job) => expiry.observe(key, job),
       (key, job) => admissions.observe(key, job),
       (key, job) => retention.observe(key, job),
+      index.observe,
       follower.observeJob,
       load.observe,
     ]),
@@ -98,7 +101,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     description: "Boxcar dispatcher: admits jobs and answers the job, agent and worker API",
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
-  for (const [endpoint, handler] of Object.entries(apiHandlers(topology, ctx, runs, retention))) {
+  for (const [endpoint, handler] of Object.entries(
+    apiHandlers(topology, ctx, { runs, retention, jobs: { index, caughtUp: jobWatch.caughtUp } }),
+  )) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       handler: (err, msg) => {

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/client";
 import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
@@ -13,6 +14,7 @@ import {
   parseWith,
 } from "@boxcar/protocol";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
+import type { JobIndex } from "./job-index.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */
 const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
@@ -22,43 +24,52 @@ const LIST_REPLY_BUDGET = 768 * 1024;
 
 /**
  * Pages through job records, newest first (job ids sort by creation time), up to the limit or
- * the byte budget. A record that does not read as one is left out and logged, so it cannot
- * break the list for everyone.
+ * the byte budget. The dispatcher's job index says which jobs match, in memory; only the page's
+ * records are read (and checked again: a job's state may have moved on). A record that does not
+ * read as one is left out and logged, so it cannot break the list for everyone.
  */
-export async function listJobs(topology: Topology, raw: unknown, caller: Identity, log: Logger): Promise<ListJobsReply> {
+export async function listJobs(
+  topology: Topology,
+  jobs: { index: JobIndex; caughtUp: Promise<void> },
+  raw: unknown,
+  caller: Identity,
+  log: Logger,
+): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
-  const ids: string[] = [];
-  for await (const key of await topology.jobs.keys()) ids.push(key);
-  ids.sort().reverse();
-  const start = req.after === undefined ? 0 : ids.findIndex((id) => id < (req.after as string));
-  const jobs: JobRecord[] = [];
+  // Right after a dispatcher starts, its index is still being filled from the bucket.
+  const waited = new AbortController();
+  await Promise.race([jobs.caughtUp, sleep(CATCH_UP_WAIT_MS, undefined, { signal: waited.signal }).catch(() => {})]);
+  waited.abort();
+  const page: JobRecord[] = [];
   let bytes = 0;
   let next: string | undefined;
-  if (start >= 0) {
-    for (const id of ids.slice(start)) {
-      const found = await getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
-        if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;
-        log.warn({ err, jobId: id }, "unreadable job record left out of a list");
-        return null;
-      });
-      if (!found) continue;
-      const job = found.value;
-      if (!mayAccess(caller, ownerOf(job))) continue;
-      if (req.state && job.state !== req.state) continue;
-      if (req.agent && job.agent !== req.agent) continue;
-      // A page ends at the limit, or before the reply would pass the byte budget (records carry
-      // their input: twenty of 100 KB would not fit in one NATS message).
-      const size = Buffer.byteLength(JSON.stringify(job));
-      if (jobs.length === req.limit || (jobs.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
-        next = jobs[jobs.length - 1]?.id;
-        break;
-      }
-      jobs.push(job);
-      bytes += size;
+  for (const [id, indexed] of jobs.index.newestFirst(req.after)) {
+    if (!mayAccess(caller, indexed.owner)) continue;
+    if (req.state && indexed.state !== req.state) continue;
+    if (req.agent && indexed.agent !== req.agent) continue;
+    const found = await getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
+      if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;
+      log.warn({ err, jobId: id }, "unreadable job record left out of a list");
+      return null;
+    });
+    if (!found) continue;
+    const job = found.value;
+    if (req.state && job.state !== req.state) continue;
+    // A page ends at the limit, or before the reply would pass the byte budget (records carry
+    // their input: twenty of 100 KB would not fit in one NATS message).
+    const size = Buffer.byteLength(JSON.stringify(job));
+    if (page.length === req.limit || (page.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
+      next = page[page.length - 1]?.id;
+      break;
     }
+    page.push(job);
+    bytes += size;
   }
-  return next ? { jobs, next } : { jobs };
+  return next ? { jobs: page, next } : { jobs: page };
 }
+
+/** How long a list waits for a dispatcher that has just started to finish reading the job records. */
+const CATCH_UP_WAIT_MS = 5_000;
 
 /**
  * Cancels a job. A job not yet started is marked cancelled and never starts; a running one is

@@ -1,0 +1,53 @@
+import type { JobRecord, JobState } from "@boxcar/protocol";
+import { expect, test } from "vitest";
+import { JobIndex } from "./job-index.js";
+
+const job = (id: string, state: JobState = "queued", agent = "a") => ({ id, state, agent, owner: "alice" }) as JobRecord;
+const ids = (index: JobIndex, after?: string) => [...index.newestFirst(after)].map(([id]) => id);
+
+test("jobs come newest first, each once, however their records arrive and change", () => {
+  const index = new JobIndex();
+  // A replay in store order, not id order; then the same jobs again as they change.
+  for (const id of ["j05", "j01", "j09", "j03", "j07"]) index.observe(id, job(id));
+  index.observe("j03", job("j03", "running"));
+  index.observe("j09", job("j09", "succeeded"));
+  expect(ids(index)).toEqual(["j09", "j07", "j05", "j03", "j01"]);
+  expect(ids(index, "j07")).toEqual(["j05", "j03", "j01"]);
+  expect(ids(index, "j06")).toEqual(["j05", "j03", "j01"]);
+  expect(ids(index, "j01")).toEqual([]);
+  expect([...index.newestFirst()].find(([id]) => id === "j03")?.[1]).toEqual({ state: "running", agent: "a", owner: "alice" });
+
+  // New jobs: at the end, or a little before it (another dispatcher's clock).
+  index.observe("j10", job("j10"));
+  index.observe("j08", job("j08"));
+  expect(ids(index)).toEqual(["j10", "j09", "j08", "j07", "j05", "j03", "j01"]);
+
+  // Deleted jobs leave the list; one made again with the same id comes once.
+  index.observe("j05", undefined);
+  index.observe("j09", undefined);
+  index.observe("j09", job("j09"));
+  expect(ids(index)).toEqual(["j10", "j09", "j08", "j07", "j03", "j01"]);
+  expect(index.size).toBe(6);
+});
+
+test("a walk under way keeps its order while jobs are added and removed", () => {
+  const index = new JobIndex();
+  for (let i = 10; i < 30; i++) index.observe(`j${i}`, job(`j${i}`));
+  const walk = index.newestFirst();
+  const seen = [walk.next().value?.[0], walk.next().value?.[0]];
+  index.observe("j31", job("j31")); // after the walk's start: not in it
+  index.observe("j25", undefined); // removed: skipped
+  index.observe("j20x", job("j20x")); // out of order: a new array, the walk keeps its own
+  for (let next = walk.next(); !next.done; next = walk.next()) seen.push(next.value[0]);
+  const expected = Array.from({ length: 20 }, (_, i) => `j${29 - i}`).filter((id) => id !== "j25");
+  expect(seen).toEqual(expected);
+});
+
+test("many deletions are compacted away", () => {
+  const index = new JobIndex();
+  for (let i = 0; i < 5_000; i++) index.observe(`j${String(i).padStart(5, "0")}`, job(`j${i}`));
+  for (let i = 0; i < 4_000; i++) index.observe(`j${String(i).padStart(5, "0")}`, undefined);
+  expect(index.size).toBe(1_000);
+  expect(ids(index)).toHaveLength(1_000);
+  expect(ids(index)[0]).toBe("j04999");
+});

@@ -1,0 +1,95 @@
+import { type JobRecord, type JobState, ownerOf } from "@boxcar/protocol";
+
+/** What the index keeps of a job: what a list filters on. */
+export interface IndexedJob {
+  state: JobState;
+  agent: string;
+  owner: string;
+}
+
+/**
+ * Every job the dispatcher's watch has shown it, by id, with what `jobs.list` filters on: so a
+ * list walks this in memory, newest first, and reads only the records of its page, however many
+ * jobs the bucket holds. It trails the bucket by the watch's delay; a list reads each record it
+ * returns, so what it returns is current.
+ */
+export class JobIndex {
+  private readonly jobs = new Map<string, IndexedJob>();
+  /** Ids in ascending order once sorted; may still hold ids removed since (skipped, then compacted). */
+  private ids: string[] = [];
+  /** The ids in `ids`. */
+  private listed = new Set<string>();
+  private sorted = true;
+  private removed = 0;
+
+  /** Notes a job record's latest value (undefined: the record was deleted). */
+  readonly observe = (key: string, job: JobRecord | undefined): void => {
+    if (!job) {
+      if (this.jobs.delete(key)) this.removed += 1;
+      if (this.removed > 1_000 && this.removed > this.ids.length / 2) this.compact();
+      return;
+    }
+    if (!this.listed.has(key)) this.insert(key);
+    this.jobs.set(key, { state: job.state, agent: job.agent, owner: ownerOf(job) });
+  };
+
+  /**
+   * Ids sort by creation time, so a new job goes at the end, or near it (another dispatcher's
+   * clock); the watch's replay at start comes in store order, which is sorted once, when a list
+   * first needs it.
+   */
+  private insert(id: string): void {
+    this.listed.add(id);
+    const ids = this.ids;
+    if (!this.sorted || ids.length === 0 || id > (ids[ids.length - 1] as string)) {
+      ids.push(id);
+      return;
+    }
+    const at = this.position(id);
+    if (ids.length - at <= 1_000)
+      this.ids = [...ids.slice(0, at), id, ...ids.slice(at)]; // a new array: see newestFirst
+    else {
+      ids.push(id);
+      this.sorted = false;
+    }
+  }
+
+  /** The index of the first id not below `id` (binary search; the ids are sorted). */
+  private position(id: string): number {
+    let lo = 0;
+    let hi = this.ids.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if ((this.ids[mid] as string) < id) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  get size(): number {
+    return this.jobs.size;
+  }
+
+  /** The jobs, newest first, starting after `after` (a job id) when given. */
+  *newestFirst(after?: string): Generator<[string, IndexedJob]> {
+    if (!this.sorted) {
+      this.compact(); // a new array: a walk under way keeps the one it has
+      this.ids.sort();
+      this.sorted = true;
+    }
+    // This array as it is now: an insertion or a compaction later makes a new one, or adds
+    // past the end, so the walk below stays in order.
+    const ids = this.ids;
+    for (let i = after === undefined ? ids.length - 1 : this.position(after) - 1; i >= 0; i--) {
+      const id = ids[i] as string;
+      const job = this.jobs.get(id);
+      if (job) yield [id, job];
+    }
+  }
+
+  private compact(): void {
+    this.ids = this.ids.filter((id) => this.jobs.has(id));
+    this.listed = new Set(this.ids);
+    this.removed = 0;
+  }
+}
