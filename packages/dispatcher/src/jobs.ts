@@ -43,27 +43,44 @@ export async function listJobs(
   const page: JobRecord[] = [];
   let bytes = 0;
   let next: string | undefined;
-  for (const [id, indexed] of jobs.index.newestFirst(req.after)) {
-    if (!mayAccess(caller, indexed.owner)) continue;
-    if (req.state && indexed.state !== req.state) continue;
-    if (req.agent && indexed.agent !== req.agent) continue;
-    const found = await getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
+  const read = (id: string) =>
+    getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
       if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;
       log.warn({ err, jobId: id }, "unreadable job record left out of a list");
       return null;
     });
-    if (!found) continue;
-    const job = found.value;
-    if (req.state && job.state !== req.state) continue;
-    // A page ends at the limit, or before the reply would pass the byte budget (records carry
-    // their input: twenty of 100 KB would not fit in one NATS message).
-    const size = Buffer.byteLength(JSON.stringify(job));
-    if (page.length === req.limit || (page.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
-      next = page[page.length - 1]?.id;
-      break;
+  const matching = (function* () {
+    for (const [id, indexed] of jobs.index.newestFirst(req.after)) {
+      if (!mayAccess(caller, indexed.owner)) continue;
+      if (req.state && indexed.state !== req.state) continue;
+      if (req.agent && indexed.agent !== req.agent) continue;
+      yield id;
     }
-    page.push(job);
-    bytes += size;
+  })();
+  // The records are read a page (and one more, to know whether there is a next) at a time, at once.
+  for (let done = false; !done; ) {
+    const ids: string[] = [];
+    while (ids.length <= req.limit - page.length) {
+      const m = matching.next();
+      if (m.done) break;
+      ids.push(m.value);
+    }
+    if (ids.length === 0) break;
+    for (const found of await Promise.all(ids.map(read))) {
+      if (!found) continue;
+      const job = found.value;
+      if (req.state && job.state !== req.state) continue;
+      // A page ends at the limit, or before the reply would pass the byte budget (records carry
+      // their input: twenty of 100 KB would not fit in one NATS message).
+      const size = Buffer.byteLength(JSON.stringify(job));
+      if (page.length === req.limit || (page.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
+        next = page[page.length - 1]?.id;
+        done = true;
+        break;
+      }
+      page.push(job);
+      bytes += size;
+    }
   }
   return next ? { jobs: page, next } : { jobs: page };
 }

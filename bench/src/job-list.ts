@@ -1,0 +1,111 @@
+/**
+ * `boxcar jobs --state failed --limit 20` with many jobs stored: `pnpm bench:list`.
+ * One nats-server; BENCH_N job records (default 100 000, 1% failed, the rest succeeded, spread
+ * over 10 agents) are written straight into the jobs bucket, then a dispatcher starts (in this
+ * process) and replays them. Timed, BENCH_ROUNDS times each (default 50): `jobs.list` through the
+ * SDK with a state filter, with an agent filter and with none (20 a page), and the `boxcar jobs`
+ * command as a user runs it (a new process each time, so its start is counted).
+ */
+import { execFile } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { openTopology, startNatsServer } from "@boxcar/fabric";
+import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
+import { connect } from "@nats-io/transport-node";
+import { envInt, ms, summarize, table } from "./stats.js";
+
+const run = promisify(execFile);
+const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+
+async function main(): Promise<void> {
+  const n = envInt("BENCH_N", 100_000);
+  const rounds = envInt("BENCH_ROUNDS", 50);
+  const server = await startNatsServer();
+  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  const topology = await openTopology(nc, { prefix: "bench" });
+  try {
+    const start = Date.now() - n * 10;
+    const record = (i: number): JobRecord => {
+      const at = new Date(start + i * 10).toISOString();
+      const id = `${(start + i * 10).toString(36).padStart(9, "0")}${i.toString(36).padStart(10, "0")}`;
+      const failed = i % 100 === 0;
+      return {
+        v: PROTOCOL_VERSION,
+        id,
+        agent: `agent${i % 10}`,
+        pool: "default",
+        owner: "local",
+        state: failed ? "failed" : "succeeded",
+        spec: { v: PROTOCOL_VERSION, agent: `agent${i % 10}`, input: { i }, files: [], labels: {} },
+        attempt: 1,
+        createdAt: at,
+        finishedAt: at,
+        artifacts: [],
+        history: [],
+        ...(failed ? { error: { code: "agent_failed", message: "exit 1" } } : {}),
+      } as JobRecord;
+    };
+    const writeStart = performance.now();
+    for (let i = 0; i < n; i += 256) {
+      await Promise.all(Array.from({ length: Math.min(256, n - i) }, (_, k) => topology.jobStore.create(record(i + k))));
+    }
+    const writeSeconds = (performance.now() - writeStart) / 1000;
+
+    const started = performance.now();
+    const dispatcher = await startDispatcher({ topology });
+    const client = createClient(topology);
+    const first = await client.listJobs({ state: "failed", limit: 20 });
+    const firstMs = performance.now() - started;
+    if (first.jobs.length !== 20 || first.jobs.some((j) => j.state !== "failed")) throw new Error("the first page is not 20 failed jobs");
+
+    const time = async (request: Parameters<typeof client.listJobs>[0]) => {
+      const samples: number[] = [];
+      for (let r = 0; r < rounds; r++) {
+        const t = performance.now();
+        const page = await client.listJobs(request);
+        samples.push(performance.now() - t);
+        if (page.jobs.length !== 20) throw new Error(`a page of ${page.jobs.length}`);
+      }
+      return summarize(samples);
+    };
+    const rows = [["request", "p50", "p99", "max"]];
+    for (const [name, request] of [
+      ["jobs.list state=failed limit=20", { state: "failed", limit: 20 }],
+      ["jobs.list agent=agent3 limit=20", { agent: "agent3", limit: 20 }],
+      ["jobs.list limit=20", { limit: 20 }],
+    ] as const) {
+      const s = await time(request);
+      rows.push([name, ms(s.p50), ms(s.p99), ms(s.max)]);
+    }
+    const cli: number[] = [];
+    for (let r = 0; r < Math.min(rounds, 10); r++) {
+      const t = performance.now();
+      // Not execFileSync: the dispatcher answering it runs in this process.
+      await run(process.execPath, [BOXCAR_BIN, "jobs", "--state", "failed", "--limit", "20", "--prefix", "bench"], {
+        env: { ...process.env, BOXCAR_NATS_URL: server.url },
+      });
+      cli.push(performance.now() - t);
+    }
+    const c = summarize(cli);
+    rows.push(["boxcar jobs --state failed --limit 20 (a new process)", ms(c.p50), ms(c.p99), ms(c.max)]);
+    const bare: number[] = [];
+    for (let r = 0; r < Math.min(rounds, 10); r++) {
+      const t = performance.now();
+      await run(process.execPath, [BOXCAR_BIN, "--help"]);
+      bare.push(performance.now() - t);
+    }
+    const version = summarize(bare);
+    rows.push(["boxcar --help (the process start alone)", ms(version.p50), ms(version.p99), ms(version.max)]);
+    process.stdout.write(
+      `${n} jobs written in ${writeSeconds.toFixed(1)} s; a dispatcher started and listed the first page in ${firstMs.toFixed(0)} ms; RSS ${(process.memoryUsage().rss / 1024 ** 2).toFixed(0)} MiB (this process: server client, dispatcher)\n${table(rows)}\n`,
+    );
+    await dispatcher.close();
+  } finally {
+    await nc.close();
+    await server.stop();
+  }
+}
+
+await main();
