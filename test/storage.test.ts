@@ -1,13 +1,17 @@
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, startNatsServer } from "@boxcar/fabric";
-import type { BoxcarError } from "@boxcar/protocol";
+import { type BoxcarError, names } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { uniquePrefix } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
 
 const MiB = 1024 ** 2;
 
@@ -48,6 +52,36 @@ test("on a server with too little JetStream storage, a role says so in one line;
     worker.kill("SIGTERM");
     await Promise.all([exited(dispatcher), exited(worker)]);
   }
+}, 90_000);
+
+test("a worker config file sets the stream limits of the system the worker creates; the flag overrides it", async () => {
+  await using server = await startNatsServer({ maxFileStore: 48 * MiB });
+  await using folder = await scratch("boxcar-limits-");
+  const config = join(folder.path, "worker.yaml");
+  await writeFile(config, "streamLimits:\n  events: 8Mi\n  logs: 6Mi\n  dead: 4Mi\nsandbox:\n  allowed: [host]\n");
+  const prefix = uniquePrefix();
+  const worker = spawnBoxcar(server.url, prefix, ["worker", "--config", config]);
+  try {
+    await eventually(async () => (worker.output().includes("worker started") ? true : undefined), "the worker");
+    const nc = await connect({ servers: server.url });
+    try {
+      const jsm = await jetstreamManager(nc);
+      const maxBytes = async (stream: string) => (await jsm.streams.info(stream)).config.max_bytes;
+      const { streams } = names(prefix);
+      expect(await maxBytes(streams.events)).toBe(8 * MiB);
+      expect(await maxBytes(streams.logs)).toBe(6 * MiB);
+      expect(await maxBytes(streams.dead)).toBe(4 * MiB);
+    } finally {
+      await nc.close();
+    }
+  } finally {
+    worker.kill("SIGTERM");
+    await exited(worker);
+  }
+  // The flag replaces the file's limits: on another system, the default-sized events are refused.
+  const refused = await boxcar(server.url, uniquePrefix(), ["worker", "--config", config, "--stream-limits", "events=1Gi"]);
+  expect(refused.code).toBe(3);
+  expect(refused.stderr).toContain("storage_full");
 }, 90_000);
 
 test("a submit on a full store is refused with storage_full, and no job is left half-admitted", async () => {

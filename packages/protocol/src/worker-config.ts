@@ -42,6 +42,18 @@ export const WorkerConfig = z.strictObject({
     .describe(
       "where workspaces are staged on this machine; default /dev/shm where it is a tmpfs of at least 1 GiB with 512 MiB free, else the temporary folder",
     ),
+  replicas: z
+    .union([z.literal(1), z.literal(3), z.literal(5)])
+    .optional()
+    .describe("replicas of the streams and buckets, when this worker creates the system; --replicas overrides it"),
+  streamLimits: z
+    .strictObject({
+      events: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
+      logs: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
+      dead: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
+    })
+    .optional()
+    .describe("what the history streams reserve when this worker creates the system, such as events: 64Mi; --stream-limits overrides it"),
   logFormat: z.enum(["json", "pretty"]).optional(),
   health: z
     .string()

@@ -51,7 +51,12 @@ export const worker: Command = {
       );
     }
     const prefix = (ctx.values.prefix as string | undefined) ?? config.prefix;
-    const system = systemOptionsFrom(ctx.values, ctx.io.env);
+    // The system's shape: the file's, each part replaced by a flag or variable given for it.
+    const system = {
+      ...(config.replicas !== undefined ? { replicas: config.replicas } : {}),
+      ...(config.streamLimits ? { streamLimits: config.streamLimits } : {}),
+      ...systemOptionsFrom(ctx.values, ctx.io.env),
+    };
     // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     if (healthAddress) await health.listen(healthAddress);
