@@ -201,11 +201,13 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
     }
     [jobs, agents, workers, idempotency, workflows, policy] = await Promise.all([
-      kv(names.buckets.jobs, { history: 5 }),
+      // A job or run record is kept once, its latest revision: each revision carries the whole
+      // record, input included (a bucket made before keeps the 5 it was made with).
+      kv(names.buckets.jobs),
       kv(names.buckets.agents, { history: 5 }),
       kv(names.buckets.workers, { ttl: options.workerTtlMs }),
       kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
-      kv(names.buckets.workflows, { history: 5 }),
+      kv(names.buckets.workflows),
       kv(names.buckets.policy, { history: 5 }),
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
