@@ -155,6 +155,42 @@ test("an admission cut short by a dispatcher crash (record written, work item no
   expect(work.state.messages).toBe(0);
 });
 
+test("a job recorded queued long ago without a work item (no dispatcher ran for longer than the duplicate window) is enqueued again, once; a waiting job is not doubled", async () => {
+  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
+  await using _nats = nats;
+  await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole, recoveryIntervalMs: 300 });
+  const client = createClient(nats.topology);
+  await client.applyAgent({ name: "quick", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
+  // What `admit` left when its dispatcher died between the record and the work item, ten
+  // minutes ago: past the stream's duplicate window, so the admission sweeper leaves it alone.
+  const then = new Date(Date.now() - 10 * 60_000).toISOString();
+  const orphan: JobRecord = {
+    v: PROTOCOL_VERSION,
+    id: "0orphanedlongago001",
+    agent: "quick",
+    pool: "default",
+    state: "queued",
+    spec: JobSpec.parse({ agent: "quick" }),
+    attempt: 0,
+    createdAt: then,
+    queuedAt: then,
+    artifacts: [],
+    history: [],
+    attemptsAllowed: 1,
+  };
+  await nats.topology.jobs.create(orphan.id, JSON.stringify(orphan));
+  const { job: waiting } = await client.submit({ agent: "quick" });
+  const work = async () => (await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages;
+  await eventually(async () => ((await work()) === 2 ? true : undefined), "the orphan's work item");
+  await new Promise((r) => setTimeout(r, 1_500)); // several more looks: nothing more is enqueued
+  expect(await work()).toBe(2);
+
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  expect(await client.waitForJob(orphan.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+  expect(await client.waitForJob(waiting.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+});
+
 test("a job whose worker wrote the outcome but died before its event: the next delivery publishes the event, once", async () => {
   await using s = await system();
   await s.client.applyAgent({ name: "blocker", command: "sleep 2", trusted: true, runtime: { sandbox: "host" } });

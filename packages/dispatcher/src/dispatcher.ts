@@ -15,6 +15,7 @@ import { watchJobs } from "./job-watch.js";
 import { startMaxDeliveriesWatch } from "./max-deliveries.js";
 import { JobLoad, PolicyBook } from "./policy.js";
 import { RetentionSweeper } from "./retention.js";
+import { WorkRecovery } from "./work-recovery.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
@@ -30,6 +31,8 @@ export interface DispatcherOptions {
   expiryIntervalMs?: number;
   /** How often ended jobs past the system policy's retention are looked for and deleted; default 60000 ms. */
   retentionIntervalMs?: number;
+  /** How often queued jobs without a work item are looked for (see `WorkRecovery`); default 60000 ms. */
+  recoveryIntervalMs?: number;
   /**
    * Signs every work item (see `WorkSigner`); workers configured with its public key run only
    * items it signed. The CLI makes one from the dispatcher's NATS credential.
@@ -93,6 +96,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       load.observe,
     ]),
   );
+  const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, { agents, signer: opts.signer });
   await wait("the workflow runs", () => follower.start());
   const maxDeliveries = await wait("the max-deliveries advisories", () => startMaxDeliveriesWatch(topology, log, opts.signer));
   const service: Service = await new Svcm(topology.nc).add({
@@ -165,6 +169,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         async () => agents.close(),
         async () => expiry.close(),
         () => retention.close(),
+        async () => recovery.close(),
         async () => admissions.close(),
       ];
       for (const step of steps) {

@@ -28,6 +28,7 @@ test("jobs come newest first, each once, however their records arrive and change
   index.observe("j09", job("j09"));
   expect(ids(index)).toEqual(["j10", "j09", "j08", "j07", "j03", "j01"]);
   expect(index.size).toBe(6);
+  expect([index.count("queued"), index.count("running"), index.count("succeeded")]).toEqual([5, 1, 0]);
 });
 
 test("a walk under way keeps its order while jobs are added and removed", () => {

@@ -15,6 +15,8 @@ export interface IndexedJob {
  */
 export class JobIndex {
   private readonly jobs = new Map<string, IndexedJob>();
+  /** How many jobs are in each state. */
+  private readonly states = new Map<JobState, number>();
   /** Ids in ascending order once sorted; may still hold ids removed since (skipped, then compacted). */
   private ids: string[] = [];
   /** The ids in `ids`. */
@@ -24,6 +26,9 @@ export class JobIndex {
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
   readonly observe = (key: string, job: JobRecord | undefined): void => {
+    const before = this.jobs.get(key);
+    if (before) this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
+    if (job) this.states.set(job.state, (this.states.get(job.state) ?? 0) + 1);
     if (!job) {
       if (this.jobs.delete(key)) this.removed += 1;
       if (this.removed > 1_000 && this.removed > this.ids.length / 2) this.compact();
@@ -68,6 +73,11 @@ export class JobIndex {
 
   get size(): number {
     return this.jobs.size;
+  }
+
+  /** How many jobs are in `state`. */
+  count(state: JobState): number {
+    return this.states.get(state) ?? 0;
   }
 
   /** The jobs, newest first, starting after `after` (a job id) when given. */

@@ -1,0 +1,80 @@
+import type { Logger } from "@boxcar/client";
+import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
+import { JobRecord } from "@boxcar/protocol";
+import type { MsgRequest } from "@nats-io/jetstream";
+import { type AdmissionContext, publishWorkItem } from "./admission.js";
+import type { JobIndex } from "./job-index.js";
+
+/**
+ * Finds, however long ago it happened, a job recorded `queued` whose work item is not in the
+ * work stream (a dispatcher died between the two, with no dispatcher running for longer than the
+ * duplicate window the admission sweeper relies on), and enqueues it again.
+ *
+ * Each look costs one stream info while all is well: every job waiting or running has a work
+ * item, so the stream holds at least as many items as the index counts such jobs. Only when it
+ * holds fewer does it read the items (their job ids, one request each) to learn which jobs have
+ * none. A job younger than the duplicate window is the admission sweeper's; a job whose record
+ * moved on meanwhile is left alone. A second copy of an item is harmless (the claim is a
+ * compare-and-swap), so a job enqueued twice still runs once.
+ */
+export class WorkRecovery {
+  private readonly timer: NodeJS.Timeout;
+  private looking: Promise<number> | undefined;
+  private closed = false;
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly index: JobIndex,
+    private readonly log: Logger,
+    intervalMs: number,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer">,
+  ) {
+    this.timer = setInterval(
+      () => void this.look().catch((err: unknown) => log.warn({ err }, "could not look for jobs without work")),
+      intervalMs,
+    );
+  }
+
+  /** Looks once; resolves with how many jobs were enqueued again. */
+  look(): Promise<number> {
+    this.looking ??= this.recover().finally(() => {
+      this.looking = undefined;
+    });
+    return this.looking;
+  }
+
+  private async recover(): Promise<number> {
+    const { topology, index } = this;
+    const { names } = topology;
+    const waiting = index.count("queued") + index.count("running");
+    const { state } = await topology.jsm.streams.info(names.streams.work);
+    if (state.messages >= waiting) return 0;
+
+    const withWork = new Set<string>();
+    for (let seq = state.first_seq; seq <= state.last_seq && !this.closed; ) {
+      const request = { seq, next_by_subj: names.subjects.workAll } as unknown as MsgRequest; // STREAM.MSG.GET takes it
+      const item = await topology.jsm.streams.getMessage(names.streams.work, request);
+      if (!item) break;
+      // Every item carries its job's id as its message id (`<job>` or `<job>:retry:<n>`, ...).
+      const id = item.header?.get("Nats-Msg-Id")?.split(":")[0];
+      if (id) withWork.add(id);
+      seq = item.seq + 1;
+    }
+    let recovered = 0;
+    for (const [id, indexed] of index.newestFirst()) {
+      if (this.closed) break;
+      if (indexed.state !== "queued" || withWork.has(id)) continue;
+      const job = (await getJson(topology.jobs, id, JobRecord, "job record"))?.value;
+      if (job?.state !== "queued" || Date.now() - Date.parse(job.queuedAt ?? job.createdAt) < DUPLICATE_WINDOW_MS) continue;
+      await publishWorkItem(topology, job, await this.ctx.agents.get(job.agent), this.ctx.signer, `${id}:recovered:${state.last_seq}`);
+      recovered += 1;
+      this.log.warn({ jobId: id, queuedAt: job.queuedAt ?? job.createdAt }, "a queued job had no work item; enqueued it again");
+    }
+    return recovered;
+  }
+
+  close(): void {
+    this.closed = true;
+    clearInterval(this.timer);
+  }
+}
