@@ -155,6 +155,25 @@ test("an admission cut short by a dispatcher crash (record written, work item no
   expect(work.state.messages).toBe(0);
 });
 
+test("with two dispatchers and jobs that wait, no dispatcher publishes another's work item again", async () => {
+  await using s = await system();
+  await using _second = await startDispatcher({ ...s.nats.dispatcherRole });
+  await s.client.applyAgent({ name: "quick", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
+  const published: string[] = [];
+  const tap = s.nats.nc.subscribe(`${s.nats.topology.names.prefix}.work.>`, {
+    callback: (_err, msg) => {
+      published.push(msg.json<{ jobId: string }>().jobId);
+    },
+  });
+  await s.nats.nc.flush();
+  // Requests go to either dispatcher; each job waits (no worker) past the sweeper's 5 s grace.
+  const ids = [];
+  for (let i = 0; i < 10; i++) ids.push((await s.client.submit({ agent: "quick", input: i })).job.id);
+  await new Promise((r) => setTimeout(r, 7_000));
+  tap.unsubscribe();
+  expect(published.sort()).toEqual(ids.sort());
+});
+
 test("a job recorded queued long ago without a work item (no dispatcher ran for longer than the duplicate window) is enqueued again, once; a waiting job is not doubled", async () => {
   const nats = await natsFixture({ ackWaitMs: LEASE_MS });
   await using _nats = nats;

@@ -3,6 +3,7 @@ import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import { JobTimers } from "./job-timers.js";
+import type { WorkRecovery } from "./work-recovery.js";
 
 /** How long a new job may wait before its work item is published again, in case it never was. */
 const GRACE_MS = 5_000;
@@ -15,10 +16,10 @@ const MARGIN_MS = 15_000;
  * Every dispatcher is shown each new job (by the jobs watcher); one still waiting at attempt 0
  * after a few seconds gets its work item published again under the same message id, which the
  * work stream drops when the first one did arrive. This works within the stream's duplicate
- * window (2 min): a job orphaned while no dispatcher ran for longer stays queued until its queue
- * timeout, if it has one. A job this dispatcher admitted itself is left alone once its work item
- * is stored ({@link workPublished}): under a backlog, that spares every queued job a second read
- * and publish.
+ * window (2 min); an older orphan is `WorkRecovery`'s. A job this dispatcher admitted itself is
+ * left alone once its work item is stored ({@link workPublished}), and another's only when the
+ * work stream holds fewer items than there are jobs queued or running: under a backlog, that
+ * spares every queued job a second read and publish.
  */
 export class AdmissionSweeper {
   private readonly timers: JobTimers;
@@ -30,6 +31,7 @@ export class AdmissionSweeper {
     private readonly log: Logger,
     intervalMs: number,
     private readonly ctx: Pick<AdmissionContext, "agents" | "signer">,
+    private readonly work: Pick<WorkRecovery, "workMissing">,
   ) {
     this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");
   }
@@ -47,6 +49,10 @@ export class AdmissionSweeper {
   }
 
   private async republish(id: string): Promise<void> {
+    // Every job queued or running has its item, as far as the work stream's size tells: nothing
+    // to finish (under a backlog admitted by another dispatcher, that spares every job a read
+    // and a second publish).
+    if (!(await this.work.workMissing())) return;
     const job = (await getJson(this.topology.jobs, id, JobRecord, "job record"))?.value;
     if (job?.state !== "queued" || job.attempt !== 0 || !withinWindow(job)) return;
     await publishWorkItem(this.topology, job, await this.ctx.agents.get(job.agent), this.ctx.signer);

@@ -74,7 +74,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const index = new JobIndex();
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
-  const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer });
+  const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, { agents, signer: opts.signer });
+  const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer }, recovery);
   const ctx: AdmissionContext = {
     log,
     agents,
@@ -96,7 +97,6 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       load.observe,
     ]),
   );
-  const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, { agents, signer: opts.signer });
   await wait("the workflow runs", () => follower.start());
   const maxDeliveries = await wait("the max-deliveries advisories", () => startMaxDeliveriesWatch(topology, log, opts.signer));
   const service: Service = await new Svcm(topology.nc).add({

@@ -5,6 +5,9 @@ import type { MsgRequest } from "@nats-io/jetstream";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 
+/** How long one look at the work stream's size answers `workMissing`. */
+const CHECK_REUSE_MS = 500;
+
 /**
  * Finds, however long ago it happened, a job recorded `queued` whose work item is not in the
  * work stream (a dispatcher died between the two, with no dispatcher running for longer than the
@@ -20,6 +23,7 @@ import type { JobIndex } from "./job-index.js";
 export class WorkRecovery {
   private readonly timer: NodeJS.Timeout;
   private looking: Promise<number> | undefined;
+  private lastCheck: { at: number; missing: Promise<boolean> } | undefined;
   private closed = false;
 
   constructor(
@@ -43,12 +47,31 @@ export class WorkRecovery {
     return this.looking;
   }
 
+  /**
+   * Whether some job queued or running may lack its work item: the work stream holds fewer items
+   * than the index counts such jobs. An admission under way (record written, item not yet) counts
+   * too, for a moment. One stream info, shared by the calls of the next half second.
+   */
+  workMissing(): Promise<boolean> {
+    const now = Date.now();
+    if (!this.lastCheck || now - this.lastCheck.at > CHECK_REUSE_MS) {
+      const waiting = this.index.count("queued") + this.index.count("running");
+      this.lastCheck = {
+        at: now,
+        missing: this.topology.jsm.streams.info(this.topology.names.streams.work).then(({ state }) => state.messages < waiting),
+      };
+      this.lastCheck.missing.catch(() => {
+        this.lastCheck = undefined;
+      });
+    }
+    return this.lastCheck.missing;
+  }
+
   private async recover(): Promise<number> {
     const { topology, index } = this;
     const { names } = topology;
-    const waiting = index.count("queued") + index.count("running");
+    if (!(await this.workMissing())) return 0;
     const { state } = await topology.jsm.streams.info(names.streams.work);
-    if (state.messages >= waiting) return 0;
 
     const withWork = new Set<string>();
     for (let seq = state.first_seq; seq <= state.last_seq && !this.closed; ) {
