@@ -47,3 +47,48 @@ test("one sweep deletes every job past its retention, however many: batch after 
     await nc.close();
   }
 }, 60_000);
+
+test("jobs kept because a job not yet ended uses their files do not hold back the jobs due behind them", async () => {
+  await using server = await startNatsServer();
+  const nc = await connect({ servers: server.url });
+  try {
+    const topology = await openTopology(nc, { prefix: "ret2" });
+    const policy = await PolicyBook.open(topology, silentLogger);
+    const sweeper = new RetentionSweeper(topology, policy, silentLogger, 3_600_000);
+    const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+    const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
+      v: PROTOCOL_VERSION,
+      id,
+      agent: "noop",
+      pool: "default",
+      owner: "local",
+      state,
+      spec: { v: PROTOCOL_VERSION, agent: "noop", input: null, files, labels: {} },
+      attempt: 1,
+      createdAt: old,
+      ...(state === "queued" ? {} : { finishedAt: old }),
+      artifacts: [],
+      history: [],
+    });
+    const shared = [{ path: "data.txt", object: "inputs/local/shared/data.txt" }];
+    // More than a batch of ended jobs that share a file with a job still queued, then others.
+    const records = [
+      record("open", "queued", shared),
+      ...Array.from({ length: 550 }, (_, i) => record(`kept${i}`, "succeeded", shared)),
+      ...Array.from({ length: 100 }, (_, i) => record(`free${i}`, "succeeded", [])),
+    ];
+    for (const r of records) {
+      await topology.jobStore.create(r);
+      sweeper.observe(r.id, r);
+    }
+    expect(await sweeper.sweep()).toBe(100);
+    const left: string[] = [];
+    for await (const key of await topology.jobs.keys()) left.push(key);
+    expect(left).toHaveLength(551);
+    expect(left.some((k) => k.startsWith("free"))).toBe(false);
+    await sweeper.close();
+    policy.close();
+  } finally {
+    await nc.close();
+  }
+}, 60_000);

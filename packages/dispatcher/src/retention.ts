@@ -75,10 +75,13 @@ export class RetentionSweeper {
       let deleted = 0;
       // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
       // that one dispatcher can delete them.
+      // A job kept (its files in use, or it failed) is passed over for the rest of the sweep, so
+      // a batch of kept jobs cannot hold back the ones due behind it.
+      const passed = new Set<string>();
       for (let more = true; more && !this.closed; ) {
-        const batch = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now);
+        const batch = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now, passed);
         deleted += batch.deleted;
-        more = batch.more && batch.deleted > 0;
+        more = batch.more;
       }
       if (deleted > 0) this.log.info({ deleted }, "deleted jobs past their retention");
       return deleted;
@@ -99,11 +102,15 @@ export class RetentionSweeper {
     return result;
   }
 
-  private async deleteMatching(matches: (job: { at: number; state: JobState; agent: string }) => boolean): Promise<CleanJobsReply> {
+  /** Deletes a batch of the ended jobs that match; a job kept is added to `passed`, which a batch skips. */
+  private async deleteMatching(
+    matches: (job: { at: number; state: JobState; agent: string }) => boolean,
+    passed = new Set<string>(),
+  ): Promise<CleanJobsReply> {
     const due: string[] = [];
     let more = false;
     for (const [id, job] of this.ended) {
-      if (!matches(job)) continue;
+      if (passed.has(id) || !matches(job)) continue;
       if (due.length === MAX_PER_BATCH) {
         more = true;
         break;
@@ -118,9 +125,13 @@ export class RetentionSweeper {
           try {
             const outcome = await this.deleteJob(id);
             if (outcome === "deleted") deleted += 1;
-            if (outcome === "kept") kept += 1;
+            if (outcome === "kept") {
+              kept += 1;
+              passed.add(id);
+            }
           } catch (err) {
             kept += 1;
+            passed.add(id);
             this.log.warn({ err, jobId: id }, "could not delete an ended job; trying again at the next sweep");
           }
         }),
