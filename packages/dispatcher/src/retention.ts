@@ -21,8 +21,8 @@ const PARALLEL = 8;
 const objectsOf = (job: JobRecord): string[] => [...(job.spec?.files ?? []).map((f) => f.object), ...job.artifacts.map((a) => a.object)];
 
 /**
- * Deletes ended jobs once the system policy's retention has passed: each job's artifacts, input
- * files, events and output, then its record (compare-and-swap, so a job retried meanwhile stays).
+ * Deletes ended jobs once the system policy's retention has passed: each job's events, output,
+ * artifacts and input files, then its record (compare-and-swap, so a job retried meanwhile stays).
  * It is shown every job record by the dispatcher's watch and keeps when each ended job ended.
  * Several dispatchers may delete the same job; each step is idempotent, and the record goes
  * last, so a dispatcher that dies midway leaves the job for the next sweep. An object that a job
@@ -152,9 +152,11 @@ export class RetentionSweeper {
     const objects = objectsOf(job);
     if (objects.some((o) => this.inUse.has(o))) return "kept"; // a job not yet ended needs them: later
     const { names } = topology;
-    for (const object of new Set(objects)) await removeObject(topology, object);
+    // The purges first: a dispatcher whose credential predates them is refused before it has
+    // removed anything.
     await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.jobEvents(ownerOf(job), id) });
     await topology.jsm.streams.purge(names.streams.logs, { filter: names.subjects.jobLogs(ownerOf(job), id) });
+    for (const object of new Set(objects)) await removeObject(topology, object);
     if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
     this.ended.delete(id);
     return "deleted";
