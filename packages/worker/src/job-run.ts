@@ -169,7 +169,9 @@ export class JobRun {
 
     this.handle = claim.handle;
     this.sandboxInfo = decided;
-    void this.events.job("started", "running", decided ? { sandbox: decided } : {});
+    // Stored before the agent runs: an attempt that ran has its start in the history, even when
+    // its worker dies right after (a chaos run in CI found one that ran with no `started`).
+    await this.events.job("started", "running", decided ? { sandbox: decided } : {});
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
     this.finishing = true;
