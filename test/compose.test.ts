@@ -62,6 +62,18 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     await dir?.[Symbol.asyncDispose]();
   });
 
+  /** Where the jobs stand and what the roles logged last, for a run that timed out (CI, once). */
+  const describeFailure = async (jobs: JobRecord[]) => {
+    const byState = new Map<string, number>();
+    for (const j of jobs) byState.set(j.state, (byState.get(j.state) ?? 0) + 1);
+    process.stderr.write(`compose: ${jobs.length} jobs listed, by state: ${JSON.stringify(Object.fromEntries(byState))}\n`);
+    for (const j of jobs.filter((j) => j.state !== "succeeded").slice(0, 10)) {
+      process.stderr.write(`  ${j.id} ${j.state} attempt ${j.attempt} worker ${j.worker ?? "-"} ${j.error?.message ?? ""}\n`);
+    }
+    const logs = await compose("logs", "--no-color", "--tail", "40", "dispatcher", "worker").catch((e) => ({ stdout: String(e) }));
+    process.stderr.write(`${logs.stdout}\n`);
+  };
+
   test(`${JOBS} jobs all succeed once while a NATS server and a worker are killed; down -v leaves nothing`, async () => {
     const auth = await AuthDir.open(join(dir.path, "auth"));
     const url = `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`;
@@ -121,7 +133,10 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
         },
         `all ${JOBS} jobs to succeed`,
         150_000,
-      );
+      ).catch(async (err) => {
+        await describeFailure(await records());
+        throw err;
+      });
       const byId = new Map<string, JobRecord>(finals.map((j) => [j.id, j]));
       expect([...byId.keys()].sort()).toEqual([...ids].sort());
       for (const [i, id] of ids.entries()) expect(byId.get(id)?.result?.output, id).toBe(i);

@@ -199,22 +199,31 @@ async function startCluster(size: number): Promise<NatsCluster> {
     async waitForCurrent(nc, ms = 60_000) {
       const jsm = await jetstreamManager(nc, { timeout: 2_000, checkAPI: false });
       const deadline = Date.now() + ms;
-      let behind = "";
+      let behind: string[] = [];
       while (Date.now() < deadline) {
         try {
-          behind = "";
+          behind = [];
           for await (const info of jsm.streams.list()) {
             const replicas = info.cluster?.replicas ?? [];
             const ok = info.cluster?.leader && replicas.length === size - 1 && replicas.every((r) => r.current && !r.offline);
-            if (!ok) behind += ` ${info.config.name}`;
+            const state = replicas.map(
+              (r) => `${r.name} ${r.current ? "current" : "behind"}${r.offline ? " offline" : ""} lag ${r.lag ?? 0} active ${r.active}`,
+            );
+            if (!ok) behind.push(`${info.config.name}: leader ${info.cluster?.leader ?? "none"}; ${state.join("; ")}`);
           }
-          if (!behind) return;
+          if (behind.length === 0) return;
         } catch (err) {
-          behind = (err as Error).message;
+          behind = [(err as Error).message];
         }
         await new Promise((r) => setTimeout(r, 250));
       }
-      throw new Error(`the cluster's streams were not current within ${ms} ms:${behind}`);
+      // What each server saw, for the next time this happens (CI, once, with every stream behind).
+      process.stderr.write(`waitForCurrent: streams behind after ${ms} ms:\n  ${behind.join("\n  ")}\n${await describeMembers()}\n`);
+      for (const m of members) {
+        const lines = (m.server?.recentLog() ?? "(not running)").trimEnd().split("\n").slice(-40);
+        process.stderr.write(`--- ${m.name} log (last ${lines.length} lines)\n${lines.join("\n")}\n`);
+      }
+      throw new Error(`the cluster's streams were not current within ${ms} ms: ${behind.map((b) => b.split(":")[0]).join(" ")}`);
     },
     [Symbol.asyncDispose]: dispose,
   };

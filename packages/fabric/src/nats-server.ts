@@ -48,6 +48,8 @@ export interface NatsServer extends AsyncDisposable {
   stop(): Promise<void>;
   /** Kills the server at once, as a crash would, keeping its store. */
   kill(): Promise<void>;
+  /** The last 32 KiB the server logged (its stderr), to say why it misbehaved. */
+  recentLog(): string;
 }
 
 export async function freePort(): Promise<number> {
@@ -113,6 +115,10 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
   // last, after the workers and dispatcher have finished with it.
   const child = spawn(binary, ["-c", configFile], { stdio: ["ignore", "ignore", "pipe"], detached: true });
   const url = `nats://${host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host}:${port}`;
+  let log = "";
+  child.stderr?.setEncoding("utf8").on("data", (d: string) => {
+    log = (log + d).slice(-32_768);
+  });
   await waitReady(child);
 
   let stopped: Promise<void> | undefined;
@@ -129,6 +135,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
     ...(leftoverStopped !== undefined ? { leftoverStopped } : {}),
     stop: () => stopWith("SIGTERM", true),
     kill: () => stopWith("SIGKILL", false),
+    recentLog: () => log,
     [Symbol.asyncDispose]: () => stopWith("SIGTERM", true),
   };
 }
@@ -181,12 +188,11 @@ function waitReady(child: ChildProcess): Promise<void> {
       clearTimeout(timer);
       child.off("exit", onExit);
       child.stderr?.off("data", onData);
-      child.stderr?.resume(); // keep draining the pipe so the server never blocks on it
       if (err) reject(err);
       else resolveReady();
     };
     child.once("exit", onExit);
-    child.stderr?.setEncoding("utf8").on("data", onData);
+    child.stderr?.on("data", onData);
   });
 }
 
