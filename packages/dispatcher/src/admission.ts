@@ -136,11 +136,10 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   // Counted at once, not when the watch brings it: a burst cannot pass the queue limit unseen.
   ctx.load.observe(id, record, Buffer.byteLength(JSON.stringify(record)));
   try {
-    // Both events are sent before the work item, so they precede anything a worker publishes.
-    await Promise.all([
-      publishEvent(topology, jobEvent({ ...record, state: "accepted" }, "accepted")),
-      publishEvent(topology, jobEvent(record, "queued")),
-    ]);
+    // One stored message for both events (`accepted` folded into `queued`), sent before the
+    // work item so it precedes anything a worker publishes.
+    const accepted = jobEvent({ ...record, state: "accepted" }, "accepted");
+    await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted] }));
     await publishWorkItem(topology, record, agent, ctx.signer);
   } catch (err) {
     if (!isStorageFull(err)) throw err;

@@ -88,17 +88,18 @@ export const SandboxEvent = z.looseObject({
 export type SandboxEvent = z.infer<typeof SandboxEvent>;
 
 /**
- * `<prefix>.evt.job.<owner>.<jobId>.<type>`. An attempt that ends within a moment (250 ms) stores
- * two events: `started`, and its last (`succeeded`, `failed`, `timed_out`, `cancelled`,
- * `expired`, `retrying`, `dead` or `requeued`) with the events between them in `folded`; a
- * longer one stores each as it happens. {@link unfoldEvents} gives them back one by one.
+ * `<prefix>.evt.job.<owner>.<jobId>.<type>`. A new job's `accepted` is stored folded into its
+ * `queued`. An attempt that ends within a moment (250 ms) stores two events: `started`, and its
+ * last (`succeeded`, `failed`, `timed_out`, `cancelled`, `expired`, `retrying`, `dead` or
+ * `requeued`) with the events between them in `folded`; a longer one stores each as it happens.
+ * {@link unfoldEvents} gives them back one by one.
  */
 export const JobEvent = z.looseObject({
   ...jobEventFields,
   folded: z
     .array(z.discriminatedUnion("kind", [z.looseObject(jobEventFields), SandboxEvent]))
     .optional()
-    .describe("the attempt's earlier events, oldest first, when they were not stored on their own"),
+    .describe("the events before this one (the attempt's, or `accepted`), oldest first, when they were not stored on their own"),
 });
 export type JobEvent = z.infer<typeof JobEvent>;
 
