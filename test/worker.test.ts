@@ -38,7 +38,7 @@ let jobCounter = 0;
 async function enqueue(
   nats: Pick<NatsFixture, "topology" | "dispatcherRole">,
   definition: AgentDefinitionInput,
-  opts: { input?: unknown; files?: InputFileRef[]; timeoutMs?: number; newerAgentFields?: Record<string, unknown> } = {},
+  opts: { input?: unknown; files?: InputFileRef[]; timeoutMs?: number; newerAgentFields?: Record<string, unknown>; version?: number } = {},
 ): Promise<string> {
   const { topology } = nats;
   jobCounter += 1;
@@ -62,7 +62,8 @@ async function enqueue(
   };
   await topology.jobs.create(id, JSON.stringify(record));
   const item: WorkItem = {
-    v: PROTOCOL_VERSION,
+    // A later protocol version, as a release that breaks the format would write.
+    v: (opts.version ?? PROTOCOL_VERSION) as typeof PROTOCOL_VERSION,
     jobId: id,
     // Fields a later release may add to the agent, which this one does not know.
     agent: { ...agent, ...opts.newerAgentFields },
@@ -356,25 +357,32 @@ describe("worker", () => {
     );
   });
 
-  test("a work item from a newer release (an agent field this one does not know) is handed back, not terminated", async () => {
-    await using nats = await natsFixture();
-    const { topology } = nats;
-    await topology.ensurePoolConsumer("default");
-    await using worker = startWorker(nats);
-    const id = await enqueue(nats, { name: "later", command: "true" }, { newerAgentFields: { gpu: { count: 1 } } });
-    const consumer = topology.names.poolConsumer("default", "normal");
-    // Offered, handed back, offered again: still in the queue, never terminated.
-    await eventually(async () => {
-      const info = await topology.jsm.consumers.info(topology.names.streams.work, consumer);
-      return info.num_redelivered > 0 || info.num_pending + info.num_ack_pending === 0 ? info : undefined;
-    }, "the item to be offered again");
-    expect((await topology.jsm.streams.info(topology.names.streams.work)).state.messages).toBe(1);
-    expect((await topology.jobs.get(id))?.json<JobRecord>().state).toBe("queued");
-    const rejected = await topology.jsm.streams.info(topology.names.streams.events, {
-      subjects_filter: topology.names.subjects.event("worker", worker.id, "work_rejected"),
-    });
-    expect(rejected.state.subjects ?? {}).toEqual({});
-  }, 30_000);
+  test.each([
+    ["an agent field this one does not know", { newerAgentFields: { gpu: { count: 1 } } }],
+    ["a later protocol version", { version: PROTOCOL_VERSION + 1 }],
+  ])(
+    "a work item from a newer release (%s) is handed back, not terminated",
+    async (_, newer) => {
+      await using nats = await natsFixture();
+      const { topology } = nats;
+      await topology.ensurePoolConsumer("default");
+      await using worker = startWorker(nats);
+      const id = await enqueue(nats, { name: "later", command: "true" }, newer);
+      const consumer = topology.names.poolConsumer("default", "normal");
+      // Offered, handed back, offered again: still in the queue, never terminated.
+      await eventually(async () => {
+        const info = await topology.jsm.consumers.info(topology.names.streams.work, consumer);
+        return info.num_redelivered > 0 || info.num_pending + info.num_ack_pending === 0 ? info : undefined;
+      }, "the item to be offered again");
+      expect((await topology.jsm.streams.info(topology.names.streams.work)).state.messages).toBe(1);
+      expect((await topology.jobs.get(id))?.json<JobRecord>().state).toBe("queued");
+      const rejected = await topology.jsm.streams.info(topology.names.streams.events, {
+        subjects_filter: topology.names.subjects.event("worker", worker.id, "work_rejected"),
+      });
+      expect(rejected.state.subjects ?? {}).toEqual({});
+    },
+    30_000,
+  );
 
   test("an agent that fails, or writes a bad result, fails the job with the reason", async () => {
     await using nats = await natsFixture();

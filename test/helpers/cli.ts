@@ -25,12 +25,12 @@ function credentialsEnv(url: string, args: readonly string[]): NodeJS.ProcessEnv
   };
 }
 
-/** Runs `boxcar ARGS` as a user would, against `url` with `prefix`. */
-export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult> {
+/** Runs `boxcar ARGS` as a user would, against `url` with `prefix` (the build at `bin`, default this one). */
+export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.ProcessEnv = {}, bin = BOXCAR_BIN): Promise<CliResult> {
   return new Promise((resolve) => {
     execFile(
       process.execPath,
-      [BOXCAR_BIN, ...args, "--prefix", prefix],
+      [bin, ...args, "--prefix", prefix],
       { env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env }, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 },
       (err, stdout, stderr) => {
         const code = err ? (typeof err.code === "number" ? err.code : 1) : 0;
@@ -40,14 +40,15 @@ export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.
   });
 }
 
-/** Starts a long-running `boxcar` role (dispatcher, worker) as a child process. */
+/** Starts a long-running `boxcar` role (dispatcher, worker) as a child process (the build at `bin`, default this one). */
 export function spawnBoxcar(
   url: string,
   prefix: string,
   args: string[],
   env: NodeJS.ProcessEnv = {},
+  bin = BOXCAR_BIN,
 ): ChildProcess & { output: () => string } {
-  const child = spawn(process.execPath, [BOXCAR_BIN, ...args, "--prefix", prefix, "--log-format", "json"], {
+  const child = spawn(process.execPath, [bin, ...args, "--prefix", prefix, "--log-format", "json"], {
     env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });

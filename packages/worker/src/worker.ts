@@ -51,18 +51,24 @@ export function createWorker(options: WorkerOptions): Worker {
 const NEWER_RELEASE_DELAY_MS = 5_000;
 
 /**
- * True for a work item that fails this release's schema only for fields it does not know: one
- * a newer release wrote (see docs/deploy.md#upgrades), not a malformed one.
+ * Why a work item this release cannot read is a newer release's (see docs/deploy.md#upgrades),
+ * not a malformed one: a later protocol version, or fields it does not know. Undefined when it
+ * is neither.
  */
-function isFromNewerRelease(data: Uint8Array): boolean {
+function newerRelease(data: Uint8Array): string | undefined {
   let json: unknown;
   try {
     json = JSON.parse(new TextDecoder().decode(data));
   } catch {
-    return false;
+    return undefined;
+  }
+  const version = (json as { v?: unknown } | null)?.v;
+  if (typeof version === "number" && version > PROTOCOL_VERSION) {
+    return `a work item of protocol version ${version}; this worker reads version ${PROTOCOL_VERSION}`;
   }
   const parsed = WorkItem.safeParse(json);
-  return !parsed.success && parsed.error.issues.every((issue) => issue.code === "unrecognized_keys");
+  if (parsed.success || !parsed.error.issues.every((issue) => issue.code === "unrecognized_keys")) return undefined;
+  return "a work item from a newer release (fields this worker does not know)";
 }
 
 /** Pause after a failed pull. */
@@ -236,10 +242,11 @@ class BoxcarWorker implements Worker {
       if (unsigned) throw new BoxcarError(ErrorCode.invalid, `${unsigned}; it was not run`);
       item = decodeMessage(WorkItem, msg.data, "work item");
     } catch (err) {
-      if (isFromNewerRelease(msg.data)) {
-        // Mid-upgrade, a newer dispatcher's item (an agent field this release does not know):
-        // hand it back for a newer worker. Its job stays queued until one comes or its queue timeout.
-        this.log.warn({ seq: msg.seq, err: (err as Error).message }, "a work item from a newer release; handing it back");
+      const newer = newerRelease(msg.data);
+      if (newer) {
+        // Mid-upgrade, a newer dispatcher's item: hand it back for a newer worker. Its job stays
+        // queued until one comes or its queue timeout.
+        this.log.warn({ seq: msg.seq, err: (err as Error).message }, `${newer}; handing it back`);
         msg.nak(NEWER_RELEASE_DELAY_MS);
       } else {
         this.reject(msg, toErrorInfo(err));
