@@ -139,6 +139,42 @@ test("an input file that a job still running also names keeps the ended job that
   expect(await stored(shared)).toEqual(GONE);
 }, 60_000);
 
+test("an agent's own retention replaces the system's for its jobs; an ended workflow run goes, with its events, after the system's", async () => {
+  await client.applyAgent({ name: "keeper", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+  await client.setPolicy({ retention: { jobs: "2s", failed: "1h", agents: { keeper: { jobs: "1h" }, broken: { failed: "2s" } } } });
+  const { job: kept } = await client.submit({ agent: "keeper" });
+  const { job: dropped } = await client.submit({ agent: "broken" });
+  const { run } = await client.startRun({ workflow: { name: "kept-step", steps: [{ name: "keep", agent: "keeper" }] } });
+  expect((await client.waitForRun(run.id)).state).toBe("succeeded");
+  expect((await client.waitForJob(kept.id)).state).toBe("succeeded");
+  expect((await client.waitForJob(dropped.id)).state).toBe("failed");
+  const { jsm, names } = nats.topology;
+  const count = async (stream: string, subject: string) =>
+    Object.values((await jsm.streams.info(stream, { subjects_filter: subject })).state.subjects ?? {}).reduce((a, b) => a + b, 0);
+  const runLeft = async () => ({
+    events: await count(names.streams.events, names.subjects.runEvents("local", run.id)),
+    record: await count(`KV_${names.buckets.workflows}`, `$KV.${names.buckets.workflows}.${run.id}`),
+  });
+  expect((await runLeft()).events).toBeGreaterThan(0);
+
+  // The failed job goes after its agent's 2 s (the system keeps failed jobs an hour); the run
+  // after the system's 2 s, though its step's job is kept an hour by its agent's.
+  const gone = async (read: () => Promise<unknown>) =>
+    (await read().then(
+      () => "there",
+      (e: { code?: string }) => e.code,
+    )) === "not_found";
+  await eventually(
+    async () => ((await gone(() => client.getJob(dropped.id))) && (await gone(() => client.getRun(run.id))) ? true : undefined),
+    "the failed job and the run to be deleted",
+  );
+  expect(await leftOf(dropped.id)).toEqual({ events: 0, logs: 0, record: 0 });
+  expect(await runLeft()).toEqual({ events: 0, record: 0 });
+  expect((await client.getJob(kept.id)).state).toBe("succeeded");
+  const stepJob = (await client.listJobs({ agent: "keeper", limit: 100 })).jobs.find((j) => j.chain?.run === run.id);
+  expect(stepJob?.state).toBe("succeeded");
+}, 60_000);
+
 test("boxcar clean deletes now the ended jobs that match, as an admin asks; a submitter may not; bad flags are usage errors", async () => {
   await client.setPolicy({ retention: { jobs: "1h" } });
   const ids = async (agent: string) => {

@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/client";
-import { removeObject, type Topology } from "@boxcar/fabric";
+import { getJson, isRevisionConflict, removeObject, type Topology } from "@boxcar/fabric";
 import {
   type CleanJobsReply,
   CleanJobsRequest,
@@ -9,6 +9,7 @@ import {
   ownerOf,
   parseWith,
   retentionOf,
+  WorkflowRun,
 } from "@boxcar/protocol";
 import type { PolicyBook } from "./policy.js";
 
@@ -20,10 +21,17 @@ const PARALLEL = 8;
 /** What a job's deletion removes besides its record: the objects it names. */
 const objectsOf = (job: JobRecord): string[] => [...(job.spec?.files ?? []).map((f) => f.object), ...job.artifacts.map((a) => a.object)];
 
+/** When a job or run ended, and how. */
+interface Ended {
+  at: number;
+  state: string;
+}
+
 /**
  * Deletes ended jobs once the system policy's retention has passed: each job's events, output,
  * artifacts and input files, then its record (compare-and-swap, so a job retried meanwhile stays).
- * It is shown every job record by the dispatcher's watch and keeps when each ended job ended.
+ * Ended workflow runs likewise: their events, then their record. It is shown every job record
+ * and every run by the dispatcher's watches and keeps when each ended one ended.
  * Several dispatchers may delete the same job; each step is idempotent, and the record goes
  * last, so a dispatcher that dies midway leaves the job for the next sweep. An object that a job
  * not yet ended also names (a handoff's carried files, an input given to several jobs) keeps its
@@ -31,7 +39,9 @@ const objectsOf = (job: JobRecord): string[] => [...(job.spec?.files ?? []).map(
  */
 export class RetentionSweeper {
   /** Ended jobs: when each ended, how, and its agent. */
-  private readonly ended = new Map<string, { at: number; state: JobState; agent: string }>();
+  private readonly ended = new Map<string, Ended & { state: JobState; agent: string }>();
+  /** Ended runs with no job still going. */
+  private readonly endedRuns = new Map<string, Ended>();
   /** How many jobs not yet ended name each object, and the objects of each. */
   private readonly inUse = new Map<string, number>();
   private readonly openObjects = new Map<string, string[]>();
@@ -68,7 +78,13 @@ export class RetentionSweeper {
     for (const object of objects) this.inUse.set(object, (this.inUse.get(object) ?? 0) + 1);
   }
 
-  /** Deletes the ended jobs past their retention; resolves with how many went. */
+  /** Notes a run's latest value (undefined: deleted); `ended`: it is final and none of its jobs is going. */
+  observeRun(key: string, run: WorkflowRun | undefined, ended: boolean): void {
+    if (run && ended) this.endedRuns.set(key, { at: Date.parse(run.finishedAt ?? run.createdAt), state: run.state });
+    else this.endedRuns.delete(key);
+  }
+
+  /** Deletes the ended jobs and runs past their retention; resolves with how many jobs went. */
   sweep(now = Date.now()): Promise<number> {
     this.sweeping ??= (async () => {
       const policy = this.policy.policy;
@@ -79,11 +95,12 @@ export class RetentionSweeper {
       // a batch of kept jobs cannot hold back the ones due behind it.
       const passed = new Set<string>();
       for (let more = true; more && !this.closed; ) {
-        const batch = await this.deleteMatching(({ at, state }) => at + retentionOf(policy, state) <= now, passed);
+        const batch = await this.deleteMatching(({ at, state, agent }) => at + retentionOf(policy, state, agent) <= now, passed);
         deleted += batch.deleted;
         more = batch.more;
       }
-      if (deleted > 0) this.log.info({ deleted }, "deleted jobs past their retention");
+      const runs = await this.deleteRuns((run) => run.at + retentionOf(policy, run.state) <= now);
+      if (deleted > 0 || runs > 0) this.log.info({ deleted, runs }, "deleted jobs and workflow runs past their retention");
       return deleted;
     })().finally(() => {
       this.sweeping = undefined;
@@ -160,6 +177,45 @@ export class RetentionSweeper {
     if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
     this.ended.delete(id);
     return "deleted";
+  }
+
+  /** Deletes every ended run that `due` says is due, a few at a time; resolves with how many went. */
+  private async deleteRuns(due: (run: Ended) => boolean): Promise<number> {
+    const ids = [...this.endedRuns].filter(([, run]) => due(run)).map(([id]) => id);
+    let deleted = 0;
+    for (let i = 0; i < ids.length && !this.closed; i += PARALLEL) {
+      await Promise.all(
+        ids.slice(i, i + PARALLEL).map(async (id) => {
+          try {
+            if (await this.deleteRun(id)) deleted += 1;
+          } catch (err) {
+            this.log.warn({ err, runId: id }, "could not delete an ended workflow run; trying again at the next sweep");
+          }
+        }),
+      );
+    }
+    return deleted;
+  }
+
+  /** Deletes one ended run: its events, then its record, as it was read (compare-and-swap). */
+  private async deleteRun(id: string): Promise<boolean> {
+    const { topology } = this;
+    const found = await getJson(topology.workflows, id, WorkflowRun, "workflow run");
+    if (!found) {
+      this.endedRuns.delete(id);
+      return false;
+    }
+    const { names } = topology;
+    await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.runEvents(ownerOf(found.value), id) });
+    try {
+      await topology.workflows.delete(id, { previousSeq: found.revision });
+    } catch (err) {
+      if (isRevisionConflict(err)) return false; // changed meanwhile: the watch says what it is now
+      throw err;
+    }
+    await topology.purgeKey("workflows", id);
+    this.endedRuns.delete(id);
+    return true;
   }
 
   /** Stops sweeping; a sweep under way ends after the deletions in flight. */

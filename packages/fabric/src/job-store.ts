@@ -1,7 +1,7 @@
 import { BoxcarError, ErrorCode, JobRecord } from "@boxcar/protocol";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import { getJson } from "./kv-json.js";
+import { isRevisionConflict } from "./nats-errors.js";
 
 /** A job record with the KV revision it was read at. */
 export interface JobHandle {
@@ -96,9 +96,3 @@ export class JobStore {
 }
 
 /** The KV write lost a race: the key's revision is not the one it was decided on (or it exists, for a create). */
-function isRevisionConflict(err: unknown): boolean {
-  return (
-    err instanceof JetStreamApiError &&
-    (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
-  );
-}

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/client";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 
 /** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
@@ -80,4 +80,12 @@ export async function patiently<T>(what: string, step: () => Promise<T>, log: Lo
       delay = Math.min(delay * 2, MAX_BACKOFF_MS);
     }
   }
+}
+
+/** A compare-and-swap write that lost: the key changed since the revision it was made against. */
+export function isRevisionConflict(err: unknown): boolean {
+  return (
+    err instanceof JetStreamApiError &&
+    (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
+  );
 }

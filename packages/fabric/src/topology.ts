@@ -114,6 +114,11 @@ export interface Topology {
   /** The admin's system policy (`SystemPolicy`, under the key `system`). */
   readonly policy: KV;
   /**
+   * Removes every message `key` has in a bucket's stream, its delete marker included (a
+   * JetStream purge filtered on the key's subject): for records deleted for good.
+   */
+  purgeKey(bucket: "jobs" | "workflows", key: string): Promise<void>;
+  /**
    * Creates the durable consumers of a pool's work (one per priority) if they do not exist yet.
    * Resolves with their shortest lease (ack wait) in ms: whoever created a consumer chose it, so
    * workers read it here.
@@ -216,6 +221,10 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   }
 
   const leases = new Map<string, number>();
+  const purgeKey = async (bucket: "jobs" | "workflows", key: string) => {
+    const name = names.buckets[bucket];
+    await jsm.streams.purge(`KV_${name}`, { filter: `$KV.${name}.${key}` });
+  };
   return {
     names,
     options,
@@ -223,15 +232,14 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     js,
     jsm,
     jobs,
-    jobStore: new JobStore(jobs, async (id) => {
-      await jsm.streams.purge(`KV_${names.buckets.jobs}`, { filter: `$KV.${names.buckets.jobs}.${id}` });
-    }),
+    jobStore: new JobStore(jobs, (id) => purgeKey("jobs", id)),
     agents,
     workers,
     idempotency,
     workflows,
     artifacts,
     policy,
+    purgeKey,
     async ensurePoolConsumer(pool) {
       let leaseMs = leases.get(pool);
       if (leaseMs === undefined) {

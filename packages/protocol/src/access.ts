@@ -151,8 +151,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy].map(kvSubjects),
             objSubjects(b.artifacts),
             // An object's chunks are removed by a purge filtered on them (deletes, overwrites),
-            // and so are an ended job's events, output and record once its retention is over.
-            ...[obj(b.artifacts), st.events, st.logs, kv(b.jobs)].map((stream) => `$JS.API.STREAM.PURGE.${stream}`),
+            // and so are an ended job's events, output and record (and an ended run's) once its
+            // retention is over.
+            ...[obj(b.artifacts), st.events, st.logs, kv(b.jobs), kv(b.workflows)].map((stream) => `$JS.API.STREAM.PURGE.${stream}`),
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
             // aim a dispatcher's reply at JetStream's API (say, a stream's purge).
             "_INBOX.>",

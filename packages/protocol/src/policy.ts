@@ -1,8 +1,7 @@
 import { z } from "zod";
 import { UserName } from "./access.js";
-import { type AgentDefinition, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
+import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
-import type { JobState } from "./job.js";
 import { durationMs, sizeBytes } from "./units.js";
 
 const DAY_MS = 24 * 3_600_000;
@@ -99,27 +98,38 @@ export type QueueLimits = z.infer<typeof QueueLimits>;
 /** The queue limits of a system whose policy sets none. */
 export const DEFAULT_QUEUE_LIMITS: Required<QueueLimits> = { jobs: 100_000, bytes: 256 * 1024 ** 2 };
 
-/** How long ended jobs are kept before they are deleted with their events, output, input files and artifacts. */
-export const Retention = z.strictObject({
-  jobs: durationMs({ min: 1_000, max: 3_650 * DAY_MS })
-    .optional()
-    .describe('every ended job, counted from its end, such as "7d" or "12h" (default 7d)'),
-  failed: durationMs({ min: 1_000, max: 3_650 * DAY_MS })
-    .optional()
-    .describe("jobs that ended failed, timed_out or dead, in place of jobs (default: as jobs)"),
+const period = durationMs({ min: 1_000, max: 3_650 * DAY_MS }).optional();
+
+/** How long ended jobs are kept: the system's periods, or one agent's. */
+const RetentionPeriods = z.strictObject({
+  jobs: period.describe('every ended job, counted from its end, such as "7d" or "12h" (default 7d)'),
+  failed: period.describe("jobs that ended failed, timed_out or dead, in place of jobs (default: as jobs)"),
+});
+
+/**
+ * How long ended jobs are kept before they are deleted with their events, output, input files
+ * and artifacts; ended workflow runs are kept as long as jobs (failed runs as failed jobs).
+ */
+export const Retention = RetentionPeriods.extend({
+  agents: z.record(AgentName, RetentionPeriods).optional().describe("an agent's jobs: each period it sets replaces the system's for them"),
 });
 export type Retention = z.infer<typeof Retention>;
 
 /** How long ended jobs are kept when the policy says nothing. */
 export const DEFAULT_RETENTION_MS = 7 * DAY_MS;
 
-/** The final states whose jobs `Retention.failed` keeps. */
+/** The final states whose jobs `Retention.failed` keeps (and `failed`, of a run). */
 const FAILED_STATES: ReadonlySet<string> = new Set(["failed", "timed_out", "dead"]);
 
-/** How long a job that ended in `state` is kept under `policy`. */
-export function retentionOf(policy: SystemPolicy, state: JobState): number {
-  const jobs = policy.retention.jobs ?? DEFAULT_RETENTION_MS;
-  return FAILED_STATES.has(state) ? (policy.retention.failed ?? jobs) : jobs;
+/**
+ * How long a job of `agent` that ended in `state` is kept under `policy`: each period the agent
+ * sets replaces the system's, and `failed`, where neither sets it, is `jobs` as it came out.
+ * Without an agent, a workflow run's.
+ */
+export function retentionOf(policy: SystemPolicy, state: string, agent?: string): number {
+  const own = agent === undefined ? undefined : policy.retention.agents?.[agent];
+  const jobs = own?.jobs ?? policy.retention.jobs ?? DEFAULT_RETENTION_MS;
+  return FAILED_STATES.has(state) ? (own?.failed ?? policy.retention.failed ?? jobs) : jobs;
 }
 
 /** An admin's policy for the whole system, kept in the policy bucket (`boxcar policy set -f FILE`). */
@@ -131,7 +141,7 @@ export const SystemPolicy = z.strictObject({
       users: z.record(UserName, Quota).default({}).describe("a user's own, in place of the default"),
     })
     .default({ default: {}, users: {} }),
-  retention: Retention.default({}).describe("how long ended jobs are kept"),
+  retention: Retention.default({}).describe("how long ended jobs and workflow runs are kept"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",

@@ -43,8 +43,11 @@ export class RunFollower {
     if (job.chain?.run && isTerminal(job.state)) void this.runs.advance(job.chain.run);
   };
 
-  /** Follows the workflows bucket (replaying every run at start). */
-  async start(): Promise<void> {
+  /**
+   * Follows the workflows bucket (replaying every run at start), telling `observe` each run's
+   * latest value and whether it has ended for good (final, no job of it going).
+   */
+  async start(observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void): Promise<void> {
     const watch = await this.topology.workflows.watch();
     this.stopWatch = () => watch.stop();
     void (async () => {
@@ -52,6 +55,7 @@ export class RunFollower {
         this.clearTimers(entry.key);
         const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
         const run = parsed?.success ? parsed.data : undefined;
+        observe?.(entry.key, run, run !== undefined && !hasWorkLeft(run));
         if (!run || !hasWorkLeft(run)) continue;
         this.schedule(entry.key, "recheck", RECHECK_MS);
         if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());
