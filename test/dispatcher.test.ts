@@ -3,6 +3,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY } from "@boxcar/protocol";
 import { Svcm } from "@nats-io/services";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 const echoAgent = { name: "echo", command: ["sh", "-c", "echo hi"], trusted: true, runtime: { sandbox: "host", timeout: "10s" } };
@@ -112,6 +113,43 @@ describe("the request/reply API", () => {
     expect(cancelled.state).toBe("cancelled");
     expect((await client.cancelJob(ids[1] as string)).state).toBe("cancelled"); // idempotent
     expect((await client.listJobs({ state: "cancelled" })).jobs.map((j) => j.id)).toContain(ids[1]);
+  });
+
+  test("jobs.count: how many jobs are in each state, everyone's or one agent's; a submitter counts only its own", async () => {
+    const client = createClient(nats.topology);
+    await client.applyAgent({ ...echoAgent, name: "counted" });
+    const ids = [];
+    for (let i = 0; i < 3; i++) ids.push((await client.submit({ agent: "counted" })).job.id);
+    await client.cancelJob(ids[0] as string);
+    // The count comes from the dispatcher's index, which its watch of the bucket keeps.
+    const counted = await eventually(async () => {
+      const reply = await client.countJobs({ agent: "counted" });
+      return reply.counts.cancelled === 1 ? reply : undefined;
+    }, "the cancel to be counted");
+    expect(counted.total).toBe(3);
+    expect(Object.entries(counted.counts).filter(([, n]) => n > 0)).toEqual([
+      ["queued", 2],
+      ["cancelled", 1],
+    ]);
+    expect((await client.countJobs()).total).toBeGreaterThan(3); // the other tests' jobs too
+
+    const prefix = nats.topology.names.prefix;
+    await nats.auth.mint("counter", "submitter");
+    const asCounter = { NATS_CREDS: nats.auth.credsFile("counter") };
+    expect((await boxcar(nats.url, prefix, ["submit", "counted"], asCounter)).code).toBe(0);
+    const own = await eventually(async () => {
+      const r = await boxcar(nats.url, prefix, ["jobs", "--counts", "--json"], asCounter);
+      const reply = JSON.parse(r.stdout) as { total: number; counts: Record<string, number> };
+      return reply.total === 1 ? reply : undefined;
+    }, "the submitter's one job to be counted");
+    expect(own.counts.queued).toBe(1);
+    const printed = await boxcar(nats.url, prefix, ["jobs", "--counts", "--agent", "counted"]);
+    expect(printed.stdout.split("\n").map((l) => l.split(/\s+/).filter(Boolean).join(" "))).toEqual(
+      expect.arrayContaining(["queued 3", "cancelled 1", "total 4"]),
+    );
+    const usage = await boxcar(nats.url, prefix, ["jobs", "--counts", "--state", "queued"]);
+    expect(usage).toMatchObject({ code: 2, stderr: expect.stringContaining("--counts takes only --agent, not --state") });
+    await client.removeAgent("counted");
   });
 
   test("unknown ids are not_found; agents can be applied, listed, read and removed", async () => {

@@ -12,6 +12,8 @@ import {
   CancelReply,
   CleanJobsReply,
   type CleanJobsRequest,
+  CountJobsReply,
+  type CountJobsRequest,
   ErrorCode,
   EventsPage,
   type Identity,
@@ -111,6 +113,8 @@ export interface BoxcarClient {
   retryJob(id: string): Promise<JobRecord>;
   /** Deletes now the ended jobs that match, as retention would (admins only); ask again while `more`. */
   cleanJobs(request: CleanJobsRequest): Promise<CleanJobsReply>;
+  /** How many of the jobs you may see are in each state (all of them, or one agent's). */
+  countJobs(request?: CountJobsRequest): Promise<CountJobsReply>;
   /** Resolves with the job's record once it reaches a final state. */
   waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord>;
   /** The job's events in order; with `follow`, until its final event (with `chain`, the chain's). */
@@ -245,6 +249,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async retryJob(id: string) {
     return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
+  }
+
+  countJobs(request: CountJobsRequest = {}) {
+    return this.request(ApiEndpoint.jobsCount, request, CountJobsReply);
   }
 
   cleanJobs(request: CleanJobsRequest) {

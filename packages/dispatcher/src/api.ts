@@ -30,7 +30,7 @@ import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { jobEvents, jobLogs, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
-import { cancelJob, listJobs, retryJob } from "./jobs.js";
+import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
 
@@ -92,6 +92,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     },
     [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
     [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, jobs, body, caller, log),
+    [ApiEndpoint.jobsCount]: (body, caller) => countJobs(jobs, body, caller),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
       return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
     },

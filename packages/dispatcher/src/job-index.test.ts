@@ -52,3 +52,21 @@ test("many deletions are compacted away", () => {
   expect(ids(index)).toHaveLength(1_000);
   expect(ids(index)[0]).toBe("j04999");
 });
+
+test("counts by state follow every change, for the owners a caller sees and one agent", () => {
+  const index = new JobIndex();
+  const of = (id: string, state: JobState, agent: string, owner: string) => ({ id, state, agent, owner }) as JobRecord;
+  index.observe("j1", of("j1", "queued", "a", "alice"));
+  index.observe("j2", of("j2", "queued", "b", "alice"));
+  index.observe("j3", of("j3", "queued", "a", "bob"));
+  index.observe("j1", of("j1", "running", "a", "alice"));
+  index.observe("j1", of("j1", "succeeded", "a", "alice"));
+  index.observe("j2", undefined);
+  const nonZero = (counts: Record<string, number>) => Object.fromEntries(Object.entries(counts).filter(([, n]) => n > 0));
+  expect(nonZero(index.counts(() => true))).toEqual({ queued: 1, succeeded: 1 });
+  expect(nonZero(index.counts((owner) => owner === "alice"))).toEqual({ succeeded: 1 });
+  expect(nonZero(index.counts(() => true, "b"))).toEqual({});
+  expect(nonZero(index.counts((owner) => owner === "bob", "a"))).toEqual({ queued: 1 });
+  // Every state is there, counted or not.
+  expect(Object.keys(index.counts(() => false)).length).toBeGreaterThan(8);
+});

@@ -1,4 +1,4 @@
-import { type JobRecord, type JobState, ownerOf } from "@boxcar/protocol";
+import { type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
 
 /** What the index keeps of a job: what a list filters on. */
 export interface IndexedJob {
@@ -17,6 +17,8 @@ export class JobIndex {
   private readonly jobs = new Map<string, IndexedJob>();
   /** How many jobs are in each state. */
   private readonly states = new Map<JobState, number>();
+  /** How many jobs of each owner and agent are in each state (no empty entries: owners and agents come and go). */
+  private readonly tallies = new Map<string, Map<string, Map<JobState, number>>>();
   /** Ids in ascending order once sorted; may still hold ids removed since (skipped, then compacted). */
   private ids: string[] = [];
   /** The ids in `ids`. */
@@ -27,16 +29,35 @@ export class JobIndex {
   /** Notes a job record's latest value (undefined: the record was deleted). */
   readonly observe = (key: string, job: JobRecord | undefined): void => {
     const before = this.jobs.get(key);
-    if (before) this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
-    if (job) this.states.set(job.state, (this.states.get(job.state) ?? 0) + 1);
-    if (!job) {
+    if (before) {
+      this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
+      this.tally(before, -1);
+    }
+    const after = job && { state: job.state, agent: job.agent, owner: ownerOf(job) };
+    if (after) {
+      this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
+      this.tally(after, 1);
+    }
+    if (!after) {
       if (this.jobs.delete(key)) this.removed += 1;
       if (this.removed > 1_000 && this.removed > this.ids.length / 2) this.compact();
       return;
     }
     if (!this.listed.has(key)) this.insert(key);
-    this.jobs.set(key, { state: job.state, agent: job.agent, owner: ownerOf(job) });
+    this.jobs.set(key, after);
   };
+
+  private tally(job: IndexedJob, by: 1 | -1): void {
+    const agents = this.tallies.get(job.owner) ?? new Map<string, Map<JobState, number>>();
+    const states = agents.get(job.agent) ?? new Map<JobState, number>();
+    const n = (states.get(job.state) ?? 0) + by;
+    if (n > 0) states.set(job.state, n);
+    else states.delete(job.state);
+    if (states.size > 0) agents.set(job.agent, states);
+    else agents.delete(job.agent);
+    if (agents.size > 0) this.tallies.set(job.owner, agents);
+    else this.tallies.delete(job.owner);
+  }
 
   /**
    * Ids sort by creation time, so a new job goes at the end, or near it (another dispatcher's
@@ -78,6 +99,22 @@ export class JobIndex {
   /** How many jobs are in `state`. */
   count(state: JobState): number {
     return this.states.get(state) ?? 0;
+  }
+
+  /**
+   * How many jobs are in each state (every state, 0 where none is), counting only owners `sees`
+   * lets through and, given `agent`, only its jobs: a sum over owners and agents, not over jobs.
+   */
+  counts(sees: (owner: string) => boolean, agent?: string): Record<JobState, number> {
+    const counts = Object.fromEntries(JobState.options.map((s) => [s, 0])) as Record<JobState, number>;
+    for (const [owner, agents] of this.tallies) {
+      if (!sees(owner)) continue;
+      for (const [name, states] of agents) {
+        if (agent !== undefined && name !== agent) continue;
+        for (const [state, n] of states) counts[state] += n;
+      }
+    }
+    return counts;
   }
 
   /** The jobs, newest first, starting after `after` (a job id) when given. */

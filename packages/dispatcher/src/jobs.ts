@@ -3,6 +3,8 @@ import type { Logger } from "@boxcar/client";
 import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
+  type CountJobsReply,
+  CountJobsRequest,
   ErrorCode,
   type Identity,
   JobRecord,
@@ -22,6 +24,25 @@ const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
 /** The most bytes of records one `jobs.list` reply carries, under NATS's 1 MiB message limit. */
 const LIST_REPLY_BUDGET = 768 * 1024;
 
+/** How many of the jobs `caller` may see are in each state, from the job index. */
+export async function countJobs(
+  jobs: { index: JobIndex; caughtUp: Promise<void> },
+  raw: unknown,
+  caller: Identity,
+): Promise<CountJobsReply> {
+  const req = parseWith(CountJobsRequest, raw, "count request");
+  await caughtUp(jobs);
+  const counts = jobs.index.counts((owner) => mayAccess(caller, owner), req.agent);
+  return { counts, total: Object.values(counts).reduce((a, b) => a + b, 0) };
+}
+
+/** Right after a dispatcher starts, its index is still being filled from the bucket: wait a moment for it. */
+async function caughtUp(jobs: { caughtUp: Promise<void> }): Promise<void> {
+  const waited = new AbortController();
+  await Promise.race([jobs.caughtUp, sleep(CATCH_UP_WAIT_MS, undefined, { signal: waited.signal }).catch(() => {})]);
+  waited.abort();
+}
+
 /**
  * Pages through job records, newest first (job ids sort by creation time), up to the limit or
  * the byte budget. The dispatcher's job index says which jobs match, in memory; only the page's
@@ -36,10 +57,7 @@ export async function listJobs(
   log: Logger,
 ): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
-  // Right after a dispatcher starts, its index is still being filled from the bucket.
-  const waited = new AbortController();
-  await Promise.race([jobs.caughtUp, sleep(CATCH_UP_WAIT_MS, undefined, { signal: waited.signal }).catch(() => {})]);
-  waited.abort();
+  await caughtUp(jobs);
   const page: JobRecord[] = [];
   let bytes = 0;
   let next: string | undefined;

@@ -54,6 +54,7 @@ export const ROLE_TAG = "boxcar-role";
 const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.jobsGet,
   ApiEndpoint.jobsList,
+  ApiEndpoint.jobsCount,
   ApiEndpoint.agentsGet,
   ApiEndpoint.agentsList,
   ApiEndpoint.workersList,

@@ -40,6 +40,17 @@ export const ListJobsReply = z.strictObject({
 });
 export type ListJobsReply = z.infer<typeof ListJobsReply>;
 
+/** How many of the jobs the caller may see are in each state; `agent`: only that agent's. */
+export const CountJobsRequest = z.strictObject({ agent: AgentName.optional() });
+export type CountJobsRequest = z.input<typeof CountJobsRequest>;
+
+export const CountJobsReply = z.strictObject({
+  /** Every state, 0 where none is in it. */
+  counts: z.record(JobState, z.number().int().nonnegative()),
+  total: z.number().int().nonnegative(),
+});
+export type CountJobsReply = z.infer<typeof CountJobsReply>;
+
 export const CancelReply = z.strictObject({ job: JobRecord });
 
 /** Deletes now the ended jobs that match, as retention would (admins only). */

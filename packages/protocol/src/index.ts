@@ -44,6 +44,8 @@ export {
   CancelReply,
   CleanJobsReply,
   CleanJobsRequest,
+  CountJobsReply,
+  CountJobsRequest,
   EventsPage,
   JobEventsRequest,
   JobLogsRequest,

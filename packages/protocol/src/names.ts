@@ -116,6 +116,7 @@ export const ApiEndpoint = {
   jobsSubmit: "jobs.submit",
   jobsGet: "jobs.get",
   jobsList: "jobs.list",
+  jobsCount: "jobs.count",
   jobsCancel: "jobs.cancel",
   jobsRetry: "jobs.retry",
   jobsClean: "jobs.clean",

@@ -244,11 +244,18 @@ export const cancel: Command = {
 
 export const jobs: Command = {
   name: "jobs",
-  usage: "boxcar jobs [--state STATE] [--agent AGENT] [--limit N] [--after JOB]",
-  summary: "list jobs, newest first",
+  usage: "boxcar jobs [--state STATE] [--agent AGENT] [--limit N] [--after JOB] | --counts [--agent AGENT]",
+  summary: "list jobs, newest first; or count them by state",
   maxArgs: 0,
-  options: { state: { type: "string" }, agent: { type: "string" }, limit: { type: "string" }, after: { type: "string" } },
+  options: {
+    state: { type: "string" },
+    agent: { type: "string" },
+    limit: { type: "string" },
+    after: { type: "string" },
+    counts: { type: "boolean" },
+  },
   async run(ctx) {
+    if (ctx.values.counts) return countJobs(ctx);
     const state = ctx.values.state as string | undefined;
     if (state !== undefined && !JobState.safeParse(state).success) {
       throw new UsageError(`--state must be one of ${JobState.options.join(", ")}, got ${state}`);
@@ -280,6 +287,20 @@ export const jobs: Command = {
     return ExitCode.ok;
   },
 };
+
+/** `boxcar jobs --counts`: how many jobs are in each state (those in none left out, unless --json). */
+async function countJobs(ctx: CommandContext<Values>): Promise<number> {
+  const other = ["state", "limit", "after"].find((f) => ctx.values[f] !== undefined);
+  if (other) throw new UsageError(`--counts takes only --agent, not --${other}`);
+  await using session = await ctx.session("boxcar-jobs");
+  const reply = await session.client.countJobs(ctx.values.agent === undefined ? {} : { agent: ctx.values.agent as string });
+  if (ctx.values.json) ctx.print(json(reply));
+  else {
+    const rows = Object.entries(reply.counts).filter(([, n]) => (n as number) > 0);
+    ctx.print(table(["STATE", "JOBS"], [...rows.map(([state, n]) => [state, String(n)]), ["total", String(reply.total)]]));
+  }
+  return ExitCode.ok;
+}
 
 export const retry: Command = {
   name: "retry",
