@@ -30,11 +30,11 @@ test("on a server with too little JetStream storage, a role says so in one line;
 
   const badFlag = await boxcar(server.url, prefix, ["dispatcher", "--stream-limits", "events=8Mi,log=8Mi"]);
   expect(badFlag.code).toBe(2);
-  expect(badFlag.stderr).toContain('"log" is not a stream with a limit; use events, logs or dead');
+  expect(badFlag.stderr).toContain('"log" is not a stream with a limit; use events, logs, dead, submit');
 
   // The first role makes the streams with the limits it is given (here from the environment);
   // later roles find them made.
-  const dispatcher = spawnBoxcar(server.url, prefix, ["dispatcher"], { BOXCAR_STREAM_LIMITS: "events=8Mi,logs=8Mi,dead=4Mi" });
+  const dispatcher = spawnBoxcar(server.url, prefix, ["dispatcher"], { BOXCAR_STREAM_LIMITS: "events=8Mi,logs=8Mi,dead=4Mi,submit=2Mi" });
   await eventually(async () => (dispatcher.output().includes("dispatcher started") ? true : undefined), "the dispatcher");
   const worker = spawnBoxcar(server.url, prefix, ["worker"]);
   try {
@@ -58,7 +58,7 @@ test("a worker config file sets the stream limits of the system the worker creat
   await using server = await startNatsServer({ maxFileStore: 48 * MiB });
   await using folder = await scratch("boxcar-limits-");
   const config = join(folder.path, "worker.yaml");
-  await writeFile(config, "streamLimits:\n  events: 8Mi\n  logs: 6Mi\n  dead: 4Mi\nsandbox:\n  allowed: [host]\n");
+  await writeFile(config, "streamLimits:\n  events: 8Mi\n  logs: 6Mi\n  dead: 4Mi\n  submit: 2Mi\nsandbox:\n  allowed: [host]\n");
   const prefix = uniquePrefix();
   const worker = spawnBoxcar(server.url, prefix, ["worker", "--config", config]);
   try {
@@ -71,6 +71,7 @@ test("a worker config file sets the stream limits of the system the worker creat
       expect(await maxBytes(streams.events)).toBe(8 * MiB);
       expect(await maxBytes(streams.logs)).toBe(6 * MiB);
       expect(await maxBytes(streams.dead)).toBe(4 * MiB);
+      expect(await maxBytes(streams.submit)).toBe(2 * MiB);
     } finally {
       await nc.close();
     }
@@ -87,7 +88,7 @@ test("a worker config file sets the stream limits of the system the worker creat
 test("a submit on a full store is refused with storage_full, and no job is left half-admitted", async () => {
   await using server = await startNatsServer({ maxFileStore: 24 * 1024 ** 2 });
   const nc = await connect({ servers: server.url });
-  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
   const dispatcher = await startDispatcher({ topology });
   try {
     const client = createClient(topology);
@@ -132,7 +133,7 @@ test("a submit on a full store is refused with storage_full, and no job is left 
 test("a durable intake submission that meets a full store waits in its stream, and is admitted once space frees", async () => {
   await using server = await startNatsServer({ maxFileStore: 24 * 1024 ** 2 });
   const nc = await connect({ servers: server.url });
-  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
   const { names } = topology;
   const client = createClient(topology);
   let dispatcher = await startDispatcher({ topology });
@@ -172,11 +173,51 @@ test("a durable intake submission that meets a full store waits in its stream, a
   }
 }, 120_000);
 
+test("a flood of durable submissions is refused at the intake stream's limit; none stored is dropped, and all are admitted", async () => {
+  await using server = await startNatsServer();
+  const nc = await connect({ servers: server.url });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { submit: MiB } });
+  const client = createClient(topology);
+  let dispatcher = await startDispatcher({ topology });
+  await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+  await dispatcher.close();
+  try {
+    // No dispatcher admits them meanwhile: they pile up in the intake stream until its limit.
+    const pad = "x".repeat(200_000);
+    let stored = 0;
+    let refusal = "";
+    for (let i = 0; i < 20 && !refusal; i++) {
+      await topology.js.publish(`${topology.names.prefix}.submit.local.noop`, JSON.stringify({ input: { i, pad } })).then(
+        () => (stored += 1),
+        (err: Error) => (refusal = err.message),
+      );
+    }
+    expect(refusal).toContain("maximum bytes exceeded");
+    expect(stored).toBe(5); // 5 × 200 KB fit in 1 MiB
+    const info = await topology.jsm.streams.info(topology.names.streams.submit);
+    expect([info.state.messages, info.config.discard]).toEqual([stored, "new"]);
+
+    dispatcher = await startDispatcher({ topology });
+    const counted = await eventually(async () => {
+      const reply = await client.countJobs({ agent: "noop" });
+      return reply.total === stored ? reply : undefined;
+    }, "every stored submission to be admitted");
+    expect(counted.counts.queued).toBe(stored);
+    await eventually(
+      async () => ((await topology.jsm.streams.info(topology.names.streams.submit)).state.messages === 0 ? true : undefined),
+      "the intake stream to be empty",
+    );
+  } finally {
+    await dispatcher.close();
+    await nc.close();
+  }
+}, 60_000);
+
 test("past the system's queue limit new work is refused with queue_full and nothing is kept; a worker drains the queue and submissions are admitted again", async () => {
   // A store with room to spare: the queue limit, not the store, is what refuses.
   await using server = await startNatsServer({ maxFileStore: 64 * MiB });
   const nc = await connect({ servers: server.url });
-  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB } });
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
   const { names } = topology;
   const dispatcher = await startDispatcher({ topology });
   const client = createClient(topology);

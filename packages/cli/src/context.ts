@@ -115,12 +115,12 @@ function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined
   return n;
 }
 
-/** `--stream-limits events=SIZE,logs=SIZE,dead=SIZE`, taken by the roles that create the system. */
+/** `--stream-limits events=SIZE,logs=SIZE,dead=SIZE,submit=SIZE`, taken by the roles that create the system. */
 const streamLimitsOption = { "stream-limits": { type: "string" } } as const satisfies ParseArgsConfig["options"];
 
 /**
  * The history streams' sizes asked for: `--stream-limits`, else `$BOXCAR_STREAM_LIMITS`, as
- * `events=256Mi,logs=128Mi,dead=64Mi` (any of the three). Undefined when neither is set.
+ * `events=256Mi,logs=128Mi,dead=64Mi,submit=16Mi` (any of them). Undefined when neither is set.
  */
 function streamLimitsFrom(flag: unknown, env: NodeJS.ProcessEnv): StreamLimits | undefined {
   const [source, value] = flag !== undefined ? ["--stream-limits", String(flag)] : ["BOXCAR_STREAM_LIMITS", env.BOXCAR_STREAM_LIMITS];
@@ -129,7 +129,9 @@ function streamLimitsFrom(flag: unknown, env: NodeJS.ProcessEnv): StreamLimits |
   for (const part of value.split(",")) {
     const [name = "", size = ""] = part.split("=").map((p) => p.trim());
     if (!(name in DEFAULT_STREAM_LIMITS)) {
-      throw new UsageError(`${source}: ${JSON.stringify(name)} is not a stream with a limit; use events, logs or dead (e.g. events=256Mi)`);
+      throw new UsageError(
+        `${source}: ${JSON.stringify(name)} is not a stream with a limit; use ${Object.keys(DEFAULT_STREAM_LIMITS).join(", ")} (e.g. events=256Mi)`,
+      );
     }
     const bytes = parseSizeBytes(size);
     if (bytes === undefined || bytes < 1024 ** 2) {

@@ -1,6 +1,7 @@
 import { BoxcarError, ErrorCode, type Names, names as namesFor, PRIORITIES, type Priority } from "@boxcar/protocol";
 import {
   AckPolicy,
+  DiscardPolicy,
   JetStreamApiError,
   type JetStreamClient,
   type JetStreamManager,
@@ -42,9 +43,11 @@ export interface TopologyOptions {
    */
   workerTtlMs?: number;
   /**
-   * The most the history streams keep, in bytes, when they are created (an existing stream keeps
-   * its own): events (default 1 GiB), agent output logs (512 MiB), dead letters (256 MiB).
-   * JetStream reserves these up front, so a small server or account needs smaller ones.
+   * The most the history streams and the durable intake keep, in bytes, when they are created
+   * (an existing stream keeps its own): events (default 1 GiB), agent output logs (512 MiB),
+   * dead letters (256 MiB), submissions waiting to be admitted (64 MiB; past it a new one is
+   * refused, none dropped). JetStream reserves these up front, so a small server or account
+   * needs smaller ones.
    */
   streamLimits?: StreamLimits;
 }
@@ -54,10 +57,16 @@ export interface StreamLimits {
   events?: number;
   logs?: number;
   dead?: number;
+  submit?: number;
 }
 
-/** What each history stream reserves by default. */
-export const DEFAULT_STREAM_LIMITS: Required<StreamLimits> = { events: 1024 * 1024 ** 2, logs: 512 * 1024 ** 2, dead: 256 * 1024 ** 2 };
+/** What each limited stream reserves by default. */
+export const DEFAULT_STREAM_LIMITS: Required<StreamLimits> = {
+  events: 1024 * 1024 ** 2,
+  logs: 512 * 1024 ** 2,
+  dead: 256 * 1024 ** 2,
+  submit: 64 * 1024 ** 2,
+};
 
 export interface ResolvedTopologyOptions {
   prefix: string;
@@ -168,6 +177,9 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       name: names.streams.submit,
       subjects: [names.subjects.submitAll],
       retention: RetentionPolicy.Workqueue,
+      // A flood of durable submissions is refused at its limit instead of taking the whole store.
+      max_bytes: options.streamLimits.submit,
+      discard: DiscardPolicy.New,
       max_msg_size: MiB,
       duplicate_window: nanos(DUPLICATE_WINDOW_MS),
     },
@@ -362,11 +374,14 @@ const INSUFFICIENT_STORAGE = 10047;
 function storageError(err: unknown, limits: Required<StreamLimits>): BoxcarError | undefined {
   if (!(err instanceof JetStreamApiError && err.code === INSUFFICIENT_STORAGE)) return undefined;
   const size = (bytes: number) => (bytes % 1024 ** 3 === 0 ? `${bytes / 1024 ** 3}Gi` : `${Math.round(bytes / 1024 ** 2)}Mi`);
-  const asked = `events=${size(limits.events)},logs=${size(limits.logs)},dead=${size(limits.dead)}`;
+  const asked = Object.entries(limits)
+    .map(([stream, bytes]) => `${stream}=${size(bytes)}`)
+    .join(",");
+  const total = Object.values(limits).reduce((a, b) => a + b, 0);
   return new BoxcarError(
     ErrorCode.storageFull,
-    `JetStream has less file storage free than Boxcar's streams reserve (${asked}, ${size(limits.events + limits.logs + limits.dead)} in all, plus room for jobs): ` +
-      "give the server or account more (jetstream max_file_store, account limits) or reserve less with --stream-limits / BOXCAR_STREAM_LIMITS, e.g. events=64Mi,logs=32Mi,dead=16Mi",
+    `JetStream has less file storage free than Boxcar's streams reserve (${asked}, ${size(total)} in all, plus room for jobs): ` +
+      "give the server or account more (jetstream max_file_store, account limits) or reserve less with --stream-limits / BOXCAR_STREAM_LIMITS, e.g. events=64Mi,logs=32Mi,dead=16Mi,submit=8Mi",
     { cause: err },
   );
 }

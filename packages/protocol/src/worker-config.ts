@@ -51,9 +51,12 @@ export const WorkerConfig = z.strictObject({
       events: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
       logs: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
       dead: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
+      submit: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 }).optional(),
     })
     .optional()
-    .describe("what the history streams reserve when this worker creates the system, such as events: 64Mi; --stream-limits overrides it"),
+    .describe(
+      "what the history streams and the durable intake reserve when this worker creates the system, such as events: 64Mi; --stream-limits overrides it",
+    ),
   logFormat: z.enum(["json", "pretty"]).optional(),
   health: z
     .string()
