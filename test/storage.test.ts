@@ -173,6 +173,46 @@ test("a durable intake submission that meets a full store waits in its stream, a
   }
 }, 120_000);
 
+test("a worker started on a full store waits for room instead of exiting, then drains the queue", async () => {
+  await using server = await startNatsServer({ maxFileStore: 24 * MiB });
+  const nc = await connect({ servers: server.url });
+  const prefix = uniquePrefix();
+  const topology = await openTopology(nc, { prefix, streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
+  const client = createClient(topology);
+  const dispatcher = await startDispatcher({ topology });
+  let worker: ReturnType<typeof spawnBoxcar> | undefined;
+  try {
+    await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    const { job } = await client.submit({ agent: "noop" });
+    // Something else takes the rest of the store.
+    await topology.jsm.streams.add({ name: "FILLER", subjects: ["filler"] });
+    for (const chunk of [512 * 1024, 64 * 1024, 4 * 1024, 256]) {
+      for (let stored = true; stored; ) {
+        stored = await topology.js.publish("filler", new Uint8Array(chunk)).then(
+          () => true,
+          () => false,
+        );
+      }
+    }
+    worker = spawnBoxcar(server.url, prefix, ["worker"]);
+    await eventually(
+      async () => (worker?.output().includes("the presence entry: JetStream's store is full; waiting for room") ? true : undefined),
+      "the worker to say it waits for room",
+    );
+    await sleep(2_000);
+    expect(worker.exitCode).toBeNull();
+    expect((await client.getJob(job.id)).state).toBe("queued");
+
+    await topology.jsm.streams.delete("FILLER");
+    expect((await client.waitForJob(job.id)).state).toBe("succeeded");
+  } finally {
+    worker?.kill("SIGTERM");
+    if (worker) await exited(worker);
+    await dispatcher.close();
+    await nc.close();
+  }
+}, 90_000);
+
 test("a flood of durable submissions is refused at the intake stream's limit; none stored is dropped, and all are admitted", async () => {
   await using server = await startNatsServer();
   const nc = await connect({ servers: server.url });

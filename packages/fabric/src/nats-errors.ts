@@ -59,7 +59,13 @@ const MAX_BACKOFF_MS = 5_000;
  * starts and once when it ends; any other error, or an abort, is thrown at once. Roles start
  * with it, so one started while its cluster recovers waits instead of exiting.
  */
-export async function patiently<T>(what: string, step: () => Promise<T>, log: Logger, signal?: AbortSignal): Promise<T> {
+export async function patiently<T>(
+  what: string,
+  step: () => Promise<T>,
+  log: Logger,
+  signal?: AbortSignal,
+  opts: { untilRoom?: boolean } = {},
+): Promise<T> {
   let delay = 250;
   let since: number | undefined;
   for (;;) {
@@ -68,11 +74,17 @@ export async function patiently<T>(what: string, step: () => Promise<T>, log: Lo
       if (since !== undefined) log.info({ what, waitedMs: Date.now() - since }, `${what}: JetStream answers again`);
       return value;
     } catch (err) {
-      if (!isTransientJetStreamError(err)) throw err;
+      // `untilRoom`: a write refused for want of storage is waited out too (retention, `boxcar
+      // clean` or an operator may free some), where a role would otherwise exit.
+      const full = opts.untilRoom === true && isStorageFull(err);
+      if (!full && !isTransientJetStreamError(err)) throw err;
       signal?.throwIfAborted();
       if (since === undefined) {
         since = Date.now();
-        log.warn({ what, err: (err as Error).message }, `${what}: JetStream does not answer yet; waiting for it`);
+        log.warn(
+          { what, err: (err as Error).message },
+          full ? `${what}: JetStream's store is full; waiting for room` : `${what}: JetStream does not answer yet; waiting for it`,
+        );
       }
       // An abort ends the pause at once and is thrown as it is.
       await sleep(delay, undefined, signal ? { signal } : {}).catch(() => signal?.throwIfAborted());

@@ -158,7 +158,8 @@ class BoxcarWorker implements Worker {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
     });
     await topology.nc.flush();
-    await wait("the presence entry", () => this.putPresence());
+    // On a full store the worker waits for room instead of exiting: once space frees, it drains the queue.
+    await patiently("the presence entry", () => this.putPresence(), this.log, this.pulling.signal, { untilRoom: true });
     await this.announce("started");
     this.heartbeat = setInterval(() => {
       // One heartbeat at a time: while a write hangs (NATS cut off), ticks do not pile up more.
