@@ -227,6 +227,41 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     });
   });
 
+  describe("a stop while a workspace of many files is copied out is a stop (the escape battery found it was not)", () => {
+    // Makes 40 000 empty files and exits: copying them out of the container takes seconds.
+    const MANY_FILES = "mkdir -p many && cd many && seq 1 40000 | xargs touch && echo made";
+
+    test("a timeout ends the job timed_out at once, not succeeded after the copy", async () => {
+      const { final, sandboxEvents } = await run("many-files-timeout", MANY_FILES, { runtime: { timeout: "15s" } });
+      expect(final.state).toBe("timed_out");
+      const ranMs = Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "");
+      expect(ranMs).toBeLessThan(15_000 + 5_000);
+      // The agent had ended on its own: the timeout came during the copy.
+      expect(sandboxEvents.find((e) => e.type === "exec_exited")).toMatchObject({ exitCode: 0, signal: null });
+      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+    });
+
+    test("a cancel after the agent exited, during the copy, ends the job cancelled at once", async () => {
+      await client.applyAgent({ name: "many-files-cancel", command: ["bash", "-c", MANY_FILES], runtime: { sandbox: "docker" } });
+      const { job } = await client.submit({ agent: "many-files-cancel" });
+      // The agent has exited, and the job still runs: its workspace is being copied out.
+      await eventually(
+        async () => {
+          const [container] = await boxcarContainers(nats.topology.names.prefix, job.id);
+          return container?.State === "exited" ? true : undefined;
+        },
+        "the agent's container to exit",
+        30_000,
+      );
+      expect((await client.getJob(job.id)).state).toBe("running");
+      const cancelledAt = Date.now();
+      await client.cancelJob(job.id);
+      const final = await client.waitForJob(job.id);
+      expect(final.state).toBe("cancelled");
+      expect(Date.parse(final.finishedAt ?? "") - cancelledAt).toBeLessThan(5_000);
+    });
+  });
+
   test("secrets reach the agent but never events, logs or the record", async () => {
     const { final, events, logs } = await run(
       "secretive",

@@ -95,6 +95,13 @@ export const WorkerConfig = z.strictObject({
           maxWorkspace: sizeBytes({ min: 1024 ** 2, max: 1024 ** 4 })
             .optional()
             .describe("most data copied out of a container"),
+          maxWorkspaceEntries: z
+            .number()
+            .int()
+            .min(100)
+            .max(10_000_000)
+            .optional()
+            .describe("most files and folders copied out of a container (default 100000)"),
         })
         .optional(),
       e2b: z

@@ -23,6 +23,8 @@ export interface DockerSandboxOptions {
   tmpBytes?: number;
   /** Most workspace data copied back out of a container; default 1 GiB. */
   maxWorkspaceBytes?: number;
+  /** Most files and folders copied back out of a container; default 100 000. */
+  maxWorkspaceEntries?: number;
   /** Where workspaces are staged on this machine; default {@link defaultWorkRoot}. */
   root?: string;
   /** Registry credentials for an image, passed with that pull only (never written to a config). */
@@ -55,6 +57,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     defaultLimits: opts.defaultLimits ?? { cpus: 1, memory: 1024 ** 3, pids: 256 },
     tmpBytes: opts.tmpBytes ?? 64 * 1024 ** 2,
     maxWorkspaceBytes: opts.maxWorkspaceBytes ?? 1024 ** 3,
+    maxWorkspaceEntries: opts.maxWorkspaceEntries ?? 100_000,
     root: new WorkspaceRoot(opts.root ?? defaultWorkRoot()),
   };
   let engineCpus: number | undefined;
@@ -147,6 +150,7 @@ interface ContainerSettings {
   user: string;
   tmpBytes: number;
   maxWorkspaceBytes: number;
+  maxWorkspaceEntries: number;
   prefix: string;
   agentPath: string;
 }
@@ -214,12 +218,18 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     }
     const durationMs = performance.now() - startedAt;
     const state = (await container.inspect()).State;
+    // A timeout or cancel while the workspace is copied out stops the copy too: the run is then
+    // as stopped as one killed while it ran (a workspace of many files took longer than the job).
     const killed = aborted || state.OOMKilled;
-    await this.copyOut(container);
+    if (!opts.signal.aborted) {
+      await this.copyOut(container, opts.signal).catch((err: unknown) => {
+        if (!opts.signal.aborted) throw err;
+      });
+    }
     return {
       exitCode: killed ? null : status.StatusCode,
       signal: killed ? "SIGKILL" : null,
-      aborted,
+      aborted: aborted || opts.signal.aborted,
       durationMs,
       oomKilled: state.OOMKilled,
       ...(usage.result() ? { usage: usage.result() } : {}),
@@ -265,12 +275,16 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     return { ended };
   }
 
-  /** Replaces the staged workspace with the container's, for reading results and artifacts. */
-  private async copyOut(container: Docker.Container): Promise<void> {
+  /** Replaces the staged workspace with the container's, for reading results and artifacts; `signal` stops it. */
+  private async copyOut(container: Docker.Container, signal: AbortSignal): Promise<void> {
     const fresh = await this.settings.root.create(this.id);
     try {
       const archive = await container.getArchive({ path: `${CONTAINER_WORKSPACE}/.` });
-      await unpackInto(archive, fresh, this.settings.maxWorkspaceBytes);
+      await unpackInto(archive, fresh, {
+        maxBytes: this.settings.maxWorkspaceBytes,
+        maxEntries: this.settings.maxWorkspaceEntries,
+        signal,
+      });
     } catch (err) {
       await fresh.remove();
       throw err;

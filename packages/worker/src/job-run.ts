@@ -233,7 +233,9 @@ export class JobRun {
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
       exec = await this.runAgent(sandbox, ref, secrets);
       if (exec.aborted) return this.stopped(exec);
-      return await this.conclude(sandbox, exec);
+      const outcome = await this.conclude(sandbox, exec);
+      // A timeout or cancel that came while the results were read still decides how it ends.
+      return this.stopReason ? this.stopped(exec) : outcome;
     } catch (err) {
       if (this.stopReason && !exec) return this.stopped(undefined);
       // NATS out of reach, or a cluster without leaders for a moment (storing the artifacts, say),

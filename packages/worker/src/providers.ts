@@ -35,6 +35,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
       defaultLimits: { cpus: limits.cpus ?? 1, memory: limits.memory ?? 1024 ** 3, pids: limits.pids ?? 256 },
       ...(docker.tmpSize ? { tmpBytes: docker.tmpSize } : {}),
       ...(docker.maxWorkspace ? { maxWorkspaceBytes: docker.maxWorkspace } : {}),
+      ...(docker.maxWorkspaceEntries ? { maxWorkspaceEntries: docker.maxWorkspaceEntries } : {}),
     }),
     ...(e2bKey
       ? [

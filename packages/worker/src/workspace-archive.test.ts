@@ -1,6 +1,7 @@
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { PassThrough } from "node:stream";
 import { ErrorCode } from "@boxcar/protocol";
 import tar from "tar-stream";
 import { afterEach, beforeEach, expect, test } from "vitest";
@@ -37,11 +38,13 @@ test("a folder packed and unpacked comes back byte-exact, owned as asked", async
   const packed = packFolder(source, { uid: 1000, gid: 1000 });
   const copy = await new WorkspaceRoot(root).create("copy");
   const [again] = [packFolder(source, { uid: 1000, gid: 1000 })];
-  await Promise.all([unpackInto(packed, copy, 1024), new Promise((r) => again.pipe(extract).on("finish", r))]);
+  await Promise.all([unpackInto(packed, copy, LIMITS), new Promise((r) => again.pipe(extract).on("finish", r))]);
   expect(await readFile(join(copy.dir, "a/b/data.bin"))).toEqual(Buffer.from([0, 1, 2, 255]));
   expect(await readFile(join(copy.dir, "top.txt"), "utf8")).toBe("top");
   expect(headers.every((h) => h.uid === 1000)).toBe(true);
 });
+
+const LIMITS = { maxBytes: 1024, maxEntries: 100 };
 
 test("unpacking keeps folders and regular files only: symlinks are skipped, escapes refused", async () => {
   const copy = await new WorkspaceRoot(root).create("copy");
@@ -53,14 +56,32 @@ test("unpacking keeps folders and regular files only: symlinks are skipped, esca
       { name: "./out/link", type: "symlink", linkname: "/etc/passwd" },
     ]),
     copy,
-    1024,
+    LIMITS,
   );
   expect((await copy.listFiles()).map((f) => f.path)).toEqual(["out/ok.txt"]);
-  await expect(unpackInto(archiveOf([{ name: "../escape.txt", body: "x" }]), copy, 1024)).rejects.toThrow();
+  await expect(unpackInto(archiveOf([{ name: "../escape.txt", body: "x" }]), copy, LIMITS)).rejects.toThrow();
 });
 
 test("unpacking stops at the size limit with a clear error", async () => {
   const copy = await new WorkspaceRoot(root).create("copy");
-  const err = await unpackInto(archiveOf([{ name: "big.txt", body: "x".repeat(2048) }]), copy, 1024).catch((e: unknown) => e);
+  const err = await unpackInto(archiveOf([{ name: "big.txt", body: "x".repeat(2048) }]), copy, LIMITS).catch((e: unknown) => e);
   expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 1024 bytes") });
+});
+
+test("unpacking stops at the entry limit, empty files counted, with a clear error", async () => {
+  const copy = await new WorkspaceRoot(root).create("copy");
+  const many = Array.from({ length: 101 }, (_, i) => ({ name: `f${i}`, body: "" }));
+  const err = await unpackInto(archiveOf(many), copy, LIMITS).catch((e: unknown) => e);
+  expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 100 files and folders") });
+});
+
+test("an abort stops an unpacking under way", async () => {
+  const copy = await new WorkspaceRoot(root).create("copy");
+  const stop = new AbortController();
+  // An archive that never ends, as a slow copy-out would be.
+  const endless = new PassThrough();
+  const unpacking = unpackInto(endless, copy, { ...LIMITS, signal: stop.signal });
+  stop.abort(new Error("timed out"));
+  await expect(unpacking).rejects.toThrow();
+  expect(endless.destroyed).toBe(true);
 });

@@ -40,15 +40,34 @@ export function packFolder(dir: string, owner: ArchiveOwner): Readable {
   return pack;
 }
 
+/** What one copy-out may take: bytes of file data, entries (files and folders), and an abort. */
+export interface UnpackLimits {
+  maxBytes: number;
+  maxEntries: number;
+  /** Stops the copy at once (a timeout or cancel of the job): it rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
 /**
  * Unpacks a tar stream of a container's workspace into `files`: folders and regular files only
- * (symlinks, devices and hard links are skipped), every path checked, at most `maxBytes` of file
- * data in all.
+ * (symlinks, devices and hard links are skipped), every path checked, within `limits`.
  */
-export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace, maxBytes: number): Promise<void> {
+export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace, limits: UnpackLimits): Promise<void> {
+  const { maxBytes, maxEntries, signal } = limits;
   const extract = tar.extract();
   let total = 0;
+  let entries = 0;
   extract.on("entry", (header, entry, next) => {
+    entries += 1;
+    if (entries > maxEntries) {
+      extract.destroy(
+        new BoxcarError(
+          ErrorCode.sandboxFailed,
+          `the workspace holds more than ${maxEntries} files and folders: too many to copy out of the container`,
+        ),
+      );
+      return;
+    }
     // Entries of `getArchive(/workspace/.)` are named `./…`; anything else is checked as it is.
     const name = (header.name === "." || header.name === "./" ? "" : header.name.replace(/^\.\//, "")).replace(/\/$/, "");
     const done = (err?: unknown) => (err ? extract.destroy(err as Error) : next());
@@ -72,5 +91,5 @@ export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace
       files.writeFile(name, Readable.toWeb(entry) as ReadableStream<Uint8Array>).then(() => done(), done);
     }
   });
-  return pipeline(archive, extract);
+  return signal ? pipeline(archive, extract, { signal }) : pipeline(archive, extract);
 }
