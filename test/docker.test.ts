@@ -292,6 +292,31 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     });
   });
 
+  test("a worker of another system on the same engine, with the same prefix, leaves this system's containers alone", async () => {
+    await client.applyAgent({
+      name: "neighbour",
+      command: ["bash", "-c", 'sleep 3; printf \'{"output":"done"}\' > "$BOXCAR_RESULT_FILE"'],
+      runtime: { sandbox: "docker" },
+    });
+    const { job } = await client.submit({ agent: "neighbour" });
+    await eventually(
+      async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
+      "the container to run",
+    );
+    // Another system (its own NATS) with this one's prefix: none of this system's workers is in
+    // its presence list, so before containers carried their system, its reaper took ours for orphans.
+    await using other = await natsFixture({ prefix: nats.topology.names.prefix });
+    expect(other.topology.systemId).not.toBe(nats.topology.systemId);
+    await using neighbour = createWorker({ ...other.workerRole, pools: ["elsewhere"], reapIntervalMs: 200 });
+    void neighbour.run();
+    await eventually(async () => (neighbour.accepting ? true : undefined), "the other system's worker to start");
+    await new Promise((r) => setTimeout(r, 1_000)); // several of its sweeps
+    const [container] = await boxcarContainers(nats.topology.names.prefix, job.id);
+    expect(container?.Labels["boxcar.system"]).toBe(nats.topology.systemId);
+    const final = await client.waitForJob(job.id);
+    expect([final.state, final.result?.output]).toEqual(["succeeded", "done"]);
+  });
+
   test("a worker killed with SIGKILL leaves a container that the next worker's reaper removes", async () => {
     await client.applyAgent({ name: "orphan", command: ["bash", "-c", "sleep 300"], runtime: { sandbox: "docker" }, pool: "orphans" });
     const doomed = spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--pool", "orphans", "--heartbeat", "300ms"]);

@@ -107,6 +107,11 @@ export function resolveTopologyOptions(opts: TopologyOptions = {}, defaultReplic
 /** Handles on every stream, bucket and store of one Boxcar system. */
 export interface Topology {
   readonly names: Names;
+  /**
+   * This system's identity: when its work stream was created. Two systems with one prefix (two
+   * `boxcar up` on one machine, say) differ in it, so what one labels with it the other leaves alone.
+   */
+  readonly systemId: string;
   readonly options: ResolvedTopologyOptions;
   readonly nc: NatsConnection;
   readonly js: JetStreamClient;
@@ -232,6 +237,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     throw storageError(err, options.streamLimits) ?? replicaError(err, num_replicas);
   }
 
+  const systemId = (await jsm.streams.info(names.streams.work)).created;
   const leases = new Map<string, number>();
   const purgeKey = async (bucket: "jobs" | "workflows", key: string) => {
     const name = names.buckets[bucket];
@@ -239,6 +245,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   };
   return {
     names,
+    systemId,
     options,
     nc,
     js,

@@ -11,6 +11,11 @@ import { packFolder, unpackInto } from "./workspace-archive.js";
 export interface DockerSandboxOptions {
   /** Labels name this system's containers, so several Boxcar systems can share one engine. */
   prefix: string;
+  /**
+   * The system's identity (`Topology.systemId`), also a label: the reaper leaves alone the
+   * containers of another system with the same prefix. Without it, every container of the prefix is judged.
+   */
+  system?: string;
   /** The engine; default: `DOCKER_HOST`, else the local socket. */
   docker?: Docker;
   /** Image for agents that name none; default `boxcar-agent:latest` (Dockerfile.agent). */
@@ -37,6 +42,7 @@ export const CONTAINER_WORKSPACE = "/workspace";
 /** Label keys on every container Boxcar creates. */
 export const ContainerLabel = {
   prefix: "boxcar.prefix",
+  system: "boxcar.system",
   job: "boxcar.job",
   attempt: "boxcar.attempt",
   worker: "boxcar.worker",
@@ -94,13 +100,23 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
       const files = await settings.root.create(spec.id);
-      return new DockerSandbox(docker, spec, { ...settings, image, network, limits, prefix: opts.prefix, agentPath: imagePath }, files);
+      return new DockerSandbox(
+        docker,
+        spec,
+        { ...settings, image, network, limits, prefix: opts.prefix, system: opts.system, agentPath: imagePath },
+        files,
+      );
     },
 
     async reap(isOrphan) {
       const containers = await docker.listContainers({ all: true, filters: { label: [`${ContainerLabel.prefix}=${opts.prefix}`] } });
       let removed = 0;
       for (const info of containers) {
+        // Another system's with the same prefix (its workers are not in this system's presence
+        // list, so they would all look gone). A container without the label is from a worker of
+        // a release before it, and is judged as before.
+        const system = info.Labels[ContainerLabel.system];
+        if (system !== undefined && system !== opts.system) continue;
         const owner = ownerOf(info.Labels);
         if (!owner || !(await isOrphan(owner))) continue;
         await docker
@@ -152,6 +168,7 @@ interface ContainerSettings {
   maxWorkspaceBytes: number;
   maxWorkspaceEntries: number;
   prefix: string;
+  system: string | undefined;
   agentPath: string;
 }
 
@@ -250,6 +267,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       AttachStderr: true,
       Labels: {
         [ContainerLabel.prefix]: settings.prefix,
+        ...(settings.system ? { [ContainerLabel.system]: settings.system } : {}),
         [ContainerLabel.job]: spec.jobId,
         [ContainerLabel.attempt]: String(spec.attempt),
         [ContainerLabel.worker]: spec.workerId,

@@ -9,6 +9,8 @@ export type SandboxConfig = NonNullable<WorkerConfig["sandbox"]>;
 export interface ProviderContext {
   /** The Boxcar prefix: containers are labelled with it. */
   prefix: string;
+  /** The system's identity (`Topology.systemId`): containers are labelled with it too. */
+  system?: string;
   /** Where workspaces are staged on this machine. */
   workRoot: string;
   /** Where secrets such as the E2B API key are read from. */
@@ -29,6 +31,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
     createHostSandboxProvider({ root: ctx.workRoot, ...(config.hostUser ? { user: parseUser(config.hostUser) } : {}) }),
     createDockerSandboxProvider({
       prefix: ctx.prefix,
+      ...(ctx.system ? { system: ctx.system } : {}),
       root: ctx.workRoot,
       ...(docker.image ? { defaultImage: docker.image } : {}),
       ...(docker.user ? { user: docker.user } : {}),

@@ -138,7 +138,9 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     },
     "worker options",
   );
-  const providers = opts.providers ?? sandboxProviders({}, { prefix: opts.topology.names.prefix, workRoot: settings.workRoot, env });
+  const providers =
+    opts.providers ??
+    sandboxProviders({}, { prefix: opts.topology.names.prefix, system: opts.topology.systemId, workRoot: settings.workRoot, env });
   const kinds = providers.map((p) => p.kind);
   const repeated = kinds.find((k, i) => kinds.indexOf(k) !== i);
   if (repeated) throw new BoxcarError(ErrorCode.invalid, `worker options: two sandbox providers of kind ${repeated}; give one per kind`);
@@ -188,7 +190,7 @@ export function workerOptionsFromConfig(
     topology,
     workRoot,
     policy,
-    providers: sandboxProviders(sandbox, { prefix: topology.names.prefix, workRoot, env }),
+    providers: sandboxProviders(sandbox, { prefix: topology.names.prefix, system: topology.systemId, workRoot, env }),
     ...(config.pools ? { pools: config.pools } : {}),
     ...(config.concurrency ? { concurrency: config.concurrency } : {}),
     ...(config.heartbeat !== undefined ? { heartbeatMs: config.heartbeat } : {}),
