@@ -227,23 +227,28 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     });
   });
 
-  describe("a stop while a workspace of many files is copied out is a stop (the escape battery found it was not)", () => {
-    // Makes 40 000 empty files and exits: copying them out of the container takes seconds.
-    const MANY_FILES = "mkdir -p many && cd many && seq 1 40000 | xargs touch && echo made";
+  describe("a stop while the workspace is copied out is a stop (the escape battery found it was not)", () => {
+    // 800 MB of sparse files, made at once: copying them out of the container takes seconds
+    // (7 s for 900 MB through the engine here), the longer the busier the machine. The battery
+    // found it with 30 000 empty files, which a workspace in memory now copies in under a second.
+    const BIG_WORKSPACE = "for i in 1 2 3 4 5 6 7 8; do truncate -s 100M big$i; done";
 
     test("a timeout ends the job timed_out at once, not succeeded after the copy", async () => {
-      const { final, sandboxEvents } = await run("many-files-timeout", MANY_FILES, { runtime: { timeout: "15s" } });
+      // The agent ends on its own (exit 0) 3 s before the worker's stop, whenever that is on this
+      // machine's clock: the stop comes while its files are copied out.
+      const exitBeforeStop = `${BIG_WORKSPACE} && ms=$(( BOXCAR_STOP_AT - $(date +%s%3N) - 3000 )) && sleep "$(( ms / 1000 )).$(printf %03d $(( ms % 1000 )))"`;
+      const { final, sandboxEvents } = await run("big-workspace-timeout", exitBeforeStop, { runtime: { timeout: "8s" } });
       expect(final.state).toBe("timed_out");
       const ranMs = Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "");
-      expect(ranMs).toBeLessThan(15_000 + 5_000);
+      expect(ranMs).toBeLessThan(8_000 + 5_000);
       // The agent had ended on its own: the timeout came during the copy.
       expect(sandboxEvents.find((e) => e.type === "exec_exited")).toMatchObject({ exitCode: 0, signal: null });
       expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
     });
 
     test("a cancel after the agent exited, during the copy, ends the job cancelled at once", async () => {
-      await client.applyAgent({ name: "many-files-cancel", command: ["bash", "-c", MANY_FILES], runtime: { sandbox: "docker" } });
-      const { job } = await client.submit({ agent: "many-files-cancel" });
+      await client.applyAgent({ name: "big-workspace-cancel", command: ["bash", "-c", BIG_WORKSPACE], runtime: { sandbox: "docker" } });
+      const { job } = await client.submit({ agent: "big-workspace-cancel" });
       // The agent has exited, and the job still runs: its workspace is being copied out.
       await eventually(
         async () => {

@@ -207,7 +207,7 @@ describe("worker", () => {
         env: { GREETING: "hi" },
         outputs: ["out/**", "env.txt"],
       },
-      { input, files: [{ path: "data/in.bin", object: "inputs/test/in.bin" }] },
+      { input, files: [{ path: "data/in.bin", object: "inputs/test/in.bin" }], timeoutMs: 60_000 },
     );
 
     const record = await finalRecord(nats.topology, id);
@@ -252,6 +252,10 @@ describe("worker", () => {
       BOXCAR_RESULT_FILE: `${workspace}/.boxcar/result.json`,
       BOXCAR_OUTPUT_DIR: `${workspace}/out`,
     });
+    // When the worker will stop it: its 60 s from when it was started, on the worker's clock.
+    const stopsIn = Number(env.BOXCAR_STOP_AT) - Date.parse(record.startedAt ?? "");
+    expect(stopsIn).toBeGreaterThanOrEqual(60_000);
+    expect(stopsIn).toBeLessThan(60_000 + 10_000);
     // Nothing but the contract, and what the shell itself sets.
     expect(
       Object.keys(env)
@@ -266,6 +270,7 @@ describe("worker", () => {
         "BOXCAR_JOB_ID",
         "BOXCAR_OUTPUT_DIR",
         "BOXCAR_RESULT_FILE",
+        "BOXCAR_STOP_AT",
         "BOXCAR_WORKSPACE",
       ]
         .concat(["GREETING", "HOME", "LANG", "PATH", "TMPDIR"])

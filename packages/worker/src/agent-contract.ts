@@ -65,13 +65,15 @@ export interface AgentEnvParams {
   /** PATH for the agent: the worker's own. */
   path: string;
   secrets: ReadonlyMap<string, string>;
+  /** When the worker stops the attempt (its timeout or the job's deadline), in ms since the epoch. */
+  stopAt: number;
 }
 
 /**
  * The agent's complete environment: PATH, HOME, LANG and TMPDIR, then the agent's `env`, then
  * its secrets, then the BOXCAR_* variables (which nothing overrides).
  */
-export function agentEnv({ item, attempt, workspace, path, secrets }: AgentEnvParams): Record<string, string> {
+export function agentEnv({ item, attempt, workspace, path, secrets, stopAt }: AgentEnvParams): Record<string, string> {
   const inWorkspace = (p: string) => `${workspace}/${p}`;
   return {
     PATH: path,
@@ -88,5 +90,6 @@ export function agentEnv({ item, attempt, workspace, path, secrets }: AgentEnvPa
     BOXCAR_RESULT_FILE: inWorkspace(AgentPaths.result),
     BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
+    BOXCAR_STOP_AT: String(stopAt),
   };
 }

@@ -276,12 +276,16 @@ export class JobRun {
 
   private async runAgent(sandbox: Sandbox, ref: SandboxRef, secrets: Map<string, string>): Promise<ExecResult> {
     const { options } = this.ctx;
+    // The attempt's own limit, or the job's overall deadline if that comes first.
+    const msLeft = this.msToDeadline();
+    const stopInMs = Math.min(this.item.timeoutMs, msLeft);
     const env = agentEnv({
       item: this.item,
       attempt: this.events.attempt,
       workspace: sandbox.workspace,
       path: sandbox.agentPath ?? options.agentPath,
       secrets,
+      stopAt: Date.now() + stopInMs,
     });
     const output = new OutputLog({
       publish: async (stream, data) => {
@@ -293,12 +297,7 @@ export class JobRun {
       onPublishError: (err) => this.log.warn({ err }, "could not store agent output"),
     });
     void this.events.sandbox("exec_started", ref);
-    // The attempt's own limit, or the job's overall deadline if that comes first.
-    const msLeft = this.msToDeadline();
-    const timeout = setTimeout(
-      () => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"),
-      Math.min(this.item.timeoutMs, msLeft),
-    );
+    const timeout = setTimeout(() => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"), stopInMs);
     let exec: ExecResult;
     try {
       exec = await sandbox.exec(this.item.agent.command, {
