@@ -185,6 +185,7 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
         "BOXCAR_RESULT_FILE",
         "BOXCAR_CHAIN_FILE",
         "BOXCAR_OUTPUT_DIR",
+        "BOXCAR_STOP_AT",
       ].sort(),
     );
     expect(env).toMatchObject({
