@@ -242,17 +242,26 @@ test("chaos on a three-server cluster: workers, the dispatcher and a NATS server
     }
     const settledMs = Date.now() - t0;
 
-    // Final job events per job, and the attempts that ran to completion.
+    // Final job events per job, and the attempts that ran to completion. A worker stores the
+    // outcome event just after the final record (a CI run read the stream in between), so a
+    // final record without one is looked for again for a few seconds.
     const outcomes = new Map<string, string[]>();
     const starts = new Map<string, number[]>();
-    for await (const msg of readStream(topology, topology.names.streams.events, `${prefix}.evt.job.>`)) {
-      for (const event of unfoldEvents(BoxcarEvent.parse(msg.json()))) {
-        if (event.kind !== "job") continue;
-        if (TERMINAL_STATES.has(event.state) && event.type === event.state) {
-          outcomes.set(event.jobId, [...(outcomes.get(event.jobId) ?? []), event.type]);
+    const eventsDeadline = Date.now() + 15_000;
+    for (;;) {
+      outcomes.clear();
+      starts.clear();
+      for await (const msg of readStream(topology, topology.names.streams.events, `${prefix}.evt.job.>`)) {
+        for (const event of unfoldEvents(BoxcarEvent.parse(msg.json()))) {
+          if (event.kind !== "job") continue;
+          if (TERMINAL_STATES.has(event.state) && event.type === event.state) {
+            outcomes.set(event.jobId, [...(outcomes.get(event.jobId) ?? []), event.type]);
+          }
+          if (event.type === "started") starts.set(event.jobId, [...(starts.get(event.jobId) ?? []), event.attempt]);
         }
-        if (event.type === "started") starts.set(event.jobId, [...(starts.get(event.jobId) ?? []), event.attempt]);
       }
+      if (![...finals.keys()].some((id) => !outcomes.has(id)) || Date.now() > eventsDeadline) break;
+      await sleep(500);
     }
     const completed = new Map<string, number[]>();
     for (const line of (await readFile(completions, "utf8")).split("\n").filter(Boolean)) {
