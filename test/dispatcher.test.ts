@@ -1,6 +1,7 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY } from "@boxcar/protocol";
+import { inputDigest } from "@boxcar/fabric";
+import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY, RuntimePolicy } from "@boxcar/protocol";
 import { Svcm } from "@nats-io/services";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, eventually } from "./helpers/cli.js";
@@ -52,6 +53,40 @@ describe("the request/reply API", () => {
     const stored = await nats.topology.jobs.get(job.id);
     expect(JobRecord.parse(stored?.json()).id).toBe(job.id);
     expect(await workStreamMessages()).toBe(before + 1);
+  });
+
+  test("a job's input is stored once: its work item names it by digest, unless a live worker of an earlier release could take the item", async () => {
+    const client = createClient(nats.topology);
+    const { names } = nats.topology;
+    const lastItem = async (job: JobRecord) =>
+      (await nats.topology.jsm.streams.getMessage(names.streams.work, { last_by_subj: names.subjects.work(job.pool, job.priority) }))?.json<
+        Record<string, unknown>
+      >();
+    const input = { text: "x".repeat(100_000) };
+    const { job } = await client.submit({ agent: "echo", input });
+    const item = await lastItem(job);
+    expect(item).toMatchObject({ v: 2, jobId: job.id, inputDigest: inputDigest(input) });
+    expect(item).not.toHaveProperty("input");
+    expect(JSON.stringify(item).length).toBeLessThan(2_000);
+
+    // A live worker of an earlier release (its presence names no work item versions) could not read that.
+    const now = new Date().toISOString();
+    const older = { v: 1, id: "older", host: "h", pid: 1, pools: ["default"], sandboxes: ["host"], policy: RuntimePolicy.parse({}) };
+    await nats.topology.workers.put(
+      "older",
+      JSON.stringify({ ...older, capacity: 1, load: 0, jobs: [], state: "running", startedAt: now, heartbeatAt: now, heartbeatMs: 60_000 }),
+    );
+    try {
+      const during = await eventually(async () => {
+        const { job: next } = await client.submit({ agent: "echo", input });
+        const nextItem = await lastItem(next);
+        return nextItem?.v === 1 ? nextItem : undefined;
+      }, "an item that carries its input");
+      expect(during).toMatchObject({ input });
+      expect(during).not.toHaveProperty("inputDigest");
+    } finally {
+      await nats.topology.workers.delete("older");
+    }
   });
 
   test("an idempotency key returns the first job and enqueues nothing more", async () => {

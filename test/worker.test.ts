@@ -3,7 +3,7 @@ import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "@boxcar/client";
-import { nowIso, readStream, type Topology } from "@boxcar/fabric";
+import { inputDigest, nowIso, readStream, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
   type AgentDefinitionInput,
@@ -16,6 +16,7 @@ import {
   PROTOCOL_VERSION,
   parseWith,
   unfoldEvents,
+  WORK_ITEM_VERSION,
   type WorkItem,
 } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
@@ -38,7 +39,14 @@ let jobCounter = 0;
 async function enqueue(
   nats: Pick<NatsFixture, "topology" | "dispatcherRole">,
   definition: AgentDefinitionInput,
-  opts: { input?: unknown; files?: InputFileRef[]; timeoutMs?: number; newerAgentFields?: Record<string, unknown>; version?: number } = {},
+  opts: {
+    input?: unknown;
+    files?: InputFileRef[];
+    timeoutMs?: number;
+    newerAgentFields?: Record<string, unknown>;
+    /** The item's version: 1 carries the input, 2 its digest (the input stays in the record), later ones are a newer release's. */
+    version?: number;
+  } = {},
 ): Promise<string> {
   const { topology } = nats;
   jobCounter += 1;
@@ -61,13 +69,14 @@ async function enqueue(
     artifacts: [],
   };
   await topology.jobs.create(id, JSON.stringify(record));
+  const version = opts.version ?? 1;
   const item: WorkItem = {
-    // A later protocol version, as a release that breaks the format would write.
-    v: (opts.version ?? PROTOCOL_VERSION) as typeof PROTOCOL_VERSION,
+    ...(version === WORK_ITEM_VERSION ? { v: WORK_ITEM_VERSION, inputDigest: inputDigest(spec.input) } : { v: 1, input: spec.input }),
+    // A later version, as a release that breaks the format would write.
+    ...(version > WORK_ITEM_VERSION ? { v: version as 1 } : {}),
     jobId: id,
     // Fields a later release may add to the agent, which this one does not know.
     agent: { ...agent, ...opts.newerAgentFields },
-    input: spec.input,
     files: spec.files,
     timeoutMs: opts.timeoutMs ?? agent.runtime.timeout,
   };
@@ -364,7 +373,7 @@ describe("worker", () => {
 
   test.each([
     ["an agent field this one does not know", { newerAgentFields: { gpu: { count: 1 } } }],
-    ["a later protocol version", { version: PROTOCOL_VERSION + 1 }],
+    ["a later version", { version: WORK_ITEM_VERSION + 1 }],
   ])(
     "a work item from a newer release (%s) is handed back, not terminated",
     async (_, newer) => {
@@ -388,6 +397,37 @@ describe("worker", () => {
     },
     30_000,
   );
+
+  test("a version 2 work item runs the input its record holds, and only if it is the one the signed item names", async () => {
+    await using nats = await natsFixture();
+    const { topology } = nats;
+    await using _worker = startWorker(nats);
+    const echo = { name: "echo-input", command: 'printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"' };
+    const input = { words: "x".repeat(200_000) };
+    const byDigest = await enqueue(nats, echo, { input, version: WORK_ITEM_VERSION });
+    expect(await finalRecord(topology, byDigest)).toMatchObject({ state: "succeeded", result: { output: input } });
+
+    // The attack: someone who may write job records swaps a queued job's input before a worker
+    // takes it. The signed item still names the admitted input by its digest.
+    // Its pool has no worker yet, so it waits.
+    const swapped = await enqueue(
+      nats,
+      { ...echo, name: "echo-swapped", pool: "held" },
+      { input: { cmd: "admitted" }, version: WORK_ITEM_VERSION },
+    );
+    const entry = await topology.jobs.get(swapped);
+    const record = entry?.json<JobRecord>() as JobRecord;
+    await topology.jobs.update(
+      swapped,
+      JSON.stringify({ ...record, spec: { ...record.spec, input: { cmd: "injected" } } }),
+      entry?.revision ?? 0,
+    );
+    await using _heldWorker = startWorker(nats, { pools: ["held"] });
+    const final = await finalRecord(topology, swapped);
+    expect(final).toMatchObject({ state: "failed", error: { code: "invalid" } });
+    expect(final.error?.message).toContain("digest");
+    expect(final.result).toBeUndefined();
+  });
 
   test("an agent that fails, or writes a bad result, fails the job with the reason", async () => {
     await using nats = await natsFixture();

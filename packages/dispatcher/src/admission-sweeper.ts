@@ -30,7 +30,7 @@ export class AdmissionSweeper {
     private readonly topology: Topology,
     private readonly log: Logger,
     intervalMs: number,
-    private readonly ctx: Pick<AdmissionContext, "agents" | "signer">,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
     private readonly work: Pick<WorkRecovery, "workMissing">,
   ) {
     this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");
@@ -55,7 +55,7 @@ export class AdmissionSweeper {
     if (!(await this.work.workMissing())) return;
     const job = (await getJson(this.topology.jobs, id, JobRecord, "job record"))?.value;
     if (job?.state !== "queued" || job.attempt !== 0 || !withinWindow(job)) return;
-    await publishWorkItem(this.topology, job, await this.ctx.agents.get(job.agent), this.ctx.signer);
+    await publishWorkItem(this.topology, job, await this.ctx.agents.get(job.agent), this.ctx);
     this.log.debug({ jobId: id }, "work item published again (dropped by the stream if it was there)");
   }
 

@@ -2,6 +2,7 @@ import type { Logger } from "@boxcar/client";
 import {
   DUPLICATE_WINDOW_MS,
   getJson,
+  inputDigest,
   isStorageFull,
   jobEvent,
   nowIso,
@@ -23,6 +24,7 @@ import {
   ownerOf,
   PROTOCOL_VERSION,
   parseWith,
+  WORK_ITEM_VERSION,
   type WorkItem,
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
@@ -95,7 +97,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
         // A crash may have come between the record and its work item: publish the item again.
         // Within the stream's duplicate window the server drops it if it was already there.
         if (existing.value.state === "queued" && Date.now() - Date.parse(existing.value.createdAt) < DUPLICATE_WINDOW_MS) {
-          await publishWorkItem(topology, existing.value, agent, ctx.signer);
+          await publishWorkItem(topology, existing.value, agent, ctx);
         }
         return { job: existing.value, duplicate: true };
       }
@@ -140,7 +142,7 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
     // work item so it precedes anything a worker publishes.
     const accepted = jobEvent({ ...record, state: "accepted" }, "accepted");
     await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted] }));
-    await publishWorkItem(topology, record, agent, ctx.signer);
+    await publishWorkItem(topology, record, agent, ctx);
   } catch (err) {
     if (!isStorageFull(err)) throw err;
     // The record without its work item would be a job half-admitted: take it back.
@@ -165,12 +167,19 @@ export async function admit(topology: Topology, raw: unknown, ctx: AdmissionCont
   return { job: record, duplicate: false };
 }
 
-/** Publishes the job's work item, signed when there is a signer, deduplicated by job id (or `msgID`, for a retry). */
+/** What publishing a work item needs: the signer, and the workers (which item version they read). */
+export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers">;
+
+/**
+ * Publishes the job's work item, signed when there is a signer, deduplicated by job id (or
+ * `msgID`, for a retry). The input stays in the record (a version 2 item names it by digest)
+ * once every live worker reads such items; until then the item carries it.
+ */
 export async function publishWorkItem(
   topology: Topology,
   record: JobRecord,
   agent: AgentDefinition,
-  signer: WorkSigner | undefined,
+  { signer, workers }: WorkPublishing,
   msgID = record.id,
 ): Promise<void> {
   const spec = record.spec;
@@ -178,12 +187,14 @@ export async function publishWorkItem(
   // The priority is the subject's business, not the worker's: leaving it out keeps the item
   // runnable by workers of releases before priorities.
   const { priority: _queuedWith, ...runnable } = agent;
+  const input = workers.allRead(WORK_ITEM_VERSION)
+    ? { v: WORK_ITEM_VERSION, inputDigest: inputDigest(spec.input) }
+    : { v: PROTOCOL_VERSION, input: spec.input };
   const item: WorkItem = {
-    v: PROTOCOL_VERSION,
+    ...input,
     jobId: record.id,
     owner: ownerOf(record),
     agent: runnable,
-    input: spec.input,
     files: spec.files,
     timeoutMs: spec.timeout ?? agent.runtime.timeout,
   };

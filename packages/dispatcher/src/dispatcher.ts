@@ -74,8 +74,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const index = new JobIndex();
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
-  const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, { agents, signer: opts.signer });
-  const admissions = new AdmissionSweeper(topology, log, 1_000, { agents, signer: opts.signer }, recovery);
+  const publishing = { agents, signer: opts.signer, workers };
+  const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, publishing);
+  const admissions = new AdmissionSweeper(topology, log, 1_000, publishing, recovery);
   const ctx: AdmissionContext = {
     log,
     agents,

@@ -139,7 +139,7 @@ export async function retryJob(
   topology: Topology,
   id: string,
   caller: Identity,
-  ctx: Pick<AdmissionContext, "agents" | "signer">,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
 ): Promise<JobRecord> {
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
@@ -150,6 +150,6 @@ export async function retryJob(
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const next = change.handle.record;
   await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
-  await publishWorkItem(topology, next, agent, ctx.signer, `${id}:retry:${job.attempt}`);
+  await publishWorkItem(topology, next, agent, ctx, `${id}:retry:${job.attempt}`);
   return next;
 }

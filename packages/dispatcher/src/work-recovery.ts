@@ -31,7 +31,7 @@ export class WorkRecovery {
     private readonly index: JobIndex,
     private readonly log: Logger,
     intervalMs: number,
-    private readonly ctx: Pick<AdmissionContext, "agents" | "signer">,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
   ) {
     this.timer = setInterval(
       () => void this.look().catch((err: unknown) => log.warn({ err }, "could not look for jobs without work")),
@@ -89,7 +89,7 @@ export class WorkRecovery {
       if (indexed.state !== "queued" || withWork.has(id)) continue;
       const job = (await getJson(topology.jobs, id, JobRecord, "job record"))?.value;
       if (job?.state !== "queued" || Date.now() - Date.parse(job.queuedAt ?? job.createdAt) < DUPLICATE_WINDOW_MS) continue;
-      await publishWorkItem(topology, job, await this.ctx.agents.get(job.agent), this.ctx.signer, `${id}:recovered:${state.last_seq}`);
+      await publishWorkItem(topology, job, await this.ctx.agents.get(job.agent), this.ctx, `${id}:recovered:${state.last_seq}`);
       recovered += 1;
       this.log.warn({ jobId: id, queuedAt: job.queuedAt ?? job.createdAt }, "a queued job had no work item; enqueued it again");
     }

@@ -67,3 +67,31 @@ test("workers that come and go are forgotten once gone, and known again when the
     directory.close();
   }
 });
+
+test("version 2 work items only while every live worker reads them: a worker of an earlier release, live, holds them back", async () => {
+  const topology = await openTopology(nc, { prefix: "wd2" });
+  const directory = await WorkerDirectory.open(topology, silentLogger);
+  try {
+    // No worker yet: any that comes and cannot read an item hands it back, so nothing holds them back.
+    expect(directory.allRead(2)).toBe(true);
+    const reads = (id: string, heartbeatAt: Date) => ({ ...presence(id, heartbeatAt), workItems: [1, 2] });
+    await topology.workers.put("new", JSON.stringify(reads("new", new Date())));
+    await until(() => directory.size === 1);
+    expect(directory.allRead(2)).toBe(true);
+
+    // A worker of an earlier release says nothing of the versions it reads: 1 only.
+    await topology.workers.put("old", JSON.stringify(presence("old", new Date())));
+    await until(() => directory.size === 2);
+    expect([directory.allRead(1), directory.allRead(2)]).toEqual([true, false]);
+
+    // Once it has stopped (or gone quiet), only the live ones count.
+    await topology.workers.put("old", JSON.stringify({ ...presence("old", new Date()), state: "stopped" }));
+    await until(() => directory.allRead(2));
+    await topology.workers.put("old", JSON.stringify(presence("old", new Date())));
+    await until(() => !directory.allRead(2));
+    await topology.workers.put("old", JSON.stringify(presence("old", new Date(Date.now() - 60_000))));
+    await until(() => directory.allRead(2));
+  } finally {
+    directory.close();
+  }
+});

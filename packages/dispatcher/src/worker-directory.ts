@@ -48,6 +48,15 @@ export class WorkerDirectory {
     );
   }
 
+  /**
+   * Whether every live worker reads work items of `version` (a rolling upgrade is over, as far
+   * as this directory can tell). True with no live worker: an item a worker of an earlier
+   * release cannot read goes back to the queue (see docs/deploy.md#upgrades), it is not lost.
+   */
+  allRead(version: number): boolean {
+    return [...this.workers.values()].every((w) => !isLive(w) || (w.workItems ?? [1]).includes(version));
+  }
+
   /** How many workers it holds: those heartbeating, and those gone less than a minute or so. */
   get size(): number {
     return this.workers.size;

@@ -11,4 +11,4 @@ export type { ReadStreamOptions } from "./stream-reader.js";
 export { readStream } from "./stream-reader.js";
 export type { ResolvedTopologyOptions, StreamLimits, Topology, TopologyOptions } from "./topology.js";
 export { DEFAULT_STREAM_LIMITS, DUPLICATE_WINDOW_MS, isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";
-export { SIGNATURE_HEADER, SIGNER_HEADER, WorkSigner, WorkVerifier } from "./work-signature.js";
+export { inputDigest, SIGNATURE_HEADER, SIGNER_HEADER, WorkSigner, WorkVerifier } from "./work-signature.js";

@@ -1,4 +1,4 @@
-import { createPrivateKey, createPublicKey, type KeyObject, sign, verify } from "node:crypto";
+import { createHash, createPrivateKey, createPublicKey, type KeyObject, sign, verify } from "node:crypto";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { fromPublic, fromSeed } from "@nats-io/nkeys";
 import type { MsgHdrs } from "@nats-io/transport-node";
@@ -107,4 +107,15 @@ export class WorkVerifier {
     const ok = verify(null, signed(subject, body), key, Buffer.from(signature, "base64"));
     return ok ? undefined : "the work item's signature does not match its content";
   }
+}
+
+/**
+ * What a version 2 work item carries in place of the job's input: the SHA-256 of the input as
+ * JSON text. The signature covers it, so a worker that reads the input from the job record runs
+ * only the input the dispatcher admitted, whoever else may write records.
+ */
+export function inputDigest(input: unknown): string {
+  return createHash("sha256")
+    .update(JSON.stringify(input ?? null))
+    .digest("hex");
 }

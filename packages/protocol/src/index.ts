@@ -113,6 +113,7 @@ export {
   ResourceUsage,
   SandboxInfo,
   TERMINAL_STATES,
+  WORK_ITEM_VERSION,
   WorkItem,
   WorkspacePath,
 } from "./job.js";

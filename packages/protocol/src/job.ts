@@ -164,19 +164,39 @@ export type JobRecord = z.infer<typeof JobRecord>;
 /** True when a job's handoff request still waits for a dispatcher's decision. */
 export const handoffPending = (job: JobRecord): boolean => job.state === "succeeded" && !!job.result?.handoff && !job.handoff;
 
+/**
+ * The work item versions: 1 carries the job's input; 2 leaves it in the job record and carries
+ * its digest (`inputDigest`), so a large input is stored once. A dispatcher sends 2 only while
+ * every live worker says it reads 2 (`WorkerInfo.workItems`).
+ */
+export const WORK_ITEM_VERSION = 2 as const;
+
 /** What a worker pulls from `<prefix>.work.<pool>`: everything needed to run, no large data. */
-export const WorkItem = z.looseObject({
-  v: z.literal(PROTOCOL_VERSION),
-  jobId: z.string(),
-  /** The job's owner: its events and output go on subjects that carry it (absent on older items: `local`). */
-  owner: z.string().regex(TOKEN_PATTERN).optional(),
-  agent: AgentDefinition,
-  input: z.json(),
-  files: z.array(InputFileRef),
-  timeoutMs: z.number().int().positive(),
-  /** The job's retry policy (the spec's, else the agent's); absent: no retries. */
-  retry: RetryPolicy.optional(),
-  /** Present for a job in a handoff chain: the agent finds the chain's history in $BOXCAR_CHAIN_FILE. */
-  chain: ChainLink.optional(),
-});
+export const WorkItem = z
+  .looseObject({
+    v: z.union([z.literal(1), z.literal(WORK_ITEM_VERSION)]),
+    jobId: z.string(),
+    /** The job's owner: its events and output go on subjects that carry it (absent on older items: `local`). */
+    owner: z.string().regex(TOKEN_PATTERN).optional(),
+    agent: AgentDefinition,
+    /** Version 1: the job's input. */
+    input: z.json().optional(),
+    /** Version 2: the SHA-256 (hex) of the job record's `spec.input` as JSON text; the worker runs that input only if it matches. */
+    inputDigest: z
+      .string()
+      .regex(/^[0-9a-f]{64}$/)
+      .optional(),
+    files: z.array(InputFileRef),
+    timeoutMs: z.number().int().positive(),
+    /** The job's retry policy (the spec's, else the agent's); absent: no retries. */
+    retry: RetryPolicy.optional(),
+    /** Present for a job in a handoff chain: the agent finds the chain's history in $BOXCAR_CHAIN_FILE. */
+    chain: ChainLink.optional(),
+  })
+  .superRefine((item, ctx) => {
+    if (item.v === 1 && item.input === undefined)
+      ctx.addIssue({ code: "custom", path: ["input"], message: "a version 1 work item carries the input" });
+    if (item.v === 2 && (item.inputDigest === undefined || item.input !== undefined))
+      ctx.addIssue({ code: "custom", path: ["inputDigest"], message: "a version 2 work item carries the input's digest, not the input" });
+  });
 export type WorkItem = z.infer<typeof WorkItem>;

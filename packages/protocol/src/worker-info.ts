@@ -25,6 +25,8 @@ export const WorkerInfo = z.looseObject({
   heartbeatAt: z.iso.datetime(),
   /** How often this worker heartbeats: a presence older than a few of these means it is gone. */
   heartbeatMs: z.number().int().positive(),
+  /** The work item versions it reads (absent: 1 only, a worker of an earlier release). */
+  workItems: z.array(z.number().int().positive()).optional(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 

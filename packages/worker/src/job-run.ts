@@ -1,6 +1,15 @@
 import { randomBytes } from "node:crypto";
 import type { Logger } from "@boxcar/client";
-import { isTransientJetStreamError, type JobHandle, jobEvent, listJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import {
+  inputDigest,
+  isTransientJetStreamError,
+  type JobHandle,
+  jobEvent,
+  listJson,
+  nowIso,
+  publishEvent,
+  type Topology,
+} from "@boxcar/fabric";
 import {
   type AgentResultFile,
   BoxcarError,
@@ -73,7 +82,7 @@ export class JobRun {
   constructor(
     private readonly ctx: JobRunContext,
     private readonly msg: WorkDelivery,
-    private readonly item: WorkItem,
+    private item: WorkItem,
   ) {
     this.jobId = item.jobId;
     this.topology = ctx.options.topology;
@@ -129,7 +138,8 @@ export class JobRun {
     }
     if (this.stopReason === "worker_stopped") return this.msg.nak();
 
-    const preflight = this.preflight();
+    const wrongInput = this.takeInput(found.record);
+    const preflight: Preflight = wrongInput ? { ok: false, error: wrongInput } : this.preflight();
     if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state)) {
       const other = await this.capableWorker(found.record.pool);
       if (other) {
@@ -210,6 +220,23 @@ export class JobRun {
         isLive(w) &&
         whyCannotServe(w, this.item.agent) === undefined,
     )?.id;
+  }
+
+  /**
+   * A version 2 work item leaves the input in the job record: it is taken from there only if it
+   * is the input the dispatcher signed for (by digest), whoever else may write records. Returns
+   * why the job cannot run when it is not.
+   */
+  private takeInput(record: JobRecord): ErrorInfo | undefined {
+    if (this.item.v === 1) return undefined;
+    const input = record.spec?.input;
+    if (record.spec && inputDigest(input) === this.item.inputDigest) {
+      this.item = { ...this.item, input };
+      return undefined;
+    }
+    return toErrorInfo(
+      new BoxcarError(ErrorCode.invalid, "the job record's input is not the one its signed work item names (by digest); it was not run"),
+    );
   }
 
   /** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, or a secret is missing. */

@@ -9,6 +9,7 @@ import {
   type ErrorInfo,
   PROTOCOL_VERSION,
   toErrorInfo,
+  WORK_ITEM_VERSION,
   type WorkerEventType,
   type WorkerInfo,
   WorkItem,
@@ -63,8 +64,8 @@ function newerRelease(data: Uint8Array): string | undefined {
     return undefined;
   }
   const version = (json as { v?: unknown } | null)?.v;
-  if (typeof version === "number" && version > PROTOCOL_VERSION) {
-    return `a work item of protocol version ${version}; this worker reads version ${PROTOCOL_VERSION}`;
+  if (typeof version === "number" && version > WORK_ITEM_VERSION) {
+    return `a work item of version ${version}; this worker reads versions up to ${WORK_ITEM_VERSION}`;
   }
   const parsed = WorkItem.safeParse(json);
   if (parsed.success || !parsed.error.issues.every((issue) => issue.code === "unrecognized_keys")) return undefined;
@@ -386,6 +387,7 @@ class BoxcarWorker implements Worker {
       startedAt: this.startedAt,
       heartbeatAt: nowIso(),
       heartbeatMs: this.options.heartbeatMs,
+      workItems: [1, WORK_ITEM_VERSION],
     };
     await this.options.topology.workers.put(this.id, JSON.stringify(info));
   }
