@@ -322,6 +322,44 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect([final.state, final.result?.output]).toEqual(["succeeded", "done"]);
   });
 
+  test("a new attempt removes the container its frozen worker left running before it starts its own", async () => {
+    // A system of its own with a 2 s lease, so the work item comes back soon after its worker freezes.
+    await using fast = await natsFixture({ ackWaitMs: 2_000 });
+    await fast.topology.ensurePoolConsumer("default");
+    const fastDispatcher = await startDispatcher({ ...fast.dispatcherRole });
+    const fastClient = createClient(fast.topology);
+    const prefix = fast.topology.names.prefix;
+    const frozen = spawnBoxcar(fast.url, prefix, ["worker"]);
+    try {
+      await fastClient.applyAgent({ name: "long", command: ["bash", "-c", "sleep 300"], runtime: { sandbox: "docker" } });
+      const { job } = await fastClient.submit({ agent: "long" });
+      await eventually(
+        async () => ((await boxcarContainers(prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
+        "attempt 1's container to run",
+      );
+      // Frozen, it renews neither its lease nor its presence, and its container runs on. Its
+      // presence still looks live for a while, and this worker's reaper waits an hour.
+      frozen.kill("SIGSTOP");
+      await using next = createWorker({ ...fast.workerRole, reapIntervalMs: 3_600_000 });
+      void next.run();
+      const containers = await eventually(
+        async () => {
+          const found = await boxcarContainers(prefix, job.id);
+          return found.some((c) => c.Labels["boxcar.attempt"] === "2" && c.State === "running") ? found : undefined;
+        },
+        "attempt 2's container to run",
+        30_000,
+      );
+      expect(containers.map((c) => c.Labels["boxcar.attempt"])).toEqual(["2"]);
+      await fastClient.cancelJob(job.id);
+      expect((await fastClient.waitForJob(job.id)).state).toBe("cancelled");
+    } finally {
+      frozen.kill("SIGKILL");
+      await exited(frozen);
+      await fastDispatcher.close();
+    }
+  });
+
   test("a worker killed with SIGKILL leaves a container that the next worker's reaper removes", async () => {
     await client.applyAgent({ name: "orphan", command: ["bash", "-c", "sleep 300"], runtime: { sandbox: "docker" }, pool: "orphans" });
     const doomed = spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--pool", "orphans", "--heartbeat", "300ms"]);

@@ -66,6 +66,26 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     maxWorkspaceEntries: opts.maxWorkspaceEntries ?? 100_000,
     root: new WorkspaceRoot(opts.root ?? defaultWorkRoot()),
   };
+  /** Removes this system's containers (with `label` too, if given) whose owner `doomed` names. */
+  async function removeOwn(doomed: (owner: SandboxOwner) => Promise<boolean>, label?: string): Promise<number> {
+    const labels = [`${ContainerLabel.prefix}=${opts.prefix}`, ...(label ? [label] : [])];
+    const containers = await docker.listContainers({ all: true, filters: { label: labels } });
+    let removed = 0;
+    for (const info of containers) {
+      // Another system's with the same prefix (its workers are not in this system's presence
+      // list, so they would all look gone). A container without the label is from a worker of
+      // a release before it, and is judged as before.
+      const system = info.Labels[ContainerLabel.system];
+      if (system !== undefined && system !== opts.system) continue;
+      const owner = ownerOf(info.Labels);
+      if (!owner || !(await doomed(owner))) continue;
+      await docker
+        .getContainer(info.Id)
+        .remove({ force: true, v: true })
+        .then(() => (removed += 1), ignoreGone);
+    }
+    return removed;
+  }
   let engineCpus: number | undefined;
   let ownNetworks: Promise<Set<string>> | undefined;
 
@@ -108,23 +128,12 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       );
     },
 
-    async reap(isOrphan) {
-      const containers = await docker.listContainers({ all: true, filters: { label: [`${ContainerLabel.prefix}=${opts.prefix}`] } });
-      let removed = 0;
-      for (const info of containers) {
-        // Another system's with the same prefix (its workers are not in this system's presence
-        // list, so they would all look gone). A container without the label is from a worker of
-        // a release before it, and is judged as before.
-        const system = info.Labels[ContainerLabel.system];
-        if (system !== undefined && system !== opts.system) continue;
-        const owner = ownerOf(info.Labels);
-        if (!owner || !(await isOrphan(owner))) continue;
-        await docker
-          .getContainer(info.Id)
-          .remove({ force: true, v: true })
-          .then(() => (removed += 1), ignoreGone);
-      }
-      return removed;
+    reap(isOrphan) {
+      return removeOwn(isOrphan);
+    },
+
+    removeEarlierAttempts(jobId, attempt) {
+      return removeOwn(async (owner) => owner.jobId === jobId && owner.attempt < attempt, `${ContainerLabel.job}=${jobId}`);
     },
   };
 }

@@ -179,6 +179,7 @@ export class JobRun {
 
     this.handle = claim.handle;
     this.sandboxInfo = decided;
+    if (record.attempt > 1) await this.removeEarlierAttempts(record.attempt);
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
     // its worker dies right after (a chaos run in CI found one that ran with no `started`).
     await this.events.job("started", "running", decided ? { sandbox: decided } : {});
@@ -237,6 +238,22 @@ export class JobRun {
     return toErrorInfo(
       new BoxcarError(ErrorCode.invalid, "the job record's input is not the one its signed work item names (by digest); it was not run"),
     );
+  }
+
+  /**
+   * A new attempt of a job whose worker crashed or froze: the sandboxes of its earlier attempts
+   * that this worker's backends can reach are removed before this one starts, so the agent does
+   * not run twice at once (the reaper finds those on other engines once their worker is gone).
+   */
+  private async removeEarlierAttempts(attempt: number): Promise<void> {
+    for (const provider of this.ctx.providers.values()) {
+      if (!provider.removeEarlierAttempts || !this.ctx.capabilities().has(provider.kind)) continue;
+      const removed = await provider.removeEarlierAttempts(this.jobId, attempt).catch((err: unknown) => {
+        this.log.warn({ err, backend: provider.kind }, "could not look for sandboxes of earlier attempts");
+        return 0;
+      });
+      if (removed > 0) this.log.warn({ backend: provider.kind, removed }, "removed sandboxes of earlier attempts that were still there");
+    }
   }
 
   /** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, or a secret is missing. */

@@ -28,6 +28,11 @@ export interface SandboxProvider {
    * cannot outlive the worker (host) have nothing to reap.
    */
   reap?(isOrphan: (owner: SandboxOwner) => Promise<boolean>): Promise<number>;
+  /**
+   * Removes the sandboxes of `jobId`'s attempts before `attempt` that this backend can reach (a
+   * crashed or frozen worker's, still running), as a new attempt starts. Returns how many.
+   */
+  removeEarlierAttempts?(jobId: string, attempt: number): Promise<number>;
 }
 
 /** Which attempt of which job on which worker a sandbox belongs to (Docker labels carry it). */
