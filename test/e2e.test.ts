@@ -220,10 +220,16 @@ describe("scale and restarts", () => {
     for (let i = 0; i < 15; i++)
       await js.publish(names.subjects.submit("local", "tick"), JSON.stringify({ input: i, labels: { batch: "restart" } }));
     dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    const done = await eventually(async () => {
-      const jobs = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "restart");
-      return jobs.length === 15 && jobs.every((j) => j.state === "succeeded") ? jobs : undefined;
-    }, "15 intake jobs to succeed");
+    // A submission that reached the stopped dispatcher's last pull (its inbox gone) waits out the
+    // intake consumer's 30 s ack wait before it is delivered again (CI once took longer than 20 s).
+    const done = await eventually(
+      async () => {
+        const jobs = (await client.listJobs({ agent: "tick", limit: 1000 })).jobs.filter((j) => j.spec?.labels.batch === "restart");
+        return jobs.length === 15 && jobs.every((j) => j.state === "succeeded") ? jobs : undefined;
+      },
+      "15 intake jobs to succeed",
+      45_000,
+    );
     expect(new Set(done.map((j) => j.spec?.input)).size).toBe(15);
   });
 });

@@ -47,8 +47,9 @@ interface Member {
  * route ports. Resolves once JetStream has a meta leader and can place a stream on every server.
  * A port found free can be taken before its server binds it (by another test's outgoing
  * connection, say), and on a loaded machine a server has been seen never to join the others'
- * JetStream (CI, twice at once): then the cluster is started again, on new ports, up to three
- * times, and what each server said about its routes and JetStream is printed.
+ * JetStream (CI, twice at once), or the three to elect no meta leader within 30 s (CI, once):
+ * then the cluster is started again, on new ports, up to three times, and what each server said
+ * about its routes and JetStream is printed.
  */
 export async function natsCluster(size = 3): Promise<NatsCluster> {
   for (let attempt = 1; ; attempt++) {
@@ -56,7 +57,7 @@ export async function natsCluster(size = 3): Promise<NatsCluster> {
       return await startCluster(size);
     } catch (err) {
       const message = (err as Error).message;
-      if (attempt === 3 || !/already in use|could not place/.test(message)) throw err;
+      if (attempt === 3 || !/already in use|could not place|no meta leader/.test(message)) throw err;
       process.stderr.write(`natsCluster: starting again (attempt ${attempt + 1} of 3): ${message}\n`);
     }
   }
