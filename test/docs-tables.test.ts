@@ -1,5 +1,5 @@
 import { readFileSync } from "node:fs";
-import { jsonSchemas } from "@boxcar/protocol";
+import { jsonSchemas, names } from "@boxcar/protocol";
 import { expect, test } from "vitest";
 
 /**
@@ -52,4 +52,18 @@ test.each([
   ["nats-api.md", "## Job records", schemaFields(schemas["job-record.schema.json"] as Schema)],
 ])("%s, the table after %s, names every field of its schema", (doc, marker, fields) => {
   expect(tableFields(doc, marker)).toEqual(fields);
+});
+
+test("nats-api.md's names table has every stream and bucket, with the default prefix and with acme-ci", () => {
+  const text = readFileSync(new URL("../docs/nats-api.md", import.meta.url), "utf8");
+  const table = text.slice(text.indexOf("## Names and the prefix"), text.indexOf("## The request/reply API"));
+  const rows = table.split("\n").filter((line) => line.startsWith("| "));
+  const column = (i: number) => new Set(rows.map((row) => row.split("|")[i]?.trim().replace(/`/g, "")));
+  for (const [prefix, i] of [
+    ["boxcar", 3],
+    ["acme-ci", 4],
+  ] as const) {
+    const n = names(prefix);
+    expect([...Object.values(n.streams), ...Object.values(n.buckets), n.serviceName].filter((name) => !column(i).has(name))).toEqual([]);
+  }
 });
