@@ -3,7 +3,9 @@
  * admitted one, on one nats-server with a dispatcher and no worker: `pnpm bench:refusals`.
  * The queue limit is set to BENCH_QUEUED jobs (default 1000), the queue filled to it, then
  * BENCH_N refused submissions (default 2000) are timed one at a time, as a client retrying would
- * send them; then, with the limit raised, as many admitted ones of the same size.
+ * send them; then, with the limit raised, as many admitted ones of the same size. Last, on a
+ * server whose JetStream store holds 24 MiB, submissions of 120 KB inputs until the store is
+ * full, then BENCH_FULL_N (default 200) more, each refused with `storage_full`, timed.
  */
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
@@ -40,15 +42,49 @@ async function main(): Promise<void> {
       await client.submit({ agent: "noop", input: { i } });
       admitted.push(performance.now() - start);
     }
+    const full = await refusalsOnAFullStore(envInt("BENCH_FULL_N", 200));
     const rows = [["submission", "n", "p50", "p99", "max"]];
     for (const [name, samples] of [
       ["refused (queue_full)", refused],
       ["admitted", admitted],
+      ["refused (storage_full), 120 KB input", full],
     ] as const) {
       const s = summarize(samples);
       rows.push([name, String(samples.length), ms(s.p50), ms(s.p99), ms(s.max)]);
     }
     process.stdout.write(`${table(rows)}\n`);
+  } finally {
+    await dispatcher.close();
+    await nc.close();
+    await server.stop();
+  }
+}
+
+/** Fills a 24 MiB store with 120 KB submissions, then times `n` more, each refused with storage_full. */
+async function refusalsOnAFullStore(n: number): Promise<number[]> {
+  const MiB = 1024 ** 2;
+  const server = await startNatsServer({ maxFileStore: 24 * MiB });
+  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  const topology = await openTopology(nc, { prefix: "full", streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
+  const dispatcher = await startDispatcher({ topology });
+  const client = createClient(topology);
+  const submit = (i: number) =>
+    client.submit({ agent: "noop", input: { i, pad: "x".repeat(120_000) } }).then(
+      () => undefined,
+      (e: { code?: string }) => e,
+    );
+  try {
+    await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    let i = 0;
+    while ((await submit(i++)) === undefined) if (i > 1_000) throw new Error("the store did not fill");
+    const times: number[] = [];
+    for (let k = 0; k < n; k++) {
+      const start = performance.now();
+      const err = await submit(i++);
+      if (err?.code !== "storage_full") throw new Error(`expected storage_full, got ${err ? err.code : "an admission"}`);
+      times.push(performance.now() - start);
+    }
+    return times;
   } finally {
     await dispatcher.close();
     await nc.close();
