@@ -104,6 +104,30 @@ describe("a job end to end through the CLI", () => {
     expect(run.stdout).toContain("agent_failed");
   });
 
+  test("submit --input-file takes an input larger than a command-line argument may be (128 KiB)", async () => {
+    await client.applyAgent({
+      name: "measure",
+      command: 'printf \'{"output":%s}\' "$(wc -c < "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
+      trusted: true,
+      runtime: { sandbox: "host" },
+    });
+    const input = { text: "x".repeat(200_000) };
+    const file = join(dir, "big-input.json");
+    await writeFile(file, JSON.stringify(input));
+    const run = await cli("submit", "measure", "--input-file", file, "--wait", "--json");
+    expect(run.code, run.stderr).toBe(0);
+    const job = JSON.parse(run.stdout) as JobRecord;
+    expect([job.state, job.result?.output, job.spec?.input]).toEqual(["succeeded", JSON.stringify(input).length, input]);
+
+    const both = await cli("submit", "measure", "--input", "1", "--input-file", file);
+    expect([both.code, both.stderr]).toEqual([2, expect.stringContaining("give --input or --input-file, not both")]);
+    const missing = await cli("submit", "measure", "--input-file", join(dir, "nowhere.json"));
+    expect([missing.code, missing.stderr]).toEqual([2, expect.stringContaining(`cannot read input file ${join(dir, "nowhere.json")}`)]);
+    await writeFile(join(dir, "bad-input.json"), "{oops");
+    const bad = await cli("submit", "measure", "--input-file", join(dir, "bad-input.json"));
+    expect([bad.code, bad.stderr]).toEqual([2, expect.stringContaining("is not valid JSON")]);
+  });
+
   test("jobs, workers and agent ls list what is there", async () => {
     const agents = await cli("agent", "ls");
     expect(agents.stdout).toMatch(/^NAME\s+POOL/);

@@ -5,6 +5,7 @@ import { isTerminal, type JobRecord, JobState, Priority, parseDurationMs } from 
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { jsonInput } from "../json-input.js";
 import { ago, describeEvent, describeJob, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
@@ -36,17 +37,13 @@ function one(ctx: CommandContext<Values>, what: string, usage: string): string {
   return value;
 }
 
-function parseInput(values: Values): unknown {
-  const input = values.input as string | undefined;
+/** `--input JSON`, `--input-file FILE` or `--prompt TEXT` (as `{"prompt": TEXT}`); null without any. */
+async function parseInput(values: Values): Promise<unknown> {
   const prompt = values.prompt as string | undefined;
-  if (input !== undefined && prompt !== undefined) throw new UsageError("give --input or --prompt, not both");
+  const input = await jsonInput(values);
+  if (input !== undefined && prompt !== undefined) throw new UsageError("give --input (or --input-file) or --prompt, not both");
   if (prompt !== undefined) return { prompt };
-  if (input === undefined) return null;
-  try {
-    return JSON.parse(input);
-  } catch (err) {
-    throw new UsageError(`--input is not valid JSON: ${(err as Error).message}`);
-  }
+  return input ?? null;
 }
 
 /** `--file PATH` puts PATH's file at its base name in the workspace; `--file DEST=PATH` at DEST. */
@@ -93,11 +90,12 @@ function chainEnding(first: string, last: JobRecord): string | undefined {
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low]",
+    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
     input: { type: "string" },
+    "input-file": { type: "string" },
     prompt: { type: "string" },
     file: { type: "string", multiple: true, default: [] },
     wait: { type: "boolean", default: false },
@@ -110,7 +108,7 @@ export const submit: Command = {
   },
   async run(ctx) {
     const agent = one(ctx, "AGENT", this.usage);
-    const input = parseInput(ctx.values);
+    const input = await parseInput(ctx.values);
     const priority = ctx.values.priority as string | undefined;
     if (priority !== undefined && !Priority.safeParse(priority).success) {
       throw new UsageError(`--priority must be one of ${Priority.options.join(", ")}, got ${priority}`);

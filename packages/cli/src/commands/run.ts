@@ -1,36 +1,14 @@
-import { readFile } from "node:fs/promises";
 import { BoxcarError, type ErrorInfo, locateYamlPath, parseWorkflowFile, toErrorInfo } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { jsonInput, readText } from "../json-input.js";
 import { json } from "../output.js";
 import { exitCodeFor, UsageError } from "../usage-error.js";
 import { describeRun, exitForRun, printRunEvents } from "./workflow.js";
 
 const usage =
   "boxcar run WORKFLOW.yaml [--input JSON | --input-file FILE] [--idempotency-key KEY] [--label KEY=VALUE]... [--wait] [--follow]";
-
-async function readText(file: string, what: string): Promise<string> {
-  try {
-    return await readFile(file, "utf8");
-  } catch (err) {
-    throw new UsageError(`cannot read ${what} ${file}: ${(err as Error).message}`);
-  }
-}
-
-/** The run's input: `--input JSON`, or the JSON in `--input-file`; null without either. */
-async function runInput(values: Values): Promise<unknown> {
-  const inline = values.input as string | undefined;
-  const file = values["input-file"] as string | undefined;
-  if (inline !== undefined && file !== undefined) throw new UsageError("give --input or --input-file, not both");
-  if (inline === undefined && file === undefined) return null;
-  const [flag, text] = inline !== undefined ? ["--input", inline] : [`--input-file ${file}`, await readText(file as string, "input file")];
-  try {
-    return JSON.parse(text);
-  } catch (err) {
-    throw new UsageError(`${flag} is not valid JSON: ${(err as Error).message}`);
-  }
-}
 
 /** `--label k=v`, repeated. */
 function runLabels(specs: readonly string[]): Record<string, string> {
@@ -96,7 +74,7 @@ export const run: Command = {
     const text = await readText(file, "workflow file");
     // A bad file fails here with file:line:col, before anything is sent.
     const definition = parseWorkflowFile(text, file);
-    const input = await runInput(ctx.values);
+    const input = (await jsonInput(ctx.values)) ?? null;
     const labels = runLabels(ctx.values.label as string[]);
     const key = ctx.values["idempotency-key"] as string | undefined;
 
