@@ -12,15 +12,23 @@ import { UsageError } from "./usage-error.js";
 export type RolePhase = "starting" | "ready" | "draining" | "stopped";
 
 /** `HOST:PORT` to listen on; port 0 picks a free one (the log says which). */
-export interface HealthAddress {
+export interface ListenAddress {
   host: string;
   port: number;
 }
 
-/** `--health HOST:PORT` (or `$BOXCAR_HEALTH`), checked; undefined when neither is set. */
-export function healthAddressFrom(flag: unknown, env: NodeJS.ProcessEnv, file?: string): HealthAddress | undefined {
-  const [source, value] =
-    flag !== undefined ? ["--health", String(flag)] : env.BOXCAR_HEALTH ? ["BOXCAR_HEALTH", env.BOXCAR_HEALTH] : ["health", file];
+/**
+ * Where a role's `health` or `metrics` endpoint listens: `--<name> HOST:PORT`, else
+ * `$BOXCAR_<NAME>`, else the config file's `<name>`; checked; undefined when none is set.
+ */
+export function listenAddressFrom(
+  name: "health" | "metrics",
+  flag: unknown,
+  env: NodeJS.ProcessEnv,
+  file?: string,
+): ListenAddress | undefined {
+  const variable = `BOXCAR_${name.toUpperCase()}`;
+  const [source, value] = flag !== undefined ? [`--${name}`, String(flag)] : env[variable] ? [variable, env[variable]] : [name, file];
   if (value === undefined) return undefined;
   const match = /^(.+):(\d{1,5})$/.exec(value);
   const port = match ? Number(match[2]) : Number.NaN;
@@ -49,7 +57,7 @@ export class HealthEndpoint implements AsyncDisposable {
     this.server.keepAliveTimeout = 1_000;
   }
 
-  async listen(address: HealthAddress): Promise<void> {
+  async listen(address: ListenAddress): Promise<void> {
     await new Promise<void>((resolve, reject) => {
       this.server.once("error", (err) => reject(new UsageError(`--health ${address.host}:${address.port}: ${err.message}`)));
       this.server.listen(address.port, address.host, resolve);

@@ -29,6 +29,7 @@ import {
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
 import type { AgentCatalog } from "./agent-catalog.js";
+import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
@@ -53,6 +54,8 @@ export interface AdmissionContext {
   load: JobLoad;
   /** Told when a new job's work item is stored, so the sweeper that finishes cut-short admissions leaves it alone. */
   onWorkPublished?(jobId: string): void;
+  /** Counts admissions and refusals when the dispatcher serves metrics. */
+  metrics?: DispatcherMetrics | undefined;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -71,7 +74,12 @@ export interface AdmitOptions {
  * and enqueues its work item. Idempotent per key: a second call with the same key returns the
  * first job and finishes its admission if a crash interrupted it.
  */
-export async function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
+export function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
+  const admission = () => admitJob(topology, raw, ctx, opts);
+  return ctx.metrics ? ctx.metrics.admission(admission) : admission();
+}
+
+async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
   const { log } = ctx;
   // New work waits for room in the queue; a job that continues admitted work (a handoff, a
   // workflow step) does not, or the queue could strand what it already holds.

@@ -4,10 +4,12 @@ import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } 
 import { type ApiEndpoint, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
+import type { Registry } from "prom-client";
 import type { AdmissionContext } from "./admission.js";
 import { AdmissionSweeper } from "./admission-sweeper.js";
 import { AgentCatalog } from "./agent-catalog.js";
 import { apiHandlers, serve } from "./api.js";
+import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { ExpirySweeper } from "./expiry.js";
 import { admitIntake } from "./intake.js";
 import { JobIndex } from "./job-index.js";
@@ -43,6 +45,8 @@ export interface DispatcherOptions {
    * waiting and throws the abort; what it had started ends with its connection.
    */
   signal?: AbortSignal;
+  /** A Prometheus registry to put this dispatcher's metrics in (docs/observability.md); absent: none are kept. */
+  metrics?: Registry;
 }
 
 export interface Dispatcher extends AsyncDisposable {
@@ -85,6 +89,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     policy,
     load,
     onWorkPublished: (id) => admissions.workPublished(id),
+    metrics: opts.metrics ? new DispatcherMetrics(opts.metrics, topology, () => index.counts(() => true)) : undefined,
   };
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);

@@ -63,6 +63,11 @@ export const WorkerConfig = z.strictObject({
     .regex(/^.+:\d{1,5}$/, "must be HOST:PORT")
     .optional()
     .describe("where to serve /healthz and /readyz, such as 0.0.0.0:8080; --health overrides it"),
+  metrics: z
+    .string()
+    .regex(/^.+:\d{1,5}$/, "must be HOST:PORT")
+    .optional()
+    .describe("where to serve Prometheus /metrics, such as 0.0.0.0:9464; --metrics overrides it"),
   policy: AgentPolicy.optional().describe(
     "what this worker lets agents ask for (networks, images, templates, pools, secrets, trusted, limits); a job whose agent asks for more fails unrun",
   ),

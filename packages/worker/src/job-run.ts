@@ -39,6 +39,7 @@ import { redactJson } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
 import type { WorkDelivery } from "./work-delivery.js";
+import type { WorkerMetrics } from "./worker-metrics.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** How long a job this worker cannot run waits before JetStream offers it again. */
@@ -57,6 +58,8 @@ export interface JobRunContext {
   providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
   /** The pool consumer's ack wait: the message is kept alive at a third of it. */
   leaseMs: number;
+  /** Where the attempt's figures go when the worker serves metrics. */
+  metrics: WorkerMetrics | undefined;
 }
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
@@ -76,6 +79,8 @@ export class JobRun {
   /** The record as this attempt last wrote it; set once the job is claimed. */
   private handle: JobHandle | undefined;
   private finishing = false;
+  /** When this attempt claimed the job (performance.now()). */
+  private claimedAt = 0;
   private sandboxInfo: SandboxInfo | undefined;
   private secretValues: string[] = [];
 
@@ -179,6 +184,8 @@ export class JobRun {
 
     this.handle = claim.handle;
     this.sandboxInfo = decided;
+    this.claimedAt = performance.now();
+    this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
     if (record.attempt > 1) await this.removeEarlierAttempts(record.attempt);
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
     // its worker dies right after (a chaos run in CI found one that ran with no `started`).
@@ -305,6 +312,7 @@ export class JobRun {
     };
     try {
       const sandbox = await provider.create(spec, this.abort.signal);
+      this.ctx.metrics?.sandboxCreated(ref.backend, performance.now() - startedAt);
       void this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt, ...sandbox.description });
       return sandbox;
     } catch (cause) {
@@ -422,6 +430,7 @@ export class JobRun {
         : await this.updateOwned((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
     if (!update) return this.leave();
 
+    this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state);
     if (outcome.kind === "requeue") {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
@@ -437,6 +446,10 @@ export class JobRun {
     });
     this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
     await this.ack();
+  }
+
+  private attemptEnded(outcome: string): void {
+    this.ctx.metrics?.attemptEnded(this.item.agent.name, this.handle?.record.pool ?? "", outcome, performance.now() - this.claimedAt);
   }
 
   /**
@@ -462,6 +475,7 @@ export class JobRun {
       JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan.kind),
     );
     if (!update) return this.leave();
+    this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead");
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {

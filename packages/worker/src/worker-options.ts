@@ -14,6 +14,7 @@ import {
   TOKEN_PATTERN,
   type WorkerConfig,
 } from "@boxcar/protocol";
+import type { Registry } from "prom-client";
 import { z } from "zod";
 import { sandboxProviders } from "./providers.js";
 import type { SandboxProvider } from "./sandbox.js";
@@ -73,6 +74,8 @@ export interface WorkerOptions {
    * dispatcher's policy: a job whose agent asks for more fails with `policy_denied` unrun.
    */
   agentPolicy?: AgentPolicyInput;
+  /** A Prometheus registry to put this worker's metrics in (docs/observability.md); absent: none are kept. */
+  metrics?: Registry;
 }
 
 export interface ResolvedWorkerOptions {
@@ -95,6 +98,8 @@ export interface ResolvedWorkerOptions {
   verifier: WorkVerifier | undefined;
   /** This worker's own limits on what agents ask for; undefined: none. */
   agentPolicy: AgentPolicy | undefined;
+  /** Where its metrics go; undefined: none are kept. */
+  metrics: Registry | undefined;
   /** PATH given to agents: the worker's own. */
   agentPath: string;
 }
@@ -157,6 +162,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
           ? new WorkVerifier(opts.dispatcherKeys)
           : undefined,
     agentPolicy: opts.agentPolicy ? parseWith(AgentPolicy, opts.agentPolicy, "worker options: agentPolicy") : undefined,
+    metrics: opts.metrics,
     agentPath: env.PATH ?? DEFAULT_PATH,
   };
 }

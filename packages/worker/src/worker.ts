@@ -21,6 +21,7 @@ import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
 import { orphanCheck } from "./sandbox-reaper.js";
 import { Slots } from "./slots.js";
 import type { WorkDelivery } from "./work-delivery.js";
+import { WorkerMetrics } from "./worker-metrics.js";
 import { type ResolvedWorkerOptions, resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
 
 /** `idle` until `run()`, `draining` after `drain()` or `close()`, `stopped` at the end. */
@@ -81,6 +82,7 @@ class BoxcarWorker implements Worker {
   accepting = false;
   private readonly log: Logger;
   private readonly providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
+  private readonly metrics: WorkerMetrics | undefined;
   private readonly slots: Slots;
   /** Jobs in hand, by id, with the promise that settles when each is handled. */
   private readonly runs = new Map<string, { run: JobRun; done: Promise<void> }>();
@@ -112,6 +114,9 @@ class BoxcarWorker implements Worker {
     this.log = options.logger.child({ workerId: options.workerId });
     this.providers = new Map(options.providers.map((p) => [p.kind, p]));
     this.slots = new Slots(options.concurrency);
+    this.metrics = options.metrics
+      ? new WorkerMetrics(options.metrics, () => ({ running: this.runs.size, capacity: options.concurrency }))
+      : undefined;
   }
 
   run(): Promise<void> {
@@ -263,7 +268,14 @@ class BoxcarWorker implements Worker {
       return;
     }
     const run = new JobRun(
-      { options: this.options, log: this.log, capabilities: () => this.capabilities, providers: this.providers, leaseMs: this.leaseMs },
+      {
+        options: this.options,
+        log: this.log,
+        capabilities: () => this.capabilities,
+        providers: this.providers,
+        leaseMs: this.leaseMs,
+        metrics: this.metrics,
+      },
       msg,
       item,
     );

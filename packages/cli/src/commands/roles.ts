@@ -4,8 +4,9 @@ import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } fr
 import type { Command } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
-import { HealthEndpoint, healthAddressFrom, type RolePhase } from "../health.js";
+import { HealthEndpoint, listenAddressFrom, type RolePhase } from "../health.js";
 import { createLogger, type LogFormat } from "../logger.js";
+import { MetricsEndpoint } from "../metrics.js";
 import { ago, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
@@ -34,19 +35,22 @@ export function optionalDuration(value: unknown, flag: string): number | undefin
 export const dispatcher: Command = {
   name: "dispatcher",
   usage:
-    "boxcar dispatcher [--health HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
+    "boxcar dispatcher [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
   summary: "run a dispatcher until SIGINT/SIGTERM",
   maxArgs: 0,
-  options: { ...logFormat, ...systemOptions, health: { type: "string" } },
+  options: { ...logFormat, ...systemOptions, health: { type: "string" }, metrics: { type: "string" } },
   async run(ctx) {
     const logger = createLogger(readLogFormat(ctx.values["log-format"]));
     const system = systemOptionsFrom(ctx.values, ctx.io.env);
-    const healthAddress = healthAddressFrom(ctx.values.health, ctx.io.env);
+    const healthAddress = listenAddressFrom("health", ctx.values.health, ctx.io.env);
     let phase: RolePhase = "starting";
     // Listening before NATS is reached: a dispatcher waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     health.report(() => phase);
     if (healthAddress) await health.listen(healthAddress);
+    const metricsAddress = listenAddressFrom("metrics", ctx.values.metrics, ctx.io.env);
+    await using metrics = new MetricsEndpoint(logger);
+    if (metricsAddress) await metrics.listen(metricsAddress);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
       signal,
@@ -62,7 +66,13 @@ export const dispatcher: Command = {
     const signer = session.connection.seed ? new WorkSigner(session.connection.seed) : undefined;
     await using d = await unlessStopped(
       signal,
-      startDispatcher({ topology: session.topology, logger, signal, ...(signer ? { signer } : {}) }),
+      startDispatcher({
+        topology: session.topology,
+        logger,
+        signal,
+        ...(signer ? { signer } : {}),
+        ...(metricsAddress ? { metrics: metrics.registry } : {}),
+      }),
       logger,
     );
     if (!d) return ExitCode.ok;

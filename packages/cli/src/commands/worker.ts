@@ -6,14 +6,15 @@ import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
-import { HealthEndpoint, healthAddressFrom } from "../health.js";
+import { HealthEndpoint, listenAddressFrom } from "../health.js";
 import { createLogger } from "../logger.js";
+import { MetricsEndpoint } from "../metrics.js";
 import { UsageError } from "../usage-error.js";
 import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -33,6 +34,7 @@ export const worker: Command = {
     "allow-secret": { type: "string", multiple: true, default: [] },
     heartbeat: { type: "string" },
     health: { type: "string" },
+    metrics: { type: "string" },
     ...systemOptions,
     ...logFormat,
   },
@@ -40,7 +42,8 @@ export const worker: Command = {
     const file = ctx.values.config as string | undefined;
     const config = merge(file ? await readWorkerConfig(file) : {}, flagsAsConfig(ctx.values, ctx.io.env));
     const logger = createLogger(config.logFormat);
-    const healthAddress = healthAddressFrom(ctx.values.health, ctx.io.env, config.health);
+    const healthAddress = listenAddressFrom("health", ctx.values.health, ctx.io.env, config.health);
+    const metricsAddress = listenAddressFrom("metrics", ctx.values.metrics, ctx.io.env, config.metrics);
     // Flags, then the environment, then a `nats` context, then the file, then the default.
     const connection = connectionFrom(ctx.values, ctx.io.env, config);
     const keySources = config.dispatcherKeys ?? [];
@@ -60,6 +63,8 @@ export const worker: Command = {
     // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     if (healthAddress) await health.listen(healthAddress);
+    await using metrics = new MetricsEndpoint(logger);
+    if (metricsAddress) await metrics.listen(metricsAddress);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
       signal,
@@ -76,6 +81,7 @@ export const worker: Command = {
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,
       ...(verifier ? { dispatcherKeys: verifier } : {}),
+      ...(metricsAddress ? { metrics: metrics.registry } : {}),
     });
     health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
     const running = w.run();

@@ -1,0 +1,55 @@
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import type { Logger } from "@boxcar/client";
+import { collectDefaultMetrics, Registry } from "prom-client";
+import type { ListenAddress } from "./health.js";
+import { UsageError } from "./usage-error.js";
+
+/**
+ * A role's Prometheus endpoint (`--metrics HOST:PORT`): `GET /metrics` answers the text
+ * exposition format with the role's metrics and the Node.js process's (CPU, memory, event loop
+ * lag). Nothing else is served. The numbers carry agent and pool names, states and error codes,
+ * never job ids or users: expose it to whoever may see those (docs/security.md).
+ */
+export class MetricsEndpoint implements AsyncDisposable {
+  readonly registry = new Registry();
+  private readonly server = createServer((req, res) => void this.answer(req, res));
+
+  constructor(private readonly log: Logger) {
+    collectDefaultMetrics({ register: this.registry });
+    this.server.requestTimeout = 5_000;
+    this.server.headersTimeout = 5_000;
+    this.server.keepAliveTimeout = 1_000;
+  }
+
+  async listen(address: ListenAddress): Promise<void> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once("error", (err) => reject(new UsageError(`--metrics ${address.host}:${address.port}: ${err.message}`)));
+      this.server.listen(address.port, address.host, resolve);
+    });
+    const bound = this.server.address() as AddressInfo;
+    this.log.info({ metrics: `${bound.address}:${bound.port}` }, "metrics endpoint listening");
+  }
+
+  private async answer(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? "").split("?")[0];
+    if (path !== "/metrics") return send(res, 404, "text/plain", "not found: try /metrics\n");
+    if (req.method !== "GET" && req.method !== "HEAD") return send(res, 405, "text/plain", "only GET and HEAD\n");
+    try {
+      send(res, 200, this.registry.contentType, await this.registry.metrics());
+    } catch (err) {
+      this.log.warn({ err }, "could not collect metrics");
+      send(res, 500, "text/plain", "could not collect metrics\n");
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    this.server.closeAllConnections();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+function send(res: ServerResponse, status: number, type: string, body: string): void {
+  res.writeHead(status, { "content-type": type, "cache-control": "no-store" });
+  res.end(body);
+}

@@ -1,0 +1,68 @@
+import type { Topology } from "@boxcar/fabric";
+import { BoxcarError, type JobState, type Priority } from "@boxcar/protocol";
+import { Counter, Gauge, type Registry } from "prom-client";
+
+const POOL_CONSUMER = /^(pool|high|low)-(.+)$/;
+
+/**
+ * A dispatcher's Prometheus metrics (docs/observability.md), registered in the registry the
+ * caller serves. The counters are this dispatcher's own; the gauges are the whole system's as it
+ * sees them (every dispatcher reports the same), read when scraped. Labels are bounded: agent
+ * and pool names, states, priorities and error codes, never job ids or users.
+ */
+export class DispatcherMetrics {
+  private readonly admitted: Counter<"agent" | "pool">;
+  private readonly refused: Counter<"code">;
+
+  constructor(registry: Registry, topology: Topology, jobsByState: () => Record<JobState, number>) {
+    const registers = [registry];
+    this.admitted = new Counter({
+      name: "boxcar_jobs_admitted_total",
+      help: "Jobs this dispatcher admitted (submissions, intake, handoffs, workflow steps), by agent and pool",
+      labelNames: ["agent", "pool"],
+      registers,
+    });
+    this.refused = new Counter({
+      name: "boxcar_admissions_refused_total",
+      help: "Jobs this dispatcher refused to admit, by error code",
+      labelNames: ["code"],
+      registers,
+    });
+    new Gauge({
+      name: "boxcar_jobs",
+      help: "Jobs in the system by state, from this dispatcher's job index",
+      labelNames: ["state"],
+      registers,
+      collect() {
+        for (const [state, n] of Object.entries(jobsByState())) this.set({ state }, n);
+      },
+    });
+    new Gauge({
+      name: "boxcar_queue_depth",
+      help: "Work items waiting in a pool's queue, by priority (its JetStream consumer's pending count)",
+      labelNames: ["pool", "priority"],
+      registers,
+      async collect() {
+        this.reset();
+        for await (const info of topology.jsm.consumers.list(topology.names.streams.work)) {
+          const match = POOL_CONSUMER.exec(info.name);
+          if (!match) continue;
+          const priority: Priority = match[1] === "pool" ? "normal" : (match[1] as Priority);
+          this.set({ pool: match[2] as string, priority }, info.num_pending);
+        }
+      },
+    });
+  }
+
+  /** Runs an admission, counting it as admitted or refused. */
+  async admission<T extends { job: { agent: string; pool: string }; duplicate: boolean }>(admit: () => Promise<T>): Promise<T> {
+    try {
+      const admitted = await admit();
+      if (!admitted.duplicate) this.admitted.inc({ agent: admitted.job.agent, pool: admitted.job.pool });
+      return admitted;
+    } catch (err) {
+      if (err instanceof BoxcarError) this.refused.inc({ code: err.code });
+      throw err;
+    }
+  }
+}

@@ -1,0 +1,83 @@
+import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+
+/** Seconds, from a no-op job's milliseconds to an agent's hours. */
+const RUN_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
+const START_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** What the worker's gauges read when scraped. */
+export interface WorkerLoad {
+  running: number;
+  capacity: number;
+}
+
+/**
+ * A worker's Prometheus metrics (docs/observability.md), registered in the registry the caller
+ * serves. Labels are bounded: agent and pool names, outcomes and sandbox kinds, never job ids.
+ */
+export class WorkerMetrics {
+  private readonly attempts: Counter<"agent" | "pool" | "outcome">;
+  private readonly attemptSeconds: Histogram<"agent" | "pool">;
+  private readonly queueWait: Histogram<"pool">;
+  private readonly sandboxCreate: Histogram<"kind">;
+
+  constructor(registry: Registry, load: () => WorkerLoad) {
+    const registers = [registry];
+    this.attempts = new Counter({
+      name: "boxcar_worker_attempts_total",
+      help: "Attempts this worker ended, by agent, pool and outcome (a final state, retrying, dead or requeued)",
+      labelNames: ["agent", "pool", "outcome"],
+      registers,
+    });
+    this.attemptSeconds = new Histogram({
+      name: "boxcar_worker_attempt_seconds",
+      help: "How long an attempt took on this worker, from its claim to its end",
+      labelNames: ["agent", "pool"],
+      buckets: RUN_BUCKETS,
+      registers,
+    });
+    this.queueWait = new Histogram({
+      name: "boxcar_worker_queue_wait_seconds",
+      help: "How long a job waited in the queue before this worker claimed it",
+      labelNames: ["pool"],
+      buckets: RUN_BUCKETS,
+      registers,
+    });
+    this.sandboxCreate = new Histogram({
+      name: "boxcar_sandbox_create_seconds",
+      help: "How long creating a sandbox took, by kind",
+      labelNames: ["kind"],
+      buckets: START_BUCKETS,
+      registers,
+    });
+    new Gauge({
+      name: "boxcar_worker_jobs_running",
+      help: "Jobs this worker is running now",
+      registers,
+      collect() {
+        this.set(load().running);
+      },
+    });
+    new Gauge({
+      name: "boxcar_worker_slots",
+      help: "How many jobs this worker runs at once",
+      registers,
+      collect() {
+        this.set(load().capacity);
+      },
+    });
+  }
+
+  claimed(pool: string, queuedAt: string | undefined, startedAt: string | undefined): void {
+    if (!queuedAt || !startedAt) return;
+    this.queueWait.observe({ pool }, Math.max(0, Date.parse(startedAt) - Date.parse(queuedAt)) / 1000);
+  }
+
+  sandboxCreated(kind: string, ms: number): void {
+    this.sandboxCreate.observe({ kind }, ms / 1000);
+  }
+
+  attemptEnded(agent: string, pool: string, outcome: string, ms: number): void {
+    this.attempts.inc({ agent, pool, outcome });
+    this.attemptSeconds.observe({ agent, pool }, ms / 1000);
+  }
+}
