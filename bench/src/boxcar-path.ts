@@ -6,6 +6,7 @@ import { isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/pr
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";
 import { type ConnectionOptions, connect, type NatsConnection } from "@nats-io/transport-node";
+import { Registry } from "prom-client";
 import { Completions, type RunJob } from "./load.js";
 
 export const AGENT = "noop";
@@ -75,13 +76,17 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
   };
   const topology = async (nc: NatsConnection): Promise<Topology> => openTopology(nc, { prefix: opts.prefix });
   const dispatcherSeed = resolved("dispatcher").seed;
+  // BENCH_METRICS=1: both roles keep their Prometheus metrics, as with --metrics (nothing scrapes them).
+  const metrics = process.env.BENCH_METRICS === "1" ? { metrics: new Registry() } : {};
   const dispatcher: Dispatcher = await startDispatcher({
+    ...metrics,
     topology: await topology(connections.dispatcher),
     ...(auth && dispatcherSeed && opts.signWork !== false ? { signer: new WorkSigner(dispatcherSeed) } : {}),
   });
   const worker: Worker | undefined = opts.noWorker
     ? undefined
     : createWorker({
+        ...metrics,
         topology: await topology(connections.worker),
         concurrency: opts.concurrency,
         providers: opts.providers,

@@ -9,7 +9,8 @@
  * BENCH_WORK_ROOT (where host workspaces go; default the worker's: `/dev/shm` where it is a roomy
  * tmpfs, else the OS temporary folder; `BENCH_WORK_ROOT=/tmp` measures a disk here),
  * BENCH_ASYNC_TRACES=1 (connect with nats.js's async stack traces on; default off, as Boxcar's
- * roles and SDK connect, and for the raw JetStream path too).
+ * roles and SDK connect, and for the raw JetStream path too), BENCH_METRICS=1 (the dispatcher
+ * and worker keep Prometheus metrics, as with --metrics).
  */
 import { execFileSync } from "node:child_process";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
