@@ -108,6 +108,23 @@ describe("deploy/kubernetes", () => {
     for (const key of documented) expect(text).toContain(`--from-file=${key}=`);
   });
 
+  test("each role serves metrics on the port its --metrics flag opens, and its pods say so to Prometheus", async () => {
+    for (const d of await deployments()) {
+      const role = d.metadata?.name;
+      const container = d.spec?.template.spec?.containers[0];
+      const args = container?.args ?? [];
+      const address = args[args.indexOf("--metrics") + 1] ?? "";
+      expect(address, role).toMatch(/^0\.0\.0\.0:\d+$/);
+      const port = Number(address.split(":").pop());
+      expect(container?.ports?.find((p) => p.name === "metrics")?.containerPort, role).toBe(port);
+      expect(d.spec?.template.metadata?.annotations, role).toEqual({
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": String(port),
+        "prometheus.io/path": "/metrics",
+      });
+    }
+  });
+
   test("each role's probes ask the health endpoint its --health flag opens: liveness /healthz, readiness /readyz", async () => {
     for (const d of await deployments()) {
       const role = d.metadata?.name;

@@ -1,5 +1,7 @@
+import { readFile } from "node:fs/promises";
 import { createClient } from "@boxcar/client";
 import { expect, test } from "vitest";
+import { parse } from "yaml";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { probe, type RoleProcess } from "./helpers/health.js";
 import { natsFixture } from "./helpers/nats.js";
@@ -79,6 +81,25 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(w.samples.get("boxcar_worker_slots")).toBe(3);
     expect(w.samples.get("boxcar_worker_jobs_running")).toBe(0);
     expect(w.types.get("boxcar_worker_attempt_seconds")).toBe("histogram");
+
+    // The alert rules and the dashboard under deploy/ ask only for metrics the roles export.
+    const exported = new Set([...d.types.keys(), ...w.types.keys()]);
+    const rules = parse(await readFile(new URL("../deploy/prometheus/boxcar-alerts.yaml", import.meta.url), "utf8")) as {
+      groups: { rules: { alert: string; expr: string; for: string; labels: { severity: string }; annotations: { summary: string } }[] }[];
+    };
+    const dashboard = JSON.parse(await readFile(new URL("../deploy/grafana/boxcar-dashboard.json", import.meta.url), "utf8")) as {
+      panels: { targets: { expr: string }[] }[];
+    };
+    const exprs = [
+      ...rules.groups.flatMap((g) => g.rules.map((r) => r.expr)),
+      ...dashboard.panels.flatMap((p) => p.targets.map((t) => t.expr)),
+    ];
+    for (const rule of rules.groups.flatMap((g) => g.rules)) {
+      expect([rule.alert, rule.for, rule.labels.severity, rule.annotations.summary].every(Boolean), rule.alert).toBe(true);
+    }
+    const asked = new Set(exprs.flatMap((e) => e.match(/\bboxcar_[a-z_]+/g) ?? []).map((m) => m.replace(/_(bucket|count|sum)$/, "")));
+    expect([...asked].filter((name) => !exported.has(name))).toEqual([]);
+    expect(asked.size).toBeGreaterThan(8);
 
     // Bounded labels: no job id anywhere in either scrape.
     for (const base of [atDispatcher, atWorker]) {
