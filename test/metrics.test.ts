@@ -3,6 +3,7 @@ import { createClient } from "@boxcar/client";
 import { expect, test } from "vitest";
 import { parse } from "yaml";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { dockerReady } from "./helpers/docker.js";
 import { probe, type RoleProcess } from "./helpers/health.js";
 import { natsFixture } from "./helpers/nats.js";
 
@@ -33,6 +34,8 @@ async function scrape(base: string): Promise<{ samples: Map<string, number>; typ
   return { samples, types };
 }
 
+const docker = await dockerReady();
+
 test("a dispatcher and a worker serve Prometheus metrics that move with real jobs, with no job ids in them", async () => {
   await using nats = await natsFixture();
   const prefix = nats.topology.names.prefix;
@@ -45,12 +48,21 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
 
     const client = createClient(nats.topology);
     await eventually(async () => ((await client.listAgents().catch(() => undefined)) ? true : undefined), "the dispatcher to answer");
-    await client.applyAgent({ name: "ok", command: "true", trusted: true, runtime: { sandbox: "host" } });
+    await client.applyAgent({ name: "ok", command: "echo hello > out/a.txt", trusted: true, runtime: { sandbox: "host" } });
     await client.applyAgent({ name: "bad", command: "exit 2", trusted: true, runtime: { sandbox: "host" } });
     await client.applyAgent({ name: "idle", command: "true", trusted: true, pool: "nobody", runtime: { sandbox: "host" } });
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push((await client.submit({ agent: "ok" })).job.id);
     ids.push((await client.submit({ agent: "bad" })).job.id);
+    if (docker) {
+      // The engine samples usage about once a second: the sleep lets a sample after the work be taken.
+      await client.applyAgent({
+        name: "busy",
+        command: "head -c 50000000 /dev/urandom | sha256sum; sleep 2",
+        runtime: { sandbox: "docker" },
+      });
+      ids.push((await client.submit({ agent: "busy" })).job.id);
+    }
     for (const id of ids) await client.waitForJob(id);
     const waiting = await client.submit({ agent: "idle" });
     ids.push(waiting.job.id);
@@ -64,7 +76,7 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(d.samples.get('boxcar_queue_depth{pool="default",priority="normal"}')).toBe(0);
     await eventually(async () => {
       const now = await scrape(atDispatcher);
-      return now.samples.get('boxcar_jobs{state="succeeded"}') === 3 && now.samples.get('boxcar_jobs{state="failed"}') === 1
+      return now.samples.get('boxcar_jobs{state="succeeded"}') === (docker ? 4 : 3) && now.samples.get('boxcar_jobs{state="failed"}') === 1
         ? true
         : undefined;
     }, "the jobs gauge to count the ended jobs");
@@ -76,8 +88,13 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(w.samples.get('boxcar_worker_attempts_total{agent="ok",pool="default",outcome="succeeded"}')).toBe(3);
     expect(w.samples.get('boxcar_worker_attempts_total{agent="bad",pool="default",outcome="failed"}')).toBe(1);
     expect(w.samples.get('boxcar_worker_attempt_seconds_count{agent="ok",pool="default"}')).toBe(3);
-    expect(w.samples.get('boxcar_worker_queue_wait_seconds_count{pool="default"}')).toBe(4);
+    expect(w.samples.get('boxcar_worker_queue_wait_seconds_count{pool="default"}')).toBe(docker ? 5 : 4);
     expect(w.samples.get('boxcar_sandbox_create_seconds_count{kind="host"}')).toBe(4);
+    expect(w.samples.get('boxcar_worker_artifact_bytes_total{agent="ok"}')).toBe(3 * "hello\n".length);
+    if (docker) {
+      expect(w.samples.get('boxcar_sandbox_create_seconds_count{kind="docker"}')).toBe(1);
+      expect(w.samples.get('boxcar_worker_agent_cpu_seconds_total{agent="busy"}')).toBeGreaterThan(0.05);
+    } else process.stderr.write("metrics.test.ts: no Docker engine; the CPU-per-agent metric was not checked\n");
     expect(w.samples.get("boxcar_worker_slots")).toBe(3);
     expect(w.samples.get("boxcar_worker_jobs_running")).toBe(0);
     expect(w.types.get("boxcar_worker_attempt_seconds")).toBe("histogram");

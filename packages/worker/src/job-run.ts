@@ -430,7 +430,7 @@ export class JobRun {
         : await this.updateOwned((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
     if (!update) return this.leave();
 
-    this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state);
+    this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
     if (outcome.kind === "requeue") {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
@@ -448,8 +448,12 @@ export class JobRun {
     await this.ack();
   }
 
-  private attemptEnded(outcome: string): void {
-    this.ctx.metrics?.attemptEnded(this.item.agent.name, this.handle?.record.pool ?? "", outcome, performance.now() - this.claimedAt);
+  private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
+    this.ctx.metrics?.attemptEnded(this.item.agent.name, this.handle?.record.pool ?? "", name, {
+      ms: performance.now() - this.claimedAt,
+      cpuMs: outcome?.result?.usage?.cpuMs,
+      artifactBytes: outcome?.artifacts.reduce((sum, a) => sum + a.size, 0) ?? 0,
+    });
   }
 
   /**
@@ -475,7 +479,7 @@ export class JobRun {
       JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan.kind),
     );
     if (!update) return this.leave();
-    this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead");
+    this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {

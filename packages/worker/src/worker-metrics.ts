@@ -19,6 +19,8 @@ export class WorkerMetrics {
   private readonly attemptSeconds: Histogram<"agent" | "pool">;
   private readonly queueWait: Histogram<"pool">;
   private readonly sandboxCreate: Histogram<"kind">;
+  private readonly cpuSeconds: Counter<"agent">;
+  private readonly artifactBytes: Counter<"agent">;
 
   constructor(registry: Registry, load: () => WorkerLoad) {
     const registers = [registry];
@@ -49,6 +51,18 @@ export class WorkerMetrics {
       buckets: START_BUCKETS,
       registers,
     });
+    this.cpuSeconds = new Counter({
+      name: "boxcar_worker_agent_cpu_seconds_total",
+      help: "CPU time agents used on this worker, by agent (Docker sandboxes report it)",
+      labelNames: ["agent"],
+      registers,
+    });
+    this.artifactBytes = new Counter({
+      name: "boxcar_worker_artifact_bytes_total",
+      help: "Bytes of artifacts this worker stored, by agent",
+      labelNames: ["agent"],
+      registers,
+    });
     new Gauge({
       name: "boxcar_worker_jobs_running",
       help: "Jobs this worker is running now",
@@ -76,8 +90,15 @@ export class WorkerMetrics {
     this.sandboxCreate.observe({ kind }, ms / 1000);
   }
 
-  attemptEnded(agent: string, pool: string, outcome: string, ms: number): void {
+  attemptEnded(
+    agent: string,
+    pool: string,
+    outcome: string,
+    spent: { ms: number; cpuMs: number | undefined; artifactBytes: number },
+  ): void {
     this.attempts.inc({ agent, pool, outcome });
-    this.attemptSeconds.observe({ agent, pool }, ms / 1000);
+    this.attemptSeconds.observe({ agent, pool }, spent.ms / 1000);
+    if (spent.cpuMs !== undefined) this.cpuSeconds.inc({ agent }, spent.cpuMs / 1000);
+    if (spent.artifactBytes > 0) this.artifactBytes.inc({ agent }, spent.artifactBytes);
   }
 }
