@@ -147,6 +147,15 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
         }, `e2b job ${job.id} to succeed`);
         expect([record.sandbox?.kind, record.result?.output]).toEqual(["e2b", i]);
       }
+      // The E2B worker's Prometheus endpoint (--metrics 0.0.0.0:9464 on the Compose network) counted its jobs.
+      const scraped = await run("docker", [
+        "exec",
+        `${project}_worker-e2b_1`,
+        "node",
+        "-e",
+        "fetch('http://127.0.0.1:9464/metrics').then((r) => r.text()).then((t) => process.stdout.write(t))",
+      ]);
+      expect(scraped.stdout).toMatch(/^boxcar_worker_attempts_total\{agent="echo-e2b",pool="e2b",outcome="succeeded"\} \d+$/m);
       // One sandbox per attempt: an attempt cut short by the kill runs again in a new one.
       expect(e2b.sandboxes().length).toBeGreaterThanOrEqual(e2bJobs.length);
       const rerun = finals.filter((j) => j.attempt > 1).length;
