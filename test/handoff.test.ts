@@ -1,6 +1,7 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, type JobRecord } from "@boxcar/protocol";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcar } from "./helpers/cli.js";
 import { type LocalSystem, localSystem } from "./helpers/system.js";
 
 let system: LocalSystem;
@@ -194,6 +195,26 @@ describe("dynamic handoffs", () => {
     const stoppedByVisits = await client.waitForChain(visits.job.id);
     expect(stoppedByVisits).toMatchObject({ agent: "hf-pong", chain: { depth: 9 } });
     expect(stoppedByVisits.handoff?.error?.message).toBe("agent hf-ping already ran 5 times in this chain, its limit (maxVisits 5)");
+  });
+
+  test("boxcar submit --wait exits 1 when the chain ends on a refused handoff; --max-hops and --max-visits set its limits", async () => {
+    const cli = (...args: string[]) => boxcar(system.nats.url, system.nats.topology.names.prefix, args);
+    await agent("hf-cli-target", `${PRELUDE} done({});`);
+    await agent("hf-cli-rogue", `${PRELUDE} done({ summary: "trying", handoff: { to: "hf-cli-target" } });`);
+    const refused = await cli("submit", "hf-cli-rogue", "--wait");
+    expect(refused.code, refused.stderr).toBe(1);
+    expect(refused.stderr).toContain("succeeded, but its handoff to hf-cli-target was refused: agent hf-cli-rogue may not hand off");
+
+    await agent("hf-cli-loop", `${PRELUDE} done({ summary: "again", handoff: { to: "hf-cli-loop" } });`, ["hf-cli-loop"]);
+    const byHops = await cli("submit", "hf-cli-loop", "--max-hops", "2", "--max-visits", "50", "--wait", "--json");
+    expect(byHops.code, byHops.stderr).toBe(1);
+    const last = JSON.parse(byHops.stdout) as JobRecord;
+    expect(last.chain?.depth).toBe(2);
+    expect(last.chain?.limits).toMatchObject({ maxHops: 2, maxVisits: 50 });
+    expect(last.handoff?.error?.message).toContain("limit of 2 handoffs (maxHops)");
+
+    const bad = await cli("submit", "hf-cli-loop", "--max-visits", "many");
+    expect([bad.code, bad.stderr]).toEqual([2, expect.stringContaining("--max-visits must be a whole number, got many")]);
   });
 
   test("a failed job's handoff request is ignored: following its events ends with it", async () => {

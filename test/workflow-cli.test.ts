@@ -139,7 +139,7 @@ describe("the review-loop example: dynamic handoffs through the CLI", () => {
     expect(followed.stdout).toMatch(/summary\s+approved after 2 reviews/);
   });
 
-  test("a refused handoff is shown by status, and submit --wait ends with the job that asked for it", async () => {
+  test("a refused handoff is shown by status, and submit --wait ends with the job that asked for it, exiting 1", async () => {
     await writeFiles({
       "rogue.yaml": `
 name: rogue
@@ -151,11 +151,13 @@ handoffs: [coder]
 `,
     });
     await ok(["agent", "apply", "-f", join(dir.path, "rogue.yaml")]);
-    const run = await ok(["submit", "rogue", "--wait"]);
+    // The job succeeded, but the work it wanted to hand on was not: not a success for --wait.
+    const run = await ok(["submit", "rogue", "--wait"], 1);
     expect(run.stdout).toMatch(/agent\s+rogue/);
     expect(run.stdout).toContain(
       "handoff   to planner refused: agent rogue may not hand off to planner: its declared handoffs are coder; add planner to its handoffs",
     );
+    expect(run.stderr).toContain("succeeded, but its handoff to planner was refused");
     expect(run.stderr).not.toContain("the chain ended with");
   });
 });

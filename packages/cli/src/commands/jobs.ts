@@ -9,7 +9,11 @@ import { jsonInput } from "../json-input.js";
 import { ago, describeEvent, describeJob, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
-const exitFor = (job: JobRecord): number => (job.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
+/**
+ * 0 when the job (a chain's last) succeeded and did not end its chain by a refused handoff: an
+ * agent that asked to hand on and was refused did not get its work done.
+ */
+const exitFor = (job: JobRecord): number => (job.state === "succeeded" && !job.handoff?.error ? ExitCode.ok : ExitCode.jobFailed);
 
 /** A job's place in a handoff chain (or workflow run) and what became of its handoff request, as lines. */
 function describeChain(job: JobRecord): string[] {
@@ -81,16 +85,32 @@ async function follow(ctx: CommandContext<Values>, client: BoxcarClient, jobId: 
   return client.waitForChain(jobId, ctx.io.signal);
 }
 
-/** How a chain ended, when it went past its first job. */
+/** How a chain ended, when it went past its first job or its last handoff was refused. */
 function chainEnding(first: string, last: JobRecord): string | undefined {
-  if (last.id === first) return undefined;
-  return `the chain ended with job ${last.id} (agent ${last.agent}, ${last.chain?.depth ?? 0} handoffs after ${first})`;
+  const refused = last.handoff?.error ? `its handoff to ${last.handoff.to} was refused: ${last.handoff.error.message}` : undefined;
+  if (last.id === first) return refused && `job ${last.id} succeeded, but ${refused}`;
+  return `the chain ended with job ${last.id} (agent ${last.agent}, ${last.chain?.depth ?? 0} handoffs after ${first})${refused ? `; ${refused}` : ""}`;
+}
+
+/** `--max-hops N` and `--max-visits N`: the limits of the chain the job starts. */
+function chainLimits(values: Values): { maxHops?: number; maxVisits?: number } | undefined {
+  const limits: { maxHops?: number; maxVisits?: number } = {};
+  for (const [flag, key] of [
+    ["max-hops", "maxHops"],
+    ["max-visits", "maxVisits"],
+  ] as const) {
+    const raw = values[flag] as string | undefined;
+    if (raw === undefined) continue;
+    if (!/^\d+$/.test(raw)) throw new UsageError(`--${flag} must be a whole number, got ${raw}`);
+    limits[key] = Number(raw);
+  }
+  return Object.keys(limits).length > 0 ? limits : undefined;
 }
 
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low]",
+    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--max-hops N] [--max-visits N]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
@@ -105,6 +125,8 @@ export const submit: Command = {
     deadline: { type: "string" },
     pool: { type: "string" },
     priority: { type: "string" },
+    "max-hops": { type: "string" },
+    "max-visits": { type: "string" },
   },
   async run(ctx) {
     const agent = one(ctx, "AGENT", this.usage);
@@ -113,6 +135,7 @@ export const submit: Command = {
     if (priority !== undefined && !Priority.safeParse(priority).success) {
       throw new UsageError(`--priority must be one of ${Priority.options.join(", ")}, got ${priority}`);
     }
+    const limits = chainLimits(ctx.values);
     const upload = await localFiles(ctx.values.file as string[]);
     await using session = await ctx.session("boxcar-submit");
     const { client } = session;
@@ -125,6 +148,7 @@ export const submit: Command = {
         ...(ctx.values.deadline ? { deadline: ctx.values.deadline as string } : {}),
         ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
         ...(priority ? { priority: priority as Priority } : {}),
+        ...(limits ? { chainLimits: limits } : {}),
       },
       { upload },
     );
