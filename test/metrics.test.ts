@@ -99,6 +99,25 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(w.samples.get("boxcar_worker_jobs_running")).toBe(0);
     expect(w.types.get("boxcar_worker_attempt_seconds")).toBe("histogram");
 
+    // A workflow run whose second step fails: the runs gauge counts it, its steps' jobs are admitted.
+    const { run } = await client.startRun({
+      workflow: {
+        name: "pair",
+        steps: [
+          { name: "a", agent: "ok" },
+          { name: "b", agent: "bad", needs: ["a"] },
+        ],
+      },
+    });
+    expect((await client.waitForRun(run.id)).state).toBe("failed");
+    ids.push(run.id);
+    const afterRun = await eventually(async () => {
+      const now = await scrape(atDispatcher);
+      return now.samples.get('boxcar_workflow_runs{state="failed"}') === 1 ? now : undefined;
+    }, "the runs gauge to count the failed run");
+    expect(afterRun.samples.get('boxcar_jobs_admitted_total{agent="bad",pool="default"}')).toBe(2);
+    expect(afterRun.types.get("boxcar_workflow_runs")).toBe("gauge");
+
     // The alert rules and the dashboard under deploy/ ask only for metrics the roles export.
     const exported = new Set([...d.types.keys(), ...w.types.keys()]);
     const rules = parse(await readFile(new URL("../deploy/prometheus/boxcar-alerts.yaml", import.meta.url), "utf8")) as {

@@ -13,6 +13,8 @@ const POOL_CONSUMER = /^(pool|high|low)-(.+)$/;
 export class DispatcherMetrics {
   private readonly admitted: Counter<"agent" | "pool">;
   private readonly refused: Counter<"code">;
+  /** Each workflow run's state, by id, from the dispatcher's watch of the runs (deleted runs go). */
+  private readonly runs = new Map<string, string>();
 
   constructor(registry: Registry, topology: Topology, jobsByState: () => Record<JobState, number>) {
     const registers = [registry];
@@ -37,6 +39,19 @@ export class DispatcherMetrics {
         for (const [state, n] of Object.entries(jobsByState())) this.set({ state }, n);
       },
     });
+    const runs = this.runs;
+    new Gauge({
+      name: "boxcar_workflow_runs",
+      help: "Workflow runs in the system by state, from this dispatcher's watch of the runs",
+      labelNames: ["state"],
+      registers,
+      collect() {
+        this.reset();
+        const counts = new Map<string, number>();
+        for (const state of runs.values()) counts.set(state, (counts.get(state) ?? 0) + 1);
+        for (const [state, n] of counts) this.set({ state }, n);
+      },
+    });
     new Gauge({
       name: "boxcar_queue_depth",
       help: "Work items waiting in a pool's queue, by priority (its JetStream consumer's pending count)",
@@ -52,6 +67,12 @@ export class DispatcherMetrics {
         }
       },
     });
+  }
+
+  /** A run's latest value (undefined: deleted), as the dispatcher's watch of the runs sees it. */
+  observeRun(id: string, run: { state: string } | undefined): void {
+    if (run) this.runs.set(id, run.state);
+    else this.runs.delete(id);
   }
 
   /** Runs an admission, counting it as admitted or refused. */

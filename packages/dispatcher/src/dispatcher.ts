@@ -103,7 +103,12 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       load.observe,
     ]),
   );
-  await wait("the workflow runs", () => follower.start((key, run, ended) => retention.observeRun(key, run, ended)));
+  await wait("the workflow runs", () =>
+    follower.start((key, run, ended) => {
+      retention.observeRun(key, run, ended);
+      ctx.metrics?.observeRun(key, run);
+    }),
+  );
   const maxDeliveries = await wait("the max-deliveries advisories", () => startMaxDeliveriesWatch(topology, log, opts.signer));
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
