@@ -304,19 +304,34 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
   });
 
   test("the reaper kills sandboxes whose worker is gone, and only this system's", async () => {
-    const provider = createE2BSandboxProvider(standinOptions());
-    const otherSystem = createE2BSandboxProvider(standinOptions({ prefix: "another-system" }));
-    const orphan = await provider.create(spec({ jobId: "orphan-job", workerId: "w-gone" }));
-    const foreign = await otherSystem.create(spec({ jobId: "foreign-job", workerId: "w-gone" }));
+    const provider = createE2BSandboxProvider(standinOptions({ system: nats.topology.systemId }));
+    const otherPrefix = createE2BSandboxProvider(standinOptions({ prefix: "another-system" }));
+    // The attack: another system with this one's prefix on the same E2B account. None of its
+    // workers is in this system's presence list, so before sandboxes named their system, this
+    // system's reaper took its sandboxes for orphans.
+    const samePrefix = createE2BSandboxProvider(standinOptions({ system: "another-system-id" }));
+    // A sandbox of a worker from before the system key: judged as before.
+    const older = createE2BSandboxProvider(standinOptions());
+    const made = [
+      await provider.create(spec({ jobId: "orphan-job", workerId: "w-gone" })),
+      await otherPrefix.create(spec({ jobId: "foreign-job", workerId: "w-gone" })),
+      await samePrefix.create(spec({ jobId: "same-prefix-job", workerId: "w-gone" })),
+      await older.create(spec({ jobId: "older-job", workerId: "w-gone" })),
+    ];
     try {
+      expect(sandboxOf("orphan-job")?.metadata.boxcarSystem).toBe(nats.topology.systemId);
       await using reaper = createWorker({ ...nats.workerRole, pools: ["elsewhere"], providers: [provider], reapIntervalMs: 200 });
       void reaper.run();
-      await eventually(async () => (sandboxOf("orphan-job")?.state === "killed" ? true : undefined), "the reaper to kill the orphan");
+      await eventually(
+        async () => (sandboxOf("orphan-job")?.state === "killed" && sandboxOf("older-job")?.state === "killed" ? true : undefined),
+        "the reaper to kill the orphans",
+      );
       expect(sandboxOf("orphan-job")?.killedBy).toBe("request");
+      await new Promise((r) => setTimeout(r, 600)); // more of its passes
       expect(sandboxOf("foreign-job")?.state).toBe("running");
+      expect(sandboxOf("same-prefix-job")?.state).toBe("running");
     } finally {
-      await orphan.destroy();
-      await foreign.destroy();
+      for (const sandbox of made) await sandbox.destroy();
     }
   });
 

@@ -50,6 +50,11 @@ export interface E2BSandboxOptions {
    * sandboxes. Without it the provider has no `reap`.
    */
   prefix?: string;
+  /**
+   * The system's identity (`Topology.systemId`), also in the metadata: `reap` leaves alone the
+   * sandboxes of another system that shares the prefix (and the E2B account).
+   */
+  system?: string;
   /** PATH the agent gets; default the Debian one E2B's templates use. */
   agentPath?: string;
   /** How long a killed agent may take to report its end before the run stops waiting; default 10000 ms. */
@@ -65,6 +70,7 @@ export interface ResolvedE2BSandboxOptions {
   timeoutMarginMs: number;
   workspace: string;
   prefix: string | undefined;
+  system: string | undefined;
   agentPath: string;
   killGraceMs: number;
 }
@@ -72,6 +78,7 @@ export interface ResolvedE2BSandboxOptions {
 /** Metadata keys on every E2B sandbox Boxcar creates. */
 export const E2BMetadata = {
   prefix: "boxcarPrefix",
+  system: "boxcarSystem",
   job: "boxcarJob",
   attempt: "boxcarAttempt",
   worker: "boxcarWorker",
@@ -95,6 +102,7 @@ export function resolveE2BSandboxOptions(opts: E2BSandboxOptions): ResolvedE2BSa
     timeoutMarginMs: opts.timeoutMarginMs ?? 300_000,
     workspace: opts.workspace ?? "workspace",
     prefix: opts.prefix || undefined,
+    system: opts.system || undefined,
     agentPath: opts.agentPath ?? DEFAULT_AGENT_PATH,
     killGraceMs: opts.killGraceMs ?? 10_000,
   };
@@ -159,6 +167,7 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
       const creating = client.Sandbox.create(template, {
         metadata: {
           ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
+          ...(settings.system ? { [E2BMetadata.system]: settings.system } : {}),
           [E2BMetadata.job]: spec.jobId,
           [E2BMetadata.attempt]: String(spec.attempt),
           [E2BMetadata.worker]: spec.workerId,
@@ -207,7 +216,7 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
     },
   };
 
-  const { prefix } = settings;
+  const { prefix, system } = settings;
   if (client && prefix) {
     provider.reap = async (isOrphan) => {
       let removed = 0;
@@ -215,6 +224,9 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
         const pages = client.Sandbox.list({ query: { metadata: { [E2BMetadata.prefix]: prefix }, state: ["running", "paused"] } });
         while (pages.hasNext) {
           for (const info of await pages.nextItems()) {
+            // Another system's with the same prefix; one without the key is from an older worker.
+            const theirs = info.metadata[E2BMetadata.system];
+            if (theirs !== undefined && theirs !== system) continue;
             const owner = ownerOf(info.metadata);
             if (!owner || !(await isOrphan(owner))) continue;
             if (await client.Sandbox.kill(info.sandboxId)) removed += 1;

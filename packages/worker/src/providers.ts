@@ -45,6 +45,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
           createE2BSandboxProvider({
             apiKey: e2bKey,
             prefix: ctx.prefix,
+            ...(ctx.system ? { system: ctx.system } : {}),
             ...(e2b?.template ? { defaultTemplate: e2b.template } : {}),
             ...(e2b?.domain ? { domain: e2b.domain } : {}),
             ...(e2b?.apiUrl ? { apiUrl: e2b.apiUrl } : {}),
