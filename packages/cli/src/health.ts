@@ -1,8 +1,7 @@
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "@boxcar/client";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { UsageError } from "./usage-error.js";
+import { type ListenAddress, RoleEndpoint } from "./role-endpoint.js";
 
 /**
  * Where a role is in its life, as its health endpoint reports it: `starting` until it takes
@@ -10,33 +9,6 @@ import { UsageError } from "./usage-error.js";
  * the end.
  */
 export type RolePhase = "starting" | "ready" | "draining" | "stopped";
-
-/** `HOST:PORT` to listen on; port 0 picks a free one (the log says which). */
-export interface ListenAddress {
-  host: string;
-  port: number;
-}
-
-/**
- * Where a role's `health` or `metrics` endpoint listens: `--<name> HOST:PORT`, else
- * `$BOXCAR_<NAME>`, else the config file's `<name>`; checked; undefined when none is set.
- */
-export function listenAddressFrom(
-  name: "health" | "metrics",
-  flag: unknown,
-  env: NodeJS.ProcessEnv,
-  file?: string,
-): ListenAddress | undefined {
-  const variable = `BOXCAR_${name.toUpperCase()}`;
-  const [source, value] = flag !== undefined ? [`--${name}`, String(flag)] : env[variable] ? [variable, env[variable]] : [name, file];
-  if (value === undefined) return undefined;
-  const match = /^(.+):(\d{1,5})$/.exec(value);
-  const port = match ? Number(match[2]) : Number.NaN;
-  if (!match || port > 65_535) {
-    throw new UsageError(`${source} must be HOST:PORT, such as 127.0.0.1:8080 or 0.0.0.0:8080, got ${JSON.stringify(value)}`);
-  }
-  return { host: (match[1] as string).replace(/^\[(.*)\]$/, "$1"), port };
-}
 
 /**
  * A role's health endpoint, for Compose health checks and Kubernetes probes: `GET /healthz`
@@ -48,22 +20,14 @@ export function listenAddressFrom(
 export class HealthEndpoint implements AsyncDisposable {
   private phase: () => RolePhase = () => "starting";
   private natsConnected = false;
-  private readonly server = createServer((req, res) => this.answer(req, res));
+  private readonly endpoint: RoleEndpoint;
 
-  constructor(private readonly log: Logger) {
-    // A probe is one small request: nothing may hold a connection open for long.
-    this.server.requestTimeout = 5_000;
-    this.server.headersTimeout = 5_000;
-    this.server.keepAliveTimeout = 1_000;
+  constructor(log: Logger) {
+    this.endpoint = new RoleEndpoint("health", log, (req, res) => this.answer(req, res));
   }
 
-  async listen(address: ListenAddress): Promise<void> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once("error", (err) => reject(new UsageError(`--health ${address.host}:${address.port}: ${err.message}`)));
-      this.server.listen(address.port, address.host, resolve);
-    });
-    const bound = this.server.address() as AddressInfo;
-    this.log.info({ health: `${bound.address}:${bound.port}` }, "health endpoint listening");
+  listen(address: ListenAddress): Promise<void> {
+    return this.endpoint.listen(address);
   }
 
   /** Where the role's phase comes from. */
@@ -98,9 +62,8 @@ export class HealthEndpoint implements AsyncDisposable {
     send(res, ready ? 200 : 503, { status: phase, nats });
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.endpoint[Symbol.asyncDispose]();
   }
 }
 

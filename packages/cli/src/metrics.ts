@@ -1,9 +1,7 @@
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "@boxcar/client";
 import { collectDefaultMetrics, Registry } from "prom-client";
-import type { ListenAddress } from "./health.js";
-import { UsageError } from "./usage-error.js";
+import { type ListenAddress, RoleEndpoint } from "./role-endpoint.js";
 
 /**
  * A role's Prometheus endpoint (`--metrics HOST:PORT`): `GET /metrics` answers the text
@@ -13,22 +11,15 @@ import { UsageError } from "./usage-error.js";
  */
 export class MetricsEndpoint implements AsyncDisposable {
   readonly registry = new Registry();
-  private readonly server = createServer((req, res) => void this.answer(req, res));
+  private readonly endpoint: RoleEndpoint;
 
   constructor(private readonly log: Logger) {
     collectDefaultMetrics({ register: this.registry });
-    this.server.requestTimeout = 5_000;
-    this.server.headersTimeout = 5_000;
-    this.server.keepAliveTimeout = 1_000;
+    this.endpoint = new RoleEndpoint("metrics", log, (req, res) => void this.answer(req, res));
   }
 
-  async listen(address: ListenAddress): Promise<void> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once("error", (err) => reject(new UsageError(`--metrics ${address.host}:${address.port}: ${err.message}`)));
-      this.server.listen(address.port, address.host, resolve);
-    });
-    const bound = this.server.address() as AddressInfo;
-    this.log.info({ metrics: `${bound.address}:${bound.port}` }, "metrics endpoint listening");
+  listen(address: ListenAddress): Promise<void> {
+    return this.endpoint.listen(address);
   }
 
   private async answer(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -43,9 +34,8 @@ export class MetricsEndpoint implements AsyncDisposable {
     }
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
-    this.server.closeAllConnections();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.endpoint[Symbol.asyncDispose]();
   }
 }
 

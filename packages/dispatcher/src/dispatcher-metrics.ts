@@ -1,8 +1,6 @@
 import type { Topology } from "@boxcar/fabric";
-import { BoxcarError, type JobState, type Priority } from "@boxcar/protocol";
+import { BoxcarError, type JobState } from "@boxcar/protocol";
 import { Counter, Gauge, type Registry } from "prom-client";
-
-const POOL_CONSUMER = /^(pool|high|low)-(.+)$/;
 
 /**
  * A dispatcher's Prometheus metrics (docs/observability.md), registered in the registry the
@@ -60,10 +58,8 @@ export class DispatcherMetrics {
       async collect() {
         this.reset();
         for await (const info of topology.jsm.consumers.list(topology.names.streams.work)) {
-          const match = POOL_CONSUMER.exec(info.name);
-          if (!match) continue;
-          const priority: Priority = match[1] === "pool" ? "normal" : (match[1] as Priority);
-          this.set({ pool: match[2] as string, priority }, info.num_pending);
+          const queue = topology.names.poolOfConsumer(info.name);
+          if (queue) this.set(queue, info.num_pending);
         }
       },
     });

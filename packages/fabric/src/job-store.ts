@@ -94,5 +94,3 @@ export class JobStore {
     throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing; gave up after ${MAX_TRIES} tries`);
   }
 }
-
-/** The KV write lost a race: the key's revision is not the one it was decided on (or it exists, for a create). */

@@ -54,6 +54,8 @@ export interface Names {
    * `pool-<pool>` for normal, `high-<pool>` and `low-<pool>` for the others.
    */
   poolConsumer(pool: string, priority?: Priority): string;
+  /** The pool and priority a work consumer's name stands for; undefined for any other name. */
+  poolOfConsumer(name: string): { pool: string; priority: Priority } | undefined;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
   /**
@@ -165,6 +167,10 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
     },
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),
+    poolOfConsumer: (name) => {
+      const match = /^(pool|high|low)-(.+)$/.exec(name);
+      return match ? { pool: match[2] as string, priority: match[1] === "pool" ? "normal" : (match[1] as Priority) } : undefined;
+    },
     serviceName: `${prefix}-dispatcher`,
     inboxPrefix: (user) => `_INBOX.${user}`,
     subjects: {

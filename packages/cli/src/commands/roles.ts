@@ -4,10 +4,11 @@ import { BoxcarError, ErrorCode, parseDurationMs, WorkerStatus, workerViews } fr
 import type { Command } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
-import { HealthEndpoint, listenAddressFrom, type RolePhase } from "../health.js";
+import { HealthEndpoint, type RolePhase } from "../health.js";
 import { createLogger, type LogFormat } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { ago, json, table } from "../output.js";
+import { listenAddressFrom } from "../role-endpoint.js";
 import { UsageError } from "../usage-error.js";
 
 export const logFormat = { "log-format": { type: "string" } } as const;

@@ -6,9 +6,10 @@ import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
-import { HealthEndpoint, listenAddressFrom } from "../health.js";
+import { HealthEndpoint } from "../health.js";
 import { createLogger } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
+import { listenAddressFrom } from "../role-endpoint.js";
 import { UsageError } from "../usage-error.js";
 import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles.js";
 
