@@ -1,7 +1,7 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { readStream, type Topology } from "@boxcar/fabric";
-import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
+import { type BoxcarEvent, ErrorCode, JobRecord, WorkItem } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { JsMsg } from "@nats-io/jetstream";
 import { afterEach, beforeEach, expect, test } from "vitest";
@@ -18,7 +18,7 @@ let client: BoxcarClient;
 
 beforeEach(async () => {
   nats = await natsFixture({ ackWaitMs: LEASE_MS, maxDeliveries: MAX_DELIVERIES });
-  // Two dispatchers, each with its max-deliveries watch: both receive every advisory.
+  // Two dispatchers, each watching for given-up items: both receive every advisory.
   dispatchers = [await startDispatcher({ ...nats.dispatcherRole }), await startDispatcher({ ...nats.dispatcherRole })];
   client = createClient(nats.topology);
   await client.applyAgent({ name: "doomed", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
@@ -115,5 +115,44 @@ test("a waiting job whose deliveries ran out without a failure (hand-backs, back
   await eventually(
     async () => ((await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages === 0 ? true : undefined),
     "the acked item to leave",
+  );
+});
+
+test("items given up while no dispatcher listened are settled by the next dispatcher's sweep: the crashing job dead, the waiting one run", async () => {
+  const crashing = (await client.submit({ agent: "doomed" })).job;
+  const waiting = (await client.submit({ agent: "doomed" })).job;
+  // No dispatcher hears the advisories: the advisory is a core NATS message, not stored.
+  for (const d of dispatchers) await d.close();
+  dispatchers = [];
+  const seqs = new Map<string, number>();
+  for (let delivery = 0; delivery < MAX_DELIVERIES * 2; delivery++) {
+    const msg = await pull(nats.topology);
+    if (!msg) throw new Error("a work item was not delivered");
+    const { jobId } = WorkItem.parse(msg.json());
+    seqs.set(jobId, msg.seq);
+    if (jobId === crashing.id) await claimAndCrash(nats.topology, jobId, `crashy-${delivery}`);
+  }
+  expect([...seqs.keys()].sort()).toEqual([crashing.id, waiting.id].sort());
+  // A waiting worker makes JetStream notice both items are used up; it gets neither.
+  expect(await pull(nats.topology, 3_000)).toBeNull();
+  const stateOf = async (id: string) => (await nats.topology.jobStore.read(id))?.record.state;
+  expect([await stateOf(crashing.id), await stateOf(waiting.id)]).toEqual(["running", "queued"]);
+  for (const seq of seqs.values()) expect(await workStreamHolds(seq)).toBe(true);
+
+  dispatchers.push(await startDispatcher({ ...nats.dispatcherRole, givenUpIntervalMs: 200 }));
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const dead = await eventually(async () => {
+    const current = await client.getJob(crashing.id);
+    return current.state === "dead" ? current : undefined;
+  }, "the crashing job to end dead");
+  expect(dead.error?.message).toContain(`JetStream gave up after ${MAX_DELIVERIES} deliveries`);
+  expect(await client.waitForJob(waiting.id)).toMatchObject({ state: "succeeded", attempt: 1 });
+  const finals = (await jobEvents(crashing.id)).filter((e) => e.kind === "job" && ["succeeded", "failed", "dead"].includes(e.type));
+  expect(finals).toEqual([expect.objectContaining({ type: "dead", state: "dead" })]);
+  for (const seq of seqs.values()) expect(await workStreamHolds(seq)).toBe(false);
+  await eventually(
+    async () => ((await nats.topology.jsm.streams.info(nats.topology.names.streams.work)).state.messages === 0 ? true : undefined),
+    "the work stream to empty",
   );
 });

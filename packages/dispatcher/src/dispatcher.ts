@@ -11,10 +11,10 @@ import { AgentCatalog } from "./agent-catalog.js";
 import { apiHandlers, serve } from "./api.js";
 import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { ExpirySweeper } from "./expiry.js";
+import { GivenUpWork } from "./given-up-work.js";
 import { admitIntake } from "./intake.js";
 import { JobIndex } from "./job-index.js";
 import { watchJobs } from "./job-watch.js";
-import { startMaxDeliveriesWatch } from "./max-deliveries.js";
 import { JobLoad, PolicyBook } from "./policy.js";
 import { RetentionSweeper } from "./retention.js";
 import { WorkRecovery } from "./work-recovery.js";
@@ -35,6 +35,8 @@ export interface DispatcherOptions {
   retentionIntervalMs?: number;
   /** How often queued jobs without a work item are looked for (see `WorkRecovery`); default 60000 ms. */
   recoveryIntervalMs?: number;
+  /** How often the work stream is swept for items JetStream gave up on (see `GivenUpWork`); default 15000 ms. */
+  givenUpIntervalMs?: number;
   /**
    * Signs every work item (see `WorkSigner`); workers configured with its public key run only
    * items it signed. The CLI makes one from the dispatcher's NATS credential.
@@ -109,7 +111,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       ctx.metrics?.observeRun(key, run);
     }),
   );
-  const maxDeliveries = await wait("the max-deliveries advisories", () => startMaxDeliveriesWatch(topology, log, opts.signer));
+  const givenUp = await wait("the max-deliveries advisories", () =>
+    GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000),
+  );
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -171,7 +175,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => service.stop().then(() => undefined),
         () => intake.close().then(() => undefined),
         () => intakeDone,
-        () => maxDeliveries.close(),
+        () => givenUp.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => runs.close(),

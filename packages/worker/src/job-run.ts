@@ -44,6 +44,13 @@ import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
+/**
+ * How long a work item whose handling failed (the cluster could not be read, say) waits before
+ * JetStream offers it again: 5 s more with each delivery, at most 30 s. Each offer uses one of
+ * the item's deliveries, so trouble that lasts minutes does not use them all up (with the
+ * default 20 deliveries it takes about 9 minutes).
+ */
+const failedHandlingDelayMs = (deliveries: number): number => Math.min(30_000, 5_000 * Math.max(1, deliveries));
 /** Deliveries of a work item whose record cannot be found before the item is dropped. */
 const MISSING_RECORD_LOOKS = 5;
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
@@ -120,8 +127,9 @@ export class JobRun {
     try {
       await this.process();
     } catch (err) {
-      this.log.error({ err }, "job handling failed; handing the work item back");
-      this.msg.nak(5_000);
+      const delayMs = failedHandlingDelayMs(this.msg.deliveryCount);
+      this.log.error({ err, delayMs }, "job handling failed; handing the work item back");
+      this.msg.nak(delayMs);
     } finally {
       clearInterval(keepAlive);
       // An attempt that ended without its last event (fenced, or handed back on an error) keeps the rest.

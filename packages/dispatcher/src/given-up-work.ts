@@ -1,0 +1,207 @@
+import type { Logger } from "@boxcar/client";
+import { jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
+import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
+import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type MsgRequest, type StoredMsg } from "@nats-io/jetstream";
+import { z } from "zod";
+import { publishWork } from "./admission.js";
+
+/** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
+const MaxDeliveriesAdvisory = z.looseObject({
+  stream: z.string(),
+  consumer: z.string(),
+  stream_seq: z.number().int().positive(),
+  deliveries: z.number().int().nonnegative(),
+});
+
+/**
+ * Keeps work items that JetStream gives up on (a pool consumer's `max_deliver`, see
+ * `maxDeliveries`) from vanishing. Such an item stays in the work stream, delivered to nobody;
+ * the job it belongs to is settled:
+ *
+ * - **running** (its workers kept stopping without finishing it, e.g. they crashed): the job
+ *   ends `dead` by compare-and-swap, with a `dead` event and a copy in the dead-letter stream;
+ * - **queued** (its deliveries went to retries' backoffs or to workers that handed it back): it is
+ *   enqueued again as a fresh message, so a retry policy or a busy pool is not cut short;
+ * - **final** already, or without a record: nothing is left to do.
+ *
+ * and the given-up message leaves the work stream.
+ *
+ * Two ways find such an item. The fast one is the advisory JetStream publishes the moment it
+ * gives up; every dispatcher receives it. But the advisory is not stored: a dispatcher that was
+ * not running, or that could not act on it (a cluster electing leaders answers "JetStream system
+ * temporarily unavailable"), would leave the job stuck for good. So each dispatcher also sweeps:
+ * an item still in the work stream at or below its consumer's ack floor is one its consumer
+ * stopped delivering (an acknowledged item leaves a work-queue stream). While all is well a
+ * sweep costs one consumer list and one message read per pool consumer. An item is settled
+ * when two sweeps in a row find it, so one whose acknowledgement the stream has not applied yet
+ * is never taken for given up.
+ *
+ * Dispatchers may settle the same item at once: the compare-and-swap lets one end the job, and
+ * only the one whose delete removed the item enqueues the fresh copy.
+ */
+export class GivenUpWork {
+  private readonly timer: NodeJS.Timeout;
+  private sweeping: Promise<number> | undefined;
+  /** Items the last sweep found given up, by stream sequence: the next sweep settles those still there. */
+  private suspects = new Set<number>();
+  private closing: Promise<void> | undefined;
+
+  private constructor(
+    private readonly topology: Topology,
+    private readonly log: Logger,
+    private readonly signer: WorkSigner | undefined,
+    private readonly advisories: { unsubscribe(): void; done: Promise<void> },
+    sweepIntervalMs: number,
+  ) {
+    this.timer = setInterval(
+      () => void this.sweep().catch((err: unknown) => log.warn({ err }, "could not sweep the work stream for given-up items")),
+      sweepIntervalMs,
+    );
+  }
+
+  static async start(topology: Topology, log: Logger, signer: WorkSigner | undefined, sweepIntervalMs: number): Promise<GivenUpWork> {
+    const stream = topology.names.streams.work;
+    const subject = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.>`;
+    const sub = topology.nc.subscribe(subject);
+    let self: GivenUpWork | undefined;
+    const done = (async () => {
+      for await (const msg of sub) {
+        let advisory: z.infer<typeof MaxDeliveriesAdvisory>;
+        try {
+          advisory = parseWith(MaxDeliveriesAdvisory, msg.json(), "max deliveries advisory");
+        } catch (err) {
+          log.warn({ err, subject: msg.subject }, "ignoring an advisory that cannot be read");
+          continue;
+        }
+        if (advisory.stream !== stream || !self) continue;
+        const { stream_seq: seq, consumer, deliveries } = advisory;
+        await self
+          .settleSeq(seq, { consumer, deliveries })
+          .catch((err: unknown) => log.warn({ err, seq }, "could not settle a work item JetStream gave up on; a sweep will"));
+      }
+    })();
+    // The subscription is in place on the server before the caller goes on; a credential that
+    // may not subscribe there is an error now, not a silent gap.
+    await topology.nc.flush();
+    if (sub.isClosed()) {
+      await done.catch(() => {});
+      throw new BoxcarError(ErrorCode.forbidden, `cannot subscribe to ${subject}: this credential's permissions do not allow it`);
+    }
+    log.debug({ subject }, "watching for work items JetStream gives up on");
+    self = new GivenUpWork(topology, log, signer, { unsubscribe: () => sub.unsubscribe(), done }, sweepIntervalMs);
+    return self;
+  }
+
+  /** Sweeps once; resolves with how many given-up items it settled. */
+  sweep(): Promise<number> {
+    this.sweeping ??= this.sweepOnce().finally(() => {
+      this.sweeping = undefined;
+    });
+    return this.sweeping;
+  }
+
+  /** Stops listening and sweeping, and waits for what is under way; safe to call twice. */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      clearInterval(this.timer);
+      this.advisories.unsubscribe();
+      await this.advisories.done;
+      await this.sweeping?.catch(() => {});
+    })();
+    return this.closing;
+  }
+
+  private async sweepOnce(): Promise<number> {
+    const { jsm, names } = this.topology;
+    const stream = names.streams.work;
+    const found = new Set<number>();
+    let settled = 0;
+    for await (const info of jsm.consumers.list(stream)) {
+      const filter = info.config.filter_subject;
+      // Only the pool consumers: another consumer's ack floor says nothing of what workers took.
+      if (!names.poolOfConsumer(info.name) || info.config.ack_policy !== AckPolicy.Explicit || !filter) continue;
+      const floor = info.ack_floor.stream_seq;
+      for (let seq = 1; seq <= floor && !this.closing; ) {
+        const request = { seq, next_by_subj: filter } as unknown as MsgRequest; // STREAM.MSG.GET takes it
+        const stored = await jsm.streams.getMessage(stream, request);
+        if (!stored || stored.seq > floor) break;
+        if (this.suspects.has(stored.seq)) {
+          await this.settle(stored, { consumer: info.name, deliveries: info.config.max_deliver ?? 0 });
+          settled += 1;
+        } else {
+          found.add(stored.seq);
+        }
+        seq = stored.seq + 1;
+      }
+    }
+    this.suspects = found;
+    return settled;
+  }
+
+  private async settleSeq(seq: number, why: { consumer: string; deliveries: number }): Promise<void> {
+    const stored = await this.topology.jsm.streams.getMessage(this.topology.names.streams.work, { seq });
+    if (!stored) {
+      this.log.debug({ seq }, "the given-up work item is gone already");
+      return;
+    }
+    await this.settle(stored, why);
+  }
+
+  private async settle(stored: StoredMsg, why: { consumer: string; deliveries: number }): Promise<void> {
+    const { topology, signer } = this;
+    const { seq } = stored;
+    const item = parseWith(WorkItem, stored.json(), "work item");
+    const jobId = item.jobId;
+    const log = this.log.child({ seq, jobId, ...why });
+
+    let waiting: JobRecord | undefined;
+    const change = await topology.jobStore.change(jobId, (job) => {
+      waiting = undefined;
+      if (isTerminal(job.state)) return null;
+      if (job.state !== "running") {
+        waiting = job;
+        return null;
+      }
+      return JobTransitions.buryUndelivered(job, why.deliveries, nowIso());
+    });
+    if (waiting) {
+      // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by
+      // failures. The old item goes first: should the fresh one then fail to be stored, the
+      // job is one without a work item, which `WorkRecovery` enqueues again.
+      if (!(await this.remove(seq, log))) return;
+      await publishWork(topology, stored.subject, stored.data, signer, `${jobId}:redelivery:${seq}`);
+      log.warn({ state: waiting.state, attempt: waiting.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");
+      return;
+    }
+    if (!change.written) {
+      log.info({ state: change.current?.record.state }, "JetStream gave up on the work item of a job that has ended; removing it");
+      await this.remove(seq, log);
+      return;
+    }
+    const dead = change.handle.record;
+    await publishEvent(
+      topology,
+      jobEvent(dead, "dead", { message: dead.error?.message ?? "dead", ...(dead.error ? { error: dead.error } : {}) }),
+    );
+    await topology.js
+      .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead), { msgID: `${jobId}:dead:${seq}` })
+      .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));
+    log.warn({ attempt: dead.attempt, workerId: dead.workerId }, "job is dead: JetStream gave up on its work item");
+    await this.remove(seq, log);
+  }
+
+  /** Deletes the given-up item; false if another dispatcher removed it first. Any other failure throws (a sweep tries again). */
+  private async remove(seq: number, log: Logger): Promise<boolean> {
+    try {
+      await this.topology.jsm.streams.deleteMessage(this.topology.names.streams.work, seq, false);
+      return true;
+    } catch (err) {
+      // 10057: the server's "no message found" on delete.
+      if (err instanceof JetStreamApiError && (err.code === JetStreamApiCodes.NoMessageFound || err.code === 10057)) {
+        log.debug({}, "the given-up work item was removed by another dispatcher");
+        return false;
+      }
+      throw err;
+    }
+  }
+}
