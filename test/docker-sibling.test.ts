@@ -59,7 +59,12 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
     await client.applyAgent({
       name: "sibling",
       pool: "sibling",
-      command: ["bash", "-c", 'mkdir -p out && cat "$BOXCAR_INPUT_FILE" > out/echo.json'],
+      // Also says what its /workspace is mounted from (the fourth field of its mount line).
+      command: [
+        "bash",
+        "-c",
+        'mkdir -p out && cat "$BOXCAR_INPUT_FILE" > out/echo.json && printf \'{"output":"%s"}\' "$(awk \'$5 == "/workspace" {print $4}\' /proc/self/mountinfo)" > "$BOXCAR_RESULT_FILE"',
+      ],
       runtime: { sandbox: "docker" },
     });
     const workers = await client.listWorkers();
@@ -70,6 +75,10 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
     expect(final.state).toBe("succeeded");
     expect(final.sandbox?.kind).toBe("docker");
     expect(final.workerId).toBe(workers[0]?.id);
+    // A worker in a container copies workspaces: an anonymous volume of the engine's, not a
+    // folder of the worker's (with --network host it has the host's name, is not found on the
+    // engine, and learns so from the engine's refusal of its first bind mount).
+    expect(final.result?.output).toMatch(/^\/var\/lib\/docker\/volumes\/[0-9a-f]{64}\/_data$/);
     const echoed = await nats.topology.artifacts.getBlob(`${job.id}/out/echo.json`);
     expect(JSON.parse(new TextDecoder().decode(echoed ?? new Uint8Array()))).toEqual({ from: "outside" });
     expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);

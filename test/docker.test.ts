@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, SandboxEvent } from "@boxcar/protocol";
-import { createWorker, type Worker } from "@boxcar/worker";
+import { createDockerSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -90,6 +90,48 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     const ready = sandboxEvents.find((e) => e.type === "ready");
     expect(ready).toMatchObject({ backend: "docker", image: "boxcar-agent:latest", network: "none", limits: { cpus: 1, pids: 256 } });
     expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+  });
+
+  describe("the workspace is the job's own folder on the worker, bind-mounted: nothing is copied", () => {
+    test("the container mounts it read-write at /workspace; what the agent left is read from it", async () => {
+      await client.applyAgent({
+        name: "bound",
+        command: ["bash", "-c", 'echo kept > out/kept.txt; sleep 2; echo \'{"output":1}\' > "$BOXCAR_RESULT_FILE"'],
+        runtime: { sandbox: "docker" },
+      });
+      const { job } = await client.submit({ agent: "bound" });
+      const mounts = await eventually(async () => {
+        const [container] = await boxcarContainers(nats.topology.names.prefix, job.id);
+        return container?.State === "running" ? (await new Docker().getContainer(container.Id).inspect()).Mounts : undefined;
+      }, "the container to run");
+      const { final } = await finish(job.id);
+      expect(mounts).toEqual([expect.objectContaining({ Type: "bind", Destination: "/workspace", RW: true })]);
+      expect(mounts[0]?.Source).toContain(`boxcar-${final.sandbox?.id}-`);
+      expect([final.state, final.result?.output]).toEqual(["succeeded", 1]);
+      expect(new TextDecoder().decode((await nats.topology.artifacts.getBlob(`${job.id}/out/kept.txt`)) ?? undefined)).toBe("kept\n");
+    });
+
+    test("an agent's symlinks and named pipes do not reach the worker's own files (the attack, performed)", async () => {
+      await using folder = await scratch("boxcar-host-secret-");
+      const secretFile = join(folder.path, "secret.txt");
+      await writeFile(secretFile, `{"output":"${SECRET}"}`);
+      // The links point at the worker's file by its path on the worker's machine: inside the
+      // container they lead nowhere, but a worker that followed them would read it.
+      const script = `ln -s ${secretFile} "$BOXCAR_RESULT_FILE"; ln -s ${secretFile} out/leak.txt; ln -s ${folder.path} out/dir; mkfifo out/pipe; echo done`;
+      const { final, events, logs } = await run("symlinker", script);
+      expect(logs).toContain("done");
+      expect(final.state).toBe("failed");
+      expect(final.error?.message).toContain("leaves the workspace");
+      expect(JSON.stringify(final)).not.toContain(SECRET);
+      expect(JSON.stringify(events)).not.toContain(SECRET);
+      expect(final.artifacts ?? []).toEqual([]);
+
+      // A named pipe where the result file should be is not waited on.
+      const piped = await run("piper", 'mkfifo "$BOXCAR_RESULT_FILE"; echo made');
+      expect(piped.logs).toContain("made");
+      expect(["succeeded", "failed"]).toContain(piped.final.state);
+      expect(JSON.stringify(piped.final)).not.toContain(SECRET);
+    });
   });
 
   test("an agent that asks for auto runs in Docker on a worker with an engine, and the events say why", async () => {
@@ -232,12 +274,24 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     // (7 s for 900 MB through the engine here), the longer the busier the machine. The battery
     // found it with 30 000 empty files, which a workspace in memory now copies in under a second.
     const BIG_WORKSPACE = "for i in 1 2 3 4 5 6 7 8; do truncate -s 100M big$i; done";
+    // This worker bind-mounts workspaces (nothing to copy); one that copies serves pool `copy`,
+    // as a worker in a container does.
+    let copier: Worker;
+    beforeAll(() => {
+      copier = createWorker({
+        ...nats.workerRole,
+        pools: ["copy"],
+        providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId, workspace: "copy" })],
+      });
+      void copier.run();
+    });
+    afterAll(() => copier?.close());
 
     test("a timeout ends the job timed_out at once, not succeeded after the copy", async () => {
       // The agent ends on its own (exit 0) 3 s before the worker's stop, whenever that is on this
       // machine's clock: the stop comes while its files are copied out.
       const exitBeforeStop = `${BIG_WORKSPACE} && ms=$(( BOXCAR_STOP_AT - $(date +%s%3N) - 3000 )) && sleep "$(( ms / 1000 )).$(printf %03d $(( ms % 1000 )))"`;
-      const { final, sandboxEvents } = await run("big-workspace-timeout", exitBeforeStop, { runtime: { timeout: "8s" } });
+      const { final, sandboxEvents } = await run("big-workspace-timeout", exitBeforeStop, { pool: "copy", runtime: { timeout: "8s" } });
       expect(final.state).toBe("timed_out");
       const ranMs = Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "");
       expect(ranMs).toBeLessThan(8_000 + 5_000);
@@ -247,7 +301,12 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     });
 
     test("a cancel after the agent exited, during the copy, ends the job cancelled at once", async () => {
-      await client.applyAgent({ name: "big-workspace-cancel", command: ["bash", "-c", BIG_WORKSPACE], runtime: { sandbox: "docker" } });
+      await client.applyAgent({
+        name: "big-workspace-cancel",
+        pool: "copy",
+        command: ["bash", "-c", BIG_WORKSPACE],
+        runtime: { sandbox: "docker" },
+      });
       const { job } = await client.submit({ agent: "big-workspace-cancel" });
       // The agent has exited, and the job still runs: its workspace is being copied out.
       await eventually(

@@ -107,6 +107,10 @@ export const WorkerConfig = z.strictObject({
             .max(10_000_000)
             .optional()
             .describe("most files and folders copied out of a container (default 100000)"),
+          workspace: z
+            .enum(["auto", "bind", "copy"])
+            .optional()
+            .describe("how a job's workspace reaches its container: bind-mount the job's folder, or copy it in and out (default auto)"),
         })
         .optional(),
       e2b: z

@@ -1,4 +1,6 @@
+import { lchown, readdir } from "node:fs/promises";
 import { hostname } from "node:os";
+import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
@@ -34,7 +36,16 @@ export interface DockerSandboxOptions {
   root?: string;
   /** Registry credentials for an image, passed with that pull only (never written to a config). */
   registryAuth?: (image: string) => Docker.AuthConfig | undefined;
+  /**
+   * How a job's workspace reaches its container: `bind` mounts the job's folder under `root`
+   * (no copies), `copy` copies it into an anonymous volume and back out. Default `auto`: `bind`
+   * when the engine can see this machine's folders (see {@link WorkspaceMounting}), else `copy`.
+   */
+  workspace?: "auto" | "bind" | "copy";
 }
+
+/** How a job's workspace reaches its container (docs/docker.md). */
+export type WorkspaceMounting = "bind" | "copy";
 
 /** Where the workspace is inside every container. */
 export const CONTAINER_WORKSPACE = "/workspace";
@@ -66,6 +77,8 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     maxWorkspaceEntries: opts.maxWorkspaceEntries ?? 100_000,
     root: new WorkspaceRoot(opts.root ?? defaultWorkRoot()),
   };
+  const [uid, gid] = settings.user.split(":").map(Number);
+  const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
   /** Removes this system's containers (with `label` too, if given) whose owner `doomed` names. */
   async function removeOwn(doomed: (owner: SandboxOwner) => Promise<boolean>, label?: string): Promise<number> {
     const labels = [`${ContainerLabel.prefix}=${opts.prefix}`, ...(label ? [label] : [])];
@@ -87,7 +100,16 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     return removed;
   }
   let engineCpus: number | undefined;
-  let ownNetworks: Promise<Set<string>> | undefined;
+  let self: Promise<Docker.ContainerInspectInfo | undefined> | undefined;
+  const ownContainer = () => {
+    self ??= selfContainer(docker);
+    return self;
+  };
+  let mounting: Promise<WorkspaceMounting> | undefined;
+  const chooseMounting = async (): Promise<WorkspaceMounting> => {
+    if (opts.workspace === "bind" || opts.workspace === "copy") return opts.workspace;
+    return (await bindable(docker, owner)) && !(await ownContainer()) ? "bind" : "copy";
+  };
 
   return {
     kind: "docker",
@@ -115,15 +137,29 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
           `runtime.limits.cpus is ${limits.cpus}, more than the ${engineCpus} CPUs of this Docker engine`,
         );
       }
-      ownNetworks ??= workerNetworks(docker);
-      const network = await checkNetwork(docker, runtime.network, await ownNetworks);
+      const network = await checkNetwork(docker, runtime.network, networksOf(await ownContainer()));
+      mounting ??= chooseMounting();
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
       const files = await settings.root.create(spec.id);
       return new DockerSandbox(
         docker,
         spec,
-        { ...settings, image, network, limits, prefix: opts.prefix, system: opts.system, agentPath: imagePath },
+        {
+          ...settings,
+          owner,
+          image,
+          network,
+          limits,
+          prefix: opts.prefix,
+          system: opts.system,
+          agentPath: imagePath,
+          mounting: await mounting,
+          // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
+          bindRefused: () => {
+            mounting = Promise.resolve("copy");
+          },
+        },
         files,
       );
     },
@@ -149,12 +185,17 @@ export interface Confinement {
  * The host configuration of every job container: no capabilities, no new privileges, read-only
  * root with a workspace volume and a size-limited `/tmp`, limits, init, no engine log.
  */
-export function hardenedHostConfig(c: Confinement): Docker.HostConfig {
+export function hardenedHostConfig(c: Confinement, workspace?: string): Docker.HostConfig {
   return {
     NetworkMode: c.network,
     ReadonlyRootfs: true,
-    // An anonymous volume (removed with the container): writable under a read-only root.
-    Mounts: [{ Type: "volume", Source: "", Target: CONTAINER_WORKSPACE }],
+    // The job's folder on this machine, or an anonymous volume (removed with the container):
+    // writable under a read-only root.
+    Mounts: [
+      workspace
+        ? { Type: "bind", Source: workspace, Target: CONTAINER_WORKSPACE }
+        : { Type: "volume", Source: "", Target: CONTAINER_WORKSPACE },
+    ],
     Tmpfs: { "/tmp": `rw,nosuid,nodev,size=${c.tmpBytes}` },
     CapDrop: ["ALL"],
     SecurityOpt: ["no-new-privileges"],
@@ -169,6 +210,9 @@ export function hardenedHostConfig(c: Confinement): Docker.HostConfig {
 
 interface ContainerSettings {
   root: WorkspaceRoot;
+  owner: { uid: number; gid: number };
+  mounting: WorkspaceMounting;
+  bindRefused: () => void;
   image: string;
   network: string;
   limits: { cpus: number; memory: number; pids: number };
@@ -214,17 +258,27 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
     // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
     const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
-    this.creating = this.createContainer(argv, opts.env);
+    const { owner } = this.settings;
+    let bind = this.settings.mounting === "bind";
+    if (bind && process.getuid?.() !== owner.uid) await giveTo(this.files.dir, owner);
+    this.creating = this.createContainer(argv, opts.env, bind).catch((err: unknown) => {
+      if (!bind || !isMissingBindSource(err)) throw err;
+      this.settings.bindRefused();
+      bind = false;
+      return this.createContainer(argv, opts.env, false);
+    });
     const container = await untilAborted(this.creating);
     if (!container) return notRun;
     this.container = container;
-    const [uid, gid] = this.settings.user.split(":").map(Number);
-    const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
-    if (!(await untilAborted(container.putArchive(packFolder(this.files.dir, owner), { path: CONTAINER_WORKSPACE })))) return notRun;
+    if (!bind && !(await untilAborted(container.putArchive(packFolder(this.files.dir, owner), { path: CONTAINER_WORKSPACE })))) {
+      return notRun;
+    }
     const output = await untilAborted(this.attach(container, opts));
     if (!output) return notRun;
 
     const usage = new UsageMeter();
+    // The engine samples about once a second: a shorter run is not worth a stats stream.
+    const sampling = setTimeout(() => void usage.follow(container), USAGE_AFTER_MS);
     let aborted = false;
     const onAbort = () => {
       aborted = true;
@@ -234,20 +288,21 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     if (!(await untilAborted(container.start().then(() => true)))) return notRun;
     opts.signal.addEventListener("abort", onAbort, { once: true });
     if (opts.signal.aborted) onAbort();
-    void usage.follow(container);
     let status: { StatusCode: number };
     try {
       status = await container.wait();
       await output.ended;
     } finally {
+      clearTimeout(sampling);
       opts.signal.removeEventListener("abort", onAbort);
     }
     const durationMs = performance.now() - startedAt;
-    const state = (await container.inspect()).State;
+    // Only a SIGKILL (128 + 9) this worker did not send can be the kernel's OOM killer.
+    const oomKilled = status.StatusCode === 137 && !aborted && (await container.inspect()).State.OOMKilled;
     // A timeout or cancel while the workspace is copied out stops the copy too: the run is then
     // as stopped as one killed while it ran (a workspace of many files took longer than the job).
-    const killed = aborted || state.OOMKilled;
-    if (!opts.signal.aborted) {
+    const killed = aborted || oomKilled;
+    if (!bind && !opts.signal.aborted) {
       await this.copyOut(container, opts.signal).catch((err: unknown) => {
         if (!opts.signal.aborted) throw err;
       });
@@ -257,12 +312,13 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       signal: killed ? "SIGKILL" : null,
       aborted: aborted || opts.signal.aborted,
       durationMs,
-      oomKilled: state.OOMKilled,
+      oomKilled,
       ...(usage.result() ? { usage: usage.result() } : {}),
     };
   }
 
-  private createContainer(argv: string[], env: Record<string, string>): Promise<Docker.Container> {
+  /** `bind`: the staged folder is the container's workspace; else an anonymous volume the workspace is copied into. */
+  private createContainer(argv: string[], env: Record<string, string>, bind: boolean): Promise<Docker.Container> {
     const { spec, settings } = this;
     return this.docker.createContainer({
       name: `boxcar-${spec.id}`,
@@ -282,7 +338,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
         [ContainerLabel.worker]: spec.workerId,
         [ContainerLabel.sandbox]: spec.id,
       },
-      HostConfig: hardenedHostConfig(settings),
+      HostConfig: hardenedHostConfig(settings, bind ? this.files.dir : undefined),
     });
   }
 
@@ -356,15 +412,49 @@ async function checkNetwork(docker: Docker, wish: string, own: ReadonlySet<strin
   return wish;
 }
 
-/** The ids and names of the networks the worker's own container is on; none when it is not in a container of this engine. */
-async function workerNetworks(docker: Docker): Promise<Set<string>> {
+/** The worker's own container on this engine; undefined when it is not in one. */
+async function selfContainer(docker: Docker): Promise<Docker.ContainerInspectInfo | undefined> {
   try {
-    const self = await docker.getContainer(hostname()).inspect();
-    const networks = self.NetworkSettings?.Networks ?? {};
-    return new Set(Object.entries(networks).flatMap(([name, n]) => [name, n.NetworkID]));
+    return await docker.getContainer(hostname()).inspect();
   } catch {
-    return new Set();
+    return undefined;
   }
+}
+
+/** The ids and names of the networks a container is on. */
+function networksOf(container: Docker.ContainerInspectInfo | undefined): Set<string> {
+  const networks = container?.NetworkSettings?.Networks ?? {};
+  return new Set(Object.entries(networks).flatMap(([name, n]) => [name, n.NetworkID]));
+}
+
+/**
+ * Whether a folder of this machine can be bind-mounted as an agent's workspace: the engine is
+ * reached through a local socket, maps no users (rootless or `userns-remap` would give the
+ * folder to another uid), and this worker can give the folder to the agent's user (it is root,
+ * or that user). The worker must also not be in a container of this engine (checked apart):
+ * its folders are not the engine's.
+ */
+async function bindable(docker: Docker, owner: { uid: number }): Promise<boolean> {
+  if (!(docker.modem as { socketPath?: unknown }).socketPath) return false;
+  const uid = process.getuid?.();
+  if (uid !== 0 && uid !== owner.uid) return false;
+  const info = (await docker.info()) as { SecurityOptions?: string[] };
+  return !(info.SecurityOptions ?? []).some((o) => o.includes("name=rootless") || o.includes("name=userns"));
+}
+
+/** Gives a staged workspace, every folder and file in it, to the agent's user (symlinks themselves, not their targets). */
+async function giveTo(dir: string, owner: { uid: number; gid: number }): Promise<void> {
+  await lchown(dir, owner.uid, owner.gid);
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) await giveTo(path, owner);
+    else await lchown(path, owner.uid, owner.gid);
+  }
+}
+
+/** The engine's answer to a bind mount of a folder it does not have. */
+function isMissingBindSource(err: unknown): boolean {
+  return statusOf(err) === 400 && /bind source path does not exist/i.test(firstLine(err));
 }
 
 /**
@@ -398,6 +488,9 @@ function ownerOf(labels: Record<string, string>): SandboxOwner | undefined {
   const attempt = Number(labels[ContainerLabel.attempt]);
   return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
 }
+
+/** How long a run goes before its resource use is sampled. */
+const USAGE_AFTER_MS = 1_000;
 
 /** Samples the container's use of CPU, memory and processes while it runs. */
 class UsageMeter {

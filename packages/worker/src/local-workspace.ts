@@ -1,5 +1,5 @@
 import { constants } from "node:fs";
-import { type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
+import { chmod, type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
@@ -7,7 +7,8 @@ import type { WorkspaceFile } from "./sandbox.js";
 import { escapeError, workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
-const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW;
+// Non-blocking: an agent's named pipe where a file is expected is refused, not waited on for ever.
+const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK;
 
 /**
  * The folder workspaces are made in. It is created and resolved to its real path once, not for
@@ -92,9 +93,16 @@ export class LocalWorkspace {
     return files;
   }
 
-  /** Removes the folder and everything in it. Safe to call twice. */
+  /**
+   * Removes the folder and everything in it, also folders an agent running as this user made
+   * unreadable (`chmod 000`). Safe to call twice.
+   */
   remove(): Promise<void> {
-    this.removed ??= rm(this.dir, { recursive: true, force: true });
+    this.removed ??= rm(this.dir, { recursive: true, force: true }).catch(async (err: NodeJS.ErrnoException) => {
+      if (err.code !== "EACCES" && err.code !== "EPERM") throw err;
+      await openUp(this.dir);
+      await rm(this.dir, { recursive: true, force: true });
+    });
     return this.removed;
   }
 
@@ -135,5 +143,13 @@ async function openNoFollow(target: string, flags: number, path: string): Promis
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "ELOOP") throw escapeError(path);
     throw err;
+  }
+}
+
+/** Makes every folder under `dir` (never through a symlink) this user's to list and empty. */
+async function openUp(dir: string): Promise<void> {
+  await chmod(dir, 0o700);
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    if (entry.isDirectory()) await openUp(join(dir, entry.name));
   }
 }

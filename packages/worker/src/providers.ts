@@ -39,6 +39,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
       ...(docker.tmpSize ? { tmpBytes: docker.tmpSize } : {}),
       ...(docker.maxWorkspace ? { maxWorkspaceBytes: docker.maxWorkspace } : {}),
       ...(docker.maxWorkspaceEntries ? { maxWorkspaceEntries: docker.maxWorkspaceEntries } : {}),
+      ...(docker.workspace ? { workspace: docker.workspace } : {}),
     }),
     ...(e2bKey
       ? [
