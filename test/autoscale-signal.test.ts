@@ -42,7 +42,7 @@ let topology: Topology;
 beforeAll(async () => {
   cluster = await natsCluster(3);
   topology = await openTopology(await cluster.connect("autoscale"), { prefix: uniquePrefix() });
-}, 150_000); // natsCluster may start the cluster again
+}, 240_000); // natsCluster may start the cluster again
 afterAll(async () => {
   await cluster?.[Symbol.asyncDispose]();
 });

@@ -90,7 +90,7 @@ describe("replicated deployment", () => {
     await using single = await natsFixture();
     expect(single.topology.options.replicas).toBe(1);
     expect((await single.topology.jsm.streams.info(single.topology.names.streams.work)).config.num_replicas).toBe(1);
-  }, 150_000); // natsCluster may start a cluster again
+  }, 240_000); // natsCluster may start a cluster again
 
   test("a publish that no stream answers yet (a restarting server) is sent again until one does", async () => {
     await using nats = await natsFixture();

@@ -27,7 +27,7 @@ async function withRoles(
 
 beforeAll(async () => {
   cluster = await natsCluster(3);
-}, 150_000); // natsCluster may start the cluster again
+}, 240_000); // natsCluster may start the cluster again
 afterAll(async () => {
   await cluster?.[Symbol.asyncDispose]();
 });
