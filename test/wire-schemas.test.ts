@@ -1,5 +1,6 @@
 import { readStream } from "@boxcar/fabric";
-import { jsonSchemas } from "@boxcar/protocol";
+import { API_CONTRACT, type ApiEndpoint, type ApiReplyData, apiSchemaFile, jsonSchemas } from "@boxcar/protocol";
+import { Svcm } from "@nats-io/services";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import { expect, test } from "vitest";
@@ -68,4 +69,88 @@ test("records, work items, events, worker entries and workflow runs a real syste
   // And they are not so loose that anything passes.
   const validate = ajv.compile(schemas["job-record.schema.json"] as object);
   expect(validate({ ...(await topology.jobs.get(ok.id))?.json<object>(), state: "finished" })).toBe(false);
+});
+
+/**
+ * Every endpoint's published contract (schemas/api/<endpoint>.schema.json) holds for what a real
+ * dispatcher takes and answers, and `$SRV.INFO` names it for each endpoint.
+ */
+test("each API request and the data of its reply match the endpoint's published JSON Schema; $SRV.INFO names it", async () => {
+  await using system = await localSystem();
+  const { nats } = system;
+  const { nc, names } = nats.topology;
+  const ajv = new Ajv2020({ strict: false, allErrors: true });
+  addFormats.default(ajv);
+  const schemas = jsonSchemas();
+  const validator = (endpoint: ApiEndpoint, side: "request" | "reply") =>
+    ajv.compile({ ...(schemas[apiSchemaFile(endpoint)] as object), $ref: `#/$defs/${side}` });
+  const called = new Set<string>();
+  /** Sends `body` as admin.local, checks both sides against the endpoint's schema, returns the reply's data. */
+  const call = async <E extends ApiEndpoint>(endpoint: E, body: object): Promise<ApiReplyData<E>> => {
+    const request = validator(endpoint, "request");
+    expect(request(body) ? [] : request.errors, `${endpoint} request`).toEqual([]);
+    const msg = await nc.request(names.subjects.api({ role: "admin", user: "local" }, endpoint), JSON.stringify(body), { timeout: 10_000 });
+    const reply = msg.json<{ ok: boolean; data?: unknown; error?: unknown }>();
+    expect(reply, endpoint).toMatchObject({ ok: true });
+    const data = validator(endpoint, "reply");
+    expect(data(reply.data) ? [] : data.errors, `${endpoint} reply`).toEqual([]);
+    called.add(endpoint);
+    return reply.data as ApiReplyData<E>;
+  };
+
+  const echo = {
+    name: "echo",
+    command: 'echo hi > out/note.txt; printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
+    trusted: true,
+    runtime: { sandbox: "host" as const },
+  };
+  await call("agents.apply", { definition: echo });
+  await call("agents.apply", {
+    definition: { name: "waits", command: "true", trusted: true, pool: "nobody", runtime: { sandbox: "host" } },
+  });
+  await call("agents.get", { name: "echo" });
+  await call("agents.list", {});
+  const { job } = await call("jobs.submit", { agent: "echo", input: { n: 1 }, idempotencyKey: "wire-1", labels: { from: "wire" } });
+  await system.client.waitForJob(job.id);
+  await call("jobs.get", { id: job.id });
+  await call("jobs.list", { agent: "echo", limit: 10 });
+  await call("jobs.count", {});
+  await call("jobs.events", { id: job.id });
+  await call("jobs.logs", { id: job.id });
+  await call("jobs.artifact", { id: job.id, path: "out/note.txt" });
+  const waiting = (await call("jobs.submit", { agent: "waits" })).job;
+  await call("jobs.cancel", { id: waiting.id });
+  await call("jobs.clean", { olderThan: "1h" });
+  await call("workers.list", {});
+  const { run } = await call("workflows.start", { workflow: { name: "one", steps: [{ name: "a", agent: "echo" }] }, input: 2 });
+  await system.client.waitForRun(run.id);
+  await call("workflows.get", { id: run.id });
+  await call("workflows.list", {});
+  await call("workflows.events", { id: run.id });
+  const late = (await call("workflows.start", { workflow: { name: "late", steps: [{ name: "a", agent: "waits" }] } })).run;
+  await call("workflows.cancel", { id: late.id });
+  await call("inputs.upload", { path: "data.txt" });
+  const { policy } = await call("policy.get", {});
+  await call("policy.set", { policy });
+  await call("agents.remove", { name: "waits" });
+  // Not so loose that anything passes.
+  expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);
+  // jobs.retry takes a dead job back (test/max-deliveries.test.ts and the CLI tests make one).
+  expect(Object.keys(API_CONTRACT).filter((e) => !called.has(e))).toEqual(["jobs.retry"]);
+
+  // Each endpoint's $SRV.INFO entry carries its request's schema and names the whole contract.
+  const [info] = await (await new Svcm(nc).client()).info(names.serviceName).then(async (it) => {
+    const all = [];
+    for await (const i of it) all.push(i);
+    return all;
+  });
+  expect(info?.endpoints).toHaveLength(Object.keys(API_CONTRACT).length);
+  for (const endpoint of info?.endpoints ?? []) {
+    const name = endpoint.name.replace("-", ".") as ApiEndpoint;
+    expect(endpoint.metadata?.["boxcar.schema"], name).toBe(`schemas/${apiSchemaFile(name)}`);
+    const inline = JSON.parse(endpoint.metadata?.["boxcar.request.schema"] ?? "null");
+    expect(ajv.compile(inline)({}), `${name}: an empty request`).toBe(
+      ajv.compile({ ...(schemas[apiSchemaFile(name)] as object), $ref: "#/$defs/request" })({}),
+    );
+  }
 });

@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
 import { type Logger, silentLogger } from "@boxcar/client";
 import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } from "@boxcar/fabric";
-import { type ApiEndpoint, BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { type ApiEndpoint, apiEndpointMetadata, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import type { Registry } from "prom-client";
@@ -125,6 +125,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   )) {
     service.addEndpoint(endpoint.replace(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
+      metadata: apiEndpointMetadata(endpoint as ApiEndpoint),
       handler: (err, msg) => {
         if (err) {
           log.error({ err }, "service endpoint failed");

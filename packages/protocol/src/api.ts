@@ -1,8 +1,9 @@
 import { z } from "zod";
 import { AgentDefinition, AgentName } from "./agent.js";
 import { ErrorInfo, ErrorIssue } from "./errors.js";
-import { isTerminal, JobRecord, JobState, WorkspacePath } from "./job.js";
-import { TOKEN_PATTERN } from "./names.js";
+import { BoxcarEvent } from "./events.js";
+import { isTerminal, JobRecord, JobSpec, JobState, WorkspacePath } from "./job.js";
+import { type ApiEndpoint, TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
 import { durationMs } from "./units.js";
 import { WorkerInfo } from "./worker-info.js";
@@ -160,3 +161,62 @@ export const SetPolicyReply = z.strictObject({
   refusedAgents: z.array(z.strictObject({ name: z.string(), issues: z.array(ErrorIssue) })),
 });
 export type SetPolicyReply = z.infer<typeof SetPolicyReply>;
+
+const NoFields = z.strictObject({});
+const JobReply = z.strictObject({ job: JobRecord });
+const AgentReply = z.strictObject({ agent: AgentDefinition });
+
+/**
+ * The API's contract: each endpoint's request body and the `data` of its reply when `ok`
+ * (docs/nats-api.md). Published as JSON Schemas (`schemas/api/<endpoint>.schema.json`, its
+ * `$defs.request` and `$defs.reply`), named in each endpoint's `$SRV.INFO` metadata, and checked
+ * against what a real system answers (`test/wire-schemas.test.ts`).
+ */
+export const API_CONTRACT = {
+  "jobs.submit": { request: JobSpec, reply: SubmitReply },
+  "jobs.get": { request: JobRef, reply: JobReply },
+  "jobs.list": { request: ListJobsRequest, reply: ListJobsReply },
+  "jobs.count": { request: CountJobsRequest, reply: CountJobsReply },
+  "jobs.cancel": { request: JobRef, reply: CancelReply },
+  "jobs.retry": { request: JobRef, reply: JobReply },
+  "jobs.clean": { request: CleanJobsRequest, reply: CleanJobsReply },
+  "jobs.events": { request: JobEventsRequest, reply: EventsPage.extend({ events: z.array(BoxcarEvent) }) },
+  "jobs.logs": { request: JobLogsRequest, reply: LogsPage },
+  "jobs.artifact": { request: ArtifactRequest, reply: ArtifactChunk },
+  "agents.apply": { request: z.strictObject({ definition: AgentDefinition }), reply: ApplyAgentReply },
+  "agents.get": { request: AgentRef, reply: AgentReply },
+  "agents.list": { request: NoFields, reply: ListAgentsReply },
+  "agents.remove": { request: AgentRef, reply: AgentReply },
+  "workers.list": { request: NoFields, reply: ListWorkersReply },
+  "workflows.start": { request: StartRunRequest, reply: StartRunReply },
+  "workflows.get": { request: RunRef, reply: RunReply },
+  "workflows.list": { request: ListRunsRequest, reply: ListRunsReply },
+  "workflows.cancel": { request: RunRef, reply: RunReply },
+  "workflows.events": { request: RunEventsRequest, reply: EventsPage.extend({ events: z.array(BoxcarEvent) }) },
+  "inputs.upload": { request: UploadRequest, reply: UploadReply },
+  "policy.get": { request: NoFields, reply: PolicyReply },
+  "policy.set": { request: z.strictObject({ policy: SystemPolicy }), reply: SetPolicyReply },
+} as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
+
+/** The `data` of an endpoint's reply, as `API_CONTRACT` says. */
+export type ApiReplyData<E extends ApiEndpoint> = z.output<(typeof API_CONTRACT)[E]["reply"]>;
+
+/** Where an endpoint's JSON Schema is published, under `schemas/`. */
+export const apiSchemaFile = (endpoint: ApiEndpoint): string => `api/${endpoint}.schema.json`;
+
+const metadata = new Map<ApiEndpoint, Record<string, string>>();
+
+/**
+ * What `$SRV.INFO` says of an endpoint besides its subject: its request's JSON Schema, and where
+ * the whole contract (request and reply) is published. The reply's schema is not inlined: with
+ * the job records and runs in it, every endpoint's would make one INFO reply about 160 KB.
+ */
+export function apiEndpointMetadata(endpoint: ApiEndpoint): Record<string, string> {
+  let found = metadata.get(endpoint);
+  if (!found) {
+    const request = z.toJSONSchema(API_CONTRACT[endpoint].request, { io: "input", unrepresentable: "any" });
+    found = { "boxcar.request.schema": JSON.stringify(request), "boxcar.schema": `schemas/${apiSchemaFile(endpoint)}` };
+    metadata.set(endpoint, found);
+  }
+  return found;
+}

@@ -36,11 +36,15 @@ export {
 } from "./agent.js";
 export {
   AgentRef,
+  API_CONTRACT,
   ApiReply,
+  type ApiReplyData,
   ApplyAgentReply,
   ApplyAgentRequest,
   ArtifactChunk,
   ArtifactRequest,
+  apiEndpointMetadata,
+  apiSchemaFile,
   CancelReply,
   CleanJobsReply,
   CleanJobsRequest,
