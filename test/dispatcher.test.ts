@@ -204,7 +204,11 @@ describe("the request/reply API", () => {
     await expect(client.getAgent("tmp")).rejects.toMatchObject({ code: ErrorCode.notFound });
     await expect(client.applyAgent({ name: "bad name!", command: "" })).rejects.toMatchObject({
       code: ErrorCode.invalid,
-      issues: expect.arrayContaining([expect.objectContaining({ path: "name" }), expect.objectContaining({ path: "command" })]),
+      // Relative to the request body, { definition }.
+      issues: expect.arrayContaining([
+        expect.objectContaining({ path: "definition.name" }),
+        expect.objectContaining({ path: "definition.command" }),
+      ]),
     });
   });
 });

@@ -67,6 +67,11 @@ describe("an admin's policy over agents, a worker's own, and quotas per user", (
     expect(set.code, set.stderr).toBe(0);
     expect(set.stdout).toContain("agent older does not conform (jobs for it are refused): runtime.network: sysnet is not allowed");
     expect((await admin.getPolicy()).agents.networks).toEqual(["none", "bridge"]);
+    // A bad policy names its field under the request's `policy`.
+    await expect(admin.setPolicy({ agents: { limits: { memory: "lots" } } } as never)).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+      issues: [expect.objectContaining({ path: "policy.agents.limits.memory" })],
+    });
 
     for (const [runtime, path] of [
       [{ network: "sysnet" }, "runtime.network"],
@@ -75,7 +80,8 @@ describe("an admin's policy over agents, a worker's own, and quotas per user", (
       [{ timeout: "2h" }, "runtime.timeout"],
     ] as const) {
       const err = await admin.applyAgent({ name: "greedy", ...ok, runtime: { sandbox: "host", ...runtime } }).catch((e: unknown) => e);
-      expect(err, path).toMatchObject({ code: ErrorCode.policyDenied, issues: [expect.objectContaining({ path })] });
+      // An issue's path is relative to the request: agents.apply's body is { definition }.
+      expect(err, path).toMatchObject({ code: ErrorCode.policyDenied, issues: [expect.objectContaining({ path: `definition.${path}` })] });
     }
     await expect(admin.getAgent("greedy")).rejects.toMatchObject({ code: ErrorCode.notFound });
     const apply = await cli("agent", "apply", "-f", await agentFile("greedy", "    network: sysnet"));
@@ -87,14 +93,18 @@ describe("an admin's policy over agents, a worker's own, and quotas per user", (
     ).resolves.toBeDefined();
 
     // Applied before the policy: it stays, but no job for it is admitted.
-    await expect(alice.submit({ agent: "older" })).rejects.toMatchObject({ code: ErrorCode.policyDenied });
+    // The field at fault is the agent's, not in the request: the issue is the whole body's and names it.
+    await expect(alice.submit({ agent: "older" })).rejects.toMatchObject({
+      code: ErrorCode.policyDenied,
+      issues: [{ path: "", message: "agent older's runtime.network: sysnet is not allowed (allowed: none, bridge)" }],
+    });
 
     // Allowed by the system's policy, refused by this worker's own: it fails unrun.
     await admin.applyAgent({ name: "online", ...ok, runtime: { sandbox: "host", network: "bridge" } });
     // A job's own timeout may not ask for more than the policy allows either.
     await expect(alice.submit({ agent: "online", timeout: "2h" })).rejects.toMatchObject({
       code: ErrorCode.policyDenied,
-      issues: [expect.objectContaining({ path: "runtime.timeout" })],
+      issues: [expect.objectContaining({ path: "timeout" })], // the spec's own field
     });
     const { job } = await alice.submit({ agent: "online" });
     const ended = await alice.waitForJob(job.id);

@@ -88,7 +88,11 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   const agent = await ctx.agents.get(spec.agent);
   // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
   const asRun = spec.timeout === undefined ? agent : { ...agent, runtime: { ...agent.runtime, timeout: spec.timeout } };
-  checkAgentPolicy(asRun, ctx.policy.policy.agents, "the system policy");
+  try {
+    checkAgentPolicy(asRun, ctx.policy.policy.agents, "the system policy");
+  } catch (err) {
+    throw inSpecTerms(err, spec);
+  }
   ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 
@@ -298,4 +302,19 @@ export async function getRecord(topology: Topology, id: string, caller: Identity
   const found = await getJson(topology.jobs, id, JobRecord, "job record");
   if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   return found.value;
+}
+
+/**
+ * A policy refusal of the agent a spec runs, with paths into the spec (an issue's path is
+ * relative to the request): the spec's own `timeout` where it asked for too much, else the
+ * whole body, naming the agent's field in the message (the agent was applied before the policy).
+ */
+function inSpecTerms(err: unknown, spec: JobSpec): unknown {
+  if (!(err instanceof BoxcarError)) return err;
+  const issues = err.issues.map((issue) =>
+    issue.path === "runtime.timeout" && spec.timeout !== undefined
+      ? { ...issue, path: "timeout" }
+      : { ...issue, path: "", message: `agent ${spec.agent}'s ${issue.path}: ${issue.message}` },
+  );
+  return new BoxcarError(err.code, err.message, { issues, cause: err.cause });
 }

@@ -3,8 +3,8 @@ import { getJson, isTransientJetStreamError, listJson, type Topology } from "@bo
 import {
   AgentDefinition,
   AgentRef,
+  API_CONTRACT,
   ApiEndpoint,
-  ApplyAgentRequest,
   BoxcarError,
   type CleanJobsRequest,
   callerOf,
@@ -14,6 +14,7 @@ import {
   ErrorCode,
   type Identity,
   InputFileRef,
+  issuesUnder,
   JobRef,
   MAX_SPEC_BYTES,
   mayReplyTo,
@@ -102,13 +103,17 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     // Admins only (ROLE_ENDPOINTS): it deletes anyone's ended jobs.
     [ApiEndpoint.jobsClean]: (body) => retention.clean(body as CleanJobsRequest),
     [ApiEndpoint.agentsApply]: async (body) => {
-      const agent = parseWith(AgentDefinition, parseWith(ApplyAgentRequest, body, "request").definition, "agent definition");
-      checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
-      const credentials = credentialLikeEnv(agent.env);
-      if (credentials.length > 0) {
-        throw new BoxcarError(ErrorCode.invalid, `agent ${agent.name}: ${credentials.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
-          issues: credentials,
-        });
+      const agent = parseWith(API_CONTRACT[ApiEndpoint.agentsApply].request, body, "request").definition;
+      try {
+        checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
+        const credentials = credentialLikeEnv(agent.env);
+        if (credentials.length > 0) {
+          throw new BoxcarError(ErrorCode.invalid, `agent ${agent.name}: ${credentials.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
+            issues: credentials,
+          });
+        }
+      } catch (err) {
+        throw issuesUnder(err, "definition");
       }
       const created = await ctx.agents.apply(agent);
       log.info({ agent: agent.name }, "agent applied");

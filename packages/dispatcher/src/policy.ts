@@ -2,6 +2,8 @@ import { jsonOf, type Logger } from "@boxcar/client";
 import { followKv, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
+  API_CONTRACT,
+  ApiEndpoint,
   BoxcarError,
   DEFAULT_QUEUE_LIMITS,
   ErrorCode,
@@ -57,7 +59,7 @@ export class PolicyBook {
 
   /** Stores a new policy and says which applied agents it would refuse (they stay, but cannot be submitted to). */
   async set(body: unknown): Promise<{ policy: SystemPolicy; refusedAgents: { name: string; issues: ErrorIssue[] }[] }> {
-    const policy = parseWith(SystemPolicy, (body as { policy?: unknown } | null)?.policy, "policy");
+    const { policy } = parseWith(API_CONTRACT[ApiEndpoint.policySet].request, body, "request");
     await this.topology.policy.put(POLICY_KEY, JSON.stringify(policy));
     this.current = policy;
     const agents = await listJson(this.topology.agents, AgentDefinition, "agent");

@@ -74,7 +74,6 @@ export const CleanJobsReply = z.strictObject({
 export type CleanJobsReply = z.infer<typeof CleanJobsReply>;
 
 export const AgentRef = z.strictObject({ name: AgentName });
-export const ApplyAgentRequest = z.strictObject({ definition: z.unknown() });
 export const ApplyAgentReply = z.strictObject({ agent: AgentDefinition, created: z.boolean() });
 export const ListAgentsReply = z.strictObject({ agents: z.array(AgentDefinition) });
 export const ListWorkersReply = z.strictObject({ workers: z.array(WorkerInfo) });

@@ -87,6 +87,19 @@ export class BoxcarError extends Error {
   }
 }
 
+/**
+ * The same error with each issue's path put under `field`, the field of the request the checked
+ * value came from: an issue's path is always relative to the request body (docs/nats-api.md).
+ */
+export function issuesUnder(err: unknown, field: string): unknown {
+  if (!(err instanceof BoxcarError) || err.issues.length === 0) return err;
+  const issues = err.issues.map((issue) => ({
+    ...issue,
+    path: issue.path === "" ? field : `${field}${issue.path.startsWith("[") ? "" : "."}${issue.path}`,
+  }));
+  return new BoxcarError(err.code, err.message, { issues, cause: err.cause });
+}
+
 /** Input that does not match its schema. */
 export class ValidationError extends BoxcarError {
   override readonly name = "ValidationError";
