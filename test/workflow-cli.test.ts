@@ -134,6 +134,12 @@ describe("the review-loop example: dynamic handoffs through the CLI", () => {
       "::progress review 2: 5/5 checks pass",
     ]);
     expect(followed.stderr.match(/job\s+handoff\s+handed off to/g)).toHaveLength(4);
+    // Each line says which job of the chain it is about: its agent and how many handoffs came before it.
+    expect(followed.stderr).toMatch(/ planner#0 +job +started/);
+    expect(followed.stderr).toMatch(/ reviewer#4 +job +succeeded/);
+    expect(followed.stderr).toMatch(/ reviewer#4 +sandbox +exec_exited/);
+    const tagged = followed.stderr.split("\n").filter((l) => /^\d\d:\d\d:\d\d\.\d{3} {2}(job|sandbox) /.test(l));
+    expect(tagged).toEqual([]); // no event line without its tag
     expect(followed.stderr).toMatch(/the chain ended with job \S+ \(agent reviewer, 4 handoffs after \S+\)/);
     expect(followed.stdout).toMatch(/agent\s+reviewer/);
     expect(followed.stdout).toMatch(/summary\s+approved after 2 reviews/);

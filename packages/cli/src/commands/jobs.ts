@@ -1,7 +1,7 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { isTerminal, type JobRecord, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
+import { type BoxcarEvent, isTerminal, type JobRecord, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
@@ -76,14 +76,34 @@ async function follow(ctx: CommandContext<Values>, client: BoxcarClient, jobId: 
   };
   // Each job's output once the one before it has ended, so the chain's output stays in order.
   let logs = followLogs(jobId);
+  const describe = describeChainEvent();
   for await (const event of client.events(jobId, { chain: true, follow: true, signal: ctx.io.signal })) {
-    ctx.io.stderr.write(`${ctx.values.json ? JSON.stringify(event) : describeEvent(event)}\n`);
+    ctx.io.stderr.write(`${ctx.values.json ? JSON.stringify(event) : describe(event)}\n`);
     const next = event.kind === "job" && event.type === "handoff" ? event.next : undefined;
     if (next) logs = logs.then(() => followLogs(next));
   }
   await logs;
   return client.waitForChain(jobId, ctx.io.signal);
 }
+
+/**
+ * `describeEvent` for the events of a handoff chain: each line says, after its time, which job
+ * of the chain it is about, as `<agent>#<handoffs before it>` (`writer#0`, `reviewer#1`, ...).
+ */
+function describeChainEvent(): (event: BoxcarEvent) => string {
+  const tags = new Map<string, string>();
+  return (event) => {
+    const line = describeEvent(event);
+    if (event.kind === "worker") return line;
+    if (event.kind === "job" && !tags.has(event.jobId)) tags.set(event.jobId, `${event.agent}#${tags.size}`);
+    if (event.kind === "job" && event.type === "handoff" && event.next && event.to) tags.set(event.next, `${event.to}#${tags.size}`);
+    const time = event.at.slice(11, 23);
+    // describeEvent starts with the time and two spaces: the tag goes after them.
+    const tag = (event.jobId && tags.get(event.jobId)) || "";
+    return `${time}  ${tag.padEnd(TAG_WIDTH)}  ${line.slice(time.length + 2)}`;
+  };
+}
+const TAG_WIDTH = 14;
 
 /** How a chain ended, when it went past its first job or its last handoff was refused. */
 function chainEnding(first: string, last: JobRecord): string | undefined {
@@ -211,8 +231,9 @@ export const events: Command = {
     await using session = await ctx.session("boxcar-events");
     await session.client.getJob(id);
     const opts = { follow: ctx.values.follow as boolean, chain: !ctx.values["no-chain"], signal: ctx.io.signal };
+    const describe = opts.chain ? describeChainEvent() : describeEvent;
     for await (const event of session.client.events(id, opts)) {
-      ctx.print(ctx.values.json ? JSON.stringify(event) : describeEvent(event));
+      ctx.print(ctx.values.json ? JSON.stringify(event) : describe(event));
     }
     return ExitCode.ok;
   },
