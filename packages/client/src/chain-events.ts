@@ -176,14 +176,26 @@ export async function* followChain(
 
 /**
  * A run's events and the events of its jobs (and their sandboxes), in the order they were
- * stored. With `follow`, until the run's final event.
+ * stored. With `follow`, until the run has ended and none of its jobs is still going: the jobs
+ * a failed or cancelled run stops end after the run's own final event.
  */
 export function followRun(link: ClientLink, reader: HistoryReader, run: Run, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
   const owner = ownerOf(run);
+  const going = new Set<string>();
+  let ended = false;
   return followPages(link.nc, (after) => reader.runEventsPage(run.id, after), {
     ...opts,
     // The run's jobs belong to its owner: their live events announce the run's history.
     live: (["workflow", "job", "sandbox"] as const).map((kind) => link.names.subjects.ownerEventsOf(kind, owner)),
-    done: (event) => event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type),
+    done: (event) => {
+      if (event.kind === "job") {
+        if (isTerminal(event.state)) going.delete(event.jobId);
+        else going.add(event.jobId);
+      }
+      if (event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type)) ended = true;
+      return ended && going.size === 0;
+    },
+    // A job's final event that was never stored (its publish failed) does not hold it up: the run's record says.
+    finished: async () => ended && !hasJobsGoing(await reader.getRun(run.id)),
   });
 }

@@ -128,7 +128,7 @@ export interface BoxcarClient {
   cancelRun(id: string): Promise<WorkflowRun>;
   /** Resolves with the run once it has ended and none of its jobs is still going. */
   waitForRun(id: string, signal?: AbortSignal): Promise<WorkflowRun>;
-  /** The run's events and its jobs' events in order; with `follow`, until the run has ended. */
+  /** The run's events and its jobs' events in order; with `follow`, until the run has ended and none of its jobs is still going. */
   runEvents(runId: string, opts?: FollowOptions): AsyncGenerator<BoxcarEvent>;
   /** The job's output in order; with `follow`, until the job is final and its output is read. */
   logs(jobId: string, opts?: FollowOptions): AsyncGenerator<LogChunk>;
