@@ -119,7 +119,7 @@ describe("job priorities", () => {
     await expect(submitted).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "priority" })] });
     await expect(client.applyAgent({ name: "p-bad", command: ["true"], priority: "soon" as Priority })).rejects.toMatchObject({
       code: ErrorCode.invalid,
-      issues: [expect.objectContaining({ path: "priority" })],
+      issues: [expect.objectContaining({ path: "definition.priority" })],
     });
     const cli = await boxcar(system.nats.url, system.nats.topology.names.prefix, ["submit", "p-job", "--priority", "urgent"]);
     expect(cli.code).toBe(2);

@@ -164,7 +164,8 @@ describe("bad retry input gets a clear error", () => {
     ["unknown failure kind", { on: ["always"] }, "retry.on[0]"],
   ])("%s", async (_what, retry, path) => {
     const err = await client.applyAgent({ name: "bad-retry", command: "true", retry }).catch((e: unknown) => e);
-    expect(err).toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path })] });
+    // Relative to the request body, { definition }.
+    expect(err).toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: `definition.${path}` })] });
   });
 
   test("retrying a job that is not dead, or unknown, is refused", async () => {
