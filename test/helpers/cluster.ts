@@ -95,7 +95,10 @@ async function startCluster(size: number): Promise<NatsCluster> {
       cluster: {
         name: clusterName,
         port: m.clusterPort,
-        routes: members.filter((o) => o !== m).map((o) => `nats-route://127.0.0.1:${o.clusterPort}`),
+        // Every server, itself included (a server skips a route to itself): the size of the
+        // JetStream meta group a new server expects is its count of routes, and with only the
+        // other two it could settle on 2 and never take the third in (seen here under load).
+        routes: members.map((o) => `nats-route://127.0.0.1:${o.clusterPort}`),
       },
     });
   };

@@ -170,8 +170,14 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   if (replicas === undefined) {
     // A new system with no replica count given: 3 if the cluster this server is in can place
     // them (3 or more servers with JetStream), else 1. JetStream's answer is the one that counts.
-    replicas =
-      inJetStreamCluster(nc) && (await createIfPlaceable(jsm, { ...workStream, storage: StorageType.File, num_replicas: 3 })) ? 3 : 1;
+    const placed =
+      inJetStreamCluster(nc) &&
+      (await createIfPlaceable(jsm, { ...workStream, storage: StorageType.File, num_replicas: 3 }, placementPatienceMs(nc)));
+    replicas = placed ? 3 : 1;
+  } else if (existing === undefined && replicas > 1 && inJetStreamCluster(nc)) {
+    // A new system asked to keep several replicas, on a cluster: wait up to a minute while its
+    // servers join its JetStream, rather than refuse at the first try (a single server refuses at once).
+    await createIfPlaceable(jsm, { ...workStream, storage: StorageType.File, num_replicas: replicas }, ASKED_PLACEMENT_PATIENCE_MS);
   }
   const options = resolveTopologyOptions({ ...opts, replicas });
   const num_replicas = options.replicas;
@@ -353,15 +359,26 @@ const REPLICA_REFUSALS: readonly number[] = [
 const isReplicaRefusal = (err: unknown): err is JetStreamApiError =>
   err instanceof JetStreamApiError && REPLICA_REFUSALS.includes(err.code);
 
-/** How long a refused replica count is tried again: the servers of a cluster that has just started join its JetStream one by one. */
-const PLACEMENT_PATIENCE_MS = 5_000;
+/**
+ * How long a refused replica count is tried again: the servers of a cluster that has just
+ * started join its JetStream one by one. 5 s, or 60 s when the server says its cluster has 3 or
+ * more servers (`connect_urls`): a busy machine has been seen to take longer than 5 s to bring
+ * the third in, and a new system there must not settle for 1 replica (a Compose cluster did, in
+ * CI, and lost its streams with the server they were on).
+ */
+function placementPatienceMs(nc: NatsConnection): number {
+  return (nc.info?.connect_urls?.length ?? 0) >= 3 ? ASKED_PLACEMENT_PATIENCE_MS : 5_000;
+}
+
+/** How long a replica count that was asked for (`--replicas`) is tried before it is refused. */
+const ASKED_PLACEMENT_PATIENCE_MS = 60_000;
 
 /**
  * Creates the stream (or finds it made by another process); false when JetStream keeps refusing
- * its replica count for `PLACEMENT_PATIENCE_MS`.
+ * its replica count for `patienceMs`.
  */
-async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpec): Promise<boolean> {
-  const deadline = Date.now() + PLACEMENT_PATIENCE_MS;
+async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpec, patienceMs: number): Promise<boolean> {
+  const deadline = Date.now() + patienceMs;
   for (;;) {
     try {
       await ensureStream(jsm, config);
