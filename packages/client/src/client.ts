@@ -60,6 +60,7 @@ import {
   waitForRunEnd,
 } from "./chain-events.js";
 import { followPages, type HistoryPage } from "./follow.js";
+import { TRACEPARENT, traceparentOf } from "./trace.js";
 
 export interface ClientOptions {
   /** How long to wait for a dispatcher's reply; default 10 s. */
@@ -165,8 +166,12 @@ class Client implements BoxcarClient, HistoryReader {
     private readonly identity: Identity,
   ) {}
 
+  /** Asks an endpoint; the caller's active trace, if any, goes along (`traceparent`), so the dispatcher's span joins it. */
   private async request<S extends z.ZodType>(endpoint: ApiEndpoint, body: unknown, schema: S): Promise<z.infer<S>> {
-    return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema);
+    const traceparent = traceparentOf();
+    const headers = traceparent ? natsHeaders() : undefined;
+    if (traceparent) headers?.set(TRACEPARENT, traceparent);
+    return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema, headers);
   }
 
   /** Sends a request and reads the `{ ok, data }` reply; NATS's errors become Boxcar's. */

@@ -6,3 +6,4 @@ export { connectNats, DEFAULT_NATS_URL, identityOf, newInbox, readNatsContext, r
 export { jsonOf } from "./json.js";
 export type { Logger } from "./logger.js";
 export { silentLogger } from "./logger.js";
+export { failSpan, type Span, SpanKind, startSpan, TRACEPARENT, traceparentOf } from "./trace.js";

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import { type Logger, TRACEPARENT } from "@boxcar/client";
 import {
   DUPLICATE_WINDOW_MS,
   getJson,
@@ -67,6 +67,8 @@ export interface AdmitOptions {
   /** The job's place in a handoff chain or workflow run; `root` defaults to the job itself. */
   chain?: Pick<ChainLink, "depth" | "history" | "limits"> &
     Partial<Pick<ChainLink, "root" | "parent" | "deadline" | "run" | "step" | "index">>;
+  /** The trace the job joins (W3C `traceparent`): the submit request's span, or the job that handed off's. */
+  traceparent?: string;
 }
 
 /**
@@ -135,6 +137,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
+  if (opts.traceparent) record.traceparent = opts.traceparent;
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
@@ -214,19 +217,22 @@ export async function publishWorkItem(
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
   await topology.ensurePoolConsumer(record.pool);
-  await publishWork(topology, topology.names.subjects.work(record.pool, record.priority), JSON.stringify(item), signer, msgID);
+  const subject = topology.names.subjects.work(record.pool, record.priority);
+  await publishWork(topology, subject, JSON.stringify(item), signer, msgID, record.traceparent);
 }
 
-/** Publishes a work item on `subject`, signed when there is a signer. */
+/** Publishes a work item on `subject`, signed when there is a signer, with the job's trace context when it has one. */
 export async function publishWork(
   topology: Topology,
   subject: string,
   item: string | Uint8Array,
   signer: WorkSigner | undefined,
   msgID: string,
+  traceparent?: string,
 ): Promise<void> {
   const body = typeof item === "string" ? new TextEncoder().encode(item) : item;
   const hdrs = headers();
+  if (traceparent) hdrs.set(TRACEPARENT, traceparent);
   signer?.sign(subject, body, hdrs);
   await topology.js.publish(subject, body, { msgID, headers: hdrs });
 }

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
 import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
@@ -35,7 +35,8 @@ import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
 
-type Handler = (body: unknown, caller: Identity) => Promise<unknown>;
+/** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
+type Handler = (body: unknown, caller: Identity, traceparent: string | undefined) => Promise<unknown>;
 
 /** HTTP-like status for the services API error header; the body carries the stable code. */
 const STATUS: Partial<Record<string, number>> = {
@@ -68,13 +69,13 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
-    [ApiEndpoint.jobsSubmit]: async (body, caller) => {
+    [ApiEndpoint.jobsSubmit]: async (body, caller, traceparent) => {
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);
       checkInputOwnership(files, caller);
       ctx.load.check(caller, ctx.policy.policy);
       try {
-        const reply = await admit(topology, body, ctx, { owner: caller.user });
+        const reply = await admit(topology, body, ctx, { owner: caller.user, ...(traceparent ? { traceparent } : {}) });
         // An earlier job for the same key was returned: the files sent for this one are not used.
         if (reply.duplicate) {
           const used = new Set(reply.job.spec?.files.map((f) => f.object));
@@ -203,13 +204,25 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     log.warn({ subject: msg.subject, reply: msg.reply }, "request dropped: its reply subject is not one of its caller's inboxes");
     return;
   }
+  // A span for the request, joining the caller's trace when its request carries one.
+  const { span, traceparent } = startSpan(endpoint, msg.headers?.get(TRACEPARENT) || undefined, {
+    kind: SpanKind.SERVER,
+    attributes: {
+      "messaging.system": "nats",
+      "messaging.operation.type": "process",
+      "messaging.destination.name": msg.subject,
+      ...(caller ? { "boxcar.caller.role": caller.role, "boxcar.caller.user": caller.user } : {}),
+    },
+  });
   try {
     if (!caller) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.api.<role>.<user>.<endpoint>`);
     if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {
       throw new BoxcarError(ErrorCode.forbidden, `the ${caller.role} role may not call ${endpoint}`);
     }
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", MAX_SPEC_BYTES);
-    const data = await handler(body, caller);
+    const data = await handler(body, caller, traceparent);
+    const job = (data as { job?: { id?: unknown } } | undefined)?.job?.id;
+    if (typeof job === "string") span.setAttribute("boxcar.job.id", job);
     msg.respond(JSON.stringify({ ok: true, data }));
   } catch (err) {
     // JetStream not answering (a cluster electing leaders) is worth asking again, not a fault.
@@ -218,6 +231,9 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
       : toErrorInfo(err);
     if (error.code === ErrorCode.internal) log.error({ err, subject: msg.subject }, "request failed");
     else log.debug({ subject: msg.subject, code: error.code }, "request refused");
+    failSpan(span, error);
     msg.respondError(STATUS[error.code] ?? 500, error.message, JSON.stringify({ ok: false, error }));
+  } finally {
+    span.end();
   }
 }

@@ -1,3 +1,4 @@
+import { failSpan, SpanKind, startSpan } from "@boxcar/client";
 import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,
@@ -28,6 +29,11 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
   if (!request || !handoffPending(job)) return;
   const link = job.chain ?? rootLink(job);
   let decision: HandoffDecision;
+  // The next job joins the trace of the job that hands off.
+  const { span, traceparent } = startSpan("handoff", job.traceparent, {
+    kind: SpanKind.INTERNAL,
+    attributes: { "boxcar.job.id": job.id, "boxcar.agent": job.agent, "boxcar.handoff.to": request.to },
+  });
   try {
     const from = await ctx.agents.get(job.agent).catch(() => undefined);
     await checkHandoff(topology, job, request, link, from);
@@ -45,12 +51,17 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
         ...(link.step ? { step: link.step } : {}),
         ...(link.index !== undefined ? { index: link.index } : {}),
       },
+      ...(traceparent ? { traceparent } : {}),
     });
     decision = { to: request.to, jobId: next.job.id };
+    span.setAttribute("boxcar.handoff.job.id", next.job.id);
   } catch (err) {
     const error = toErrorInfo(err);
+    failSpan(span, error);
     if (error.code === ErrorCode.internal) throw err;
     decision = { to: request.to, error: { ...error, code: ErrorCode.handoffRefused } };
+  } finally {
+    span.end();
   }
   const decided = await recordDecision(topology, job.id, decision);
   if (!decided) return; // another dispatcher decided first

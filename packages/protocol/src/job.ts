@@ -158,6 +158,14 @@ export const JobRecord = z.looseObject({
   chain: ChainLink.optional(),
   /** What the dispatcher made of the agent's handoff request (`result.handoff`). */
   handoff: HandoffDecision.optional(),
+  /**
+   * The W3C trace context of the job's admission span, when the submitter's trace (or a tracer
+   * provider in the dispatcher) made one: the worker's attempt and the jobs it hands off to join it.
+   */
+  traceparent: z
+    .string()
+    .regex(/^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/)
+    .optional(),
 });
 export type JobRecord = z.infer<typeof JobRecord>;
 

@@ -67,13 +67,16 @@ export interface AgentEnvParams {
   secrets: ReadonlyMap<string, string>;
   /** When the worker stops the attempt (its timeout or the job's deadline), in ms since the epoch. */
   stopAt: number;
+  /** The attempt's span (W3C `traceparent`), when the job is traced: the agent's own spans join it. */
+  traceparent?: string;
 }
 
 /**
  * The agent's complete environment: PATH, HOME, LANG and TMPDIR, then the agent's `env`, then
- * its secrets, then the BOXCAR_* variables (which nothing overrides).
+ * its secrets, then the BOXCAR_* variables and, for a traced job, TRACEPARENT (which nothing
+ * overrides).
  */
-export function agentEnv({ item, attempt, workspace, path, secrets, stopAt }: AgentEnvParams): Record<string, string> {
+export function agentEnv({ item, attempt, workspace, path, secrets, stopAt, traceparent }: AgentEnvParams): Record<string, string> {
   const inWorkspace = (p: string) => `${workspace}/${p}`;
   return {
     PATH: path,
@@ -91,5 +94,6 @@ export function agentEnv({ item, attempt, workspace, path, secrets, stopAt }: Ag
     BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
     BOXCAR_STOP_AT: String(stopAt),
+    ...(traceparent ? { TRACEPARENT: traceparent } : {}),
   };
 }

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import type { Logger } from "@boxcar/client";
+import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
 import {
   inputDigest,
   isTransientJetStreamError,
@@ -90,6 +90,10 @@ export class JobRun {
   private claimedAt = 0;
   private sandboxInfo: SandboxInfo | undefined;
   private secretValues: string[] = [];
+  /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
+  private traceparent: string | undefined;
+  /** How the attempt ended (its final state, or `retry`, `fenced`...), for its span. */
+  private endedAs: string | undefined;
 
   constructor(
     private readonly ctx: JobRunContext,
@@ -193,6 +197,38 @@ export class JobRun {
     this.handle = claim.handle;
     this.sandboxInfo = decided;
     this.claimedAt = performance.now();
+    // The attempt joins the job's trace: from the work item's header, else the record.
+    const attemptSpan = startSpan("job.attempt", this.msg.headers?.get(TRACEPARENT) || record.traceparent, {
+      kind: SpanKind.CONSUMER,
+      attributes: {
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": this.msg.subject,
+        "messaging.message.id": this.jobId,
+        "boxcar.job.id": this.jobId,
+        "boxcar.agent": record.agent,
+        "boxcar.attempt": record.attempt,
+        "boxcar.sandbox.kind": preflight.runtime.kind,
+        "boxcar.worker.id": this.ctx.options.workerId,
+      },
+    });
+    this.traceparent = attemptSpan.traceparent;
+    try {
+      await this.runClaimed(record, preflight, decided);
+    } finally {
+      attemptSpan.span.setAttribute("boxcar.job.state", this.endedAs ?? "unknown");
+      if (this.endedAs !== "succeeded" && this.endedAs !== "requeue") {
+        failSpan(attemptSpan.span, { message: `the attempt ended ${this.endedAs ?? "without an outcome"}` });
+      }
+      attemptSpan.span.end();
+    }
+  }
+
+  private async runClaimed(
+    record: JobRecord,
+    preflight: Extract<Preflight, { ok: true }>,
+    decided: SandboxInfo | undefined,
+  ): Promise<void> {
     this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
     if (record.attempt > 1) await this.removeEarlierAttempts(record.attempt);
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
@@ -200,6 +236,7 @@ export class JobRun {
     await this.events.job("started", "running", decided ? { sandbox: decided } : {});
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
+    this.endedAs = outcome.kind === "final" ? outcome.state : outcome.kind;
     this.finishing = true;
     await this.finish(outcome);
   }
@@ -346,6 +383,7 @@ export class JobRun {
       path: sandbox.agentPath ?? options.agentPath,
       secrets,
       stopAt: Date.now() + stopInMs,
+      ...(this.traceparent ? { traceparent: this.traceparent } : {}),
     });
     const output = new OutputLog({
       publish: async (stream, data) => {

@@ -1,0 +1,77 @@
+import { context, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { BasicTracerProvider, InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
+import { localSystem } from "./helpers/system.js";
+
+const exporter = new InMemorySpanExporter();
+
+// An application's SDK, in this process: every role here (client, dispatcher, worker) reports to it.
+beforeAll(() => {
+  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+});
+afterAll(() => {
+  trace.disable();
+  context.disable();
+});
+
+const parentOf = (span: ReadableSpan) => span.parentSpanContext?.spanId;
+
+test("one trace from the submitter's span through the dispatcher, the worker, a handoff and the agents' TRACEPARENT", async () => {
+  await using system = await localSystem();
+  const { client } = system;
+  // Each agent reports the TRACEPARENT it was given; the first hands off to the second.
+  const report = 'printf \'{"output":"%s"%s}\' "$TRACEPARENT" "$1" > "$BOXCAR_RESULT_FILE"';
+  await client.applyAgent({
+    name: "first",
+    command: ["bash", "-c", report, "_", ',"handoff":{"to":"second"}'],
+    handoffs: ["second"],
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  await client.applyAgent({ name: "second", command: ["bash", "-c", report, "_", ""], trusted: true, runtime: { sandbox: "host" } });
+
+  const tracer = trace.getTracer("test");
+  const { root, first, last } = await tracer.startActiveSpan("user.request", async (span) => {
+    const { job } = await client.submit({ agent: "first" });
+    const end = await client.waitForChain(job.id);
+    span.end();
+    return { root: span.spanContext(), first: await client.getJob(job.id), last: end };
+  });
+  expect([first.agent, last.agent, last.state]).toEqual(["first", "second", "succeeded"]);
+
+  // The attempts' spans end once their jobs are settled: wait for both.
+  const spans = await eventually(async () => {
+    const all = exporter.getFinishedSpans();
+    return all.filter((s) => s.name === "job.attempt").length === 2 ? all : undefined;
+  }, "both attempts' spans");
+  const named = (name: string, jobId?: string) =>
+    spans.filter((s) => s.name === name && (jobId === undefined || s.attributes["boxcar.job.id"] === jobId));
+  const [submit] = named("jobs.submit");
+  const [firstAttempt] = named("job.attempt", first.id);
+  const [handoff] = named("handoff", first.id);
+  const [lastAttempt] = named("job.attempt", last.id);
+  for (const span of [submit, firstAttempt, handoff, lastAttempt]) expect(span?.spanContext().traceId).toBe(root.traceId);
+
+  // Parent by parent: the request's span under the user's, the first attempt and the handoff
+  // under the admission (the job record's trace), the next job's attempt under the handoff.
+  expect(parentOf(submit!)).toBe(root.spanId);
+  expect(submit?.attributes).toMatchObject({ "messaging.system": "nats", "boxcar.job.id": first.id });
+  expect(parentOf(firstAttempt!)).toBe(submit?.spanContext().spanId);
+  expect(firstAttempt?.attributes).toMatchObject({
+    "messaging.operation.type": "process",
+    "boxcar.agent": "first",
+    "boxcar.attempt": 1,
+    "boxcar.sandbox.kind": "host",
+    "boxcar.job.state": "succeeded",
+  });
+  expect(parentOf(handoff!)).toBe(submit?.spanContext().spanId);
+  expect(parentOf(lastAttempt!)).toBe(handoff?.spanContext().spanId);
+
+  // Each agent got its attempt's span as TRACEPARENT, so its own spans (an LLM call) join the trace.
+  expect(first.result?.output).toBe(`00-${root.traceId}-${firstAttempt?.spanContext().spanId}-01`);
+  expect(last.result?.output).toBe(`00-${root.traceId}-${lastAttempt?.spanContext().spanId}-01`);
+  expect(first.traceparent).toBe(`00-${root.traceId}-${submit?.spanContext().spanId}-01`);
+});
