@@ -75,3 +75,39 @@ test("one trace from the submitter's span through the dispatcher, the worker, a 
   expect(last.result?.output).toBe(`00-${root.traceId}-${lastAttempt?.spanContext().spanId}-01`);
   expect(first.traceparent).toBe(`00-${root.traceId}-${submit?.spanContext().spanId}-01`);
 });
+
+test("a workflow run's jobs join the trace of the request that started it", async () => {
+  exporter.reset();
+  await using system = await localSystem();
+  const { client } = system;
+  await client.applyAgent({ name: "step", command: "true", trusted: true, runtime: { sandbox: "host" } });
+  const tracer = trace.getTracer("test");
+  const { root, run } = await tracer.startActiveSpan("user.request", async (span) => {
+    const { run } = await client.startRun({
+      workflow: {
+        name: "traced",
+        steps: [
+          { name: "a", agent: "step" },
+          { name: "b", agent: "step", needs: ["a"] },
+        ],
+      },
+    });
+    const ended = await client.waitForRun(run.id);
+    span.end();
+    return { root: span.spanContext(), run: ended };
+  });
+  expect(run.state).toBe("succeeded");
+  const jobs = Object.values(run.steps).flatMap((s) => s.instances.flatMap((i) => i.jobs));
+  expect(jobs).toHaveLength(2);
+  const spans = await eventually(async () => {
+    const all = exporter.getFinishedSpans();
+    return all.filter((s) => s.name === "job.attempt").length === 2 ? all : undefined;
+  }, "both steps' attempt spans");
+  const [start] = spans.filter((s) => s.name === "workflows.start");
+  expect(start?.attributes["boxcar.run.id"]).toBe(run.id);
+  expect([start?.spanContext().traceId, parentOf(start!)]).toEqual([root.traceId, root.spanId]);
+  for (const jobId of jobs) {
+    const [attempt] = spans.filter((s) => s.name === "job.attempt" && s.attributes["boxcar.job.id"] === jobId);
+    expect([attempt?.spanContext().traceId, parentOf(attempt!)], jobId).toEqual([root.traceId, start?.spanContext().spanId]);
+  }
+});

@@ -138,11 +138,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       // The jobs a worker runs are anyone's: a caller who sees only its own gets their count (load).
       return { workers: seesAll(caller.role) ? workers : workers.map((w) => ({ ...w, jobs: [] })) };
     },
-    [ApiEndpoint.workflowsStart]: (body, caller) => {
+    [ApiEndpoint.workflowsStart]: (body, caller, traceparent) => {
       const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
       onlyAdminsChoosePools(caller, Array.isArray(steps) ? steps : []);
       ctx.load.checkRoom(ctx.policy.policy);
-      return runs.start(body, caller.user);
+      return runs.start(body, caller.user, traceparent);
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
@@ -221,8 +221,9 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     }
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", MAX_SPEC_BYTES);
     const data = await handler(body, caller, traceparent);
-    const job = (data as { job?: { id?: unknown } } | undefined)?.job?.id;
-    if (typeof job === "string") span.setAttribute("boxcar.job.id", job);
+    const named = data as { job?: { id?: unknown }; run?: { id?: unknown } } | undefined;
+    if (typeof named?.job?.id === "string") span.setAttribute("boxcar.job.id", named.job.id);
+    if (typeof named?.run?.id === "string") span.setAttribute("boxcar.run.id", named.run.id);
     msg.respond(JSON.stringify({ ok: true, data }));
   } catch (err) {
     // JetStream not answering (a cluster electing leaders) is worth asking again, not a fault.

@@ -3,6 +3,7 @@ import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION,
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
+import { Traceparent } from "./trace-context.js";
 import { durationMs } from "./units.js";
 import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
 
@@ -162,10 +163,7 @@ export const JobRecord = z.looseObject({
    * The W3C trace context of the job's admission span, when the submitter's trace (or a tracer
    * provider in the dispatcher) made one: the worker's attempt and the jobs it hands off to join it.
    */
-  traceparent: z
-    .string()
-    .regex(/^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/)
-    .optional(),
+  traceparent: Traceparent.optional(),
 });
 export type JobRecord = z.infer<typeof JobRecord>;
 

@@ -4,6 +4,7 @@ import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
 import { expressionsIn, formatReference, type Reference, stringsIn, TemplateError } from "./template.js";
+import { Traceparent } from "./trace-context.js";
 import { durationMs } from "./units.js";
 
 /** Guards on a handoff chain; hitting one ends the chain with the reason. */
@@ -271,6 +272,8 @@ export const WorkflowRun = z.looseObject({
   output: z.json().optional(),
   error: ErrorInfo.optional(),
   labels: z.record(z.string(), z.string()).default({}),
+  /** The trace context of the `workflows.start` request's span, when it was traced: the run's jobs join it. */
+  traceparent: Traceparent.optional(),
 });
 export type WorkflowRun = z.infer<typeof WorkflowRun>;
 

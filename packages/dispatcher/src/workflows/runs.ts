@@ -47,7 +47,8 @@ export class Runs {
     private readonly ctx: RunsContext,
   ) {}
 
-  async start(raw: unknown, owner: string): Promise<{ run: WorkflowRun; duplicate: boolean }> {
+  /** Starts a run for `owner`; `traceparent`, the start request's span, is the trace its jobs join. */
+  async start(raw: unknown, owner: string, traceparent?: string): Promise<{ run: WorkflowRun; duplicate: boolean }> {
     const req = parseWith(StartRunRequest, raw, "request");
     const { workflow } = req;
     for (const [i, step] of workflow.steps.entries()) {
@@ -77,6 +78,7 @@ export class Runs {
       steps: Object.fromEntries(workflow.steps.map((s) => [s.name, { state: "pending", instances: [] } satisfies StepRun])),
       labels: req.labels,
       ...(workflow.limits.deadline !== undefined ? { deadline: new Date(Date.parse(now) + workflow.limits.deadline).toISOString() } : {}),
+      ...(traceparent ? { traceparent } : {}),
     };
     try {
       await this.topology.workflows.create(id, JSON.stringify(run));
@@ -230,6 +232,7 @@ export class Runs {
               ...(run.workflow.steps.find((s) => s.name === start.step)?.forEach !== undefined ? { index: start.index } : {}),
               ...(run.deadline ? { deadline: run.deadline } : {}),
             },
+            ...(run.traceparent ? { traceparent: run.traceparent } : {}),
           });
           return { start, jobId: job.id };
         } catch (err) {
