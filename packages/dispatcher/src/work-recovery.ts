@@ -17,8 +17,9 @@ const CHECK_REUSE_MS = 500;
  * item, so the stream holds at least as many items as the index counts such jobs. Only when it
  * holds fewer does it read the items (their job ids, one request each) to learn which jobs have
  * none. A job younger than the duplicate window is the admission sweeper's; a job whose record
- * moved on meanwhile is left alone. A second copy of an item is harmless (the claim is a
- * compare-and-swap), so a job enqueued twice still runs once.
+ * moved on meanwhile is left alone. A second copy of an item is to be avoided: taken while the
+ * first runs, it would start another attempt (a claim takes over a running job, as after a
+ * crash), and the first would be fenced off only once it next writes.
  */
 export class WorkRecovery {
   private readonly timer: NodeJS.Timeout;
