@@ -132,6 +132,33 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       expect(["succeeded", "failed"]).toContain(piped.final.state);
       expect(JSON.stringify(piped.final)).not.toContain(SECRET);
     });
+    test("a workspace past its quota is caught while the agent writes it: the agent is killed, the job fails saying so", async () => {
+      // A worker whose workspaces are on a disk (no memory limit bounds them there) with a 20 MiB quota.
+      await using root = await scratch("boxcar-quota-root-");
+      await using quota = createWorker({
+        ...nats.workerRole,
+        pools: ["quota"],
+        providers: [
+          createDockerSandboxProvider({
+            prefix: nats.topology.names.prefix,
+            system: nats.topology.systemId,
+            workspace: "bind",
+            root: root.path,
+            maxWorkspaceBytes: 20 * 1024 ** 2,
+          }),
+        ],
+      });
+      void quota.run();
+      const { final } = await run("filler", "head -c 100000000 /dev/zero > big; echo wrote; sleep 30", {
+        pool: "quota",
+        runtime: { timeout: "1m" },
+      });
+      expect(final.state).toBe("failed");
+      expect(final.error).toMatchObject({ code: "sandbox_failed", message: expect.stringContaining("quota of 20971520 bytes") });
+      const ranMs = Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "");
+      expect(ranMs).toBeLessThan(15_000); // not the agent's 30 s sleep
+      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+    });
   });
 
   test("an agent that asks for auto runs in Docker on a worker with an engine, and the events say why", async () => {

@@ -99,14 +99,16 @@ export const WorkerConfig = z.strictObject({
           tmpSize: sizeBytes({ min: 1024 ** 2, max: 64 * 1024 ** 3 }).optional(),
           maxWorkspace: sizeBytes({ min: 1024 ** 2, max: 1024 ** 4 })
             .optional()
-            .describe("most data copied out of a container"),
+            .describe(
+              "most data in a container's workspace: watched while a bind-mounted one is written, checked as a copied one comes out",
+            ),
           maxWorkspaceEntries: z
             .number()
             .int()
             .min(100)
             .max(10_000_000)
             .optional()
-            .describe("most files and folders copied out of a container (default 100000)"),
+            .describe("most files and folders in a container's workspace, the same two ways (default 100000)"),
           workspace: z
             .enum(["auto", "bind", "copy"])
             .optional()

@@ -54,6 +54,10 @@ export function outcomeOfExit(
     ...(file?.summary !== undefined ? { summary: file.summary } : {}),
     ...(file?.handoff ? { handoff: file.handoff } : {}),
   };
+  if (exec.breach !== undefined) {
+    const message = `${exec.breach}, and the agent was killed`;
+    return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.sandboxFailed, message }, message };
+  }
   if (exec.oomKilled) {
     const message = `the agent used more memory than its limit${memoryLimit ? ` of ${memoryLimit} bytes` : ""} and was killed`;
     return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };

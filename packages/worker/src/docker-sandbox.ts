@@ -9,6 +9,7 @@ import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-w
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { defaultWorkRoot } from "./work-root.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
+import { WorkspaceQuota } from "./workspace-quota.js";
 
 export interface DockerSandboxOptions {
   /** Labels name this system's containers, so several Boxcar systems can share one engine. */
@@ -28,9 +29,9 @@ export interface DockerSandboxOptions {
   defaultLimits?: { cpus: number; memory: number; pids: number };
   /** Size of the `/tmp` tmpfs; default 64 MiB. */
   tmpBytes?: number;
-  /** Most workspace data copied back out of a container; default 1 GiB. */
+  /** Most data in a workspace: watched while a bind-mounted one is written, checked as a copied one comes out; default 1 GiB. */
   maxWorkspaceBytes?: number;
-  /** Most files and folders copied back out of a container; default 100 000. */
+  /** Most files and folders in a workspace, the same two ways; default 100 000. */
   maxWorkspaceEntries?: number;
   /** Where workspaces are staged on this machine; default {@link defaultWorkRoot}. */
   root?: string;
@@ -284,6 +285,19 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       aborted = true;
       container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
     };
+    // A bind-mounted workspace is written straight to the worker's disk: watched while the agent
+    // runs (a copied one is bounded when copied out).
+    let breach: string | undefined;
+    const quota = bind
+      ? new WorkspaceQuota(
+          this.files.dir,
+          { maxBytes: this.settings.maxWorkspaceBytes, maxEntries: this.settings.maxWorkspaceEntries },
+          (reason) => {
+            breach = reason;
+            container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
+          },
+        )
+      : undefined;
     const startedAt = performance.now();
     if (!(await untilAborted(container.start().then(() => true)))) return notRun;
     opts.signal.addEventListener("abort", onAbort, { once: true });
@@ -294,14 +308,15 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       await output.ended;
     } finally {
       clearTimeout(sampling);
+      quota?.stop();
       opts.signal.removeEventListener("abort", onAbort);
     }
     const durationMs = performance.now() - startedAt;
     // Only a SIGKILL (128 + 9) this worker did not send can be the kernel's OOM killer.
-    const oomKilled = status.StatusCode === 137 && !aborted && (await container.inspect()).State.OOMKilled;
+    const oomKilled = status.StatusCode === 137 && !aborted && breach === undefined && (await container.inspect()).State.OOMKilled;
     // A timeout or cancel while the workspace is copied out stops the copy too: the run is then
     // as stopped as one killed while it ran (a workspace of many files took longer than the job).
-    const killed = aborted || oomKilled;
+    const killed = aborted || oomKilled || breach !== undefined;
     if (!bind && !opts.signal.aborted) {
       await this.copyOut(container, opts.signal).catch((err: unknown) => {
         if (!opts.signal.aborted) throw err;
@@ -313,6 +328,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       aborted: aborted || opts.signal.aborted,
       durationMs,
       oomKilled,
+      ...(breach !== undefined ? { breach } : {}),
       ...(usage.result() ? { usage: usage.result() } : {}),
     };
   }

@@ -62,6 +62,8 @@ export interface ExecResult {
   oomKilled?: boolean;
   /** What it used, where the backend can measure it. */
   usage?: ResourceUsage;
+  /** Why the sandbox killed the command for breaking one of its bounds (its workspace's quota); the attempt fails so. */
+  breach?: string;
 }
 
 export interface WorkspaceFile {

@@ -1,0 +1,35 @@
+import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, expect, test } from "vitest";
+import { measureWorkspace } from "./workspace-quota.js";
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "boxcar-quota-"));
+});
+afterEach(() => rm(dir, { recursive: true, force: true }));
+
+const roomy = { maxBytes: 1024 ** 3, maxEntries: 1_000 };
+
+test("counts every entry, folders and links too, and the blocks files take, never following a link", async () => {
+  await mkdir(join(dir, "a/b"), { recursive: true });
+  await writeFile(join(dir, "a/b/data"), Buffer.alloc(64 * 1024, 1));
+  await symlink("/", join(dir, "root")); // followed, it would count the whole machine
+  const { bytes, entries } = await measureWorkspace(dir, roomy);
+  expect(entries).toBe(4); // a, a/b, a/b/data, root
+  expect(bytes).toBeGreaterThanOrEqual(64 * 1024);
+  expect(bytes).toBeLessThan(1024 * 1024);
+});
+
+test("a sparse file counts what it takes, not its length", async () => {
+  await writeFile(join(dir, "sparse"), "");
+  await truncate(join(dir, "sparse"), 512 * 1024 ** 2);
+  expect((await measureWorkspace(dir, roomy)).bytes).toBeLessThan(1024 * 1024);
+});
+
+test("stops counting once past a limit", async () => {
+  for (let i = 0; i < 50; i++) await writeFile(join(dir, `f${i}`), "x");
+  const { entries } = await measureWorkspace(dir, { maxBytes: 1024 ** 3, maxEntries: 10 });
+  expect(entries).toBe(11);
+});
