@@ -6,6 +6,8 @@ import { AuthDir } from "@boxcar/auth";
 import { connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { freePort } from "@boxcar/fabric";
 import { type JobRecord, names } from "@boxcar/protocol";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, startE2BStandIn } from "./e2b-standin/index.js";
@@ -62,13 +64,23 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     await dir?.[Symbol.asyncDispose]();
   });
 
-  /** Where the jobs stand and what the roles logged last, for a run that timed out (CI, once). */
-  const describeFailure = async (jobs: JobRecord[]) => {
+  /** Where the jobs and the streams stand and what the roles logged last, for a run that timed out (CI, twice). */
+  const describeFailure = async (jobs: JobRecord[], nc: NatsConnection) => {
     const byState = new Map<string, number>();
     for (const j of jobs) byState.set(j.state, (byState.get(j.state) ?? 0) + 1);
     process.stderr.write(`compose: ${jobs.length} jobs listed, by state: ${JSON.stringify(Object.fromEntries(byState))}\n`);
     for (const j of jobs.filter((j) => j.state !== "succeeded").slice(0, 10)) {
       process.stderr.write(`  ${j.id} ${j.state} attempt ${j.attempt} worker ${j.worker ?? "-"} ${j.error?.message ?? ""}\n`);
+    }
+    // Each stream's replicas and leader: a system made with 1 replica loses streams with a server.
+    try {
+      const jsm = await jetstreamManager(nc, { timeout: 5_000 });
+      for await (const info of jsm.streams.list()) {
+        const leader = info.cluster?.leader ?? "none";
+        process.stderr.write(`  stream ${info.config.name}: ${info.config.num_replicas} replicas, leader ${leader}\n`);
+      }
+    } catch (err) {
+      process.stderr.write(`  streams: ${(err as Error).message}\n`);
     }
     const logs = await compose("logs", "--no-color", "--tail", "40", "dispatcher", "worker").catch((e) => ({ stdout: String(e) }));
     process.stderr.write(`${logs.stdout}\n`);
@@ -134,7 +146,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
         `all ${JOBS} jobs to succeed`,
         150_000,
       ).catch(async (err) => {
-        await describeFailure(await records());
+        await describeFailure(await records(), nc);
         throw err;
       });
       const byId = new Map<string, JobRecord>(finals.map((j) => [j.id, j]));
