@@ -158,6 +158,13 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       const ranMs = Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "");
       expect(ranMs).toBeLessThan(15_000); // not the agent's 30 s sleep
       expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+
+      // A sparse file made as the agent ends, between two looks: the last look, when it has
+      // ended, counts its length, and no artifact of it is stored.
+      const sparse = await run("sparse", "truncate -s 200M out/sparse.bin; echo made", { pool: "quota" });
+      expect(sparse.final.state).toBe("failed");
+      expect(sparse.final.error?.message).toMatch(/quota of 20971520 bytes by the time the agent ended/);
+      expect(sparse.final.artifacts ?? []).toEqual([]);
     });
   });
 

@@ -174,6 +174,9 @@ export async function* followChain(
   }
 }
 
+/** How long after a run's end its follow waits for a job's final event that its record says came. */
+const LOST_EVENT_GRACE_MS = 5_000;
+
 /**
  * A run's events and the events of its jobs (and their sandboxes), in the order they were
  * stored. With `follow`, until the run has ended and none of its jobs is still going: the jobs
@@ -182,7 +185,7 @@ export async function* followChain(
 export function followRun(link: ClientLink, reader: HistoryReader, run: Run, opts: FollowOptions = {}): AsyncGenerator<BoxcarEvent> {
   const owner = ownerOf(run);
   const going = new Set<string>();
-  let ended = false;
+  let endedAt: number | undefined;
   return followPages(link.nc, (after) => reader.runEventsPage(run.id, after), {
     ...opts,
     // The run's jobs belong to its owner: their live events announce the run's history.
@@ -192,10 +195,12 @@ export function followRun(link: ClientLink, reader: HistoryReader, run: Run, opt
         if (isTerminal(event.state)) going.delete(event.jobId);
         else going.add(event.jobId);
       }
-      if (event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type)) ended = true;
-      return ended && going.size === 0;
+      if (event.kind === "workflow" && ["succeeded", "failed", "cancelled"].includes(event.type)) endedAt ??= Date.now();
+      return endedAt !== undefined && going.size === 0;
     },
-    // A job's final event that was never stored (its publish failed) does not hold it up: the run's record says.
-    finished: async () => ended && !hasJobsGoing(await reader.getRun(run.id)),
+    // A job's final event that was never stored (its publish failed) does not hold it up for
+    // ever: once the run's record says none is going, and a while after the run ended (an event
+    // announced live may not be stored yet), the follow ends.
+    finished: async () => endedAt !== undefined && Date.now() - endedAt > LOST_EVENT_GRACE_MS && !hasJobsGoing(await reader.getRun(run.id)),
   });
 }

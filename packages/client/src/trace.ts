@@ -37,7 +37,7 @@ export function traceparentOf(ctx: Context = context.active()): string | undefin
 
 const TRACEPARENT_PATTERN = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 
-/** A context whose parent is the remote span `traceparent` names; the root context when it names none. */
+/** A context whose parent is the remote span `traceparent` names; the active context when it names none. */
 function contextFrom(traceparent: string | undefined): Context {
   const match = traceparent ? TRACEPARENT_PATTERN.exec(traceparent.trim()) : null;
   if (!match) return context.active();

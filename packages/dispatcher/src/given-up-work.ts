@@ -32,7 +32,9 @@ const MaxDeliveriesAdvisory = z.looseObject({
  * temporarily unavailable"), would leave the job stuck for good. So each dispatcher also sweeps:
  * an item still in the work stream at or below its consumer's ack floor is one its consumer
  * stopped delivering (an acknowledged item leaves a work-queue stream). While all is well a
- * sweep costs one consumer list and one message read per pool consumer. An item is settled
+ * sweep costs one consumer list and one message read per pool consumer. The floor stays below
+ * an item still being worked on: a given-up item above one that a long job holds is found once
+ * that job ends (the advisory finds it at once). An item is settled
  * when two sweeps in a row find it, so one whose acknowledgement the stream has not applied yet
  * is never taken for given up.
  *
@@ -126,8 +128,11 @@ export class GivenUpWork {
         const stored = await jsm.streams.getMessage(stream, request);
         if (!stored || stored.seq > floor) break;
         if (this.suspects.has(stored.seq)) {
-          await this.settle(stored, { consumer: info.name, deliveries: info.config.max_deliver ?? 0 });
-          settled += 1;
+          // One item that cannot be settled (unreadable, say) does not hold up the others.
+          await this.settle(stored, { consumer: info.name, deliveries: info.config.max_deliver ?? 0 }).then(
+            () => (settled += 1),
+            (err: unknown) => this.log.warn({ err, seq: stored.seq }, "could not settle a work item JetStream gave up on"),
+          );
         } else {
           found.add(stored.seq);
         }

@@ -361,10 +361,11 @@ const isReplicaRefusal = (err: unknown): err is JetStreamApiError =>
 
 /**
  * How long a refused replica count is tried again: the servers of a cluster that has just
- * started join its JetStream one by one. 5 s, or 60 s when the server says its cluster has 3 or
- * more servers (`connect_urls`): a busy machine has been seen to take longer than 5 s to bring
- * the third in, and a new system there must not settle for 1 replica (a Compose cluster did, in
- * CI, and lost its streams with the server they were on).
+ * started join its JetStream one by one. 5 s, or 60 s when the server advertises 3 or more
+ * client URLs for its cluster (`connect_urls`; a server with several addresses counts each): a
+ * busy machine has been seen to take longer than 5 s to bring the third in, and a new system
+ * there must not settle for 1 replica (a Compose cluster did, in CI, and lost its streams with
+ * the server they were on).
  */
 function placementPatienceMs(nc: NatsConnection): number {
   return (nc.info?.connect_urls?.length ?? 0) >= 3 ? ASKED_PLACEMENT_PATIENCE_MS : 5_000;

@@ -55,7 +55,7 @@ export function outcomeOfExit(
     ...(file?.handoff ? { handoff: file.handoff } : {}),
   };
   if (exec.breach !== undefined) {
-    const message = `${exec.breach}, and the agent was killed`;
+    const message = exec.breach;
     return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.sandboxFailed, message }, message };
   }
   if (exec.oomKilled) {

@@ -139,7 +139,12 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
         );
       }
       const network = await checkNetwork(docker, runtime.network, networksOf(await ownContainer()));
-      mounting ??= chooseMounting();
+      // Decided once; an engine that did not answer is asked again at the next job.
+      mounting ??= chooseMounting().catch((err: unknown) => {
+        mounting = undefined;
+        throw err;
+      });
+      const workspaceMounting = await mounting;
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
       const files = await settings.root.create(spec.id);
@@ -155,7 +160,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
           prefix: opts.prefix,
           system: opts.system,
           agentPath: imagePath,
-          mounting: await mounting,
+          mounting: workspaceMounting,
           // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
           bindRefused: () => {
             mounting = Promise.resolve("copy");
@@ -278,28 +283,27 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     if (!output) return notRun;
 
     const usage = new UsageMeter();
-    // The engine samples about once a second: a shorter run is not worth a stats stream.
-    const sampling = setTimeout(() => void usage.follow(container), USAGE_AFTER_MS);
     let aborted = false;
     const onAbort = () => {
       aborted = true;
       container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
     };
-    // A bind-mounted workspace is written straight to the worker's disk: watched while the agent
-    // runs (a copied one is bounded when copied out).
-    let breach: string | undefined;
-    const quota = bind
-      ? new WorkspaceQuota(
-          this.files.dir,
-          { maxBytes: this.settings.maxWorkspaceBytes, maxEntries: this.settings.maxWorkspaceEntries },
-          (reason) => {
-            breach = reason;
-            container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
-          },
-        )
-      : undefined;
     const startedAt = performance.now();
     if (!(await untilAborted(container.start().then(() => true)))) return notRun;
+    // The engine samples about once a second: a shorter run is not worth a stats stream.
+    const sampling = setTimeout(() => void usage.follow(container), USAGE_AFTER_MS);
+    // A bind-mounted workspace is written straight to the worker's disk: watched while the agent
+    // runs, and measured once more when it has ended (a copied one is bounded when copied out).
+    const limits = { maxBytes: this.settings.maxWorkspaceBytes, maxEntries: this.settings.maxWorkspaceEntries };
+    let breach: string | undefined;
+    let killedForQuota = false;
+    const quota = bind
+      ? new WorkspaceQuota(this.files.dir, limits, (reason) => {
+          breach = `${reason}: the agent was killed`;
+          killedForQuota = true;
+          container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
+        })
+      : undefined;
     opts.signal.addEventListener("abort", onAbort, { once: true });
     if (opts.signal.aborted) onAbort();
     let status: { StatusCode: number };
@@ -312,11 +316,15 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       opts.signal.removeEventListener("abort", onAbort);
     }
     const durationMs = performance.now() - startedAt;
+    if (quota && breach === undefined && !opts.signal.aborted) {
+      const last = await quota.lastLook();
+      if (last) breach = `${last} by the time the agent ended`;
+    }
     // Only a SIGKILL (128 + 9) this worker did not send can be the kernel's OOM killer.
-    const oomKilled = status.StatusCode === 137 && !aborted && breach === undefined && (await container.inspect()).State.OOMKilled;
+    const oomKilled = status.StatusCode === 137 && !aborted && !killedForQuota && (await container.inspect()).State.OOMKilled;
     // A timeout or cancel while the workspace is copied out stops the copy too: the run is then
     // as stopped as one killed while it ran (a workspace of many files took longer than the job).
-    const killed = aborted || oomKilled || breach !== undefined;
+    const killed = aborted || oomKilled || killedForQuota;
     if (!bind && !opts.signal.aborted) {
       await this.copyOut(container, opts.signal).catch((err: unknown) => {
         if (!opts.signal.aborted) throw err;

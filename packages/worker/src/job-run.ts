@@ -419,7 +419,9 @@ export class JobRun {
 
   /** The outcome of an agent that ended on its own: artifacts, then its result file and exit code. */
   private async conclude(sandbox: Sandbox, exec: ExecResult): Promise<Outcome> {
-    const artifacts = await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts);
+    // A workspace past its quota is not stored: its files are what the quota keeps out.
+    const artifacts =
+      exec.breach === undefined ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts) : [];
     let file: AgentResultFile | undefined;
     try {
       file = redactJson(await readResultFile(sandbox), this.secretValues);

@@ -1,14 +1,28 @@
-import { lstat, readdir } from "node:fs/promises";
+import { chmod, lstat, readdir } from "node:fs/promises";
 import { join } from "node:path";
 
 /** How often a running agent's workspace is measured against its quota. */
 const CHECK_MS = 1_000;
 
 export interface WorkspaceLimits {
-  /** Most bytes the workspace may take on disk (allocated blocks: a sparse file counts what it uses). */
+  /** Most bytes in the workspace: a file counts its length or the blocks it takes, whichever is more (a sparse file its length, which is what storing it would cost). */
   maxBytes: number;
   /** Most files and folders in it. */
   maxEntries: number;
+}
+
+/**
+ * A folder's entries. One the agent made unreadable (`chmod 000`; a worker running as the
+ * agent's user owns it) is opened up first, so nothing can be hidden from the count.
+ */
+async function listFolder(folder: string) {
+  try {
+    return await readdir(folder, { withFileTypes: true });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EACCES") return [];
+    await chmod(folder, 0o700).catch(() => {});
+    return readdir(folder, { withFileTypes: true }).catch(() => []);
+  }
 }
 
 /**
@@ -20,12 +34,12 @@ export async function measureWorkspace(dir: string, limits: WorkspaceLimits): Pr
   let entries = 0;
   const over = () => bytes > limits.maxBytes || entries > limits.maxEntries;
   const walk = async (folder: string): Promise<void> => {
-    for (const entry of await readdir(folder, { withFileTypes: true }).catch(() => [])) {
+    for (const entry of await listFolder(folder)) {
       if (over()) return;
       entries += 1;
       const path = join(folder, entry.name);
       const stats = await lstat(path).catch(() => undefined);
-      bytes += (stats?.blocks ?? 0) * 512;
+      bytes += Math.max(stats?.isFile() ? stats.size : 0, (stats?.blocks ?? 0) * 512);
       if (entry.isDirectory()) await walk(path);
     }
   };
@@ -56,19 +70,23 @@ export class WorkspaceQuota {
     clearInterval(this.timer);
   }
 
+  /** After the agent has ended (and `stop`): one more look, for what it wrote since the last; the breach, if any. */
+  async lastLook(): Promise<string | undefined> {
+    return this.breachOf(await measureWorkspace(this.dir, this.limits));
+  }
+
+  private breachOf({ bytes, entries }: { bytes: number; entries: number }): string | undefined {
+    if (bytes > this.limits.maxBytes) return `the workspace took more than its quota of ${this.limits.maxBytes} bytes`;
+    if (entries > this.limits.maxEntries) return `the workspace held more than its quota of ${this.limits.maxEntries} files and folders`;
+    return undefined;
+  }
+
   private async look(): Promise<void> {
     if (this.looking || this.done) return;
     this.looking = true;
     try {
-      const { bytes, entries } = await measureWorkspace(this.dir, this.limits);
-      if (this.done) return;
-      const reason =
-        bytes > this.limits.maxBytes
-          ? `the workspace took more than its quota of ${this.limits.maxBytes} bytes`
-          : entries > this.limits.maxEntries
-            ? `the workspace held more than its quota of ${this.limits.maxEntries} files and folders`
-            : undefined;
-      if (reason) {
+      const reason = this.breachOf(await measureWorkspace(this.dir, this.limits));
+      if (reason && !this.done) {
         this.stop();
         this.breached(reason);
       }
