@@ -9,7 +9,6 @@ import {
   ArtifactChunk,
   BoxcarError,
   BoxcarEvent,
-  CancelReply,
   CleanJobsReply,
   type CleanJobsRequest,
   CountJobsReply,
@@ -20,6 +19,7 @@ import {
   type InputFileRef,
   isTerminal,
   type JobRecord,
+  JobReply,
   type JobSpecInput,
   ListAgentsReply,
   ListJobsReply,
@@ -249,11 +249,11 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   async cancelJob(id: string) {
-    return (await this.request(ApiEndpoint.jobsCancel, { id }, CancelReply)).job;
+    return (await this.request(ApiEndpoint.jobsCancel, { id }, JobReply)).job;
   }
 
   async retryJob(id: string) {
-    return (await this.request(ApiEndpoint.jobsRetry, { id }, CancelReply)).job;
+    return (await this.request(ApiEndpoint.jobsRetry, { id }, JobReply)).job;
   }
 
   countJobs(request: CountJobsRequest = {}) {

@@ -1,7 +1,7 @@
 import type { Logger } from "@boxcar/client";
-import { jobEvent, nowIso, publishEvent, type Topology, type WorkSigner } from "@boxcar/fabric";
+import { jobEvent, nowIso, publishEvent, storedMessages, type Topology, type WorkSigner } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
-import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type MsgRequest, type StoredMsg } from "@nats-io/jetstream";
+import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWork } from "./admission.js";
 
@@ -34,9 +34,9 @@ const MaxDeliveriesAdvisory = z.looseObject({
  * stopped delivering (an acknowledged item leaves a work-queue stream). While all is well a
  * sweep costs one consumer list and one message read per pool consumer. The floor stays below
  * an item still being worked on: a given-up item above one that a long job holds is found once
- * that job ends (the advisory finds it at once). An item is settled
- * when two sweeps in a row find it, so one whose acknowledgement the stream has not applied yet
- * is never taken for given up.
+ * that job ends (the advisory finds it at once). An item is settled when two sweeps in a row
+ * find it, so one whose acknowledgement the stream has not applied yet is never taken for given
+ * up.
  *
  * Dispatchers may settle the same item at once: the compare-and-swap lets one end the job, and
  * only the one whose delete removed the item enqueues the fresh copy.
@@ -122,11 +122,8 @@ export class GivenUpWork {
       const filter = info.config.filter_subject;
       // Only the pool consumers: another consumer's ack floor says nothing of what workers took.
       if (!names.poolOfConsumer(info.name) || info.config.ack_policy !== AckPolicy.Explicit || !filter) continue;
-      const floor = info.ack_floor.stream_seq;
-      for (let seq = 1; seq <= floor && !this.closing; ) {
-        const request = { seq, next_by_subj: filter } as unknown as MsgRequest; // STREAM.MSG.GET takes it
-        const stored = await jsm.streams.getMessage(stream, request);
-        if (!stored || stored.seq > floor) break;
+      for await (const stored of storedMessages(jsm, stream, filter, { upTo: info.ack_floor.stream_seq })) {
+        if (this.closing) break;
         if (this.suspects.has(stored.seq)) {
           // One item that cannot be settled (unreadable, say) does not hold up the others.
           await this.settle(stored, { consumer: info.name, deliveries: info.config.max_deliver ?? 0 }).then(
@@ -136,7 +133,6 @@ export class GivenUpWork {
         } else {
           found.add(stored.seq);
         }
-        seq = stored.seq + 1;
       }
     }
     this.suspects = found;

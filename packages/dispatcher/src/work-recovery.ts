@@ -1,7 +1,6 @@
 import type { Logger } from "@boxcar/client";
-import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
+import { DUPLICATE_WINDOW_MS, getJson, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
-import type { MsgRequest } from "@nats-io/jetstream";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 
@@ -75,14 +74,13 @@ export class WorkRecovery {
     const { state } = await topology.jsm.streams.info(names.streams.work);
 
     const withWork = new Set<string>();
-    for (let seq = state.first_seq; seq <= state.last_seq && !this.closed; ) {
-      const request = { seq, next_by_subj: names.subjects.workAll } as unknown as MsgRequest; // STREAM.MSG.GET takes it
-      const item = await topology.jsm.streams.getMessage(names.streams.work, request);
-      if (!item) break;
+    // To the stream's end, not just `last_seq`: an item stored since (a given-up item put back,
+    // say) counts as work too.
+    for await (const item of storedMessages(topology.jsm, names.streams.work, names.subjects.workAll, { from: state.first_seq })) {
+      if (this.closed) break;
       // Every item carries its job's id as its message id (`<job>` or `<job>:retry:<n>`, ...).
       const id = item.header?.get("Nats-Msg-Id")?.split(":")[0];
       if (id) withWork.add(id);
-      seq = item.seq + 1;
     }
     let recovered = 0;
     for (const [id, indexed] of index.newestFirst()) {

@@ -8,7 +8,7 @@ export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-s
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
 export { removeObject } from "./objects.js";
 export type { ReadStreamOptions } from "./stream-reader.js";
-export { readStream } from "./stream-reader.js";
+export { readStream, storedMessages } from "./stream-reader.js";
 export type { ResolvedTopologyOptions, StreamLimits, Topology, TopologyOptions } from "./topology.js";
 export { DEFAULT_STREAM_LIMITS, DUPLICATE_WINDOW_MS, isNotFound, openTopology, resolveTopologyOptions } from "./topology.js";
 export { inputDigest, SIGNATURE_HEADER, SIGNER_HEADER, WorkSigner, WorkVerifier } from "./work-signature.js";

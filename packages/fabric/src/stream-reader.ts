@@ -1,4 +1,4 @@
-import { DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
+import { DeliverPolicy, type JetStreamManager, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream";
 import type { Topology } from "./topology.js";
 
 export interface ReadStreamOptions {
@@ -45,5 +45,25 @@ export async function* readStream(
   } finally {
     opts.signal?.removeEventListener("abort", onAbort);
     await messages.close().catch(() => {});
+  }
+}
+
+/**
+ * The stored messages of `stream` on `filter` with sequences `from` to `upTo`, oldest first, one
+ * direct get each (`next_by_subj`) and no consumer: for a few reads of the work stream, where a
+ * consumer would be one more object on the server per scan.
+ */
+export async function* storedMessages(
+  jsm: JetStreamManager,
+  stream: string,
+  filter: string,
+  { from = 1, upTo = Number.POSITIVE_INFINITY }: { from?: number; upTo?: number } = {},
+): AsyncGenerator<StoredMsg> {
+  for (let seq = from; seq <= upTo; ) {
+    const request = { seq, next_by_subj: filter } as unknown as MsgRequest; // STREAM.MSG.GET takes it
+    const stored = await jsm.streams.getMessage(stream, request);
+    if (!stored || stored.seq > upTo) return;
+    yield stored;
+    seq = stored.seq + 1;
   }
 }

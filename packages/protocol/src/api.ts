@@ -52,7 +52,8 @@ export const CountJobsReply = z.strictObject({
 });
 export type CountJobsReply = z.infer<typeof CountJobsReply>;
 
-export const CancelReply = z.strictObject({ job: JobRecord });
+/** The reply of every endpoint that answers with one job: get, cancel, retry. */
+export const JobReply = z.strictObject({ job: JobRecord });
 
 /** Deletes now the ended jobs that match, as retention would (admins only). */
 export const CleanJobsRequest = z.strictObject({
@@ -162,8 +163,9 @@ export const SetPolicyReply = z.strictObject({
 export type SetPolicyReply = z.infer<typeof SetPolicyReply>;
 
 const NoFields = z.strictObject({});
-const JobReply = z.strictObject({ job: JobRecord });
 const AgentReply = z.strictObject({ agent: AgentDefinition });
+/** A page of `jobs.events` or `workflows.events`, its events as the contract publishes them. */
+const EventsReply = EventsPage.extend({ events: z.array(BoxcarEvent) });
 
 /**
  * The API's contract: each endpoint's request body and the `data` of its reply when `ok`
@@ -176,10 +178,10 @@ export const API_CONTRACT = {
   "jobs.get": { request: JobRef, reply: JobReply },
   "jobs.list": { request: ListJobsRequest, reply: ListJobsReply },
   "jobs.count": { request: CountJobsRequest, reply: CountJobsReply },
-  "jobs.cancel": { request: JobRef, reply: CancelReply },
+  "jobs.cancel": { request: JobRef, reply: JobReply },
   "jobs.retry": { request: JobRef, reply: JobReply },
   "jobs.clean": { request: CleanJobsRequest, reply: CleanJobsReply },
-  "jobs.events": { request: JobEventsRequest, reply: EventsPage.extend({ events: z.array(BoxcarEvent) }) },
+  "jobs.events": { request: JobEventsRequest, reply: EventsReply },
   "jobs.logs": { request: JobLogsRequest, reply: LogsPage },
   "jobs.artifact": { request: ArtifactRequest, reply: ArtifactChunk },
   "agents.apply": { request: z.strictObject({ definition: AgentDefinition }), reply: ApplyAgentReply },
@@ -191,7 +193,7 @@ export const API_CONTRACT = {
   "workflows.get": { request: RunRef, reply: RunReply },
   "workflows.list": { request: ListRunsRequest, reply: ListRunsReply },
   "workflows.cancel": { request: RunRef, reply: RunReply },
-  "workflows.events": { request: RunEventsRequest, reply: EventsPage.extend({ events: z.array(BoxcarEvent) }) },
+  "workflows.events": { request: RunEventsRequest, reply: EventsReply },
   "inputs.upload": { request: UploadRequest, reply: UploadReply },
   "policy.get": { request: NoFields, reply: PolicyReply },
   "policy.set": { request: z.strictObject({ policy: SystemPolicy }), reply: SetPolicyReply },
