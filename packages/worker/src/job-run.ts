@@ -92,8 +92,6 @@ export class JobRun {
   private secretValues: string[] = [];
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   private traceparent: string | undefined;
-  /** How the attempt ended (its final state, or `retry`, `fenced`...), for its span. */
-  private endedAs: string | undefined;
 
   constructor(
     private readonly ctx: JobRunContext,
@@ -213,22 +211,24 @@ export class JobRun {
       },
     });
     this.traceparent = attemptSpan.traceparent;
+    let endedAs: string | undefined;
     try {
-      await this.runClaimed(record, preflight, decided);
+      endedAs = await this.runClaimed(record, preflight, decided);
     } finally {
-      attemptSpan.span.setAttribute("boxcar.job.state", this.endedAs ?? "unknown");
-      if (this.endedAs !== "succeeded" && this.endedAs !== "requeue") {
-        failSpan(attemptSpan.span, { message: `the attempt ended ${this.endedAs ?? "without an outcome"}` });
+      attemptSpan.span.setAttribute("boxcar.job.state", endedAs ?? "unknown");
+      if (endedAs !== "succeeded" && endedAs !== "requeue") {
+        failSpan(attemptSpan.span, { message: `the attempt ended ${endedAs ?? "without an outcome"}` });
       }
       attemptSpan.span.end();
     }
   }
 
+  /** Runs the claimed attempt to its end; resolves with how it ended (its final state, or `requeue`, `fenced`). */
   private async runClaimed(
     record: JobRecord,
     preflight: Extract<Preflight, { ok: true }>,
     decided: SandboxInfo | undefined,
-  ): Promise<void> {
+  ): Promise<string> {
     this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
     if (record.attempt > 1) await this.removeEarlierAttempts(record.attempt);
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
@@ -236,9 +236,9 @@ export class JobRun {
     await this.events.job("started", "running", decided ? { sandbox: decided } : {});
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
-    this.endedAs = outcome.kind === "final" ? outcome.state : outcome.kind;
     this.finishing = true;
     await this.finish(outcome);
+    return outcome.kind === "final" ? outcome.state : outcome.kind;
   }
 
   /**
