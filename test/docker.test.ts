@@ -5,11 +5,11 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, SandboxEvent } from "@boxcar/protocol";
-import { createDockerSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import { createDockerSandboxProvider, createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { attemptOf, boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 
@@ -21,13 +21,18 @@ let nats: NatsFixture;
 let dispatcher: Dispatcher;
 let worker: Worker;
 let client: BoxcarClient;
+/** The worker's Docker backend: it keeps 2 warm containers for each (image, network) runtime.warm agents use. */
+let docker: SandboxProvider;
+const WARM = 2;
 
 describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
   beforeAll(async () => {
     nats = await natsFixture();
     dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    docker = createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId, warm: WARM });
     worker = createWorker({
       ...nats.workerRole,
+      providers: [createHostSandboxProvider(), docker],
       concurrency: 4,
       maxLogBytes: MAX_LOG_BYTES,
       secretsEnv: { AGENT_TOKEN: SECRET },
@@ -178,128 +183,173 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect(started).toMatchObject({ sandbox: { kind: "docker", reason: expect.stringMatching(/^auto: docker/) } });
   });
 
-  describe("isolation", () => {
-    let listener: Server;
-    let port = 0;
-    let gateway = "";
+  /**
+   * The escape battery, run against cold containers (made for their job) and warm ones (started
+   * before it, from the worker's pool): every bound must hold the same in both.
+   */
+  describe.each(["cold", "warm"] as const)("the escape battery, %s containers", (mode) => {
+    const warm = mode === "warm";
     beforeAll(async () => {
-      // A server on every host address: reachable from a bridged container, so the test of the
-      // unnetworked one is real.
-      listener = createServer((socket) => socket.end("hello from the host\n"));
-      await new Promise<void>((r) => listener.listen(0, "0.0.0.0", () => r()));
-      port = (listener.address() as { port: number }).port;
-      const bridge = await new Docker().getNetwork("bridge").inspect();
-      gateway = bridge.IPAM?.Config?.[0]?.Gateway ?? "172.17.0.1";
-    });
-    afterAll(() => listener?.close());
-
-    const probe = (host: () => string, p: () => number) =>
-      `ls /sys/class/net | tr '\\n' ' ' > out.txt; echo >> out.txt
-       (timeout 3 bash -c "exec 3<>/dev/tcp/${host()}/${p()} && head -1 <&3") >> out.txt 2>&1 || echo "no-host" >> out.txt
-       (timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${nats.server.port}") 2>/dev/null && echo "nats-reached" >> out.txt || echo "no-nats" >> out.txt
-       (getent hosts deb.debian.org >/dev/null && echo "dns") >> out.txt || echo "no-dns" >> out.txt
-       printf '{"output":%s}' "$(node -e 'console.log(JSON.stringify(require("fs").readFileSync("out.txt","utf8")))')" > "$BOXCAR_RESULT_FILE"`;
-
-    test("without a network the agent reaches nothing: not the host, not NATS, not the internet", async () => {
-      const { final } = await run(
-        "offline",
-        probe(
-          () => gateway,
-          () => port,
-        ),
-      );
-      expect(final.state).toBe("succeeded");
-      const out = String(final.result?.output);
-      expect(out.split("\n")[0]?.trim()).toBe("lo");
-      expect(out).toContain("no-host");
-      expect(out).toContain("no-nats");
-      expect(out).toContain("no-dns");
+      // The first job of an (image, network) runs cold and has the pool fill for it: bridge here.
+      if (warm) await run("warm-up-bridge", "true", { runtime: { network: "bridge", warm: true } });
     });
 
-    test("with network: bridge the same probe does reach the host (so the test above can fail)", async () => {
-      const { final } = await run(
-        "online",
-        probe(
-          () => gateway,
-          () => port,
-        ),
-        { runtime: { network: "bridge" } },
-      );
-      expect(String(final.result?.output)).toContain("hello from the host");
-    });
+    /** Until the pool has its containers for both networks ready (it refills in the background). */
+    async function warmPoolFull(): Promise<void> {
+      if (warm) await eventually(async () => ((docker.warmReady?.() ?? 0) >= 2 * WARM ? true : undefined), "the warm pool to fill");
+    }
 
-    test("it writes only to its workspace and /tmp, is not root and cannot become root", async () => {
-      const script = `for p in /etc/x /usr/x /x /var/x /workspace/ok /tmp/ok; do touch $p 2>/dev/null && echo "wrote $p" || echo "denied $p"; done
-        echo "uid=$(id -u)"; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
-        su -c id root </dev/null 2>&1 | head -1 || true
-        test -S /var/run/docker.sock && echo "docker-socket" || echo "no-docker-socket"`;
-      const { logs } = await run("confined", script);
-      expect(logs).toContain("denied /etc/x");
-      expect(logs).toContain("denied /usr/x");
-      expect(logs).toContain("denied /x");
-      expect(logs).toContain("denied /var/x");
-      expect(logs).toContain("wrote /workspace/ok");
-      expect(logs).toContain("wrote /tmp/ok");
-      expect(logs).toContain("uid=1000");
-      expect(logs).toMatch(/CapEff:\s+0000000000000000/);
-      expect(logs).toMatch(/NoNewPrivs:\s+1/);
-      expect(logs).toMatch(/Seccomp:\s+2/); // a seccomp filter is in force
-      expect(logs).not.toMatch(/uid=0\(root\)/);
-      expect(logs).toContain("no-docker-socket");
-    });
-  });
+    /** `run` in this mode; the run must have started as the mode says. */
+    async function runIn(name: string, script: string, extra: Partial<AgentDefinitionInput> = {}) {
+      await warmPoolFull();
+      const result = await run(`${name}-${mode}`, script, { ...extra, runtime: { ...extra.runtime, warm } });
+      expect(result.sandboxEvents.find((e) => e.type === "ready")?.start).toBe(warm ? "warm_hit" : "cold");
+      return result;
+    }
 
-  describe("resource limits", () => {
-    test("a fork bomb is contained by the pids limit, and the job reports it", async () => {
-      const { final, sandboxEvents } = await run("forkbomb", "bomb() { bomb | bomb & }; bomb; sleep 4; echo survived", {
-        runtime: { timeout: "8s", limits: { pids: 48 } },
+    describe("isolation", () => {
+      let listener: Server;
+      let port = 0;
+      let gateway = "";
+      beforeAll(async () => {
+        // A server on every host address: reachable from a bridged container, so the test of the
+        // unnetworked one is real.
+        listener = createServer((socket) => socket.end("hello from the host\n"));
+        await new Promise<void>((r) => listener.listen(0, "0.0.0.0", () => r()));
+        port = (listener.address() as { port: number }).port;
+        const bridge = await new Docker().getNetwork("bridge").inspect();
+        gateway = bridge.IPAM?.Config?.[0]?.Gateway ?? "172.17.0.1";
       });
-      expect(["failed", "timed_out", "succeeded"]).toContain(final.state);
-      const exited = sandboxEvents.find((e) => e.type === "exec_exited");
-      expect(exited?.usage?.pidsPeak).toBeGreaterThanOrEqual(24);
-      expect(exited?.usage?.pidsPeak).toBeLessThanOrEqual(48);
-      expect(exited?.usage?.memoryPeakBytes).toBeGreaterThan(0);
-      expect(final.result?.usage?.pidsPeak).toBe(exited?.usage?.pidsPeak);
-      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
-    });
+      afterAll(() => listener?.close());
 
-    test("a memory hog is OOM-killed and the job says so", async () => {
-      const { final, sandboxEvents } = await run("hog", `node -e 'const a = []; for (;;) a.push(Buffer.alloc(1 << 20, 1))'`, {
-        runtime: { limits: { memory: "64Mi" } },
+      const probe = (host: () => string, p: () => number) =>
+        `ls /sys/class/net | tr '\\n' ' ' > out.txt; echo >> out.txt
+         (timeout 3 bash -c "exec 3<>/dev/tcp/${host()}/${p()} && head -1 <&3") >> out.txt 2>&1 || echo "no-host" >> out.txt
+         (timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${nats.server.port}") 2>/dev/null && echo "nats-reached" >> out.txt || echo "no-nats" >> out.txt
+         (getent hosts deb.debian.org >/dev/null && echo "dns") >> out.txt || echo "no-dns" >> out.txt
+         printf '{"output":%s}' "$(node -e 'console.log(JSON.stringify(require("fs").readFileSync("out.txt","utf8")))')" > "$BOXCAR_RESULT_FILE"`;
+
+      test("without a network the agent reaches nothing: not the host, not NATS, not the internet", async () => {
+        const { final } = await runIn(
+          "offline",
+          probe(
+            () => gateway,
+            () => port,
+          ),
+        );
+        expect(final.state).toBe("succeeded");
+        const out = String(final.result?.output);
+        expect(out.split("\n")[0]?.trim()).toBe("lo");
+        expect(out).toContain("no-host");
+        expect(out).toContain("no-nats");
+        expect(out).toContain("no-dns");
       });
-      expect(final.state).toBe("failed");
-      expect(final.error?.code).toBe("oom_killed");
-      expect(final.error?.message).toContain(String(64 * 1024 * 1024));
-      expect(final.result?.oomKilled).toBe(true);
-      expect(sandboxEvents.find((e) => e.type === "exec_exited")).toMatchObject({ oomKilled: true, signal: "SIGKILL" });
+
+      test("with network: bridge the same probe does reach the host (so the test above can fail)", async () => {
+        const { final } = await runIn(
+          "online",
+          probe(
+            () => gateway,
+            () => port,
+          ),
+          { runtime: { network: "bridge" } },
+        );
+        expect(String(final.result?.output)).toContain("hello from the host");
+      });
+
+      test("it writes only to its workspace and /tmp, is not root and cannot become root", async () => {
+        const script = `for p in /etc/x /usr/x /x /var/x /workspace/ok /tmp/ok; do touch $p 2>/dev/null && echo "wrote $p" || echo "denied $p"; done
+          echo "uid=$(id -u)"; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
+          su -c id root </dev/null 2>&1 | head -1 || true
+          test -S /var/run/docker.sock && echo "docker-socket" || echo "no-docker-socket"`;
+        const { logs } = await runIn("confined", script);
+        expect(logs).toContain("denied /etc/x");
+        expect(logs).toContain("denied /usr/x");
+        expect(logs).toContain("denied /x");
+        expect(logs).toContain("denied /var/x");
+        expect(logs).toContain("wrote /workspace/ok");
+        expect(logs).toContain("wrote /tmp/ok");
+        expect(logs).toContain("uid=1000");
+        expect(logs).toMatch(/CapEff:\s+0000000000000000/);
+        expect(logs).toMatch(/NoNewPrivs:\s+1/);
+        expect(logs).toMatch(/Seccomp:\s+2/); // a seccomp filter is in force
+        expect(logs).not.toMatch(/uid=0\(root\)/);
+        expect(logs).toContain("no-docker-socket");
+      });
     });
 
-    test("an output flood is capped", async () => {
-      const { final, logs } = await run("flood", "head -c 20000000 /dev/zero | tr '\\0' 'x'; echo done");
-      expect(final.state).toBe("succeeded");
-      expect(logs.length).toBeLessThan(MAX_LOG_BYTES + 1024);
-      expect(logs).toContain("[boxcar: output truncated after");
-    });
-  });
+    describe("resource limits", () => {
+      test("a fork bomb is contained by the pids limit, and the job reports it", async () => {
+        const { final, sandboxEvents } = await runIn("forkbomb", "bomb() { bomb | bomb & }; bomb; sleep 4; echo survived", {
+          runtime: { timeout: "8s", limits: { pids: 48 } },
+        });
+        expect(["failed", "timed_out", "succeeded"]).toContain(final.state);
+        const exited = sandboxEvents.find((e) => e.type === "exec_exited");
+        expect(exited?.usage?.pidsPeak).toBeGreaterThanOrEqual(24);
+        expect(exited?.usage?.pidsPeak).toBeLessThanOrEqual(48);
+        expect(exited?.usage?.memoryPeakBytes).toBeGreaterThan(0);
+        expect(final.result?.usage?.pidsPeak).toBe(exited?.usage?.pidsPeak);
+        expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+      });
 
-  describe("ending early", () => {
-    test("a timeout kills and removes the container", async () => {
-      const { final } = await run("sleeper", "sleep 300", { runtime: { timeout: "2s" } });
-      expect(final.state).toBe("timed_out");
-      expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+      test("a memory hog is OOM-killed and the job says so", async () => {
+        const { final, sandboxEvents } = await runIn("hog", `node -e 'const a = []; for (;;) a.push(Buffer.alloc(1 << 20, 1))'`, {
+          runtime: { limits: { memory: "64Mi" } },
+        });
+        expect(final.state).toBe("failed");
+        expect(final.error?.code).toBe("oom_killed");
+        expect(final.error?.message).toContain(String(64 * 1024 * 1024));
+        expect(final.result?.oomKilled).toBe(true);
+        expect(sandboxEvents.find((e) => e.type === "exec_exited")).toMatchObject({ oomKilled: true, signal: "SIGKILL" });
+      });
+
+      test("an output flood is capped", async () => {
+        const { final, logs } = await runIn("flood", "head -c 20000000 /dev/zero | tr '\\0' 'x'; echo done");
+        expect(final.state).toBe("succeeded");
+        expect(logs.length).toBeLessThan(MAX_LOG_BYTES + 1024);
+        expect(logs).toContain("[boxcar: output truncated after");
+      });
     });
 
-    test("a cancel kills and removes the container", async () => {
-      await client.applyAgent({ name: "waiter", command: ["bash", "-c", "echo up; sleep 300"], runtime: { sandbox: "docker" } });
-      const { job } = await client.submit({ agent: "waiter" });
-      await eventually(
-        async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
-        "the container to run",
+    describe("ending early", () => {
+      test("a timeout kills and removes the container", async () => {
+        const { final } = await runIn("sleeper", "sleep 300", { runtime: { timeout: "2s" } });
+        expect(final.state).toBe("timed_out");
+        expect(await boxcarContainers(nats.topology.names.prefix, final.id)).toEqual([]);
+      });
+
+      test("a cancel kills and removes the container", async () => {
+        await warmPoolFull();
+        await client.applyAgent({
+          name: `waiter-${mode}`,
+          command: ["bash", "-c", "echo up; sleep 300"],
+          runtime: { sandbox: "docker", warm },
+        });
+        const { job } = await client.submit({ agent: `waiter-${mode}` });
+        await eventually(
+          async () => ((await boxcarContainers(nats.topology.names.prefix, job.id)).some((c) => c.State === "running") ? true : undefined),
+          "the container to run",
+        );
+        await client.cancelJob(job.id);
+        const { final, events } = await finish(job.id);
+        expect(final.state).toBe("cancelled");
+        expect(events.find((e) => e.kind === "sandbox" && e.type === "ready")).toMatchObject({ start: warm ? "warm_hit" : "cold" });
+        expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+      });
+    });
+
+    test("secrets reach the agent but never events, logs or the record", async () => {
+      const { final, events, logs } = await runIn(
+        "secretive",
+        'echo "working"; printf \'{"output":"%s"}\' "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" > "$BOXCAR_RESULT_FILE"',
+        {
+          secrets: [{ name: "TOKEN", from: "AGENT_TOKEN" }],
+        },
       );
-      await client.cancelJob(job.id);
-      const { final } = await finish(job.id);
-      expect(final.state).toBe("cancelled");
-      expect(await boxcarContainers(nats.topology.names.prefix, job.id)).toEqual([]);
+      expect(final.result?.output).toBe(createHash("sha256").update(SECRET).digest("hex"));
+      expect(JSON.stringify(events)).not.toContain(SECRET);
+      expect(logs).not.toContain(SECRET);
+      expect(JSON.stringify(final)).not.toContain(SECRET);
     });
   });
 
@@ -358,20 +408,6 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       expect(final.state).toBe("cancelled");
       expect(Date.parse(final.finishedAt ?? "") - cancelledAt).toBeLessThan(5_000);
     });
-  });
-
-  test("secrets reach the agent but never events, logs or the record", async () => {
-    const { final, events, logs } = await run(
-      "secretive",
-      'echo "working"; printf \'{"output":"%s"}\' "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" > "$BOXCAR_RESULT_FILE"',
-      {
-        secrets: [{ name: "TOKEN", from: "AGENT_TOKEN" }],
-      },
-    );
-    expect(final.result?.output).toBe(createHash("sha256").update(SECRET).digest("hex"));
-    expect(JSON.stringify(events)).not.toContain(SECRET);
-    expect(logs).not.toContain(SECRET);
-    expect(JSON.stringify(final)).not.toContain(SECRET);
   });
 
   describe("bad runtime wishes fail clearly before anything starts", () => {
@@ -446,6 +482,84 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       expect(containers.map((c) => c.Labels["boxcar.attempt"])).toEqual(["2"]);
       await fastClient.cancelJob(job.id);
       expect((await fastClient.waitForJob(job.id)).state).toBe("cancelled");
+    } finally {
+      frozen.kill("SIGKILL");
+      await exited(frozen);
+      await fastDispatcher.close();
+    }
+  });
+
+  test("a warm container's configuration holds nothing of its job: neither its command nor its secrets", async () => {
+    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    await client.applyAgent({
+      name: "warm-secretive",
+      command: ["bash", "-c", "echo up; sleep 300"],
+      runtime: { sandbox: "docker", warm: true },
+      secrets: [{ name: "TOKEN", from: "AGENT_TOKEN" }],
+    });
+    const { job } = await client.submit({ agent: "warm-secretive" });
+    const [container] = await eventually(async () => {
+      const found = await boxcarContainers(nats.topology.names.prefix, job.id);
+      return found.length > 0 ? found : undefined;
+    }, "the job to take a warm container");
+    const inspected = await new Docker().getContainer(container?.Id ?? "").inspect();
+    expect(inspected.Config.Labels["boxcar.warm"]).toBe("1");
+    expect(JSON.stringify(inspected)).not.toContain(SECRET);
+    expect(JSON.stringify(inspected)).not.toContain("sleep 300");
+    await client.cancelJob(job.id);
+    expect((await client.waitForJob(job.id)).state).toBe("cancelled");
+  });
+
+  test("a frozen worker's warm containers: its job's is removed as a new attempt starts, its ready ones by a reaper once it is gone", async () => {
+    await using fast = await natsFixture({ ackWaitMs: 2_000 });
+    await fast.topology.ensurePoolConsumer("default");
+    const fastDispatcher = await startDispatcher({ ...fast.dispatcherRole });
+    const fastClient = createClient(fast.topology);
+    const prefix = fast.topology.names.prefix;
+    await using folder = await scratch("boxcar-warm-config-");
+    const config = join(folder.path, "worker.yaml");
+    await writeFile(config, "sandbox:\n  docker:\n    warm: 2\n");
+    const frozen = spawnBoxcar(fast.url, prefix, ["worker", "--config", config]);
+    const untaken = async () => (await boxcarContainers(prefix)).filter((c) => c.Labels["boxcar.warm"] && !attemptOf(c));
+    const ready = async () => (await untaken()).filter((c) => c.State === "running");
+    try {
+      await eventually(async () => ((await ready()).length === 2 ? true : undefined), "the worker's warm pool to fill");
+      await new Promise((r) => setTimeout(r, 500)); // the worker holds a container once the engine has answered its start
+
+      await fastClient.applyAgent({ name: "long", command: ["bash", "-c", "sleep 300"], runtime: { sandbox: "docker", warm: true } });
+      const { job } = await fastClient.submit({ agent: "long" });
+      const [taken] = await eventually(async () => {
+        const found = await boxcarContainers(prefix, job.id);
+        return found.length > 0 ? found : undefined;
+      }, "attempt 1 to take a warm container");
+      expect([taken?.Labels["boxcar.warm"], attemptOf(taken as Docker.ContainerInfo)]).toEqual(["1", "1"]);
+      await eventually(async () => ((await ready()).length === 2 ? true : undefined), "the pool to refill");
+      // Frozen, it renews neither its lease nor its presence; its containers run on.
+      frozen.kill("SIGSTOP");
+      await using next = createWorker({ ...fast.workerRole, reapIntervalMs: 3_600_000 });
+      void next.run();
+      const containers = await eventually(
+        async () => {
+          const found = await boxcarContainers(prefix, job.id);
+          return found.some((c) => c.Labels["boxcar.attempt"] === "2" && c.State === "running") ? found : undefined;
+        },
+        "attempt 2's container to run",
+        30_000,
+      );
+      expect(containers.map(attemptOf)).toEqual(["2"]); // attempt 1's warm container is gone
+      expect(await ready()).toHaveLength(2); // its worker may still be alive: its ready ones stay
+      await fastClient.cancelJob(job.id);
+      expect((await fastClient.waitForJob(job.id)).state).toBe("cancelled");
+
+      // Killed, its ready containers stop at once (their stdin, the worker's, closes) and are
+      // removed by a reaper once the worker's presence says it is gone.
+      frozen.kill("SIGKILL");
+      await exited(frozen);
+      await eventually(async () => ((await ready()).length === 0 ? true : undefined), "the killed worker's warm containers to stop");
+      expect(await untaken()).toHaveLength(2);
+      await using reaper = createWorker({ ...fast.workerRole, pools: ["elsewhere"], reapIntervalMs: 500 });
+      void reaper.run();
+      await eventually(async () => ((await untaken()).length === 0 ? true : undefined), "the reaper to remove them", 30_000);
     } finally {
       frozen.kill("SIGKILL");
       await exited(frozen);

@@ -93,9 +93,11 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(w.samples.get('boxcar_worker_artifact_bytes_total{agent="ok"}')).toBe(3 * "hello\n".length);
     if (docker) {
       expect(w.samples.get('boxcar_sandbox_create_seconds_count{kind="docker"}')).toBe(1);
+      expect(w.samples.get('boxcar_sandbox_starts_total{kind="docker",start="cold"}')).toBe(1);
       expect(w.samples.get('boxcar_worker_agent_cpu_seconds_total{agent="busy"}')).toBeGreaterThan(0.05);
     } else process.stderr.write("metrics.test.ts: no Docker engine; the CPU-per-agent metric was not checked\n");
     expect(w.samples.get("boxcar_worker_slots")).toBe(3);
+    expect(w.samples.get("boxcar_worker_warm_sandboxes")).toBe(0); // no warm pool configured
     expect(w.samples.get("boxcar_worker_jobs_running")).toBe(0);
     expect(w.types.get("boxcar_worker_attempt_seconds")).toBe("histogram");
 

@@ -21,6 +21,10 @@ export interface BoxcarPathOptions {
   connectOptions?: ConnectionOptions;
   /** Where the no-op agent asks to run; default the host (as a trusted agent). */
   sandbox?: "host" | "docker";
+  /** The agent's command instead of `true`. */
+  command?: string[];
+  /** The agent asks for a warm container (`runtime.warm`). */
+  warm?: boolean;
   /**
    * Run with authentication, as `boxcar auth init` sets it up: the client as a submitter, the
    * dispatcher and worker on their roles' credentials, work items signed and checked.
@@ -100,8 +104,8 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
   // `trusted`: the default worker policy runs only trusted agents on the host.
   await createClient(await topology(admin), { identity: resolved("admin").identity }).applyAgent({
     name: AGENT,
-    command: ["true"],
-    runtime: { sandbox: opts.sandbox ?? "host" },
+    command: opts.command ?? ["true"],
+    runtime: { sandbox: opts.sandbox ?? "host", ...(opts.warm ? { warm: true } : {}) },
     trusted: true,
   });
   const client: BoxcarClient = createClient(

@@ -22,8 +22,18 @@ export async function dockerReady(image = AGENT_IMAGE): Promise<boolean> {
   return false;
 }
 
-/** Containers of one Boxcar system (by prefix label), optionally of one job. */
+/**
+ * Containers of one Boxcar system (by prefix label), optionally of one job: a cold container
+ * says its job in a label, a warm one in the name it was given when the job took it.
+ */
 export async function boxcarContainers(prefix: string, jobId?: string): Promise<Docker.ContainerInfo[]> {
-  const labels = [`boxcar.prefix=${prefix}`, ...(jobId ? [`boxcar.job=${jobId}`] : [])];
-  return new Docker().listContainers({ all: true, filters: { label: labels } });
+  const all = await new Docker().listContainers({ all: true, filters: { label: [`boxcar.prefix=${prefix}`] } });
+  if (jobId === undefined) return all;
+  return all.filter((c) => c.Labels["boxcar.job"] === jobId || c.Names.some((n) => n.startsWith(`/boxcar-${jobId}.`)));
+}
+
+/** The attempt a container ran: its label, or for a warm container the name its job gave it. */
+export function attemptOf(container: Docker.ContainerInfo): string | undefined {
+  const warm = container.Names.map((n) => /^\/boxcar-[0-9a-z]+\.(\d+)\./.exec(n)?.[1]).find((a) => a);
+  return container.Labels["boxcar.attempt"] ?? warm;
 }

@@ -37,6 +37,10 @@ export const RuntimeWishes = z.strictObject({
     .optional()
     .describe("how long a job may wait to start before it ends expired"),
   limits: ResourceLimits.default({}),
+  warm: z
+    .boolean()
+    .optional()
+    .describe("docker: take a container the worker started before the job came, from its warm pool, when it has one (default false)"),
 });
 export type RuntimeWishes = z.infer<typeof RuntimeWishes>;
 

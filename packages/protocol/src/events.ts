@@ -78,6 +78,10 @@ export const SandboxEvent = z.looseObject({
   image: z.string().optional().describe("container image or sandbox template"),
   limits: ResourceLimits.optional().describe("the limits the sandbox runs under"),
   network: z.string().optional(),
+  start: z
+    .enum(["warm_hit", "cold"])
+    .optional()
+    .describe("docker, on ready: a container from the worker's warm pool, or one made for the job"),
   exitCode: z.number().int().nullable().optional(),
   signal: z.string().nullable().optional(),
   oomKilled: z.boolean().optional(),

@@ -113,6 +113,13 @@ export const WorkerConfig = z.strictObject({
             .enum(["auto", "bind", "copy"])
             .optional()
             .describe("how a job's workspace reaches its container: bind-mount the job's folder, or copy it in and out (default auto)"),
+          warm: z
+            .number()
+            .int()
+            .min(0)
+            .max(64)
+            .optional()
+            .describe("containers kept started for each image and network that runtime.warm agents use (default 0: no warm pool)"),
         })
         .optional(),
       e2b: z

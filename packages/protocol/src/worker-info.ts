@@ -27,6 +27,8 @@ export const WorkerInfo = z.looseObject({
   heartbeatMs: z.number().int().positive(),
   /** The work item versions it reads (absent: 1 only, a worker of an earlier release). */
   workItems: z.array(z.number().int().positive()).optional(),
+  /** Docker containers standing ready in its warm pool (absent: a worker of an earlier release). */
+  warm: z.number().int().nonnegative().optional(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 

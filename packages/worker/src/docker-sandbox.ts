@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { lchown, readdir } from "node:fs/promises";
 import { hostname } from "node:os";
 import { join } from "node:path";
@@ -7,6 +8,7 @@ import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
+import { WarmContainer, type WarmMaker, WarmPool } from "./warm-pool.js";
 import { defaultWorkRoot } from "./work-root.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 import { WorkspaceQuota } from "./workspace-quota.js";
@@ -43,6 +45,12 @@ export interface DockerSandboxOptions {
    * when the engine can see this machine's folders (see {@link WorkspaceMounting}), else `copy`.
    */
   workspace?: "auto" | "bind" | "copy";
+  /**
+   * Containers kept started and ready for each (image, network) that agents asking for
+   * `runtime.warm` use, each taken by one job (docs/docker.md); default 0: none. Only with
+   * bind-mounted workspaces.
+   */
+  warm?: number;
 }
 
 /** How a job's workspace reaches its container (docs/docker.md). */
@@ -59,6 +67,8 @@ export const ContainerLabel = {
   attempt: "boxcar.attempt",
   worker: "boxcar.worker",
   sandbox: "boxcar.sandbox",
+  /** On a warm container: made before its job was known (its name says the job once one took it). */
+  warm: "boxcar.warm",
 } as const;
 
 /**
@@ -80,10 +90,17 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   };
   const [uid, gid] = settings.user.split(":").map(Number);
   const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
-  /** Removes this system's containers (with `label` too, if given) whose owner `doomed` names. */
-  async function removeOwn(doomed: (owner: SandboxOwner) => Promise<boolean>, label?: string): Promise<number> {
-    const labels = [`${ContainerLabel.prefix}=${opts.prefix}`, ...(label ? [label] : [])];
-    const containers = await docker.listContainers({ all: true, filters: { label: labels } });
+  let pool: WarmPool | undefined;
+  let workerId: string | undefined;
+  /** The warm containers this worker made and has not removed yet. */
+  const ownWarm = new Set<string>();
+  /** Removes this system's containers (matching `filters` too) whose owner `doomed` names. */
+  async function removeOwn(
+    doomed: (owner: SandboxOwner) => Promise<boolean>,
+    filters: { label?: string[]; name?: string[] } = {},
+  ): Promise<number> {
+    const labels = [`${ContainerLabel.prefix}=${opts.prefix}`, ...(filters.label ?? [])];
+    const containers = await docker.listContainers({ all: true, filters: { ...filters, label: labels } });
     let removed = 0;
     for (const info of containers) {
       // Another system's with the same prefix (its workers are not in this system's presence
@@ -91,8 +108,11 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       // a release before it, and is judged as before.
       const system = info.Labels[ContainerLabel.system];
       if (system !== undefined && system !== opts.system) continue;
-      const owner = ownerOf(info.Labels);
-      if (!owner || !(await doomed(owner))) continue;
+      const owner = ownerOf(info);
+      if (!owner) continue;
+      // This worker's own warm container no job took: left by an earlier run under the same id, or still ready here.
+      const mine = owner.workerId === workerId && owner.jobId === undefined;
+      if (mine ? ownWarm.has(info.Labels[ContainerLabel.sandbox] ?? "") : !(await doomed(owner))) continue;
       await docker
         .getContainer(info.Id)
         .remove({ force: true, v: true })
@@ -111,6 +131,51 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     if (opts.workspace === "bind" || opts.workspace === "copy") return opts.workspace;
     return (await bindable(docker, owner)) && !(await ownContainer()) ? "bind" : "copy";
   };
+  /** Decided once; an engine that did not answer is asked again next time. */
+  const decideMounting = () => {
+    mounting ??= chooseMounting().catch((err: unknown) => {
+      mounting = undefined;
+      throw err;
+    });
+    return mounting;
+  };
+
+  /** Makes and removes `workerId`'s warm containers: hardened as a cold one, with the default limits and a folder of their own. */
+  const warmMaker = (workerId: string): WarmMaker => ({
+    make: async ({ image, network }) => {
+      const agentPath = await ensureImage(docker, image, opts.registryAuth?.(image));
+      const sandboxId = `warm-${randomBytes(6).toString("hex")}`;
+      ownWarm.add(sandboxId);
+      const files = await settings.root.create(sandboxId);
+      try {
+        const confinement = { network, limits: settings.defaultLimits, tmpBytes: settings.tmpBytes };
+        const options = {
+          name: `boxcar-${sandboxId}`,
+          Image: image,
+          WorkingDir: CONTAINER_WORKSPACE,
+          User: settings.user,
+          Labels: {
+            [ContainerLabel.prefix]: opts.prefix,
+            ...(opts.system ? { [ContainerLabel.system]: opts.system } : {}),
+            [ContainerLabel.worker]: workerId,
+            [ContainerLabel.sandbox]: sandboxId,
+            [ContainerLabel.warm]: "1",
+          },
+          HostConfig: hardenedHostConfig(confinement, files.dir),
+        };
+        return await WarmContainer.start(docker, sandboxId, options, files, settings.defaultLimits, agentPath);
+      } catch (err) {
+        ownWarm.delete(sandboxId);
+        await files.remove();
+        throw err;
+      }
+    },
+    discard: async (warm) => {
+      await warm.container.remove({ force: true, v: true }).catch(ignoreGone);
+      await warm.files.remove();
+      ownWarm.delete(warm.sandboxId);
+    },
+  });
 
   return {
     kind: "docker",
@@ -139,43 +204,56 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
         );
       }
       const network = await checkNetwork(docker, runtime.network, networksOf(await ownContainer()));
-      // Decided once; an engine that did not answer is asked again at the next job.
-      mounting ??= chooseMounting().catch((err: unknown) => {
-        mounting = undefined;
-        throw err;
-      });
-      const workspaceMounting = await mounting;
+      const workspaceMounting = await decideMounting();
+      const containerSettings = {
+        ...settings,
+        owner,
+        image,
+        network,
+        limits,
+        prefix: opts.prefix,
+        system: opts.system,
+        mounting: workspaceMounting,
+        // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
+        bindRefused: () => {
+          mounting = Promise.resolve("copy");
+        },
+        forget: (sandboxId: string) => ownWarm.delete(sandboxId),
+      };
+      const warm = runtime.warm && workspaceMounting === "bind" ? pool?.take({ image, network }) : undefined;
+      if (warm) return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: warm.agentPath }, warm.files, warm);
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
       const files = await settings.root.create(spec.id);
-      return new DockerSandbox(
-        docker,
-        spec,
-        {
-          ...settings,
-          owner,
-          image,
-          network,
-          limits,
-          prefix: opts.prefix,
-          system: opts.system,
-          agentPath: imagePath,
-          mounting: workspaceMounting,
-          // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
-          bindRefused: () => {
-            mounting = Promise.resolve("copy");
-          },
-        },
-        files,
-      );
+      return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: imagePath }, files);
+    },
+
+    prepare(id, onError) {
+      workerId = id;
+      if (!opts.warm || pool) return;
+      const made = new WarmPool(warmMaker(id), opts.warm, onError);
+      pool = made;
+      // The default image without a network is what most agents use: ready before the first job.
+      void decideMounting().then((how) => how === "bind" && made.fill({ image: settings.defaultImage, network: "none" }), onError);
+    },
+
+    warmReady() {
+      return pool?.readyCount ?? 0;
+    },
+
+    async close() {
+      await pool?.close();
     },
 
     reap(isOrphan) {
       return removeOwn(isOrphan);
     },
 
-    removeEarlierAttempts(jobId, attempt) {
-      return removeOwn(async (owner) => owner.jobId === jobId && owner.attempt < attempt, `${ContainerLabel.job}=${jobId}`);
+    async removeEarlierAttempts(jobId, attempt) {
+      const earlier = async (owner: SandboxOwner) => owner.jobId === jobId && (owner.attempt ?? 0) < attempt;
+      // Cold containers say their job in a label; warm ones in the name they got when taken.
+      const cold = await removeOwn(earlier, { label: [`${ContainerLabel.job}=${jobId}`] });
+      return cold + (await removeOwn(earlier, { label: [ContainerLabel.warm], name: [`boxcar-${jobId}.`] }));
     },
   };
 }
@@ -229,6 +307,8 @@ interface ContainerSettings {
   prefix: string;
   system: string | undefined;
   agentPath: string;
+  /** Called when a warm container is removed: no longer this worker's to keep. */
+  forget: (sandboxId: string) => void;
 }
 
 class DockerSandbox extends LocalFilesSandbox implements Sandbox {
@@ -236,7 +316,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
   readonly workspace = CONTAINER_WORKSPACE;
   readonly id: string;
   readonly agentPath: string;
-  readonly description: { image: string; network: string; limits: ResourceLimits };
+  readonly description: { image: string; network: string; limits: ResourceLimits; start: "warm_hit" | "cold" };
   private container: Docker.Container | undefined;
   /** The container being created: an abort stops waiting for it, and destroy() removes it once made. */
   private creating: Promise<Docker.Container> | undefined;
@@ -247,40 +327,31 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     private readonly spec: SandboxSpec,
     private readonly settings: ContainerSettings,
     files: LocalWorkspace,
+    /** A container from the warm pool, already started, waiting for this job. */
+    private readonly warm?: WarmContainer,
   ) {
     super(files);
     this.id = spec.id;
     this.agentPath = settings.agentPath;
-    this.description = { image: settings.image, network: settings.network, limits: settings.limits };
+    this.description = { image: settings.image, network: settings.network, limits: settings.limits, start: warm ? "warm_hit" : "cold" };
   }
 
   /**
-   * Runs the agent as the container's one process: the container is created with `argv`, the
-   * staged workspace copied in, started, and waited for; then the workspace is copied back out.
+   * Runs the agent. Cold: the container is created with `argv`, the staged workspace copied in
+   * (unless bind-mounted), started, and waited for; then the workspace is copied back out. Warm:
+   * the ready container gets the job's limits (if not its own) and the job's script, and its
+   * helper reports how the agent ended.
    */
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
     if (this.container) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} has already run its command`);
     if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
-    // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
-    const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
     const { owner } = this.settings;
-    let bind = this.settings.mounting === "bind";
+    const bind = this.warm !== undefined || this.settings.mounting === "bind";
     if (bind && process.getuid?.() !== owner.uid) await giveTo(this.files.dir, owner);
-    this.creating = this.createContainer(argv, opts.env, bind).catch((err: unknown) => {
-      if (!bind || !isMissingBindSource(err)) throw err;
-      this.settings.bindRefused();
-      bind = false;
-      return this.createContainer(argv, opts.env, false);
-    });
-    const container = await untilAborted(this.creating);
-    if (!container) return notRun;
-    this.container = container;
-    if (!bind && !(await untilAborted(container.putArchive(packFolder(this.files.dir, owner), { path: CONTAINER_WORKSPACE })))) {
-      return notRun;
-    }
-    const output = await untilAborted(this.attach(container, opts));
-    if (!output) return notRun;
+    const started = await (this.warm ? this.startWarm(this.warm, argv, opts) : this.startCold(argv, opts));
+    if (!started) return notRun;
+    const { container, exited, startedAt } = started;
 
     const usage = new UsageMeter();
     let aborted = false;
@@ -288,8 +359,6 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       aborted = true;
       container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
     };
-    const startedAt = performance.now();
-    if (!(await untilAborted(container.start().then(() => true)))) return notRun;
     // The engine samples about once a second: a shorter run is not worth a stats stream.
     const sampling = setTimeout(() => void usage.follow(container), USAGE_AFTER_MS);
     // A bind-mounted workspace is written straight to the worker's disk: watched while the agent
@@ -306,10 +375,9 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       : undefined;
     opts.signal.addEventListener("abort", onAbort, { once: true });
     if (opts.signal.aborted) onAbort();
-    let status: { StatusCode: number };
+    let exit: AgentExit;
     try {
-      status = await container.wait();
-      await output.ended;
+      exit = await exited;
     } finally {
       clearTimeout(sampling);
       quota?.stop();
@@ -321,7 +389,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       if (last) breach = `${last} by the time the agent ended`;
     }
     // Only a SIGKILL (128 + 9) this worker did not send can be the kernel's OOM killer.
-    const oomKilled = status.StatusCode === 137 && !aborted && !killedForQuota && (await container.inspect()).State.OOMKilled;
+    const oomKilled = exit.code === 137 && !aborted && !killedForQuota && (await exit.oomKilled());
     // A timeout or cancel while the workspace is copied out stops the copy too: the run is then
     // as stopped as one killed while it ran (a workspace of many files took longer than the job).
     const killed = aborted || oomKilled || killedForQuota;
@@ -331,7 +399,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       });
     }
     return {
-      exitCode: killed ? null : status.StatusCode,
+      exitCode: killed ? null : exit.code,
       signal: killed ? "SIGKILL" : null,
       aborted: aborted || opts.signal.aborted,
       durationMs,
@@ -339,6 +407,74 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       ...(breach !== undefined ? { breach } : {}),
       ...(usage.result() ? { usage: usage.result() } : {}),
     };
+  }
+
+  /** Creates (copying the workspace in, unless bind-mounted), attaches and starts the container; undefined when aborted first. */
+  private async startCold(argv: string[], opts: ExecOptions): Promise<StartedAgent | undefined> {
+    // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
+    const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
+    let bind = this.settings.mounting === "bind";
+    this.creating = this.createContainer(argv, opts.env, bind).catch((err: unknown) => {
+      if (!bind || !isMissingBindSource(err)) throw err;
+      this.settings.bindRefused();
+      bind = false;
+      return this.createContainer(argv, opts.env, false);
+    });
+    const container = await untilAborted(this.creating);
+    if (!container) return undefined;
+    this.container = container;
+    if (
+      !bind &&
+      !(await untilAborted(container.putArchive(packFolder(this.files.dir, this.settings.owner), { path: CONTAINER_WORKSPACE })))
+    ) {
+      return undefined;
+    }
+    const output = await untilAborted(this.attach(container, opts));
+    if (!output) return undefined;
+    const startedAt = performance.now();
+    if (!(await untilAborted(container.start().then(() => true)))) return undefined;
+    const exited = container.wait().then(async (status: { StatusCode: number }) => {
+      await output.ended;
+      return { code: status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
+    });
+    return { container, exited, startedAt };
+  }
+
+  /**
+   * Gives the job to a warm container: its limits first where the job's differ from those it was
+   * made with, then the script. The agent's exit comes from the helper, without waiting for the
+   * engine to see the container stop; if the helper was killed too, from the engine.
+   */
+  private async startWarm(warm: WarmContainer, argv: string[], opts: ExecOptions): Promise<StartedAgent | undefined> {
+    const { container } = warm;
+    this.container = container;
+    const { limits } = this.settings;
+    if (limits.cpus !== warm.limits.cpus || limits.memory !== warm.limits.memory || limits.pids !== warm.limits.pids) {
+      const set = container.update({
+        Memory: limits.memory,
+        MemorySwap: limits.memory,
+        NanoCpus: Math.round(limits.cpus * 1e9),
+        PidsLimit: limits.pids,
+      });
+      if (
+        !(await raceAbort(
+          set.then(() => true),
+          opts.signal,
+        ))
+      )
+        return undefined;
+    }
+    // Named after its job from now on, so a later attempt finds it should this worker die.
+    const renamed = container.rename({ name: takenName(this.spec, warm) }).catch(() => undefined);
+    const startedAt = performance.now();
+    const run = warm.run(argv, opts.env, opts.onOutput);
+    const exited = run.report.then(async (report): Promise<AgentExit> => {
+      await renamed;
+      if (report) return { code: report.exitCode, oomKilled: async () => report.oomKills > 0 };
+      const status = (await container.wait()) as { StatusCode: number };
+      return { code: status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
+    });
+    return { container, exited, startedAt };
   }
 
   /** `bind`: the staged folder is the container's workspace; else an anonymous volume the workspace is copied into. */
@@ -405,9 +541,23 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       const container = this.container ?? (await this.creating?.catch(() => undefined));
       await container?.remove({ force: true, v: true }).catch(ignoreGone);
       await this.files.remove();
+      if (this.warm) this.settings.forget(this.warm.sandboxId);
     })();
     return this.destroyed;
   }
+}
+
+/** A started agent: its container, how it ended once it has, and when it started. */
+interface StartedAgent {
+  container: Docker.Container;
+  exited: Promise<AgentExit>;
+  startedAt: number;
+}
+
+/** How an agent ended: its exit code, and (asked only for a SIGKILL) whether the kernel killed it for memory. */
+interface AgentExit {
+  code: number;
+  oomKilled: () => Promise<boolean>;
 }
 
 /**
@@ -506,11 +656,27 @@ async function ensureImage(docker: Docker, image: string, auth: Docker.AuthConfi
   }
 }
 
-function ownerOf(labels: Record<string, string>): SandboxOwner | undefined {
-  const jobId = labels[ContainerLabel.job];
+/**
+ * Whose a container is: a cold one's labels say it; a warm one's label says its worker, and the
+ * name it was given when a job took it (`boxcar-<job>.<attempt>.<sandbox>`) says the job, while
+ * one no job took yet has none.
+ */
+function ownerOf(info: Docker.ContainerInfo): SandboxOwner | undefined {
+  const labels = info.Labels;
   const workerId = labels[ContainerLabel.worker];
+  if (!workerId) return undefined;
+  if (labels[ContainerLabel.warm]) {
+    const taken = info.Names.map((n) => /^\/?boxcar-([0-9a-z]+)\.(\d+)\./.exec(n)).find((m) => m);
+    return taken ? { workerId, jobId: taken[1] as string, attempt: Number(taken[2]) } : { workerId };
+  }
+  const jobId = labels[ContainerLabel.job];
   const attempt = Number(labels[ContainerLabel.attempt]);
-  return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
+  return jobId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
+}
+
+/** The name a warm container gets when a job takes it, so its job can be found after a crash. */
+export function takenName(spec: SandboxSpec, warm: WarmContainer): string {
+  return `boxcar-${spec.jobId}.${spec.attempt}.${warm.sandboxId}`;
 }
 
 /** How long a run goes before its resource use is sampled. */

@@ -357,7 +357,7 @@ export class JobRun {
     };
     try {
       const sandbox = await provider.create(spec, this.abort.signal);
-      this.ctx.metrics?.sandboxCreated(ref.backend, performance.now() - startedAt);
+      this.ctx.metrics?.sandboxCreated(ref.backend, performance.now() - startedAt, sandbox.description?.start);
       void this.events.sandbox("ready", ref, { durationMs: performance.now() - startedAt, ...sandbox.description });
       return sandbox;
     } catch (cause) {

@@ -40,6 +40,7 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
       ...(docker.maxWorkspace ? { maxWorkspaceBytes: docker.maxWorkspace } : {}),
       ...(docker.maxWorkspaceEntries ? { maxWorkspaceEntries: docker.maxWorkspaceEntries } : {}),
       ...(docker.workspace ? { workspace: docker.workspace } : {}),
+      ...(docker.warm ? { warm: docker.warm } : {}),
     }),
     ...(e2bKey
       ? [

@@ -33,12 +33,25 @@ export interface SandboxProvider {
    * crashed or frozen worker's, still running), as a new attempt starts. Returns how many.
    */
   removeEarlierAttempts?(jobId: string, attempt: number): Promise<number>;
+  /**
+   * Called once the worker has started, with its id: a backend that keeps sandboxes ready
+   * before jobs come (Docker's warm pool) starts making them, labelled as this worker's.
+   * `onError` hears what goes wrong doing so (it never fails a job).
+   */
+  prepare?(workerId: string, onError: (err: unknown) => void): void;
+  /** How many sandboxes stand ready for jobs to come. */
+  warmReady?(): number;
+  /** Removes the sandboxes kept ready; called when the worker stops. */
+  close?(): Promise<void>;
 }
 
-/** Which attempt of which job on which worker a sandbox belongs to (Docker labels carry it). */
+/**
+ * Which attempt of which job on which worker a sandbox belongs to (Docker labels carry it). A
+ * warm sandbox no job has taken yet has a worker only.
+ */
 export interface SandboxOwner {
-  jobId: string;
-  attempt: number;
+  jobId?: string;
+  attempt?: number;
   workerId: string;
 }
 
@@ -84,7 +97,7 @@ export interface Sandbox {
   /** The PATH agents get here; absent: the worker's own (host). */
   readonly agentPath?: string;
   /** What the sandbox runs with, for its events: image or template, network, limits. */
-  readonly description?: { image?: string; network?: string; limits?: ResourceLimits };
+  readonly description?: { image?: string; network?: string; limits?: ResourceLimits; start?: "warm_hit" | "cold" };
   /** Runs `argv` in the workspace; resolves when it and everything it started have ended. */
   exec(argv: string[], opts: ExecOptions): Promise<ExecResult>;
   /** Creates the folder and its parents. */

@@ -8,6 +8,8 @@ const START_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 export interface WorkerLoad {
   running: number;
   capacity: number;
+  /** Sandboxes standing ready in warm pools. */
+  warm: number;
 }
 
 /**
@@ -19,6 +21,7 @@ export class WorkerMetrics {
   private readonly attemptSeconds: Histogram<"agent" | "pool">;
   private readonly queueWait: Histogram<"pool">;
   private readonly sandboxCreate: Histogram<"kind">;
+  private readonly sandboxStarts: Counter<"kind" | "start">;
   private readonly cpuSeconds: Counter<"agent">;
   private readonly artifactBytes: Counter<"agent">;
 
@@ -51,6 +54,12 @@ export class WorkerMetrics {
       buckets: START_BUCKETS,
       registers,
     });
+    this.sandboxStarts = new Counter({
+      name: "boxcar_sandbox_starts_total",
+      help: "Sandboxes that say how they started, by kind and start: warm_hit (from a warm pool) or cold",
+      labelNames: ["kind", "start"],
+      registers,
+    });
     this.cpuSeconds = new Counter({
       name: "boxcar_worker_agent_cpu_seconds_total",
       help: "CPU time agents used on this worker, by agent (Docker sandboxes report it)",
@@ -79,6 +88,14 @@ export class WorkerMetrics {
         this.set(load().capacity);
       },
     });
+    new Gauge({
+      name: "boxcar_worker_warm_sandboxes",
+      help: "Sandboxes this worker keeps started and ready for jobs to come (its warm pool)",
+      registers,
+      collect() {
+        this.set(load().warm);
+      },
+    });
   }
 
   claimed(pool: string, queuedAt: string | undefined, startedAt: string | undefined): void {
@@ -86,8 +103,9 @@ export class WorkerMetrics {
     this.queueWait.observe({ pool }, Math.max(0, Date.parse(startedAt) - Date.parse(queuedAt)) / 1000);
   }
 
-  sandboxCreated(kind: string, ms: number): void {
+  sandboxCreated(kind: string, ms: number, start: string | undefined): void {
     this.sandboxCreate.observe({ kind }, ms / 1000);
+    if (start) this.sandboxStarts.inc({ kind, start });
   }
 
   attemptEnded(

@@ -115,7 +115,7 @@ class BoxcarWorker implements Worker {
     this.providers = new Map(options.providers.map((p) => [p.kind, p]));
     this.slots = new Slots(options.concurrency);
     this.metrics = options.metrics
-      ? new WorkerMetrics(options.metrics, () => ({ running: this.runs.size, capacity: options.concurrency }))
+      ? new WorkerMetrics(options.metrics, () => ({ running: this.runs.size, capacity: options.concurrency, warm: this.warmReady() }))
       : undefined;
   }
 
@@ -175,6 +175,9 @@ class BoxcarWorker implements Worker {
     }, this.options.heartbeatMs);
     await this.reap();
     this.reaper = setInterval(() => void this.reap(), this.options.reapIntervalMs);
+    for (const provider of this.options.providers) {
+      provider.prepare?.(this.id, (err) => this.log.warn({ err, sandbox: provider.kind }, "could not make a warm sandbox"));
+    }
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
     this.accepting = !this.pulling.signal.aborted;
@@ -329,6 +332,9 @@ class BoxcarWorker implements Worker {
 
     clearInterval(this.heartbeat);
     clearInterval(this.reaper);
+    for (const provider of this.options.providers) {
+      if (provider.close) await this.step(`remove warm ${provider.kind} sandboxes`, () => provider.close?.() ?? Promise.resolve());
+    }
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
     // A heartbeat still in flight must land before the delete, or it would bring back a
     // presence that readers then see as gone.
@@ -382,6 +388,11 @@ class BoxcarWorker implements Worker {
     this.capabilities = new Set(kinds.filter((k): k is SandboxBackend => k !== undefined));
   }
 
+  /** Sandboxes standing ready in the providers' warm pools. */
+  private warmReady(): number {
+    return this.options.providers.reduce((n, p) => n + (p.warmReady?.() ?? 0), 0);
+  }
+
   private async putPresence(): Promise<void> {
     if (this.presenceClosed) return;
     const info: WorkerInfo = {
@@ -400,6 +411,7 @@ class BoxcarWorker implements Worker {
       heartbeatAt: nowIso(),
       heartbeatMs: this.options.heartbeatMs,
       workItems: [1, WORK_ITEM_VERSION],
+      warm: this.warmReady(),
     };
     await this.options.topology.workers.put(this.id, JSON.stringify(info));
   }

@@ -116,7 +116,14 @@ export const workers: Command = {
     ctx.print(
       table(
         ["WORKER", "STATUS", "POOLS", "SANDBOXES", "LOAD", "HEARTBEAT"],
-        list.map((w) => [w.id, w.status, w.pools.join(","), w.sandboxes.join(","), `${w.load}/${w.capacity}`, ago(w.heartbeatAt)]),
+        list.map((w) => [
+          w.id,
+          w.status,
+          w.pools.join(","),
+          w.sandboxes.join(",") + (w.warm ? ` (${w.warm} warm)` : ""),
+          `${w.load}/${w.capacity}`,
+          ago(w.heartbeatAt),
+        ]),
       ),
     );
     for (const w of list) {

@@ -1,0 +1,331 @@
+import { randomBytes } from "node:crypto";
+import { PassThrough } from "node:stream";
+import type Docker from "dockerode";
+import type { LocalWorkspace } from "./local-workspace.js";
+
+/**
+ * A warm container's command: it waits for its job's script on stdin and runs it when stdin
+ * closes. Nothing of the job (command, environment, secrets) is in the container's
+ * configuration, so `docker inspect` shows none of it.
+ */
+export const WARM_COMMAND = ["/bin/sh", "-c", 'eval "$(cat)"'];
+
+/** What the helper says when the agent has ended: its exit code and the container's OOM kills so far. */
+export interface HelperReport {
+  exitCode: number;
+  oomKills: number;
+}
+
+/** A shell word for `text`: single-quoted, with any `'` closed, escaped and reopened. */
+function quote(text: string): string {
+  return `'${text.replaceAll("'", `'\\''`)}'`;
+}
+
+const SHELL_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/**
+ * The script a warm container runs for one job: the environment, then the agent with an empty
+ * stdin (as in a cold container), then, on both output streams after a newline, `nonce`, the
+ * agent's exit code and the container's OOM-kill count (cgroup v2 `memory.events`, or v1
+ * `memory.oom_control`; 0 where neither is readable). Both streams carry it so each is known to
+ * be complete: the engine reads them apart and may pass on one before the other.
+ */
+export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string): string {
+  const exports = Object.entries(env).map(([name, value]) => {
+    if (!SHELL_NAME.test(name)) throw new Error(`environment variable name ${JSON.stringify(name)} is not a shell name`);
+    return `export ${name}=${quote(value)}`;
+  });
+  return [
+    ...exports,
+    `${argv.map(quote).join(" ")} </dev/null`,
+    "boxcar_code=$?",
+    "boxcar_oom=0",
+    "for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do",
+    '  if [ -r "$f" ]; then while read -r k v; do [ "$k" = oom_kill ] && boxcar_oom=$v; done < "$f"; fi',
+    "done",
+    `printf '\\n%s %s %s\\n' ${nonce} "$boxcar_code" "$boxcar_oom"`,
+    `printf '\\n%s %s %s\\n' ${nonce} "$boxcar_code" "$boxcar_oom" >&2`,
+    "",
+  ].join("\n");
+}
+
+/**
+ * Finds the helper's report at the end of one output stream. {@link take} returns what is the
+ * agent's own output, holding back a tail that could be the start of the report; after the
+ * report nothing more is output (a cold container's stream ends with its agent too).
+ */
+export class ReportScanner {
+  private readonly marker: Buffer;
+  private held: Buffer = Buffer.alloc(0);
+  private after: Buffer | undefined;
+  /** Set once the whole report line has come. */
+  report: HelperReport | undefined;
+
+  constructor(nonce: string) {
+    this.marker = Buffer.from(`\n${nonce} `);
+  }
+
+  take(chunk: Buffer): Buffer {
+    if (this.after) {
+      this.readReport(Buffer.concat([this.after, chunk]));
+      return Buffer.alloc(0);
+    }
+    const data = this.held.length > 0 ? Buffer.concat([this.held, chunk]) : chunk;
+    const at = data.indexOf(this.marker);
+    if (at >= 0) {
+      this.held = Buffer.alloc(0);
+      this.readReport(data.subarray(at + this.marker.length));
+      return data.subarray(0, at);
+    }
+    const keep = this.partialMarkerAtEnd(data);
+    this.held = Buffer.from(data.subarray(data.length - keep));
+    return data.subarray(0, data.length - keep);
+  }
+
+  /** What was held back, once the stream ended without a report. */
+  rest(): Buffer {
+    const rest = this.after ? Buffer.alloc(0) : this.held;
+    this.held = Buffer.alloc(0);
+    return rest;
+  }
+
+  private readReport(data: Buffer): void {
+    this.after = data;
+    const newline = data.indexOf(0x0a);
+    if (newline < 0 || this.report) return;
+    const [code, oom] = data.subarray(0, newline).toString().split(" ").map(Number);
+    this.report = { exitCode: Number.isInteger(code) ? (code as number) : 255, oomKills: Number.isInteger(oom) ? (oom as number) : 0 };
+  }
+
+  /** The length of the longest end of `data` that begins the marker. */
+  private partialMarkerAtEnd(data: Buffer): number {
+    for (let n = Math.min(this.marker.length - 1, data.length); n > 0; n--) {
+      if (data.subarray(data.length - n).equals(this.marker.subarray(0, n))) return n;
+    }
+    return 0;
+  }
+}
+
+/** What a job run in a warm container gives back. */
+export interface WarmRun {
+  /** The helper's report once both streams carried it; undefined when the output ended without one (the helper was killed). */
+  report: Promise<HelperReport | undefined>;
+}
+
+/**
+ * A hardened container, created and started before its job is known, running {@link WARM_COMMAND}
+ * with its workspace folder bind-mounted and its output attached. It takes one job and is then
+ * destroyed: never reused.
+ */
+export class WarmContainer {
+  private readonly stdout = new PassThrough();
+  private readonly stderr = new PassThrough();
+  private settle: (() => void) | undefined;
+  private onOutput: ((stream: "stdout" | "stderr", chunk: Uint8Array) => void) | undefined;
+  private readonly scanners: Record<"stdout" | "stderr", ReportScanner | undefined> = { stdout: undefined, stderr: undefined };
+  /** Resolves when the attach stream ends: the container stopped (before its job, it died). */
+  readonly ended: Promise<void>;
+
+  private constructor(
+    readonly sandboxId: string,
+    readonly container: Docker.Container,
+    readonly files: LocalWorkspace,
+    /** The limits it was made with; a job with others has them set when it takes the container. */
+    readonly limits: { cpus: number; memory: number; pids: number },
+    /** The PATH its image gives processes. */
+    readonly agentPath: string,
+    private readonly stream: NodeJS.ReadWriteStream,
+    docker: Docker,
+  ) {
+    docker.modem.demuxStream(stream, this.stdout, this.stderr);
+    this.stdout.on("data", (chunk: Buffer) => this.output("stdout", chunk));
+    this.stderr.on("data", (chunk: Buffer) => this.output("stderr", chunk));
+    this.ended = new Promise<void>((resolve) => {
+      stream.once("end", resolve);
+      stream.once("close", resolve);
+      stream.once("error", () => resolve());
+    });
+  }
+
+  /** Creates, attaches and starts one; on any failure what was made is removed. */
+  static async start(
+    docker: Docker,
+    sandboxId: string,
+    options: Docker.ContainerCreateOptions,
+    files: LocalWorkspace,
+    limits: { cpus: number; memory: number; pids: number },
+    agentPath: string,
+  ): Promise<WarmContainer> {
+    const container = await docker.createContainer({
+      ...options,
+      Cmd: WARM_COMMAND,
+      Entrypoint: [],
+      OpenStdin: true,
+      StdinOnce: true,
+      AttachStdin: true,
+      AttachStdout: true,
+      AttachStderr: true,
+    });
+    try {
+      const stream = (await container.attach({
+        stream: true,
+        stdin: true,
+        stdout: true,
+        stderr: true,
+        hijack: true,
+      })) as NodeJS.ReadWriteStream;
+      const warm = new WarmContainer(sandboxId, container, files, limits, agentPath, stream, docker);
+      await container.start();
+      return warm;
+    } catch (err) {
+      await container.remove({ force: true, v: true }).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Hands the job to the helper: its output goes to `onOutput`, then comes the report. */
+  run(argv: string[], env: Readonly<Record<string, string>>, onOutput: (stream: "stdout" | "stderr", chunk: Uint8Array) => void): WarmRun {
+    const nonce = `boxcar-exit-${randomBytes(12).toString("hex")}`;
+    this.scanners.stdout = new ReportScanner(nonce);
+    this.scanners.stderr = new ReportScanner(nonce);
+    this.onOutput = onOutput;
+    const report = new Promise<HelperReport | undefined>((resolve) => {
+      this.settle = () => {
+        const { stdout, stderr } = this.scanners;
+        if (stdout?.report && stderr?.report) resolve(stderr.report);
+      };
+      void this.ended.then(() => {
+        for (const name of ["stdout", "stderr"] as const) {
+          const rest = this.scanners[name]?.rest();
+          if (rest?.length) onOutput(name, rest);
+        }
+        resolve(this.scanners.stderr?.report);
+      });
+    });
+    // Closing stdin starts the job: the helper reads the script up to its end.
+    this.stream.end(jobScript(argv, env, nonce));
+    return { report };
+  }
+
+  private output(name: "stdout" | "stderr", chunk: Buffer): void {
+    const scanner = this.scanners[name];
+    if (!scanner || !this.onOutput) return;
+    const own = scanner.take(chunk);
+    if (own.length > 0) this.onOutput(name, own);
+    if (scanner.report) this.settle?.();
+  }
+}
+
+/** What the pool needs from the Docker backend. */
+export interface WarmMaker {
+  /** Makes one warm container for `key`. */
+  make(key: WarmKey): Promise<WarmContainer>;
+  /** Removes a warm container and its folder. */
+  discard(warm: WarmContainer): Promise<void>;
+}
+
+/** What warm containers are made for: an image and a network (limits are set when a job takes one). */
+export interface WarmKey {
+  image: string;
+  network: string;
+}
+
+const keyText = (key: WarmKey) => `${key.image}\u0000${key.network}`;
+
+/**
+ * Keeps up to `size` started containers ready for each (image, network) a job has asked for,
+ * each handed to one job only. A key whose container failed to be made, or died before any job
+ * took it, is not filled again for a minute; a key no job asked for in `idleMs` is emptied.
+ */
+export class WarmPool {
+  private readonly ready = new Map<string, WarmContainer[]>();
+  private readonly making = new Map<string, number>();
+  private readonly lastAsked = new Map<string, { key: WarmKey; at: number }>();
+  private readonly coolingUntil = new Map<string, number>();
+  private readonly sweeper: NodeJS.Timeout;
+  private closed = false;
+
+  constructor(
+    private readonly maker: WarmMaker,
+    readonly size: number,
+    private readonly onError: (err: unknown) => void,
+    private readonly idleMs = 10 * 60_000,
+  ) {
+    this.sweeper = setInterval(() => void this.dropIdle(), Math.min(60_000, idleMs)).unref();
+  }
+
+  /** A ready container for `key`, if there is one; either way the key is filled up again. */
+  take(key: WarmKey): WarmContainer | undefined {
+    const text = keyText(key);
+    this.lastAsked.set(text, { key, at: Date.now() });
+    const warm = this.ready.get(text)?.shift();
+    this.fill(key);
+    return warm;
+  }
+
+  /** Whether `sandboxId` is a container this pool holds ready. */
+  holds(sandboxId: string): boolean {
+    return [...this.ready.values()].some((list) => list.some((w) => w.sandboxId === sandboxId));
+  }
+
+  /** How many containers stand ready, over all keys. */
+  get readyCount(): number {
+    let n = 0;
+    for (const list of this.ready.values()) n += list.length;
+    return n;
+  }
+
+  /** Makes containers for `key` until `size` are ready or being made. */
+  fill(key: WarmKey): void {
+    const text = keyText(key);
+    if (this.closed || (this.coolingUntil.get(text) ?? 0) > Date.now()) return;
+    const list = this.ready.get(text) ?? [];
+    this.ready.set(text, list);
+    this.lastAsked.set(text, this.lastAsked.get(text) ?? { key, at: Date.now() });
+    while (list.length + (this.making.get(text) ?? 0) < this.size) {
+      this.making.set(text, (this.making.get(text) ?? 0) + 1);
+      void this.maker.make(key).then(
+        (warm) => {
+          this.making.set(text, (this.making.get(text) ?? 1) - 1);
+          if (this.closed) return void this.maker.discard(warm).catch(this.onError);
+          list.push(warm);
+          // Died before a job took it (an image without /bin/sh, an engine restart): out of the pool.
+          void warm.ended.then(async () => {
+            const at = list.indexOf(warm);
+            if (at < 0) return;
+            list.splice(at, 1);
+            this.coolingUntil.set(text, Date.now() + COOL_DOWN_MS);
+            this.onError(new Error(`a warm container for ${key.image} (network ${key.network}) stopped before any job took it`));
+            await this.maker.discard(warm).catch(this.onError);
+          });
+        },
+        (err: unknown) => {
+          this.making.set(text, (this.making.get(text) ?? 1) - 1);
+          this.coolingUntil.set(text, Date.now() + COOL_DOWN_MS);
+          this.onError(err);
+        },
+      );
+    }
+  }
+
+  /** Removes every ready container; the pool makes no more. */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.sweeper);
+    const all = [...this.ready.values()].flatMap((list) => list.splice(0));
+    await Promise.all(all.map((warm) => this.maker.discard(warm).catch(this.onError)));
+  }
+
+  private async dropIdle(): Promise<void> {
+    const now = Date.now();
+    for (const [text, { at }] of this.lastAsked) {
+      if (now - at < this.idleMs) continue;
+      this.lastAsked.delete(text);
+      const list = this.ready.get(text)?.splice(0) ?? [];
+      this.ready.delete(text);
+      await Promise.all(list.map((warm) => this.maker.discard(warm).catch(this.onError)));
+    }
+  }
+}
+
+const COOL_DOWN_MS = 60_000;
