@@ -263,11 +263,6 @@ export class WarmPool {
     return warm;
   }
 
-  /** Whether `sandboxId` is a container this pool holds ready. */
-  holds(sandboxId: string): boolean {
-    return [...this.ready.values()].some((list) => list.some((w) => w.sandboxId === sandboxId));
-  }
-
   /** How many containers stand ready, over all keys. */
   get readyCount(): number {
     let n = 0;
