@@ -29,18 +29,20 @@ export type ResourceLimits = z.infer<typeof ResourceLimits>;
 
 export const RuntimeWishes = z.strictObject({
   sandbox: SandboxKind.default("auto").describe("where the agent runs; auto picks the strongest isolation the worker offers"),
-  image: z.string().min(1).max(512).optional().describe("container image (docker)"),
-  template: z.string().min(1).max(256).optional().describe("sandbox template (e2b)"),
-  network: NetworkWish.default("none"),
-  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).default(600_000).describe('run-time limit, e.g. "10m"'),
+  image: z.string().min(1).max(512).optional().describe("container image (Docker)"),
+  template: z.string().min(1).max(256).optional().describe("sandbox template (E2B)"),
+  network: NetworkWish.default("none").describe("network access (Docker)"),
+  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
+    .default(600_000)
+    .describe('run-time limit, such as "10m"; a job\'s `timeout` overrides it'),
   queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
     .optional()
-    .describe("how long a job may wait to start before it ends expired"),
+    .describe("a job not started this long after it was queued ends `expired`; a job's `queueTimeout` overrides it"),
   limits: ResourceLimits.default({}),
   warm: z
     .boolean()
     .optional()
-    .describe("docker: take a container the worker started before the job came, from its warm pool, when it has one (default false)"),
+    .describe("take a container the worker started before the job came, from its warm pool (Docker): a start in milliseconds"),
 });
 export type RuntimeWishes = z.infer<typeof RuntimeWishes>;
 
@@ -76,9 +78,9 @@ export const OutputGlob = z
   .refine((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a relative path without '..'");
 
 export const AgentDefinition = z.strictObject({
-  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION),
-  name: AgentName,
-  description: z.string().max(1024).optional(),
+  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("format version"),
+  name: AgentName.describe("the agent's name; jobs name it, and it is the intake subject's last token"),
+  description: z.string().max(1024).optional().describe("for people"),
   command: z
     .union(
       [
@@ -92,20 +94,22 @@ export const AgentDefinition = z.strictObject({
         error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
       },
     )
-    .describe("argv, or a string run with sh -c"),
-  pool: PoolName.default("default").describe("work pool whose workers run this agent"),
+    .describe("what to run: a string run with sh -c, or a list of arguments"),
+  pool: PoolName.default("default").describe("the work pool whose workers run this agent; a job can override it"),
   // No default filled in: a definition that does not set it stays readable by releases before priorities.
-  priority: Priority.optional().describe("priority of this agent's jobs within its pool: high, normal (default) or low"),
-  runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }),
+  priority: Priority.optional().describe("priority of its jobs in the pool; a job can override it"),
+  runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }).describe("where and how long it runs"),
   trusted: z
     .boolean()
     .default(false)
-    .describe("safe to run without isolation: workers whose policy is host: trusted may then run it on the host"),
-  env: z.record(EnvName, z.string().max(32_768)).default({}),
+    .describe(
+      "safe to run without isolation: a worker whose policy lets the host sandbox run trusted agents may run it on the host; only an admin applies agents",
+    ),
+  env: z.record(EnvName, z.string().max(32_768)).default({}).describe("environment variables"),
   secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
   outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
   handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
-  retry: RetryPolicy.optional().describe("how failed attempts are retried; default: not at all"),
+  retry: RetryPolicy.optional().describe("how failed attempts are retried; none: not at all"),
 });
 /** An agent definition as stored and run (defaults filled, units converted). */
 export type AgentDefinition = z.infer<typeof AgentDefinition>;

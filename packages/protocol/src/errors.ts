@@ -1,57 +1,149 @@
 import { z } from "zod";
 
-/** Stable error codes: branch on these, in any language, never on message text. */
+/**
+ * Stable error codes: branch on these, in any language, never on message text. What each means
+ * and where it appears is in `ERROR_CODE_DOCS`.
+ */
 export const ErrorCode = {
-  /** The message is not JSON. */
   badJson: "bad_json",
-  /** The message does not match the schema; `issues` names the fields. */
   invalid: "invalid",
-  /** The message or an input exceeds a size limit. */
   tooLarge: "too_large",
   unknownAgent: "unknown_agent",
   notFound: "not_found",
-  /** An input file reference names no object in the Object Store. */
   inputFileMissing: "input_file_missing",
-  /** The job is in a state that does not allow the request (e.g. cancel of a finished job). */
   conflict: "conflict",
-  /** The agent exited non-zero or reported an error. */
   agentFailed: "agent_failed",
-  /** The agent wrote a result file that is not valid. */
   badResult: "bad_result",
   timedOut: "timed_out",
-  /** The job was not started within its queue timeout. */
   expired: "expired",
   cancelled: "cancelled",
-  /** No sandbox this worker can offer satisfies the agent's runtime wishes. */
   noSandbox: "no_sandbox",
   sandboxFailed: "sandbox_failed",
-  /** The sandbox image (or template) is not present and cannot be pulled. */
   imageUnavailable: "image_unavailable",
-  /** The agent used more memory than its limit and was killed. */
   oomKilled: "oom_killed",
-  /** A secret the agent needs is not in the worker's environment. */
   missingSecret: "missing_secret",
-  /** The worker stopped while the job ran and handed it back. */
   workerStopped: "worker_stopped",
-  /** A handoff was not made: the target is not among the agent's handoffs, or a chain limit was hit. */
   handoffRefused: "handoff_refused",
-  /** A workflow step failed, or the run hit its deadline. */
   workflowFailed: "workflow_failed",
-  /** The caller's role may not make this request. */
   forbidden: "forbidden",
-  /** The agent asks for more than an admin's (or the worker's) policy allows; `issues` names the fields. */
   policyDenied: "policy_denied",
-  /** The caller has as many jobs queued or running as its quota allows. */
   quotaExceeded: "quota_exceeded",
-  /** The system has as many jobs (or bytes of them) queued as its policy's `queue` limits allow; retry later. */
   queueFull: "queue_full",
-  /** JetStream has no room for it: the server's or account's storage is used up, or smaller than the streams ask for. */
   storageFull: "storage_full",
-  /** No dispatcher answered, or NATS is unreachable. */
   unavailable: "unavailable",
   internal: "internal",
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
+
+/**
+ * The HTTP-like status of an API error reply with each code, in its `Nats-Service-Error-Code`
+ * header (the body carries the code itself). A code not listed here is not one an API request is
+ * refused with; a reply that carries one anyway gets 500, as `internal` does.
+ */
+export const ERROR_STATUS: Readonly<Partial<Record<ErrorCode, number>>> = {
+  bad_json: 400,
+  invalid: 400,
+  too_large: 413,
+  unknown_agent: 404,
+  not_found: 404,
+  input_file_missing: 404,
+  conflict: 409,
+  forbidden: 403,
+  policy_denied: 403,
+  quota_exceeded: 429,
+  queue_full: 503,
+  storage_full: 507,
+  handoff_refused: 422,
+  no_sandbox: 422,
+  unavailable: 503,
+  internal: 500,
+};
+
+/**
+ * What each code means and where a client meets it, in the order of docs/nats-api.md's table of
+ * them (`pnpm docs:tables` writes it from this; a code missing here does not compile).
+ */
+export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: string; readonly appears: string }>> = {
+  bad_json: { meaning: "the message is not JSON", appears: "API replies; `rejected` records" },
+  invalid: {
+    meaning:
+      "the message does not match its schema (`issues` names the fields), its subject has the wrong shape, or a work item lacks a trusted signature",
+    appears: "API replies; `rejected` records; `work_rejected` worker events",
+  },
+  too_large: {
+    meaning: "the message or an input is over a size limit (a request or submission over 256 KiB; more than 1000 artifacts)",
+    appears: "API replies; `rejected` and `failed` records",
+  },
+  unknown_agent: { meaning: "the job names an agent that is not applied", appears: "API replies; `rejected` records" },
+  not_found: {
+    meaning: "no job, agent or workflow run with that id or name; for a submitter, also another user's job or run",
+    appears: "API replies",
+  },
+  input_file_missing: {
+    meaning: "an input file reference names no object in the Object Store",
+    appears: "API replies; `rejected` records; `failed` records if the object went away before the run",
+  },
+  conflict: { meaning: "the job's state does not allow the request (cancel of a finished job)", appears: "API replies" },
+  forbidden: {
+    meaning: "the caller's role may not call this endpoint (`ROLE_ENDPOINTS` in `access.ts`), or may not name that pool or input file",
+    appears: "API replies",
+  },
+  policy_denied: {
+    meaning:
+      "the agent asks for more than the system policy (at apply and submission) or the worker's own policy (before a run) allows; `issues` names the fields",
+    appears: "API replies; `failed` records and events",
+  },
+  quota_exceeded: { meaning: "the caller has as many jobs queued (or running) as its quota allows", appears: "API replies" },
+  queue_full: {
+    meaning:
+      "the whole system has as many jobs (or bytes of job records) waiting to start as the system policy's `queue` limits allow (default 100000 jobs, 256 MiB); nothing was kept, submit again later (exit code 3)",
+    appears: "API replies (`jobs.submit`, `workflows.start`); an intake submission waits in its stream instead",
+  },
+  storage_full: {
+    meaning:
+      "JetStream has no room: a submit when its store (the server's `max_file_store` or the account's limit) is full, with nothing kept; or a role that creates the system on a server with less storage than the history streams reserve (exit code 3)",
+    appears: "API replies (`jobs.submit`); a role's refusal to start",
+  },
+  handoff_refused: {
+    meaning:
+      "a handoff was not made: the target is not among the agent's `handoffs`, a chain limit was hit, the run ended, or the next job could not be admitted",
+    appears: "the record's `handoff.error`; `handoff_refused` events",
+  },
+  workflow_failed: {
+    meaning: "a workflow step failed, the run passed its deadline, or its output could not be rendered",
+    appears: "the run's `error`; `failed` workflow events",
+  },
+  expired: {
+    meaning: "the job was not started within its queue timeout (`expiresAt`)",
+    appears: "`expired` records and events",
+  },
+  agent_failed: {
+    meaning: "the agent exited non-zero, reported an error in its result file, or its command could not be started",
+    appears: "`failed` records and events",
+  },
+  bad_result: { meaning: "the agent wrote a result file that is not valid", appears: "`failed` records and events" },
+  timed_out: { meaning: "the run went past its timeout and was killed", appears: "`timed_out` records and events" },
+  cancelled: { meaning: "the job was cancelled", appears: "`cancelled` records and events" },
+  no_sandbox: {
+    meaning:
+      "no sandbox the worker can offer (or no live worker of the pool) satisfies the agent's runtime wishes and trust; the message says what to change",
+    appears: "API replies (no live worker can run it); records and events of the job",
+  },
+  image_unavailable: {
+    meaning: "the container image (or E2B template) is not there and cannot be pulled; the message names it",
+    appears: "records and events of the job",
+  },
+  oom_killed: { meaning: "the agent used more memory than its limit and was killed", appears: "`failed` records and events" },
+  sandbox_failed: { meaning: "the sandbox could not be created or failed", appears: "records and events; sandbox events" },
+  missing_secret: { meaning: "a secret the agent needs is not in the worker's environment", appears: "records and events of the job" },
+  worker_stopped: { meaning: "the worker stopped while the job ran and handed it back", appears: "job events" },
+  unavailable: {
+    meaning:
+      "no dispatcher answered or NATS is unreachable (set by clients), or JetStream did not answer the dispatcher in time, say while a cluster elects leaders (sent by dispatchers): try again",
+    appears: "API replies; client libraries, the CLI",
+  },
+  internal: { meaning: "anything else; the dispatcher logs it", appears: "anywhere" },
+};
 
 export const ErrorIssue = z.strictObject({ path: z.string(), message: z.string() });
 export type ErrorIssue = z.infer<typeof ErrorIssue>;

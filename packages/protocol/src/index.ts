@@ -77,6 +77,7 @@ export { maskUrl, NATS_CONNECTION_ENV, NatsConnectionSettings } from "./connecti
 export {
   BoxcarError,
   decodeMessage,
+  ERROR_STATUS,
   ErrorCode,
   ErrorInfo,
   ErrorIssue,

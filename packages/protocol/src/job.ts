@@ -32,23 +32,23 @@ export type InputFileRef = z.infer<typeof InputFileRef>;
 export const inputObjectPrefix = (owner: string): string => `inputs/${owner}/`;
 
 export const JobSpec = z.strictObject({
-  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION),
-  agent: AgentName,
-  input: z.json().default(null).describe("the job's input, any JSON; the agent reads it from $BOXCAR_INPUT_FILE"),
-  files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]),
-  idempotencyKey: z.string().min(1).max(256).optional().describe("a second submission with the same key returns the first job"),
-  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("overrides the agent's run-time limit"),
+  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("protocol version"),
+  agent: AgentName.describe("the agent to run"),
+  input: z.json().default(null).describe("the job's input; the agent reads it from `.boxcar/input.json` ($BOXCAR_INPUT_FILE)"),
+  files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]).describe("files from the Object Store to put in the workspace"),
+  idempotencyKey: z.string().min(1).max(256).optional().describe("the owner's second submission with this key returns the first job"),
+  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("run-time limit of this job"),
   queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
     .optional()
-    .describe("a job not started within this time of being queued ends expired; overrides the agent's"),
+    .describe("not started this long after it was queued, the job ends `expired`"),
   deadline: durationMs({ min: 1_000, max: MAX_TIMEOUT_MS })
     .optional()
-    .describe("overall time limit from submission, across all attempts: no attempt runs or is retried past it"),
-  pool: PoolName.optional().describe("overrides the agent's pool"),
-  priority: Priority.optional().describe("high, normal or low: overrides the agent's priority"),
-  retry: RetryPolicy.optional().describe("overrides the agent's retry policy"),
-  labels: z.record(z.string().max(64), z.string().max(256)).default({}),
-  chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts (default: 10 hops, 5 visits per agent)"),
+    .describe("overall limit from submission across all attempts: no attempt runs or is retried past it"),
+  pool: PoolName.optional().describe("the work pool to run in"),
+  priority: Priority.optional().describe("priority within the pool"),
+  retry: RetryPolicy.optional().describe("how failed attempts are retried"),
+  labels: z.record(z.string().max(64), z.string().max(256)).default({}).describe("free-form labels, stored in the record's `spec`"),
+  chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts"),
 });
 /** A job spec after validation (defaults filled, durations in ms). */
 export type JobSpec = z.infer<typeof JobSpec>;
@@ -63,6 +63,20 @@ export const JobState = z.enum([...ACTIVE_STATES, ...FINAL_STATES]);
 export type JobState = z.infer<typeof JobState>;
 
 export const TERMINAL_STATES: ReadonlySet<JobState> = new Set(FINAL_STATES);
+
+/** What each state means, for docs/nats-api.md's table of them (`pnpm docs:tables`). */
+export const JOB_STATE_DOCS: Readonly<Record<JobState, string>> = {
+  accepted: "written by older dispatchers before the work item; new records start `queued`",
+  queued: "waiting for a worker of its pool",
+  running: "claimed by a worker",
+  succeeded: "the agent finished without error",
+  failed: "see `error.code`",
+  timed_out: "killed at its timeout",
+  cancelled: "cancelled before or during its run",
+  rejected: "a submission on the intake stream that could not be admitted; `error` says why",
+  dead: "every attempt its retry policy allows failed; `history` has them",
+  expired: "not started before `expiresAt` (its queue timeout)",
+};
 
 /** One ended attempt, kept on the record when the job is retried. */
 export const AttemptOutcome = z.strictObject({
@@ -125,45 +139,51 @@ export type SandboxInfo = z.infer<typeof SandboxInfo>;
 
 /** Loose: a reader ignores fields a newer writer added, so old and new workers can coexist. */
 export const JobRecord = z.looseObject({
-  v: z.literal(PROTOCOL_VERSION),
-  id: z.string(),
-  agent: AgentName,
-  pool: PoolName,
-  /** The user who submitted it (a handoff's or workflow step's job: the chain's or run's owner); absent on older records: `local`. */
-  owner: z.string().regex(TOKEN_PATTERN).optional(),
-  /** The priority its work item was queued with; absent on records older than priorities: normal. */
-  priority: Priority.optional(),
-  state: JobState,
-  /** Absent only on a `rejected` submission (the spec is not kept, valid or not). */
-  spec: JobSpec.optional(),
-  attempt: z.number().int().nonnegative(),
-  workerId: z.string().optional(),
-  sandbox: SandboxInfo.optional(),
-  createdAt: z.iso.datetime(),
-  queuedAt: z.iso.datetime().optional(),
-  startedAt: z.iso.datetime().optional(),
-  finishedAt: z.iso.datetime().optional(),
-  cancelRequested: z.boolean().optional(),
-  /** Attempts up to this number may be retried (the retry policy's maxAttempts; more after `jobs.retry`). */
-  attemptsAllowed: z.number().int().positive().optional(),
-  /** When a job still queued ends `expired` (from the spec's or agent's queueTimeout). */
-  expiresAt: z.iso.datetime().optional(),
-  /** When the job runs out of time across all its attempts (from the spec's `deadline`). */
-  deadlineAt: z.iso.datetime().optional(),
-  /** The attempts that failed and were retried, oldest first. */
-  history: z.array(AttemptOutcome).default([]),
-  result: JobResult.optional(),
-  artifacts: z.array(Artifact).default([]),
-  error: ErrorInfo.optional(),
-  /** Set on a job that is part of a handoff chain or a workflow run. */
-  chain: ChainLink.optional(),
-  /** What the dispatcher made of the agent's handoff request (`result.handoff`). */
-  handoff: HandoffDecision.optional(),
-  /**
-   * The W3C trace context of the job's admission span, when the submitter's trace (or a tracer
-   * provider in the dispatcher) made one: the worker's attempt and the jobs it hands off to join it.
-   */
-  traceparent: Traceparent.optional(),
+  v: z.literal(PROTOCOL_VERSION).describe("protocol version"),
+  id: z.string().describe("job id"),
+  agent: AgentName.describe("agent name"),
+  pool: PoolName.describe("the pool the job was queued in"),
+  owner: z
+    .string()
+    .regex(TOKEN_PATTERN)
+    .optional()
+    .describe(
+      "the user the job belongs to: who submitted it; a handoff's or workflow step's job belongs to its chain's or run's owner; absent on records from before owners (`local`)",
+    ),
+  priority: Priority.optional().describe("the priority it was queued with; absent on records from before priorities (`normal`)"),
+  state: JobState.describe("the job's state"),
+  spec: JobSpec.optional().describe("the validated spec; absent on `rejected` records (the spec is not kept, valid or not)"),
+  attempt: z.number().int().nonnegative().describe("0 at admission; set by the worker that runs it"),
+  workerId: z.string().optional().describe("the worker that claimed the job"),
+  sandbox: SandboxInfo.optional().describe(
+    "the sandbox it runs in: `kind` is `host`, `docker` or `e2b`; `reason` says why the worker chose it",
+  ),
+  createdAt: z.iso.datetime().describe("when it was admitted"),
+  queuedAt: z.iso.datetime().optional().describe("when its work item was published"),
+  startedAt: z.iso.datetime().optional().describe("when a worker claimed it"),
+  finishedAt: z.iso.datetime().optional().describe("when it reached a final state"),
+  cancelRequested: z.boolean().optional().describe("a cancel was asked for while it ran"),
+  attemptsAllowed: z
+    .number()
+    .int()
+    .positive()
+    .optional()
+    .describe("attempts up to this number may be retried: the retry policy's `maxAttempts`, more after `jobs.retry`"),
+  expiresAt: z.iso.datetime().optional().describe("when the job, if still queued, ends `expired` (from its `queueTimeout`)"),
+  deadlineAt: z.iso.datetime().optional().describe("when the job runs out of time across all its attempts (from its `deadline`)"),
+  history: z.array(AttemptOutcome).default([]).describe("the attempts that failed and were retried, oldest first"),
+  result: JobResult.optional().describe(
+    "how the agent's run ended: `exitCode` and `signal` are null when there was none, `output` is null without a result file",
+  ),
+  artifacts: z.array(Artifact).default([]).describe("one per stored file; `object` is its name in the Object Store"),
+  error: ErrorInfo.optional().describe("why it did not succeed"),
+  chain: ChainLink.optional().describe("the job's place in a handoff chain or workflow run"),
+  handoff: HandoffDecision.optional().describe(
+    "what the dispatcher made of the agent's handoff request (`result.handoff`): `{to, jobId}` (the next job) or `{to, error}` (refused, code `handoff_refused`)",
+  ),
+  traceparent: Traceparent.optional().describe(
+    "the W3C trace context of the job's admission span, when the submit carried a trace or the dispatcher has a tracer provider: the worker's attempt and the jobs it hands off to join it",
+  ),
 });
 export type JobRecord = z.infer<typeof JobRecord>;
 
