@@ -74,6 +74,8 @@ export {
   UploadRequest,
 } from "./api.js";
 export { maskUrl, NATS_CONNECTION_ENV, NatsConnectionSettings } from "./connection.js";
+export type { DocTable } from "./doc-tables.js";
+export { docTableMarkers, docTableRegion, docTables, writeDocTable } from "./doc-tables.js";
 export {
   BoxcarError,
   decodeMessage,
