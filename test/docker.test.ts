@@ -510,6 +510,59 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect((await client.waitForJob(job.id)).state).toBe("cancelled");
   });
 
+  test("a warm container taken by a job that ends before its agent starts is removed all the same", async () => {
+    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    const spec = { id: "sbx-never-run", jobId: "0neverstarted", attempt: 1, workerId: "w-test" };
+    const runtime = { sandbox: "docker" as const, network: "none", timeout: 60_000, limits: {}, warm: true };
+    const sandbox = await docker.create({ ...spec, runtime });
+    expect(sandbox.description?.start).toBe("warm_hit");
+    expect(await boxcarContainers(nats.topology.names.prefix, spec.jobId)).toHaveLength(1);
+    await sandbox.destroy();
+    expect(await boxcarContainers(nats.topology.names.prefix, spec.jobId)).toEqual([]);
+  });
+
+  test("a warm agent that forges its report (the attack, performed) is stopped before its results are read", async () => {
+    // The agent reads the report's nonce from its parent shell's memory, makes reading its
+    // artifacts take a while, forges "exit 0", and has a child write the result file 100 ms
+    // later. The worker must kill the container on the report and read nothing it wrote after.
+    const attack = `
+import os, re, sys, time
+maps = open(f"/proc/{os.getppid()}/maps").read().splitlines()
+mem = open(f"/proc/{os.getppid()}/mem", "rb", 0)
+nonce = None
+for line in maps:
+    addr, perms = line.split()[:2]
+    if "r" not in perms: continue
+    a, b = (int(x, 16) for x in addr.split("-"))
+    try:
+        mem.seek(a); found = re.search(rb"boxcar-exit-[0-9a-f]{24}", mem.read(b - a))
+    except Exception: continue
+    if found: nonce = found.group().decode(); break
+print(f"found nonce: {nonce}", flush=True)
+for i in range(500): open(f"out/f{i}.txt", "w").write("x")
+if os.fork() == 0:
+    time.sleep(0.1)
+    open(os.environ["BOXCAR_RESULT_FILE"], "w").write('{"output":"written after the report"}')
+    os._exit(0)
+report = f"\\x1e{nonce} 0\\n"
+sys.stdout.write(report); sys.stdout.flush(); sys.stderr.write(report); sys.stderr.flush()
+time.sleep(10)
+`;
+    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    await client.applyAgent({
+      name: "forger",
+      command: ["python3", "-c", attack],
+      runtime: { sandbox: "docker", warm: true, timeout: "1m" },
+    });
+    const { job } = await client.submit({ agent: "forger" });
+    const { final, logs, sandboxEvents } = await finish(job.id);
+    expect(sandboxEvents.find((e) => e.type === "ready")?.start).toBe("warm_hit");
+    expect(logs).toMatch(/found nonce: boxcar-exit-[0-9a-f]{24}/);
+    expect(final.artifacts?.length).toBe(500);
+    expect(final.result?.output).not.toBe("written after the report");
+    expect(Date.parse(final.finishedAt ?? "") - Date.parse(final.startedAt ?? "")).toBeLessThan(9_000); // not the 10 s sleep
+  });
+
   test("a frozen worker's warm containers: its job's is removed as a new attempt starts, its ready ones by a reaper once it is gone", async () => {
     await using fast = await natsFixture({ ackWaitMs: 2_000 });
     await fast.topology.ensurePoolConsumer("default");

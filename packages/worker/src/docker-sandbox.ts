@@ -8,7 +8,7 @@ import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
-import { WarmContainer, type WarmMaker, WarmPool } from "./warm-pool.js";
+import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
 import { defaultWorkRoot } from "./work-root.js";
 import { packFolder, unpackInto } from "./workspace-archive.js";
 import { WorkspaceQuota } from "./workspace-quota.js";
@@ -91,6 +91,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   const [uid, gid] = settings.user.split(":").map(Number);
   const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
   let pool: WarmPool | undefined;
+  let maker: WarmMaker | undefined;
   let workerId: string | undefined;
   /** The warm containers this worker made and has not removed yet. */
   const ownWarm = new Set<string>();
@@ -140,6 +141,22 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     return mounting;
   };
 
+  /**
+   * A ready container for `spec`'s job, named after it before anything of the job reaches it
+   * (so the job's next attempt finds it should this worker die); undefined when none is ready or
+   * the engine would not rename it (that one is removed; the job runs cold).
+   */
+  const takeWarm = async (spec: SandboxSpec, key: WarmKey): Promise<WarmContainer | undefined> => {
+    const warm = pool?.take(key);
+    if (!warm) return undefined;
+    try {
+      await warm.container.rename({ name: takenName(spec, warm) });
+      return warm;
+    } catch {
+      await maker?.discard(warm).catch(() => undefined);
+      return undefined;
+    }
+  };
   /** Makes and removes `workerId`'s warm containers: hardened as a cold one, with the default limits and a folder of their own. */
   const warmMaker = (workerId: string): WarmMaker => ({
     make: async ({ image, network }) => {
@@ -220,7 +237,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
         },
         forget: (sandboxId: string) => ownWarm.delete(sandboxId),
       };
-      const warm = runtime.warm && workspaceMounting === "bind" ? pool?.take({ image, network }) : undefined;
+      const warm = runtime.warm && workspaceMounting === "bind" ? await takeWarm(spec, { image, network }) : undefined;
       if (warm) return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: warm.agentPath }, warm.files, warm);
       const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
       signal?.throwIfAborted();
@@ -231,7 +248,8 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     prepare(id, onError) {
       workerId = id;
       if (!opts.warm || pool) return;
-      const made = new WarmPool(warmMaker(id), opts.warm, onError);
+      maker = warmMaker(id);
+      const made = new WarmPool(maker, opts.warm, onError);
       pool = made;
       // The default image without a network is what most agents use: ready before the first job.
       void decideMounting().then((how) => how === "bind" && made.fill({ image: settings.defaultImage, network: "none" }), onError);
@@ -442,37 +460,32 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 
   /**
    * Gives the job to a warm container: its limits first where the job's differ from those it was
-   * made with, then the script. The agent's exit comes from the helper, without waiting for the
-   * engine to see the container stop; if the helper was killed too, from the engine.
+   * made with, then the script. The helper's report of the agent's exit ends the run without
+   * waiting for the engine to notice; the container is then killed and waited for, so nothing
+   * of the agent runs on while its results are read (the report is the agent's own word).
+   * Without a report (the shell was killed too), the exit is the engine's.
    */
   private async startWarm(warm: WarmContainer, argv: string[], opts: ExecOptions): Promise<StartedAgent | undefined> {
     const { container } = warm;
     this.container = container;
     const { limits } = this.settings;
     if (limits.cpus !== warm.limits.cpus || limits.memory !== warm.limits.memory || limits.pids !== warm.limits.pids) {
-      const set = container.update({
-        Memory: limits.memory,
-        MemorySwap: limits.memory,
-        NanoCpus: Math.round(limits.cpus * 1e9),
-        PidsLimit: limits.pids,
-      });
+      const update = { Memory: limits.memory, MemorySwap: limits.memory, NanoCpus: Math.round(limits.cpus * 1e9), PidsLimit: limits.pids };
       if (
         !(await raceAbort(
-          set.then(() => true),
+          container.update(update).then(() => true),
           opts.signal,
         ))
       )
         return undefined;
     }
-    // Named after its job from now on, so a later attempt finds it should this worker die.
-    const renamed = container.rename({ name: takenName(this.spec, warm) }).catch(() => undefined);
+    if (opts.signal.aborted) return undefined;
     const startedAt = performance.now();
     const run = warm.run(argv, opts.env, opts.onOutput);
     const exited = run.report.then(async (report): Promise<AgentExit> => {
-      await renamed;
-      if (report) return { code: report.exitCode, oomKilled: async () => report.oomKills > 0 };
+      if (report) await container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
       const status = (await container.wait()) as { StatusCode: number };
-      return { code: status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
+      return { code: report?.exitCode ?? status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
     });
     return { container, exited, startedAt };
   }
@@ -538,7 +551,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
-      const container = this.container ?? (await this.creating?.catch(() => undefined));
+      const container = this.container ?? this.warm?.container ?? (await this.creating?.catch(() => undefined));
       await container?.remove({ force: true, v: true }).catch(ignoreGone);
       await this.files.remove();
       if (this.warm) this.settings.forget(this.warm.sandboxId);

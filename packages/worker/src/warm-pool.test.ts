@@ -16,8 +16,14 @@ test("a job script passes argv and environment through exactly, whatever they ho
     { TRICKY: tricky, EMPTY: "" },
     "n0nce",
   );
-  expect(stdout).toBe(`${tricky}|${tricky}|\nn0nce 7 0\n`);
-  expect(stderr).toBe("err\n\nn0nce 7 0\n");
+  expect(stdout).toBe(`${tricky}|${tricky}|\u001en0nce 7\n`);
+  expect(stderr).toBe("err\n\u001en0nce 7\n");
+});
+
+test("the agent's command is looked up on PATH as in a cold container, never a shell built-in", () => {
+  // dash's own echo would turn \t into a tab; coreutils' prints it as it is.
+  const { stdout } = runScript(["echo", "a\\tb"], { PATH: "/usr/bin:/bin" }, "n");
+  expect(stdout.split("\n")[0]).toBe("a\\tb");
 });
 
 test("the agent's stdin is empty, as in a cold container", () => {
@@ -31,19 +37,31 @@ test("a name that is not a shell name is refused, not run", () => {
 
 test("the report is found across chunk boundaries; the agent's output before it passes whole", () => {
   const nonce = "boxcar-exit-abc";
-  const stream = `line one\nlast without newline\n${nonce} 137 2\n`;
+  const stream = `line one\nlast without newline\u001e${nonce} 137\n`;
   for (let cut = 1; cut < stream.length; cut++) {
     const scanner = new ReportScanner(nonce);
     const out = Buffer.concat([scanner.take(Buffer.from(stream.slice(0, cut))), scanner.take(Buffer.from(stream.slice(cut)))]);
     expect(out.toString()).toBe("line one\nlast without newline");
-    expect(scanner.report).toEqual({ exitCode: 137, oomKills: 2 });
+    expect(scanner.report).toEqual({ exitCode: 137 });
   }
+});
+
+test("nothing is held back from output that does not end in the report's first character", () => {
+  const scanner = new ReportScanner("boxcar-exit-abc");
+  expect(scanner.take(Buffer.from("a whole line\n")).toString()).toBe("a whole line\n");
+});
+
+test("what comes after a report is dropped, not kept: an agent that forged one cannot fill the worker's memory", () => {
+  const scanner = new ReportScanner("n");
+  scanner.take(Buffer.from("\u001en 0"));
+  for (let i = 0; i < 1000; i++) expect(scanner.take(Buffer.alloc(64 * 1024, 0x78)).length).toBe(0);
+  expect(scanner.report).toEqual({ exitCode: 255 }); // cut at 16 bytes: "0xxxx…" is no exit code
 });
 
 test("output that only looks like the start of a report is passed on when the stream ends without one", () => {
   const scanner = new ReportScanner("boxcar-exit-abc");
-  const passed = scanner.take(Buffer.from("text\nboxcar-exit-ab"));
-  expect(passed.toString()).toBe("text");
-  expect(scanner.rest().toString()).toBe("\nboxcar-exit-ab");
+  const passed = scanner.take(Buffer.from("text\n\u001eboxcar-exit-ab"));
+  expect(passed.toString()).toBe("text\n");
+  expect(scanner.rest().toString()).toBe("\u001eboxcar-exit-ab");
   expect(scanner.report).toBeUndefined();
 });

@@ -10,10 +10,14 @@ import type { LocalWorkspace } from "./local-workspace.js";
  */
 export const WARM_COMMAND = ["/bin/sh", "-c", 'eval "$(cat)"'];
 
-/** What the helper says when the agent has ended: its exit code and the container's OOM kills so far. */
+/**
+ * What the helper says when the agent has ended: its exit code. It is the agent's own word (it
+ * runs as the shell's user and can read the shell's memory), so it only ever ends the agent's
+ * run sooner: the worker then kills the container and waits for it to stop before reading
+ * anything, and asks the engine, never the report, whether the kernel killed it for memory.
+ */
 export interface HelperReport {
   exitCode: number;
-  oomKills: number;
 }
 
 /** A shell word for `text`: single-quoted, with any `'` closed, escaped and reopened. */
@@ -23,12 +27,18 @@ function quote(text: string): string {
 
 const SHELL_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
+/** The most a report's exit code may take: past it the line is cut and read as it is. */
+const MAX_REPORT_BYTES = 16;
+
+/** Starts every report: a control character agents' output hardly ever ends a chunk with. */
+const REPORT_START = "\u001e";
+
 /**
  * The script a warm container runs for one job: the environment, then the agent with an empty
- * stdin (as in a cold container), then, on both output streams after a newline, `nonce`, the
- * agent's exit code and the container's OOM-kill count (cgroup v2 `memory.events`, or v1
- * `memory.oom_control`; 0 where neither is readable). Both streams carry it so each is known to
- * be complete: the engine reads them apart and may pass on one before the other.
+ * stdin (as in a cold container), run by `exec` in a subshell so its name is looked up on PATH
+ * as in a cold container (never a shell built-in), then, on both output streams, a report:
+ * `REPORT_START`, `nonce`, the agent's exit code. Both streams carry it so each is known to be
+ * complete: the engine reads them apart and may pass on one before the other.
  */
 export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string): string {
   const exports = Object.entries(env).map(([name, value]) => {
@@ -37,14 +47,10 @@ export function jobScript(argv: string[], env: Readonly<Record<string, string>>,
   });
   return [
     ...exports,
-    `${argv.map(quote).join(" ")} </dev/null`,
+    `(exec ${argv.map(quote).join(" ")}) </dev/null`,
     "boxcar_code=$?",
-    "boxcar_oom=0",
-    "for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do",
-    '  if [ -r "$f" ]; then while read -r k v; do [ "$k" = oom_kill ] && boxcar_oom=$v; done < "$f"; fi',
-    "done",
-    `printf '\\n%s %s %s\\n' ${nonce} "$boxcar_code" "$boxcar_oom"`,
-    `printf '\\n%s %s %s\\n' ${nonce} "$boxcar_code" "$boxcar_oom" >&2`,
+    `printf '\\036%s %s\\n' ${nonce} "$boxcar_code"`,
+    `printf '\\036%s %s\\n' ${nonce} "$boxcar_code" >&2`,
     "",
   ].join("\n");
 }
@@ -62,12 +68,14 @@ export class ReportScanner {
   report: HelperReport | undefined;
 
   constructor(nonce: string) {
-    this.marker = Buffer.from(`\n${nonce} `);
+    this.marker = Buffer.from(`${REPORT_START}${nonce} `);
   }
 
   take(chunk: Buffer): Buffer {
     if (this.after) {
-      this.readReport(Buffer.concat([this.after, chunk]));
+      // The rest of the report line, and nothing past it (kept short: an agent that forged a
+      // report could go on writing without bound).
+      if (!this.report) this.readReport(Buffer.concat([this.after, chunk]).subarray(0, MAX_REPORT_BYTES));
       return Buffer.alloc(0);
     }
     const data = this.held.length > 0 ? Buffer.concat([this.held, chunk]) : chunk;
@@ -92,9 +100,10 @@ export class ReportScanner {
   private readReport(data: Buffer): void {
     this.after = data;
     const newline = data.indexOf(0x0a);
-    if (newline < 0 || this.report) return;
-    const [code, oom] = data.subarray(0, newline).toString().split(" ").map(Number);
-    this.report = { exitCode: Number.isInteger(code) ? (code as number) : 255, oomKills: Number.isInteger(oom) ? (oom as number) : 0 };
+    if (newline < 0 && data.length < MAX_REPORT_BYTES) return;
+    const code = Number(data.subarray(0, newline < 0 ? data.length : newline).toString());
+    this.report = { exitCode: Number.isInteger(code) ? code : 255 };
+    this.after = Buffer.alloc(0);
   }
 
   /** The length of the longest end of `data` that begins the marker. */
@@ -242,6 +251,8 @@ export class WarmPool {
   private readonly making = new Map<string, number>();
   private readonly lastAsked = new Map<string, { key: WarmKey; at: number }>();
   private readonly coolingUntil = new Map<string, number>();
+  /** Makes under way, which close() waits for. */
+  private readonly inFlight = new Set<Promise<void>>();
   private readonly sweeper: NodeJS.Timeout;
   private closed = false;
 
@@ -274,41 +285,48 @@ export class WarmPool {
   fill(key: WarmKey): void {
     const text = keyText(key);
     if (this.closed || (this.coolingUntil.get(text) ?? 0) > Date.now()) return;
-    const list = this.ready.get(text) ?? [];
-    this.ready.set(text, list);
+    if (!this.ready.has(text)) this.ready.set(text, []);
     this.lastAsked.set(text, this.lastAsked.get(text) ?? { key, at: Date.now() });
-    while (list.length + (this.making.get(text) ?? 0) < this.size) {
+    while ((this.ready.get(text)?.length ?? 0) + (this.making.get(text) ?? 0) < this.size) {
       this.making.set(text, (this.making.get(text) ?? 0) + 1);
-      void this.maker.make(key).then(
-        (warm) => {
-          this.making.set(text, (this.making.get(text) ?? 1) - 1);
-          if (this.closed) return void this.maker.discard(warm).catch(this.onError);
-          list.push(warm);
-          // Died before a job took it (an image without /bin/sh, an engine restart): out of the pool.
-          void warm.ended.then(async () => {
-            const at = list.indexOf(warm);
-            if (at < 0) return;
-            list.splice(at, 1);
-            this.coolingUntil.set(text, Date.now() + COOL_DOWN_MS);
-            this.onError(new Error(`a warm container for ${key.image} (network ${key.network}) stopped before any job took it`));
-            await this.maker.discard(warm).catch(this.onError);
-          });
-        },
+      const made = this.maker.make(key).then(
+        (warm) => this.keep(key, warm),
         (err: unknown) => {
-          this.making.set(text, (this.making.get(text) ?? 1) - 1);
           this.coolingUntil.set(text, Date.now() + COOL_DOWN_MS);
           this.onError(err);
         },
       );
+      this.inFlight.add(made);
+      void made.finally(() => {
+        this.inFlight.delete(made);
+        this.making.set(text, (this.making.get(text) ?? 1) - 1);
+      });
     }
   }
 
-  /** Removes every ready container; the pool makes no more. */
+  /** Removes every ready container, and those still being made once they are; the pool makes no more. */
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.sweeper);
     const all = [...this.ready.values()].flatMap((list) => list.splice(0));
-    await Promise.all(all.map((warm) => this.maker.discard(warm).catch(this.onError)));
+    await Promise.all([...all.map((warm) => this.maker.discard(warm).catch(this.onError)), ...this.inFlight]);
+  }
+
+  /** Puts a container just made among `key`'s ready ones, unless the pool closed or dropped the key meanwhile. */
+  private async keep(key: WarmKey, warm: WarmContainer): Promise<void> {
+    const text = keyText(key);
+    const list = this.ready.get(text);
+    if (this.closed || !list) return this.maker.discard(warm).catch(this.onError);
+    list.push(warm);
+    // Died before a job took it (an image without /bin/sh, an engine restart): out of the pool.
+    void warm.ended.then(async () => {
+      const at = list.indexOf(warm);
+      if (at < 0) return;
+      list.splice(at, 1);
+      this.coolingUntil.set(text, Date.now() + COOL_DOWN_MS);
+      this.onError(new Error(`a warm container for ${key.image} (network ${key.network}) stopped before any job took it`));
+      await this.maker.discard(warm).catch(this.onError);
+    });
   }
 
   private async dropIdle(): Promise<void> {
