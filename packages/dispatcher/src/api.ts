@@ -11,6 +11,7 @@ import {
   checkAgentPolicy,
   credentialLikeEnv,
   decodeMessage,
+  ERROR_STATUS,
   ErrorCode,
   type Identity,
   InputFileRef,
@@ -37,25 +38,6 @@ import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
 type Handler = (body: unknown, caller: Identity, traceparent: string | undefined) => Promise<unknown>;
-
-/** HTTP-like status for the services API error header; the body carries the stable code. */
-const STATUS: Partial<Record<string, number>> = {
-  [ErrorCode.badJson]: 400,
-  [ErrorCode.invalid]: 400,
-  [ErrorCode.unknownAgent]: 404,
-  [ErrorCode.notFound]: 404,
-  [ErrorCode.inputFileMissing]: 404,
-  [ErrorCode.forbidden]: 403,
-  [ErrorCode.policyDenied]: 403,
-  [ErrorCode.quotaExceeded]: 429,
-  [ErrorCode.queueFull]: 503,
-  [ErrorCode.storageFull]: 507,
-  [ErrorCode.unavailable]: 503,
-  [ErrorCode.conflict]: 409,
-  [ErrorCode.tooLarge]: 413,
-  [ErrorCode.noSandbox]: 422,
-  [ErrorCode.handoffRefused]: 422,
-};
 
 /** What the API answers from besides the topology and the admission context. */
 export interface ApiParts {
@@ -233,7 +215,7 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     if (error.code === ErrorCode.internal) log.error({ err, subject: msg.subject }, "request failed");
     else log.debug({ subject: msg.subject, code: error.code }, "request refused");
     failSpan(span, error);
-    msg.respondError(STATUS[error.code] ?? 500, error.message, JSON.stringify({ ok: false, error }));
+    msg.respondError(ERROR_STATUS[error.code as ErrorCode] ?? 500, error.message, JSON.stringify({ ok: false, error }));
   } finally {
     span.end();
   }
