@@ -6,7 +6,7 @@ import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarEvent, JobRecord, parseAgentFile, WorkflowRun } from "@boxcar/protocol";
 import { createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { type Scratch, scratch } from "./helpers/scratch.js";
 
@@ -165,6 +165,57 @@ handoffs: [coder]
     );
     expect(run.stderr).toContain("succeeded, but its handoff to planner was refused");
     expect(run.stderr).not.toContain("the chain ended with");
+  });
+});
+
+describe("a refused handoff inside a workflow, and a reader that stops early", () => {
+  test("a workflow step whose handoff is refused fails the run, and run --wait exits 1 saying why", async () => {
+    await writeFiles({
+      "refuser.yaml": `
+name: refuser
+command: |
+  printf '{"summary":"tried","handoff":{"to":"nobody-declared"}}' > "$BOXCAR_RESULT_FILE"
+trusted: true
+runtime: { sandbox: host, timeout: 30s }
+`,
+      "refused.workflow.yaml": `
+name: refused
+steps:
+  - name: only
+    agent: refuser
+`,
+    });
+    await ok(["agent", "apply", "-f", join(dir.path, "refuser.yaml")]);
+    const run = await ok(["run", join(dir.path, "refused.workflow.yaml"), "--wait", "--json"], 1);
+    const record = WorkflowRun.parse(JSON.parse(run.stdout));
+    expect(record.state).toBe("failed");
+    expect(JSON.stringify(record)).toContain("nobody-declared");
+  });
+
+  test("events --follow into a reader that closes its end (| head -1) ends quietly with status 0", async () => {
+    await writeFiles({
+      "slow.yaml": `
+name: slow
+command: ["sh", "-c", "sleep 2; echo done"]
+trusted: true
+runtime: { sandbox: host, timeout: 30s }
+`,
+    });
+    await ok(["agent", "apply", "-f", join(dir.path, "slow.yaml")]);
+    const submitted = JSON.parse((await ok(["submit", "slow", "--json"])).stdout) as { job?: { id: string }; id?: string };
+    const job = { id: submitted.job?.id ?? submitted.id ?? "" };
+    const follower = spawnBoxcar(nats.url, nats.topology.names.prefix, ["events", job.id, "--follow"]);
+    // Like head -1: read the first line, then close the pipe while events still come.
+    const first = await Promise.race([
+      new Promise<boolean>((resolve) => follower.stdout?.once("data", () => resolve(true))),
+      exited(follower).then(() => false),
+    ]);
+    expect(first, follower.output()).toBe(true);
+    follower.stdout?.destroy();
+    const { code } = await exited(follower);
+    expect(code).toBe(0);
+    expect(follower.output()).not.toMatch(/EPIPE|Error/);
+    expect((await client.waitForJob(job.id)).state).toBe("succeeded");
   });
 });
 
