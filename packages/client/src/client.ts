@@ -8,7 +8,7 @@ import {
   ApplyAgentReply,
   ArtifactChunk,
   BoxcarError,
-  BoxcarEvent,
+  type BoxcarEvent,
   CleanJobsReply,
   type CleanJobsRequest,
   CountJobsReply,
@@ -410,7 +410,7 @@ class Client implements BoxcarClient, HistoryReader {
 }
 
 const eventsPage = (page: EventsPage): HistoryPage<BoxcarEvent> => ({
-  items: page.events.map((e) => parseWith(BoxcarEvent, e, "event")),
+  items: page.events,
   last: page.last,
   more: page.more,
 });

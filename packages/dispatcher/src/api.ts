@@ -2,9 +2,9 @@ import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar
 import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
-  AgentRef,
   API_CONTRACT,
   ApiEndpoint,
+  type ApiReplyData,
   BoxcarError,
   type CleanJobsRequest,
   callerOf,
@@ -16,12 +16,10 @@ import {
   type Identity,
   InputFileRef,
   issuesUnder,
-  JobRef,
   MAX_SPEC_BYTES,
   mayReplyTo,
   parseWith,
   ROLE_ENDPOINTS,
-  RunRef,
   seesAll,
   toErrorInfo,
   WorkerInfo,
@@ -37,7 +35,19 @@ import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
-type Handler = (body: unknown, caller: Identity, traceparent: string | undefined) => Promise<unknown>;
+type Handler<E extends ApiEndpoint = ApiEndpoint> = (
+  body: unknown,
+  caller: Identity,
+  traceparent: string | undefined,
+) => Promise<ApiReplyData<E>>;
+
+/** One handler per endpoint, each answering with its reply's data as `API_CONTRACT` says. */
+type Handlers = { [E in ApiEndpoint]: Handler<E> };
+
+/** A request's body parsed with its endpoint's schema in `API_CONTRACT`; error paths are relative to the body. */
+function requestOf<E extends ApiEndpoint>(endpoint: E, body: unknown): z.output<(typeof API_CONTRACT)[E]["request"]> {
+  return parseWith(API_CONTRACT[endpoint].request, body, "request") as z.output<(typeof API_CONTRACT)[E]["request"]>;
+}
 
 /** What the API answers from besides the topology and the admission context. */
 export interface ApiParts {
@@ -47,7 +57,7 @@ export interface ApiParts {
   jobs: { index: JobIndex; caughtUp: Promise<void> };
 }
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Record<ApiEndpoint, Handler> {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   return {
@@ -74,19 +84,19 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
         throw err;
       }
     },
-    [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, parseWith(JobRef, body, "request").id, caller) }),
+    [ApiEndpoint.jobsGet]: async (body, caller) => ({ job: await getRecord(topology, requestOf(ApiEndpoint.jobsGet, body).id, caller) }),
     [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, jobs, body, caller, log),
     [ApiEndpoint.jobsCount]: (body, caller) => countJobs(jobs, body, caller),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
-      return { job: await cancelJob(topology, parseWith(JobRef, body, "request").id, caller) };
+      return { job: await cancelJob(topology, requestOf(ApiEndpoint.jobsCancel, body).id, caller) };
     },
     [ApiEndpoint.jobsRetry]: async (body, caller) => {
-      return { job: await retryJob(topology, parseWith(JobRef, body, "request").id, caller, ctx) };
+      return { job: await retryJob(topology, requestOf(ApiEndpoint.jobsRetry, body).id, caller, ctx) };
     },
     // Admins only (ROLE_ENDPOINTS): it deletes anyone's ended jobs.
     [ApiEndpoint.jobsClean]: (body) => retention.clean(body as CleanJobsRequest),
     [ApiEndpoint.agentsApply]: async (body) => {
-      const agent = parseWith(API_CONTRACT[ApiEndpoint.agentsApply].request, body, "request").definition;
+      const agent = requestOf(ApiEndpoint.agentsApply, body).definition;
       try {
         checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
         const credentials = credentialLikeEnv(agent.env);
@@ -102,20 +112,20 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       log.info({ agent: agent.name }, "agent applied");
       return { agent, created };
     },
-    [ApiEndpoint.agentsGet]: async (body) => ({ agent: await getAgent(topology, parseWith(AgentRef, body, "request").name) }),
+    [ApiEndpoint.agentsGet]: async (body) => ({ agent: await getAgent(topology, requestOf(ApiEndpoint.agentsGet, body).name) }),
     [ApiEndpoint.agentsList]: async (body) => {
-      parseWith(z.strictObject({}), body, "request");
+      requestOf(ApiEndpoint.agentsList, body);
       return { agents: await listJson(topology.agents, AgentDefinition, "agent") };
     },
     [ApiEndpoint.agentsRemove]: async (body) => {
-      const { name } = parseWith(AgentRef, body, "request");
+      const { name } = requestOf(ApiEndpoint.agentsRemove, body);
       const agent = await getAgent(topology, name);
       await ctx.agents.remove(name);
       log.info({ agent: name }, "agent removed");
       return { agent };
     },
     [ApiEndpoint.workersList]: async (body, caller) => {
-      parseWith(z.strictObject({}), body, "request");
+      requestOf(ApiEndpoint.workersList, body);
       const workers = await listJson(topology.workers, WorkerInfo, "worker");
       // The jobs a worker runs are anyone's: a caller who sees only its own gets their count (load).
       return { workers: seesAll(caller.role) ? workers : workers.map((w) => ({ ...w, jobs: [] })) };
@@ -126,10 +136,10 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       ctx.load.checkRoom(ctx.policy.policy);
       return runs.start(body, caller.user, traceparent);
     },
-    [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(parseWith(RunRef, body, "request").id, caller) }),
+    [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
     [ApiEndpoint.workflowsCancel]: async (body, caller) => {
-      return { run: await runs.cancel(parseWith(RunRef, body, "request").id, caller) };
+      return { run: await runs.cancel(requestOf(ApiEndpoint.workflowsCancel, body).id, caller) };
     },
     [ApiEndpoint.jobsEvents]: (body, caller) => jobEvents(topology, body, caller),
     [ApiEndpoint.jobsLogs]: (body, caller) => jobLogs(topology, body, caller),
@@ -137,7 +147,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.workflowsEvents]: (body, caller) => runEvents(topology, runs, body, caller),
     [ApiEndpoint.inputsUpload]: async (body, caller) => uploads.start(body, caller),
     [ApiEndpoint.policyGet]: async (body) => {
-      parseWith(z.strictObject({}), body, "request");
+      requestOf(ApiEndpoint.policyGet, body);
       return { policy: ctx.policy.policy };
     },
     [ApiEndpoint.policySet]: (body) => ctx.policy.set(body),

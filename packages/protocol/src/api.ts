@@ -122,7 +122,7 @@ const Page = {
   more: z.boolean(),
 };
 
-export const EventsPage = z.strictObject({ events: z.array(z.unknown()), ...Page });
+export const EventsPage = z.strictObject({ events: z.array(BoxcarEvent), ...Page });
 export type EventsPage = z.infer<typeof EventsPage>;
 
 export const JobLogsRequest = JobEventsRequest;
@@ -165,7 +165,6 @@ export type SetPolicyReply = z.infer<typeof SetPolicyReply>;
 const NoFields = z.strictObject({});
 const AgentReply = z.strictObject({ agent: AgentDefinition });
 /** A page of `jobs.events` or `workflows.events`, its events as the contract publishes them. */
-const EventsReply = EventsPage.extend({ events: z.array(BoxcarEvent) });
 
 /**
  * The API's contract: each endpoint's request body and the `data` of its reply when `ok`
@@ -181,7 +180,7 @@ export const API_CONTRACT = {
   "jobs.cancel": { request: JobRef, reply: JobReply },
   "jobs.retry": { request: JobRef, reply: JobReply },
   "jobs.clean": { request: CleanJobsRequest, reply: CleanJobsReply },
-  "jobs.events": { request: JobEventsRequest, reply: EventsReply },
+  "jobs.events": { request: JobEventsRequest, reply: EventsPage },
   "jobs.logs": { request: JobLogsRequest, reply: LogsPage },
   "jobs.artifact": { request: ArtifactRequest, reply: ArtifactChunk },
   "agents.apply": { request: z.strictObject({ definition: AgentDefinition }), reply: ApplyAgentReply },
@@ -193,7 +192,7 @@ export const API_CONTRACT = {
   "workflows.get": { request: RunRef, reply: RunReply },
   "workflows.list": { request: ListRunsRequest, reply: ListRunsReply },
   "workflows.cancel": { request: RunRef, reply: RunReply },
-  "workflows.events": { request: RunEventsRequest, reply: EventsReply },
+  "workflows.events": { request: RunEventsRequest, reply: EventsPage },
   "inputs.upload": { request: UploadRequest, reply: UploadReply },
   "policy.get": { request: NoFields, reply: PolicyReply },
   "policy.set": { request: z.strictObject({ policy: SystemPolicy }), reply: SetPolicyReply },
