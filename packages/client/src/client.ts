@@ -3,46 +3,35 @@ import { mkdir, open, rm } from "node:fs/promises";
 import { dirname, join, resolve, sep } from "node:path";
 import {
   type AgentDefinition,
+  API_CONTRACT,
   ApiEndpoint,
   ApiReply,
-  ApplyAgentReply,
-  ArtifactChunk,
+  type ApiReplyData,
   BoxcarError,
   type BoxcarEvent,
-  CleanJobsReply,
+  type CleanJobsReply,
   type CleanJobsRequest,
-  CountJobsReply,
+  type CountJobsReply,
   type CountJobsRequest,
   ErrorCode,
-  EventsPage,
+  type EventsPage,
   type Identity,
   type InputFileRef,
   isTerminal,
   type JobRecord,
-  JobReply,
   type JobSpecInput,
-  ListAgentsReply,
-  ListJobsReply,
   type ListJobsRequest,
-  ListRunsReply,
   type ListRunsRequest,
-  ListWorkersReply,
   type LogStream,
-  LogsPage,
   OPEN_IDENTITY,
   ownerOf,
-  PolicyReply,
   parseWith,
-  RunReply,
-  SetPolicyReply,
-  StartRunReply,
+  type SetPolicyReply,
   type StartRunRequest,
-  SubmitReply,
   type SystemPolicy,
   type SystemPolicyInput,
   UPLOAD_END_HEADER,
   UploadDone,
-  UploadReply,
   type WorkerInfo,
   type WorkflowRun,
 } from "@boxcar/protocol";
@@ -166,11 +155,15 @@ class Client implements BoxcarClient, HistoryReader {
     private readonly identity: Identity,
   ) {}
 
-  /** Asks an endpoint; the caller's active trace, if any, goes along (`traceparent`), so the dispatcher's span joins it. */
-  private async request<S extends z.ZodType>(endpoint: ApiEndpoint, body: unknown, schema: S): Promise<z.infer<S>> {
+  /**
+   * Asks an endpoint and reads its reply's data with the endpoint's schema in `API_CONTRACT`;
+   * the caller's active trace, if any, goes along (`traceparent`), so the dispatcher's span joins it.
+   */
+  private async request<E extends ApiEndpoint>(endpoint: E, body: unknown): Promise<ApiReplyData<E>> {
     const traceparent = traceparentOf();
     const headers = traceparent ? natsHeaders() : undefined;
     if (traceparent) headers?.set(TRACEPARENT, traceparent);
+    const schema = API_CONTRACT[endpoint].reply as unknown as z.ZodType<ApiReplyData<E>>;
     return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema, headers);
   }
 
@@ -215,13 +208,13 @@ class Client implements BoxcarClient, HistoryReader {
     // A refused submission removes the files uploaded for it (the dispatcher does).
     const uploaded: InputFileRef[] = [];
     for (const file of opts.upload ?? []) uploaded.push(await this.uploadInput(file.localPath, file.path));
-    return this.request(ApiEndpoint.jobsSubmit, { ...spec, files: [...(spec.files ?? []), ...uploaded] }, SubmitReply);
+    return this.request(ApiEndpoint.jobsSubmit, { ...spec, files: [...(spec.files ?? []), ...uploaded] });
   }
 
   async uploadInput(localPath: string, workspacePath: string): Promise<InputFileRef> {
     const file = await open(localPath);
     try {
-      const upload = await this.request(ApiEndpoint.inputsUpload, { path: workspacePath }, UploadReply);
+      const upload = await this.request(ApiEndpoint.inputsUpload, { path: workspacePath });
       const buffer = new Uint8Array(UPLOAD_CHUNK_BYTES);
       let size = 0;
       for (;;) {
@@ -241,27 +234,27 @@ class Client implements BoxcarClient, HistoryReader {
     }
   }
   async getJob(id: string) {
-    return (await this.request(ApiEndpoint.jobsGet, { id }, SubmitReply.pick({ job: true }))).job;
+    return (await this.request(ApiEndpoint.jobsGet, { id })).job;
   }
 
   listJobs(request: ListJobsRequest = {}) {
-    return this.request(ApiEndpoint.jobsList, request, ListJobsReply);
+    return this.request(ApiEndpoint.jobsList, request);
   }
 
   async cancelJob(id: string) {
-    return (await this.request(ApiEndpoint.jobsCancel, { id }, JobReply)).job;
+    return (await this.request(ApiEndpoint.jobsCancel, { id })).job;
   }
 
   async retryJob(id: string) {
-    return (await this.request(ApiEndpoint.jobsRetry, { id }, JobReply)).job;
+    return (await this.request(ApiEndpoint.jobsRetry, { id })).job;
   }
 
   countJobs(request: CountJobsRequest = {}) {
-    return this.request(ApiEndpoint.jobsCount, request, CountJobsReply);
+    return this.request(ApiEndpoint.jobsCount, request);
   }
 
   cleanJobs(request: CleanJobsRequest) {
-    return this.request(ApiEndpoint.jobsClean, request, CleanJobsReply);
+    return this.request(ApiEndpoint.jobsClean, request);
   }
 
   async waitForJob(id: string, signal?: AbortSignal): Promise<JobRecord> {
@@ -277,11 +270,11 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   async jobEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>> {
-    return eventsPage(await this.request(ApiEndpoint.jobsEvents, { id, after }, EventsPage));
+    return eventsPage(await this.request(ApiEndpoint.jobsEvents, { id, after }));
   }
 
   async runEventsPage(id: string, after: number): Promise<HistoryPage<BoxcarEvent>> {
-    return eventsPage(await this.request(ApiEndpoint.workflowsEvents, { id, after }, EventsPage));
+    return eventsPage(await this.request(ApiEndpoint.workflowsEvents, { id, after }));
   }
 
   async *logs(jobId: string, opts: FollowOptions = {}): AsyncGenerator<LogChunk> {
@@ -290,7 +283,7 @@ class Client implements BoxcarClient, HistoryReader {
     const { names } = this.link;
     let final = isTerminal(job.state);
     const read = async (after: number): Promise<HistoryPage<LogChunk>> => {
-      const page = await this.request(ApiEndpoint.jobsLogs, { id: jobId, after }, LogsPage);
+      const page = await this.request(ApiEndpoint.jobsLogs, { id: jobId, after });
       const items = page.chunks.map((c) => ({ stream: c.stream as LogStream, data: new Uint8Array(Buffer.from(c.data, "base64")) }));
       return { items, last: page.last, more: page.more };
     };
@@ -334,7 +327,7 @@ class Client implements BoxcarClient, HistoryReader {
     const hash = createHash("sha256");
     let received = 0;
     for (let after = 0; ; ) {
-      const chunk = await this.request(ApiEndpoint.jobsArtifact, { id: jobId, path, after }, ArtifactChunk);
+      const chunk = await this.request(ApiEndpoint.jobsArtifact, { id: jobId, path, after });
       const data = Buffer.from(chunk.data, "base64");
       hash.update(data);
       await file.write(data);
@@ -353,31 +346,31 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   applyAgent(definition: unknown) {
-    return this.request(ApiEndpoint.agentsApply, { definition }, ApplyAgentReply);
+    return this.request(ApiEndpoint.agentsApply, { definition });
   }
 
   async getAgent(name: string) {
-    return (await this.request(ApiEndpoint.agentsGet, { name }, ApplyAgentReply.pick({ agent: true }))).agent;
+    return (await this.request(ApiEndpoint.agentsGet, { name })).agent;
   }
 
   async listAgents() {
-    return (await this.request(ApiEndpoint.agentsList, {}, ListAgentsReply)).agents;
+    return (await this.request(ApiEndpoint.agentsList, {})).agents;
   }
 
   async removeAgent(name: string) {
-    await this.request(ApiEndpoint.agentsRemove, { name }, ApplyAgentReply.pick({ agent: true }));
+    await this.request(ApiEndpoint.agentsRemove, { name });
   }
 
   async listWorkers() {
-    return (await this.request(ApiEndpoint.workersList, {}, ListWorkersReply)).workers;
+    return (await this.request(ApiEndpoint.workersList, {})).workers;
   }
 
   async getPolicy() {
-    return (await this.request(ApiEndpoint.policyGet, {}, PolicyReply)).policy;
+    return (await this.request(ApiEndpoint.policyGet, {})).policy;
   }
 
   setPolicy(policy: SystemPolicyInput) {
-    return this.request(ApiEndpoint.policySet, { policy }, SetPolicyReply);
+    return this.request(ApiEndpoint.policySet, { policy });
   }
 
   waitForChain(jobId: string, signal?: AbortSignal) {
@@ -385,19 +378,19 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   startRun(request: StartRunRequest) {
-    return this.request(ApiEndpoint.workflowsStart, request, StartRunReply);
+    return this.request(ApiEndpoint.workflowsStart, request);
   }
 
   async getRun(id: string) {
-    return (await this.request(ApiEndpoint.workflowsGet, { id }, RunReply)).run;
+    return (await this.request(ApiEndpoint.workflowsGet, { id })).run;
   }
 
   async listRuns(request: ListRunsRequest = {}) {
-    return (await this.request(ApiEndpoint.workflowsList, request, ListRunsReply)).runs;
+    return (await this.request(ApiEndpoint.workflowsList, request)).runs;
   }
 
   async cancelRun(id: string) {
-    return (await this.request(ApiEndpoint.workflowsCancel, { id }, RunReply)).run;
+    return (await this.request(ApiEndpoint.workflowsCancel, { id })).run;
   }
 
   waitForRun(id: string, signal?: AbortSignal) {
