@@ -54,6 +54,8 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       E2B_SANDBOX_URL: fromContainers(e2b.sandboxUrl),
       // Next to Docker workers, the E2B worker serves a pool of its own, as docs/deploy.md advises.
       BOXCAR_E2B_POOL: "e2b",
+      // The Docker workers' shared work root (the same path in their containers as here).
+      BOXCAR_WORK_ROOT: join(dir.path, "work"),
     };
     await compose("up", "-d", "--scale", "worker=2", "--scale", "worker-e2b=1");
   }, 300_000);

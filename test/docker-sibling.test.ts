@@ -1,10 +1,13 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import type { BoxcarEvent } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { GenericContainer, Network, type StartedTestContainer, Wait } from "testcontainers";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
 
 // The reaper image testcontainers would start cannot be pulled here (no registry).
 process.env.TESTCONTAINERS_RYUK_DISABLED ??= "true";
@@ -91,6 +94,55 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
     expect((await container.inspect()).State.ExitCode).toBe(0);
     await container.remove();
     expect(await createClient(nats.topology).listWorkers()).toEqual([]);
+  });
+});
+
+describe.skipIf(!ready)("a worker in a container that shares its work root with the engine's machine", () => {
+  test("bind-mounts workspaces by their shared path, nothing copied, and keeps a warm pool", async () => {
+    await using nats = await natsFixture();
+    // The folder at the same path inside the worker's container as on the engine's machine.
+    await using shared = await scratch("boxcar-shared-root-");
+    const worker = await new GenericContainer(WORKER_IMAGE)
+      .withNetworkMode("host")
+      .withBindMounts([
+        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
+        { source: nats.auth.dir, target: "/auth", mode: "ro" },
+        { source: shared.path, target: shared.path },
+      ])
+      .withCommand([
+        "worker",
+        ...["--nats", nats.url, "--creds", "/auth/worker.creds", "--dispatcher-keys", "/auth/dispatchers.pub"],
+        ...["--prefix", nats.topology.names.prefix, "--pool", "shared", "--log-format", "json"],
+        ...["--work-root", shared.path, "--docker-warm", "1"],
+      ])
+      .withWaitStrategy(Wait.forLogMessage(/worker started/))
+      .withStartupTimeout(30_000)
+      .start();
+    try {
+      await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+      const client = createClient(nats.topology);
+      await client.applyAgent({
+        name: "shared",
+        pool: "shared",
+        command: [
+          "bash",
+          "-c",
+          'printf \'{"output":"%s"}\' "$(awk \'$5 == "/workspace" {print $4}\' /proc/self/mountinfo)" > "$BOXCAR_RESULT_FILE"',
+        ],
+        runtime: { sandbox: "docker", warm: true },
+      });
+      await eventually(async () => ((await client.listWorkers())[0]?.warm === 1 ? true : undefined), "the warm pool to fill", 30_000);
+      const { job } = await client.submit({ agent: "shared" });
+      const final = await client.waitForJob(job.id);
+      expect(final.state).toBe("succeeded");
+      // Its /workspace is a folder under the shared root, not an engine volume.
+      expect(String(final.result?.output)).toContain(`${shared.path}/boxcar-warm-`);
+      const events: BoxcarEvent[] = [];
+      for await (const e of client.events(job.id)) events.push(e);
+      expect(events.find((e) => e.kind === "sandbox" && e.type === "ready")).toMatchObject({ start: "warm_hit" });
+    } finally {
+      await worker.stop({ timeout: 10_000 });
+    }
   });
 });
 

@@ -130,7 +130,9 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   let mounting: Promise<WorkspaceMounting> | undefined;
   const chooseMounting = async (): Promise<WorkspaceMounting> => {
     if (opts.workspace === "bind" || opts.workspace === "copy") return opts.workspace;
-    return (await bindable(docker, owner)) && !(await ownContainer()) ? "bind" : "copy";
+    if (!(await bindable(docker, owner))) return "copy";
+    const self = await ownContainer();
+    return !self || sharesFolder(self, await settings.root.realPath()) ? "bind" : "copy";
   };
   /** Decided once; an engine that did not answer is asked again next time. */
   const decideMounting = () => {
@@ -365,11 +367,11 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
     const { owner } = this.settings;
-    const bind = this.warm !== undefined || this.settings.mounting === "bind";
-    if (bind && process.getuid?.() !== owner.uid) await giveTo(this.files.dir, owner);
+    if ((this.warm || this.settings.mounting === "bind") && process.getuid?.() !== owner.uid) await giveTo(this.files.dir, owner);
     const started = await (this.warm ? this.startWarm(this.warm, argv, opts) : this.startCold(argv, opts));
     if (!started) return notRun;
-    const { container, exited, startedAt } = started;
+    // Whether the staged folder is the container's workspace: a refused bind mount copies instead.
+    const { container, exited, startedAt, bind } = started;
 
     const usage = new UsageMeter();
     let aborted = false;
@@ -455,7 +457,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       await output.ended;
       return { code: status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
     });
-    return { container, exited, startedAt };
+    return { container, exited, startedAt, bind };
   }
 
   /**
@@ -487,7 +489,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       const status = (await container.wait()) as { StatusCode: number };
       return { code: report?.exitCode ?? status.StatusCode, oomKilled: async () => (await container.inspect()).State.OOMKilled };
     });
-    return { container, exited, startedAt };
+    return { container, exited, startedAt, bind: true };
   }
 
   /** `bind`: the staged folder is the container's workspace; else an anonymous volume the workspace is copied into. */
@@ -563,6 +565,8 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 /** A started agent: its container, how it ended once it has, and when it started. */
 interface StartedAgent {
   container: Docker.Container;
+  /** The workspace is the staged folder, bind-mounted (else a copy in the container's volume). */
+  bind: boolean;
   exited: Promise<AgentExit>;
   startedAt: number;
 }
@@ -627,6 +631,20 @@ async function bindable(docker: Docker, owner: { uid: number }): Promise<boolean
   if (uid !== 0 && uid !== owner.uid) return false;
   const info = (await docker.info()) as { SecurityOptions?: string[] };
   return !(info.SecurityOptions ?? []).some((o) => o.includes("name=rootless") || o.includes("name=userns"));
+}
+
+/**
+ * Whether a worker in container `self` has `folder` at the same path as the engine's machine: it
+ * lies in a bind mount whose source and target are the same path (`-v /srv/boxcar:/srv/boxcar`),
+ * so a workspace made there can be bind-mounted into a job container by that path.
+ */
+export function sharesFolder(self: Pick<Docker.ContainerInspectInfo, "Mounts">, folder: string): boolean {
+  return (self.Mounts ?? []).some(
+    (m) =>
+      m.Type === "bind" &&
+      m.Source === m.Destination &&
+      (folder === m.Destination || folder.startsWith(`${m.Destination.replace(/\/$/, "")}/`)),
+  );
 }
 
 /** Gives a staged workspace, every folder and file in it, to the agent's user (symlinks themselves, not their targets). */

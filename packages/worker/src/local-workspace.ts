@@ -22,7 +22,7 @@ export class WorkspaceRoot {
   /** A new empty workspace, readable by this user only (mode 0700). */
   async create(name: string): Promise<LocalWorkspace> {
     try {
-      return new LocalWorkspace(await mkdtemp(join(await this.resolve(), `boxcar-${name}-`)));
+      return new LocalWorkspace(await mkdtemp(join(await this.realPath(), `boxcar-${name}-`)));
     } catch (err) {
       // Removed while the worker runs (a cleaned temporary folder, say): made again next time.
       this.real = undefined;
@@ -30,7 +30,8 @@ export class WorkspaceRoot {
     }
   }
 
-  private resolve(): Promise<string> {
+  /** The folder's real path (made if missing): what workspaces' paths begin with. */
+  realPath(): Promise<string> {
     this.real ??= mkdir(this.path, { recursive: true }).then(() => realpath(this.path));
     return this.real;
   }

@@ -19,10 +19,14 @@ export function readLogFormat(value: unknown): LogFormat | undefined {
 }
 
 export function positiveInt(value: unknown, flag: string, fallback: number, max = 10_000): number {
-  if (value === undefined) return fallback;
+  return value === undefined ? fallback : wholeNumber(value, flag, 1, max);
+}
+
+/** A flag's whole number from `min` to `max`, or a usage error saying so. */
+export function wholeNumber(value: unknown, flag: string, min: number, max: number): number {
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1 || n > max)
-    throw new UsageError(`${flag} must be a whole number from 1 to ${max}, got ${String(value)}`);
+  if (!Number.isInteger(n) || n < min || n > max)
+    throw new UsageError(`${flag} must be a whole number from ${min} to ${max}, got ${String(value)}`);
   return n;
 }
 

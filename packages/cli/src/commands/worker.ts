@@ -11,11 +11,11 @@ import { createLogger } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { listenAddressFrom } from "../role-endpoint.js";
 import { UsageError } from "../usage-error.js";
-import { logFormat, optionalDuration, positiveInt, readLogFormat } from "./roles.js";
+import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -30,6 +30,8 @@ export const worker: Command = {
     prefer: { type: "string" },
     host: { type: "string" },
     "docker-image": { type: "string" },
+    "docker-warm": { type: "string" },
+    "work-root": { type: "string" },
     "drain-grace": { type: "string" },
     "dispatcher-keys": { type: "string" },
     "allow-secret": { type: "string", multiple: true, default: [] },
@@ -128,6 +130,7 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const logFormatValue = readLogFormat(values["log-format"]);
   const keys = (values["dispatcher-keys"] as string | undefined) ?? env.BOXCAR_DISPATCHER_KEYS;
   const allowSecrets = values["allow-secret"] as string[];
+  const warm = values["docker-warm"] !== undefined ? wholeNumber(values["docker-warm"], "--docker-warm", 0, 64) : undefined;
   return {
     ...(allowSecrets.length > 0 ? { secrets: { allow: allowSecrets } } : {}),
     ...(keys ? { dispatcherKeys: keys.split(",").map((k) => k.trim()) } : {}),
@@ -140,8 +143,16 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
       ...(allowed ? { allowed } : {}),
       ...(prefer ? { prefer } : {}),
       ...(host ? { host: host as "never" | "trusted" | "always" } : {}),
-      ...(values["docker-image"] ? { docker: { image: values["docker-image"] as string } } : {}),
+      ...(values["docker-image"] || warm !== undefined
+        ? {
+            docker: {
+              ...(values["docker-image"] ? { image: values["docker-image"] as string } : {}),
+              ...(warm !== undefined ? { warm } : {}),
+            },
+          }
+        : {}),
     },
+    ...(values["work-root"] ? { workRoot: values["work-root"] as string } : {}),
   };
 }
 

@@ -1,0 +1,16 @@
+import type Docker from "dockerode";
+import { expect, test } from "vitest";
+import { sharesFolder } from "./docker-sandbox.js";
+
+const mounts = (...list: Partial<Docker.MountSettings>[]) => ({ Mounts: list as Docker.MountSettings[] });
+
+test("a worker in a container shares a folder with the engine's machine only through a bind mount at the same path", () => {
+  const same = mounts({ Type: "bind", Source: "/srv/boxcar", Destination: "/srv/boxcar" });
+  expect(sharesFolder(same, "/srv/boxcar")).toBe(true);
+  expect(sharesFolder(same, "/srv/boxcar/work")).toBe(true);
+  expect(sharesFolder(same, "/srv/boxcar-other")).toBe(false); // a prefix of the name is not a parent
+  expect(sharesFolder(same, "/dev/shm")).toBe(false);
+  expect(sharesFolder(mounts({ Type: "bind", Source: "/host/work", Destination: "/srv/boxcar" }), "/srv/boxcar")).toBe(false);
+  expect(sharesFolder(mounts({ Type: "volume", Source: "/srv/boxcar", Destination: "/srv/boxcar" }), "/srv/boxcar")).toBe(false);
+  expect(sharesFolder(mounts(), "/srv/boxcar")).toBe(false);
+});
