@@ -2,7 +2,8 @@ import type Docker from "dockerode";
 import { expect, test } from "vitest";
 import { sharesFolder } from "./docker-sandbox.js";
 
-const mounts = (...list: Partial<Docker.MountSettings>[]) => ({ Mounts: list as Docker.MountSettings[] });
+type Mount = Docker.ContainerInspectInfo["Mounts"][number];
+const mounts = (...list: Pick<Mount, "Type" | "Source" | "Destination">[]) => ({ Mounts: list as Mount[] });
 
 test("a worker in a container shares a folder with the engine's machine only through a bind mount at the same path", () => {
   const same = mounts({ Type: "bind", Source: "/srv/boxcar", Destination: "/srv/boxcar" });
