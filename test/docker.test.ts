@@ -410,6 +410,21 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     });
   });
 
+  test("an image is looked up once, and again when the engine no longer has it", async () => {
+    const engine = new Docker();
+    const tag = `boxcar-agent:gone-${randomBytes(4).toString("hex")}`;
+    const [repo, version] = tag.split(":") as [string, string];
+    await engine.getImage("boxcar-agent:latest").tag({ repo, tag: version });
+    const first = await run("fleeting", "echo ran", { runtime: { image: tag } });
+    expect(first.final.state).toBe("succeeded");
+    await engine.getImage(tag).remove(); // only the tag goes
+    // The worker remembered the image; the engine's refusal has it look again, and the pull
+    // (no registry here) fails as a missing image does, not as a broken sandbox.
+    const second = await run("fleeting", "echo ran", { runtime: { image: tag } });
+    expect(second.final.state).toBe("failed");
+    expect(second.final.error).toMatchObject({ code: "image_unavailable", message: expect.stringContaining(tag) });
+  });
+
   describe("bad runtime wishes fail clearly before anything starts", () => {
     test.each([
       ["a missing image", { image: "boxcar-missing:nope" }, "image_unavailable", "boxcar-missing:nope"],

@@ -92,6 +92,15 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
   let pool: WarmPool | undefined;
   let maker: WarmMaker | undefined;
+  /** The PATH of each image already on the engine: looked up (or pulled) once, not for every job. */
+  const imagePaths = new Map<string, string>();
+  const imagePath = async (image: string, signal?: AbortSignal): Promise<string> => {
+    const known = imagePaths.get(image);
+    if (known !== undefined) return known;
+    const path = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
+    imagePaths.set(image, path);
+    return path;
+  };
   let workerId: string | undefined;
   /** The warm containers this worker made and has not removed yet. */
   const ownWarm = new Set<string>();
@@ -162,7 +171,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   /** Makes and removes `workerId`'s warm containers: hardened as a cold one, with the default limits and a folder of their own. */
   const warmMaker = (workerId: string): WarmMaker => ({
     make: async ({ image, network }) => {
-      const agentPath = await ensureImage(docker, image, opts.registryAuth?.(image));
+      const agentPath = await imagePath(image);
       const sandboxId = `warm-${randomBytes(6).toString("hex")}`;
       ownWarm.add(sandboxId);
       const files = await settings.root.create(sandboxId);
@@ -238,13 +247,17 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
           mounting = Promise.resolve("copy");
         },
         forget: (sandboxId: string) => ownWarm.delete(sandboxId),
+        imageGone: async () => {
+          imagePaths.delete(image);
+          await imagePath(image, signal);
+        },
       };
       const warm = runtime.warm && workspaceMounting === "bind" ? await takeWarm(spec, { image, network }) : undefined;
       if (warm) return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: warm.agentPath }, warm.files, warm);
-      const imagePath = await ensureImage(docker, image, opts.registryAuth?.(image), signal);
+      const agentPath = await imagePath(image, signal);
       signal?.throwIfAborted();
       const files = await settings.root.create(spec.id);
-      return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: imagePath }, files);
+      return new DockerSandbox(docker, spec, { ...containerSettings, agentPath }, files);
     },
 
     prepare(id, onError) {
@@ -329,6 +342,8 @@ interface ContainerSettings {
   agentPath: string;
   /** Called when a warm container is removed: no longer this worker's to keep. */
   forget: (sandboxId: string) => void;
+  /** Called when the engine no longer has the image: it is looked up (or pulled) again. */
+  imageGone: () => Promise<void>;
 }
 
 class DockerSandbox extends LocalFilesSandbox implements Sandbox {
@@ -434,7 +449,12 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
     const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
     let bind = this.settings.mounting === "bind";
-    this.creating = this.createContainer(argv, opts.env, bind).catch((err: unknown) => {
+    this.creating = this.createContainer(argv, opts.env, bind).catch(async (err: unknown) => {
+      // Removed since this worker last saw it: pulled again, or refused as unavailable.
+      if (isMissingImage(err)) {
+        await this.settings.imageGone();
+        return this.createContainer(argv, opts.env, bind);
+      }
       if (!bind || !isMissingBindSource(err)) throw err;
       this.settings.bindRefused();
       bind = false;
@@ -655,6 +675,11 @@ async function giveTo(dir: string, owner: { uid: number; gid: number }): Promise
     if (entry.isDirectory()) await giveTo(path, owner);
     else await lchown(path, owner.uid, owner.gid);
   }
+}
+
+/** The engine's answer to a container of an image it does not have. */
+function isMissingImage(err: unknown): boolean {
+  return statusOf(err) === 404 && /no such image/i.test(firstLine(err));
 }
 
 /** The engine's answer to a bind mount of a folder it does not have. */
