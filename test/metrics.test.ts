@@ -120,6 +120,31 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     expect(afterRun.samples.get('boxcar_jobs_admitted_total{agent="bad",pool="default"}')).toBe(2);
     expect(afterRun.types.get("boxcar_workflow_runs")).toBe("gauge");
 
+    // What the dispatcher does to jobs besides admitting them: a cancel and a retry through the
+    // API, and a job that waited past its queue timeout on a pool no worker serves.
+    await client.cancelJob(waiting.job.id);
+    await client.applyAgent({
+      name: "doomed",
+      command: "exit 3",
+      trusted: true,
+      runtime: { sandbox: "host" },
+      retry: { maxAttempts: 2, delay: "0s", jitter: false },
+    });
+    const doomed = await client.submit({ agent: "doomed" });
+    ids.push(doomed.job.id);
+    expect((await client.waitForJob(doomed.job.id)).state).toBe("dead");
+    await client.retryJob(doomed.job.id);
+    const late = await client.submit({ agent: "idle", queueTimeout: "200ms" });
+    ids.push(late.job.id);
+    expect((await client.waitForJob(late.job.id)).state).toBe("expired");
+    const actions = await eventually(async () => {
+      const now = await scrape(atDispatcher);
+      return now.samples.get('boxcar_dispatcher_job_actions_total{action="expire",agent="idle"}') === 1 ? now : undefined;
+    }, "the expiry to be counted");
+    expect(actions.samples.get('boxcar_dispatcher_job_actions_total{action="cancel",agent="idle"}')).toBe(1);
+    expect(actions.samples.get('boxcar_dispatcher_job_actions_total{action="retry",agent="doomed"}')).toBe(1);
+    expect(actions.types.get("boxcar_dispatcher_job_actions_total")).toBe("counter");
+
     // The alert rules and the dashboard under deploy/ ask only for metrics the roles export.
     const exported = new Set([...d.types.keys(), ...w.types.keys()]);
     const rules = parse(await readFile(new URL("../deploy/prometheus/boxcar-alerts.yaml", import.meta.url), "utf8")) as {

@@ -88,10 +88,14 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.jobsList]: (body, caller) => listJobs(topology, jobs, body, caller, log),
     [ApiEndpoint.jobsCount]: (body, caller) => countJobs(jobs, body, caller),
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
-      return { job: await cancelJob(topology, requestOf(ApiEndpoint.jobsCancel, body).id, caller) };
+      const job = await cancelJob(topology, requestOf(ApiEndpoint.jobsCancel, body).id, caller);
+      ctx.metrics?.jobAction("cancel", job.agent);
+      return { job };
     },
     [ApiEndpoint.jobsRetry]: async (body, caller) => {
-      return { job: await retryJob(topology, requestOf(ApiEndpoint.jobsRetry, body).id, caller, ctx) };
+      const job = await retryJob(topology, requestOf(ApiEndpoint.jobsRetry, body).id, caller, ctx);
+      ctx.metrics?.jobAction("retry", job.agent);
+      return { job };
     },
     // Admins only (ROLE_ENDPOINTS): it deletes anyone's ended jobs.
     [ApiEndpoint.jobsClean]: (body) => retention.clean(body as CleanJobsRequest),

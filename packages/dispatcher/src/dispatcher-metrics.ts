@@ -2,6 +2,9 @@ import type { Topology } from "@boxcar/fabric";
 import { BoxcarError, type JobState } from "@boxcar/protocol";
 import { Counter, Gauge, type Registry } from "prom-client";
 
+/** What a dispatcher does to a job apart from admitting it: each is counted, by agent. */
+export type JobAction = "cancel" | "retry" | "expire" | "timed_out" | "dead";
+
 /**
  * A dispatcher's Prometheus metrics (docs/observability.md), registered in the registry the
  * caller serves. The counters are this dispatcher's own; the gauges are the whole system's as it
@@ -11,6 +14,7 @@ import { Counter, Gauge, type Registry } from "prom-client";
 export class DispatcherMetrics {
   private readonly admitted: Counter<"agent" | "pool">;
   private readonly refused: Counter<"code">;
+  private readonly actions: Counter<"action" | "agent">;
   /** Each workflow run's state, by id, from the dispatcher's watch of the runs (deleted runs go). */
   private readonly runs = new Map<string, string>();
 
@@ -26,6 +30,12 @@ export class DispatcherMetrics {
       name: "boxcar_admissions_refused_total",
       help: "Jobs this dispatcher refused to admit, by error code",
       labelNames: ["code"],
+      registers,
+    });
+    this.actions = new Counter({
+      name: "boxcar_dispatcher_job_actions_total",
+      help: "What this dispatcher did to jobs apart from admitting them, by action (cancel and retry through the API; expire and timed_out when a job waited past its queue timeout or deadline; dead when JetStream gave up on its work item) and agent",
+      labelNames: ["action", "agent"],
       registers,
     });
     new Gauge({
@@ -63,6 +73,11 @@ export class DispatcherMetrics {
         }
       },
     });
+  }
+
+  /** Counts one action on a job of `agent`. */
+  jobAction(action: JobAction, agent: string): void {
+    this.actions.inc({ action, agent });
   }
 
   /** A run's latest value (undefined: deleted), as the dispatcher's watch of the runs sees it. */

@@ -76,9 +76,12 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const workers = await wait("the worker directory", () => WorkerDirectory.open(topology, log));
   const policy = await wait("the system policy", () => PolicyBook.open(topology, log));
   const load = new JobLoad();
-  const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000);
-  const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const index = new JobIndex();
+  const metrics = opts.metrics ? new DispatcherMetrics(opts.metrics, topology, () => index.counts(() => true)) : undefined;
+  const expiry = new ExpirySweeper(topology, log, opts.expiryIntervalMs ?? 1_000, (job) =>
+    metrics?.jobAction(job.state === "timed_out" ? "timed_out" : "expire", job.agent),
+  );
+  const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
   const publishing = { agents, signer: opts.signer, workers };
   const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, publishing);
@@ -91,7 +94,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     policy,
     load,
     onWorkPublished: (id) => admissions.workPublished(id),
-    metrics: opts.metrics ? new DispatcherMetrics(opts.metrics, topology, () => index.counts(() => true)) : undefined,
+    metrics,
   };
   const runs = new Runs(topology, ctx);
   const follower = new RunFollower(topology, runs, ctx);
@@ -112,7 +115,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     }),
   );
   const givenUp = await wait("the max-deliveries advisories", () =>
-    GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000),
+    GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000, (job) => metrics?.jobAction("dead", job.agent)),
   );
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,

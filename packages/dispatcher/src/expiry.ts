@@ -12,8 +12,9 @@ import { JobTimers } from "./job-timers.js";
 export class ExpirySweeper {
   private readonly timers: JobTimers;
 
-  constructor(topology: Topology, log: Logger, intervalMs: number) {
-    this.timers = new JobTimers(intervalMs, (id) => expire(topology, id), log, "expire a job");
+  /** `onEnded` hears of each job this dispatcher ended, `expired` or `timed_out`. */
+  constructor(topology: Topology, log: Logger, intervalMs: number, onEnded: (job: JobRecord) => void = () => {}) {
+    this.timers = new JobTimers(intervalMs, (id) => expire(topology, id, onEnded), log, "expire a job");
   }
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
@@ -30,9 +31,10 @@ export class ExpirySweeper {
  * Ends a job still waiting past its queue timeout (`expired`) or its overall deadline
  * (`timed_out`, e.g. while it waits for a retry); a job that started meanwhile is left alone.
  */
-async function expire(topology: Topology, id: string): Promise<void> {
+async function expire(topology: Topology, id: string, onEnded: (job: JobRecord) => void): Promise<void> {
   const change = await topology.jobStore.change(id, (job) => JobTransitions.expire(job, nowIso()));
   if (!change.written) return;
   const expired = change.handle.record;
+  onEnded(expired);
   await publishEvent(topology, jobEvent(expired, expired.state === "timed_out" ? "timed_out" : "expired"));
 }

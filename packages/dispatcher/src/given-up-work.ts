@@ -52,6 +52,7 @@ export class GivenUpWork {
     private readonly topology: Topology,
     private readonly log: Logger,
     private readonly signer: WorkSigner | undefined,
+    private readonly onDead: (job: JobRecord) => void,
     private readonly advisories: { unsubscribe(): void; done: Promise<void> },
     sweepIntervalMs: number,
   ) {
@@ -61,7 +62,14 @@ export class GivenUpWork {
     );
   }
 
-  static async start(topology: Topology, log: Logger, signer: WorkSigner | undefined, sweepIntervalMs: number): Promise<GivenUpWork> {
+  /** `onDead` hears of each job this dispatcher ended `dead`. */
+  static async start(
+    topology: Topology,
+    log: Logger,
+    signer: WorkSigner | undefined,
+    sweepIntervalMs: number,
+    onDead: (job: JobRecord) => void = () => {},
+  ): Promise<GivenUpWork> {
     const stream = topology.names.streams.work;
     const subject = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.>`;
     const sub = topology.nc.subscribe(subject);
@@ -90,7 +98,7 @@ export class GivenUpWork {
       throw new BoxcarError(ErrorCode.forbidden, `cannot subscribe to ${subject}: this credential's permissions do not allow it`);
     }
     log.debug({ subject }, "watching for work items JetStream gives up on");
-    self = new GivenUpWork(topology, log, signer, { unsubscribe: () => sub.unsubscribe(), done }, sweepIntervalMs);
+    self = new GivenUpWork(topology, log, signer, onDead, { unsubscribe: () => sub.unsubscribe(), done }, sweepIntervalMs);
     return self;
   }
 
@@ -180,6 +188,7 @@ export class GivenUpWork {
       return;
     }
     const dead = change.handle.record;
+    this.onDead(dead);
     await publishEvent(
       topology,
       jobEvent(dead, "dead", { message: dead.error?.message ?? "dead", ...(dead.error ? { error: dead.error } : {}) }),
