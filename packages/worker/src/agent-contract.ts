@@ -69,20 +69,32 @@ export interface AgentEnvParams {
   stopAt: number;
   /** The attempt's span (W3C `traceparent`), when the job is traced: the agent's own spans join it. */
   traceparent?: string;
+  /** Where the worker's traces go (`OTEL_EXPORTER_OTLP_*ENDPOINT`), so an agent's spans can go there too. */
+  tracing?: Readonly<Record<string, string>>;
 }
 
 /**
- * The agent's complete environment: PATH, HOME, LANG and TMPDIR, then the agent's `env`, then
- * its secrets, then the BOXCAR_* variables and, for a traced job, TRACEPARENT (which nothing
- * overrides).
+ * The agent's complete environment: PATH, HOME, LANG and TMPDIR and where the worker's traces go
+ * (if anywhere), then the agent's `env`, then its secrets, then the BOXCAR_* variables and, for a
+ * traced job, TRACEPARENT (which nothing overrides).
  */
-export function agentEnv({ item, attempt, workspace, path, secrets, stopAt, traceparent }: AgentEnvParams): Record<string, string> {
+export function agentEnv({
+  item,
+  attempt,
+  workspace,
+  path,
+  secrets,
+  stopAt,
+  traceparent,
+  tracing,
+}: AgentEnvParams): Record<string, string> {
   const inWorkspace = (p: string) => `${workspace}/${p}`;
   return {
     PATH: path,
     HOME: workspace,
     LANG: "C.UTF-8",
     TMPDIR: inWorkspace(AgentPaths.tmp),
+    ...tracing,
     ...item.agent.env,
     ...Object.fromEntries(secrets),
     BOXCAR_JOB_ID: item.jobId,

@@ -384,6 +384,7 @@ export class JobRun {
       secrets,
       stopAt: Date.now() + stopInMs,
       ...(this.traceparent ? { traceparent: this.traceparent } : {}),
+      tracing: options.agentTracing,
     });
     const output = new OutputLog({
       publish: async (stream, data) => {

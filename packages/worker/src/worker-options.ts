@@ -55,6 +55,8 @@ export interface WorkerOptions {
   workRoot?: string;
   /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
   reapIntervalMs?: number;
+  /** OpenTelemetry variables (where this worker's traces go) given to every agent, so its own spans can follow. */
+  agentTracing?: Readonly<Record<string, string>>;
   /**
    * How long the events of a new attempt are held back: one that ends sooner stores its last
    * event with the others folded in (two stored messages instead of seven for a no-op job);
@@ -102,6 +104,7 @@ export interface ResolvedWorkerOptions {
   metrics: Registry | undefined;
   /** PATH given to agents: the worker's own. */
   agentPath: string;
+  agentTracing: Readonly<Record<string, string>>;
 }
 
 const Settings = z.strictObject({
@@ -164,6 +167,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     agentPolicy: opts.agentPolicy ? parseWith(AgentPolicy, opts.agentPolicy, "worker options: agentPolicy") : undefined,
     metrics: opts.metrics,
     agentPath: env.PATH ?? DEFAULT_PATH,
+    agentTracing: opts.agentTracing ?? {},
   };
 }
 

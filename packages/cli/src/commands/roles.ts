@@ -9,6 +9,7 @@ import { createLogger, type LogFormat } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { ago, json, table } from "../output.js";
 import { listenAddressFrom } from "../role-endpoint.js";
+import { startRoleTracing } from "../tracing.js";
 import { UsageError } from "../usage-error.js";
 
 export const logFormat = { "log-format": { type: "string" } } as const;
@@ -56,6 +57,7 @@ export const dispatcher: Command = {
     const metricsAddress = listenAddressFrom("metrics", ctx.values.metrics, ctx.io.env);
     await using metrics = new MetricsEndpoint(logger);
     if (metricsAddress) await metrics.listen(metricsAddress);
+    await using _tracing = await startRoleTracing("boxcar-dispatcher", ctx.io.env, logger);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
       signal,

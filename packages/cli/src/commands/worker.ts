@@ -10,6 +10,7 @@ import { HealthEndpoint } from "../health.js";
 import { createLogger } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { listenAddressFrom } from "../role-endpoint.js";
+import { startRoleTracing, tracingVariables } from "../tracing.js";
 import { UsageError } from "../usage-error.js";
 import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
 
@@ -68,6 +69,7 @@ export const worker: Command = {
     if (healthAddress) await health.listen(healthAddress);
     await using metrics = new MetricsEndpoint(logger);
     if (metricsAddress) await metrics.listen(metricsAddress);
+    await using _tracing = await startRoleTracing("boxcar-worker", ctx.io.env, logger);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
       signal,
@@ -85,6 +87,7 @@ export const worker: Command = {
       logger,
       ...(verifier ? { dispatcherKeys: verifier } : {}),
       ...(metricsAddress ? { metrics: metrics.registry } : {}),
+      agentTracing: tracingVariables(ctx.io.env),
     });
     health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
     const running = w.run();
