@@ -1,3 +1,5 @@
+import { TRACEPARENT, traceparentOf } from "@boxcar/client";
+import { headers as natsHeaders } from "@nats-io/transport-node";
 import { context, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { BasicTracerProvider, InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
@@ -110,4 +112,28 @@ test("a workflow run's jobs join the trace of the request that started it", asyn
     const [attempt] = spans.filter((s) => s.name === "job.attempt" && s.attributes["boxcar.job.id"] === jobId);
     expect([attempt?.spanContext().traceId, parentOf(attempt!)], jobId).toEqual([root.traceId, start?.spanContext().spanId]);
   }
+});
+
+test("a job submitted on the durable intake stream joins the trace its message carries", async () => {
+  exporter.reset();
+  await using system = await localSystem();
+  const { client, nats } = system;
+  await client.applyAgent({ name: "taken-in", command: "true", trusted: true, runtime: { sandbox: "host" } });
+  const tracer = trace.getTracer("test");
+  const root = await tracer.startActiveSpan("user.publish", async (span) => {
+    const headers = natsHeaders();
+    headers.set(TRACEPARENT, traceparentOf() ?? "");
+    await nats.topology.js.publish(nats.topology.names.subjects.submit("local", "taken-in"), JSON.stringify({ input: 1 }), { headers });
+    span.end();
+    return span.spanContext();
+  });
+  const spans = await eventually(async () => {
+    const all = exporter.getFinishedSpans();
+    return all.some((s) => s.name === "job.attempt") ? all : undefined;
+  }, "the attempt's span");
+  const intake = spans.find((s) => s.name === "intake");
+  const attempt = spans.find((s) => s.name === "job.attempt");
+  expect([intake?.spanContext().traceId, parentOf(intake!)]).toEqual([root.traceId, root.spanId]);
+  expect(intake?.attributes["boxcar.job.id"]).toBe(attempt?.attributes["boxcar.job.id"]);
+  expect([attempt?.spanContext().traceId, parentOf(attempt!)]).toEqual([root.traceId, intake?.spanContext().spanId]);
 });

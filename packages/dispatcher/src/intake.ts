@@ -1,3 +1,4 @@
+import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
 import type { Topology } from "@boxcar/fabric";
 import { BoxcarError, decodeMessage, ErrorCode, intakeSubjectParts, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
@@ -19,19 +20,33 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
   const agent = parts?.agent ?? msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
   // Sequences restart if the stream is recreated; its creation time keeps keys unique.
   const implicitKey = `intake:${topology.names.prefix}:${streamCreated}:${msg.seq}`;
+  // A span for the submission, joining the publisher's trace when its message carries one.
+  const { span, traceparent } = startSpan("intake", msg.headers?.get(TRACEPARENT) || undefined, {
+    kind: SpanKind.CONSUMER,
+    attributes: {
+      "messaging.system": "nats",
+      "messaging.operation.type": "process",
+      "messaging.destination.name": msg.subject,
+      "messaging.consumer.group.name": topology.names.intakeConsumer,
+    },
+  });
   try {
     // An empty body is an empty spec, as on the request/reply API: the subject names the agent.
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "submission", MAX_SPEC_BYTES);
     const spec = body !== null && typeof body === "object" && !Array.isArray(body) ? { ...body, agent: agentFromBody(body, agent) } : body;
     if (!parts) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.submit.<user>.<agent>`);
-    const { job } = await admit(topology, spec, ctx, { owner, implicitKey });
+    const { job } = await admit(topology, spec, ctx, { owner, implicitKey, ...(traceparent ? { traceparent } : {}) });
+    span.setAttribute("boxcar.job.id", job.id);
     log.debug({ jobId: job.id, seq: msg.seq }, "intake admitted");
   } catch (err) {
     const error = toErrorInfo(err);
+    failSpan(span, error);
     // Not the submission's fault: it stays in the stream and is tried again (a full queue or store frees up).
     if (([ErrorCode.internal, ErrorCode.queueFull, ErrorCode.storageFull] as string[]).includes(error.code)) throw err;
     const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
+  } finally {
+    span.end();
   }
   msg.ack();
 }
