@@ -346,6 +346,28 @@ describe("declarative workflows", () => {
     await expect(client.cancelRun("wf-nope")).rejects.toMatchObject({ code: ErrorCode.notFound });
   });
 
+  test("workflows.list pages through the runs newest first, keyed runs in their place, with its filters", async () => {
+    const name = "paged";
+    const started: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      const request = { workflow: { name, steps: [{ name: "a", agent: "wf-echo" }] }, ...(i === 2 ? { idempotencyKey: "paged-2" } : {}) };
+      started.push((await client.startRun(request)).run.id);
+      await new Promise((r) => setTimeout(r, 5)); // distinct creation times
+    }
+    const seen: string[] = [];
+    let after: string | undefined;
+    for (let pages = 0; pages < 10; pages++) {
+      const page = await client.listRunsPage({ workflow: name, limit: 2, ...(after ? { after } : {}) });
+      expect(page.runs.length).toBeLessThanOrEqual(2);
+      seen.push(...page.runs.map((r) => r.id));
+      if (!page.next) break;
+      after = page.next;
+    }
+    expect(seen).toEqual([...started].reverse());
+    expect((await client.listRunsPage({ workflow: name, limit: 5 })).next).toBeUndefined();
+    expect(await client.listRuns({ workflow: name, state: "cancelled" })).toEqual([]);
+  });
+
   test("an idempotency key starts a run once", async () => {
     const first = await client.startRun({ workflow: { name: "keyed", steps: [{ name: "a", agent: "wf-echo" }] }, idempotencyKey: "k-1" });
     const second = await client.startRun({ workflow: { name: "keyed", steps: [{ name: "a", agent: "wf-echo" }] }, idempotencyKey: "k-1" });

@@ -21,6 +21,7 @@ import {
   type JobRecord,
   type JobSpecInput,
   type ListJobsRequest,
+  type ListRunsReply,
   type ListRunsRequest,
   type LogStream,
   OPEN_IDENTITY,
@@ -114,7 +115,10 @@ export interface BoxcarClient {
   /** Starts a workflow run; `workflow` is a definition as in a workflow file. */
   startRun(request: StartRunRequest): Promise<{ run: WorkflowRun; duplicate: boolean }>;
   getRun(id: string): Promise<WorkflowRun>;
+  /** The first page of runs (newest first); `listRunsPage` gives the cursor to the next. */
   listRuns(request?: ListRunsRequest): Promise<WorkflowRun[]>;
+  /** One page of runs, newest first, and `next` (pass as `after`) when there are more. */
+  listRunsPage(request?: ListRunsRequest): Promise<ListRunsReply>;
   cancelRun(id: string): Promise<WorkflowRun>;
   /** Resolves with the run once it has ended and none of its jobs is still going. */
   waitForRun(id: string, signal?: AbortSignal): Promise<WorkflowRun>;
@@ -386,7 +390,11 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   async listRuns(request: ListRunsRequest = {}) {
-    return (await this.request(ApiEndpoint.workflowsList, request)).runs;
+    return (await this.listRunsPage(request)).runs;
+  }
+
+  async listRunsPage(request: ListRunsRequest = {}) {
+    return this.request(ApiEndpoint.workflowsList, request);
   }
 
   async cancelRun(id: string) {

@@ -19,6 +19,7 @@ import { JobLoad, PolicyBook } from "./policy.js";
 import { RetentionSweeper } from "./retention.js";
 import { WorkRecovery } from "./work-recovery.js";
 import { WorkerDirectory } from "./worker-directory.js";
+import { RunIndex } from "./workflows/run-index.js";
 import { RunFollower } from "./workflows/run-watch.js";
 import { Runs } from "./workflows/runs.js";
 
@@ -96,7 +97,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     onWorkPublished: (id) => admissions.workPublished(id),
     metrics,
   };
-  const runs = new Runs(topology, ctx);
+  const runIndex = new RunIndex();
+  const runs = new Runs(topology, ctx, runIndex);
   const follower = new RunFollower(topology, runs, ctx);
   const jobWatch = await wait("the job records", () =>
     watchJobs(topology, log, [
@@ -109,10 +111,14 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     ]),
   );
   await wait("the workflow runs", () =>
-    follower.start((key, run, ended) => {
-      retention.observeRun(key, run, ended);
-      ctx.metrics?.observeRun(key, run);
-    }),
+    follower.start(
+      (key, run, ended) => {
+        runIndex.observe(key, run);
+        retention.observeRun(key, run, ended);
+        ctx.metrics?.observeRun(key, run);
+      },
+      () => runIndex.caughtUpNow(),
+    ),
   );
   const givenUp = await wait("the max-deliveries advisories", () =>
     GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000, (job) => metrics?.jobAction("dead", job.agent)),

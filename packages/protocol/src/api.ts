@@ -98,9 +98,15 @@ export const ListRunsRequest = z.strictObject({
   state: RunState.optional(),
   workflow: z.string().optional(),
   limit: z.number().int().min(1).max(1000).default(50),
+  /** Continue after this run id (ids sort by creation time, newest first). */
+  after: z.string().optional(),
 });
 export type ListRunsRequest = z.input<typeof ListRunsRequest>;
-export const ListRunsReply = z.strictObject({ runs: z.array(WorkflowRun) });
+export const ListRunsReply = z.strictObject({
+  runs: z.array(WorkflowRun),
+  /** Pass as `after` to get the next page; absent on the last page. */
+  next: z.string().optional(),
+});
 export type ListRunsReply = z.infer<typeof ListRunsReply>;
 
 /**

@@ -47,7 +47,9 @@ export class RunFollower {
    * Follows the workflows bucket (replaying every run at start), telling `observe` each run's
    * latest value and whether it has ended for good (final, no job of it going).
    */
-  async start(observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void): Promise<void> {
+  async start(observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void, caughtUp?: () => void): Promise<void> {
+    const stored = (await this.topology.jsm.streams.info(`KV_${this.topology.names.buckets.workflows}`)).state.messages;
+    if (stored === 0) caughtUp?.();
     const watch = await this.topology.workflows.watch();
     this.stopWatch = () => watch.stop();
     void (async () => {
@@ -56,6 +58,8 @@ export class RunFollower {
         const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
         const run = parsed?.success ? parsed.data : undefined;
         observe?.(entry.key, run, run !== undefined && !hasWorkLeft(run));
+        // The replay is over at its last entry (nothing pending behind it), or at the first change after it.
+        if (entry.isUpdate || entry.delta === 0) caughtUp?.();
         if (!run || !hasWorkLeft(run)) continue;
         this.schedule(entry.key, "recheck", RECHECK_MS);
         if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());

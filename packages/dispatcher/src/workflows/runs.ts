@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { getJson, keysOf, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   ErrorCode,
@@ -22,6 +22,7 @@ import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
 import { cancelJob } from "../jobs.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
+import type { RunIndex } from "./run-index.js";
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
 const MAX_ROUNDS = 50;
@@ -45,6 +46,8 @@ export class Runs {
   constructor(
     private readonly topology: Topology,
     private readonly ctx: RunsContext,
+    /** What `list` walks; told of each run this dispatcher starts. */
+    private readonly index: RunIndex,
   ) {}
 
   /** Starts a run for `owner`; `traceparent`, the start request's span, is the trace its jobs join. */
@@ -87,6 +90,7 @@ export class Runs {
       if (existing) return { run: existing.value, duplicate: true };
       throw new BoxcarError(ErrorCode.conflict, `could not create run ${id}; try again`);
     }
+    this.index.observe(id, run);
     await this.publish(run, { type: "started", message: `workflow ${workflow.name} started with ${workflow.steps.length} steps` });
     this.ctx.log.info({ runId: id, workflow: workflow.name }, "workflow started");
     await this.advance(id);
@@ -104,23 +108,27 @@ export class Runs {
     return run;
   }
 
-  /** Runs, newest first. Reads every run: large systems need an index. */
+  /**
+   * Runs `caller` may see, newest first, a page at a time: the index says which match, and only
+   * the page's records are read (each checked again, as the index trails the bucket).
+   */
   async list(raw: unknown, caller: Identity): Promise<ListRunsReply> {
     const req = parseWith(ListRunsRequest, raw, "request");
+    await this.index.caughtUp;
+    const matches = (run: { state: string; owner: string; workflow: string }) =>
+      mayAccess(caller, run.owner) && (!req.state || run.state === req.state) && (!req.workflow || run.workflow === req.workflow);
+    const candidates = this.index.newestFirst(matches, req.after);
     const runs: WorkflowRun[] = [];
-    for (const key of await keysOf(this.topology.workflows)) {
-      const run = await this.get(key);
-      if (
-        !run ||
-        !mayAccess(caller, ownerOf(run)) ||
-        (req.state && run.state !== req.state) ||
-        (req.workflow && run.workflow.name !== req.workflow)
-      )
-        continue;
-      runs.push(run);
+    let last = -1; // the last candidate looked at
+    while (runs.length < req.limit && last < candidates.length - 1) {
+      const slice = candidates.slice(last + 1, last + 1 + req.limit - runs.length);
+      for (const run of await Promise.all(slice.map((c) => this.get(c.id)))) {
+        last += 1;
+        if (run && matches({ state: run.state, owner: ownerOf(run), workflow: run.workflow.name })) runs.push(run);
+      }
     }
-    runs.sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0));
-    return { runs: runs.slice(0, req.limit) };
+    const next = last >= 0 && last < candidates.length - 1 ? candidates[last]?.order : undefined;
+    return { runs, ...(next ? { next } : {}) };
   }
 
   /**
