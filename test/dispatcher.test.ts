@@ -148,6 +148,11 @@ describe("the request/reply API", () => {
     expect(cancelled.state).toBe("cancelled");
     expect((await client.cancelJob(ids[1] as string)).state).toBe("cancelled"); // idempotent
     expect((await client.listJobs({ state: "cancelled" })).jobs.map((j) => j.id)).toContain(ids[1]);
+
+    // By pool: a job sent to another pool is listed there and not in the agent's own.
+    const elsewhere = (await client.submit({ agent: "echo", pool: "elsewhere" })).job.id;
+    expect((await client.listJobs({ pool: "elsewhere" })).jobs.map((j) => j.id)).toEqual([elsewhere]);
+    expect((await client.listJobs({ agent: "echo", pool: "default", limit: 1000 })).jobs.map((j) => j.id)).not.toContain(elsewhere);
   });
 
   test("jobs.count: how many jobs are in each state, everyone's or one agent's; a submitter counts only its own", async () => {

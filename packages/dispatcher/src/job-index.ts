@@ -4,6 +4,7 @@ import { type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
 export interface IndexedJob {
   state: JobState;
   agent: string;
+  pool: string;
   owner: string;
 }
 
@@ -33,7 +34,7 @@ export class JobIndex {
       this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
       this.tally(before, -1);
     }
-    const after = job && { state: job.state, agent: job.agent, owner: ownerOf(job) };
+    const after = job && { state: job.state, agent: job.agent, pool: job.pool, owner: ownerOf(job) };
     if (after) {
       this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
       this.tally(after, 1);

@@ -72,6 +72,7 @@ export async function listJobs(
       if (!mayAccess(caller, indexed.owner)) continue;
       if (req.state && indexed.state !== req.state) continue;
       if (req.agent && indexed.agent !== req.agent) continue;
+      if (req.pool && indexed.pool !== req.pool) continue;
       yield id;
     }
   })();

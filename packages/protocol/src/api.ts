@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AgentDefinition, AgentName } from "./agent.js";
+import { AgentDefinition, AgentName, PoolName } from "./agent.js";
 import { ErrorInfo, ErrorIssue } from "./errors.js";
 import { BoxcarEvent } from "./events.js";
 import { isTerminal, JobRecord, JobSpec, JobState, WorkspacePath } from "./job.js";
@@ -28,6 +28,7 @@ export type SubmitReply = z.infer<typeof SubmitReply>;
 export const ListJobsRequest = z.strictObject({
   state: JobState.optional(),
   agent: AgentName.optional(),
+  pool: PoolName.optional(),
   limit: z.number().int().min(1).max(1000).default(50),
   /** Continue after this job id (ids sort by creation time, newest first). */
   after: z.string().optional(),

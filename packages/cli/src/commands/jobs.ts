@@ -287,12 +287,13 @@ export const cancel: Command = {
 
 export const jobs: Command = {
   name: "jobs",
-  usage: "boxcar jobs [--state STATE] [--agent AGENT] [--limit N] [--after JOB] | --counts [--agent AGENT]",
+  usage: "boxcar jobs [--state STATE] [--agent AGENT] [--pool POOL] [--limit N] [--after JOB] | --counts [--agent AGENT]",
   summary: "list jobs, newest first; or count them by state",
   maxArgs: 0,
   options: {
     state: { type: "string" },
     agent: { type: "string" },
+    pool: { type: "string" },
     limit: { type: "string" },
     after: { type: "string" },
     counts: { type: "boolean" },
@@ -310,6 +311,7 @@ export const jobs: Command = {
     const page = await session.client.listJobs({
       ...(state ? { state: state as JobState } : {}),
       ...(ctx.values.agent ? { agent: ctx.values.agent as string } : {}),
+      ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
       ...(limit ? { limit } : {}),
       ...(ctx.values.after ? { after: ctx.values.after as string } : {}),
     });
@@ -324,7 +326,7 @@ export const jobs: Command = {
       ),
     );
     if (page.next) {
-      const filters = ["state", "agent", "limit"].flatMap((f) => (ctx.values[f] === undefined ? [] : [`--${f} ${ctx.values[f]}`]));
+      const filters = ["state", "agent", "pool", "limit"].flatMap((f) => (ctx.values[f] === undefined ? [] : [`--${f} ${ctx.values[f]}`]));
       ctx.print(`more: boxcar jobs ${[...filters, `--after ${page.next}`].join(" ")}`);
     }
     return ExitCode.ok;
@@ -333,7 +335,7 @@ export const jobs: Command = {
 
 /** `boxcar jobs --counts`: how many jobs are in each state (those in none left out, unless --json). */
 async function countJobs(ctx: CommandContext<Values>): Promise<number> {
-  const other = ["state", "limit", "after"].find((f) => ctx.values[f] !== undefined);
+  const other = ["state", "pool", "limit", "after"].find((f) => ctx.values[f] !== undefined);
   if (other) throw new UsageError(`--counts takes only --agent, not --${other}`);
   await using session = await ctx.session("boxcar-jobs");
   const reply = await session.client.countJobs(ctx.values.agent === undefined ? {} : { agent: ctx.values.agent as string });
