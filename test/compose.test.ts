@@ -95,7 +95,17 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     try {
       const client = createClient({ nc, names: names(prefix) });
       const running = async () => (await client.listWorkers().catch(() => [])).filter((w) => w.state === "running").length;
-      await eventually(async () => ((await running()) === 3 ? true : undefined), "three workers", 60_000);
+      await eventually(async () => ((await running()) === 3 ? true : undefined), "three workers", 90_000).catch(async (err) => {
+        // What the roles said: a CI run (at 1124be1) timed out here once; here it passes.
+        const workers = await client.listWorkers().catch((e: unknown) => String(e));
+        process.stderr.write(`compose: workers ${JSON.stringify(workers)}\n`);
+        const ps = await compose("ps").catch((e) => ({ stdout: String(e) }));
+        const logs = await compose("logs", "--no-color", "--tail", "30", "dispatcher", "worker", "worker-e2b").catch((e) => ({
+          stdout: String(e),
+        }));
+        process.stderr.write(`${ps.stdout}\n${logs.stdout}\n`);
+        throw err;
+      });
       // Every role's own health check (its /readyz) passes once it works.
       const docker = new Docker();
       const roles = (await docker.listContainers({ filters: { label: [`com.docker.compose.project=${project}`] } })).filter(

@@ -44,13 +44,14 @@ async function otlpReceiver() {
   };
 }
 
-test("boxcar dispatcher and worker export their spans over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, and the agent gets it too", async () => {
+test("boxcar dispatcher and worker export their spans over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set; agents get an endpoint when the worker names one", async () => {
   await using nats = await natsFixture();
   await using receiver = await otlpReceiver();
   const prefix = nats.topology.names.prefix;
   const env = { OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url, OTEL_BSP_SCHEDULE_DELAY: "100" };
   const dispatcher = spawnBoxcar(nats.url, prefix, ["dispatcher"], env);
-  const worker = spawnBoxcar(nats.url, prefix, ["worker", "--host", "always"], env);
+  // Agents are given an endpoint only when the worker is told which (--agent-traces).
+  const worker = spawnBoxcar(nats.url, prefix, ["worker", "--host", "always", "--agent-traces", receiver.url], env);
   try {
     const client = createClient(nats.topology);
     await eventually(async () => ((await client.listWorkers().catch(() => [])).length > 0 ? true : undefined), "the worker to start");

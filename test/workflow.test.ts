@@ -355,16 +355,22 @@ describe("declarative workflows", () => {
       await new Promise((r) => setTimeout(r, 5)); // distinct creation times
     }
     const seen: string[] = [];
-    let after: string | undefined;
+    let after = ""; // "" asks for the first page of a paged listing
     for (let pages = 0; pages < 10; pages++) {
-      const page = await client.listRunsPage({ workflow: name, limit: 2, ...(after ? { after } : {}) });
+      const page = await client.listRunsPage({ workflow: name, limit: 2, after });
       expect(page.runs.length).toBeLessThanOrEqual(2);
       seen.push(...page.runs.map((r) => r.id));
       if (!page.next) break;
       after = page.next;
     }
     expect(seen).toEqual([...started].reverse());
-    expect((await client.listRunsPage({ workflow: name, limit: 5 })).next).toBeUndefined();
+    expect((await client.listRunsPage({ workflow: name, limit: 5, after: "" })).next).toBeUndefined();
+    // A request without `after` (a client from before paging) is not told of more.
+    expect(await client.listRunsPage({ workflow: name, limit: 2 })).toEqual({ runs: expect.any(Array) });
+    await expect(client.listRunsPage({ after: "wf-abc" })).rejects.toMatchObject({
+      code: "invalid",
+      issues: [expect.objectContaining({ path: "after" })],
+    });
     expect(await client.listRuns({ workflow: name, state: "cancelled" })).toEqual([]);
   });
 

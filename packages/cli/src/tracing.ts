@@ -3,12 +3,6 @@ import type { Logger } from "@boxcar/client";
 /** The OpenTelemetry variables that name where traces go (the SDK's own, read by its exporter). */
 const ENDPOINT_VARIABLES = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"] as const;
 
-/** The endpoint variables a worker has, given as they are to its agents so their spans go there too. */
-export function tracingVariables(env: Readonly<Record<string, string | undefined>>): Record<string, string> {
-  if (!tracesEndpoint(env)) return {};
-  return Object.fromEntries(ENDPOINT_VARIABLES.flatMap((name) => (env[name] ? [[name, env[name]]] : [])));
-}
-
 /** Where a role's traces go, from the standard OpenTelemetry variables; undefined: nowhere. */
 export function tracesEndpoint(env: Readonly<Record<string, string | undefined>>): string | undefined {
   if (env.OTEL_TRACES_EXPORTER === "none" || env.OTEL_SDK_DISABLED === "true") return undefined;
@@ -17,9 +11,10 @@ export function tracesEndpoint(env: Readonly<Record<string, string | undefined>>
 
 /**
  * Sends a role's spans (`service.name` = `role`) over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT`
- * (or `…_TRACES_ENDPOINT`) is set, in batches; the exporter reads its other `OTEL_EXPORTER_OTLP_*`
- * settings (headers, timeout) itself. Without one nothing is loaded or registered and spans stay
- * the API's no-ops. Disposing flushes what is left.
+ * (or `…_TRACES_ENDPOINT`) is set, in batches (every 5 s, or 512 spans); the exporter reads its
+ * other `OTEL_EXPORTER_OTLP_*` settings (headers, timeout) itself. Every trace is kept (no
+ * sampling). Without an endpoint nothing is loaded or registered and spans stay the API's no-ops.
+ * Disposing flushes what is left.
  */
 export async function startRoleTracing(
   role: string,

@@ -117,7 +117,7 @@ export interface BoxcarClient {
   getRun(id: string): Promise<WorkflowRun>;
   /** The first page of runs (newest first); `listRunsPage` gives the cursor to the next. */
   listRuns(request?: ListRunsRequest): Promise<WorkflowRun[]>;
-  /** One page of runs, newest first, and `next` (pass as `after`) when there are more. */
+  /** One page of runs, newest first; with `after` (`""` for the first page), `next` to pass as `after` when there are more. */
   listRunsPage(request?: ListRunsRequest): Promise<ListRunsReply>;
   cancelRun(id: string): Promise<WorkflowRun>;
   /** Resolves with the run once it has ended and none of its jobs is still going. */

@@ -22,7 +22,7 @@ import type { JobIndex } from "./job-index.js";
 const DISPATCHER: Identity = { role: "dispatcher", user: "dispatcher" };
 
 /** The most bytes of records one `jobs.list` reply carries, under NATS's 1 MiB message limit. */
-const LIST_REPLY_BUDGET = 768 * 1024;
+export const LIST_REPLY_BUDGET = 768 * 1024;
 
 /** How many of the jobs `caller` may see are in each state, from the job index. */
 export async function countJobs(
@@ -37,7 +37,7 @@ export async function countJobs(
 }
 
 /** Right after a dispatcher starts, its index is still being filled from the bucket: wait a moment for it. */
-async function caughtUp(jobs: { caughtUp: Promise<void> }): Promise<void> {
+export async function caughtUp(jobs: { caughtUp: Promise<void> }): Promise<void> {
   const waited = new AbortController();
   await Promise.race([jobs.caughtUp, sleep(CATCH_UP_WAIT_MS, undefined, { signal: waited.signal }).catch(() => {})]);
   waited.abort();

@@ -99,13 +99,20 @@ export const ListRunsRequest = z.strictObject({
   state: RunState.optional(),
   workflow: z.string().optional(),
   limit: z.number().int().min(1).max(1000).default(50),
-  /** Continue after this run id (ids sort by creation time, newest first). */
-  after: z.string().optional(),
+  /**
+   * Pages: `""` for the first page, then the previous reply's `next`, an opaque cursor. Without
+   * it the reply is the first `limit` runs and says nothing of more (what clients from before
+   * paging, which read replies strictly, expect).
+   */
+  after: z
+    .string()
+    .regex(/^$|^\S+ wf-[A-Za-z0-9_-]+$/, 'must be "" or the next of a previous page')
+    .optional(),
 });
 export type ListRunsRequest = z.input<typeof ListRunsRequest>;
 export const ListRunsReply = z.strictObject({
   runs: z.array(WorkflowRun),
-  /** Pass as `after` to get the next page; absent on the last page. */
+  /** Only to a request with `after`: pass as `after` to get the next page; absent on the last page. */
   next: z.string().optional(),
 });
 export type ListRunsReply = z.infer<typeof ListRunsReply>;
@@ -171,7 +178,6 @@ export type SetPolicyReply = z.infer<typeof SetPolicyReply>;
 
 const NoFields = z.strictObject({});
 const AgentReply = z.strictObject({ agent: AgentDefinition });
-/** A page of `jobs.events` or `workflows.events`, its events as the contract publishes them. */
 
 /**
  * The API's contract: each endpoint's request body and the `data` of its reply when `ok`

@@ -14,4 +14,12 @@ test("a worker in a container shares a folder with the engine's machine only thr
   expect(sharesFolder(mounts({ Type: "bind", Source: "/host/work", Destination: "/srv/boxcar" }), "/srv/boxcar")).toBe(false);
   expect(sharesFolder(mounts({ Type: "volume", Source: "/srv/boxcar", Destination: "/srv/boxcar" }), "/srv/boxcar")).toBe(false);
   expect(sharesFolder(mounts(), "/srv/boxcar")).toBe(false);
+  // The innermost mount holding the folder decides: a shared parent does not make a mounted child shared.
+  const nested = mounts(
+    { Type: "bind", Source: "/srv", Destination: "/srv" },
+    { Type: "bind", Source: "/elsewhere", Destination: "/srv/boxcar/work" },
+  );
+  expect(sharesFolder(nested, "/srv/boxcar/work/jobs")).toBe(false);
+  expect(sharesFolder(nested, "/srv/other")).toBe(true);
+  expect(sharesFolder(mounts({ Type: "bind", Source: "/srv/boxcar/", Destination: "/srv/boxcar" }), "/srv/boxcar/x")).toBe(true);
 });

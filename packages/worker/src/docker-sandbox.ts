@@ -195,6 +195,8 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       } catch (err) {
         ownWarm.delete(sandboxId);
         await files.remove();
+        // Looked up (or pulled) again for the next container, or the next job.
+        if (isMissingImage(err)) imagePaths.delete(image);
         throw err;
       }
     },
@@ -449,17 +451,27 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     // Until the agent starts, an abort simply stops waiting: destroy() removes what was made.
     const untilAborted = <T>(step: Promise<T>) => raceAbort(step, opts.signal);
     let bind = this.settings.mounting === "bind";
-    this.creating = this.createContainer(argv, opts.env, bind).catch(async (err: unknown) => {
-      // Removed since this worker last saw it: pulled again, or refused as unavailable.
-      if (isMissingImage(err)) {
-        await this.settings.imageGone();
-        return this.createContainer(argv, opts.env, bind);
+    let imageLookedUp = false;
+    const create = async (): Promise<Docker.Container> => {
+      try {
+        return await this.createContainer(argv, opts.env, bind);
+      } catch (err) {
+        // Removed since this worker last saw it: looked up (or pulled) again, once.
+        if (isMissingImage(err) && !imageLookedUp) {
+          imageLookedUp = true;
+          await this.settings.imageGone();
+          return create();
+        }
+        // The engine cannot see the folder: copies, from now on.
+        if (bind && isMissingBindSource(err)) {
+          this.settings.bindRefused();
+          bind = false;
+          return create();
+        }
+        throw err;
       }
-      if (!bind || !isMissingBindSource(err)) throw err;
-      this.settings.bindRefused();
-      bind = false;
-      return this.createContainer(argv, opts.env, false);
-    });
+    };
+    this.creating = create();
     const container = await untilAborted(this.creating);
     if (!container) return undefined;
     this.container = container;
@@ -659,12 +671,14 @@ async function bindable(docker: Docker, owner: { uid: number }): Promise<boolean
  * so a workspace made there can be bind-mounted into a job container by that path.
  */
 export function sharesFolder(self: Pick<Docker.ContainerInspectInfo, "Mounts">, folder: string): boolean {
-  return (self.Mounts ?? []).some(
-    (m) =>
-      m.Type === "bind" &&
-      m.Source === m.Destination &&
-      (folder === m.Destination || folder.startsWith(`${m.Destination.replace(/\/$/, "")}/`)),
-  );
+  const trimmed = (path: string) => (path.length > 1 ? path.replace(/\/+$/, "") : path);
+  const inside = (m: { Destination: string }) => {
+    const target = trimmed(m.Destination);
+    return folder === target || folder.startsWith(target === "/" ? "/" : `${target}/`);
+  };
+  // The innermost mount holding the folder is the one its files are on.
+  const holding = (self.Mounts ?? []).filter(inside).sort((a, b) => trimmed(b.Destination).length - trimmed(a.Destination).length)[0];
+  return holding?.Type === "bind" && trimmed(holding.Source) === trimmed(holding.Destination);
 }
 
 /** Gives a staged workspace, every folder and file in it, to the agent's user (symlinks themselves, not their targets). */

@@ -10,13 +10,13 @@ import { HealthEndpoint } from "../health.js";
 import { createLogger } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { listenAddressFrom } from "../role-endpoint.js";
-import { startRoleTracing, tracingVariables } from "../tracing.js";
+import { startRoleTracing } from "../tracing.js";
 import { UsageError } from "../usage-error.js";
 import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -33,6 +33,7 @@ export const worker: Command = {
     "docker-image": { type: "string" },
     "docker-warm": { type: "string" },
     "work-root": { type: "string" },
+    "agent-traces": { type: "string" },
     "drain-grace": { type: "string" },
     "dispatcher-keys": { type: "string" },
     "allow-secret": { type: "string", multiple: true, default: [] },
@@ -82,12 +83,14 @@ export const worker: Command = {
     );
     if (!session) return ExitCode.ok;
     const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
+    // Where agents may send their own spans: given to them only when the operator names it.
+    const agentTraces = agentTracesEndpoint(ctx.values["agent-traces"] ?? ctx.io.env.BOXCAR_AGENT_TRACES);
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,
       ...(verifier ? { dispatcherKeys: verifier } : {}),
       ...(metricsAddress ? { metrics: metrics.registry } : {}),
-      agentTracing: tracingVariables(ctx.io.env),
+      ...(agentTraces ? { agentTracing: { OTEL_EXPORTER_OTLP_ENDPOINT: agentTraces } } : {}),
     });
     health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
     const running = w.run();
@@ -216,4 +219,20 @@ function merge(base: WorkerConfig, over: WorkerConfig): WorkerConfig {
   const sandbox = { ...base.sandbox, ...over.sandbox };
   if (base.sandbox?.docker || over.sandbox?.docker) sandbox.docker = { ...base.sandbox?.docker, ...over.sandbox?.docker };
   return { ...base, ...over, sandbox };
+}
+
+/** `--agent-traces URL` (or BOXCAR_AGENT_TRACES): an http(s) URL with no credentials in it, since every agent sees it. */
+function agentTracesEndpoint(value: unknown): string | undefined {
+  if (value === undefined || value === "") return undefined;
+  let url: URL;
+  try {
+    url = new URL(String(value));
+  } catch {
+    throw new UsageError(`--agent-traces must be an http(s) URL, got ${String(value)}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:")
+    throw new UsageError(`--agent-traces must be an http(s) URL, got ${url.protocol}`);
+  if (url.username || url.password)
+    throw new UsageError("--agent-traces must not carry credentials: every agent it is given to can read it");
+  return String(value);
 }

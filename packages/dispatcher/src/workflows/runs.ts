@@ -20,7 +20,7 @@ import {
 } from "@boxcar/protocol";
 import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
-import { cancelJob } from "../jobs.js";
+import { cancelJob, caughtUp, LIST_REPLY_BUDGET } from "../jobs.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 import type { RunIndex } from "./run-index.js";
 
@@ -110,24 +110,36 @@ export class Runs {
 
   /**
    * Runs `caller` may see, newest first, a page at a time: the index says which match, and only
-   * the page's records are read (each checked again, as the index trails the bucket).
+   * the page's records are read (each checked again, as the index trails the bucket). A page
+   * ends at the limit, or before the reply would pass the byte budget (as `jobs.list`).
    */
   async list(raw: unknown, caller: Identity): Promise<ListRunsReply> {
     const req = parseWith(ListRunsRequest, raw, "request");
-    await this.index.caughtUp;
+    await caughtUp(this.index);
     const matches = (run: { state: string; owner: string; workflow: string }) =>
       mayAccess(caller, run.owner) && (!req.state || run.state === req.state) && (!req.workflow || run.workflow === req.workflow);
-    const candidates = this.index.newestFirst(matches, req.after);
+    const candidates = this.index.newestFirst(matches, req.after || undefined);
     const runs: WorkflowRun[] = [];
-    let last = -1; // the last candidate looked at
-    while (runs.length < req.limit && last < candidates.length - 1) {
+    let bytes = 0;
+    let last = -1; // the last candidate taken or skipped
+    let full = false;
+    while (!full && runs.length < req.limit && last < candidates.length - 1) {
       const slice = candidates.slice(last + 1, last + 1 + req.limit - runs.length);
       for (const run of await Promise.all(slice.map((c) => this.get(c.id)))) {
+        if (run && matches({ state: run.state, owner: ownerOf(run), workflow: run.workflow.name })) {
+          const size = Buffer.byteLength(JSON.stringify(run));
+          if (runs.length > 0 && bytes + size > LIST_REPLY_BUDGET) {
+            full = true;
+            break;
+          }
+          runs.push(run);
+          bytes += size;
+        }
         last += 1;
-        if (run && matches({ state: run.state, owner: ownerOf(run), workflow: run.workflow.name })) runs.push(run);
       }
     }
-    const next = last >= 0 && last < candidates.length - 1 ? candidates[last]?.order : undefined;
+    // Only a caller that pages (`after`) is told of more: older clients read replies strictly.
+    const next = req.after !== undefined && last >= 0 && last < candidates.length - 1 ? candidates[last]?.order : undefined;
     return { runs, ...(next ? { next } : {}) };
   }
 
