@@ -196,7 +196,9 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
 
     /** Until the pool has its containers for both networks ready (it refills in the background). */
     async function warmPoolFull(): Promise<void> {
-      if (warm) await eventually(async () => ((docker.warmReady?.() ?? 0) >= 2 * WARM ? true : undefined), "the warm pool to fill");
+      if (!warm) return;
+      const full = () => ["none", "bridge"].every((network) => (docker.warmReady?.({ network }) ?? 0) >= WARM);
+      await eventually(async () => (full() ? true : undefined), "the warm pool to fill");
     }
 
     /** `run` in this mode; the run must have started as the mode says. */
@@ -505,7 +507,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
   });
 
   test("a warm container's configuration holds nothing of its job: neither its command nor its secrets", async () => {
-    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    await eventually(async () => ((docker.warmReady?.({ network: "none" }) ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
     await client.applyAgent({
       name: "warm-secretive",
       command: ["bash", "-c", "echo up; sleep 300"],
@@ -526,7 +528,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
   });
 
   test("a warm container taken by a job that ends before its agent starts is removed all the same", async () => {
-    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    await eventually(async () => ((docker.warmReady?.({ network: "none" }) ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
     const spec = { id: "sbx-never-run", jobId: "0neverstarted", attempt: 1, workerId: "w-test" };
     const runtime = { sandbox: "docker" as const, network: "none", timeout: 60_000, limits: {}, warm: true };
     const sandbox = await docker.create({ ...spec, runtime });
@@ -563,7 +565,7 @@ report = f"\\x1e{nonce} 0\\n"
 sys.stdout.write(report); sys.stdout.flush(); sys.stderr.write(report); sys.stderr.flush()
 time.sleep(10)
 `;
-    await eventually(async () => ((docker.warmReady?.() ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
+    await eventually(async () => ((docker.warmReady?.({ network: "none" }) ?? 0) >= WARM ? true : undefined), "the warm pool to fill");
     await client.applyAgent({
       name: "forger",
       command: ["python3", "-c", attack],

@@ -272,8 +272,9 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       void decideMounting().then((how) => how === "bind" && made.fill({ image: settings.defaultImage, network: "none" }), onError);
     },
 
-    warmReady() {
-      return pool?.readyCount ?? 0;
+    warmReady(kind) {
+      if (!pool) return 0;
+      return kind ? pool.readyFor({ image: kind.image ?? settings.defaultImage, network: kind.network ?? "none" }) : pool.readyCount;
     },
 
     async close() {

@@ -39,8 +39,8 @@ export interface SandboxProvider {
    * `onError` hears what goes wrong doing so (it never fails a job).
    */
   prepare?(workerId: string, onError: (err: unknown) => void): void;
-  /** How many sandboxes stand ready for jobs to come. */
-  warmReady?(): number;
+  /** How many sandboxes stand ready for jobs to come: all, or those for an image and network. */
+  warmReady?(kind?: { image?: string; network?: string }): number;
   /** Removes the sandboxes kept ready; called when the worker stops. */
   close?(): Promise<void>;
 }

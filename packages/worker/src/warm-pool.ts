@@ -274,6 +274,11 @@ export class WarmPool {
     return warm;
   }
 
+  /** How many containers stand ready for `key`. */
+  readyFor(key: WarmKey): number {
+    return this.ready.get(keyText(key))?.length ?? 0;
+  }
+
   /** How many containers stand ready, over all keys. */
   get readyCount(): number {
     let n = 0;
