@@ -136,7 +136,7 @@ describe.skipIf(!ready)("a worker in a container that shares its work root with 
       const final = await client.waitForJob(job.id);
       expect(final.state).toBe("succeeded");
       // Its /workspace is a folder under the shared root, not an engine volume.
-      expect(String(final.result?.output)).toContain(`${shared.path}/boxcar-warm-`);
+      expect(String(final.result?.output)).toMatch(new RegExp(`^${shared.path}/boxcar-[^~/]+~[^~/]+~warm-`));
       const events: BoxcarEvent[] = [];
       for await (const e of client.events(job.id)) events.push(e);
       expect(events.find((e) => e.kind === "sandbox" && e.type === "ready")).toMatchObject({ start: "warm_hit" });

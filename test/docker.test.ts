@@ -111,7 +111,7 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       }, "the container to run");
       const { final } = await finish(job.id);
       expect(mounts).toEqual([expect.objectContaining({ Type: "bind", Destination: "/workspace", RW: true })]);
-      expect(mounts[0]?.Source).toContain(`boxcar-${final.sandbox?.id}-`);
+      expect(mounts[0]?.Source).toContain(`~${final.sandbox?.id}-`);
       expect([final.state, final.result?.output]).toEqual(["succeeded", 1]);
       expect(new TextDecoder().decode((await nats.topology.artifacts.getBlob(`${job.id}/out/kept.txt`)) ?? undefined)).toBe("kept\n");
     });

@@ -86,7 +86,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     tmpBytes: opts.tmpBytes ?? 64 * 1024 ** 2,
     maxWorkspaceBytes: opts.maxWorkspaceBytes ?? 1024 ** 3,
     maxWorkspaceEntries: opts.maxWorkspaceEntries ?? 100_000,
-    root: new WorkspaceRoot(opts.root ?? defaultWorkRoot()),
+    root: new WorkspaceRoot(opts.root ?? defaultWorkRoot(), opts.system),
   };
   const [uid, gid] = settings.user.split(":").map(Number);
   const owner = { uid: uid ?? 1000, gid: gid ?? uid ?? 1000 };
@@ -174,7 +174,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       const agentPath = await imagePath(image);
       const sandboxId = `warm-${randomBytes(6).toString("hex")}`;
       ownWarm.add(sandboxId);
-      const files = await settings.root.create(sandboxId);
+      const files = await settings.root.create({ workerId, sandboxId });
       try {
         const confinement = { network, limits: settings.defaultLimits, tmpBytes: settings.tmpBytes };
         const options = {
@@ -258,7 +258,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       if (warm) return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: warm.agentPath }, warm.files, warm);
       const agentPath = await imagePath(image, signal);
       signal?.throwIfAborted();
-      const files = await settings.root.create(spec.id);
+      const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
       return new DockerSandbox(docker, spec, { ...containerSettings, agentPath }, files);
     },
 
@@ -568,7 +568,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
 
   /** Replaces the staged workspace with the container's, for reading results and artifacts; `signal` stops it. */
   private async copyOut(container: Docker.Container, signal: AbortSignal): Promise<void> {
-    const fresh = await this.settings.root.create(this.id);
+    const fresh = await this.settings.root.create({ workerId: this.spec.workerId, sandboxId: this.id });
     try {
       const archive = await container.getArchive({ path: `${CONTAINER_WORKSPACE}/.` });
       await unpackInto(archive, fresh, {

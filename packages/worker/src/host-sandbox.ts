@@ -18,6 +18,8 @@ export interface HostSandboxOptions {
    * environment or memory through `/proc`, nor signal it. Default: the worker's user.
    */
   user?: { uid: number; gid: number };
+  /** The system's identity (`Topology.systemId`), in workspaces' names: see `WorkspaceRoot.sweep`. */
+  system?: string;
 }
 
 /**
@@ -25,14 +27,14 @@ export interface HostSandboxOptions {
  * nothing but the environment and the working folder: for development and trusted agents.
  */
 export function createHostSandboxProvider(opts: HostSandboxOptions = {}): SandboxProvider {
-  const root = new WorkspaceRoot(opts.root ?? defaultWorkRoot());
+  const root = new WorkspaceRoot(opts.root ?? defaultWorkRoot(), opts.system);
   const killGraceMs = opts.killGraceMs ?? 2_000;
   return {
     kind: "host",
     available: async () => true,
     async create(spec, signal) {
       signal?.throwIfAborted();
-      return new HostSandbox(spec.id, await root.create(spec.id), killGraceMs, opts.user);
+      return new HostSandbox(spec.id, await root.create({ workerId: spec.workerId, sandboxId: spec.id }), killGraceMs, opts.user);
     },
   };
 }

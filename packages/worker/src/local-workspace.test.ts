@@ -16,7 +16,7 @@ describe.skipIf(!asRoot)("LocalWorkspace.remove for a worker that runs as the ag
       import { chmod, mkdir, stat, writeFile } from "node:fs/promises";
       import { tmpdir } from "node:os";
       const { WorkspaceRoot } = await import(${JSON.stringify(module)});
-      const ws = await new WorkspaceRoot(tmpdir()).create("locked");
+      const ws = await new WorkspaceRoot(tmpdir()).create({ workerId: "w-test", sandboxId: "locked" });
       await mkdir(ws.dir + "/locked/inner", { recursive: true });
       await writeFile(ws.dir + "/locked/inner/file", "x");
       await chmod(ws.dir + "/locked/inner", 0);

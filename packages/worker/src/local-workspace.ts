@@ -10,6 +10,25 @@ const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC |
 // Non-blocking: an agent's named pipe where a file is expected is refused, not waited on for ever.
 const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK;
 
+/** Which worker of which system made a workspace, for which sandbox: its folder's name says so. */
+export interface WorkspaceOwner {
+  workerId: string;
+  sandboxId: string;
+}
+
+/**
+ * A workspace folder's name: `boxcar-<system>~<worker>~<sandbox>-` and `mkdtemp`'s six
+ * characters. The system and worker in it let a worker tell a gone worker's leftovers from a
+ * live one's, and from another system's on the same machine (`WorkspaceRoot.sweep`).
+ */
+const WORKSPACE_FOLDER = /^boxcar-([^~]+)~([^~]+)~([^~]+)-[A-Za-z0-9]{6}$/;
+
+/** The owner a folder's name says, if it is a workspace named so. */
+export function workspaceOwnerOf(folder: string): (WorkspaceOwner & { system: string }) | undefined {
+  const m = WORKSPACE_FOLDER.exec(folder);
+  return m ? { system: m[1] as string, workerId: m[2] as string, sandboxId: m[3] as string } : undefined;
+}
+
 /**
  * The folder workspaces are made in. It is created and resolved to its real path once, not for
  * every workspace: each job then costs one `mkdtemp` here.
@@ -17,17 +36,49 @@ const READ_FLAGS = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBL
 export class WorkspaceRoot {
   private real: Promise<string> | undefined;
 
-  constructor(readonly path: string) {}
+  /** The system's identity as it appears in names (`-`: none known; such workspaces are never swept). */
+  private readonly system: string;
 
-  /** A new empty workspace, readable by this user only (mode 0700). */
-  async create(name: string): Promise<LocalWorkspace> {
+  /** `system`: the system's identity (`Topology.systemId`), written into every workspace's name. */
+  constructor(
+    readonly path: string,
+    system?: string,
+  ) {
+    // A path that engines and tools take as it is: no `:` (Docker's -v syntax) or `~` (the separator).
+    this.system = system ? system.replace(/[^A-Za-z0-9_.-]/g, "_") : "-";
+  }
+
+  /** A new empty workspace, readable by this user only (mode 0700), named after its owner. */
+  async create(owner: WorkspaceOwner): Promise<LocalWorkspace> {
     try {
-      return new LocalWorkspace(await mkdtemp(join(await this.realPath(), `boxcar-${name}-`)));
+      const name = `boxcar-${this.system}~${owner.workerId}~${owner.sandboxId}-`;
+      return new LocalWorkspace(await mkdtemp(join(await this.realPath(), name)));
     } catch (err) {
       // Removed while the worker runs (a cleaned temporary folder, say): made again next time.
       this.real = undefined;
       throw err;
     }
+  }
+
+  /**
+   * Removes the workspaces this system's gone workers left here (killed before they could):
+   * those whose worker `gone` says so, asked once per worker. Another system's, this worker's
+   * own and unnamed folders are left alone. Returns how many it removed.
+   */
+  async sweep(gone: (workerId: string) => Promise<boolean>): Promise<number> {
+    if (this.system === "-") return 0;
+    const root = await this.realPath();
+    const verdicts = new Map<string, Promise<boolean>>();
+    let removed = 0;
+    for (const entry of await readdir(root, { withFileTypes: true })) {
+      const owner = entry.isDirectory() ? workspaceOwnerOf(entry.name) : undefined;
+      if (!owner || owner.system !== this.system) continue;
+      if (!verdicts.has(owner.workerId)) verdicts.set(owner.workerId, gone(owner.workerId));
+      if (!(await verdicts.get(owner.workerId))) continue;
+      await new LocalWorkspace(join(root, entry.name)).remove();
+      removed += 1;
+    }
+    return removed;
   }
 
   /** The folder's real path (made if missing): what workspaces' paths begin with. */

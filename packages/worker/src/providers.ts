@@ -28,7 +28,11 @@ export function sandboxProviders(config: SandboxConfig, ctx: ProviderContext): S
   const e2b = config.e2b;
   const e2bKey = ctx.env[e2b?.apiKeyEnv ?? "E2B_API_KEY"];
   return [
-    createHostSandboxProvider({ root: ctx.workRoot, ...(config.hostUser ? { user: parseUser(config.hostUser) } : {}) }),
+    createHostSandboxProvider({
+      root: ctx.workRoot,
+      ...(ctx.system ? { system: ctx.system } : {}),
+      ...(config.hostUser ? { user: parseUser(config.hostUser) } : {}),
+    }),
     createDockerSandboxProvider({
       prefix: ctx.prefix,
       ...(ctx.system ? { system: ctx.system } : {}),

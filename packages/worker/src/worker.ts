@@ -16,6 +16,7 @@ import {
 } from "@boxcar/protocol";
 import type { Subscription } from "@nats-io/transport-node";
 import { JobRun } from "./job-run.js";
+import { WorkspaceRoot } from "./local-workspace.js";
 import { PoolPuller } from "./pool-puller.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
 import { orphanCheck } from "./sandbox-reaper.js";
@@ -379,6 +380,13 @@ class BoxcarWorker implements Worker {
         if (removed) this.log.info({ backend: provider.kind, removed }, "removed sandboxes left by gone workers");
       });
     }
+    // Their workspaces too: a killed worker leaves its folders under the work root (in memory,
+    // on /dev/shm), which nothing else would ever remove.
+    await this.step("sweep workspaces of gone workers", async () => {
+      const root = new WorkspaceRoot(this.options.workRoot, this.options.topology.systemId);
+      const removed = await root.sweep((workerId) => isOrphan({ workerId }));
+      if (removed) this.log.info({ removed }, "removed workspaces left by gone workers");
+    });
   }
 
   private async refreshCapabilities(): Promise<void> {

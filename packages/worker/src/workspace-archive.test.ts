@@ -36,7 +36,7 @@ test("a folder packed and unpacked comes back byte-exact, owned as asked", async
     stream.on("end", next);
   });
   const packed = packFolder(source, { uid: 1000, gid: 1000 });
-  const copy = await new WorkspaceRoot(root).create("copy");
+  const copy = await new WorkspaceRoot(root).create({ workerId: "w-test", sandboxId: "copy" });
   const [again] = [packFolder(source, { uid: 1000, gid: 1000 })];
   await Promise.all([unpackInto(packed, copy, LIMITS), new Promise((r) => again.pipe(extract).on("finish", r))]);
   expect(await readFile(join(copy.dir, "a/b/data.bin"))).toEqual(Buffer.from([0, 1, 2, 255]));
@@ -47,7 +47,7 @@ test("a folder packed and unpacked comes back byte-exact, owned as asked", async
 const LIMITS = { maxBytes: 1024, maxEntries: 100 };
 
 test("unpacking keeps folders and regular files only: symlinks are skipped, escapes refused", async () => {
-  const copy = await new WorkspaceRoot(root).create("copy");
+  const copy = await new WorkspaceRoot(root).create({ workerId: "w-test", sandboxId: "copy" });
   await unpackInto(
     archiveOf([
       { name: "./", type: "directory" },
@@ -63,20 +63,20 @@ test("unpacking keeps folders and regular files only: symlinks are skipped, esca
 });
 
 test("unpacking stops at the size limit with a clear error", async () => {
-  const copy = await new WorkspaceRoot(root).create("copy");
+  const copy = await new WorkspaceRoot(root).create({ workerId: "w-test", sandboxId: "copy" });
   const err = await unpackInto(archiveOf([{ name: "big.txt", body: "x".repeat(2048) }]), copy, LIMITS).catch((e: unknown) => e);
   expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 1024 bytes") });
 });
 
 test("unpacking stops at the entry limit, empty files counted, with a clear error", async () => {
-  const copy = await new WorkspaceRoot(root).create("copy");
+  const copy = await new WorkspaceRoot(root).create({ workerId: "w-test", sandboxId: "copy" });
   const many = Array.from({ length: 101 }, (_, i) => ({ name: `f${i}`, body: "" }));
   const err = await unpackInto(archiveOf(many), copy, LIMITS).catch((e: unknown) => e);
   expect(err).toMatchObject({ code: ErrorCode.sandboxFailed, message: expect.stringContaining("more than 100 files and folders") });
 });
 
 test("an abort stops an unpacking under way", async () => {
-  const copy = await new WorkspaceRoot(root).create("copy");
+  const copy = await new WorkspaceRoot(root).create({ workerId: "w-test", sandboxId: "copy" });
   const stop = new AbortController();
   // An archive that never ends, as a slow copy-out would be.
   const endless = new PassThrough();
