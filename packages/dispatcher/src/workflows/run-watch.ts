@@ -2,6 +2,7 @@ import { jsonOf } from "@boxcar/client";
 import { getJson, type Topology } from "@boxcar/fabric";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../admission.js";
+import { replayBucket } from "../bucket-replay.js";
 import { continueChain } from "../handoff.js";
 import type { Runs } from "./runs.js";
 
@@ -48,23 +49,17 @@ export class RunFollower {
    * latest value and whether it has ended for good (final, no job of it going).
    */
   async start(observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void, caughtUp?: () => void): Promise<void> {
-    const stored = (await this.topology.jsm.streams.info(`KV_${this.topology.names.buckets.workflows}`)).state.messages;
-    if (stored === 0) caughtUp?.();
-    const watch = await this.topology.workflows.watch();
-    this.stopWatch = () => watch.stop();
-    void (async () => {
-      for await (const entry of watch) {
-        this.clearTimers(entry.key);
-        const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
-        const run = parsed?.success ? parsed.data : undefined;
-        observe?.(entry.key, run, run !== undefined && !hasWorkLeft(run));
-        // The replay is over at its last entry (nothing pending behind it), or at the first change after it.
-        if (entry.isUpdate || entry.delta === 0) caughtUp?.();
-        if (!run || !hasWorkLeft(run)) continue;
-        this.schedule(entry.key, "recheck", RECHECK_MS);
-        if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());
-      }
-    })();
+    const replay = await replayBucket(this.topology, "workflows", (entry) => {
+      this.clearTimers(entry.key);
+      const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
+      const run = parsed?.success ? parsed.data : undefined;
+      observe?.(entry.key, run, run !== undefined && !hasWorkLeft(run));
+      if (!run || !hasWorkLeft(run)) return;
+      this.schedule(entry.key, "recheck", RECHECK_MS);
+      if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());
+    });
+    this.stopWatch = replay.stop;
+    if (caughtUp) void replay.caughtUp.then(caughtUp);
   }
 
   /** Looks again at a run (or, for `handoff`, at a job whose handoff is undecided) after `inMs`. */

@@ -1,0 +1,36 @@
+import type { Topology } from "@boxcar/fabric";
+import type { KvWatchEntry } from "@nats-io/kv";
+
+/** A dispatcher's watch on a bucket, replayed from its start. */
+export interface BucketReplay {
+  /** Resolves once every value stored when the watch began has been shown. */
+  readonly caughtUp: Promise<void>;
+  stop(): void;
+}
+
+/**
+ * Watches one of the system's buckets (`jobs` or `workflows`): every key's latest value at
+ * start, then each change, each shown to `onEntry`. Because it replays, a dispatcher that starts
+ * after a crash picks up whatever was left; `caughtUp` says when that replay is over.
+ */
+export async function replayBucket(
+  topology: Topology,
+  bucket: "jobs" | "workflows",
+  onEntry: (entry: KvWatchEntry) => void,
+): Promise<BucketReplay> {
+  let markCaughtUp!: () => void;
+  const caughtUp = new Promise<void>((resolve) => {
+    markCaughtUp = resolve;
+  });
+  const stored = (await topology.jsm.streams.info(`KV_${topology.names.buckets[bucket]}`)).state.messages;
+  if (stored === 0) markCaughtUp();
+  const watch = await topology[bucket].watch();
+  void (async () => {
+    for await (const entry of watch) {
+      onEntry(entry);
+      // The replay is over at its last entry (nothing pending behind it), or at the first change after it.
+      if (entry.isUpdate || entry.delta === 0) markCaughtUp();
+    }
+  })();
+  return { caughtUp, stop: () => watch.stop() };
+}
