@@ -417,6 +417,24 @@ steps:
     expect(JSON.stringify(record)).toContain("nobody-declared");
   });
 
+  test("workflow ls pages: a page with more says on stderr how to get the next one", async () => {
+    await client.applyAgent({ name: "quick", command: "true", trusted: true, runtime: { sandbox: "host" } });
+    for (let i = 0; i < 2; i++) await client.startRun({ workflow: { name: "quick", steps: [{ name: "a", agent: "quick" }] } });
+    const first = await ok(["workflow", "ls", "--limit", "1"]);
+    const cursor = /more: boxcar workflow ls --limit 1 --after '([^']+)'/.exec(first.stderr)?.[1];
+    expect(cursor, first.stderr).toBeDefined();
+    const firstId = first.stdout.split("\n")[1]?.split(/\s+/)[0]; // under the header
+    const second = WorkflowRun.array().parse(
+      JSON.parse((await ok(["workflow", "ls", "--limit", "1", "--after", cursor as string, "--json"])).stdout),
+    );
+    expect(second).toHaveLength(1);
+    expect(firstId).toMatch(/^wf-/);
+    expect(second[0]?.id).not.toBe(firstId);
+    const bad = await cli("workflow", "ls", "--after", "nonsense");
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toContain("after");
+  });
+
   test("events --follow into a reader that closes its end (| head -1) ends quietly with status 0", async () => {
     await writeFiles({
       "slow.yaml": `

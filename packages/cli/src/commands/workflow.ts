@@ -6,7 +6,8 @@ import { ExitCode } from "../exit-codes.js";
 import { ago, describeEvent, duration, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
-const usage = "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | ls [--state STATE] [--workflow NAME] [--limit N]";
+const usage =
+  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
 
 /** Exit code of a command that waited for a run: 0 when it succeeded. */
 export const exitForRun = (run: WorkflowRun): number => (run.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
@@ -146,6 +147,7 @@ export const workflow: Command = {
     state: { type: "string" },
     workflow: { type: "string" },
     limit: { type: "string" },
+    after: { type: "string" },
   },
   async run(ctx) {
     const [verb, ...args] = ctx.positionals;
@@ -181,11 +183,17 @@ export const workflow: Command = {
         if (limit !== undefined && !(Number.isInteger(limit) && limit > 0 && limit <= 1000))
           throw new UsageError("--limit must be a whole number from 1 to 1000");
         await using session = await ctx.session("boxcar-workflow");
-        const runs = await session.client.listRuns({
+        const { runs, next } = await session.client.listRunsPage({
           ...(state ? { state: state as RunState } : {}),
           ...(ctx.values.workflow ? { workflow: ctx.values.workflow as string } : {}),
           ...(limit ? { limit } : {}),
+          after: (ctx.values.after as string | undefined) ?? "",
         });
+        // How to get the next page, on stderr: stdout stays the runs (a JSON array with --json).
+        if (next) {
+          const filters = ["state", "workflow", "limit"].flatMap((f) => (ctx.values[f] === undefined ? [] : [`--${f} ${ctx.values[f]}`]));
+          ctx.io.stderr.write(`more: boxcar workflow ls ${[...filters, `--after '${next}'`].join(" ")}\n`);
+        }
         if (ctx.values.json) {
           ctx.print(json(runs));
           return ExitCode.ok;
