@@ -2,7 +2,7 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarEvent } from "@boxcar/protocol";
 import Docker from "dockerode";
-import { GenericContainer, Network, type StartedTestContainer, Wait } from "testcontainers";
+import { GenericContainer, Network, type StartedNetwork, type StartedTestContainer, Wait } from "testcontainers";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { eventually } from "./helpers/cli.js";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
@@ -13,6 +13,34 @@ import { scratch } from "./helpers/scratch.js";
 process.env.TESTCONTAINERS_RYUK_DISABLED ??= "true";
 const WORKER_IMAGE = process.env.BOXCAR_WORKER_IMAGE ?? "boxcar-worker:latest";
 const ready = await dockerReady(WORKER_IMAGE);
+
+/**
+ * `boxcar worker` in a container of the worker image, with the engine's socket and the test
+ * system's credentials mounted, serving `pool`; `place` puts it on a network (default the host's,
+ * to reach the test's nats-server on 127.0.0.1) and adds its own mounts and flags.
+ */
+function startWorkerContainer(
+  nats: NatsFixture,
+  pool: string,
+  place: { natsUrl?: string; network?: StartedNetwork; mounts?: { source: string; target: string }[]; flags?: string[] } = {},
+): Promise<StartedTestContainer> {
+  const container = new GenericContainer(WORKER_IMAGE);
+  return (place.network ? container.withNetwork(place.network) : container.withNetworkMode("host"))
+    .withBindMounts([
+      { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
+      { source: nats.auth.dir, target: "/auth", mode: "ro" },
+      ...(place.mounts ?? []),
+    ])
+    .withCommand([
+      "worker",
+      ...["--nats", place.natsUrl ?? nats.url, "--creds", "/auth/worker.creds", "--dispatcher-keys", "/auth/dispatchers.pub"],
+      ...["--prefix", nats.topology.names.prefix, "--pool", pool, "--log-format", "json"],
+      ...(place.flags ?? []),
+    ])
+    .withWaitStrategy(Wait.forLogMessage(/worker started/))
+    .withStartupTimeout(30_000)
+    .start();
+}
 
 /**
  * The "sibling containers" set-up: the worker runs in a container and starts job containers on
@@ -26,30 +54,7 @@ describe.skipIf(!ready)("a worker in a container (sibling containers)", () => {
 
   beforeAll(async () => {
     nats = await natsFixture();
-    worker = await new GenericContainer(WORKER_IMAGE)
-      .withNetworkMode("host") // to reach the test's nats-server on 127.0.0.1
-      .withBindMounts([
-        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
-        { source: nats.auth.dir, target: "/auth", mode: "ro" },
-      ])
-      .withCommand([
-        "worker",
-        "--nats",
-        nats.url,
-        "--creds",
-        "/auth/worker.creds",
-        "--dispatcher-keys",
-        "/auth/dispatchers.pub",
-        "--prefix",
-        nats.topology.names.prefix,
-        "--pool",
-        "sibling",
-        "--log-format",
-        "json",
-      ])
-      .withWaitStrategy(Wait.forLogMessage(/worker started/))
-      .withStartupTimeout(30_000)
-      .start();
+    worker = await startWorkerContainer(nats, "sibling");
   });
   afterAll(async () => {
     await worker?.stop({ timeout: 10_000 });
@@ -102,22 +107,10 @@ describe.skipIf(!ready)("a worker in a container that shares its work root with 
     await using nats = await natsFixture();
     // The folder at the same path inside the worker's container as on the engine's machine.
     await using shared = await scratch("boxcar-shared-root-");
-    const worker = await new GenericContainer(WORKER_IMAGE)
-      .withNetworkMode("host")
-      .withBindMounts([
-        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
-        { source: nats.auth.dir, target: "/auth", mode: "ro" },
-        { source: shared.path, target: shared.path },
-      ])
-      .withCommand([
-        "worker",
-        ...["--nats", nats.url, "--creds", "/auth/worker.creds", "--dispatcher-keys", "/auth/dispatchers.pub"],
-        ...["--prefix", nats.topology.names.prefix, "--pool", "shared", "--log-format", "json"],
-        ...["--work-root", shared.path, "--docker-warm", "1"],
-      ])
-      .withWaitStrategy(Wait.forLogMessage(/worker started/))
-      .withStartupTimeout(30_000)
-      .start();
+    const worker = await startWorkerContainer(nats, "shared", {
+      mounts: [{ source: shared.path, target: shared.path }],
+      flags: ["--work-root", shared.path, "--docker-warm", "1"],
+    });
     try {
       await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
       const client = createClient(nats.topology);
@@ -153,20 +146,7 @@ describe.skipIf(!ready)("a worker in a container on a network of its own", () =>
     const info = await new Docker().getNetwork(network.getName()).inspect();
     const gateway = info.IPAM?.Config?.[0]?.Gateway as string;
     const port = new URL(nats.url).port;
-    const worker = await new GenericContainer(WORKER_IMAGE)
-      .withNetwork(network)
-      .withBindMounts([
-        { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
-        { source: nats.auth.dir, target: "/auth", mode: "ro" },
-      ])
-      .withCommand([
-        "worker",
-        ...["--nats", `nats://${gateway}:${port}`, "--creds", "/auth/worker.creds", "--dispatcher-keys", "/auth/dispatchers.pub"],
-        ...["--prefix", nats.topology.names.prefix, "--pool", "own-net", "--log-format", "json"],
-      ])
-      .withWaitStrategy(Wait.forLogMessage(/worker started/))
-      .withStartupTimeout(30_000)
-      .start();
+    const worker = await startWorkerContainer(nats, "own-net", { network, natsUrl: `nats://${gateway}:${port}` });
     try {
       await using _dispatcher = await startDispatcher({ ...nats.dispatcherRole });
       const client = createClient(nats.topology);

@@ -468,6 +468,26 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect([final.state, final.result?.output]).toEqual(["succeeded", "done"]);
   });
 
+  /** Freezes `frozen` (SIGSTOP) and starts another worker of `system`, whose reaper waits an hour: only a new attempt's own cleanup can remove what the frozen one left. */
+  function freezeForAttemptTwo(frozen: ReturnType<typeof spawnBoxcar>, system: NatsFixture): Worker {
+    frozen.kill("SIGSTOP");
+    const next = createWorker({ ...system.workerRole, reapIntervalMs: 3_600_000 });
+    void next.run();
+    return next;
+  }
+
+  /** The job's containers once attempt 2's runs. */
+  function attemptTwoRunning(prefix: string, jobId: string): Promise<Docker.ContainerInfo[]> {
+    return eventually(
+      async () => {
+        const found = await boxcarContainers(prefix, jobId);
+        return found.some((c) => attemptOf(c) === "2" && c.State === "running") ? found : undefined;
+      },
+      "attempt 2's container to run",
+      30_000,
+    );
+  }
+
   test("a new attempt removes the container its frozen worker left running before it starts its own", async () => {
     // A system of its own with a 2 s lease, so the work item comes back soon after its worker freezes.
     await using fast = await natsFixture({ ackWaitMs: 2_000 });
@@ -484,18 +504,9 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
         "attempt 1's container to run",
       );
       // Frozen, it renews neither its lease nor its presence, and its container runs on. Its
-      // presence still looks live for a while, and this worker's reaper waits an hour.
-      frozen.kill("SIGSTOP");
-      await using next = createWorker({ ...fast.workerRole, reapIntervalMs: 3_600_000 });
-      void next.run();
-      const containers = await eventually(
-        async () => {
-          const found = await boxcarContainers(prefix, job.id);
-          return found.some((c) => c.Labels["boxcar.attempt"] === "2" && c.State === "running") ? found : undefined;
-        },
-        "attempt 2's container to run",
-        30_000,
-      );
+      // presence still looks live for a while, and the next worker's reaper waits an hour.
+      await using _next = freezeForAttemptTwo(frozen, fast);
+      const containers = await attemptTwoRunning(prefix, job.id);
       expect(containers.map((c) => c.Labels["boxcar.attempt"])).toEqual(["2"]);
       await fastClient.cancelJob(job.id);
       expect((await fastClient.waitForJob(job.id)).state).toBe("cancelled");
@@ -605,17 +616,8 @@ time.sleep(10)
       expect([taken?.Labels["boxcar.warm"], attemptOf(taken as Docker.ContainerInfo)]).toEqual(["1", "1"]);
       await eventually(async () => ((await ready()).length === 2 ? true : undefined), "the pool to refill");
       // Frozen, it renews neither its lease nor its presence; its containers run on.
-      frozen.kill("SIGSTOP");
-      await using next = createWorker({ ...fast.workerRole, reapIntervalMs: 3_600_000 });
-      void next.run();
-      const containers = await eventually(
-        async () => {
-          const found = await boxcarContainers(prefix, job.id);
-          return found.some((c) => c.Labels["boxcar.attempt"] === "2" && c.State === "running") ? found : undefined;
-        },
-        "attempt 2's container to run",
-        30_000,
-      );
+      await using _next = freezeForAttemptTwo(frozen, fast);
+      const containers = await attemptTwoRunning(prefix, job.id);
       expect(containers.map(attemptOf)).toEqual(["2"]); // attempt 1's warm container is gone
       expect(await ready()).toHaveLength(2); // its worker may still be alive: its ready ones stay
       await fastClient.cancelJob(job.id);

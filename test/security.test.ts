@@ -91,6 +91,22 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     expect(alicesJob.artifacts.map((a) => a.path)).toEqual(["out/a.txt"]);
   });
 
+  it("workflows.list pages and its pool filter on jobs.list show a submitter only its own work", async () => {
+    const run = (who: Principal) => who.client.startRun({ workflow: { name: "owned", steps: [{ name: "a", agent: "hello" }] } });
+    const bobs = [(await run(bob)).run.id, (await run(bob)).run.id];
+    const alices = (await run(alice)).run.id;
+    const seen: string[] = [];
+    for (let after = "", pages = 0; pages < 10; pages++) {
+      const page = await alice.client.listRunsPage({ workflow: "owned", limit: 1, after });
+      seen.push(...page.runs.map((r) => r.id));
+      if (!page.next) break;
+      after = page.next;
+    }
+    expect(seen).toEqual([alices]);
+    expect((await admin.client.listRuns({ workflow: "owned" })).map((r) => r.id).sort()).toEqual([...bobs, alices].sort());
+    expect((await bob.client.listJobs({ pool: "default", limit: 1000 })).jobs.map((j) => j.id)).not.toContain(alicesJob.id);
+  });
+
   it("another submitter cannot see, cancel or retry it, and does not find it in the list; an admin and a viewer do", async () => {
     for (const action of [
       () => bob.client.getJob(alicesJob.id),

@@ -746,7 +746,7 @@ function ownerOf(info: Docker.ContainerInfo): SandboxOwner | undefined {
 }
 
 /** The name a warm container gets when a job takes it, so its job can be found after a crash. */
-export function takenName(spec: SandboxSpec, warm: WarmContainer): string {
+function takenName(spec: SandboxSpec, warm: WarmContainer): string {
   return `boxcar-${spec.jobId}.${spec.attempt}.${warm.sandboxId}`;
 }
 
