@@ -17,7 +17,11 @@ fi
 if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/nats-io/nats.go ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go golang-github-nats-io-go-nats-dev >/dev/null
 fi
-if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1 BOXCAR_REQUIRE_GO=1; fi
+# The dashboard's tests drive Debian's Chromium headless (playwright-core, no browser download).
+if [ ! -x /usr/bin/chromium ]; then
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
+fi
+if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1 BOXCAR_REQUIRE_GO=1 BOXCAR_REQUIRE_BROWSER=1; fi
 export TESTCONTAINERS_RYUK_DISABLED=true
 pnpm run lint
 pnpm test

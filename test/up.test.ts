@@ -6,22 +6,7 @@ import { expect, test } from "vitest";
 import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";
 import { scratch } from "./helpers/scratch.js";
-
-/** Runs `boxcar up ARGS` in a scratch folder (or `at` one, on its port); returns the child and its combined output. */
-async function up(args: string[], at?: { cwd: string; port: number }) {
-  const folder = at ? { path: at.cwd, [Symbol.asyncDispose]: async () => {} } : await scratch("boxcar-up-");
-  const cwd = folder.path;
-  const port = at?.port ?? (await freePort());
-  const child = spawn(process.execPath, [BOXCAR_BIN, "up", "--port", String(port), "--log-format", "json", ...args], {
-    cwd,
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, BOXCAR_LOG_LEVEL: "info" },
-  });
-  let output = "";
-  child.stdout.setEncoding("utf8").on("data", (d: string) => (output += d));
-  child.stderr.setEncoding("utf8").on("data", (d: string) => (output += d));
-  return { child, cwd, port, output: () => output, [Symbol.asyncDispose]: () => folder[Symbol.asyncDispose]() };
-}
+import { spawnUp } from "./helpers/up.js";
 
 /** Pids of the live nats-server processes whose command line names `dir` (their config is there). */
 async function natsServerPids(dir: string): Promise<number[]> {
@@ -39,7 +24,7 @@ async function natsServerPids(dir: string): Promise<number[]> {
 }
 
 test("boxcar up --demo runs the demo job live, downloads its artifacts, and leaves no process behind", async () => {
-  await using run = await up(["--demo"]);
+  await using run = await spawnUp(["--demo"]);
   const result = await exited(run.child);
   const output = run.output();
   expect(output).toContain("boxcar is up");
@@ -52,7 +37,7 @@ test("boxcar up --demo runs the demo job live, downloads its artifacts, and leav
 }, 60_000);
 
 test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the next start", async () => {
-  await using run = await up([]);
+  await using run = await spawnUp([]);
   await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
   const started = await natsServerPids(run.cwd);
   expect(started).toHaveLength(1);
@@ -63,7 +48,7 @@ test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the n
 }, 60_000);
 
 test("a boxcar up killed with SIGKILL leaves its nats-server running; the next boxcar up in that folder stops it and starts", async () => {
-  await using first = await up([]);
+  await using first = await spawnUp([]);
   const ready = (run: { output(): string }) =>
     eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
   await ready(first);
@@ -72,7 +57,7 @@ test("a boxcar up killed with SIGKILL leaves its nats-server running; the next b
   await exited(first.child);
   expect(isAlive(orphan as number)).toBe(true);
 
-  await using second = await up([], { cwd: first.cwd, port: first.port });
+  await using second = await spawnUp([], { cwd: first.cwd, port: first.port });
   await ready(second);
   expect(second.output()).toContain(`stopped the nats-server (pid ${orphan}) an earlier boxcar up left running`);
   expect(isAlive(orphan as number)).toBe(false);
@@ -103,14 +88,14 @@ test("boxcar up on a port that is taken says so and exits 4, touching nothing th
 });
 
 test("boxcar up refuses to listen beyond this machine without --auth, and names the flag", async () => {
-  await using run = await up(["--listen", "0.0.0.0"]);
+  await using run = await spawnUp(["--listen", "0.0.0.0"]);
   expect(await exited(run.child)).toEqual({ code: 2, signal: null });
   expect(run.output()).toContain("add --auth");
   expect(await natsServerPids(run.cwd)).toEqual([]);
 }, 30_000);
 
 test("boxcar up --auth runs every role with its own credential; commands in its folder use the admin's, others need one", async () => {
-  await using run = await up(["--auth"]);
+  await using run = await spawnUp(["--auth"]);
   await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
   const url = `nats://127.0.0.1:${run.port}`;
   const cli = (args: string[], cwd: string) =>

@@ -152,6 +152,20 @@ export class AuthDir {
   }
 
   /**
+   * A credential for `user` that expires after `ttlSeconds` (the server drops its connection
+   * then), for a process that hands one to somewhere less trusted, as `boxcar ui` does to a
+   * browser. `user` must hold a live credential of `role`: revoking the user stops new ones, and
+   * those given out end within their lifetime. Not written to disk or to the users' list.
+   */
+  async mintShortLived(user: string, role: Role, ttlSeconds: number): Promise<string> {
+    if (!this.liveKeys(user).some((u) => u.role === role)) {
+      throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live ${role} credential in ${this.dir}`);
+    }
+    const { jwt, kp } = await this.userJwt(user, role, Math.floor(Date.now() / 1000) + ttlSeconds);
+    return new TextDecoder().decode(fmtCreds(jwt, kp));
+  }
+
+  /**
    * Revokes `user`'s credential: servers refuse it from the moment they learn the updated account
    * (`pushAccount`), and the file is kept on record only.
    */
@@ -273,17 +287,22 @@ export class AuthDir {
     return this.state.users.filter((u) => u.role === "dispatcher" && !u.revokedAt).map((u) => u.publicKey);
   }
 
-  private async writeUser(user: string, role: Role): Promise<string> {
+  /** A new key for `user`, and its JWT signed with `role`'s scoped key (expiring at `exp`, seconds since the epoch, if given). */
+  private async userJwt(user: string, role: Role, exp?: number): Promise<{ jwt: string; kp: KeyPair }> {
     const account = this.state.account;
-    const signer = await this.seed(`role-${role}`);
     const kp = createUser();
     const jwt = await encodeUser(
       user,
       kp,
       account,
       { tags: [`${ROLE_TAG}:${role}`], issuer_account: account },
-      { signer, scopedUser: true, algorithm: Algorithms.v2 },
+      { signer: await this.seed(`role-${role}`), scopedUser: true, algorithm: Algorithms.v2, ...(exp !== undefined ? { exp } : {}) },
     );
+    return { jwt, kp };
+  }
+
+  private async writeUser(user: string, role: Role): Promise<string> {
+    const { jwt, kp } = await this.userJwt(user, role);
     const file = this.credsFile(user);
     await writePrivate(file, fmtCreds(jwt, kp));
     this.state.users.push({ name: user, role, publicKey: kp.getPublicKey(), createdAt: new Date().toISOString() });

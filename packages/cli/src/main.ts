@@ -7,6 +7,7 @@ import { artifacts, cancel, clean, events, jobs, logs, retry, status, submit } f
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
+import { ui } from "./commands/ui.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
 import { workflow } from "./commands/workflow.js";
@@ -33,6 +34,7 @@ const COMMANDS: readonly Command[] = [
   workers,
   policy,
   auth,
+  ui,
 ];
 
 function help(): string {

@@ -13,10 +13,11 @@ export interface ListenAddress {
 }
 
 /**
- * Where a role's `health` or `metrics` endpoint listens: `--<name> HOST:PORT`, else
- * `$BOXCAR_<NAME>`, else the config file's `<name>`; checked; undefined when none is set.
+ * Where a role's `health` or `metrics` endpoint (or another HTTP server) listens: `--<name>
+ * HOST:PORT`, else `$BOXCAR_<NAME>`, else the config file's `<name>`; checked; undefined when
+ * none is set.
  */
-export function listenAddressFrom(name: EndpointName, flag: unknown, env: NodeJS.ProcessEnv, file?: string): ListenAddress | undefined {
+export function listenAddressFrom(name: string, flag: unknown, env: NodeJS.ProcessEnv, file?: string): ListenAddress | undefined {
   const variable = `BOXCAR_${name.toUpperCase()}`;
   const [source, value] = flag !== undefined ? [`--${name}`, String(flag)] : env[variable] ? [variable, env[variable]] : [name, file];
   if (value === undefined) return undefined;

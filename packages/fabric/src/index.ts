@@ -4,7 +4,7 @@ export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
 export { followKv, getJson, keysOf, listJson } from "./kv-json.js";
 export { isRevisionConflict, isStorageFull, isTransientJetStreamError, patiently } from "./nats-errors.js";
-export type { NatsClusterOptions, NatsServer, NatsServerOptions } from "./nats-server.js";
+export type { NatsClusterOptions, NatsServer, NatsServerOptions, NatsWebsocketOptions } from "./nats-server.js";
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
 export { removeObject } from "./objects.js";
 export type { ReadStreamOptions } from "./stream-reader.js";

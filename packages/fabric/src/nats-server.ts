@@ -23,6 +23,18 @@ export interface NatsServerOptions {
   cluster?: NatsClusterOptions;
   /** The most JetStream may keep on disk (`max_file_store`), in bytes; default: the server's own (a share of the disk). */
   maxFileStore?: number;
+  /** A WebSocket listener for browsers (the dashboard), without TLS: listen on a loopback address only. */
+  websocket?: NatsWebsocketOptions;
+}
+
+export interface NatsWebsocketOptions {
+  readonly host: string;
+  readonly port: number;
+  /**
+   * The only page origins whose connections are accepted (`http://host:port`). Required: without
+   * it any web page a local browser opens could use the listener, as whoever its server trusts.
+   */
+  readonly allowedOrigins: readonly string[];
 }
 
 export interface NatsClusterOptions {
@@ -83,6 +95,13 @@ function repoTool(): string {
   return new URL("../../../.boxcar/tools/bin/nats-server", import.meta.url).pathname;
 }
 
+/** The `websocket` block: plain WebSocket, no compression, only `allowedOrigins` (a server cannot reload this block). */
+function websocketBlock(ws: NatsWebsocketOptions): string {
+  if (ws.allowedOrigins.length === 0) throw new RangeError("a WebSocket listener needs the page origins it allows");
+  const origins = ws.allowedOrigins.map((o) => JSON.stringify(o)).join(", ");
+  return `websocket { listen: ${JSON.stringify(`${ws.host}:${ws.port}`)}, no_tls: true, compression: false, allowed_origins: [${origins}] }`;
+}
+
 /** Starts a nats-server with JetStream and waits until it accepts connections. */
 export async function startNatsServer(opts: NatsServerOptions = {}): Promise<NatsServer> {
   const binary = findNatsServer(opts.binary);
@@ -105,6 +124,7 @@ export async function startNatsServer(opts: NatsServerOptions = {}): Promise<Nat
       `jetstream { store_dir: ${JSON.stringify(join(storeDir, "jetstream"))}${opts.maxFileStore ? `, max_file_store: ${opts.maxFileStore}` : ""} }`,
       "max_payload: 1MB",
       opts.cluster ? clusterBlock(opts.cluster) : "",
+      opts.websocket ? websocketBlock(opts.websocket) : "",
       opts.extraConfig ?? "",
     ].join("\n"),
   );

@@ -5,8 +5,9 @@ import { fileURLToPath } from "node:url";
 import { AuthDir } from "@boxcar/auth";
 import { resolveConnection } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { type NatsServer, startNatsServer, WorkSigner } from "@boxcar/fabric";
+import { freePort, type NatsServer, startNatsServer, WorkSigner } from "@boxcar/fabric";
 import { isTerminal } from "@boxcar/protocol";
+import { startUiServer, type UiServer, type UiServerOptions } from "@boxcar/ui";
 import { createWorker, type Worker } from "@boxcar/worker";
 import type { Command } from "../command.js";
 import { openRoleSession, systemOptions, systemOptionsFrom } from "../context.js";
@@ -15,7 +16,11 @@ import { createLogger } from "../logger.js";
 import { describeEvent, describeJob } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { readAgentFile } from "./agent.js";
-import { logFormat, positiveInt, readLogFormat } from "./roles.js";
+import { logFormat, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
+import { serveDashboard } from "./ui.js";
+
+/** Where `boxcar up` serves the dashboard unless told otherwise (a free port when this one is taken). */
+const DASHBOARD_PORT = 4280;
 
 /** The examples shipped with Boxcar, at the root of the checkout this CLI runs from. */
 const EXAMPLE_AGENTS = fileURLToPath(new URL("../../../../examples/agents", import.meta.url));
@@ -25,7 +30,7 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 export const up: Command = {
   name: "up",
   usage:
-    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
+    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--ui PORT|off] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
   summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   maxArgs: 0,
   options: {
@@ -37,6 +42,7 @@ export const up: Command = {
     concurrency: { type: "string" },
     agents: { type: "string", multiple: true, default: [] },
     demo: { type: "boolean", default: false },
+    ui: { type: "string" },
     ...systemOptions,
     ...logFormat,
   },
@@ -76,14 +82,25 @@ export const up: Command = {
     const cleanup: (() => Promise<unknown>)[] = [];
     const prefix = ctx.values.prefix as string | undefined;
     const auth = withAuth ? await openAuthDir(join(dirname(storeDir), "auth"), prefix) : undefined;
+    const loginUrls: string[] = [];
+    const dashboard = await startDashboard(ctx.values.ui, {
+      prefix: prefix ?? "boxcar",
+      ...(auth ? { principal: { authDir: auth.dir, role: "viewer" as const, user: "viewer" } } : {}),
+      onLoginUrl: (url) => (loginUrls.length === 0 ? loginUrls.push(url) : say(`  dashboard: next login link ${url}`)),
+    });
+    if (dashboard) cleanup.push(() => dashboard.server.close());
     const server: NatsServer = await startNatsServer({
       port,
       host: listen,
       storeDir,
       serverName: "boxcar-up",
+      ...(dashboard ? { websocket: { host: "127.0.0.1", port: dashboard.wsPort, allowedOrigins: dashboard.server.origins } } : {}),
       ...(auth ? { extraConfig: await readFile(join(auth.dir, "auth.conf"), "utf8") } : {}),
+    }).catch(async (err: unknown) => {
+      await dashboard?.server.close();
+      throw err;
     });
-    cleanup.push(() => server.stop());
+    cleanup.unshift(() => server.stop());
     if (server.leftoverStopped !== undefined) {
       say(`stopped the nats-server (pid ${server.leftoverStopped}) an earlier boxcar up left running on ${storeDir}`);
     }
@@ -129,6 +146,9 @@ export const up: Command = {
       say(`boxcar is up: NATS ${server.url}${isLoopback(listen) ? "" : ` (listening on ${listen})`} (JetStream data in ${storeDir})`);
       if (auth) say(`  authentication on: credentials in ${auth.dir}; commands run in this folder use admin.creds`);
       say(`  1 dispatcher, ${workerCount} workers x ${concurrency} jobs, agents: ${definitions.map((d) => d.name).join(", ") || "(none)"}`);
+      if (dashboard) {
+        say(auth ? `  dashboard (as viewer): log in at ${loginUrls[0]} (the link works once)` : `  dashboard: ${dashboard.server.url}`);
+      }
       if (demo) return await runDemo(ctx, session.client, say);
       say("");
       say(`  export BOXCAR_NATS_URL=${server.url}`);
@@ -162,6 +182,25 @@ async function runDemo(ctx: Parameters<Command["run"]>[0], client: import("@boxc
     for (const file of written) say(`  ${file}`);
   }
   return final.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed;
+}
+
+/**
+ * The dashboard of `boxcar up`, on this machine only (`--ui PORT`, or `off`), with a free port
+ * for NATS's WebSocket listener: it must be known before the server starts, since a server cannot
+ * take a websocket block on reload.
+ */
+async function startDashboard(
+  flag: unknown,
+  opts: Pick<UiServerOptions, "prefix" | "principal" | "onLoginUrl">,
+): Promise<{ server: UiServer; wsPort: number } | undefined> {
+  if (flag === "off") return undefined;
+  const wsPort = await freePort();
+  const base = { ...opts, host: "127.0.0.1", natsWs: `ws://127.0.0.1:${wsPort}` };
+  if (flag !== undefined) return { server: await serveDashboard({ ...base, port: wholeNumber(flag, "--ui", 0, 65_535) }, "--ui"), wsPort };
+  const server = await startUiServer({ ...base, port: DASHBOARD_PORT }).catch((err: NodeJS.ErrnoException) =>
+    err.code === "EADDRINUSE" ? startUiServer({ ...base, port: 0 }) : Promise.reject(err),
+  );
+  return { server, wsPort };
 }
 
 function isLoopback(host: string): boolean {

@@ -1,0 +1,1 @@
+export { type Principal, startUiServer, type UiServer, type UiServerOptions } from "./server.js";

@@ -1,0 +1,201 @@
+/**
+ * One job: its record, its event timeline and its output, both read from history and then
+ * followed live on the job's own subjects, its result and artifacts (downloaded a chunk at a time
+ * through `jobs.artifact` and checked against their digest), and cancel or retry where the
+ * page's principal may (an admin on any job, a submitter on its own; a viewer sees no button).
+ */
+
+import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
+import { useEffect, useRef, useState } from "preact/hooks";
+import type { Api } from "../api.js";
+import { Badge, duration, Failure, html, when } from "../html.js";
+
+const ENDED = new Set(["succeeded", "failed", "timed_out", "cancelled", "dead", "expired", "rejected"]);
+/** The page keeps at most this much output (the newest); the CLI's `boxcar logs` has all. */
+const MAX_OUTPUT = 1 << 20;
+
+export function JobView({ api, id }: { api: Api; id: string }) {
+  const [job, setJob] = useState<JobRecord | undefined>(undefined);
+  const [events, setEvents] = useState<BoxcarEvent[]>([]);
+  const [output, setOutput] = useState("");
+  const [error, setError] = useState<Error | undefined>(undefined);
+  const [actionError, setActionError] = useState<Error | undefined>(undefined);
+
+  useEffect(() => {
+    let gone = false;
+    const stops: (() => void)[] = [];
+    const seen = new Set<string>();
+    const addEvents = (list: BoxcarEvent[]) => {
+      const fresh = list.flatMap(unfold).filter((e) => {
+        const key = JSON.stringify([e.kind, e.type, e.attempt, e.seq, e.at]);
+        if (seen.has(key)) return false;
+        seen.add(key);
+        return true;
+      });
+      if (fresh.length > 0 && !gone) setEvents((now) => [...now, ...fresh].sort((a, b) => a.at.localeCompare(b.at)));
+    };
+    const readOutput = async () => {
+      let text = "";
+      await api.logs(id, (_stream, chunk) => {
+        text = keepTail(text + chunk);
+      });
+      if (!gone) setOutput(text);
+    };
+    (async () => {
+      const first = await api.getJob(id);
+      if (gone) return;
+      setJob(first);
+      const owner = first.owner ?? "local";
+      const running = !ENDED.has(first.state);
+      // Live first, history second, so nothing published in between is missed; output that comes
+      // while the history is read may show twice until the job ends, when the record and the
+      // whole output are read again from the store.
+      const pending: string[] = [];
+      let historyRead = false;
+      if (running) {
+        const utf8 = new TextDecoder();
+        stops.push(
+          api.followBytes(api.names.subjects.jobLogs(owner, id), (data) => {
+            const text = utf8.decode(data, { stream: true });
+            if (!historyRead) pending.push(text);
+            else if (!gone) setOutput((now) => keepTail(now + text));
+          }),
+        );
+        stops.push(
+          api.follow<BoxcarEvent>(api.names.subjects.jobEvents(owner, id), (event) => {
+            addEvents([event]);
+            if (event.kind === "job" && ENDED.has(event.state)) {
+              void api.getJob(id).then((j) => !gone && setJob(j));
+              void readOutput();
+            } else if (event.kind === "job") void api.getJob(id).then((j) => !gone && setJob(j));
+          }),
+        );
+      }
+      const history = await api.history("jobs.events", id);
+      addEvents(history.events);
+      await readOutput();
+      historyRead = true;
+      if (pending.length > 0 && !gone) setOutput((now) => keepTail(now + pending.join("")));
+    })().catch((err: Error) => !gone && setError(err));
+    return () => {
+      gone = true;
+      for (const stop of stops) stop();
+    };
+  }, [id]);
+
+  const act = async (endpoint: "jobs.cancel" | "jobs.retry") => {
+    setActionError(undefined);
+    try {
+      setJob((await api.request<{ job: JobRecord }>(endpoint, { id })).job);
+    } catch (err) {
+      setActionError(err as Error);
+    }
+  };
+
+  if (error) return html`<section><h1>Job ${id}</h1><${Failure} error=${error} /></section>`;
+  if (!job) return html`<section><h1>Job ${id}</h1><p>Loading…</p></section>`;
+  const mayAct = api.mayAct(job.owner);
+  return html`
+    <section class="job">
+      <h1>Job <code>${job.id}</code> <${Badge} state=${job.state} /></h1>
+      <div class="actions">
+        ${mayAct && !ENDED.has(job.state) && html`<button data-action="cancel" disabled=${job.cancelRequested} onClick=${() => act("jobs.cancel")}>${job.cancelRequested ? "Cancelling…" : "Cancel"}</button>`}
+        ${mayAct && job.state === "dead" && html`<button data-action="retry" onClick=${() => act("jobs.retry")}>Retry</button>`}
+      </div>
+      <${Failure} error=${actionError} />
+      <dl class="facts">
+        <dt>agent</dt><dd>${job.agent}</dd>
+        <dt>pool</dt><dd>${job.pool}</dd>
+        <dt>owner</dt><dd>${job.owner ?? "local"}</dd>
+        <dt>attempt</dt><dd>${job.attempt}</dd>
+        <dt>created</dt><dd>${when(job.createdAt)}</dd>
+        ${job.startedAt && html`<dt>ran</dt><dd>${duration(job.startedAt, job.finishedAt)}${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
+        ${job.sandbox && html`<dt>sandbox</dt><dd>${job.sandbox.kind}: ${job.sandbox.reason}</dd>`}
+        ${job.chain?.run && html`<dt>workflow run</dt><dd><a href=${`#/run/${job.chain.run}`}>${job.chain.run}</a></dd>`}
+        ${job.handoff?.jobId && html`<dt>handed off to</dt><dd><a href=${`#/job/${job.handoff.jobId}`}>${job.handoff.to} (${job.handoff.jobId})</a></dd>`}
+      </dl>
+      ${job.error && html`<p class="error">${job.error.code}: ${job.error.message}</p>`}
+      ${
+        job.result &&
+        html`<h2>Result</h2>
+        ${job.result.summary && html`<p class="summary" data-summary>${job.result.summary}</p>`}
+        <pre class="result" data-result>${JSON.stringify(job.result.output, null, 2)}</pre>`
+      }
+      ${
+        job.artifacts.length > 0 &&
+        html`<h2>Artifacts</h2>
+        <ul class="artifacts">${job.artifacts.map((a) => html`<li><${Download} api=${api} jobId=${job.id} path=${a.path} size=${a.size} /></li>`)}</ul>`
+      }
+      <h2>Events</h2>
+      <ol class="timeline" data-timeline>
+        ${events.map((e) => html`<li data-event=${`${e.kind}.${e.type}`}><time>${e.at.slice(11, 23)}</time> <b>${e.kind}</b> ${e.type} <span>${describe(e)}</span></li>`)}
+      </ol>
+      <h2>Output</h2>
+      <${Output} text=${output} />
+    </section>
+  `;
+}
+
+function Output({ text }: { text: string }) {
+  const ref = useRef<HTMLPreElement>(null);
+  useEffect(() => {
+    const el = ref.current;
+    if (el) el.scrollTop = el.scrollHeight;
+  }, [text]);
+  return html`<pre class="output" data-output ref=${ref}>${text}</pre>`;
+}
+
+/** A button that downloads one artifact as a file: never opened in the page (an HTML artifact must not run here). */
+function Download({ api, jobId, path, size }: { api: Api; jobId: string; path: string; size: number }) {
+  const [state, setState] = useState<string>("");
+  const download = async () => {
+    setState("downloading…");
+    try {
+      const blob = await api.artifact(jobId, path);
+      const url = URL.createObjectURL(new Blob([blob], { type: "application/octet-stream" }));
+      const a = document.createElement("a");
+      a.href = url;
+      a.download = path.split("/").pop() ?? "artifact";
+      a.rel = "noopener";
+      a.click();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      setState("");
+    } catch (err) {
+      setState((err as Error).message);
+    }
+  };
+  return html`<button class="link" data-artifact=${path} onClick=${download}>${path}</button> <span class="size">${size} bytes</span> ${state && html`<span class="note">${state}</span>`}`;
+}
+
+function unfold(event: BoxcarEvent): BoxcarEvent[] {
+  if (event.kind !== "job" || !event.folded) return [event];
+  const { folded, ...last } = event;
+  return [...(folded as BoxcarEvent[]), last as BoxcarEvent];
+}
+
+function describe(e: BoxcarEvent): string {
+  if (e.kind === "job") {
+    return [
+      e.workerId && e.type === "started" ? `on ${e.workerId}` : "",
+      e.message ?? "",
+      e.error ? `${e.error.code}: ${e.error.message}` : "",
+    ]
+      .filter(Boolean)
+      .join(" · ");
+  }
+  if (e.kind === "sandbox") {
+    return [
+      `${e.backend} ${e.sandboxId}`,
+      e.start ?? "",
+      e.exitCode !== undefined && e.exitCode !== null ? `exit ${e.exitCode}` : "",
+      e.durationMs !== undefined ? `${Math.round(e.durationMs)} ms` : "",
+    ]
+      .filter(Boolean)
+      .join(" · ");
+  }
+  return "";
+}
+
+function keepTail(text: string): string {
+  return text.length > MAX_OUTPUT ? text.slice(-MAX_OUTPUT) : text;
+}

@@ -1,0 +1,131 @@
+/**
+ * One workflow run drawn as its graph of steps: a column per depth of `needs`, an arrow from each
+ * needed step, each step coloured by its state and followed live on the run's events; below, each
+ * step's jobs. Cancel where the page's principal may.
+ */
+
+import type { WorkflowRun, WorkflowStep } from "@boxcar/protocol";
+import { useState } from "preact/hooks";
+import type { Api } from "../api.js";
+import { Badge, duration, Failure, html, useLive, when } from "../html.js";
+
+const NODE_W = 170;
+const NODE_H = 46;
+const GAP_X = 70;
+const GAP_Y = 24;
+
+export function RunView({ api, id }: { api: Api; id: string }) {
+  const [owner, setOwner] = useState<string | undefined>(undefined);
+  const [actionError, setActionError] = useState<Error | undefined>(undefined);
+  const live = useLive(
+    api,
+    async () => {
+      const { run } = await api.request<{ run: WorkflowRun }>("workflows.get", { id });
+      setOwner(run.owner ?? "local");
+      return run;
+    },
+    // The owner is known after the first read; then the run's own events drive the page.
+    { subjects: owner ? [api.names.subjects.runEvents(owner, id)] : [], deps: [id, owner], everyMs: owner ? undefined : 1000 },
+  );
+  const run = live.value;
+  if (!run) return html`<section><h1>Run ${id}</h1><${Failure} error=${live.error} /></section>`;
+  const cancel = async () => {
+    setActionError(undefined);
+    try {
+      await api.request("workflows.cancel", { id });
+      live.reload();
+    } catch (err) {
+      setActionError(err as Error);
+    }
+  };
+  return html`
+    <section class="run">
+      <h1>Run <code>${run.id}</code> <${Badge} state=${run.state} /></h1>
+      <div class="actions">
+        ${api.mayAct(run.owner) && run.state === "running" && html`<button data-action="cancel-run" onClick=${cancel}>Cancel run</button>`}
+      </div>
+      <${Failure} error=${actionError ?? live.error} />
+      <dl class="facts">
+        <dt>workflow</dt><dd>${run.workflow.name}</dd>
+        <dt>owner</dt><dd>${run.owner ?? "local"}</dd>
+        <dt>created</dt><dd>${when(run.createdAt)}</dd>
+        <dt>took</dt><dd>${duration(run.createdAt, run.finishedAt)}</dd>
+      </dl>
+      ${run.error && html`<p class="error">${run.error.code}: ${run.error.message}</p>`}
+      <${Graph} run=${run} />
+      <h2>Steps</h2>
+      <table class="steps">
+        <thead><tr><th>step</th><th>agent</th><th>state</th><th>jobs</th><th>note</th></tr></thead>
+        <tbody>
+          ${run.workflow.steps.map((step) => {
+            const s = run.steps[step.name];
+            return html`<tr data-step=${step.name}>
+              <td>${step.name}</td>
+              <td>${step.agent}</td>
+              <td><${Badge} state=${s?.state ?? "pending"} /></td>
+              <td>${(s?.instances ?? []).flatMap((i) => i.jobs).map((j) => html`<a href=${`#/job/${j}`}>${j}</a> `)}</td>
+              <td>${s?.reason ?? ""}</td>
+            </tr>`;
+          })}
+        </tbody>
+      </table>
+      ${run.output !== undefined && html`<h2>Output</h2><pre class="result">${JSON.stringify(run.output, null, 2)}</pre>`}
+    </section>
+  `;
+}
+
+/** The steps as an SVG graph: x by depth in `needs`, y by order within that depth. */
+function Graph({ run }: { run: WorkflowRun }) {
+  const place = layout(run.workflow.steps);
+  const width = Math.max(...[...place.values()].map((p) => p.x)) + NODE_W + 2;
+  const height = Math.max(...[...place.values()].map((p) => p.y)) + NODE_H + 2;
+  return html`
+    <svg class="dag" data-dag width=${width} height=${height} viewBox=${`0 0 ${width} ${height}`} role="img" aria-label="steps of the run">
+      <defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" /></marker></defs>
+      ${run.workflow.steps.flatMap((step) =>
+        step.needs.map((need) => {
+          const from = place.get(need);
+          const to = place.get(step.name);
+          if (!from || !to) return null;
+          const [x1, y1, x2, y2] = [from.x + NODE_W, from.y + NODE_H / 2, to.x, to.y + NODE_H / 2];
+          const mid = (x1 + x2) / 2;
+          return html`<path class="edge" d=${`M ${x1} ${y1} C ${mid} ${y1}, ${mid} ${y2}, ${x2} ${y2}`} marker-end="url(#arrow)" />`;
+        }),
+      )}
+      ${run.workflow.steps.map((step) => {
+        const p = place.get(step.name) ?? { x: 0, y: 0 };
+        const s = run.steps[step.name];
+        const state = s?.state ?? "pending";
+        const jobs = (s?.instances ?? []).length;
+        return html`<g class=${`node state-${state}`} data-node=${step.name} data-state=${state} transform=${`translate(${p.x + 1} ${p.y + 1})`}>
+          <rect width=${NODE_W} height=${NODE_H} rx="6" />
+          <text x="10" y="19" class="name">${step.name}</text>
+          <text x="10" y="36" class="detail">${state}${jobs > 1 ? ` · ${jobs} jobs` : ""} · ${step.agent}</text>
+        </g>`;
+      })}
+    </svg>
+  `;
+}
+
+function layout(steps: readonly WorkflowStep[]): Map<string, { x: number; y: number }> {
+  const needs = new Map(steps.map((s) => [s.name, s.needs]));
+  const depth = new Map<string, number>();
+  const depthOf = (name: string, seen: Set<string> = new Set()): number => {
+    const known = depth.get(name);
+    if (known !== undefined) return known;
+    if (seen.has(name)) return 0; // a cycle is refused when the run starts; never loop on one
+    seen.add(name);
+    const d = Math.max(-1, ...(needs.get(name) ?? []).map((n) => depthOf(n, seen))) + 1;
+    depth.set(name, d);
+    return d;
+  };
+  const rows = new Map<number, number>();
+  const place = new Map<string, { x: number; y: number }>();
+  for (const step of steps) {
+    const d = depthOf(step.name);
+    const row = rows.get(d) ?? 0;
+    rows.set(d, row + 1);
+    place.set(step.name, { x: d * (NODE_W + GAP_X), y: row * (NODE_H + GAP_Y) });
+  }
+  return place;
+}

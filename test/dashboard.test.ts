@@ -1,0 +1,210 @@
+/**
+ * The web dashboard in a real browser (Debian's Chromium, headless, driven by playwright-core)
+ * against a real system started as a new user would, `boxcar up`: jobs appear live, output
+ * streams in, an artifact downloads, cancel stops a running job, a workflow's graph shows its
+ * steps' states, dead letters are retried in bulk. Each main page is saved as a screenshot under
+ * `.boxcar/screenshots/` for a person to look at.
+ */
+
+import { mkdir, readFile } from "node:fs/promises";
+import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { names } from "@boxcar/protocol";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
+import { eventually, exited } from "./helpers/cli.js";
+import { spawnUp, type UpProcess } from "./helpers/up.js";
+
+const chromiumPath = browserPath();
+
+describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => {
+  let up: UpProcess;
+  let dashboard: string;
+  let browser: Browser;
+  let nc: NatsConnection;
+  let client: BoxcarClient;
+
+  beforeAll(async () => {
+    up = await spawnUp(["--ui", "0"]);
+    dashboard = await eventually(
+      async () => /dashboard: (http:\/\/\S+)/.exec(up.output())?.[1],
+      "boxcar up to print its dashboard",
+      30_000,
+    );
+    nc = await connectNats(resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }), "dashboard-test");
+    client = createClient({ nc, names: names() });
+    await client.applyAgent({
+      name: "ticker",
+      description: "prints a numbered line every 100 ms, as many as its input says, then writes two files",
+      command: [
+        "node",
+        "-e",
+        `const fs = require("node:fs");
+         const n = JSON.parse(fs.readFileSync(process.env.BOXCAR_INPUT_FILE, "utf8")).lines;
+         let i = 0;
+         const tick = setInterval(() => {
+           console.log("tick " + ++i + (i === 1 ? " <img src=x onerror=document.title='pwned'>" : ""));
+           if (i < n) return;
+           clearInterval(tick);
+           fs.writeFileSync(process.env.BOXCAR_OUTPUT_DIR + "/numbers.txt", Array.from({ length: n }, (_, k) => k + 1).join("\\n"));
+           fs.writeFileSync(process.env.BOXCAR_OUTPUT_DIR + "/page.html", "<script>document.title='pwned'</script>");
+           fs.writeFileSync(process.env.BOXCAR_RESULT_FILE, JSON.stringify({ output: { lines: n }, summary: n + " ticks" }));
+         }, 100);`,
+      ],
+      trusted: true,
+      runtime: { sandbox: "host", timeout: "2m" },
+    });
+    await client.applyAgent({
+      name: "doomed",
+      description: "always fails, and is retried once at once: its jobs end dead",
+      command: ["sh", "-c", "echo giving up >&2; exit 1"],
+      trusted: true,
+      runtime: { sandbox: "host", timeout: "30s" },
+      retry: { maxAttempts: 2, delay: 0, backoff: "fixed", jitter: false },
+    });
+    browser = await chromium.launch({ executablePath: chromiumPath as string });
+    await mkdir(SCREENSHOTS, { recursive: true });
+  }, 60_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    await nc?.close();
+    if (up) {
+      up.child.kill("SIGINT");
+      await exited(up.child);
+      await up[Symbol.asyncDispose]();
+    }
+  });
+
+  /** A fresh page on the dashboard, failing the test on any script error in it. */
+  async function open(path = ""): Promise<Page> {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 860 }, acceptDownloads: true });
+    page.on("pageerror", (err) => {
+      throw err;
+    });
+    await page.goto(`${dashboard}/${path}`);
+    await page.locator("[data-who]").waitFor();
+    return page;
+  }
+
+  test("a submitted job appears on the jobs page live and reaches succeeded there", async () => {
+    const page = await open("#/jobs");
+    await page.locator("text=2 jobs").or(page.locator(".total")).first().waitFor();
+    const { job } = await client.submit({ agent: "ticker", input: { lines: 15 } });
+    const row = page.locator(`tr[data-job="${job.id}"]`);
+    // The page was loaded before the job existed: it shows it without a reload.
+    await row.waitFor({ timeout: 10_000 });
+    await row.locator('[data-state="succeeded"]').waitFor({ timeout: 20_000 });
+    expect(await client.getJob(job.id)).toMatchObject({ state: "succeeded" });
+    await page.screenshot({ path: `${SCREENSHOTS}/jobs.png` });
+    await page.close();
+  }, 40_000);
+
+  test("a running job's page streams its output, shows its timeline and result, and downloads an artifact", async () => {
+    const { job } = await client.submit({ agent: "ticker", input: { lines: 40 } });
+    const page = await open(`#/job/${job.id}`);
+    const output = page.locator("[data-output]");
+    // Lines arrive while the job runs: a middle line is seen before the job has ended.
+    await expect.poll(async () => /tick 1[0-9]/.test((await output.textContent()) ?? ""), { timeout: 15_000 }).toBe(true);
+    expect((await client.getJob(job.id)).state).toBe("running");
+    await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 20_000 });
+    const text = (await output.textContent()) ?? "";
+    // Every line once, in order, though some came live and some from the store.
+    const ticks = text.split("\n").flatMap((line) => /^tick (\d+)/.exec(line)?.[1] ?? []);
+    expect(ticks).toEqual(Array.from({ length: 40 }, (_, k) => String(k + 1)));
+    // Output is text: markup an agent prints is shown, never run.
+    expect(text).toContain("<img src=x onerror=document.title='pwned'>");
+    expect(await page.locator("[data-output] img").count()).toBe(0);
+    await expect.poll(() => page.locator('[data-event="job.succeeded"]').count()).toBe(1);
+    expect(await page.locator('[data-event="sandbox.exec_exited"]').count()).toBe(1);
+    expect(await page.locator("[data-summary]").textContent()).toBe("40 ticks");
+
+    const [download] = await Promise.all([page.waitForEvent("download"), page.locator('[data-artifact="out/numbers.txt"]').click()]);
+    expect(download.suggestedFilename()).toBe("numbers.txt");
+    expect(await readFile(await download.path(), "utf8")).toBe(Array.from({ length: 40 }, (_, k) => k + 1).join("\n"));
+    // An HTML artifact is downloaded as a file too, never opened in the dashboard's origin.
+    const [html] = await Promise.all([page.waitForEvent("download"), page.locator('[data-artifact="out/page.html"]').click()]);
+    expect(await readFile(await html.path(), "utf8")).toContain("<script>");
+    expect(await page.title()).toBe("Boxcar");
+    await page.screenshot({ path: `${SCREENSHOTS}/job.png`, fullPage: true });
+    await page.close();
+  }, 60_000);
+
+  test("cancel on a running job's page stops it", async () => {
+    const { job } = await client.submit({ agent: "ticker", input: { lines: 600 } });
+    const page = await open(`#/job/${job.id}`);
+    await expect
+      .poll(async () => ((await page.locator("[data-output]").textContent()) ?? "").includes("tick 3"), { timeout: 15_000 })
+      .toBe(true);
+    await page.locator('[data-action="cancel"]').click();
+    await page.locator('h1 [data-state="cancelled"]').waitFor({ timeout: 20_000 });
+    const ended = await client.getJob(job.id);
+    expect(ended.state).toBe("cancelled");
+    // It stopped long before its 600 ticks (a minute).
+    expect(Date.parse(ended.finishedAt as string) - Date.parse(ended.startedAt as string)).toBeLessThan(30_000);
+    expect(await page.locator('[data-action="cancel"]').count()).toBe(0);
+    await page.close();
+  }, 40_000);
+
+  test("a workflow run's page draws its steps and their states live", async () => {
+    const page = await open("#/runs");
+    const { run } = await client.startRun({
+      workflow: {
+        name: "fan",
+        steps: [
+          { name: "plan", agent: "ticker", input: { lines: 5 } },
+          { name: "left", agent: "ticker", needs: ["plan"], input: { lines: 20 } },
+          { name: "right", agent: "ticker", needs: ["plan"], input: { lines: 3 } },
+          { name: "join", agent: "ticker", needs: ["left", "right"], input: { lines: 1 } },
+        ],
+      },
+    });
+    await page.locator(`tr[data-run="${run.id}"]`).waitFor({ timeout: 10_000 });
+    await page.locator(`tr[data-run="${run.id}"] a`).click();
+    const node = (step: string) => page.locator(`[data-dag] [data-node="${step}"]`);
+    // Seen running on the graph, then every step succeeded, without a reload.
+    await node("left").and(page.locator('[data-state="running"]')).waitFor({ timeout: 20_000 });
+    for (const step of ["plan", "left", "right", "join"]) {
+      await node(step).and(page.locator('[data-state="succeeded"]')).waitFor({ timeout: 30_000 });
+    }
+    expect(await page.locator("[data-dag] path.edge").count()).toBe(4);
+    await page.locator('h1 [data-state="succeeded"]').waitFor();
+    await page.screenshot({ path: `${SCREENSHOTS}/workflow.png`, fullPage: true });
+    await page.goto(`${dashboard}/#/runs`);
+    await page.locator(`tr[data-run="${run.id}"]`).waitFor();
+    await page.screenshot({ path: `${SCREENSHOTS}/runs.png` });
+    await page.close();
+  }, 60_000);
+
+  test("dead letters are retried in bulk from the page", async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await client.submit({ agent: "doomed", input: null })).job.id);
+    for (const id of ids) await eventually(async () => ((await client.getJob(id)).state === "dead" ? true : undefined), `${id} to die`);
+    const page = await open("#/dead");
+    for (const id of ids) await page.locator(`tr[data-job="${id}"]`).waitFor();
+    await page.screenshot({ path: `${SCREENSHOTS}/dead.png` });
+    for (const id of ids) await page.locator(`tr[data-job="${id}"] input[type=checkbox]`).check();
+    await page.locator('[data-action="retry-selected"]').click();
+    await page.locator("[data-outcome] li").nth(2).waitFor();
+    const outcome = (await page.locator("[data-outcome]").textContent()) ?? "";
+    for (const id of ids) expect(outcome).toContain(`${id}: queued`);
+    // Each went round again with a fresh budget of two attempts, and died again (the agent always fails).
+    for (const id of ids) {
+      await eventually(async () => {
+        const job = await client.getJob(id);
+        return job.state === "dead" && job.attempt === 4 ? true : undefined;
+      }, `${id} to run two more attempts`);
+    }
+    await page.close();
+  }, 60_000);
+
+  test("the workers page shows each worker's load and sandboxes", async () => {
+    const page = await open("#/workers");
+    await expect.poll(() => page.locator("table.workers tbody tr").count(), { timeout: 10_000 }).toBe(2);
+    expect(await page.locator('table.workers [data-state="live"]').count()).toBe(2);
+    expect(await page.locator("table.workers").textContent()).toContain("host");
+    await page.screenshot({ path: `${SCREENSHOTS}/workers.png` });
+    await page.close();
+  }, 30_000);
+});
