@@ -2,7 +2,15 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { AuthDir } from "@boxcar/auth";
 import { connectNats, resolveConnection } from "@boxcar/client";
-import { type NatsServer, openTopology, startNatsServer, type Topology, type TopologyOptions, WorkSigner } from "@boxcar/fabric";
+import {
+  type NatsServer,
+  type NatsServerOptions,
+  openTopology,
+  startNatsServer,
+  type Topology,
+  type TopologyOptions,
+  WorkSigner,
+} from "@boxcar/fabric";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { scratch } from "./scratch.js";
 
@@ -41,7 +49,10 @@ export interface NatsFixture extends AsyncDisposable {
  * A real nats-server on a free port with a temporary store, run with the config `boxcar auth
  * init` writes, so every test runs with authentication on and each role on its own credential.
  */
-export async function natsFixture(opts: TopologyOptions = {}, serverOpts: { host?: string } = {}): Promise<NatsFixture> {
+export async function natsFixture(
+  opts: TopologyOptions = {},
+  serverOpts: Pick<NatsServerOptions, "host" | "websocket"> = {},
+): Promise<NatsFixture> {
   const prefix = opts.prefix ?? uniquePrefix();
   const dir = await scratch("boxcar-auth-");
   const auth = await AuthDir.init(join(dir.path, "auth"), { prefix });

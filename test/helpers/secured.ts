@@ -35,8 +35,8 @@ export interface SecuredSystem extends AsyncDisposable {
   readonly logLines: string[];
 }
 
-export async function securedSystem(): Promise<SecuredSystem> {
-  const nats = await natsFixture();
+export async function securedSystem(opts: { prefix?: string; server?: Parameters<typeof natsFixture>[1] } = {}): Promise<SecuredSystem> {
+  const nats = await natsFixture(opts.prefix ? { prefix: opts.prefix } : {}, opts.server);
   const { auth, server } = nats;
   const prefix = nats.topology.names.prefix;
   const logLines: string[] = [];

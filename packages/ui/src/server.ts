@@ -46,7 +46,10 @@ export interface UiServerOptions {
 export interface UiServer {
   /** The dashboard's address (`http://host:port`). */
   readonly url: string;
-  /** The origins the NATS WebSocket listener must allow (`allowed_origins`). */
+  /**
+   * The origins the NATS WebSocket listener must allow (`allowed_origins`). nats-server 2.10
+   * keeps one per host name (the last listed), so two dashboards on one host need two names.
+   */
   readonly origins: readonly string[];
   close(): Promise<void>;
 }
@@ -166,8 +169,13 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
     } else if (cookie === undefined || !sessions.has(cookie)) {
       return reply(res, 401, { error: "not logged in: open the login link boxcar ui printed" });
     }
-    const auth = await AuthDir.open(principal.authDir); // read again: a revoked user gets no more
-    const creds = await auth.mintShortLived(principal.user, principal.role, CREDS_TTL_S);
+    let creds: string;
+    try {
+      const auth = await AuthDir.open(principal.authDir); // read again: a revoked user gets no more
+      creds = await auth.mintShortLived(principal.user, principal.role, CREDS_TTL_S);
+    } catch (err) {
+      return reply(res, 403, { error: `no credential for ${principal.role} ${principal.user}: ${(err as Error).message}` });
+    }
     return reply(res, 200, { ...base, role: principal.role, user: principal.user, creds, expiresAt: now + CREDS_TTL_S * 1000 }, headers);
   }
 

@@ -89,7 +89,9 @@ async function start(root: HTMLElement): Promise<void> {
   const token = /^#t=([A-Za-z0-9_-]+)$/.exec(location.hash)?.[1];
   if (token) history.replaceState(null, "", `${location.pathname}#/jobs`);
   const session = await askSession(token);
-  const api = await Api.connect(session);
+  const api = await Api.connect(session).catch((err: Error) => {
+    throw new Error(`could not connect to NATS at ${session.ws}: ${err.message || err.name}`);
+  });
   keepRenewing(api, session);
   void api.closed().then((err) => {
     document.body.dataset.connection = "closed";

@@ -61,15 +61,14 @@ export function JobView({ api, id }: { api: Api; id: string }) {
             else if (!gone) setOutput((now) => keepTail(now + text));
           }),
         );
-        stops.push(
-          api.follow<BoxcarEvent>(api.names.subjects.jobEvents(owner, id), (event) => {
-            addEvents([event]);
-            if (event.kind === "job" && ENDED.has(event.state)) {
-              void api.getJob(id).then((j) => !gone && setJob(j));
-              void readOutput();
-            } else if (event.kind === "job") void api.getJob(id).then((j) => !gone && setJob(j));
-          }),
-        );
+        const onEvent = (event: BoxcarEvent) => {
+          addEvents([event]);
+          if (event.kind !== "job") return;
+          void api.getJob(id).then((j) => !gone && setJob(j));
+          if (ENDED.has(event.state)) void readOutput();
+        };
+        // One subscription per kind: a submitter may subscribe to its own job and sandbox events, not to any kind's.
+        for (const kind of ["job", "sandbox"] as const) stops.push(api.follow(api.names.subjects.event(kind, id, "*", owner), onEvent));
       }
       const history = await api.history("jobs.events", id);
       addEvents(history.events);
