@@ -36,6 +36,11 @@ export interface BoxcarPathOptions {
   separateObserver?: boolean;
   /** Run no worker here: the jobs are for workers started elsewhere (default false). */
   noWorker?: boolean;
+  /**
+   * The registries the dispatcher and the worker keep their Prometheus metrics in, as a role's
+   * `--metrics` endpoint gives them; default none (or one for both with BENCH_METRICS=1).
+   */
+  metrics?: { dispatcher: Registry; worker: Registry };
 }
 
 /** Every revision of a job record the shared watcher saw, with when it saw it. */
@@ -81,16 +86,17 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
   const topology = async (nc: NatsConnection): Promise<Topology> => openTopology(nc, { prefix: opts.prefix });
   const dispatcherSeed = resolved("dispatcher").seed;
   // BENCH_METRICS=1: both roles keep their Prometheus metrics, as with --metrics (nothing scrapes them).
-  const metrics = process.env.BENCH_METRICS === "1" ? { metrics: new Registry() } : {};
+  const shared = process.env.BENCH_METRICS === "1" ? new Registry() : undefined;
+  const registries = opts.metrics ?? (shared ? { dispatcher: shared, worker: shared } : undefined);
   const dispatcher: Dispatcher = await startDispatcher({
-    ...metrics,
+    ...(registries ? { metrics: registries.dispatcher } : {}),
     topology: await topology(connections.dispatcher),
     ...(auth && dispatcherSeed && opts.signWork !== false ? { signer: new WorkSigner(dispatcherSeed) } : {}),
   });
   const worker: Worker | undefined = opts.noWorker
     ? undefined
     : createWorker({
-        ...metrics,
+        ...(registries ? { metrics: registries.worker } : {}),
         topology: await topology(connections.worker),
         concurrency: opts.concurrency,
         providers: opts.providers,

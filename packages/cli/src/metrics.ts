@@ -13,13 +13,20 @@ export class MetricsEndpoint implements AsyncDisposable {
   readonly registry = new Registry();
   private readonly endpoint: RoleEndpoint;
 
-  constructor(private readonly log: Logger) {
-    collectDefaultMetrics({ register: this.registry });
+  private constructor(private readonly log: Logger) {
     this.endpoint = new RoleEndpoint("metrics", log, (req, res) => void this.answer(req, res));
   }
 
-  listen(address: ListenAddress): Promise<void> {
-    return this.endpoint.listen(address);
+  /**
+   * The endpoint listening on `address`; none without an address, so a role started without
+   * `--metrics` collects nothing (the process metrics watch the event loop and the GC).
+   */
+  static async open(address: ListenAddress | undefined, log: Logger): Promise<MetricsEndpoint | undefined> {
+    if (!address) return undefined;
+    const endpoint = new MetricsEndpoint(log);
+    await endpoint.endpoint.listen(address);
+    collectDefaultMetrics({ register: endpoint.registry });
+    return endpoint;
   }
 
   private async answer(req: IncomingMessage, res: ServerResponse): Promise<void> {

@@ -55,8 +55,7 @@ export const dispatcher: Command = {
     health.report(() => phase);
     if (healthAddress) await health.listen(healthAddress);
     const metricsAddress = listenAddressFrom("metrics", ctx.values.metrics, ctx.io.env);
-    await using metrics = new MetricsEndpoint(logger);
-    if (metricsAddress) await metrics.listen(metricsAddress);
+    await using metrics = await MetricsEndpoint.open(metricsAddress, logger);
     await using _tracing = await startRoleTracing("boxcar-dispatcher", ctx.io.env, logger);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
@@ -78,7 +77,7 @@ export const dispatcher: Command = {
         logger,
         signal,
         ...(signer ? { signer } : {}),
-        ...(metricsAddress ? { metrics: metrics.registry } : {}),
+        ...(metrics ? { metrics: metrics.registry } : {}),
       }),
       logger,
     );

@@ -68,8 +68,7 @@ export const worker: Command = {
     // Listening before NATS is reached: a worker waiting for the cluster is alive, not ready.
     await using health = new HealthEndpoint(logger);
     if (healthAddress) await health.listen(healthAddress);
-    await using metrics = new MetricsEndpoint(logger);
-    if (metricsAddress) await metrics.listen(metricsAddress);
+    await using metrics = await MetricsEndpoint.open(metricsAddress, logger);
     await using _tracing = await startRoleTracing("boxcar-worker", ctx.io.env, logger);
     const { signal } = ctx.io;
     await using session = await unlessStopped(
@@ -89,7 +88,7 @@ export const worker: Command = {
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,
       ...(verifier ? { dispatcherKeys: verifier } : {}),
-      ...(metricsAddress ? { metrics: metrics.registry } : {}),
+      ...(metrics ? { metrics: metrics.registry } : {}),
       ...(agentTraces ? { agentTracing: { OTEL_EXPORTER_OTLP_ENDPOINT: agentTraces } } : {}),
     });
     health.report(() => (w.accepting ? "ready" : w.state === "idle" || w.state === "running" ? "starting" : w.state));
