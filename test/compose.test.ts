@@ -1,4 +1,5 @@
 import { execFile } from "node:child_process";
+import { request } from "node:http";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -49,6 +50,8 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       BOXCAR_AUTH_DIR: join(dir.path, "auth"),
       BOXCAR_PREFIX: prefix,
       BOXCAR_NATS_PORT: String(await freePort()),
+      BOXCAR_UI_PORT: String(await freePort()),
+      BOXCAR_WS_PORT: String(await freePort()),
       E2B_API_KEY: e2b.apiKey,
       E2B_API_URL: fromContainers(e2b.apiUrl),
       E2B_SANDBOX_URL: fromContainers(e2b.sandboxUrl),
@@ -88,6 +91,47 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     process.stderr.write(`${logs.stdout}\n`);
   };
 
+  test("the ui service serves the dashboard: its login link gives a viewer's session, and NATS's WebSocket takes only its origin", async () => {
+    const ui = `http://127.0.0.1:${env.BOXCAR_UI_PORT}`;
+    const link = await eventually(
+      async () => {
+        const logs = await compose("logs", "--no-color", "ui").catch(() => ({ stdout: "" }));
+        return new RegExp(`log in: ${ui}/#t=([A-Za-z0-9_-]+)`).exec(logs.stdout)?.[1];
+      },
+      "the ui service to print its login link",
+      60_000,
+    );
+    const page = await fetch(`${ui}/`);
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-security-policy")).toContain("script-src 'self'");
+    const session = await fetch(`${ui}/session`, { method: "POST", headers: { authorization: `Bearer ${link}` } });
+    expect(session.status).toBe(200);
+    expect(await session.json()).toMatchObject({ role: "viewer", user: "viewer", ws: `ws://127.0.0.1:${env.BOXCAR_WS_PORT}` });
+    const upgrade = (origin: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = request({
+          host: "127.0.0.1",
+          port: Number(env.BOXCAR_WS_PORT),
+          headers: {
+            origin,
+            connection: "Upgrade",
+            upgrade: "websocket",
+            "sec-websocket-version": "13",
+            "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+          },
+        });
+        req.on("upgrade", (_res, socket) => {
+          socket.destroy();
+          resolve(101);
+        });
+        req.on("response", (res) => resolve(res.statusCode ?? 0));
+        req.on("error", reject);
+        req.end();
+      });
+    expect(await upgrade(ui)).toBe(101);
+    expect(await upgrade("http://evil.example")).toBe(403);
+  }, 90_000);
+
   test(`${JOBS} jobs all succeed once while a NATS server and a worker are killed; down -v leaves nothing`, async () => {
     const auth = await AuthDir.open(join(dir.path, "auth"));
     const url = `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`;
@@ -106,10 +150,10 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
         process.stderr.write(`${ps.stdout}\n${logs.stdout}\n`);
         throw err;
       });
-      // Every role's own health check (its /readyz) passes once it works.
+      // Every role's own health check (its /readyz) passes once it works (the dashboard is no role).
       const docker = new Docker();
       const roles = (await docker.listContainers({ filters: { label: [`com.docker.compose.project=${project}`] } })).filter(
-        (c) => !/_nats\d_/.test(c.Names[0] ?? ""),
+        (c) => !/_(nats\d|ui)_/.test(c.Names[0] ?? ""),
       );
       expect(roles.length).toBe(5);
       for (const c of roles) {

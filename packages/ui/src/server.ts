@@ -37,14 +37,17 @@ export interface UiServerOptions {
   readonly prefix: string;
   /** Absent: the NATS server has no authentication, and the page is its admin (`local`), as any local client is. */
   readonly principal?: Principal;
-  /** Other Host names this server is reached by (behind a proxy, say), beyond its listen address, `localhost` and `127.0.0.1`. */
+  /**
+   * Other `host:port`s this server is reached by (a published port, a proxy), beyond its listen
+   * address, `localhost` and `127.0.0.1`; the first is the one the login links name.
+   */
   readonly hostNames?: readonly string[];
   /** Told of each new login URL: one at start, and a fresh one each time one is used. */
   readonly onLoginUrl?: (url: string) => void;
 }
 
 export interface UiServer {
-  /** The dashboard's address (`http://host:port`). */
+  /** The dashboard's address as people reach it (`http://host:port`). */
   readonly url: string;
   /**
    * The origins the NATS WebSocket listener must allow (`allowed_origins`). nats-server 2.10
@@ -115,9 +118,15 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
   });
   const port = (server.address() as AddressInfo).port;
   const hostPart = opts.host.includes(":") ? `[${opts.host}]` : opts.host;
-  const url = `http://${hostPart}:${port}`;
+  const listening = `http://${hostPart}:${port}`;
+  // Where people reach it: a name given, else this machine's loopback for an any-address listener.
+  const url = opts.hostNames?.[0]
+    ? `http://${opts.hostNames[0]}`
+    : opts.host === "0.0.0.0" || opts.host === "::"
+      ? `http://127.0.0.1:${port}`
+      : listening;
   const hosts = new Set([`${hostPart}:${port}`, `localhost:${port}`, `127.0.0.1:${port}`, ...(opts.hostNames ?? [])]);
-  const origins = [...new Set([url, `http://localhost:${port}`, `http://127.0.0.1:${port}`])];
+  const origins = [...new Set([url, listening, `http://localhost:${port}`, `http://127.0.0.1:${port}`])];
 
   const newLoginUrl = () => {
     if (!opts.principal) return;
@@ -129,7 +138,7 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (!hosts.has(req.headers.host ?? "")) return reply(res, 421, { error: `this dashboard answers to ${[...hosts].join(", ")} only` });
-    const path = new URL(req.url ?? "/", url).pathname;
+    const path = new URL(req.url ?? "/", listening).pathname;
     if (path === "/session") {
       if (req.method !== "POST") return reply(res, 405, { error: "POST /session" }, { allow: "POST" });
       const origin = req.headers.origin;
