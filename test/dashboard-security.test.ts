@@ -16,7 +16,7 @@ import { startUiServer, type UiServer } from "@boxcar/ui";
 import { type Browser, type BrowserContext, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath } from "./helpers/browser.js";
-import { boxcar } from "./helpers/cli.js";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { uniquePrefix } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
@@ -27,7 +27,7 @@ const chromiumPath = browserPath();
 function postSession(
   base: string,
   headers: Record<string, string>,
-): Promise<{ status: number; body: Record<string, unknown>; cookie?: string }> {
+): Promise<{ status: number; body: Record<string, unknown>; cookie?: string; setCookie?: string }> {
   const url = new URL(`${base}/session`);
   return new Promise((resolve, reject) => {
     const req = request({ host: url.hostname, port: url.port, path: "/session", method: "POST", headers }, (res) => {
@@ -37,7 +37,9 @@ function postSession(
         resolve({
           status: res.statusCode ?? 0,
           body: JSON.parse(text || "{}") as Record<string, unknown>,
-          ...(res.headers["set-cookie"]?.[0] ? { cookie: res.headers["set-cookie"][0].split(";")[0] as string } : {}),
+          ...(res.headers["set-cookie"]?.[0]
+            ? { cookie: res.headers["set-cookie"][0].split(";")[0] as string, setCookie: res.headers["set-cookie"][0] }
+            : {}),
         }),
       );
     });
@@ -134,7 +136,7 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     const context = await browser.newContext();
     const page = await context.newPage();
     await page.goto(url);
-    await page.locator("[data-who], .banner").first().waitFor();
+    await page.locator("[data-who], p.banner:not([hidden])").first().waitFor();
     return context;
   }
 
@@ -151,9 +153,10 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     // A new link was printed for the next browser.
     expect(logins.alice.length).toBeGreaterThan(1);
     // The session cookie renews the credential: short-lived, alice's, a submitter's.
-    const cookie = (await context.cookies()).find((c) => c.name === "boxcar_ui");
-    expect(cookie).toMatchObject({ httpOnly: true, sameSite: "Strict" });
-    const renewed = await postSession(asAlice.url, { cookie: `boxcar_ui=${cookie?.value}`, origin: asAlice.url });
+    // Named for its dashboard's port: browsers share cookies between the ports of one host.
+    const cookie = (await context.cookies()).find((c) => c.name === `boxcar_ui_${new URL(asAlice.url).port}`);
+    expect(cookie).toMatchObject({ httpOnly: true, sameSite: "Strict", path: "/session" });
+    const renewed = await postSession(asAlice.url, { cookie: `${cookie?.name}=${cookie?.value}`, origin: asAlice.url });
     expect(renewed.status).toBe(200);
     const jwt = claimsOf(String(renewed.body.creds));
     expect(jwt.name).toBe("alice");
@@ -176,8 +179,8 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     await page.locator('h1 [data-state="cancelled"]').waitFor({ timeout: 20_000 });
     expect((await alice.client.getJob(mine.id)).state).toBe("cancelled");
     await page.goto(`${asAlice.url}/#/job/${theirs.id}`);
-    await page.locator(".error").waitFor();
-    expect(await page.locator(".error").textContent()).toMatch(/forbidden|not_found/);
+    await page.locator("main .error").waitFor();
+    expect(await page.locator("main .error").textContent()).toMatch(/forbidden|not_found/);
     expect((await bob.client.getJob(theirs.id)).state).not.toBe("cancelled");
     await bob.client.cancelJob(theirs.id);
     await context.close();
@@ -194,8 +197,8 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     expect(await page.locator('[data-action="cancel"]').count()).toBe(0);
 
     // What a script in the page could get: the same credential, used directly.
-    const cookie = (await context.cookies()).find((c) => c.name === "boxcar_ui");
-    const session = await postSession(viewerUrl, { cookie: `boxcar_ui=${cookie?.value}` });
+    const cookie = (await context.cookies()).find((c) => c.name.startsWith("boxcar_ui_"));
+    const session = await postSession(viewerUrl, { cookie: `${cookie?.name}=${cookie?.value}` });
     await using dir = await scratch("boxcar-ui-creds-");
     const file = join(dir.path, "page.creds");
     await writeFile(file, String(session.body.creds), { mode: 0o600 });
@@ -257,7 +260,34 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     expect(String(after.body.error)).toContain("alice");
   });
 
-  test("boxcar ui refuses to give a browser an admin credential", async () => {
+  test("an unused login link expires and a fresh one is printed; behind a TLS proxy the https origin logs in with a Secure cookie", async () => {
+    const links: string[] = [];
+    const proxied = await startUiServer({
+      host: "127.0.0.1",
+      port: 0,
+      natsWs: `wss://dash.example:4281`,
+      prefix: alice.names.prefix,
+      principal: { authDir: system.auth.dir, role: "viewer", user: "viewer" },
+      hostNames: ["https://dash.example"],
+      loginLinkTtlMs: 300,
+      onLoginUrl: (url) => links.push(url),
+    });
+    try {
+      expect(links[0]).toMatch(/^https:\/\/dash\.example\/#t=/);
+      await eventually(async () => (links.length >= 3 ? true : undefined), "two fresh links after two expiries", 5_000);
+      const listening = `http://127.0.0.1:${new URL(proxied.origins.find((o) => o.startsWith("http://127.0.0.1")) as string).port}`;
+      const token = (link: string) => `Bearer ${new URL(link).hash.slice(3)}`;
+      const proxy = { host: "dash.example", origin: "https://dash.example" };
+      expect((await postSession(listening, { ...proxy, authorization: token(links[0] as string) })).status).toBe(401);
+      const fresh = await postSession(listening, { ...proxy, authorization: token(links.at(-1) as string) });
+      expect(fresh.status).toBe(200);
+      expect(fresh.setCookie).toContain("; Secure");
+    } finally {
+      await proxied.close();
+    }
+  });
+
+  test("boxcar ui refuses to give a browser an admin credential, and an open server's dashboard beyond this machine", async () => {
     const result = await boxcar(system.url, alice.names.prefix, [
       "ui",
       "--nats-ws",
@@ -269,5 +299,8 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     ]);
     expect(result.code).toBe(2);
     expect(result.stderr).toContain("does not belong in a browser");
+    const open = await boxcar(system.url, alice.names.prefix, ["ui", "--nats-ws", `ws://127.0.0.1:${wsPort}`, "--listen", "0.0.0.0:0"]);
+    expect(open.code).toBe(2);
+    expect(open.stderr).toContain("--auth-dir");
   });
 });

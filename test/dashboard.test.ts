@@ -199,6 +199,30 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.close();
   }, 60_000);
 
+  test("Retry on a dead job's page runs it again, and the page follows the new attempts live", async () => {
+    const { job } = await client.submit({ agent: "doomed", input: null });
+    await eventually(async () => ((await client.getJob(job.id)).state === "dead" ? true : undefined), `${job.id} to die`);
+    const page = await open(`#/job/${job.id}`);
+    await page.locator('h1 [data-state="dead"]').waitFor();
+    expect(await page.locator('[data-event="job.dead"]').count()).toBe(1);
+    await page.locator('[data-action="retry"]').click();
+    // Ended, then queued again, then dead again after two more attempts: all seen on the open page.
+    await expect.poll(() => page.locator('[data-event="job.dead"]').count(), { timeout: 20_000 }).toBe(2);
+    await page.locator('h1 [data-state="dead"]').waitFor();
+    expect(await page.locator('[data-event="job.started"]').count()).toBe(4);
+    await page.close();
+  }, 40_000);
+
+  test("a malformed address shows a not-found job, and the filters follow the address", async () => {
+    const page = await open("#/job/%zz");
+    await page.locator("main .error").waitFor();
+    await page.goto(`${dashboard}/#/jobs?agent=doomed`);
+    await expect.poll(() => page.locator('input[name="agent"]').inputValue()).toBe("doomed");
+    await page.locator("header a", { hasText: "Jobs" }).click();
+    await expect.poll(() => page.locator('input[name="agent"]').inputValue()).toBe("");
+    await page.close();
+  }, 30_000);
+
   test("the workers page shows each worker's load and sandboxes", async () => {
     const page = await open("#/workers");
     await expect.poll(() => page.locator("table.workers tbody tr").count(), { timeout: 10_000 }).toBe(2);

@@ -38,12 +38,15 @@ export interface UiServerOptions {
   /** Absent: the NATS server has no authentication, and the page is its admin (`local`), as any local client is. */
   readonly principal?: Principal;
   /**
-   * Other `host:port`s this server is reached by (a published port, a proxy), beyond its listen
-   * address, `localhost` and `127.0.0.1`; the first is the one the login links name.
+   * Other addresses this server is reached at (a published port, a proxy), beyond its listen
+   * address, `localhost` and `127.0.0.1`: `host:port` for plain HTTP, or a URL such as
+   * `https://dash.example` behind a TLS proxy. The first is the one the login links name.
    */
   readonly hostNames?: readonly string[];
-  /** Told of each new login URL: one at start, and a fresh one each time one is used. */
+  /** Told of each new login URL: one at start, and a fresh one each time one is used or expires. */
   readonly onLoginUrl?: (url: string) => void;
+  /** How long a login link may wait to be used; default 15 minutes. */
+  readonly loginLinkTtlMs?: number;
 }
 
 export interface UiServer {
@@ -59,10 +62,9 @@ export interface UiServer {
 
 /** A minted credential's lifetime; the page asks for a new one halfway through. */
 export const CREDS_TTL_S = 600;
-/** How long a login token may wait to be used, and how long a browser session lasts. */
+/** How long a login link may wait to be used (by default), and how long a browser session lasts. */
 const TOKEN_TTL_MS = 15 * 60_000;
 const SESSION_TTL_MS = 12 * 3600_000;
-const COOKIE = "boxcar_ui";
 
 const WEB = fileURLToPath(new URL("./web/", import.meta.url));
 const FILES: Readonly<Record<string, string>> = {
@@ -120,25 +122,30 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
   const hostPart = opts.host.includes(":") ? `[${opts.host}]` : opts.host;
   const listening = `http://${hostPart}:${port}`;
   // Where people reach it: a name given, else this machine's loopback for an any-address listener.
-  const url = opts.hostNames?.[0]
-    ? `http://${opts.hostNames[0]}`
-    : opts.host === "0.0.0.0" || opts.host === "::"
-      ? `http://127.0.0.1:${port}`
-      : listening;
-  const hosts = new Set([`${hostPart}:${port}`, `localhost:${port}`, `127.0.0.1:${port}`, ...(opts.hostNames ?? [])]);
-  const origins = [...new Set([url, listening, `http://localhost:${port}`, `http://127.0.0.1:${port}`])];
+  const named = (opts.hostNames ?? []).map(publicAddress);
+  const url = named[0]?.origin ?? (opts.host === "0.0.0.0" || opts.host === "::" ? `http://127.0.0.1:${port}` : listening);
+  const hosts = new Set([`${hostPart}:${port}`, `localhost:${port}`, `127.0.0.1:${port}`, ...named.map((a) => a.host)]);
+  const origins = [...new Set([...named.map((a) => a.origin), listening, `http://localhost:${port}`, `http://127.0.0.1:${port}`])];
+  // Browsers keep cookies per host, not per port: each dashboard has a cookie of its own.
+  const cookieName = `boxcar_ui_${port}`;
 
+  // One link is open at a time: a new one follows each use, and each expiry (so one is always there to use).
+  let expiry: ReturnType<typeof setTimeout> | undefined;
   const newLoginUrl = () => {
     if (!opts.principal) return;
+    if (expiry !== undefined) clearTimeout(expiry);
     const token = randomBytes(24).toString("base64url");
-    tokens.set(token, Date.now() + TOKEN_TTL_MS);
+    const ttl = opts.loginLinkTtlMs ?? TOKEN_TTL_MS;
+    tokens.set(token, Date.now() + ttl);
+    expiry = setTimeout(newLoginUrl, ttl);
+    expiry.unref();
     opts.onLoginUrl?.(`${url}/#t=${token}`);
   };
   newLoginUrl();
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (!hosts.has(req.headers.host ?? "")) return reply(res, 421, { error: `this dashboard answers to ${[...hosts].join(", ")} only` });
-    const path = new URL(req.url ?? "/", listening).pathname;
+    const path = (req.url ?? "/").split("?")[0] as string;
     if (path === "/session") {
       if (req.method !== "POST") return reply(res, 405, { error: "POST /session" }, { allow: "POST" });
       const origin = req.headers.origin;
@@ -167,13 +174,15 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
     for (const [k, until] of sessions) if (until < now) sessions.delete(k);
     const headers: Record<string, string> = {};
     const token = /^Bearer ([A-Za-z0-9_-]{1,64})$/.exec(req.headers.authorization ?? "")?.[1];
-    const cookie = cookieOf(req, COOKIE);
+    const cookie = cookieOf(req, cookieName);
     if (token !== undefined) {
-      if (!takeOnce(tokens, token))
-        return reply(res, 401, { error: "this login link was used or has expired: ask boxcar ui for a new one" });
+      if (!takeOnce(tokens, token)) {
+        return reply(res, 401, { error: "this login link was used or has expired: use the newest one boxcar ui (or boxcar up) printed" });
+      }
       const id = randomBytes(24).toString("base64url");
       sessions.set(id, now + SESSION_TTL_MS);
-      headers["set-cookie"] = `${COOKIE}=${id}; HttpOnly; SameSite=Strict; Path=/session; Max-Age=${SESSION_TTL_MS / 1000}`;
+      const secure = url.startsWith("https:") ? "; Secure" : "";
+      headers["set-cookie"] = `${cookieName}=${id}; HttpOnly; SameSite=Strict; Path=/session; Max-Age=${SESSION_TTL_MS / 1000}${secure}`;
       newLoginUrl();
     } else if (cookie === undefined || !sessions.has(cookie)) {
       return reply(res, 401, { error: "not logged in: open the login link boxcar ui printed" });
@@ -199,10 +208,19 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
     origins,
     close: () =>
       new Promise<void>((resolve) => {
+        if (expiry !== undefined) clearTimeout(expiry);
         server.closeAllConnections();
         server.close(() => resolve());
       }),
   };
+}
+
+/** `host:port` (plain HTTP) or a URL, as the Host header and the origin a browser sends. */
+function publicAddress(address: string): { host: string; origin: string } {
+  const url = new URL(/^[a-z]+:\/\//.test(address) ? address : `http://${address}`);
+  if (url.protocol !== "http:" && url.protocol !== "https:")
+    throw new RangeError(`a dashboard address is host:port or an http(s) URL, got ${address}`);
+  return { host: url.host, origin: url.origin };
 }
 
 /** Refuses at start a principal the auth folder cannot mint for. */

@@ -36,6 +36,8 @@ const decoder = new TextDecoder();
 
 export class Api {
   readonly names: Names;
+  /** Told when live updates stop or the connection is being re-made (a message), and when all is well again (undefined). */
+  onTrouble: (message: string | undefined) => void = () => {};
   private creds: Uint8Array;
 
   private constructor(
@@ -45,6 +47,12 @@ export class Api {
   ) {
     this.names = names(session.prefix);
     this.creds = creds;
+    void (async () => {
+      for await (const status of nc.status()) {
+        if (status.type === "disconnect" || status.type === "reconnecting") this.onTrouble("connection to NATS lost: reconnecting…");
+        else if (status.type === "reconnect") this.onTrouble(undefined);
+      }
+    })();
   }
 
   static async connect(session: SessionInfo): Promise<Api> {
@@ -56,6 +64,8 @@ export class Api {
       // A user may read only its own inboxes (`_INBOX.<user>`).
       inboxPrefix: `_INBOX.${session.user}`,
       maxReconnectAttempts: -1,
+      // Other servers' WebSocket URLs, as a cluster advertises them, are not for this page (and its CSP allows one).
+      ignoreClusterUpdates: true,
       ...(session.creds ? { authenticator: credsAuthenticator(() => holder.api?.creds ?? initial) } : {}),
     });
     holder.api = new Api(nc, session, initial);
@@ -91,7 +101,7 @@ export class Api {
   follow<T>(subject: string, onMessage: (value: T, subject: string) => void): () => void {
     const sub: Subscription = this.nc.subscribe(subject, {
       callback: (err, msg) => {
-        if (err) return;
+        if (err) return this.onTrouble(`live updates on ${subject} stopped: ${err.message}`);
         try {
           onMessage(JSON.parse(decoder.decode(msg.data)) as T, msg.subject);
         } catch {
@@ -104,7 +114,9 @@ export class Api {
 
   /** Calls `onData` with each chunk of output published on `subject` (raw bytes, not JSON). */
   followBytes(subject: string, onData: (data: Uint8Array, subject: string) => void): () => void {
-    const sub = this.nc.subscribe(subject, { callback: (err, msg) => (err ? undefined : onData(msg.data, msg.subject)) });
+    const sub = this.nc.subscribe(subject, {
+      callback: (err, msg) => (err ? this.onTrouble(`live updates on ${subject} stopped: ${err.message}`) : onData(msg.data, msg.subject)),
+    });
     return () => sub.unsubscribe();
   }
 
@@ -173,7 +185,7 @@ function base64Bytes(text: string): Uint8Array {
   return bytes;
 }
 
-/** Checks an Object Store digest (`SHA-256=` and base64, URL-safe or not); a page outside a secure context cannot hash, and says so. */
+/** Checks an Object Store digest (`SHA-256=` and base64, URL-safe or not); outside a secure context a browser cannot hash, and the check is skipped. */
 async function checkDigest(blob: Blob, digest: string, path: string): Promise<void> {
   if (!globalThis.crypto?.subtle) return;
   const hash = new Uint8Array(await crypto.subtle.digest("SHA-256", await blob.arrayBuffer()));

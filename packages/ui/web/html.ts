@@ -93,11 +93,26 @@ export function useLive<T>(
       }
     };
     reloadRef.current = () => void run();
-    const stops = subjects.map((subject) => api.followBytes(subject, schedule));
-    const poll = everyMs ? setInterval(schedule, everyMs) : undefined;
+    // A hidden tab loads nothing; it loads once when shown again, if something changed meanwhile.
+    let missed = false;
+    const changed = () => {
+      if (document.hidden) missed = true;
+      else schedule();
+    };
+    const shown = () => {
+      if (!document.hidden && missed) {
+        missed = false;
+        schedule();
+      }
+    };
+    document.addEventListener("visibilitychange", shown);
+    // Progress changes no list: a busy agent's progress lines would reload it for nothing.
+    const stops = subjects.map((subject) => api.followBytes(subject, (_data, on) => on.endsWith(".progress") || changed()));
+    const poll = everyMs ? setInterval(changed, everyMs) : undefined;
     void run();
     return () => {
       generation.current++;
+      document.removeEventListener("visibilitychange", shown);
       if (timer !== undefined) clearTimeout(timer);
       if (poll !== undefined) clearInterval(poll);
       for (const stop of stops) stop();

@@ -37,7 +37,8 @@ function keepRenewing(api: Api, session: SessionInfo): void {
       const next = await askSession();
       if (next.creds) api.renew(next.creds);
       keepRenewing(api, next);
-    } catch {
+    } catch (err) {
+      api.onTrouble(`could not renew the page's credential: ${(err as Error).message}`);
       setTimeout(() => keepRenewing(api, session), 5_000);
     }
   }, inMs);
@@ -93,6 +94,16 @@ async function start(root: HTMLElement): Promise<void> {
     throw new Error(`could not connect to NATS at ${session.ws}: ${err.message || err.name}`);
   });
   keepRenewing(api, session);
+  // Trouble shows in a banner of its own, above the views.
+  const trouble = document.createElement("p");
+  trouble.className = "error banner";
+  trouble.setAttribute("role", "alert");
+  trouble.hidden = true;
+  root.before(trouble);
+  api.onTrouble = (message) => {
+    trouble.hidden = message === undefined;
+    trouble.textContent = message ?? "";
+  };
   void api.closed().then((err) => {
     document.body.dataset.connection = "closed";
     root.insertAdjacentHTML("afterbegin", '<p class="error banner" role="alert"></p>');

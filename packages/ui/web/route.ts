@@ -8,7 +8,7 @@ export interface Route {
 
 export function currentRoute(): Route {
   const [path = "", query = ""] = location.hash.replace(/^#\/?/, "").split("?", 2);
-  const [view = "jobs", id] = path.split("/").map(decodeURIComponent);
+  const [view = "jobs", id] = path.split("/").map(decodeOr);
   return { view: view || "jobs", ...(id ? { id } : {}), params: new URLSearchParams(query) };
 }
 
@@ -20,4 +20,13 @@ export function hrefOf(view: string, params: URLSearchParams | Record<string, st
 
 export function navigate(view: string, params?: URLSearchParams | Record<string, string>): void {
   location.hash = hrefOf(view, params);
+}
+
+/** A path segment decoded; a malformed escape (`%zz`) is kept as it is, to be not found. */
+function decodeOr(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment;
+  }
 }

@@ -8,7 +8,7 @@ import { UsageError } from "../usage-error.js";
 export const ui: Command = {
   name: "ui",
   usage:
-    "boxcar ui --nats-ws ws://HOST:PORT [--listen 127.0.0.1:4280] [--auth-dir DIR --as viewer:NAME|submitter:NAME] [--host-name NAME]...",
+    "boxcar ui --nats-ws ws://HOST:PORT [--listen 127.0.0.1:4280] [--auth-dir DIR --as viewer:NAME|submitter:NAME] [--host-name HOST:PORT|https://HOST]...",
   summary: "serve the web dashboard, which talks to NATS over its WebSocket listener",
   maxArgs: 0,
   options: {
@@ -30,6 +30,11 @@ export const ui: Command = {
     const as = ctx.values.as as string | undefined;
     if (as !== undefined && authDir === undefined)
       throw new UsageError("--as needs --auth-dir: the folder whose keys mint the page's credentials");
+    if (authDir === undefined && !/^(127\.|localhost$|::1$)/.test(listen.host)) {
+      throw new UsageError(
+        `--listen ${listen.host}: without --auth-dir the page acts as an open server's admin, for this machine only; give --auth-dir (and --as) to serve it beyond`,
+      );
+    }
     const server = await serveDashboard(
       {
         host: listen.host,

@@ -4,7 +4,7 @@
  */
 
 import type { JobRecord, ListJobsReply } from "@boxcar/protocol";
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { type Api, ApiError } from "../api.js";
 import { Failure, html, jobEventsSubject, useLive } from "../html.js";
 import { hrefOf, type Route } from "../route.js";
@@ -15,6 +15,8 @@ const PAGE = 50;
 export function DeadView({ api, route }: { api: Api; route: Route }) {
   const after = route.params.get("after") ?? "";
   const [chosen, setChosen] = useState<Set<string>>(new Set());
+  // A selection is of the page it was made on.
+  useEffect(() => setChosen(new Set()), [after]);
   const [outcome, setOutcome] = useState<string[]>([]);
   const live = useLive(api, () => api.request<ListJobsReply>("jobs.list", { state: "dead", limit: PAGE, ...(after && { after }) }), {
     subjects: [jobEventsSubject(api)],
@@ -51,7 +53,7 @@ export function DeadView({ api, route }: { api: Api; route: Route }) {
       ${
         retryable.length > 0 &&
         html`<div class="actions">
-        <button onClick=${() => setChosen(new Set(retryable.map((j) => j.id)))}>Select all</button>
+        <button onClick=${() => setChosen(new Set(retryable.map((j) => j.id)))}>Select all on this page</button>
         <button data-action="retry-selected" disabled=${chosen.size === 0} onClick=${retry}>Retry ${chosen.size} selected</button>
       </div>`
       }

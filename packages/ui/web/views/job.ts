@@ -32,7 +32,33 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         seen.add(key);
         return true;
       });
-      if (fresh.length > 0 && !gone) setEvents((now) => [...now, ...fresh].sort((a, b) => a.at.localeCompare(b.at)));
+      if (fresh.length === 0 || gone) return;
+      setEvents((now) => {
+        const all = [...now, ...fresh];
+        // Live events come in order: sort only when one is older than the last shown.
+        const ordered = fresh.every((e, i) => e.at >= (i === 0 ? (now.at(-1)?.at ?? "") : (fresh[i - 1] as BoxcarEvent).at));
+        return ordered ? all : all.sort((a, b) => a.at.localeCompare(b.at));
+      });
+    };
+    // The record is read again after a change of state, at most every 250 ms (not on progress).
+    let recordTimer: ReturnType<typeof setTimeout> | undefined;
+    const rereadRecord = () => {
+      recordTimer ??= setTimeout(() => {
+        recordTimer = undefined;
+        void api.getJob(id).then((j) => !gone && setJob(j), setError);
+      }, 250);
+    };
+    // Output is added once per frame, however many chunks come in it.
+    let unshown = "";
+    let frame: number | undefined;
+    const showOutput = (text: string) => {
+      unshown += text;
+      frame ??= requestAnimationFrame(() => {
+        frame = undefined;
+        const add = unshown;
+        unshown = "";
+        if (!gone) setOutput((now) => keepTail(now + add));
+      });
     };
     const readOutput = async () => {
       let text = "";
@@ -46,38 +72,40 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       if (gone) return;
       setJob(first);
       const owner = first.owner ?? "local";
-      const running = !ENDED.has(first.state);
-      // Live first, history second, so nothing published in between is missed; output that comes
-      // while the history is read may show twice until the job ends, when the record and the
-      // whole output are read again from the store.
+      // Live first, then history, then the record again, so nothing that happens in between is
+      // missed. Followed whatever the state: an ended job may be retried. Output that comes
+      // while the history is read may show twice until the job ends, when the whole output is
+      // read again from the store.
       const pending: string[] = [];
       let historyRead = false;
-      if (running) {
-        const utf8 = new TextDecoder();
-        stops.push(
-          api.followBytes(api.names.subjects.jobLogs(owner, id), (data) => {
-            const text = utf8.decode(data, { stream: true });
-            if (!historyRead) pending.push(text);
-            else if (!gone) setOutput((now) => keepTail(now + text));
-          }),
-        );
-        const onEvent = (event: BoxcarEvent) => {
-          addEvents([event]);
-          if (event.kind !== "job") return;
-          void api.getJob(id).then((j) => !gone && setJob(j));
-          if (ENDED.has(event.state)) void readOutput();
-        };
-        // One subscription per kind: a submitter may subscribe to its own job and sandbox events, not to any kind's.
-        for (const kind of ["job", "sandbox"] as const) stops.push(api.follow(api.names.subjects.event(kind, id, "*", owner), onEvent));
-      }
+      const utf8 = new TextDecoder();
+      stops.push(
+        api.followBytes(api.names.subjects.jobLogs(owner, id), (data) => {
+          const text = utf8.decode(data, { stream: true });
+          if (historyRead) showOutput(text);
+          else pending.push(text);
+        }),
+      );
+      const onEvent = (event: BoxcarEvent) => {
+        addEvents([event]);
+        if (event.kind !== "job" || event.type === "progress") return;
+        rereadRecord();
+        if (ENDED.has(event.state)) void readOutput();
+      };
+      // One subscription per kind: a submitter may subscribe to its own job and sandbox events, not to any kind's.
+      for (const kind of ["job", "sandbox"] as const) stops.push(api.follow(api.names.subjects.event(kind, id, "*", owner), onEvent));
       const history = await api.history("jobs.events", id);
       addEvents(history.events);
       await readOutput();
       historyRead = true;
-      if (pending.length > 0 && !gone) setOutput((now) => keepTail(now + pending.join("")));
+      if (pending.length > 0) showOutput(pending.join(""));
+      const again = await api.getJob(id);
+      if (!gone) setJob(again);
     })().catch((err: Error) => !gone && setError(err));
     return () => {
       gone = true;
+      if (recordTimer !== undefined) clearTimeout(recordTimer);
+      if (frame !== undefined) cancelAnimationFrame(frame);
       for (const stop of stops) stop();
     };
   }, [id]);
@@ -118,7 +146,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         job.result &&
         html`<h2>Result</h2>
         ${job.result.summary && html`<p class="summary" data-summary>${job.result.summary}</p>`}
-        <pre class="result" data-result>${JSON.stringify(job.result.output, null, 2)}</pre>`
+        ${job.result.output !== null && html`<pre class="result" data-result>${JSON.stringify(job.result.output, null, 2)}</pre>`}`
       }
       ${
         job.artifacts.length > 0 &&
@@ -137,11 +165,17 @@ export function JobView({ api, id }: { api: Api; id: string }) {
 
 function Output({ text }: { text: string }) {
   const ref = useRef<HTMLPreElement>(null);
+  // Follows the end of the output unless the reader scrolled up.
+  const following = useRef(true);
   useEffect(() => {
     const el = ref.current;
-    if (el) el.scrollTop = el.scrollHeight;
+    if (el && following.current) el.scrollTop = el.scrollHeight;
   }, [text]);
-  return html`<pre class="output" data-output ref=${ref}>${text}</pre>`;
+  const onScroll = () => {
+    const el = ref.current;
+    if (el) following.current = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+  };
+  return html`<pre class="output" data-output ref=${ref} onScroll=${onScroll}>${text}</pre>`;
 }
 
 /** A button that downloads one artifact as a file: never opened in the page (an HTML artifact must not run here). */

@@ -44,9 +44,9 @@ export function JobsView({ api, route }: { api: Api; route: Route }) {
             ${JOB_STATES.map((s) => html`<option value=${s}>${s}${counts ? ` (${counts.counts[s] ?? 0})` : ""}</option>`)}
           </select>
         </label>
-        <${TextFilter} name="agent" value=${agent} onSet=${(v: string) => filter({ agent: v })} />
-        <${TextFilter} name="pool" value=${pool} onSet=${(v: string) => filter({ pool: v })} />
-        ${counts && html`<span class="total">${counts.total} jobs</span>`}
+        <${TextFilter} key=${`agent:${agent}`} name="agent" value=${agent} onSet=${(v: string) => filter({ agent: v })} />
+        <${TextFilter} key=${`pool:${pool}`} name="pool" value=${pool} onSet=${(v: string) => filter({ pool: v })} />
+        ${counts && html`<span class="total">${counts.total} ${counts.total === 1 ? "job" : "jobs"}${agent ? ` of ${agent}` : ""}</span>`}
       </form>
       <${Failure} error=${live.error} />
       ${page && html`<${JobTable} jobs=${page.jobs} />`}

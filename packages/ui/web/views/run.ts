@@ -25,7 +25,7 @@ export function RunView({ api, id }: { api: Api; id: string }) {
       return run;
     },
     // The owner is known after the first read; then the run's own events drive the page.
-    { subjects: owner ? [api.names.subjects.runEvents(owner, id)] : [], deps: [id, owner], everyMs: owner ? undefined : 1000 },
+    { subjects: owner ? [api.names.subjects.runEvents(owner, id)] : [], deps: [id, owner] },
   );
   const run = live.value;
   if (!run) return html`<section><h1>Run ${id}</h1><${Failure} error=${live.error} /></section>`;
