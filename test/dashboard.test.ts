@@ -204,12 +204,12 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await eventually(async () => ((await client.getJob(job.id)).state === "dead" ? true : undefined), `${job.id} to die`);
     const page = await open(`#/job/${job.id}`);
     await page.locator('h1 [data-state="dead"]').waitFor();
-    expect(await page.locator('[data-event="job.dead"]').count()).toBe(1);
+    await expect.poll(() => page.locator('[data-event="job.dead"]').count()).toBe(1);
     await page.locator('[data-action="retry"]').click();
     // Ended, then queued again, then dead again after two more attempts: all seen on the open page.
     await expect.poll(() => page.locator('[data-event="job.dead"]').count(), { timeout: 20_000 }).toBe(2);
     await page.locator('h1 [data-state="dead"]').waitFor();
-    expect(await page.locator('[data-event="job.started"]').count()).toBe(4);
+    await expect.poll(() => page.locator('[data-event="job.started"]').count()).toBe(4);
     await page.close();
   }, 40_000);
 
