@@ -4,6 +4,7 @@ import { names, PRIORITIES, type Priority } from "@boxcar/protocol";
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
+import { Service } from "kubernetes-models/v1";
 import { describe, expect, test } from "vitest";
 import { parse, parseAllDocuments } from "yaml";
 
@@ -12,9 +13,11 @@ const file = (name: string) => fileURLToPath(new URL(`../deploy/kubernetes/${nam
 const documents = async (name: string) =>
   parseAllDocuments(await readFile(file(name), "utf8")).map((d) => d.toJS() as { kind: string; metadata: { name: string } });
 /** Every manifest of Boxcar's own (the NATS chart's values are not one). */
-const MANIFESTS = ["boxcar.yaml", "keda.yaml", "worker-e2b.yaml"];
+const MANIFESTS = ["boxcar.yaml", "keda.yaml", "worker-e2b.yaml", "ui.yaml"];
 const manifests = async () => (await Promise.all(MANIFESTS.map(documents))).flat();
 const deployments = async () => (await manifests()).filter((d) => d.kind === "Deployment") as unknown as Deployment[];
+/** The Deployments of the roles (the dashboard is none). */
+const roleDeployments = async () => (await deployments()).filter((d) => d.metadata?.labels?.["app.kubernetes.io/component"] !== "ui");
 /** The Deployment of one role. */
 const deployment = async (role: string) => (await deployments()).find((d) => d.metadata?.name === `boxcar-${role}`);
 
@@ -22,6 +25,7 @@ const MODELS: Record<string, new (value: never) => { validate(): void }> = {
   Deployment,
   PodDisruptionBudget,
   ScaledObject,
+  Service,
 };
 
 describe("deploy/kubernetes", () => {
@@ -29,6 +33,7 @@ describe("deploy/kubernetes", () => {
     const all = await manifests();
     expect(all.map((d) => `${d.kind}/${d.metadata.name}`).sort()).toEqual([
       "Deployment/boxcar-dispatcher",
+      "Deployment/boxcar-ui",
       "Deployment/boxcar-worker",
       "Deployment/boxcar-worker-e2b",
       "PodDisruptionBudget/boxcar-dispatcher",
@@ -36,6 +41,7 @@ describe("deploy/kubernetes", () => {
       "PodDisruptionBudget/boxcar-worker-e2b",
       "ScaledObject/boxcar-worker",
       "ScaledObject/boxcar-worker-e2b",
+      "Service/boxcar-ui",
     ]);
     for (const doc of all) {
       const Model = MODELS[doc.kind];
@@ -109,7 +115,7 @@ describe("deploy/kubernetes", () => {
   });
 
   test("each role serves metrics on the port its --metrics flag opens, and its pods say so to Prometheus", async () => {
-    for (const d of await deployments()) {
+    for (const d of await roleDeployments()) {
       const role = d.metadata?.name;
       const container = d.spec?.template.spec?.containers[0];
       const args = container?.args ?? [];
@@ -126,7 +132,7 @@ describe("deploy/kubernetes", () => {
   });
 
   test("each role's probes ask the health endpoint its --health flag opens: liveness /healthz, readiness /readyz", async () => {
-    for (const d of await deployments()) {
+    for (const d of await roleDeployments()) {
       const role = d.metadata?.name;
       const container = d.spec?.template.spec?.containers[0];
       const args = container?.args ?? [];
@@ -137,5 +143,20 @@ describe("deploy/kubernetes", () => {
       expect(container?.livenessProbe?.httpGet?.path, role).toBe("/healthz");
       expect(container?.readinessProbe?.httpGet).toEqual({ path: "/readyz", port: named?.name });
     }
+  });
+
+  test("the dashboard acts as a viewer, holds only the viewer's key and the users' list, and its address is the origin NATS's WebSocket allows", async () => {
+    const ui = await deployment("ui");
+    const args = ui?.spec?.template.spec?.containers[0]?.args ?? [];
+    const arg = (flag: string) => args[args.indexOf(flag) + 1];
+    expect(arg("--as")).toBe("viewer:viewer");
+    expect(arg("--nats-ws")).toMatch(/^wss:\/\//);
+    const items = ui?.spec?.template.spec?.volumes?.find((v) => v.name === "auth")?.secret?.items ?? [];
+    expect(items.map((i) => i.path).sort()).toEqual(["auth.json", "keys/role-viewer.nk"]);
+    const values = parse(await readFile(file("nats-values.yaml"), "utf8")) as {
+      config: { websocket: { enabled: boolean; merge: { allowed_origins: string[] } } };
+    };
+    expect(values.config.websocket.enabled).toBe(true);
+    expect(values.config.websocket.merge.allowed_origins).toEqual([new URL(arg("--host-name") as string).origin]);
   });
 });

@@ -43,7 +43,7 @@ export const ui: Command = {
         prefix: (ctx.values.prefix as string | undefined) ?? "boxcar",
         hostNames: ctx.values["host-name"] as string[],
         ...(authDir ? { principal: { authDir, ...pagePrincipal(as ?? "viewer:viewer") } } : {}),
-        onLoginUrl: (url) => ctx.io.stderr.write(`log in: ${url}  (once; a new link follows each use)\n`),
+        onLoginUrl: (url) => ctx.io.stderr.write(`log in: ${url}  (once; a new link follows each use, and each expiry)\n`),
       },
       "--listen",
     );
