@@ -31,6 +31,9 @@ test("boxcar up --demo runs the demo job live, downloads its artifacts, and leav
   expect(output).toMatch(/job\s+progress\s+section 1\/3: queue/);
   expect(output).toMatch(/state\s+succeeded/);
   expect(result).toEqual({ code: 0, signal: null });
+  // The demo ends with its job: no dashboard to open, and a pointer to one that stays.
+  expect(output).not.toContain("dashboard:");
+  expect(output).toContain("live dashboard");
   const artifacts = await readdir(join(run.cwd, ".boxcar", "demo-artifacts"), { recursive: true });
   expect(artifacts.filter((p) => p.endsWith("report.md") || p.endsWith("index.json"))).toHaveLength(2);
   expect(await natsServerPids(run.cwd)).toEqual([]);
@@ -39,6 +42,9 @@ test("boxcar up --demo runs the demo job live, downloads its artifacts, and leav
 test("boxcar up stops everything on SIGINT (Ctrl-C) and keeps its data for the next start", async () => {
   await using run = await spawnUp([]);
   await eventually(async () => (run.output().includes("Ctrl-C stops everything") ? true : undefined), "boxcar up to be ready");
+  // It printed its dashboard, which serves the page.
+  const dashboard = /dashboard: (http:\/\/127\.0\.0\.1:\d+)/.exec(run.output())?.[1];
+  expect((await fetch(`${dashboard}/`)).status).toBe(200);
   const started = await natsServerPids(run.cwd);
   expect(started).toHaveLength(1);
   run.child.kill("SIGINT");

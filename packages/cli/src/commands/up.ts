@@ -83,7 +83,8 @@ export const up: Command = {
     const prefix = ctx.values.prefix as string | undefined;
     const auth = withAuth ? await openAuthDir(join(dirname(storeDir), "auth"), prefix) : undefined;
     const loginUrls: string[] = [];
-    const dashboard = await startDashboard(ctx.values.ui, {
+    // The demo ends with its job: a dashboard only if asked for.
+    const dashboard = await startDashboard(ctx.values.ui ?? (demo ? "off" : undefined), {
       prefix: prefix ?? "boxcar",
       ...(auth ? { principal: { authDir: auth.dir, role: "viewer" as const, user: "viewer" } } : {}),
       onLoginUrl: (url) => (loginUrls.length === 0 ? loginUrls.push(url) : say(`  dashboard: next login link ${url}`)),
@@ -181,6 +182,7 @@ async function runDemo(ctx: Parameters<Command["run"]>[0], client: import("@boxc
     say(`\nartifacts downloaded to ${dir}:`);
     for (const file of written) say(`  ${file}`);
   }
+  say("\nnext: ./bin/boxcar up keeps it running, with a live dashboard at the address it prints");
   return final.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed;
 }
 
