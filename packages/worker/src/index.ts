@@ -28,5 +28,6 @@ export { orphanCheck } from "./sandbox-reaper.js";
 export { defaultWorkRoot } from "./work-root.js";
 export type { Worker, WorkerLifecycleState } from "./worker.js";
 export { createWorker } from "./worker.js";
+export { WorkerMetrics } from "./worker-metrics.js";
 export type { ResolvedWorkerOptions, WorkerOptions } from "./worker-options.js";
 export { resolveWorkerOptions, workerOptionsFromConfig } from "./worker-options.js";
