@@ -58,7 +58,7 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await client.applyAgent({
       name: "doomed",
       description: "always fails, and is retried once at once: its jobs end dead",
-      command: ["sh", "-c", "echo giving up >&2; exit 1"],
+      command: ["sh", "-c", "printf '\\033[31mgiving up\\033[0m\\n' >&2; exit 1"],
       trusted: true,
       runtime: { sandbox: "host", timeout: "30s" },
       retry: { maxAttempts: 2, delay: 0, backoff: "fixed", jitter: false },
@@ -210,6 +210,11 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await expect.poll(() => page.locator('[data-event="job.dead"]').count(), { timeout: 20_000 }).toBe(2);
     await page.locator('h1 [data-state="dead"]').waitFor();
     await expect.poll(() => page.locator('[data-event="job.started"]').count()).toBe(4);
+    // stderr is set apart, its terminal colour codes dropped.
+    const stderr = (await page.locator("[data-output] .stderr").first().textContent()) ?? "";
+    expect(stderr).toContain("giving up");
+    expect(stderr).not.toContain("\u001b");
+    expect(stderr).not.toContain("[31m");
     await page.close();
   }, 40_000);
 
@@ -220,6 +225,16 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await expect.poll(() => page.locator('input[name="agent"]').inputValue()).toBe("doomed");
     await page.locator("header a", { hasText: "Jobs" }).click();
     await expect.poll(() => page.locator('input[name="agent"]').inputValue()).toBe("");
+    await page.close();
+  }, 30_000);
+
+  test("the agents page lists the applied agents and links to their jobs", async () => {
+    const page = await open("#/agents");
+    await page.locator('tr[data-agent="ticker"]').waitFor();
+    expect(await page.locator('tr[data-agent="doomed"]').textContent()).toContain("up to 2 attempts");
+    await page.screenshot({ path: `${SCREENSHOTS}/agents.png` });
+    await page.locator('tr[data-agent="doomed"] a').click();
+    await expect.poll(() => page.locator('input[name="agent"]').inputValue()).toBe("doomed");
     await page.close();
   }, 30_000);
 

@@ -10,6 +10,7 @@ import { useEffect, useState } from "preact/hooks";
 import { Api, type SessionInfo } from "./api.js";
 import { html } from "./html.js";
 import { currentRoute, type Route } from "./route.js";
+import { AgentsView } from "./views/agents.js";
 import { DeadView } from "./views/dead.js";
 import { JobView } from "./views/job.js";
 import { JobsView } from "./views/jobs.js";
@@ -48,6 +49,7 @@ const VIEWS: readonly [string, string][] = [
   ["jobs", "Jobs"],
   ["runs", "Workflow runs"],
   ["workers", "Workers"],
+  ["agents", "Agents"],
   ["dead", "Dead letters"],
 ];
 
@@ -81,6 +83,8 @@ function view(api: Api, route: Route) {
       return html`<${WorkersView} api=${api} />`;
     case "dead":
       return html`<${DeadView} api=${api} route=${route} />`;
+    case "agents":
+      return html`<${AgentsView} api=${api} />`;
     default:
       return html`<${JobsView} api=${api} route=${route} />`;
   }

@@ -17,7 +17,7 @@ const MAX_OUTPUT = 1 << 20;
 export function JobView({ api, id }: { api: Api; id: string }) {
   const [job, setJob] = useState<JobRecord | undefined>(undefined);
   const [events, setEvents] = useState<BoxcarEvent[]>([]);
-  const [output, setOutput] = useState("");
+  const [output, setOutput] = useState<Output>([]);
   const [error, setError] = useState<Error | undefined>(undefined);
   const [actionError, setActionError] = useState<Error | undefined>(undefined);
 
@@ -49,23 +49,23 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       }, 250);
     };
     // Output is added once per frame, however many chunks come in it.
-    let unshown = "";
+    let unshown: Output = [];
     let frame: number | undefined;
-    const showOutput = (text: string) => {
-      unshown += text;
+    const showOutput = (add: Output) => {
+      unshown = appendOutput(unshown, add);
       frame ??= requestAnimationFrame(() => {
         frame = undefined;
-        const add = unshown;
-        unshown = "";
-        if (!gone) setOutput((now) => keepTail(now + add));
+        const shown = unshown;
+        unshown = [];
+        if (!gone) setOutput((now) => appendOutput(now, shown));
       });
     };
     const readOutput = async () => {
-      let text = "";
-      await api.logs(id, (_stream, chunk) => {
-        text = keepTail(text + chunk);
+      let all: Output = [];
+      await api.logs(id, (stream, text) => {
+        all = appendOutput(all, [{ stream, text }]);
       });
-      if (!gone) setOutput(text);
+      if (!gone) setOutput(all);
     };
     (async () => {
       const first = await api.getJob(id);
@@ -76,14 +76,15 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       // missed. Followed whatever the state: an ended job may be retried. Output that comes
       // while the history is read may show twice until the job ends, when the whole output is
       // read again from the store.
-      const pending: string[] = [];
+      let pending: Output = [];
       let historyRead = false;
-      const utf8 = new TextDecoder();
+      const utf8 = { stdout: new TextDecoder(), stderr: new TextDecoder() };
       stops.push(
-        api.followBytes(api.names.subjects.jobLogs(owner, id), (data) => {
-          const text = utf8.decode(data, { stream: true });
-          if (historyRead) showOutput(text);
-          else pending.push(text);
+        api.followBytes(api.names.subjects.jobLogs(owner, id), (data, subject) => {
+          const stream = subject.endsWith(".stderr") ? "stderr" : "stdout";
+          const piece = [{ stream, text: utf8[stream].decode(data, { stream: true }) }] as const;
+          if (historyRead) showOutput([...piece]);
+          else pending = appendOutput(pending, [...piece]);
         }),
       );
       const onEvent = (event: BoxcarEvent) => {
@@ -98,7 +99,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       addEvents(history.events);
       await readOutput();
       historyRead = true;
-      if (pending.length > 0) showOutput(pending.join(""));
+      if (pending.length > 0) showOutput(pending);
       const again = await api.getJob(id);
       if (!gone) setJob(again);
     })().catch((err: Error) => !gone && setError(err));
@@ -158,24 +159,27 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         ${events.map((e) => html`<li data-event=${`${e.kind}.${e.type}`}><time>${e.at.slice(11, 23)}</time> <b>${e.kind}</b> ${e.type} <span>${describe(e)}</span></li>`)}
       </ol>
       <h2>Output</h2>
-      <${Output} text=${output} />
+      <${OutputView} output=${output} />
     </section>
   `;
 }
 
-function Output({ text }: { text: string }) {
+function OutputView({ output }: { output: Output }) {
   const ref = useRef<HTMLPreElement>(null);
   // Follows the end of the output unless the reader scrolled up.
   const following = useRef(true);
   useEffect(() => {
     const el = ref.current;
     if (el && following.current) el.scrollTop = el.scrollHeight;
-  }, [text]);
+  }, [output]);
   const onScroll = () => {
     const el = ref.current;
     if (el) following.current = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
   };
-  return html`<pre class="output" data-output ref=${ref} onScroll=${onScroll}>${text}</pre>`;
+  // stderr in a colour of its own; terminal colour codes dropped.
+  return html`<pre class="output" data-output ref=${ref} onScroll=${onScroll}>${output.map((part) =>
+    part.stream === "stderr" ? html`<span class="stderr">${withoutEscapes(part.text)}</span>` : withoutEscapes(part.text),
+  )}</pre>`;
 }
 
 /** A button that downloads one artifact as a file: never opened in the page (an HTML artifact must not run here). */
@@ -229,6 +233,34 @@ function describe(e: BoxcarEvent): string {
   return "";
 }
 
-function keepTail(text: string): string {
-  return text.length > MAX_OUTPUT ? text.slice(-MAX_OUTPUT) : text;
+/** Output as runs of one stream's text, in order. */
+type Output = { stream: "stdout" | "stderr"; text: string }[];
+
+/** `add` after `now`, a run joined to the last when of the same stream, the oldest text dropped past `MAX_OUTPUT`. */
+function appendOutput(now: Output, add: Output): Output {
+  const all = [...now];
+  for (const part of add) {
+    const last = all.at(-1);
+    if (last?.stream === part.stream) all[all.length - 1] = { stream: part.stream, text: last.text + part.text };
+    else all.push(part);
+  }
+  let size = all.reduce((n, p) => n + p.text.length, 0);
+  while (size > MAX_OUTPUT && all.length > 0) {
+    const first = all[0] as Output[number];
+    const over = size - MAX_OUTPUT;
+    if (first.text.length <= over) {
+      all.shift();
+      size -= first.text.length;
+    } else {
+      all[0] = { stream: first.stream, text: first.text.slice(over) };
+      size = MAX_OUTPUT;
+    }
+  }
+  return all;
+}
+
+/** Text without terminal escape sequences (colours, cursor moves), which a page cannot show. */
+function withoutEscapes(text: string): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: the escape character is what is matched
+  return text.replace(/\x1b\[[0-9;?]*[ -/]*[@-~]/g, "");
 }
