@@ -132,6 +132,11 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("inputs.upload", { path: "data.txt" });
   const { policy } = await call("policy.get", {});
   await call("policy.set", { policy });
+  const { session } = await call("sessions.open", { agent: "echo" });
+  await call("sessions.exec", { id: session.id, argv: ["echo", "hi"] });
+  await call("sessions.get", { id: session.id });
+  await call("sessions.list", {});
+  await call("sessions.close", { id: session.id });
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);

@@ -7,6 +7,7 @@ import { artifacts, cancel, clean, events, jobs, logs, retry, status, submit } f
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
+import { session, sessions } from "./commands/session.js";
 import { ui } from "./commands/ui.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
@@ -34,6 +35,8 @@ const COMMANDS: readonly Command[] = [
   workers,
   policy,
   auth,
+  session,
+  sessions,
   ui,
 ];
 

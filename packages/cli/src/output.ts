@@ -79,5 +79,15 @@ export function describeEvent(event: BoxcarEvent): string {
     ].filter(Boolean);
     return `${time}  sandbox  ${event.type.padEnd(16)} ${detail.join("  ")}`;
   }
+  if (event.kind === "session") {
+    const detail = [
+      event.execId,
+      event.exitCode !== undefined ? `exit ${event.exitCode ?? "-"}` : undefined,
+      event.signal ? `signal ${event.signal}` : undefined,
+      event.durationMs !== undefined ? `${Math.round(event.durationMs)}ms` : undefined,
+      event.reason,
+    ].filter(Boolean);
+    return `${time}  session  ${event.type.padEnd(16)} ${detail.join("  ")}`.trimEnd();
+  }
   return `${time}  worker   ${event.type.padEnd(16)} ${event.workerId}`;
 }

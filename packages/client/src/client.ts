@@ -15,6 +15,8 @@ import {
   type CountJobsRequest,
   ErrorCode,
   type EventsPage,
+  type ExecReply,
+  type ExecRequestInput,
   type Identity,
   type InputFileRef,
   isTerminal,
@@ -23,10 +25,14 @@ import {
   type ListJobsRequest,
   type ListRunsReply,
   type ListRunsRequest,
+  type ListSessionsRequestInput,
   type LogStream,
   OPEN_IDENTITY,
+  type OpenSessionRequestInput,
   ownerOf,
+  parseDurationMs,
   parseWith,
+  type SessionRecord,
   type SetPolicyReply,
   type StartRunRequest,
   type SystemPolicy,
@@ -92,6 +98,10 @@ export interface JobEventsOptions extends FollowOptions {
   chain?: boolean;
 }
 
+/** How long a client waits for a session to open, and beyond an exec's timeout for its answer. */
+const SESSION_OPEN_WAIT_MS = 130_000;
+const SESSION_EXEC_MARGIN_MS = 20_000;
+
 /** Submits and watches jobs, manages agents, reads results and artifacts. */
 export interface BoxcarClient {
   submit(spec: JobSpecInput, opts?: SubmitOptions): Promise<{ job: JobRecord; duplicate: boolean }>;
@@ -133,6 +143,13 @@ export interface BoxcarClient {
   listAgents(): Promise<AgentDefinition[]>;
   removeAgent(name: string): Promise<void>;
   listWorkers(): Promise<WorkerInfo[]>;
+  /** Opens a session (docs/sessions.md): a sandbox for the agent's runtime, kept between commands, yours only. */
+  openSession(request: OpenSessionRequestInput): Promise<SessionRecord>;
+  /** Runs one command in the session and waits for it; its output also goes live to the session's log subjects. */
+  execInSession(request: ExecRequestInput): Promise<ExecReply>;
+  closeSession(id: string): Promise<SessionRecord>;
+  getSession(id: string): Promise<SessionRecord>;
+  listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;
   /** The admin's system policy: what agents may ask for, and users' quotas. */
   getPolicy(): Promise<SystemPolicy>;
   /** Replaces the system policy (admins only); says which applied agents it refuses. */
@@ -163,12 +180,12 @@ class Client implements BoxcarClient, HistoryReader {
    * Asks an endpoint and reads its reply's data with the endpoint's schema in `API_CONTRACT`;
    * the caller's active trace, if any, goes along (`traceparent`), so the dispatcher's span joins it.
    */
-  private async request<E extends ApiEndpoint>(endpoint: E, body: unknown): Promise<ApiReplyData<E>> {
+  private async request<E extends ApiEndpoint>(endpoint: E, body: unknown, timeoutMs = this.timeoutMs): Promise<ApiReplyData<E>> {
     const traceparent = traceparentOf();
     const headers = traceparent ? natsHeaders() : undefined;
     if (traceparent) headers?.set(TRACEPARENT, traceparent);
     const schema = API_CONTRACT[endpoint].reply as unknown as z.ZodType<ApiReplyData<E>>;
-    return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema, headers);
+    return this.ask(this.link.names.subjects.api(this.identity, endpoint), JSON.stringify(body), schema, headers, timeoutMs);
   }
 
   /** Sends a request and reads the `{ ok, data }` reply; NATS's errors become Boxcar's. */
@@ -177,10 +194,11 @@ class Client implements BoxcarClient, HistoryReader {
     body: string | Uint8Array,
     schema: S,
     headers?: ReturnType<typeof natsHeaders>,
+    timeoutMs = this.timeoutMs,
   ): Promise<z.infer<S>> {
     let reply: Uint8Array;
     try {
-      const msg = await this.link.nc.request(subject, body, { timeout: this.timeoutMs, ...(headers ? { headers } : {}) });
+      const msg = await this.link.nc.request(subject, body, { timeout: timeoutMs, ...(headers ? { headers } : {}) });
       reply = msg.data;
     } catch (err) {
       if (err instanceof natsErrors.NoRespondersError || (err instanceof natsErrors.RequestError && err.isNoResponders())) {
@@ -367,6 +385,29 @@ class Client implements BoxcarClient, HistoryReader {
 
   async listWorkers() {
     return (await this.request(ApiEndpoint.workersList, {})).workers;
+  }
+
+  async openSession(request: OpenSessionRequestInput) {
+    // A worker may pull an image to open one.
+    return (await this.request(ApiEndpoint.sessionsOpen, request, Math.max(this.timeoutMs, SESSION_OPEN_WAIT_MS))).session;
+  }
+
+  execInSession(request: ExecRequestInput) {
+    // As long as the command may run (its timeout, 10 minutes by default), and a margin.
+    const runs = (typeof request.timeout === "number" ? request.timeout : parseDurationMs(request.timeout ?? "10m")) ?? 600_000;
+    return this.request(ApiEndpoint.sessionsExec, request, Math.max(this.timeoutMs, runs + SESSION_EXEC_MARGIN_MS));
+  }
+
+  async closeSession(id: string) {
+    return (await this.request(ApiEndpoint.sessionsClose, { id })).session;
+  }
+
+  async getSession(id: string) {
+    return (await this.request(ApiEndpoint.sessionsGet, { id })).session;
+  }
+
+  async listSessions(request: ListSessionsRequestInput = {}) {
+    return (await this.request(ApiEndpoint.sessionsList, request)).sessions;
   }
 
   async getPolicy() {

@@ -32,6 +32,7 @@ import { jobEvents, jobLogs, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
 import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
+import { SessionDesk } from "./sessions.js";
 import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
@@ -60,7 +61,25 @@ export interface ApiParts {
 export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
+  const sessions = new SessionDesk(topology, ctx.workers, async (name) => {
+    const agent = await getAgent(topology, name);
+    checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
+    return agent;
+  });
   return {
+    [ApiEndpoint.sessionsOpen]: async (body, caller) => ({
+      session: await sessions.open(requestOf(ApiEndpoint.sessionsOpen, body), caller),
+    }),
+    [ApiEndpoint.sessionsExec]: (body, caller) => sessions.exec(requestOf(ApiEndpoint.sessionsExec, body), caller),
+    [ApiEndpoint.sessionsClose]: async (body, caller) => ({
+      session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
+    }),
+    [ApiEndpoint.sessionsGet]: async (body, caller) => ({
+      session: await sessions.get(requestOf(ApiEndpoint.sessionsGet, body).id, caller),
+    }),
+    [ApiEndpoint.sessionsList]: async (body, caller) => ({
+      sessions: await sessions.list(requestOf(ApiEndpoint.sessionsList, body), caller),
+    }),
     [ApiEndpoint.jobsSubmit]: async (body, caller, traceparent) => {
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);

@@ -49,6 +49,28 @@ export class WorkerDirectory {
   }
 
   /**
+   * The worker to hold a new session of `agent` in `pool`: the least loaded live, running one
+   * that can run the agent and has a free slot. Refuses when there is none, saying why.
+   */
+  pickForSession(agent: AgentDefinition, pool: string): WorkerInfo {
+    const live = [...this.workers.values()].filter((w) => w.state === "running" && w.pools.includes(pool) && isLive(w));
+    const able = live.filter((w) => whyCannotServe(w, agent) === undefined);
+    const free = able.filter((w) => w.load < w.capacity).sort((a, b) => a.load / a.capacity - b.load / b.capacity);
+    const chosen = free[0];
+    if (chosen) return chosen;
+    if (able.length > 0)
+      throw new BoxcarError(ErrorCode.unavailable, `every worker in pool ${pool} that can run ${agent.name} is busy: try again later`);
+    this.checkServable(agent, pool);
+    throw new BoxcarError(ErrorCode.unavailable, `no live worker in pool ${pool} to hold a session: start one, or name the pool`);
+  }
+
+  /** A worker's status as its presence says, or undefined when this directory no longer holds it (gone long ago). */
+  statusOf(workerId: string): ReturnType<typeof workerStatus> | undefined {
+    const info = this.workers.get(workerId);
+    return info ? workerStatus(info) : undefined;
+  }
+
+  /**
    * Whether every live worker reads work items of `version` (a rolling upgrade is over, as far
    * as this directory can tell). True with no live worker: an item a worker of an earlier
    * release cannot read goes back to the queue (see docs/deploy.md#upgrades), it is not lost.

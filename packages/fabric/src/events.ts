@@ -8,6 +8,8 @@ function eventSubjectId(event: BoxcarEvent): string {
       return event.workerId;
     case "workflow":
       return event.runId;
+    case "session":
+      return event.sessionId;
     default:
       return event.jobId;
   }

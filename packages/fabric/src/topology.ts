@@ -124,6 +124,8 @@ export interface Topology {
   readonly workers: KV;
   readonly idempotency: KV;
   readonly workflows: KV;
+  /** Sessions' records, written by the workers that hold them. */
+  readonly sessions: KV;
   readonly artifacts: ObjectStore;
   /** The admin's system policy (`SystemPolicy`, under the key `system`). */
   readonly policy: KV;
@@ -223,12 +225,12 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const consistentReads = num_replicas > 1 ? { allow_direct: false } : {};
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
     kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}), ...consistentReads });
-  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, artifacts: ObjectStore;
+  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, sessions: KV, artifacts: ObjectStore;
   try {
     for (const config of streams) {
       await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
     }
-    [jobs, agents, workers, idempotency, workflows, policy] = await Promise.all([
+    [jobs, agents, workers, idempotency, workflows, policy, sessions] = await Promise.all([
       // A job or run record is kept once, its latest revision: each revision carries the whole
       // record, input included (a bucket made before keeps the 5 it was made with).
       kv(names.buckets.jobs),
@@ -237,6 +239,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
       kv(names.buckets.workflows),
       kv(names.buckets.policy, { history: 5 }),
+      kv(names.buckets.sessions),
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
   } catch (err) {
@@ -262,6 +265,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     workers,
     idempotency,
     workflows,
+    sessions,
     artifacts,
     policy,
     purgeKey,

@@ -64,6 +64,8 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.jobsLogs,
   ApiEndpoint.jobsArtifact,
   ApiEndpoint.workflowsEvents,
+  ApiEndpoint.sessionsGet,
+  ApiEndpoint.sessionsList,
 ];
 
 /**
@@ -83,6 +85,9 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.workflowsStart,
     ApiEndpoint.workflowsCancel,
     ApiEndpoint.inputsUpload,
+    ApiEndpoint.sessionsOpen,
+    ApiEndpoint.sessionsExec,
+    ApiEndpoint.sessionsClose,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };
@@ -130,6 +135,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
     kv(b.workflows),
     obj(b.artifacts),
     kv(b.policy),
+    kv(b.sessions),
   ];
   const inbox = `${names.inboxPrefix(user)}.>`;
   const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
@@ -149,7 +155,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.workAll,
             s.deadAll,
             s.cancelAll,
-            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy].map(kvSubjects),
+            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions].map(kvSubjects),
+            // Requests to the worker that holds a session (it answers only what it is asked).
+            s.sessionAll,
             objSubjects(b.artifacts),
             // An object's chunks are removed by a purge filtered on them (deletes, overwrites),
             // and so are an ended job's events, output and record (and an ended run's) once its
@@ -179,14 +187,16 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.deadAll,
             kvSubjects(b.jobs),
             kvSubjects(b.workers),
+            kvSubjects(b.sessions),
             objSubjects(b.artifacts),
             `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,
           ],
           // Work items come only from dispatchers; a worker only hands them back.
           deny: [s.workAll],
         },
-        sub: { allow: [inbox, s.cancelAll], deny: [] },
-        allowResponses: false,
+        // Session requests come from dispatchers; a worker may answer each once, on its reply subject only.
+        sub: { allow: [inbox, s.cancelAll, s.sessionAll], deny: [] },
+        allowResponses: true,
       };
     case "viewer":
       // Reads everything through the API, changes nothing.
@@ -209,7 +219,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
 }
 
 /** The kinds of event that belong to a user (a worker's belong to no one). */
-const OWNED_EVENT_KINDS = ["job", "sandbox", "workflow"] as const;
+const OWNED_EVENT_KINDS = ["job", "sandbox", "workflow", "session"] as const;
 
 /** `$JS.API` subjects for one stream: `consume` pulls and acks; `manage` also reads, creates and lists. */
 function streamApi(stream: string, access: StreamAccess): string[] {

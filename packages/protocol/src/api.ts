@@ -5,6 +5,7 @@ import { BoxcarEvent } from "./events.js";
 import { isTerminal, JobRecord, JobSpec, JobState, WorkspacePath } from "./job.js";
 import { type ApiEndpoint, TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
+import { ExecReply, ExecRequest, ListSessionsReply, ListSessionsRequest, OpenSessionRequest, SessionRef, SessionReply } from "./session.js";
 import { durationMs } from "./units.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
@@ -209,6 +210,11 @@ export const API_CONTRACT = {
   "inputs.upload": { request: UploadRequest, reply: UploadReply },
   "policy.get": { request: NoFields, reply: PolicyReply },
   "policy.set": { request: z.strictObject({ policy: SystemPolicy }), reply: SetPolicyReply },
+  "sessions.open": { request: OpenSessionRequest, reply: SessionReply },
+  "sessions.exec": { request: ExecRequest, reply: ExecReply },
+  "sessions.close": { request: SessionRef, reply: SessionReply },
+  "sessions.get": { request: SessionRef, reply: SessionReply },
+  "sessions.list": { request: ListSessionsRequest, reply: ListSessionsReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

@@ -341,12 +341,18 @@ const NAME_ROWS: readonly NameRow[] = [
     name: (n, x) => n.subjects.upload(x("user", LOCAL_OWNER), x("token", "<token>")),
     kind: () => "core NATS subject, to one dispatcher",
   },
+  {
+    what: "a session's requests to its worker",
+    name: (n, x) => n.subjects.session(x("workerId", "<workerId>"), "<open|exec|close>"),
+    kind: () => "core NATS subject, from dispatchers to one worker",
+  },
   { what: "job records", name: (n) => n.buckets.jobs, kind: () => "KV bucket, key = job id" },
   { what: "agent definitions", name: (n) => n.buckets.agents, kind: () => "KV bucket, key = agent name" },
   { what: "worker presence", name: (n) => n.buckets.workers, kind: () => "KV bucket, key = worker id" },
   { what: "idempotency keys", name: (n) => n.buckets.idempotency, kind: () => "KV bucket, key = SHA-256 of the key (hex)" },
   { what: "workflow runs", name: (n) => n.buckets.workflows, kind: () => "KV bucket, key = run id" },
   { what: "system policy", name: (n) => n.buckets.policy, kind: () => "KV bucket, one key: `system`" },
+  { what: "session records", name: (n) => n.buckets.sessions, kind: () => "KV bucket, key = session id" },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },
   { what: "reply inboxes", name: (n, x) => n.inboxPrefix(x("user", LOCAL_OWNER)), kind: () => "inbox prefix of every connection" },
 ];

@@ -159,7 +159,30 @@ export const WorkflowEvent = z.looseObject({
 });
 export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
 
-export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent]);
+export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "closed"]);
+export type SessionEventType = z.infer<typeof SessionEventType>;
+
+/** `<prefix>.evt.session.<owner>.<sessionId>.<type>` */
+export const SessionEvent = z.looseObject({
+  ...base,
+  kind: z.literal("session"),
+  type: SessionEventType,
+  sessionId: z.string(),
+  owner,
+  agent: z.string(),
+  workerId: z.string(),
+  /** On exec events: the command's id (`<session>.<n>`) and, once it ended, how. */
+  execId: z.string().optional(),
+  exitCode: z.number().int().nullable().optional(),
+  signal: z.string().nullable().optional(),
+  durationMs: z.number().nonnegative().optional(),
+  /** On `closed`: why (`closed`, `idle`, `lifetime`, `worker_stopped`). */
+  reason: z.string().optional(),
+  error: ErrorInfo.optional(),
+});
+export type SessionEvent = z.infer<typeof SessionEvent>;
+
+export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent, SessionEvent]);
 export type BoxcarEvent = z.infer<typeof BoxcarEvent>;
 
 /** A stored event as the events it stands for: the ones folded into it, oldest first, then itself. */

@@ -96,6 +96,8 @@ export {
   JobEventType,
   SandboxEvent,
   SandboxEventType,
+  SessionEvent,
+  SessionEventType,
   unfoldEvents,
   WorkerEvent,
   WorkerEventType,
@@ -145,6 +147,26 @@ export {
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
+export type {
+  ExecRequest as ExecRequestInput,
+  ListSessionsRequest as ListSessionsRequestInput,
+  OpenSessionRequest as OpenSessionRequestInput,
+} from "./session.js";
+export {
+  ExecReply,
+  ExecRequest,
+  ListSessionsReply,
+  ListSessionsRequest,
+  MAX_EXEC_REPLY_OUTPUT,
+  OpenSessionRequest,
+  SessionId,
+  SessionRecord,
+  SessionRef,
+  SessionReply,
+  SessionState,
+  WorkerOpenSession,
+  WorkerReply,
+} from "./session.js";
 export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
 export { WorkerConfig } from "./worker-config.js";

@@ -17,7 +17,7 @@ export const TOKEN_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 export const LogStream = { stdout: "stdout", stderr: "stderr" } as const;
 export type LogStream = (typeof LogStream)[keyof typeof LogStream];
 
-export type EventKind = "job" | "sandbox" | "worker" | "workflow";
+export type EventKind = "job" | "sandbox" | "worker" | "workflow" | "session";
 
 export interface Names {
   readonly prefix: string;
@@ -46,6 +46,8 @@ export interface Names {
     readonly artifacts: string;
     /** The admin's system policy: what agents may ask for, and users' quotas (one key, `system`). */
     readonly policy: string;
+    /** Sessions' records, written by the workers that hold them. */
+    readonly sessions: string;
   };
   /** The durable consumer all dispatchers share on the intake stream. */
   readonly intakeConsumer: string;
@@ -111,6 +113,9 @@ export interface Names {
     /** The uploads of one user. */
     ownerUploads(owner: string): string;
     uploadsAll: string;
+    /** Where a dispatcher asks the worker holding a session to `op` (open, exec, close): `<prefix>.sess.<workerId>.<op>`. */
+    session(workerId: string, op: string): string;
+    sessionAll: string;
   };
 }
 
@@ -138,6 +143,11 @@ export const ApiEndpoint = {
   inputsUpload: "inputs.upload",
   policyGet: "policy.get",
   policySet: "policy.set",
+  sessionsOpen: "sessions.open",
+  sessionsExec: "sessions.exec",
+  sessionsClose: "sessions.close",
+  sessionsGet: "sessions.get",
+  sessionsList: "sessions.list",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -164,6 +174,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       workflows: `${bucket}_workflows`,
       artifacts: `${bucket}_artifacts`,
       policy: `${bucket}_policy`,
+      sessions: `${bucket}_sessions`,
     },
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),
@@ -200,6 +211,8 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       upload: (owner, token) => `${prefix}.upload.${owner}.${token}`,
       ownerUploads: (owner) => `${prefix}.upload.${owner}.*`,
       uploadsAll: `${prefix}.upload.>`,
+      session: (workerId, op) => `${prefix}.sess.${workerId}.${op}`,
+      sessionAll: `${prefix}.sess.>`,
     },
   };
 }

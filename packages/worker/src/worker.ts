@@ -20,6 +20,7 @@ import { WorkspaceRoot } from "./local-workspace.js";
 import { PoolPuller } from "./pool-puller.js";
 import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
 import { orphanCheck } from "./sandbox-reaper.js";
+import { SessionHost } from "./session-host.js";
 import { Slots } from "./slots.js";
 import type { WorkDelivery } from "./work-delivery.js";
 import { WorkerMetrics } from "./worker-metrics.js";
@@ -109,6 +110,7 @@ class BoxcarWorker implements Worker {
   private presenceClosed = false;
   private reaper: NodeJS.Timeout | undefined;
   private cancelSub: Subscription | undefined;
+  private sessions: SessionHost | undefined;
 
   constructor(private readonly options: ResolvedWorkerOptions) {
     this.id = options.workerId;
@@ -164,6 +166,16 @@ class BoxcarWorker implements Worker {
     this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
     });
+    this.sessions = new SessionHost({
+      topology,
+      workerId: this.id,
+      options: this.options,
+      providers: this.providers,
+      capabilities: () => this.capabilities,
+      slots: this.slots,
+      log: this.log,
+    });
+    this.sessions.start();
     await topology.nc.flush();
     // On a full store the worker waits for room instead of exiting: once space frees, it drains the queue.
     await patiently("the presence entry", () => this.putPresence(), this.log, this.pulling.signal, { untilRoom: true });
@@ -337,6 +349,7 @@ class BoxcarWorker implements Worker {
       if (provider.close) await this.step(`remove warm ${provider.kind} sandboxes`, () => provider.close?.() ?? Promise.resolve());
     }
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
+    await this.step("close the sessions", async () => this.sessions?.stop());
     // A heartbeat still in flight must land before the delete, or it would bring back a
     // presence that readers then see as gone.
     await this.beating;
@@ -412,7 +425,8 @@ class BoxcarWorker implements Worker {
       sandboxes: [...this.capabilities],
       policy: this.options.policy,
       capacity: this.options.concurrency,
-      load: this.runs.size,
+      // A session holds a slot as a job does.
+      load: this.runs.size + (this.sessions?.size ?? 0),
       jobs: [...this.runs.keys()],
       state: this.state === "draining" ? "draining" : "running",
       startedAt: this.startedAt,
@@ -431,7 +445,8 @@ class BoxcarWorker implements Worker {
       kind: "worker",
       type,
       workerId: this.id,
-      load: this.runs.size,
+      // A session holds a slot as a job does.
+      load: this.runs.size + (this.sessions?.size ?? 0),
       capacity: this.options.concurrency,
       ...(error ? { error } : {}),
     });

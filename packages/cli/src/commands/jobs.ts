@@ -94,7 +94,7 @@ function describeChainEvent(): (event: BoxcarEvent) => string {
   const tags = new Map<string, string>();
   return (event) => {
     const line = describeEvent(event);
-    if (event.kind === "worker") return line;
+    if (event.kind === "worker" || event.kind === "session") return line;
     if (event.kind === "job" && !tags.has(event.jobId)) tags.set(event.jobId, `${event.agent}#${tags.size}`);
     if (event.kind === "job" && event.type === "handoff" && event.next && event.to) tags.set(event.next, `${event.to}#${tags.size}`);
     const time = event.at.slice(11, 23);

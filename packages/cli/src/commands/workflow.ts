@@ -98,7 +98,7 @@ export class RunEventPrinter {
       ].filter(Boolean);
       return `${time}  ${tag.padEnd(this.width)}  workflow ${event.type.padEnd(16)} ${detail.join("  ")}`.trimEnd();
     }
-    const jobId = event.kind === "worker" ? undefined : event.jobId;
+    const jobId = event.kind === "worker" || event.kind === "session" ? undefined : event.jobId;
     const tag = jobId ? await this.tagOf(jobId) : "";
     const line = describeEvent(event);
     // describeEvent starts with the time and two spaces: put the step after them.

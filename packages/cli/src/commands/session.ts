@@ -1,0 +1,117 @@
+import { SessionState } from "@boxcar/protocol";
+import type { Command } from "../command.js";
+import { ExitCode } from "../exit-codes.js";
+import { json, table } from "../output.js";
+import { UsageError } from "../usage-error.js";
+import { optionalDuration } from "./roles.js";
+
+const usage =
+  "boxcar session open AGENT [--idle 10m] [--lifetime 8h] | exec ID [--timeout 10m] [--env NAME=VALUE]... -- COMMAND [ARG...] | close ID | get ID";
+
+export const session: Command = {
+  name: "session",
+  usage,
+  summary: "open a session (a sandbox kept between commands), run commands in it, close it",
+  maxArgs: Number.POSITIVE_INFINITY,
+  options: {
+    idle: { type: "string" },
+    lifetime: { type: "string" },
+    timeout: { type: "string" },
+    env: { type: "string", multiple: true, default: [] },
+  },
+  async run(ctx) {
+    const [verb, first, ...rest] = ctx.positionals;
+    const one = (what: string) => {
+      if (!first || rest.length > 0) throw new UsageError(`session ${verb} needs one ${what}\n\nusage: ${usage}`);
+      return first;
+    };
+    switch (verb) {
+      case "open": {
+        const agent = one("AGENT");
+        const idle = optionalDuration(ctx.values.idle, "--idle");
+        const lifetime = optionalDuration(ctx.values.lifetime, "--lifetime");
+        await using s = await ctx.session("boxcar-session");
+        const opened = await s.client.openSession({
+          agent,
+          ...(idle !== undefined ? { idleTimeout: idle } : {}),
+          ...(lifetime !== undefined ? { maxLifetime: lifetime } : {}),
+        });
+        ctx.print(ctx.values.json ? json(opened) : opened.id);
+        return ExitCode.ok;
+      }
+      case "exec": {
+        if (!first || rest.length === 0) throw new UsageError(`session exec needs an ID and, after --, a command\n\nusage: ${usage}`);
+        const env: Record<string, string> = {};
+        for (const pair of ctx.values.env as string[]) {
+          const at = pair.indexOf("=");
+          if (at < 1) throw new UsageError(`--env takes NAME=VALUE, got ${JSON.stringify(pair)}`);
+          env[pair.slice(0, at)] = pair.slice(at + 1);
+        }
+        const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        await using s = await ctx.session("boxcar-session");
+        const ran = await s.client.execInSession({ id: first, argv: rest, env, ...(timeout !== undefined ? { timeout } : {}) });
+        if (ctx.values.json) {
+          ctx.print(json(ran));
+          return ExitCode.ok;
+        }
+        ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
+        ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
+        if (ran.truncated) ctx.io.stderr.write(`(output cut to its end: boxcar logs ${first} has all of it)\n`);
+        if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
+        // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
+        return ran.exitCode ?? 128 + signalNumber(ran.signal);
+      }
+      case "close": {
+        await using s = await ctx.session("boxcar-session");
+        const closed = await s.client.closeSession(one("ID"));
+        ctx.print(ctx.values.json ? json(closed) : `session ${closed.id} ${closed.state}`);
+        return ExitCode.ok;
+      }
+      case "get": {
+        await using s = await ctx.session("boxcar-session");
+        ctx.print(json(await s.client.getSession(one("ID"))));
+        return ExitCode.ok;
+      }
+      default:
+        throw new UsageError(`${verb ? `unknown session command ${verb}` : "missing session command"}\n\nusage: ${usage}`);
+    }
+  },
+};
+
+export const sessions: Command = {
+  name: "sessions",
+  usage: "boxcar sessions [--state open|closed|lost]",
+  summary: "list sessions, newest first",
+  maxArgs: 0,
+  options: { state: { type: "string" } },
+  async run(ctx) {
+    const state = ctx.values.state === undefined ? undefined : SessionState.safeParse(ctx.values.state);
+    if (state && !state.success) throw new UsageError(`--state must be open, closed or lost, got ${String(ctx.values.state)}`);
+    await using s = await ctx.session("boxcar-sessions");
+    const list = await s.client.listSessions(state?.data ? { state: state.data } : {});
+    if (ctx.values.json) {
+      ctx.print(json(list));
+      return ExitCode.ok;
+    }
+    ctx.print(
+      table(
+        ["SESSION", "STATE", "OWNER", "AGENT", "WORKER", "COMMANDS", "LAST USED"],
+        list.map((x) => [
+          x.id,
+          x.reason && x.state !== "open" ? `${x.state} (${x.reason})` : x.state,
+          x.owner,
+          x.agent,
+          x.workerId,
+          String(x.execs),
+          x.lastUsedAt,
+        ]),
+      ),
+    );
+    return ExitCode.ok;
+  },
+};
+
+function signalNumber(signal: string | null): number {
+  const numbers: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGQUIT: 3, SIGKILL: 9, SIGTERM: 15 };
+  return (signal && numbers[signal]) || 9;
+}

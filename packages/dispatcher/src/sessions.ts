@@ -1,0 +1,110 @@
+/**
+ * The dispatcher's side of sessions: it checks a caller against a session's owner (from the
+ * record its worker keeps), picks a worker to hold a new one, and asks the holding worker on
+ * `<prefix>.sess.<workerId>.<op>`. The worker runs the sandbox, enforces the lock and the
+ * timeouts, and writes the record; nothing of a session's commands or output is kept here.
+ */
+
+import { randomBytes } from "node:crypto";
+import { getJson, listJson, type Topology } from "@boxcar/fabric";
+import {
+  type AgentDefinition,
+  BoxcarError,
+  ErrorCode,
+  type ExecReply,
+  type Identity,
+  mayAccess,
+  type SessionRecord,
+  SessionRecord as SessionRecordSchema,
+  type SessionState,
+  WorkerReply,
+} from "@boxcar/protocol";
+import type { WorkerDirectory } from "./worker-directory.js";
+
+/** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */
+const OPEN_TIMEOUT_MS = 120_000;
+/** Beyond an exec's own timeout: the worker's time to end it and answer. */
+const EXEC_GRACE_MS = 15_000;
+
+export class SessionDesk {
+  constructor(
+    private readonly topology: Topology,
+    private readonly workers: WorkerDirectory,
+    private readonly agentOf: (name: string) => Promise<AgentDefinition>,
+  ) {}
+
+  async open(request: { agent: string; idleTimeout: number; maxLifetime: number }, caller: Identity): Promise<SessionRecord> {
+    const agent = await this.agentOf(request.agent);
+    const worker = this.workers.pickForSession(agent, agent.pool);
+    const id = `ses-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
+    return (await this.ask(worker.id, "open", { id, owner: caller.user, request, agent }, OPEN_TIMEOUT_MS)) as SessionRecord;
+  }
+
+  async exec(request: { id: string; timeout: number } & Record<string, unknown>, caller: Identity): Promise<ExecReply> {
+    const session = await this.usable(request.id, caller);
+    return (await this.ask(session.workerId, "exec", request, request.timeout + EXEC_GRACE_MS)) as ExecReply;
+  }
+
+  async close(id: string, caller: Identity): Promise<SessionRecord> {
+    const session = await this.owned(id, caller);
+    if (session.state !== "open") return session;
+    return (await this.ask(session.workerId, "close", { id }, 30_000)) as SessionRecord;
+  }
+
+  /** The record, `lost` when its worker is gone. */
+  async get(id: string, caller: Identity): Promise<SessionRecord> {
+    return this.owned(id, caller);
+  }
+
+  async list(request: { state?: SessionState | undefined; limit: number }, caller: Identity): Promise<SessionRecord[]> {
+    const all = await listJson(this.topology.sessions, SessionRecordSchema, "session");
+    return all
+      .map((s) => this.withWorker(s))
+      .filter((s) => mayAccess(caller, s.owner) && (request.state === undefined || s.state === request.state))
+      .sort((a, b) => b.createdAt.localeCompare(a.createdAt))
+      .slice(0, request.limit);
+  }
+
+  /** The session, if the caller may see it; another user's is as not found (as jobs are). */
+  private async owned(id: string, caller: Identity): Promise<SessionRecord> {
+    const found = await getJson(this.topology.sessions, id, SessionRecordSchema, "session");
+    if (!found || !mayAccess(caller, found.value.owner)) throw new BoxcarError(ErrorCode.notFound, `no session ${id}`);
+    return this.withWorker(found.value);
+  }
+
+  /** An open session the caller may use: its own (an admin: any). */
+  private async usable(id: string, caller: Identity): Promise<SessionRecord> {
+    const session = await this.owned(id, caller);
+    if (caller.role !== "admin" && session.owner !== caller.user) {
+      throw new BoxcarError(ErrorCode.forbidden, `session ${id} is ${session.owner}'s: only its owner (or an admin) may use it`);
+    }
+    if (session.state !== "open") {
+      throw new BoxcarError(ErrorCode.conflict, `session ${id} is ${session.state}${session.reason ? ` (${session.reason})` : ""}`);
+    }
+    return session;
+  }
+
+  private withWorker(session: SessionRecord): SessionRecord {
+    if (session.state !== "open") return session;
+    const status = this.workers.statusOf(session.workerId);
+    return status === "live" || status === "draining"
+      ? session
+      : { ...session, state: "lost", reason: `worker ${session.workerId} is gone` };
+  }
+
+  /** Asks the worker; its refusal comes back as the error it gave. */
+  private async ask(workerId: string, op: string, body: unknown, timeoutMs: number): Promise<unknown> {
+    let text: string;
+    try {
+      const msg = await this.topology.nc.request(this.topology.names.subjects.session(workerId, op), JSON.stringify(body), {
+        timeout: timeoutMs,
+      });
+      text = msg.string();
+    } catch (err) {
+      throw new BoxcarError(ErrorCode.unavailable, `worker ${workerId} did not answer (${op}): ${(err as Error).message}`);
+    }
+    const reply = WorkerReply.parse(JSON.parse(text));
+    if (!reply.ok) throw new BoxcarError(reply.error.code as ErrorCode, reply.error.message);
+    return reply.data;
+  }
+}

@@ -1,0 +1,132 @@
+/**
+ * Sessions (first slice: host sandboxes) against a real nats-server with authentication, a real
+ * dispatcher and a real worker: open, commands that keep their files between them, output live
+ * and in the reply, one command at a time, owners only, the idle bound, close.
+ */
+
+import { existsSync } from "node:fs";
+import { BoxcarError, type SessionRecord } from "@boxcar/protocol";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcar, eventually } from "./helpers/cli.js";
+import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+
+const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
+
+describe("sessions", () => {
+  let system: SecuredSystem;
+  let alice: Principal;
+  let bob: Principal;
+  let viewer: Principal;
+
+  beforeAll(async () => {
+    system = await securedSystem();
+    alice = await system.as("alice", "submitter");
+    bob = await system.as("bob", "submitter");
+    viewer = await system.as("viewer", "viewer");
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({ name: "shell", command: ["true"], trusted: true, runtime: { sandbox: "host", timeout: "1m" } });
+    await admin.client.applyAgent({ name: "boxed", command: ["true"], runtime: { sandbox: "docker", timeout: "1m" } });
+  }, 60_000);
+
+  afterAll(async () => {
+    await system?.[Symbol.asyncDispose]();
+  });
+
+  test("commands in one session share its workspace; output comes in the reply and live on the session's log subject", async () => {
+    const session = await alice.client.openSession({ agent: "shell" });
+    expect(session).toMatchObject({ owner: "alice", agent: "shell", state: "open", execs: 0, sandbox: { kind: "host" } });
+    const live: string[] = [];
+    const sub = alice.nc.subscribe(alice.names.subjects.jobLogs("alice", session.id), {
+      callback: (_err, msg) => {
+        live.push(`${msg.headers?.get("Boxcar-Exec")}:${msg.string()}`);
+      },
+    });
+    const write = await alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", "echo kept > note.txt; echo wrote; echo warn >&2"],
+    });
+    expect(write).toMatchObject({ exitCode: 0, timedOut: false, truncated: false });
+    expect(text(write.stdout)).toBe("wrote\n");
+    expect(text(write.stderr)).toBe("warn\n");
+    const read = await alice.client.execInSession({ id: session.id, argv: ["cat", "note.txt"], env: { GREETING: "hi" } });
+    expect(text(read.stdout)).toBe("kept\n");
+    const failed = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "exit 7"] });
+    expect(failed.exitCode).toBe(7);
+    await eventually(async () => (live.some((l) => l === `${write.execId}:wrote\n`) ? true : undefined), "the output on the log subject");
+    sub.unsubscribe();
+    expect((await alice.client.getSession(session.id)).execs).toBe(3);
+    const closed = await alice.client.closeSession(session.id);
+    expect(closed).toMatchObject({ state: "closed", reason: "closed" });
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
+  });
+
+  test("one command at a time: a second while one runs is refused, and a timeout ends the first", async () => {
+    const session = await alice.client.openSession({ agent: "shell" });
+    const slow = alice.client.execInSession({ id: session.id, argv: ["sleep", "30"], timeout: "1s" });
+    await eventually(async () => ((await alice.client.getSession(session.id)).state === "open" ? true : undefined), "open");
+    await new Promise((r) => setTimeout(r, 200));
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
+    const ended = await slow;
+    expect(ended).toMatchObject({ timedOut: true, exitCode: null });
+    expect((await alice.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
+    await alice.client.closeSession(session.id);
+  });
+
+  test("only its owner uses a session: another submitter finds none, a viewer reads it but cannot run in it", async () => {
+    const session = await alice.client.openSession({ agent: "shell" });
+    await expect(bob.client.execInSession({ id: session.id, argv: ["cat", "/etc/hostname"] })).rejects.toMatchObject({ code: "not_found" });
+    await expect(bob.client.closeSession(session.id)).rejects.toMatchObject({ code: "not_found" });
+    expect(await bob.client.listSessions()).toEqual([]);
+    expect((await viewer.client.getSession(session.id)).owner).toBe("alice");
+    await expect(viewer.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "forbidden" });
+    // NATS itself refuses a submitter's request straight to the worker.
+    await expect(
+      bob.nc.request(bob.names.subjects.session(session.workerId, "exec"), JSON.stringify({ id: session.id, argv: ["id"] }), {
+        timeout: 2_000,
+      }),
+    ).rejects.toThrow();
+    expect((await alice.client.getSession(session.id)).execs).toBe(0);
+    await alice.client.closeSession(session.id);
+  });
+
+  test("an idle session closes by itself, its workspace removed and its slot freed", async () => {
+    const session: SessionRecord = await alice.client.openSession({ agent: "shell", idleTimeout: "1s" });
+    const where = await alice.client.execInSession({ id: session.id, argv: ["pwd"] });
+    const workspace = text(where.stdout).trim();
+    expect(existsSync(workspace)).toBe(true);
+    const closed = await eventually(async () => {
+      const s = await alice.client.getSession(session.id);
+      return s.state === "closed" ? s : undefined;
+    }, "the idle session to close");
+    expect(closed.reason).toBe("idle");
+    expect(existsSync(workspace)).toBe(false);
+    const events = await boxcar(system.url, system.prefix, ["sessions", "--json"], { NATS_CREDS: alice.creds });
+    expect(JSON.parse(events.stdout).find((s: SessionRecord) => s.id === session.id)).toMatchObject({ state: "closed" });
+  });
+
+  test("an agent that does not run on the host gets a clear refusal, and a session of no agent is not found", async () => {
+    await expect(alice.client.openSession({ agent: "boxed" })).rejects.toSatisfy(
+      (err: unknown) => err instanceof BoxcarError && /host sandboxes only so far|no live worker|can run/.test(err.message),
+    );
+    await expect(alice.client.openSession({ agent: "nobody" })).rejects.toMatchObject({ code: "not_found" });
+  });
+
+  test("the CLI opens a session, runs a command in it and closes it", async () => {
+    const env = { NATS_CREDS: alice.creds };
+    const opened = await boxcar(system.url, system.prefix, ["session", "open", "shell", "--json"], env);
+    expect(opened.code, opened.stderr).toBe(0);
+    const id = JSON.parse(opened.stdout).id as string;
+    // The prefix before `--`: what follows it is the command (the helper adds its own after, as the script's $0 and $1).
+    const ran = await boxcar(
+      system.url,
+      system.prefix,
+      ["session", "exec", "--prefix", system.prefix, id, "--", "sh", "-c", "echo from-cli; exit 3"],
+      env,
+    );
+    expect(ran.stdout).toBe("from-cli\n");
+    expect(ran.code).toBe(3);
+    const closed = await boxcar(system.url, system.prefix, ["session", "close", id], env);
+    expect(closed.code, closed.stderr).toBe(0);
+    expect((await alice.client.getSession(id)).state).toBe("closed");
+  });
+});
