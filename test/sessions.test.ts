@@ -17,15 +17,23 @@ describe("sessions", () => {
   let alice: Principal;
   let bob: Principal;
   let viewer: Principal;
+  let admin: Principal;
 
   beforeAll(async () => {
     system = await securedSystem();
     alice = await system.as("alice", "submitter");
     bob = await system.as("bob", "submitter");
     viewer = await system.as("viewer", "viewer");
-    const admin = await system.as("admin", "admin");
-    await admin.client.applyAgent({ name: "shell", command: ["true"], trusted: true, runtime: { sandbox: "host", timeout: "1m" } });
-    await admin.client.applyAgent({ name: "boxed", command: ["true"], runtime: { sandbox: "docker", timeout: "1m" } });
+    admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({
+      name: "shell",
+      command: ["true"],
+      trusted: true,
+      sessions: true,
+      runtime: { sandbox: "host", timeout: "1m" },
+    });
+    await admin.client.applyAgent({ name: "closed", command: ["true"], trusted: true, runtime: { sandbox: "host", timeout: "1m" } });
+    await admin.client.applyAgent({ name: "boxed", command: ["true"], sessions: true, runtime: { sandbox: "docker", timeout: "1m" } });
   }, 60_000);
 
   afterAll(async () => {
@@ -33,51 +41,51 @@ describe("sessions", () => {
   });
 
   test("commands in one session share its workspace; output comes in the reply and live on the session's log subject", async () => {
-    const session = await alice.client.openSession({ agent: "shell" });
-    expect(session).toMatchObject({ owner: "alice", agent: "shell", state: "open", execs: 0, sandbox: { kind: "host" } });
+    const session = await admin.client.openSession({ agent: "shell" });
+    expect(session).toMatchObject({ owner: "admin", agent: "shell", state: "open", execs: 0, sandbox: { kind: "host" } });
     const live: string[] = [];
-    const sub = alice.nc.subscribe(alice.names.subjects.jobLogs("alice", session.id), {
+    const sub = admin.nc.subscribe(admin.names.subjects.jobLogs("admin", session.id), {
       callback: (_err, msg) => {
         live.push(`${msg.headers?.get("Boxcar-Exec")}:${msg.string()}`);
       },
     });
-    const write = await alice.client.execInSession({
+    const write = await admin.client.execInSession({
       id: session.id,
       argv: ["sh", "-c", "echo kept > note.txt; echo wrote; echo warn >&2"],
     });
     expect(write).toMatchObject({ exitCode: 0, timedOut: false, truncated: false });
     expect(text(write.stdout)).toBe("wrote\n");
     expect(text(write.stderr)).toBe("warn\n");
-    const read = await alice.client.execInSession({ id: session.id, argv: ["cat", "note.txt"], env: { GREETING: "hi" } });
+    const read = await admin.client.execInSession({ id: session.id, argv: ["cat", "note.txt"], env: { GREETING: "hi" } });
     expect(text(read.stdout)).toBe("kept\n");
-    const failed = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "exit 7"] });
+    const failed = await admin.client.execInSession({ id: session.id, argv: ["sh", "-c", "exit 7"] });
     expect(failed.exitCode).toBe(7);
     await eventually(async () => (live.some((l) => l === `${write.execId}:wrote\n`) ? true : undefined), "the output on the log subject");
     sub.unsubscribe();
-    expect((await alice.client.getSession(session.id)).execs).toBe(3);
-    const closed = await alice.client.closeSession(session.id);
+    expect((await admin.client.getSession(session.id)).execs).toBe(3);
+    const closed = await admin.client.closeSession(session.id);
     expect(closed).toMatchObject({ state: "closed", reason: "closed" });
-    await expect(alice.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
+    await expect(admin.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
   });
 
   test("one command at a time: a second while one runs is refused, and a timeout ends the first", async () => {
-    const session = await alice.client.openSession({ agent: "shell" });
-    const slow = alice.client.execInSession({ id: session.id, argv: ["sleep", "30"], timeout: "1s" });
-    await eventually(async () => ((await alice.client.getSession(session.id)).state === "open" ? true : undefined), "open");
+    const session = await admin.client.openSession({ agent: "shell" });
+    const slow = admin.client.execInSession({ id: session.id, argv: ["sleep", "30"], timeout: "1s" });
+    await eventually(async () => ((await admin.client.getSession(session.id)).state === "open" ? true : undefined), "open");
     await new Promise((r) => setTimeout(r, 200));
-    await expect(alice.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
+    await expect(admin.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
     const ended = await slow;
     expect(ended).toMatchObject({ timedOut: true, exitCode: null });
-    expect((await alice.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
-    await alice.client.closeSession(session.id);
+    expect((await admin.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
+    await admin.client.closeSession(session.id);
   });
 
-  test("only its owner uses a session: another submitter finds none, a viewer reads it but cannot run in it", async () => {
-    const session = await alice.client.openSession({ agent: "shell" });
+  test("only its owner uses a session: a submitter finds none, a viewer reads it but cannot run in it", async () => {
+    const session = await admin.client.openSession({ agent: "shell" });
     await expect(bob.client.execInSession({ id: session.id, argv: ["cat", "/etc/hostname"] })).rejects.toMatchObject({ code: "not_found" });
     await expect(bob.client.closeSession(session.id)).rejects.toMatchObject({ code: "not_found" });
     expect(await bob.client.listSessions()).toEqual([]);
-    expect((await viewer.client.getSession(session.id)).owner).toBe("alice");
+    expect((await viewer.client.getSession(session.id)).owner).toBe("admin");
     await expect(viewer.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "forbidden" });
     // NATS itself refuses a submitter's request straight to the worker.
     await expect(
@@ -85,34 +93,47 @@ describe("sessions", () => {
         timeout: 2_000,
       }),
     ).rejects.toThrow();
-    expect((await alice.client.getSession(session.id)).execs).toBe(0);
-    await alice.client.closeSession(session.id);
+    expect((await admin.client.getSession(session.id)).execs).toBe(0);
+    await admin.client.closeSession(session.id);
   });
 
   test("an idle session closes by itself, its workspace removed and its slot freed", async () => {
-    const session: SessionRecord = await alice.client.openSession({ agent: "shell", idleTimeout: "1s" });
-    const where = await alice.client.execInSession({ id: session.id, argv: ["pwd"] });
+    const session: SessionRecord = await admin.client.openSession({ agent: "shell", idleTimeout: "1s" });
+    const where = await admin.client.execInSession({ id: session.id, argv: ["pwd"] });
     const workspace = text(where.stdout).trim();
     expect(existsSync(workspace)).toBe(true);
     const closed = await eventually(async () => {
-      const s = await alice.client.getSession(session.id);
+      const s = await admin.client.getSession(session.id);
       return s.state === "closed" ? s : undefined;
     }, "the idle session to close");
     expect(closed.reason).toBe("idle");
     expect(existsSync(workspace)).toBe(false);
-    const events = await boxcar(system.url, system.prefix, ["sessions", "--json"], { NATS_CREDS: alice.creds });
+    const events = await boxcar(system.url, system.prefix, ["sessions", "--json"], { NATS_CREDS: admin.creds });
     expect(JSON.parse(events.stdout).find((s: SessionRecord) => s.id === session.id)).toMatchObject({ state: "closed" });
   });
 
-  test("an agent that does not run on the host gets a clear refusal, and a session of no agent is not found", async () => {
-    await expect(alice.client.openSession({ agent: "boxed" })).rejects.toSatisfy(
-      (err: unknown) => err instanceof BoxcarError && /host sandboxes only so far|no live worker|can run/.test(err.message),
+  test("who may open one: an agent must allow sessions, and only an admin runs commands of its own in a host sandbox", async () => {
+    // A submitter would run anything as the worker's own user (its credential, other jobs' files): refused.
+    await expect(alice.client.openSession({ agent: "shell" })).rejects.toSatisfy(
+      (err: unknown) => err instanceof BoxcarError && err.code === "forbidden" && /only an admin/.test(err.message),
     );
-    await expect(alice.client.openSession({ agent: "nobody" })).rejects.toMatchObject({ code: "not_found" });
+    expect(await admin.client.listSessions({ state: "open" })).toEqual([]);
+    // An agent an admin did not open to sessions: refused to everyone.
+    await expect(admin.client.openSession({ agent: "closed" })).rejects.toSatisfy(
+      (err: unknown) => err instanceof BoxcarError && err.code === "forbidden" && /does not allow sessions/.test(err.message),
+    );
+    await expect(admin.client.openSession({ agent: "nobody" })).rejects.toMatchObject({ code: "not_found" });
+  });
+
+  test("an agent that does not run on the host is refused, saying sessions are host-only so far", async () => {
+    // The test worker has no Docker: the dispatcher finds no worker for it, or the worker refuses.
+    await expect(admin.client.openSession({ agent: "boxed" })).rejects.toSatisfy(
+      (err: unknown) => err instanceof BoxcarError && /host sandboxes only so far|no live worker in pool default can run/.test(err.message),
+    );
   });
 
   test("the CLI opens a session, runs a command in it and closes it", async () => {
-    const env = { NATS_CREDS: alice.creds };
+    const env = { NATS_CREDS: admin.creds };
     const opened = await boxcar(system.url, system.prefix, ["session", "open", "shell", "--json"], env);
     expect(opened.code, opened.stderr).toBe(0);
     const id = JSON.parse(opened.stdout).id as string;
@@ -127,6 +148,6 @@ describe("sessions", () => {
     expect(ran.code).toBe(3);
     const closed = await boxcar(system.url, system.prefix, ["session", "close", id], env);
     expect(closed.code, closed.stderr).toBe(0);
-    expect((await alice.client.getSession(id)).state).toBe("closed");
+    expect((await admin.client.getSession(id)).state).toBe("closed");
   });
 });

@@ -102,6 +102,7 @@ test("each API request and the data of its reply match the endpoint's published 
     name: "echo",
     command: 'echo hi > out/note.txt; printf \'{"output":%s}\' "$(cat "$BOXCAR_INPUT_FILE")" > "$BOXCAR_RESULT_FILE"',
     trusted: true,
+    sessions: true,
     runtime: { sandbox: "host" as const },
   };
   await call("agents.apply", { definition: echo });

@@ -99,8 +99,8 @@ export interface JobEventsOptions extends FollowOptions {
 }
 
 /** How long a client waits for a session to open, and beyond an exec's timeout for its answer. */
-const SESSION_OPEN_WAIT_MS = 130_000;
-const SESSION_EXEC_MARGIN_MS = 20_000;
+const SESSION_OPEN_WAIT_MS = 150_000;
+const SESSION_EXEC_MARGIN_MS = 45_000;
 
 /** Submits and watches jobs, manages agents, reads results and artifacts. */
 export interface BoxcarClient {

@@ -23,8 +23,8 @@ import type { WorkerDirectory } from "./worker-directory.js";
 
 /** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */
 const OPEN_TIMEOUT_MS = 120_000;
-/** Beyond an exec's own timeout: the worker's time to end it and answer. */
-const EXEC_GRACE_MS = 15_000;
+/** Beyond an exec's own timeout: the worker's time to end it (a kill grace, its pipes) and answer. */
+const EXEC_GRACE_MS = 30_000;
 
 export class SessionDesk {
   constructor(
@@ -35,20 +35,53 @@ export class SessionDesk {
 
   async open(request: { agent: string; idleTimeout: number; maxLifetime: number }, caller: Identity): Promise<SessionRecord> {
     const agent = await this.agentOf(request.agent);
+    if (!agent.sessions) {
+      throw new BoxcarError(
+        ErrorCode.forbidden,
+        `agent ${agent.name} does not allow sessions: an admin sets \`sessions: true\` on it (docs/sessions.md)`,
+      );
+    }
     const worker = this.workers.pickForSession(agent, agent.pool);
     const id = `ses-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
-    return (await this.ask(worker.id, "open", { id, owner: caller.user, request, agent }, OPEN_TIMEOUT_MS)) as SessionRecord;
+    // A host sandbox runs commands as the worker's own user (its credential, other jobs' files):
+    // only an admin may run commands of its own there. The worker refuses the others.
+    const mayUseHost = caller.role === "admin";
+    return (await this.ask(worker.id, "open", { id, owner: caller.user, request, agent, mayUseHost }, OPEN_TIMEOUT_MS)) as SessionRecord;
   }
 
   async exec(request: { id: string; timeout: number } & Record<string, unknown>, caller: Identity): Promise<ExecReply> {
     const session = await this.usable(request.id, caller);
-    return (await this.ask(session.workerId, "exec", request, request.timeout + EXEC_GRACE_MS)) as ExecReply;
+    return (await this.held(session, "exec", request, request.timeout + EXEC_GRACE_MS)) as ExecReply;
   }
 
   async close(id: string, caller: Identity): Promise<SessionRecord> {
     const session = await this.owned(id, caller);
-    if (session.state !== "open") return session;
-    return (await this.ask(session.workerId, "close", { id }, 30_000)) as SessionRecord;
+    if (session.state === "closed") return session;
+    if (session.state === "lost") return this.markLost(session);
+    return (await this.held(session, "close", { id }, 30_000)) as SessionRecord;
+  }
+
+  /** Asks the session's worker; one that no longer holds it (it restarted) makes the record say so. */
+  private async held(session: SessionRecord, op: string, body: unknown, timeoutMs: number): Promise<unknown> {
+    try {
+      return await this.ask(session.workerId, op, body, timeoutMs);
+    } catch (err) {
+      if (!(err instanceof BoxcarError) || err.code !== ErrorCode.notFound) throw err;
+      const lost = await this.markLost(session);
+      throw new BoxcarError(ErrorCode.conflict, `session ${session.id} is ${lost.state}: ${lost.reason}`);
+    }
+  }
+
+  /** Writes a session whose worker no longer holds it as closed, `lost`. */
+  private async markLost(session: SessionRecord): Promise<SessionRecord> {
+    const closed: SessionRecord = {
+      ...session,
+      state: "closed",
+      closedAt: new Date().toISOString(),
+      reason: "lost: its worker no longer holds it",
+    };
+    await (await this.topology.sessions()).put(session.id, JSON.stringify(closed));
+    return closed;
   }
 
   /** The record, `lost` when its worker is gone. */
@@ -57,7 +90,7 @@ export class SessionDesk {
   }
 
   async list(request: { state?: SessionState | undefined; limit: number }, caller: Identity): Promise<SessionRecord[]> {
-    const all = await listJson(this.topology.sessions, SessionRecordSchema, "session");
+    const all = await listJson(await this.topology.sessions(), SessionRecordSchema, "session");
     return all
       .map((s) => this.withWorker(s))
       .filter((s) => mayAccess(caller, s.owner) && (request.state === undefined || s.state === request.state))
@@ -67,7 +100,7 @@ export class SessionDesk {
 
   /** The session, if the caller may see it; another user's is as not found (as jobs are). */
   private async owned(id: string, caller: Identity): Promise<SessionRecord> {
-    const found = await getJson(this.topology.sessions, id, SessionRecordSchema, "session");
+    const found = await getJson(await this.topology.sessions(), id, SessionRecordSchema, "session");
     if (!found || !mayAccess(caller, found.value.owner)) throw new BoxcarError(ErrorCode.notFound, `no session ${id}`);
     return this.withWorker(found.value);
   }

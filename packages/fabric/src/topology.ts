@@ -124,8 +124,12 @@ export interface Topology {
   readonly workers: KV;
   readonly idempotency: KV;
   readonly workflows: KV;
-  /** Sessions' records, written by the workers that hold them. */
-  readonly sessions: KV;
+  /**
+   * Sessions' records, written by the workers that hold them. Made on first use, not when a role
+   * starts: a role of this release starts on a system whose credentials predate sessions (their
+   * permissions name no such bucket until the account is pushed again), and only sessions wait.
+   */
+  sessions(): Promise<KV>;
   readonly artifacts: ObjectStore;
   /** The admin's system policy (`SystemPolicy`, under the key `system`). */
   readonly policy: KV;
@@ -225,12 +229,12 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const consistentReads = num_replicas > 1 ? { allow_direct: false } : {};
   const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
     kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}), ...consistentReads });
-  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, sessions: KV, artifacts: ObjectStore;
+  let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, artifacts: ObjectStore;
   try {
     for (const config of streams) {
       await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
     }
-    [jobs, agents, workers, idempotency, workflows, policy, sessions] = await Promise.all([
+    [jobs, agents, workers, idempotency, workflows, policy] = await Promise.all([
       // A job or run record is kept once, its latest revision: each revision carries the whole
       // record, input included (a bucket made before keeps the 5 it was made with).
       kv(names.buckets.jobs),
@@ -239,7 +243,6 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       kv(names.buckets.idempotency, { ttl: options.idempotencyWindowMs }),
       kv(names.buckets.workflows),
       kv(names.buckets.policy, { history: 5 }),
-      kv(names.buckets.sessions),
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
   } catch (err) {
@@ -247,6 +250,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   }
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
+  let sessions: Promise<KV> | undefined;
   const leases = new Map<string, number>();
   const purgeKey = async (bucket: "jobs" | "workflows", key: string) => {
     const name = names.buckets[bucket];
@@ -265,7 +269,16 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     workers,
     idempotency,
     workflows,
-    sessions,
+    sessions: () => {
+      sessions ??= kv(names.buckets.sessions).catch((err: unknown) => {
+        sessions = undefined;
+        throw new BoxcarError(
+          ErrorCode.unavailable,
+          `the sessions bucket cannot be opened (${(err as Error).message}): on a system whose credentials predate sessions, push the account again (boxcar auth push)`,
+        );
+      });
+      return sessions;
+    },
     artifacts,
     policy,
     purgeKey,

@@ -110,6 +110,12 @@ export const AgentDefinition = z.strictObject({
   outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
   handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
   retry: RetryPolicy.optional().describe("how failed attempts are retried; none: not at all"),
+  sessions: z
+    .boolean()
+    .default(false)
+    .describe(
+      "callers may open sessions in its sandbox and run commands of their own there (docs/sessions.md); a host session is an admin's only",
+    ),
 });
 /** An agent definition as stored and run (defaults filled, units converted). */
 export type AgentDefinition = z.infer<typeof AgentDefinition>;

@@ -8,7 +8,7 @@
 import { z } from "zod";
 import { AgentName, EnvName, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
-import { SandboxInfo, WorkspacePath } from "./job.js";
+import { SandboxInfo } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { durationMs } from "./units.js";
 
@@ -65,17 +65,10 @@ export const MAX_EXEC_REPLY_OUTPUT = 256 * 1024;
 export const ExecRequest = z.strictObject({
   id: SessionId,
   argv: z
-    .array(z.string().max(64 * 1024))
+    .array(z.string().max(16 * 1024))
     .min(1)
-    .max(1024),
-  env: z.record(EnvName, z.string().max(64 * 1024)).default({}),
-  /** Where it runs, in the workspace; default its root. */
-  cwd: WorkspacePath.optional(),
-  /** Given on its stdin (UTF-8), then end of input; default none. */
-  stdin: z
-    .string()
-    .max(256 * 1024)
-    .optional(),
+    .max(256),
+  env: z.record(EnvName, z.string().max(16 * 1024)).default({}),
   timeout: durationMs({ min: 100, max: 24 * HOUR }).default(10 * 60_000),
 });
 export type ExecRequest = z.input<typeof ExecRequest>;
@@ -108,6 +101,8 @@ export const WorkerOpenSession = z.strictObject({
   id: SessionId,
   owner: z.string().regex(TOKEN_PATTERN),
   request: z.looseObject({ agent: AgentName, idleTimeout: z.number(), maxLifetime: z.number() }),
+  /** The caller may open a host session (an admin): a host sandbox runs commands as the worker's own user. */
+  mayUseHost: z.boolean(),
   /** The agent definition, as the dispatcher read it. */
   agent: z.unknown(),
 });

@@ -28,16 +28,21 @@ import {
   WorkerOpenSession,
 } from "@boxcar/protocol";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
-import { collectSecrets } from "./agent-contract.js";
+import { AgentPaths, collectSecrets } from "./agent-contract.js";
 import { StreamRedactor } from "./redactor.js";
 import type { Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
 import type { Slots } from "./slots.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
+/** The most of a command's output published live (as a job's); the reply carries the end of it all. */
+const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
+
 interface HeldSession {
   record: SessionRecord;
   sandbox: Sandbox;
   secrets: Map<string, string>;
+  /** The agent's own environment variables. */
+  env: Record<string, string>;
   /** The command running now, if any: its id and how to stop it. */
   running?: { execId: string; stop: AbortController };
   idle?: NodeJS.Timeout;
@@ -67,7 +72,13 @@ export class SessionHost {
 
   start(): void {
     const { names, nc } = this.ctx.topology;
-    this.sub = nc.subscribe(names.subjects.session(this.ctx.workerId, "*"), { callback: (_err, msg) => void this.answer(msg) });
+    this.sub = nc.subscribe(names.subjects.session(this.ctx.workerId, "*"), {
+      callback: (err, msg) => {
+        // Refused by credentials from before sessions: the worker runs jobs as ever, without sessions.
+        if (err) this.ctx.log.warn({ err }, "cannot take session requests (push the account again: boxcar auth push)");
+        else void this.answer(msg);
+      },
+    });
   }
 
   /** Closes every session (the worker stops): their sandboxes go, their records say why. */
@@ -77,6 +88,9 @@ export class SessionHost {
   }
 
   private async answer(msg: Msg): Promise<void> {
+    // Answers go to a dispatcher's inbox only: a worker may answer what it is sent, and a reply
+    // subject elsewhere (JetStream's API, say) must never be one.
+    if (!msg.reply?.startsWith("_INBOX.")) return;
     const op = msg.subject.slice(msg.subject.lastIndexOf(".") + 1);
     let reply: unknown;
     try {
@@ -95,11 +109,15 @@ export class SessionHost {
       if (!(err instanceof BoxcarError)) this.ctx.log.error({ err, op }, "a session request failed");
       reply = { ok: false, error: toErrorInfo(err) };
     }
-    msg.respond(JSON.stringify(reply));
+    try {
+      msg.respond(JSON.stringify(reply));
+    } catch (err) {
+      this.ctx.log.warn({ err, op }, "could not answer a session request");
+    }
   }
 
   private async open(body: unknown): Promise<SessionRecord> {
-    const { id, owner, request, agent: raw } = parseWith(WorkerOpenSession, body, "request");
+    const { id, owner, request, agent: raw, mayUseHost } = parseWith(WorkerOpenSession, body, "request");
     const agent = parseWith(AgentDefinition, raw, "agent");
     const { options } = this.ctx;
     checkAgentPolicy(agent, options.agentPolicy, "this worker's policy");
@@ -108,6 +126,12 @@ export class SessionHost {
       throw new BoxcarError(
         ErrorCode.noSandbox,
         `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}): sessions run in host sandboxes only so far (a trusted agent and a worker whose policy allows host)`,
+      );
+    }
+    if (!mayUseHost) {
+      throw new BoxcarError(
+        ErrorCode.forbidden,
+        `a session of ${agent.name} would run in a host sandbox, where commands run as the worker's own user: only an admin may open one (sessions in containers are not built yet)`,
       );
     }
     const provider = this.ctx.providers.get(runtime.kind);
@@ -137,11 +161,17 @@ export class SessionHost {
       expiresAt: new Date(now + request.maxLifetime).toISOString(),
       execs: 0,
     };
-    const held: HeldSession = { record, sandbox, secrets };
+    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env } };
     this.held.set(id, held);
-    held.lifetime = setTimeout(() => void this.close(id, "lifetime"), request.maxLifetime);
+    held.lifetime = setTimeout(() => void this.close(id, "lifetime").catch(() => {}), request.maxLifetime);
     this.idleFrom(held);
-    await this.save(held);
+    try {
+      await this.save(held);
+    } catch (err) {
+      // No record, no session: nobody could see or close it.
+      await this.close(id, "failed").catch(() => {});
+      throw err;
+    }
     await this.event(held, "opened");
     return record;
   }
@@ -149,7 +179,7 @@ export class SessionHost {
   private async exec(body: unknown): Promise<ExecReply> {
     const request = parseWith(ExecRequest, body, "request");
     const held = this.held.get(request.id);
-    if (!held) throw new BoxcarError(ErrorCode.conflict, `session ${request.id} is not open on worker ${this.ctx.workerId}`);
+    if (!held) throw new BoxcarError(ErrorCode.notFound, `worker ${this.ctx.workerId} holds no session ${request.id}`);
     if (held.running) {
       throw new BoxcarError(ErrorCode.conflict, `session ${request.id} is running ${held.running.execId}: one command at a time`);
     }
@@ -167,21 +197,32 @@ export class SessionHost {
     const { names, nc } = this.ctx.topology;
     const hdrs = natsHeaders();
     hdrs.set("Boxcar-Exec", execId);
+    // The live copy stops at MAX_LIVE_OUTPUT a command, as a job's output does, so that one
+    // command cannot push everyone's output out of the size-capped logs stream.
+    let published = 0;
     const emit = (stream: "stdout" | "stderr", clean: Uint8Array) => {
       if (clean.length === 0) return;
       tails[stream].push(clean);
-      // Live to whoever follows the session's output; the logs stream keeps it too.
-      nc.publish(names.subjects.log(held.record.owner, request.id, stream), clean, { headers: hdrs });
+      if (published >= MAX_LIVE_OUTPUT) return;
+      const part = clean.subarray(0, MAX_LIVE_OUTPUT - published);
+      published += part.length;
+      nc.publish(names.subjects.log(held.record.owner, request.id, stream), part, { headers: hdrs });
     };
     try {
       await this.event(held, "exec_started", { execId });
       const result = await held.sandbox.exec(request.argv, {
+        // As a job's environment, less what only a job has (input, result, chain files).
         env: {
           PATH: held.sandbox.agentPath ?? process.env.PATH ?? "/usr/bin:/bin",
           HOME: held.sandbox.workspace,
-          BOXCAR_SESSION: request.id,
-          ...Object.fromEntries(held.secrets),
+          LANG: "C.UTF-8",
+          TMPDIR: `${held.sandbox.workspace}/${AgentPaths.tmp}`,
+          ...held.env,
           ...request.env,
+          ...Object.fromEntries(held.secrets),
+          BOXCAR_SESSION: request.id,
+          BOXCAR_AGENT: held.record.agent,
+          BOXCAR_WORKSPACE: held.sandbox.workspace,
         },
         signal: stop.signal,
         onOutput: (stream, chunk) => emit(stream, redactors[stream].push(chunk)),
@@ -219,7 +260,7 @@ export class SessionHost {
   /** Ends the session: its command, its sandbox, its slot; its record says why. */
   private async close(id: string, reason: string): Promise<SessionRecord> {
     const held = this.held.get(id);
-    if (!held) throw new BoxcarError(ErrorCode.conflict, `session ${id} is not open on worker ${this.ctx.workerId}`);
+    if (!held) throw new BoxcarError(ErrorCode.notFound, `worker ${this.ctx.workerId} holds no session ${id}`);
     this.held.delete(id);
     clearTimeout(held.idle);
     clearTimeout(held.lifetime);
@@ -228,7 +269,7 @@ export class SessionHost {
     this.ctx.slots.release(1);
     held.record = { ...held.record, state: "closed", closedAt: nowIso(), reason };
     await this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
-    await this.event(held, "closed", { reason }).catch(() => {});
+    await this.event(held, "closed", { reason });
     return held.record;
   }
 
@@ -238,9 +279,10 @@ export class SessionHost {
   }
 
   private async save(held: HeldSession): Promise<void> {
-    await this.ctx.topology.sessions.put(held.record.id, JSON.stringify(held.record));
+    await (await this.ctx.topology.sessions()).put(held.record.id, JSON.stringify(held.record));
   }
 
+  /** Publishes an event; one that cannot be stored is logged, and the command or session goes on. */
   private async event(held: HeldSession, type: SessionEvent["type"], extra: Partial<SessionEvent> = {}): Promise<void> {
     await publishEvent(this.ctx.topology, {
       v: PROTOCOL_VERSION,
@@ -252,7 +294,7 @@ export class SessionHost {
       agent: held.record.agent,
       workerId: this.ctx.workerId,
       ...extra,
-    });
+    }).catch((err: unknown) => this.ctx.log.warn({ err, session: held.record.id, type }, "could not publish a session event"));
   }
 }
 

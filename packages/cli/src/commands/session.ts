@@ -56,7 +56,7 @@ export const session: Command = {
         }
         ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
         ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
-        if (ran.truncated) ctx.io.stderr.write(`(output cut to its end: boxcar logs ${first} has all of it)\n`);
+        if (ran.truncated) ctx.io.stderr.write("(output cut: these are its last 256 KiB a stream)\n");
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
         // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
         return ran.exitCode ?? 128 + signalNumber(ran.signal);
