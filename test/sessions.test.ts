@@ -146,6 +146,12 @@ describe("sessions", () => {
     );
     expect(ran.stdout).toBe("from-cli\n");
     expect(ran.code).toBe(3);
+    // Its history: the events, and the stored output.
+    const events = await boxcar(system.url, system.prefix, ["session", "events", id], env);
+    expect(events.stdout).toMatch(/session\s+opened/);
+    expect(events.stdout).toMatch(/session\s+exec_exited\s+\S+\.1\s+exit 3/);
+    const logs = await boxcar(system.url, system.prefix, ["session", "logs", id], env);
+    expect(logs.stdout).toBe("from-cli\n");
     const closed = await boxcar(system.url, system.prefix, ["session", "close", id], env);
     expect(closed.code, closed.stderr).toBe(0);
     expect((await admin.client.getSession(id)).state).toBe("closed");

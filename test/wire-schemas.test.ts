@@ -137,6 +137,8 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.exec", { id: session.id, argv: ["echo", "hi"] });
   await call("sessions.get", { id: session.id });
   await call("sessions.list", {});
+  await call("sessions.events", { id: session.id });
+  await call("sessions.logs", { id: session.id });
   await call("sessions.close", { id: session.id });
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.

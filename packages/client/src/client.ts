@@ -150,6 +150,10 @@ export interface BoxcarClient {
   closeSession(id: string): Promise<SessionRecord>;
   getSession(id: string): Promise<SessionRecord>;
   listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;
+  /** A session's stored events, every page. */
+  sessionEvents(id: string): Promise<BoxcarEvent[]>;
+  /** A session's stored output (the first 4 MiB of each command's), every page. */
+  sessionLogs(id: string): Promise<LogChunk[]>;
   /** The admin's system policy: what agents may ask for, and users' quotas. */
   getPolicy(): Promise<SystemPolicy>;
   /** Replaces the system policy (admins only); says which applied agents it refuses. */
@@ -408,6 +412,26 @@ class Client implements BoxcarClient, HistoryReader {
 
   async listSessions(request: ListSessionsRequestInput = {}) {
     return (await this.request(ApiEndpoint.sessionsList, request)).sessions;
+  }
+
+  async sessionEvents(id: string) {
+    const all: BoxcarEvent[] = [];
+    for (let after = 0, more = true; more; ) {
+      const page = await this.request(ApiEndpoint.sessionsEvents, { id, after });
+      all.push(...page.events);
+      ({ last: after, more } = page);
+    }
+    return all;
+  }
+
+  async sessionLogs(id: string) {
+    const all: LogChunk[] = [];
+    for (let after = 0, more = true; more; ) {
+      const page = await this.request(ApiEndpoint.sessionsLogs, { id, after });
+      all.push(...page.chunks.map((c) => ({ stream: c.stream, data: Buffer.from(c.data, "base64") })));
+      ({ last: after, more } = page);
+    }
+    return all;
   }
 
   async getPolicy() {

@@ -28,7 +28,7 @@ import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
 import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
-import { jobEvents, jobLogs, runEvents } from "./history.js";
+import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
 import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
@@ -80,6 +80,16 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsList]: async (body, caller) => ({
       sessions: await sessions.list(requestOf(ApiEndpoint.sessionsList, body), caller),
     }),
+    [ApiEndpoint.sessionsEvents]: async (body, caller) => {
+      const { id, after } = requestOf(ApiEndpoint.sessionsEvents, body);
+      const session = await sessions.get(id, caller);
+      return eventsPage(topology, topology.names.subjects.event("session", id, "*", session.owner), after);
+    },
+    [ApiEndpoint.sessionsLogs]: async (body, caller) => {
+      const { id, after } = requestOf(ApiEndpoint.sessionsLogs, body);
+      const session = await sessions.get(id, caller);
+      return logsPage(topology, topology.names.subjects.jobLogs(session.owner, id), after);
+    },
     [ApiEndpoint.jobsSubmit]: async (body, caller, traceparent) => {
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);

@@ -59,16 +59,24 @@ const eventsOf = (msg: JsMsg): BoxcarEvent[] => {
 export async function jobEvents(topology: Topology, body: unknown, caller: Identity): Promise<EventsPage> {
   const { id, after } = parseWith(JobEventsRequest, body, "request");
   const job = await getRecord(topology, id, caller);
-  const { names } = topology;
-  const page = await readPage(topology, names.streams.events, names.subjects.jobEvents(ownerOf(job), id), after);
-  return { events: page.messages.flatMap(eventsOf), last: page.last, more: page.more };
+  return eventsPage(topology, topology.names.subjects.jobEvents(ownerOf(job), id), after);
 }
 
 export async function jobLogs(topology: Topology, body: unknown, caller: Identity): Promise<LogsPage> {
   const { id, after } = parseWith(JobLogsRequest, body, "request");
   const job = await getRecord(topology, id, caller);
-  const { names } = topology;
-  const page = await readPage(topology, names.streams.logs, names.subjects.jobLogs(ownerOf(job), id), after);
+  return logsPage(topology, topology.names.subjects.jobLogs(ownerOf(job), id), after);
+}
+
+/** One page of the events on `filter` (a job's, a session's), after sequence `after`. */
+export async function eventsPage(topology: Topology, filter: string, after: number): Promise<EventsPage> {
+  const page = await readPage(topology, topology.names.streams.events, filter, after);
+  return { events: page.messages.flatMap(eventsOf), last: page.last, more: page.more };
+}
+
+/** One page of the output on `filter` (`<prefix>.log.<owner>.<id>.*`: a job's or a session's). */
+export async function logsPage(topology: Topology, filter: string, after: number): Promise<LogsPage> {
+  const page = await readPage(topology, topology.names.streams.logs, filter, after);
   const chunks = page.messages.map((m) => ({
     stream: m.subject.endsWith(".stderr") ? ("stderr" as const) : ("stdout" as const),
     data: Buffer.from(m.data).toString("base64"),

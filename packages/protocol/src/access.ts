@@ -66,6 +66,8 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.workflowsEvents,
   ApiEndpoint.sessionsGet,
   ApiEndpoint.sessionsList,
+  ApiEndpoint.sessionsEvents,
+  ApiEndpoint.sessionsLogs,
 ];
 
 /**

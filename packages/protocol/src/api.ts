@@ -5,7 +5,16 @@ import { BoxcarEvent } from "./events.js";
 import { isTerminal, JobRecord, JobSpec, JobState, WorkspacePath } from "./job.js";
 import { type ApiEndpoint, TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
-import { ExecReply, ExecRequest, ListSessionsReply, ListSessionsRequest, OpenSessionRequest, SessionRef, SessionReply } from "./session.js";
+import {
+  ExecReply,
+  ExecRequest,
+  ListSessionsReply,
+  ListSessionsRequest,
+  OpenSessionRequest,
+  SessionId,
+  SessionRef,
+  SessionReply,
+} from "./session.js";
 import { durationMs } from "./units.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
@@ -141,6 +150,8 @@ export const EventsPage = z.strictObject({ events: z.array(BoxcarEvent), ...Page
 export type EventsPage = z.infer<typeof EventsPage>;
 
 export const JobLogsRequest = JobEventsRequest;
+/** A session's events or stored output, a page at a time, as a job's. */
+export const SessionHistoryRequest = z.strictObject({ id: SessionId, after: After });
 export const LogChunkData = z.strictObject({ stream: z.enum(["stdout", "stderr"]), data: z.base64() });
 export const LogsPage = z.strictObject({ chunks: z.array(LogChunkData), ...Page });
 export type LogsPage = z.infer<typeof LogsPage>;
@@ -215,6 +226,8 @@ export const API_CONTRACT = {
   "sessions.close": { request: SessionRef, reply: SessionReply },
   "sessions.get": { request: SessionRef, reply: SessionReply },
   "sessions.list": { request: ListSessionsRequest, reply: ListSessionsReply },
+  "sessions.events": { request: SessionHistoryRequest, reply: EventsPage },
+  "sessions.logs": { request: SessionHistoryRequest, reply: LogsPage },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

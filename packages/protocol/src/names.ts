@@ -148,6 +148,8 @@ export const ApiEndpoint = {
   sessionsClose: "sessions.close",
   sessionsGet: "sessions.get",
   sessionsList: "sessions.list",
+  sessionsEvents: "sessions.events",
+  sessionsLogs: "sessions.logs",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 

@@ -1,12 +1,12 @@
-import { SessionState } from "@boxcar/protocol";
+import { names, SessionState } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
-import { json, table } from "../output.js";
+import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { optionalDuration } from "./roles.js";
 
 const usage =
-  "boxcar session open AGENT [--idle 10m] [--lifetime 8h] | exec ID [--timeout 10m] [--env NAME=VALUE]... -- COMMAND [ARG...] | close ID | get ID";
+  "boxcar session open AGENT [--idle 10m] [--lifetime 8h] | exec ID [--timeout 10m] [--env NAME=VALUE]... -- COMMAND [ARG...] | close ID | get ID | events ID | logs ID";
 
 export const session: Command = {
   name: "session",
@@ -49,14 +49,35 @@ export const session: Command = {
         }
         const timeout = optionalDuration(ctx.values.timeout, "--timeout");
         await using s = await ctx.session("boxcar-session");
-        const ran = await s.client.execInSession({ id: first, argv: rest, env, ...(timeout !== undefined ? { timeout } : {}) });
+        const request = { id: first, argv: rest, env, ...(timeout !== undefined ? { timeout } : {}) };
         if (ctx.values.json) {
-          ctx.print(json(ran));
+          ctx.print(json(await s.client.execInSession(request)));
           return ExitCode.ok;
         }
-        ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
-        ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
-        if (ran.truncated) ctx.io.stderr.write("(output cut: these are its last 256 KiB a stream)\n");
+        // The output as it comes, from the session's log subject (one command runs at a time, so
+        // what comes while this one is asked for is its own); the reply says how it ended.
+        const { owner } = await s.client.getSession(first);
+        let live = 0;
+        const sub = s.nc.subscribe(names(ctx.values.prefix).subjects.jobLogs(owner, first), {
+          callback: (err, msg) => {
+            if (err) return;
+            live += msg.data.length;
+            (msg.subject.endsWith(".stderr") ? ctx.io.stderr : ctx.io.stdout).write(msg.data);
+          },
+        });
+        await s.nc.flush();
+        let ran: Awaited<ReturnType<typeof s.client.execInSession>>;
+        try {
+          ran = await s.client.execInSession(request);
+          await s.nc.flush();
+        } finally {
+          sub.unsubscribe();
+        }
+        // Nothing came live (a subscription refused): the reply's end of the output instead.
+        if (live === 0) {
+          ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
+          ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
+        }
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
         // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
         return ran.exitCode ?? 128 + signalNumber(ran.signal);
@@ -70,6 +91,18 @@ export const session: Command = {
       case "get": {
         await using s = await ctx.session("boxcar-session");
         ctx.print(json(await s.client.getSession(one("ID"))));
+        return ExitCode.ok;
+      }
+      case "events": {
+        await using s = await ctx.session("boxcar-session");
+        const events = await s.client.sessionEvents(one("ID"));
+        ctx.print(ctx.values.json ? json(events) : events.map(describeEvent).join("\n"));
+        return ExitCode.ok;
+      }
+      case "logs": {
+        await using s = await ctx.session("boxcar-session");
+        for (const chunk of await s.client.sessionLogs(one("ID")))
+          (chunk.stream === "stderr" ? ctx.io.stderr : ctx.io.stdout).write(chunk.data);
         return ExitCode.ok;
       }
       default:
