@@ -27,6 +27,7 @@ import {
   type ListRunsRequest,
   type ListSessionsRequestInput,
   type LogStream,
+  type LogsPage,
   OPEN_IDENTITY,
   type OpenSessionRequestInput,
   ownerOf,
@@ -150,10 +151,10 @@ export interface BoxcarClient {
   closeSession(id: string): Promise<SessionRecord>;
   getSession(id: string): Promise<SessionRecord>;
   listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;
-  /** A session's stored events, every page. */
-  sessionEvents(id: string): Promise<BoxcarEvent[]>;
-  /** A session's stored output (the first 4 MiB of each command's), every page. */
-  sessionLogs(id: string): Promise<LogChunk[]>;
+  /** A session's stored events, in order. */
+  sessionEvents(id: string): AsyncGenerator<BoxcarEvent>;
+  /** A session's stored output (the first 4 MiB of each command's), in order. */
+  sessionLogs(id: string): AsyncGenerator<LogChunk>;
   /** The admin's system policy: what agents may ask for, and users' quotas. */
   getPolicy(): Promise<SystemPolicy>;
   /** Replaces the system policy (admins only); says which applied agents it refuses. */
@@ -308,11 +309,7 @@ class Client implements BoxcarClient, HistoryReader {
     const owner = ownerOf(job);
     const { names } = this.link;
     let final = isTerminal(job.state);
-    const read = async (after: number): Promise<HistoryPage<LogChunk>> => {
-      const page = await this.request(ApiEndpoint.jobsLogs, { id: jobId, after });
-      const items = page.chunks.map((c) => ({ stream: c.stream as LogStream, data: new Uint8Array(Buffer.from(c.data, "base64")) }));
-      return { items, last: page.last, more: page.more };
-    };
+    const read = async (after: number) => logsPage(await this.request(ApiEndpoint.jobsLogs, { id: jobId, after }));
     yield* followPages(this.link.nc, read, {
       ...opts,
       // New output, and the job's final event: the worker stores all output before the final record.
@@ -414,24 +411,16 @@ class Client implements BoxcarClient, HistoryReader {
     return (await this.request(ApiEndpoint.sessionsList, request)).sessions;
   }
 
-  async sessionEvents(id: string) {
-    const all: BoxcarEvent[] = [];
-    for (let after = 0, more = true; more; ) {
-      const page = await this.request(ApiEndpoint.sessionsEvents, { id, after });
-      all.push(...page.events);
-      ({ last: after, more } = page);
-    }
-    return all;
+  async *sessionEvents(id: string) {
+    yield* followPages(this.link.nc, async (after) => eventsPage(await this.request(ApiEndpoint.sessionsEvents, { id, after })), {
+      live: [],
+    });
   }
 
-  async sessionLogs(id: string) {
-    const all: LogChunk[] = [];
-    for (let after = 0, more = true; more; ) {
-      const page = await this.request(ApiEndpoint.sessionsLogs, { id, after });
-      all.push(...page.chunks.map((c) => ({ stream: c.stream, data: Buffer.from(c.data, "base64") })));
-      ({ last: after, more } = page);
-    }
-    return all;
+  async *sessionLogs(id: string) {
+    yield* followPages(this.link.nc, async (after) => logsPage(await this.request(ApiEndpoint.sessionsLogs, { id, after })), {
+      live: [],
+    });
   }
 
   async getPolicy() {
@@ -477,6 +466,13 @@ class Client implements BoxcarClient, HistoryReader {
 
 const eventsPage = (page: EventsPage): HistoryPage<BoxcarEvent> => ({
   items: page.events,
+  last: page.last,
+  more: page.more,
+});
+
+/** A page of output (a job's or a session's), its chunks as bytes. */
+const logsPage = (page: LogsPage): HistoryPage<LogChunk> => ({
+  items: page.chunks.map((c) => ({ stream: c.stream as LogStream, data: new Uint8Array(Buffer.from(c.data, "base64")) })),
   last: page.last,
   more: page.more,
 });

@@ -185,9 +185,4 @@ export type SessionEvent = z.infer<typeof SessionEvent>;
 export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent, SessionEvent]);
 export type BoxcarEvent = z.infer<typeof BoxcarEvent>;
 
-/** A stored event as the events it stands for: the ones folded into it, oldest first, then itself. */
-export function unfoldEvents(event: BoxcarEvent): BoxcarEvent[] {
-  if (event.kind !== "job" || !event.folded) return [event];
-  const { folded, ...last } = event;
-  return [...folded, last];
-}
+export { unfoldEvents } from "./event-fold.js";

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { type AgentDefinition, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { isTerminal, type JobRecord, JobState } from "./job.js";
 import { RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
+import { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus } from "./worker-status.js";
 
 export const WorkerState = z.enum(["running", "draining", "stopped"]);
 export type WorkerState = z.infer<typeof WorkerState>;
@@ -32,9 +33,6 @@ export const WorkerInfo = z.looseObject({
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 
-/** A worker whose presence is older than this many of its heartbeats is gone. */
-export const MISSED_HEARTBEATS = 3;
-
 /**
  * What a reader makes of a presence entry: `live` (heartbeating), `draining` (heartbeating, but
  * finishing its jobs and taking no more), `stopped` (its entry says it stopped cleanly) or `gone`
@@ -43,27 +41,7 @@ export const MISSED_HEARTBEATS = 3;
 export const WorkerStatus = z.enum(["live", "draining", "stopped", "gone"]);
 export type WorkerStatus = z.infer<typeof WorkerStatus>;
 
-/** How long `info`'s worker may stay silent before it counts as gone. */
-export function goneAfterMs(info: WorkerInfo): number {
-  return MISSED_HEARTBEATS * info.heartbeatMs;
-}
-
-/**
- * The one place a worker's status is derived from its presence. Ages are measured on the
- * reader's clock against the worker's `heartbeatAt`, so the two clocks must agree (NTP) to well
- * within the bound.
- */
-export function workerStatus(info: WorkerInfo, now: number = Date.now()): WorkerStatus {
-  if (info.state === "stopped") return "stopped";
-  if (now - Date.parse(info.heartbeatAt) > goneAfterMs(info)) return "gone";
-  return info.state === "draining" ? "draining" : "live";
-}
-
-/** Whether the worker has heartbeated recently enough to count as alive (live or draining). */
-export function isLive(info: WorkerInfo, now: number = Date.now()): boolean {
-  const status = workerStatus(info, now);
-  return status === "live" || status === "draining";
-}
+export { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus };
 
 /** What became of a job a worker had in hand when it went. */
 export const InFlightFate = z.enum([

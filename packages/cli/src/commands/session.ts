@@ -1,3 +1,4 @@
+import { constants } from "node:os";
 import { names, SessionState } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
@@ -80,7 +81,7 @@ export const session: Command = {
         }
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
         // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
-        return ran.exitCode ?? 128 + signalNumber(ran.signal);
+        return ran.exitCode ?? 128 + ((ran.signal && constants.signals[ran.signal as NodeJS.Signals]) || constants.signals.SIGKILL);
       }
       case "close": {
         await using s = await ctx.session("boxcar-session");
@@ -95,14 +96,16 @@ export const session: Command = {
       }
       case "events": {
         await using s = await ctx.session("boxcar-session");
-        const events = await s.client.sessionEvents(one("ID"));
+        const events = [];
+        for await (const event of s.client.sessionEvents(one("ID"))) events.push(event);
         ctx.print(ctx.values.json ? json(events) : events.map(describeEvent).join("\n"));
         return ExitCode.ok;
       }
       case "logs": {
         await using s = await ctx.session("boxcar-session");
-        for (const chunk of await s.client.sessionLogs(one("ID")))
+        for await (const chunk of s.client.sessionLogs(one("ID"))) {
           (chunk.stream === "stderr" ? ctx.io.stderr : ctx.io.stdout).write(chunk.data);
+        }
         return ExitCode.ok;
       }
       default:
@@ -143,8 +146,3 @@ export const sessions: Command = {
     return ExitCode.ok;
   },
 };
-
-function signalNumber(signal: string | null): number {
-  const numbers: Record<string, number> = { SIGHUP: 1, SIGINT: 2, SIGQUIT: 3, SIGKILL: 9, SIGTERM: 15 };
-  return (signal && numbers[signal]) || 9;
-}

@@ -6,6 +6,7 @@
  */
 
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
+import { unfoldEvents } from "@boxcar/protocol/event-fold";
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { Api } from "../api.js";
 import { Badge, duration, Failure, html, when } from "../html.js";
@@ -26,7 +27,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
     const stops: (() => void)[] = [];
     const seen = new Set<string>();
     const addEvents = (list: BoxcarEvent[]) => {
-      const fresh = list.flatMap(unfold).filter((e) => {
+      const fresh = list.flatMap(unfoldEvents).filter((e) => {
         const key = JSON.stringify([e.kind, e.type, e.attempt, e.seq, e.at]);
         if (seen.has(key)) return false;
         seen.add(key);
@@ -202,12 +203,6 @@ function Download({ api, jobId, path, size }: { api: Api; jobId: string; path: s
     }
   };
   return html`<button class="link" data-artifact=${path} onClick=${download}>${path}</button> <span class="size">${size} bytes</span> ${state && html`<span class="note">${state}</span>`}`;
-}
-
-function unfold(event: BoxcarEvent): BoxcarEvent[] {
-  if (event.kind !== "job" || !event.folded) return [event];
-  const { folded, ...last } = event;
-  return [...(folded as BoxcarEvent[]), last as BoxcarEvent];
 }
 
 function describe(e: BoxcarEvent): string {

@@ -1,11 +1,9 @@
 /** Workers from their presence (`workers.list`): state, load, sandboxes, warm containers and the jobs they run. */
 
 import type { WorkerInfo } from "@boxcar/protocol";
+import { workerStatus } from "@boxcar/protocol/worker-status";
 import type { Api } from "../api.js";
 import { Badge, Failure, html, useLive, when } from "../html.js";
-
-/** A presence older than this many heartbeats is a gone worker (`MISSED_HEARTBEATS` in the protocol). */
-const MISSED_HEARTBEATS = 3;
 
 export function WorkersView({ api }: { api: Api }) {
   // Submitters may not follow worker events; and a worker goes quiet when it is gone, so every
@@ -31,7 +29,7 @@ export function WorkersView({ api }: { api: Api }) {
           ${workers.map(
             (w) => html`<tr data-worker=${w.id}>
               <td>${w.id}</td>
-              <td><${Badge} state=${status(w)} /></td>
+              <td><${Badge} state=${workerStatus(w)} /></td>
               <td>${w.host} (pid ${w.pid})</td>
               <td>${w.pools.join(", ")}</td>
               <td>${w.sandboxes.join(", ")}</td>
@@ -46,10 +44,4 @@ export function WorkersView({ api }: { api: Api }) {
       }
     </section>
   `;
-}
-
-function status(w: WorkerInfo): string {
-  if (w.state === "stopped") return "stopped";
-  if (Date.now() - Date.parse(w.heartbeatAt) > MISSED_HEARTBEATS * w.heartbeatMs) return "gone";
-  return w.state === "draining" ? "draining" : "live";
 }
