@@ -183,12 +183,6 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
     expect(started).toMatchObject({ sandbox: { kind: "docker", reason: expect.stringMatching(/^auto: docker/) } });
   });
 
-  test("a session of an agent that runs in Docker is refused by the worker that would hold it: sessions are host-only so far", async () => {
-    await client.applyAgent({ name: "boxed-session", command: ["true"], sessions: true, runtime: { sandbox: "docker" } });
-    await expect(client.openSession({ agent: "boxed-session" })).rejects.toThrow(/host sandboxes only so far/);
-    expect(await client.listSessions({ state: "open" })).toEqual([]);
-  });
-
   /**
    * The escape battery, run against cold containers (made for their job) and warm ones (started
    * before it, from the worker's pool): every bound must hold the same in both.

@@ -1,5 +1,5 @@
 /**
- * Sessions (first slice: host sandboxes) against a real nats-server with authentication, a real
+ * Sessions in host sandboxes (Docker ones: test/docker-sessions.test.ts) against a real nats-server with authentication, a real
  * dispatcher and a real worker: open, commands that keep their files between them, output live
  * and in the reply, one command at a time, owners only, the idle bound, close.
  */
@@ -125,10 +125,10 @@ describe("sessions", () => {
     await expect(admin.client.openSession({ agent: "nobody" })).rejects.toMatchObject({ code: "not_found" });
   });
 
-  test("an agent that does not run on the host is refused, saying sessions are host-only so far", async () => {
-    // The test worker has no Docker: the dispatcher finds no worker for it, or the worker refuses.
+  test("a session of an agent no live worker can run is refused, saying why", async () => {
+    // The test worker has no Docker (test/docker-sessions.test.ts has one).
     await expect(admin.client.openSession({ agent: "boxed" })).rejects.toSatisfy(
-      (err: unknown) => err instanceof BoxcarError && /host sandboxes only so far|no live worker in pool default can run/.test(err.message),
+      (err: unknown) => err instanceof BoxcarError && /no live worker in pool default can run/.test(err.message),
     );
   });
 

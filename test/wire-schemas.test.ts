@@ -134,7 +134,17 @@ test("each API request and the data of its reply match the endpoint's published 
   const { policy } = await call("policy.get", {});
   await call("policy.set", { policy });
   const { session } = await call("sessions.open", { agent: "echo" });
-  await call("sessions.exec", { id: session.id, argv: ["echo", "hi"] });
+  await call("sessions.exec", { id: session.id, argv: ["sh", "-c", "cat > got.txt"], stdin: Buffer.from("hi").toString("base64") });
+  await call("sessions.files.write", { id: session.id, path: "dir/note.txt", data: Buffer.from("note").toString("base64") });
+  await call("sessions.files.read", { id: session.id, path: "got.txt" });
+  await call("sessions.files.list", { id: session.id, path: "dir" });
+  await call("sessions.files.remove", { id: session.id, path: "dir" });
+  // A command to cancel, once it has started.
+  const started = nc.subscribe(names.subjects.event("session", session.id, "exec_started", "local"), { max: 1 });
+  const slow = call("sessions.exec", { id: session.id, argv: ["sleep", "30"], cwd: "." });
+  for await (const _ of started) break;
+  await call("sessions.cancel", { id: session.id });
+  expect((await slow).cancelled).toBe(true);
   await call("sessions.get", { id: session.id });
   await call("sessions.list", {});
   await call("sessions.events", { id: session.id });
@@ -154,7 +164,7 @@ test("each API request and the data of its reply match the endpoint's published 
   });
   expect(info?.endpoints).toHaveLength(Object.keys(API_CONTRACT).length);
   for (const endpoint of info?.endpoints ?? []) {
-    const name = endpoint.name.replace("-", ".") as ApiEndpoint;
+    const name = endpoint.name.replaceAll("-", ".") as ApiEndpoint;
     expect(endpoint.metadata?.["boxcar.schema"], name).toBe(`schemas/${apiSchemaFile(name)}`);
     const inline = JSON.parse(endpoint.metadata?.["boxcar.request.schema"] ?? "null");
     expect(ajv.compile(inline)({}), `${name}: an empty request`).toBe(

@@ -40,6 +40,28 @@ export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.
   });
 }
 
+/**
+ * `boxcar ARGS` with `input` on its stdin. The prefix goes right after the command's name, so
+ * that an `exec`'s command (after `--`) is left as it is.
+ */
+export function boxcarWithInput(
+  url: string,
+  prefix: string,
+  args: string[],
+  input: string,
+  env: NodeJS.ProcessEnv = {},
+): Promise<CliResult> {
+  return new Promise((resolve) => {
+    const child = execFile(
+      process.execPath,
+      [BOXCAR_BIN, ...args.slice(0, 1), "--prefix", prefix, ...args.slice(1)],
+      { env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env }, timeout: 60_000 },
+      (err, stdout, stderr) => resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
+    );
+    child.stdin?.end(input);
+  });
+}
+
 /** Starts a long-running `boxcar` role (dispatcher, worker) as a child process (the build at `bin`, default this one). */
 export function spawnBoxcar(
   url: string,

@@ -3,7 +3,7 @@ import { type BoxcarClient, connectNats, createClient, type Logger, resolveConne
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { NatsServer } from "@boxcar/fabric";
 import { type Names, names as namesOf, type Role } from "@boxcar/protocol";
-import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
+import { createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { natsFixture } from "./nats.js";
 
@@ -35,7 +35,16 @@ export interface SecuredSystem extends AsyncDisposable {
   readonly logLines: string[];
 }
 
-export async function securedSystem(opts: { prefix?: string; server?: Parameters<typeof natsFixture>[1] } = {}): Promise<SecuredSystem> {
+export async function securedSystem(
+  opts: {
+    prefix?: string;
+    server?: Parameters<typeof natsFixture>[1];
+    /** The worker's sandboxes besides the host's; each made once the system's prefix and id are known. */
+    providers?: (topology: { prefix: string; systemId: string }) => SandboxProvider[];
+    /** How often the worker looks for what crashed workers left (default the worker's). */
+    reapIntervalMs?: number;
+  } = {},
+): Promise<SecuredSystem> {
   const nats = await natsFixture(opts.prefix ? { prefix: opts.prefix } : {}, opts.server);
   const { auth, server } = nats;
   const prefix = nats.topology.names.prefix;
@@ -62,7 +71,14 @@ export async function securedSystem(opts: { prefix?: string; server?: Parameters
   };
 
   const dispatcher = await startDispatcher({ ...nats.dispatcherRole, logger });
-  const worker = createWorker({ ...nats.workerRole, logger, providers: [createHostSandboxProvider()], policy: { host: "always" } });
+  const providers = [createHostSandboxProvider(), ...(opts.providers?.({ prefix, systemId: nats.topology.systemId }) ?? [])];
+  const worker = createWorker({
+    ...nats.workerRole,
+    logger,
+    providers,
+    policy: { host: "always" },
+    ...(opts.reapIntervalMs !== undefined ? { reapIntervalMs: opts.reapIntervalMs } : {}),
+  });
   void worker.run();
   return {
     auth,

@@ -8,6 +8,8 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { UsageError } from "./usage-error.js";
 
 export interface Io {
+  /** Read only by commands that take data on stdin (`-`); absent in embedders that give none. */
+  stdin?: NodeJS.ReadableStream;
   stdout: NodeJS.WritableStream;
   stderr: NodeJS.WritableStream;
   env: NodeJS.ProcessEnv;

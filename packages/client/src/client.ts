@@ -25,6 +25,7 @@ import {
   type ListJobsRequest,
   type ListRunsReply,
   type ListRunsRequest,
+  type ListSessionFilesInput,
   type ListSessionsRequestInput,
   type LogStream,
   type LogsPage,
@@ -148,6 +149,16 @@ export interface BoxcarClient {
   openSession(request: OpenSessionRequestInput): Promise<SessionRecord>;
   /** Runs one command in the session and waits for it; its output also goes live to the session's log subjects. */
   execInSession(request: ExecRequestInput): Promise<ExecReply>;
+  /** Stops the command running in the session (its `execInSession` answers with `cancelled`). */
+  cancelInSession(id: string): Promise<SessionRecord>;
+  /** A file of the session's workspace (at most 512 KiB). */
+  readSessionFile(id: string, path: string): Promise<Uint8Array>;
+  /** Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces what was there. */
+  writeSessionFile(id: string, path: string, data: Uint8Array | string): Promise<{ path: string; size: number }>;
+  /** The regular files of the session's workspace, or of one folder of it. */
+  listSessionFiles(request: ListSessionFilesInput): Promise<{ files: Array<{ path: string; size: number }>; truncated: boolean }>;
+  /** Removes a file or folder of the session's workspace; false when there was none. */
+  removeSessionFile(id: string, path: string): Promise<boolean>;
   closeSession(id: string): Promise<SessionRecord>;
   getSession(id: string): Promise<SessionRecord>;
   listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;
@@ -397,6 +408,26 @@ class Client implements BoxcarClient, HistoryReader {
     // As long as the command may run (its timeout, 10 minutes by default), and a margin.
     const runs = (typeof request.timeout === "number" ? request.timeout : parseDurationMs(request.timeout ?? "10m")) ?? 600_000;
     return this.request(ApiEndpoint.sessionsExec, request, Math.max(this.timeoutMs, runs + SESSION_EXEC_MARGIN_MS));
+  }
+
+  async cancelInSession(id: string) {
+    return (await this.request(ApiEndpoint.sessionsCancel, { id })).session;
+  }
+
+  async readSessionFile(id: string, path: string) {
+    return Buffer.from((await this.request(ApiEndpoint.sessionsFilesRead, { id, path })).data, "base64");
+  }
+
+  writeSessionFile(id: string, path: string, data: Uint8Array | string) {
+    return this.request(ApiEndpoint.sessionsFilesWrite, { id, path, data: Buffer.from(data).toString("base64") });
+  }
+
+  listSessionFiles(request: ListSessionFilesInput) {
+    return this.request(ApiEndpoint.sessionsFilesList, request);
+  }
+
+  async removeSessionFile(id: string, path: string) {
+    return (await this.request(ApiEndpoint.sessionsFilesRemove, { id, path })).removed;
   }
 
   async closeSession(id: string) {

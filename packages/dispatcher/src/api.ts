@@ -74,6 +74,17 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
     }),
+    [ApiEndpoint.sessionsCancel]: async (body, caller) => ({
+      session: await sessions.cancel(requestOf(ApiEndpoint.sessionsCancel, body).id, caller),
+    }),
+    [ApiEndpoint.sessionsFilesRead]: (body, caller) =>
+      sessions.files(ApiEndpoint.sessionsFilesRead, requestOf(ApiEndpoint.sessionsFilesRead, body), caller),
+    [ApiEndpoint.sessionsFilesWrite]: (body, caller) =>
+      sessions.files(ApiEndpoint.sessionsFilesWrite, requestOf(ApiEndpoint.sessionsFilesWrite, body), caller),
+    [ApiEndpoint.sessionsFilesList]: (body, caller) =>
+      sessions.files(ApiEndpoint.sessionsFilesList, requestOf(ApiEndpoint.sessionsFilesList, body), caller),
+    [ApiEndpoint.sessionsFilesRemove]: (body, caller) =>
+      sessions.files(ApiEndpoint.sessionsFilesRemove, requestOf(ApiEndpoint.sessionsFilesRemove, body), caller),
     [ApiEndpoint.sessionsGet]: async (body, caller) => ({
       session: await sessions.get(requestOf(ApiEndpoint.sessionsGet, body).id, caller),
     }),

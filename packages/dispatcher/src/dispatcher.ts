@@ -132,7 +132,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   for (const [endpoint, handler] of Object.entries(
     apiHandlers(topology, ctx, { runs, retention, jobs: { index, caughtUp: jobWatch.caughtUp } }),
   )) {
-    service.addEndpoint(endpoint.replace(".", "-"), {
+    service.addEndpoint(endpoint.replaceAll(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
       metadata: apiEndpointMetadata(endpoint as ApiEndpoint),
       handler: (err, msg) => {

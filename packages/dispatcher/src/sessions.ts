@@ -9,6 +9,8 @@ import { randomBytes } from "node:crypto";
 import { getJson, listJson, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,
+  ApiEndpoint,
+  type ApiReplyData,
   BoxcarError,
   ErrorCode,
   type ExecReply,
@@ -25,8 +27,28 @@ import type { WorkerDirectory } from "./worker-directory.js";
 const OPEN_TIMEOUT_MS = 120_000;
 /** Beyond an exec's own timeout: the worker's time to end it (a kill grace, its pipes) and answer. */
 const EXEC_GRACE_MS = 30_000;
+/** How long a dispatcher waits for a worker to close a session, cancel its command, or do a file operation. */
+const WORKER_ANSWER_MS = 30_000;
+
+/** The worker's operation for each file endpoint. */
+const FILE_OPERATIONS = {
+  [ApiEndpoint.sessionsFilesRead]: "read",
+  [ApiEndpoint.sessionsFilesWrite]: "write",
+  [ApiEndpoint.sessionsFilesList]: "list",
+  [ApiEndpoint.sessionsFilesRemove]: "remove",
+} as const;
+
+/** How many open sessions a dispatcher remembers, to check a command's caller without reading the bucket. */
+const MAX_KNOWN = 10_000;
 
 export class SessionDesk {
+  /**
+   * Open sessions this dispatcher has read, by id, oldest first. A session's owner and worker
+   * never change, and whether it is still open is its worker's to say (it refuses a session it no
+   * longer holds, and then the record is read again): a command costs no read of the bucket.
+   */
+  private readonly known = new Map<string, SessionRecord>();
+
   constructor(
     private readonly topology: Topology,
     private readonly workers: WorkerDirectory,
@@ -54,11 +76,24 @@ export class SessionDesk {
     return (await this.held(session, "exec", request, request.timeout + EXEC_GRACE_MS)) as ExecReply;
   }
 
+  /** Stops the command running in the session; its `exec` answers with `cancelled`. */
+  async cancel(id: string, caller: Identity): Promise<SessionRecord> {
+    const session = await this.usable(id, caller);
+    return (await this.held(session, "cancel", { id }, WORKER_ANSWER_MS)) as SessionRecord;
+  }
+
+  /** A file operation in the session's workspace, done by its worker (inside the container, for a Docker session). */
+  async files<E extends keyof typeof FILE_OPERATIONS>(endpoint: E, request: { id: string }, caller: Identity): Promise<ApiReplyData<E>> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, FILE_OPERATIONS[endpoint], request, WORKER_ANSWER_MS)) as ApiReplyData<E>;
+  }
+
   async close(id: string, caller: Identity): Promise<SessionRecord> {
     const session = await this.owned(id, caller);
+    this.known.delete(id);
     if (session.state === "closed") return session;
     if (session.state === "lost") return this.markLost(session);
-    return (await this.held(session, "close", { id }, 30_000)) as SessionRecord;
+    return (await this.held(session, "close", { id }, WORKER_ANSWER_MS)) as SessionRecord;
   }
 
   /** Asks the session's worker; one that no longer holds it (it restarted) makes the record say so. */
@@ -66,9 +101,12 @@ export class SessionDesk {
     try {
       return await this.ask(session.workerId, op, body, timeoutMs);
     } catch (err) {
-      if (!(err instanceof BoxcarError) || err.code !== ErrorCode.notFound) throw err;
-      const lost = await this.markLost(session);
-      throw new BoxcarError(ErrorCode.conflict, `session ${session.id} is ${lost.state}: ${lost.reason}`);
+      if (!(err instanceof NotHeld)) throw err;
+      this.known.delete(session.id);
+      // Closed meanwhile (through another dispatcher, or by its bounds), or lost with a restarted worker.
+      const now = (await getJson(await this.topology.sessions(), session.id, SessionRecordSchema, "session"))?.value ?? session;
+      const ended = now.state === "closed" ? now : await this.markLost(now);
+      throw new BoxcarError(ErrorCode.conflict, `session ${session.id} is ${ended.state}: ${ended.reason}`);
     }
   }
 
@@ -107,12 +145,18 @@ export class SessionDesk {
 
   /** An open session the caller may use: its own (an admin: any). */
   private async usable(id: string, caller: Identity): Promise<SessionRecord> {
-    const session = await this.owned(id, caller);
+    const known = this.known.get(id);
+    const session = known && mayAccess(caller, known.owner) ? this.withWorker(known) : await this.owned(id, caller);
     if (caller.role !== "admin" && session.owner !== caller.user) {
       throw new BoxcarError(ErrorCode.forbidden, `session ${id} is ${session.owner}'s: only its owner (or an admin) may use it`);
     }
     if (session.state !== "open") {
+      this.known.delete(id);
       throw new BoxcarError(ErrorCode.conflict, `session ${id} is ${session.state}${session.reason ? ` (${session.reason})` : ""}`);
+    }
+    if (!known) {
+      this.known.set(id, session);
+      if (this.known.size > MAX_KNOWN) this.known.delete(this.known.keys().next().value as string);
     }
     return session;
   }
@@ -137,7 +181,15 @@ export class SessionDesk {
       throw new BoxcarError(ErrorCode.unavailable, `worker ${workerId} did not answer (${op}): ${(err as Error).message}`);
     }
     const reply = WorkerReply.parse(JSON.parse(text));
-    if (!reply.ok) throw new BoxcarError(reply.error.code as ErrorCode, reply.error.message);
-    return reply.data;
+    if (reply.ok) return reply.data;
+    if (reply.held === false) throw new NotHeld(reply.error.message);
+    throw new BoxcarError(reply.error.code as ErrorCode, reply.error.message);
+  }
+}
+
+/** The worker asked does not hold the session (it restarted). */
+class NotHeld extends BoxcarError {
+  constructor(message: string) {
+    super(ErrorCode.notFound, message);
   }
 }

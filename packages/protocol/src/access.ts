@@ -90,6 +90,11 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsOpen,
     ApiEndpoint.sessionsExec,
     ApiEndpoint.sessionsClose,
+    ApiEndpoint.sessionsCancel,
+    ApiEndpoint.sessionsFilesRead,
+    ApiEndpoint.sessionsFilesWrite,
+    ApiEndpoint.sessionsFilesList,
+    ApiEndpoint.sessionsFilesRemove,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };

@@ -8,12 +8,19 @@ import { SystemPolicy } from "./policy.js";
 import {
   ExecReply,
   ExecRequest,
+  ListSessionFiles,
   ListSessionsReply,
   ListSessionsRequest,
   OpenSessionRequest,
+  RemovedSessionFile,
+  SessionFileRef,
+  SessionFileReply,
+  SessionFilesReply,
   SessionId,
   SessionRef,
   SessionReply,
+  WriteSessionFile,
+  WroteSessionFile,
 } from "./session.js";
 import { durationMs } from "./units.js";
 import { WorkerInfo } from "./worker-info.js";
@@ -228,6 +235,11 @@ export const API_CONTRACT = {
   "sessions.list": { request: ListSessionsRequest, reply: ListSessionsReply },
   "sessions.events": { request: SessionHistoryRequest, reply: EventsPage },
   "sessions.logs": { request: SessionHistoryRequest, reply: LogsPage },
+  "sessions.cancel": { request: SessionRef, reply: SessionReply },
+  "sessions.files.read": { request: SessionFileRef, reply: SessionFileReply },
+  "sessions.files.write": { request: WriteSessionFile, reply: WroteSessionFile },
+  "sessions.files.list": { request: ListSessionFiles, reply: SessionFilesReply },
+  "sessions.files.remove": { request: SessionFileRef, reply: RemovedSessionFile },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

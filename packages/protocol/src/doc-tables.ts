@@ -343,7 +343,7 @@ const NAME_ROWS: readonly NameRow[] = [
   },
   {
     what: "a session's requests to its worker",
-    name: (n, x) => n.subjects.session(x("workerId", "<workerId>"), "<open|exec|close>"),
+    name: (n, x) => n.subjects.session(x("workerId", "<workerId>"), "<op>"),
     kind: () => "core NATS subject, from dispatchers to one worker",
   },
   { what: "job records", name: (n) => n.buckets.jobs, kind: () => "KV bucket, key = job id" },

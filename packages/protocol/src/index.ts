@@ -149,16 +149,22 @@ export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export type {
   ExecRequest as ExecRequestInput,
+  ListSessionFiles as ListSessionFilesInput,
   ListSessionsRequest as ListSessionsRequestInput,
   OpenSessionRequest as OpenSessionRequestInput,
+  WriteSessionFile as WriteSessionFileInput,
 } from "./session.js";
 export {
   ExecReply,
   ExecRequest,
+  ListSessionFiles,
   ListSessionsReply,
   ListSessionsRequest,
   MAX_EXEC_REPLY_OUTPUT,
+  MAX_EXEC_STDIN,
+  MAX_SESSION_FILE_BYTES,
   OpenSessionRequest,
+  SessionFileRef,
   SessionId,
   SessionRecord,
   SessionRef,
@@ -166,6 +172,7 @@ export {
   SessionState,
   WorkerOpenSession,
   WorkerReply,
+  WriteSessionFile,
 } from "./session.js";
 export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";

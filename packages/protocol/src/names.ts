@@ -113,7 +113,7 @@ export interface Names {
     /** The uploads of one user. */
     ownerUploads(owner: string): string;
     uploadsAll: string;
-    /** Where a dispatcher asks the worker holding a session to `op` (open, exec, close): `<prefix>.sess.<workerId>.<op>`. */
+    /** Where a dispatcher asks the worker holding a session to `op` (open, exec, cancel, close, a file's read, write, list, remove): `<prefix>.sess.<workerId>.<op>`. */
     session(workerId: string, op: string): string;
     sessionAll: string;
   };
@@ -150,6 +150,11 @@ export const ApiEndpoint = {
   sessionsList: "sessions.list",
   sessionsEvents: "sessions.events",
   sessionsLogs: "sessions.logs",
+  sessionsCancel: "sessions.cancel",
+  sessionsFilesRead: "sessions.files.read",
+  sessionsFilesWrite: "sessions.files.write",
+  sessionsFilesList: "sessions.files.list",
+  sessionsFilesRemove: "sessions.files.remove",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 

@@ -59,6 +59,20 @@ export type OpenSessionRequest = z.input<typeof OpenSessionRequest>;
 export const SessionRef = z.strictObject({ id: SessionId });
 export const SessionReply = z.strictObject({ session: SessionRecord });
 
+/** A path in a session's workspace: relative, `/`-separated; the worker refuses `..` and symlinks out. */
+export const SessionPath = z.string().min(1).max(4096);
+
+/** Base64 of at most `max` bytes. */
+function inlineBytes(max: number, what: string) {
+  return z.base64().max(Math.ceil(max / 3) * 4, `${what} takes at most ${max} bytes`);
+}
+
+/** The most an exec's stdin may carry. */
+export const MAX_EXEC_STDIN = 256 * 1024;
+
+/** The most of a file read or written in one request (the rest of a message's 1 MB is base64 and JSON). */
+export const MAX_SESSION_FILE_BYTES = 512 * 1024;
+
 /** The most of each stream an exec's reply carries (its end); all of it goes to the logs stream. */
 export const MAX_EXEC_REPLY_OUTPUT = 256 * 1024;
 
@@ -70,6 +84,10 @@ export const ExecRequest = z.strictObject({
     .max(256),
   env: z.record(EnvName, z.string().max(16 * 1024)).default({}),
   timeout: durationMs({ min: 100, max: 24 * HOUR }).default(10 * 60_000),
+  /** A folder of the workspace (relative, no `..`) to run in; default: the workspace. */
+  cwd: SessionPath.optional(),
+  /** What the command reads on its stdin (base64); default: nothing, stdin is closed. */
+  stdin: inlineBytes(MAX_EXEC_STDIN, "stdin").optional(),
 });
 export type ExecRequest = z.input<typeof ExecRequest>;
 
@@ -80,6 +98,8 @@ export const ExecReply = z.strictObject({
   exitCode: z.number().int().nullable(),
   signal: z.string().nullable(),
   timedOut: z.boolean(),
+  /** Ended by `sessions.cancel`. */
+  cancelled: z.boolean(),
   durationMs: z.number().nonnegative(),
   /** The end of its output (base64), at most `MAX_EXEC_REPLY_OUTPUT` bytes a stream. */
   stdout: z.base64(),
@@ -88,6 +108,31 @@ export const ExecReply = z.strictObject({
   truncated: z.boolean(),
 });
 export type ExecReply = z.infer<typeof ExecReply>;
+
+export const SessionFileRef = z.strictObject({ id: SessionId, path: SessionPath });
+export const WriteSessionFile = z.strictObject({
+  id: SessionId,
+  path: SessionPath,
+  /** The file's bytes (base64), at most `MAX_SESSION_FILE_BYTES`: it replaces what was there. */
+  data: inlineBytes(MAX_SESSION_FILE_BYTES, "a file written in one request"),
+});
+export type WriteSessionFile = z.input<typeof WriteSessionFile>;
+export const SessionFileReply = z.strictObject({ path: z.string(), size: z.number().int().nonnegative(), data: z.base64() });
+export const WroteSessionFile = z.strictObject({ path: z.string(), size: z.number().int().nonnegative() });
+export const ListSessionFiles = z.strictObject({
+  id: SessionId,
+  /** A folder of the workspace to list; default: all of it. */
+  path: SessionPath.optional(),
+  limit: z.number().int().min(1).max(10_000).default(1_000),
+});
+export type ListSessionFiles = z.input<typeof ListSessionFiles>;
+export const SessionFilesReply = z.strictObject({
+  /** Regular files (symlinks are neither listed nor followed), by path. */
+  files: z.array(z.strictObject({ path: z.string(), size: z.number().int().nonnegative() })),
+  /** There were more than `limit`. */
+  truncated: z.boolean(),
+});
+export const RemovedSessionFile = z.strictObject({ path: z.string(), removed: z.boolean() });
 
 export const ListSessionsRequest = z.strictObject({
   state: SessionState.optional(),
@@ -110,5 +155,10 @@ export const WorkerOpenSession = z.strictObject({
 /** A worker's answer to a dispatcher: the data, or why not. */
 export const WorkerReply = z.discriminatedUnion("ok", [
   z.strictObject({ ok: z.literal(true), data: z.unknown() }),
-  z.strictObject({ ok: z.literal(false), error: ErrorInfo }),
+  z.strictObject({
+    ok: z.literal(false),
+    error: ErrorInfo,
+    /** False when the worker does not hold the session (it restarted): the session is lost. */
+    held: z.literal(false).optional(),
+  }),
 ]);

@@ -6,6 +6,7 @@ import { PassThrough } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
 import { raceAbort } from "./abort.js";
+import { DockerSession } from "./docker-session.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
@@ -69,6 +70,8 @@ export const ContainerLabel = {
   sandbox: "boxcar.sandbox",
   /** On a warm container: made before its job was known (its name says the job once one took it). */
   warm: "boxcar.warm",
+  /** On a session's container: the session it is kept for. */
+  session: "boxcar.session",
 } as const;
 
 /**
@@ -104,6 +107,8 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
   let workerId: string | undefined;
   /** The warm containers this worker made and has not removed yet. */
   const ownWarm = new Set<string>();
+  /** The containers of sessions this worker holds (by sandbox id). */
+  const ownSessions = new Set<string>();
   /** Removes this system's containers (matching `filters` too) whose owner `doomed` names. */
   async function removeOwn(
     doomed: (owner: SandboxOwner) => Promise<boolean>,
@@ -120,9 +125,10 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       if (system !== undefined && system !== opts.system) continue;
       const owner = ownerOf(info);
       if (!owner) continue;
-      // This worker's own warm container no job took: left by an earlier run under the same id, or still ready here.
+      // This worker's own warm or session container: left by an earlier run under the same id, or still in use here.
       const mine = owner.workerId === workerId && owner.jobId === undefined;
-      if (mine ? ownWarm.has(info.Labels[ContainerLabel.sandbox] ?? "") : !(await doomed(owner))) continue;
+      const sandbox = info.Labels[ContainerLabel.sandbox] ?? "";
+      if (mine ? ownWarm.has(sandbox) || ownSessions.has(sandbox) : !(await doomed(owner))) continue;
       await docker
         .getContainer(info.Id)
         .remove({ force: true, v: true })
@@ -207,6 +213,43 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     },
   });
 
+  /** What a container for `runtime` runs with: image, limits (within the engine's CPUs), network, and how its workspace gets in. */
+  const settingsFor = async (runtime: SandboxSpec["runtime"], signal?: AbortSignal) => {
+    const image = runtime.image ?? settings.defaultImage;
+    const limits = {
+      cpus: runtime.limits.cpus ?? settings.defaultLimits.cpus,
+      memory: runtime.limits.memory ?? settings.defaultLimits.memory,
+      pids: runtime.limits.pids ?? settings.defaultLimits.pids,
+    };
+    engineCpus ??= (await docker.info()).NCPU as number;
+    if (limits.cpus > (engineCpus ?? Number.POSITIVE_INFINITY)) {
+      throw new BoxcarError(
+        ErrorCode.invalid,
+        `runtime.limits.cpus is ${limits.cpus}, more than the ${engineCpus} CPUs of this Docker engine`,
+      );
+    }
+    const network = await checkNetwork(docker, runtime.network, networksOf(await ownContainer()));
+    return {
+      ...settings,
+      owner,
+      image,
+      network,
+      limits,
+      prefix: opts.prefix,
+      system: opts.system,
+      mounting: await decideMounting(),
+      // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
+      bindRefused: () => {
+        mounting = Promise.resolve("copy");
+      },
+      forget: (sandboxId: string) => ownWarm.delete(sandboxId),
+      imageGone: async () => {
+        imagePaths.delete(image);
+        await imagePath(image, signal);
+      },
+    };
+  };
+
   return {
     kind: "docker",
     async available() {
@@ -219,47 +262,60 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     },
 
     async create(spec, signal) {
-      const { runtime } = spec;
-      const image = runtime.image ?? settings.defaultImage;
-      const limits = {
-        cpus: runtime.limits.cpus ?? settings.defaultLimits.cpus,
-        memory: runtime.limits.memory ?? settings.defaultLimits.memory,
-        pids: runtime.limits.pids ?? settings.defaultLimits.pids,
-      };
-      engineCpus ??= (await docker.info()).NCPU as number;
-      if (limits.cpus > (engineCpus ?? Number.POSITIVE_INFINITY)) {
-        throw new BoxcarError(
-          ErrorCode.invalid,
-          `runtime.limits.cpus is ${limits.cpus}, more than the ${engineCpus} CPUs of this Docker engine`,
-        );
-      }
-      const network = await checkNetwork(docker, runtime.network, networksOf(await ownContainer()));
-      const workspaceMounting = await decideMounting();
-      const containerSettings = {
-        ...settings,
-        owner,
-        image,
-        network,
-        limits,
-        prefix: opts.prefix,
-        system: opts.system,
-        mounting: workspaceMounting,
-        // The engine could not find the folder (a worker in a container of another engine, say): copy from now on.
-        bindRefused: () => {
-          mounting = Promise.resolve("copy");
-        },
-        forget: (sandboxId: string) => ownWarm.delete(sandboxId),
-        imageGone: async () => {
-          imagePaths.delete(image);
-          await imagePath(image, signal);
-        },
-      };
-      const warm = runtime.warm && workspaceMounting === "bind" ? await takeWarm(spec, { image, network }) : undefined;
+      const containerSettings = await settingsFor(spec.runtime, signal);
+      const { image, network } = containerSettings;
+      const warm = spec.runtime.warm && containerSettings.mounting === "bind" ? await takeWarm(spec, { image, network }) : undefined;
       if (warm) return new DockerSandbox(docker, spec, { ...containerSettings, agentPath: warm.agentPath }, warm.files, warm);
       const agentPath = await imagePath(image, signal);
       signal?.throwIfAborted();
       const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
       return new DockerSandbox(docker, spec, { ...containerSettings, agentPath }, files);
+    },
+
+    async createSession(spec) {
+      const container = await settingsFor(spec.runtime);
+      if (container.mounting !== "bind") {
+        throw new BoxcarError(
+          ErrorCode.noSandbox,
+          "Docker sessions need the workspace bind-mounted, and this worker copies workspaces into containers (docs/docker.md#how-the-workspace-reaches-the-container)",
+        );
+      }
+      const agentPath = await imagePath(container.image);
+      const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
+      ownSessions.add(spec.id);
+      try {
+        const session = await DockerSession.start(
+          docker,
+          {
+            id: spec.id,
+            create: {
+              name: `boxcar-${spec.id}`,
+              Image: container.image,
+              WorkingDir: CONTAINER_WORKSPACE,
+              User: settings.user,
+              Labels: {
+                [ContainerLabel.prefix]: opts.prefix,
+                ...(opts.system ? { [ContainerLabel.system]: opts.system } : {}),
+                [ContainerLabel.worker]: spec.workerId,
+                [ContainerLabel.sandbox]: spec.id,
+                [ContainerLabel.session]: spec.jobId,
+              },
+              HostConfig: hardenedHostConfig(container, files.dir),
+            },
+            description: { image: container.image, network: container.network, limits: container.limits },
+            agentPath,
+            owner,
+            quota: { maxBytes: settings.maxWorkspaceBytes, maxEntries: settings.maxWorkspaceEntries },
+          },
+          files,
+        );
+        void session.ended.then(() => ownSessions.delete(spec.id));
+        return session;
+      } catch (err) {
+        ownSessions.delete(spec.id);
+        await files.remove();
+        throw err;
+      }
     },
 
     prepare(id, onError) {
@@ -736,6 +792,8 @@ function ownerOf(info: Docker.ContainerInfo): SandboxOwner | undefined {
   const labels = info.Labels;
   const workerId = labels[ContainerLabel.worker];
   if (!workerId) return undefined;
+  // A session's container is its worker's while that worker lives.
+  if (labels[ContainerLabel.session]) return { workerId };
   if (labels[ContainerLabel.warm]) {
     const taken = info.Names.map((n) => /^\/?boxcar-([0-9a-z]+)\.(\d+)\./.exec(n)).find((m) => m);
     return taken ? { workerId, jobId: taken[1] as string, attempt: Number(taken[2]) } : { workerId };

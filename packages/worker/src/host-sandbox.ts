@@ -2,10 +2,11 @@ import { spawn } from "node:child_process";
 import { lchown, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
+import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxProvider } from "./sandbox.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
 import { defaultWorkRoot } from "./work-root.js";
+import { workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 export interface HostSandboxOptions {
   /** Folder under which workspaces are created; default {@link defaultWorkRoot}. */
@@ -36,10 +37,13 @@ export function createHostSandboxProvider(opts: HostSandboxOptions = {}): Sandbo
       signal?.throwIfAborted();
       return new HostSandbox(spec.id, await root.create({ workerId: spec.workerId, sandboxId: spec.id }), killGraceMs, opts.user);
     },
+    async createSession(spec) {
+      return new HostSandbox(spec.id, await root.create({ workerId: spec.workerId, sandboxId: spec.id }), killGraceMs, opts.user);
+    },
   };
 }
 
-class HostSandbox extends LocalFilesSandbox implements Sandbox {
+class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
   readonly kind = "host";
   /** Process groups started here that may still have members. */
   private readonly groups = new Set<number>();
@@ -57,6 +61,10 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox {
     this.workspace = files.dir;
   }
 
+  get sessionFiles(): LocalSessionFiles {
+    return new LocalSessionFiles(this.files);
+  }
+
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
     const [command, ...args] = argv;
     if (command === undefined) throw new BoxcarError(ErrorCode.invalid, "exec needs a command");
@@ -65,15 +73,20 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox {
 
     const startedAt = performance.now();
     if (this.user) await chownTree(this.workspace, this.user.uid, this.user.gid);
+    const cwd = opts.cwd === undefined ? this.workspace : await workspaceDir(this.workspace, workspaceSegments(opts.cwd), opts.cwd, false);
+    if (cwd === null) throw new BoxcarError(ErrorCode.invalid, `cwd ${JSON.stringify(opts.cwd)}: no such folder in the workspace`);
     const child = spawn(command, args, {
-      cwd: this.workspace,
+      cwd,
       env: opts.env,
       detached: true,
-      stdio: ["ignore", "pipe", "pipe"],
+      stdio: ["pipe", "pipe", "pipe"],
       ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
     });
     const pgid = child.pid;
     if (pgid !== undefined) this.groups.add(pgid);
+    // Closed at once (a job's agent reads nothing), or after what a session's command is given.
+    child.stdin.on("error", () => {}); // a command that does not read it all
+    child.stdin.end(opts.stdin);
     child.stdout.on("data", (chunk: Buffer) => opts.onOutput("stdout", chunk));
     child.stderr.on("data", (chunk: Buffer) => opts.onOutput("stderr", chunk));
 

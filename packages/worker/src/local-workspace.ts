@@ -3,7 +3,7 @@ import { chmod, type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath,
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import type { WorkspaceFile } from "./sandbox.js";
+import type { SessionFiles, WorkspaceFile } from "./sandbox.js";
 import { escapeError, workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
@@ -145,6 +145,17 @@ export class LocalWorkspace {
     return files;
   }
 
+  /** Removes a file or a folder (with what it holds) in the workspace; a symlink itself, never its target. False when there was none. */
+  async removePath(path: string): Promise<boolean> {
+    const segments = this.segments(path);
+    const dir = await workspaceDir(this.dir, segments.slice(0, -1), path, false);
+    if (dir === null) return false;
+    const target = join(dir, segments.at(-1) ?? "");
+    if (!(await lstat(target).catch(() => null))) return false;
+    await rm(target, { recursive: true, force: true });
+    return true;
+  }
+
   /**
    * Removes the folder and everything in it, also folders an agent running as this user made
    * unreadable (`chmod 000`). Safe to call twice.
@@ -185,6 +196,42 @@ export abstract class LocalFilesSandbox {
 
   listFiles(): Promise<WorkspaceFile[]> {
     return this.files.listFiles();
+  }
+}
+
+/**
+ * A session's files in a workspace on this machine (a host session's). Its commands run as the
+ * worker's own user, so nothing here guards against them racing a path (a host session is only
+ * an admin's; docs/sessions.md).
+ */
+export class LocalSessionFiles implements SessionFiles {
+  constructor(private readonly files: LocalWorkspace) {}
+
+  async read(path: string, max: number): Promise<Uint8Array | null> {
+    const stream = await this.files.readFile(path);
+    if (!stream) return null;
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    for await (const chunk of stream) {
+      size += chunk.length;
+      if (size > max) throw new BoxcarError(ErrorCode.tooLarge, `${path} has more than ${max} bytes`);
+      chunks.push(chunk);
+    }
+    return Buffer.concat(chunks);
+  }
+
+  write(path: string, data: Uint8Array): Promise<void> {
+    return this.files.writeFile(path, data);
+  }
+
+  async list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }> {
+    const under = path === undefined ? "" : `${workspaceSegments(path).join("/")}/`;
+    const files = (await this.files.listFiles()).filter((f) => f.path.startsWith(under)).sort((a, b) => (a.path < b.path ? -1 : 1));
+    return { files: files.slice(0, limit), truncated: files.length > limit };
+  }
+
+  remove(path: string): Promise<boolean> {
+    return this.files.removePath(path);
   }
 }
 

@@ -22,6 +22,8 @@ export interface SandboxProvider {
   available(): Promise<boolean>;
   /** Creates a sandbox with an empty workspace; aborting `signal` abandons the creation. */
   create(spec: SandboxSpec, signal?: AbortSignal): Promise<Sandbox>;
+  /** Creates a sandbox kept for a session (docs/sessions.md); absent: this backend holds no sessions. */
+  createSession?(spec: SandboxSpec): Promise<SessionSandbox>;
   /**
    * Removes what crashed workers left behind: every sandbox of this system (running or not)
    * whose owner `isOrphan` says is gone. Returns how many it removed. Backends whose sandboxes
@@ -62,6 +64,10 @@ export interface ExecOptions {
   signal: AbortSignal;
   /** Output as it arrives, in order per stream. */
   onOutput(stream: "stdout" | "stderr", chunk: Uint8Array): void;
+  /** A folder of the workspace to run in (relative); default: the workspace. Sessions only. */
+  cwd?: string;
+  /** What the command reads on stdin; default: nothing. Sessions only. */
+  stdin?: Uint8Array;
 }
 
 export interface ExecResult {
@@ -110,4 +116,23 @@ export interface Sandbox {
   listFiles(): Promise<WorkspaceFile[]>;
   /** Ends every process and removes the sandbox with its workspace. Safe to call twice. */
   destroy(): Promise<void>;
+}
+
+/** A session's files, read and written while its commands may be running. Paths as a sandbox's. */
+export interface SessionFiles {
+  /** The file's bytes, or null when there is no such regular file; one of more than `max` bytes is refused (`too_large`). */
+  read(path: string, max: number): Promise<Uint8Array | null>;
+  /** Writes a file, creating its parent folders and replacing what was there. */
+  write(path: string, data: Uint8Array): Promise<void>;
+  /** The regular files under `path` (default: all), by path; `truncated` when there were more than `limit`. */
+  list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }>;
+  /** Removes a file or a folder with what it holds; false when there was none. */
+  remove(path: string): Promise<boolean>;
+}
+
+/** A sandbox kept for a session: commands run in it one after another, and its files are reached between and during them. */
+export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace" | "agentPath" | "description" | "exec" | "destroy"> {
+  readonly sessionFiles: SessionFiles;
+  /** Resolves, saying why, when the sandbox ended by itself (its container stopped, its quota was broken). */
+  readonly ended?: Promise<string>;
 }

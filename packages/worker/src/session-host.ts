@@ -1,11 +1,11 @@
 /**
  * The sessions a worker holds (docs/sessions.md): a sandbox kept between commands, one of the
  * worker's slots while it is open, and its record in the sessions bucket. Dispatchers ask on
- * `<prefix>.sess.<workerId>.<op>` (open, exec, close) after checking the caller; this side
- * keeps the lock (one command at a time), the idle and lifetime bounds, and the events.
+ * `<prefix>.sess.<workerId>.<op>` after checking the caller; this side keeps the lock (one
+ * command at a time), the idle and lifetime bounds, and the events.
  *
- * Only host sandboxes so far: a Docker or E2B sandbox runs one command in its life, and a
- * session of one of those agents is refused with a message that says so.
+ * Host and Docker sandboxes (a backend's `createSession`); an E2B agent's session is refused,
+ * saying so.
  */
 
 import type { Logger } from "@boxcar/client";
@@ -17,34 +17,39 @@ import {
   ErrorCode,
   type ExecReply,
   ExecRequest,
+  ListSessionFiles,
   MAX_EXEC_REPLY_OUTPUT,
+  MAX_SESSION_FILE_BYTES,
   PROTOCOL_VERSION,
   parseWith,
   resolveRuntime,
   type SessionEvent,
+  SessionFileRef,
   type SessionRecord,
   SessionRef,
   toErrorInfo,
   WorkerOpenSession,
+  WriteSessionFile,
 } from "@boxcar/protocol";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
 import { AgentPaths, collectSecrets } from "./agent-contract.js";
 import { StreamRedactor } from "./redactor.js";
-import type { Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
+import type { SandboxBackend, SandboxProvider, SessionSandbox } from "./sandbox.js";
 import type { Slots } from "./slots.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
+import { workspaceCwd } from "./workspace-path.js";
 
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
 const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
 
 interface HeldSession {
   record: SessionRecord;
-  sandbox: Sandbox;
+  sandbox: SessionSandbox;
   secrets: Map<string, string>;
   /** The agent's own environment variables. */
   env: Record<string, string>;
-  /** The command running now, if any: its id and how to stop it. */
-  running?: { execId: string; stop: AbortController };
+  /** The command running now, if any: its id, how to stop it, and whether its owner cancelled it. */
+  running?: { execId: string; stop: AbortController; cancelled: boolean };
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
 }
@@ -87,6 +92,42 @@ export class SessionHost {
     await Promise.allSettled([...this.held.keys()].map((id) => this.close(id, "worker_stopped")));
   }
 
+  /** What a dispatcher may ask, by the last token of the subject. */
+  private readonly operations: Readonly<Record<string, (body: unknown) => Promise<unknown>>> = {
+    open: (body) => this.open(body),
+    exec: (body) => this.exec(body),
+    cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
+    close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
+    read: async (body) => {
+      const { id, path } = parseWith(SessionFileRef, body, "request");
+      const data = await this.holding(id).sandbox.sessionFiles.read(path, MAX_SESSION_FILE_BYTES);
+      if (!data) throw new BoxcarError(ErrorCode.notFound, `no file ${path} in session ${id}`);
+      return { path, size: data.length, data: Buffer.from(data).toString("base64") };
+    },
+    write: async (body) => {
+      const { id, path, data } = parseWith(WriteSessionFile, body, "request");
+      const bytes = Buffer.from(data, "base64");
+      await this.holding(id).sandbox.sessionFiles.write(path, bytes);
+      return { path, size: bytes.length };
+    },
+    list: async (body) => {
+      const { id, path, limit } = parseWith(ListSessionFiles, body, "request");
+      return this.holding(id).sandbox.sessionFiles.list(path, limit);
+    },
+    remove: async (body) => {
+      const { id, path } = parseWith(SessionFileRef, body, "request");
+      return { path, removed: await this.holding(id).sandbox.sessionFiles.remove(path) };
+    },
+  };
+
+  /** The session this worker holds, touched: its idle clock starts again. */
+  private holding(id: string): HeldSession {
+    const held = this.held.get(id);
+    if (!held) throw new NotHeld(this.ctx.workerId, id);
+    if (!held.running) this.idleFrom(held);
+    return held;
+  }
+
   private async answer(msg: Msg): Promise<void> {
     // Answers go to a dispatcher's inbox only: a worker may answer what it is sent, and a reply
     // subject elsewhere (JetStream's API, say) must never be one.
@@ -95,19 +136,13 @@ export class SessionHost {
     let reply: unknown;
     try {
       const body: unknown = JSON.parse(msg.string());
-      const data =
-        op === "open"
-          ? await this.open(body)
-          : op === "exec"
-            ? await this.exec(body)
-            : op === "close"
-              ? await this.close(parseWith(SessionRef, body, "request").id, "closed")
-              : undefined;
-      if (data === undefined) throw new BoxcarError(ErrorCode.invalid, `no session operation ${op}`);
-      reply = { ok: true, data };
+      const handler = Object.hasOwn(this.operations, op) ? this.operations[op] : undefined;
+      if (!handler) throw new BoxcarError(ErrorCode.invalid, `no session operation ${op}`);
+      reply = { ok: true, data: await handler(body) };
     } catch (err) {
       if (!(err instanceof BoxcarError)) this.ctx.log.error({ err, op }, "a session request failed");
-      reply = { ok: false, error: toErrorInfo(err) };
+      // `held: false` tells the dispatcher the session is gone from here (this worker restarted), unlike a missing file.
+      reply = { ok: false, error: toErrorInfo(err), ...(err instanceof NotHeld ? { held: false } : {}) };
     }
     try {
       msg.respond(JSON.stringify(reply));
@@ -122,25 +157,30 @@ export class SessionHost {
     const { options } = this.ctx;
     checkAgentPolicy(agent, options.agentPolicy, "this worker's policy");
     const runtime = resolveRuntime(agent.runtime, agent.trusted, this.ctx.capabilities(), options.policy);
-    if (runtime.kind !== "host") {
-      throw new BoxcarError(
-        ErrorCode.noSandbox,
-        `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}): sessions run in host sandboxes only so far (a trusted agent and a worker whose policy allows host)`,
-      );
-    }
-    if (!mayUseHost) {
+    if (runtime.kind === "host" && !mayUseHost) {
       throw new BoxcarError(
         ErrorCode.forbidden,
-        `a session of ${agent.name} would run in a host sandbox, where commands run as the worker's own user: only an admin may open one (sessions in containers are not built yet)`,
+        `a session of ${agent.name} would run in a host sandbox, where commands run as the worker's own user: only an admin may open one (give the agent a Docker runtime for others)`,
       );
     }
     const provider = this.ctx.providers.get(runtime.kind);
-    if (!provider) throw new BoxcarError(ErrorCode.noSandbox, `this worker has no ${runtime.kind} provider`);
+    if (!provider?.createSession) {
+      throw new BoxcarError(
+        ErrorCode.noSandbox,
+        `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}), which hold no sessions on this worker: sessions run in host and Docker sandboxes`,
+      );
+    }
     const secrets = collectSecrets(agent, options.secretsEnv);
     if (!this.ctx.slots.tryAcquire()) throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
-    let sandbox: Sandbox;
+    let sandbox: SessionSandbox;
     try {
-      sandbox = await provider.create({ id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime });
+      sandbox = await provider.createSession({
+        id: `sbx-${id}`,
+        jobId: id,
+        attempt: 0,
+        workerId: this.ctx.workerId,
+        runtime: agent.runtime,
+      });
     } catch (err) {
       this.ctx.slots.release(1);
       throw err;
@@ -163,6 +203,9 @@ export class SessionHost {
     };
     const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env } };
     this.held.set(id, held);
+    void sandbox.ended?.then((reason) => {
+      if (this.held.get(id) === held) void this.close(id, `sandbox_ended: ${reason}`).catch(() => {});
+    });
     held.lifetime = setTimeout(() => void this.close(id, "lifetime").catch(() => {}), request.maxLifetime);
     this.idleFrom(held);
     try {
@@ -179,13 +222,16 @@ export class SessionHost {
   private async exec(body: unknown): Promise<ExecReply> {
     const request = parseWith(ExecRequest, body, "request");
     const held = this.held.get(request.id);
-    if (!held) throw new BoxcarError(ErrorCode.notFound, `worker ${this.ctx.workerId} holds no session ${request.id}`);
+    if (!held) throw new NotHeld(this.ctx.workerId, request.id);
     if (held.running) {
       throw new BoxcarError(ErrorCode.conflict, `session ${request.id} is running ${held.running.execId}: one command at a time`);
     }
+    // Refused before anything runs: a folder out of the workspace.
+    const cwd = request.cwd === undefined ? undefined : workspaceCwd(request.cwd);
     const execId = `${request.id}.${held.record.execs + 1}`;
     const stop = new AbortController();
-    held.running = { execId, stop };
+    const running = { execId, stop, cancelled: false };
+    held.running = running;
     clearTimeout(held.idle);
     let timedOut = false;
     const timer = setTimeout(() => {
@@ -208,8 +254,12 @@ export class SessionHost {
       published += part.length;
       nc.publish(names.subjects.log(held.record.owner, request.id, stream), part, { headers: hdrs });
     };
+    // The events and the record are stored while the command runs and as the reply goes, not
+    // one after another before it: a command's round trip waits for them once (published on one
+    // connection, they are stored in order).
+    const started = this.event(held, "exec_started", { execId });
+    let exited: Promise<void> | undefined;
     try {
-      await this.event(held, "exec_started", { execId });
       const result = await held.sandbox.exec(request.argv, {
         // As a job's environment, less what only a job has (input, result, chain files).
         env: {
@@ -226,6 +276,8 @@ export class SessionHost {
         },
         signal: stop.signal,
         onOutput: (stream, chunk) => emit(stream, redactors[stream].push(chunk)),
+        ...(cwd !== undefined ? { cwd } : {}),
+        ...(request.stdin !== undefined ? { stdin: Buffer.from(request.stdin, "base64") } : {}),
       });
       // What a redactor held back, in case it was the start of a secret.
       for (const stream of ["stdout", "stderr"] as const) emit(stream, redactors[stream].end());
@@ -234,12 +286,13 @@ export class SessionHost {
         exitCode: result.exitCode,
         signal: result.signal,
         timedOut,
+        cancelled: running.cancelled,
         durationMs: result.durationMs,
         stdout: tails.stdout.base64(),
         stderr: tails.stderr.base64(),
         truncated: tails.stdout.truncated || tails.stderr.truncated,
       };
-      await this.event(held, "exec_exited", {
+      exited = this.event(held, "exec_exited", {
         execId,
         exitCode: result.exitCode,
         signal: result.signal,
@@ -250,17 +303,30 @@ export class SessionHost {
       clearTimeout(timer);
       held.running = undefined;
       held.record = { ...held.record, execs: held.record.execs + 1, lastUsedAt: nowIso() };
+      let saved: Promise<void> | undefined;
       if (this.held.has(request.id)) {
         this.idleFrom(held);
-        await this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: request.id }, "could not save a session's record"));
+        saved = this.save(held).catch((err: unknown) =>
+          this.ctx.log.warn({ err, session: request.id }, "could not save a session's record"),
+        );
       }
+      await Promise.all([started, exited, saved]);
     }
+  }
+
+  /** Stops the command running in the session (as a timeout does); its exec's reply says `cancelled`. */
+  private cancel(id: string): SessionRecord {
+    const held = this.holding(id);
+    if (!held.running) throw new BoxcarError(ErrorCode.conflict, `session ${id} runs no command`);
+    held.running.cancelled = true;
+    held.running.stop.abort();
+    return held.record;
   }
 
   /** Ends the session: its command, its sandbox, its slot; its record says why. */
   private async close(id: string, reason: string): Promise<SessionRecord> {
     const held = this.held.get(id);
-    if (!held) throw new BoxcarError(ErrorCode.notFound, `worker ${this.ctx.workerId} holds no session ${id}`);
+    if (!held) throw new NotHeld(this.ctx.workerId, id);
     this.held.delete(id);
     clearTimeout(held.idle);
     clearTimeout(held.lifetime);
@@ -295,6 +361,13 @@ export class SessionHost {
       workerId: this.ctx.workerId,
       ...extra,
     }).catch((err: unknown) => this.ctx.log.warn({ err, session: held.record.id, type }, "could not publish a session event"));
+  }
+}
+
+/** The session is not held by this worker (any more). */
+class NotHeld extends BoxcarError {
+  constructor(workerId: string, id: string) {
+    super(ErrorCode.notFound, `worker ${workerId} holds no session ${id}`);
   }
 }
 

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { PassThrough } from "node:stream";
 import type Docker from "dockerode";
+import { createAttached } from "./attached-container.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 
 /**
@@ -165,24 +166,8 @@ export class WarmContainer {
     limits: { cpus: number; memory: number; pids: number },
     agentPath: string,
   ): Promise<WarmContainer> {
-    const container = await docker.createContainer({
-      ...options,
-      Cmd: WARM_COMMAND,
-      Entrypoint: [],
-      OpenStdin: true,
-      StdinOnce: true,
-      AttachStdin: true,
-      AttachStdout: true,
-      AttachStderr: true,
-    });
+    const { container, stream } = await createAttached(docker, { ...options, Cmd: WARM_COMMAND }, true);
     try {
-      const stream = (await container.attach({
-        stream: true,
-        stdin: true,
-        stdout: true,
-        stderr: true,
-        hijack: true,
-      })) as NodeJS.ReadWriteStream;
       const warm = new WarmContainer(sandboxId, container, files, limits, agentPath, stream, docker);
       await container.start();
       return warm;

@@ -14,6 +14,12 @@ export function workspaceSegments(path: string): string[] {
   return segments;
 }
 
+/** A command's folder in the workspace: its segments joined, or undefined for the workspace itself (`.`). */
+export function workspaceCwd(path: string): string | undefined {
+  if (!path.startsWith("/") && path.split("/").every((s) => s === "" || s === ".")) return undefined;
+  return workspaceSegments(path).join("/");
+}
+
 /**
  * The folder `segments` names under `root`, refusing to pass through a symlink (which could
  * lead out of the workspace). Missing folders are created when `create` is set; otherwise a

@@ -18,6 +18,7 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 }
 
 const code = await main(process.argv.slice(2), {
+  stdin: process.stdin,
   stdout: process.stdout,
   stderr: process.stderr,
   env: process.env,

@@ -1,13 +1,16 @@
+import { createReadStream } from "node:fs";
 import { constants } from "node:os";
-import { names, SessionState } from "@boxcar/protocol";
+import { MAX_EXEC_STDIN, MAX_SESSION_FILE_BYTES, names, SessionState } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { optionalDuration } from "./roles.js";
 
-const usage =
-  "boxcar session open AGENT [--idle 10m] [--lifetime 8h] | exec ID [--timeout 10m] [--env NAME=VALUE]... -- COMMAND [ARG...] | close ID | get ID | events ID | logs ID";
+const usage = `boxcar session open AGENT [--idle 10m] [--lifetime 8h]
+       boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
+       boxcar session cancel ID | close ID | get ID | events ID | logs ID
+       boxcar session ls ID [DIR] | read ID PATH | write ID PATH [--from FILE|-] | rm ID PATH`;
 
 export const session: Command = {
   name: "session",
@@ -19,12 +22,22 @@ export const session: Command = {
     lifetime: { type: "string" },
     timeout: { type: "string" },
     env: { type: "string", multiple: true, default: [] },
+    cwd: { type: "string" },
+    stdin: { type: "string" },
+    from: { type: "string", default: "-" },
   },
   async run(ctx) {
     const [verb, first, ...rest] = ctx.positionals;
     const one = (what: string) => {
       if (!first || rest.length > 0) throw new UsageError(`session ${verb} needs one ${what}\n\nusage: ${usage}`);
       return first;
+    };
+    /** The session's id and one path: `ID PATH` (`optional`: the path may be left out). */
+    const idAndPath = (optional = false): [string, string | undefined] => {
+      if (!first || rest.length > 1 || (!optional && rest.length === 0)) {
+        throw new UsageError(`session ${verb} needs an ID and ${optional ? "at most one" : "a"} PATH\n\nusage: ${usage}`);
+      }
+      return [first, rest[0]];
     };
     switch (verb) {
       case "open": {
@@ -49,8 +62,17 @@ export const session: Command = {
           env[pair.slice(0, at)] = pair.slice(at + 1);
         }
         const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        const stdin =
+          ctx.values.stdin === undefined ? undefined : await readInput(ctx.io, ctx.values.stdin as string, MAX_EXEC_STDIN, "--stdin");
         await using s = await ctx.session("boxcar-session");
-        const request = { id: first, argv: rest, env, ...(timeout !== undefined ? { timeout } : {}) };
+        const request = {
+          id: first,
+          argv: rest,
+          env,
+          ...(timeout !== undefined ? { timeout } : {}),
+          ...(ctx.values.cwd !== undefined ? { cwd: ctx.values.cwd as string } : {}),
+          ...(stdin !== undefined ? { stdin: stdin.toString("base64") } : {}),
+        };
         if (ctx.values.json) {
           ctx.print(json(await s.client.execInSession(request)));
           return ExitCode.ok;
@@ -67,11 +89,15 @@ export const session: Command = {
           },
         });
         await s.nc.flush();
+        // Ctrl-C stops the command, and this waits for it to say how it ended.
+        const cancel = () => void s.client.cancelInSession(first).catch(() => {});
+        ctx.io.signal.addEventListener("abort", cancel, { once: true });
         let ran: Awaited<ReturnType<typeof s.client.execInSession>>;
         try {
           ran = await s.client.execInSession(request);
           await s.nc.flush();
         } finally {
+          ctx.io.signal.removeEventListener("abort", cancel);
           sub.unsubscribe();
         }
         // Nothing came live (a subscription refused): the reply's end of the output instead.
@@ -80,8 +106,52 @@ export const session: Command = {
           ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
         }
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
+        if (ran.cancelled) ctx.io.stderr.write(`${ran.execId} cancelled\n`);
         // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
         return ran.exitCode ?? 128 + ((ran.signal && constants.signals[ran.signal as NodeJS.Signals]) || constants.signals.SIGKILL);
+      }
+      case "cancel": {
+        await using s = await ctx.session("boxcar-session");
+        await s.client.cancelInSession(one("ID"));
+        ctx.print(`cancelled the command running in ${first}`);
+        return ExitCode.ok;
+      }
+      case "ls": {
+        const [id, path] = idAndPath(true);
+        await using s = await ctx.session("boxcar-session");
+        const listed = await s.client.listSessionFiles({ id, ...(path !== undefined ? { path } : {}) });
+        if (ctx.values.json) ctx.print(json(listed));
+        else {
+          ctx.print(
+            table(
+              ["SIZE", "PATH"],
+              listed.files.map((f) => [String(f.size), f.path]),
+            ),
+          );
+          if (listed.truncated) ctx.io.stderr.write(`(more files than listed: name a folder)\n`);
+        }
+        return ExitCode.ok;
+      }
+      case "read": {
+        const [id, path] = idAndPath();
+        await using s = await ctx.session("boxcar-session");
+        ctx.io.stdout.write(await s.client.readSessionFile(id, path as string));
+        return ExitCode.ok;
+      }
+      case "write": {
+        const [id, path] = idAndPath();
+        const data = await readInput(ctx.io, ctx.values.from as string, MAX_SESSION_FILE_BYTES, "--from");
+        await using s = await ctx.session("boxcar-session");
+        const wrote = await s.client.writeSessionFile(id, path as string, data);
+        ctx.print(ctx.values.json ? json(wrote) : `wrote ${wrote.size} bytes to ${wrote.path}`);
+        return ExitCode.ok;
+      }
+      case "rm": {
+        const [id, path] = idAndPath();
+        await using s = await ctx.session("boxcar-session");
+        const removed = await s.client.removeSessionFile(id, path as string);
+        ctx.print(removed ? `removed ${path}` : `no ${path} to remove`);
+        return removed ? ExitCode.ok : ExitCode.refused;
       }
       case "close": {
         await using s = await ctx.session("boxcar-session");
@@ -113,6 +183,26 @@ export const session: Command = {
     }
   },
 };
+
+/** A file's bytes (`-`: this process's stdin), at most `max` of them. */
+async function readInput(io: { stdin?: NodeJS.ReadableStream }, source: string, max: number, flag: string): Promise<Buffer> {
+  const stream = source === "-" ? io.stdin : createReadStream(source);
+  if (!stream) throw new UsageError(`${flag} -: this command has no stdin to read`);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of stream) {
+      const bytes = typeof chunk === "string" ? Buffer.from(chunk) : (chunk as Buffer);
+      size += bytes.length;
+      if (size > max) throw new UsageError(`${flag}: more than ${max} bytes (a session takes at most that in one request)`);
+      chunks.push(bytes);
+    }
+  } catch (err) {
+    if (err instanceof UsageError) throw err;
+    throw new UsageError(`${flag} ${source}: ${(err as Error).message}`);
+  }
+  return Buffer.concat(chunks);
+}
 
 export const sessions: Command = {
   name: "sessions",

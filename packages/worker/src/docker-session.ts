@@ -1,0 +1,312 @@
+import { readFileSync } from "node:fs";
+import { lchown } from "node:fs/promises";
+import { PassThrough } from "node:stream";
+import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
+import type Docker from "dockerode";
+import { createAttached } from "./attached-container.js";
+import type { LocalWorkspace } from "./local-workspace.js";
+import type { ExecOptions, ExecResult, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import { workspaceSegments } from "./workspace-path.js";
+import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
+
+/** The resident helper's source (helper/session-helper.cjs), run by the image's `node`. */
+const HELPER_SOURCE = readFileSync(new URL("../helper/session-helper.cjs", import.meta.url), "utf8");
+
+/** How long a helper has to say it is ready once its container has started. */
+const READY_TIMEOUT_MS = 30_000;
+/** How long a helper has to end a command it was told to stop (it sends SIGKILL after 2 s) before the session is ended. */
+const KILL_TIMEOUT_MS = 10_000;
+/** The longest line a helper may send: an output frame is at most 64 KiB of base64 and JSON; past this the helper is broken. */
+const MAX_FRAME = 1024 * 1024;
+
+/** What a session container is made of; the caller (the Docker provider) hardens it as a job's. */
+export interface SessionContainerSpec {
+  id: string;
+  /** The container: name, image, user, labels and the hardened host configuration with the workspace bind-mounted. */
+  create: Docker.ContainerCreateOptions;
+  description: { image: string; network: string; limits: ResourceLimits };
+  agentPath: string;
+  /** The agent's user, to whom the workspace folder is given. */
+  owner: { uid: number; gid: number };
+  quota: WorkspaceLimits;
+}
+
+/** A line from the helper: untrusted, every field checked where it is read. */
+interface Frame {
+  t?: unknown;
+  id?: unknown;
+  s?: unknown;
+  d?: unknown;
+  code?: unknown;
+  signal?: unknown;
+  error?: unknown;
+  files?: Array<{ path?: unknown; size?: unknown }>;
+  truncated?: unknown;
+  removed?: unknown;
+}
+
+/** A request to the helper waiting for its answer: a command (output, then its exit) or a file operation. */
+interface Pending {
+  onOutput?: ExecOptions["onOutput"];
+  answered(frame: Frame): void;
+  failed(err: Error): void;
+}
+
+/**
+ * A Docker sandbox kept for a session: one container for the session's life, with the job
+ * containers' hardening and the workspace bind-mounted, running a resident helper
+ * (helper/session-helper.cjs) that starts each command in it and reads and writes its files. A
+ * command costs one line to the helper and its frames back, not a `docker exec`.
+ *
+ * The helper runs as the agent's user, so a command can tamper with it: its frames are taken
+ * as the session's own word about its own commands (output, exit codes), bounded in size, and a
+ * helper that does not end a command when told is ended with its container.
+ */
+export class DockerSession implements SessionSandbox {
+  readonly kind = "docker";
+  readonly workspace = "/workspace";
+  readonly agentPath: string;
+  readonly description: SessionContainerSpec["description"];
+  readonly ended: Promise<string>;
+  readonly sessionFiles: SessionFiles;
+  private endedWith: string | undefined;
+  private end!: (reason: string) => void;
+  /** The requests the helper has not answered yet, by id. */
+  private readonly pending = new Map<string, Pending>();
+  /** The id of the command running now. */
+  private running: string | undefined;
+  private count = 0;
+  private buffered = "";
+  private readonly quota: WorkspaceQuota;
+  private destroyed: Promise<void> | undefined;
+
+  private constructor(
+    readonly id: string,
+    private readonly container: Docker.Container,
+    private readonly stream: NodeJS.ReadWriteStream,
+    private readonly files: LocalWorkspace,
+    spec: SessionContainerSpec,
+  ) {
+    this.agentPath = spec.agentPath;
+    this.description = spec.description;
+    this.sessionFiles = new HelperFiles((frame) => this.ask(frame));
+    this.ended = new Promise((resolve) => {
+      this.end = (reason) => {
+        if (this.endedWith !== undefined) return;
+        this.endedWith = reason;
+        for (const pending of this.pending.values()) pending.failed(this.endedError());
+        this.pending.clear();
+        resolve(reason);
+      };
+    });
+    // Watched for the session's whole life: a command's children may write on after it ends.
+    this.quota = new WorkspaceQuota(files.dir, spec.quota, (reason) => this.kill(reason));
+  }
+
+  /** Creates and starts the container and waits for its helper; removes what it made if that fails. */
+  static async start(docker: Docker, spec: SessionContainerSpec, files: LocalWorkspace): Promise<DockerSession> {
+    const { container, stream } = await createAttached(docker, { ...spec.create, Cmd: ["node", "-e", HELPER_SOURCE] }, false);
+    let session: DockerSession | undefined;
+    try {
+      if (process.getuid?.() !== spec.owner.uid) await lchown(files.dir, spec.owner.uid, spec.owner.gid);
+      session = new DockerSession(spec.id, container, stream, files, spec);
+      const ready = session.follow(docker);
+      await container.start();
+      await ready;
+      return session;
+    } catch (err) {
+      session?.quota.stop();
+      await container.remove({ force: true, v: true }).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Reads the helper's frames; resolves once it is ready, rejects (naming why) if its container ends first. */
+  private follow(docker: Docker): Promise<void> {
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let complaint = "";
+    stderr.on("data", (chunk: Buffer) => {
+      complaint = (complaint + chunk.toString()).slice(-2_000);
+    });
+    docker.modem.demuxStream(this.stream, stdout, stderr);
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        reject(new BoxcarError(ErrorCode.sandboxFailed, `the session's helper did not start within ${READY_TIMEOUT_MS / 1000} s`));
+      }, READY_TIMEOUT_MS);
+      stdout.on("data", (chunk: Buffer) => {
+        this.buffered += chunk.toString();
+        let newline = this.buffered.indexOf("\n");
+        while (newline >= 0) {
+          const frame = parseFrame(this.buffered.slice(0, newline));
+          this.buffered = this.buffered.slice(newline + 1);
+          if (frame?.t === "ready") {
+            clearTimeout(timer);
+            resolve();
+          } else if (frame) this.take(frame);
+          newline = this.buffered.indexOf("\n");
+        }
+        if (this.buffered.length > MAX_FRAME) {
+          this.buffered = "";
+          this.kill("its helper sent a line of more than 1 MiB");
+        }
+      });
+      const over = () => {
+        clearTimeout(timer);
+        const said = complaint.trim();
+        const why = /node: (not found|No such file)|executable file not found/i.test(said)
+          ? `the image ${this.description.image} has no node on its PATH: a Docker session's helper needs Node.js in the image (the default image has it)`
+          : `its helper exited${said ? `: ${said.split("\n").at(-1)}` : ""}`;
+        this.end(why);
+        reject(this.endedError());
+      };
+      this.stream.once("end", over);
+      this.stream.once("close", over);
+      this.stream.once("error", over);
+    });
+  }
+
+  private take(frame: Frame): void {
+    const pending = typeof frame.id === "string" ? this.pending.get(frame.id) : undefined;
+    if (!pending) return;
+    if (frame.t === "out" && (frame.s === "stdout" || frame.s === "stderr") && typeof frame.d === "string") {
+      pending.onOutput?.(frame.s, Buffer.from(frame.d, "base64"));
+    } else if (frame.t === "exit" || frame.t === "done") {
+      this.pending.delete(frame.id as string);
+      pending.answered(frame);
+    }
+  }
+
+  /** Sends a request and waits for the helper's answer (a command's: its exit). */
+  private ask(frame: Record<string, unknown>, onOutput?: ExecOptions["onOutput"]): Promise<Frame> {
+    if (this.endedWith !== undefined) return Promise.reject(this.endedError());
+    const id = String(++this.count);
+    return new Promise<Frame>((answered, failed) => {
+      this.pending.set(id, { onOutput, answered, failed });
+      this.stream.write(`${JSON.stringify({ ...frame, id })}\n`);
+    });
+  }
+
+  async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
+    if (this.running) throw new BoxcarError(ErrorCode.conflict, `command ${this.running} is still running`);
+    const id = String(this.count + 1);
+    const startedAt = performance.now();
+    let aborted = false;
+    let backstop: NodeJS.Timeout | undefined;
+    const onAbort = () => {
+      aborted = true;
+      this.stream.write(`${JSON.stringify({ t: "kill", id })}\n`);
+      backstop = setTimeout(
+        () => this.kill(`its helper did not end command ${id} within ${KILL_TIMEOUT_MS / 1000} s of being told to`),
+        KILL_TIMEOUT_MS,
+      );
+    };
+    this.running = id;
+    opts.signal.addEventListener("abort", onAbort, { once: true });
+    try {
+      const asked = this.ask(
+        {
+          t: "exec",
+          argv,
+          env: opts.env,
+          ...(opts.cwd !== undefined ? { cwd: relative(opts.cwd) } : {}),
+          ...(opts.stdin ? { stdin: Buffer.from(opts.stdin).toString("base64") } : {}),
+        },
+        opts.onOutput,
+      );
+      if (opts.signal.aborted) onAbort();
+      const exit = await asked;
+      if (typeof exit.error === "string") {
+        throw new BoxcarError(ErrorCode.invalid, `cannot start command ${JSON.stringify(argv[0])}: ${exit.error.slice(0, 500)}`);
+      }
+      return {
+        exitCode: Number.isInteger(exit.code) ? (exit.code as number) : null,
+        signal: typeof exit.signal === "string" ? exit.signal.slice(0, 16) : null,
+        aborted,
+        durationMs: performance.now() - startedAt,
+      };
+    } finally {
+      clearTimeout(backstop);
+      opts.signal.removeEventListener("abort", onAbort);
+      this.running = undefined;
+    }
+  }
+
+  /** Ends the session's container (its quota broken, its helper misbehaving): `ended` says why. */
+  private kill(reason: string): void {
+    this.end(reason);
+    void this.container.kill({ signal: "SIGKILL" }).catch(() => undefined);
+  }
+
+  private endedError(): BoxcarError {
+    return new BoxcarError(ErrorCode.sandboxFailed, `the session's container ended: ${this.endedWith}`);
+  }
+
+  destroy(): Promise<void> {
+    this.destroyed ??= (async () => {
+      this.quota.stop();
+      this.end("closed");
+      await this.container.remove({ force: true, v: true }).catch((err: { statusCode?: number }) => {
+        if (err.statusCode !== 404 && err.statusCode !== 409) throw err;
+      });
+      await this.files.remove();
+    })();
+    return this.destroyed;
+  }
+}
+
+/** A session's files, read and written by its helper inside the container. Its answers are bounded here. */
+class HelperFiles implements SessionFiles {
+  constructor(private readonly ask: (frame: Record<string, unknown>) => Promise<Frame>) {}
+
+  async read(path: string, max: number): Promise<Uint8Array | null> {
+    const answer = await this.answer({ t: "read", path: relative(path), max }, path);
+    if (answer === null) return null;
+    const data = Buffer.from(typeof answer.d === "string" ? answer.d : "", "base64");
+    if (data.length > max) throw new BoxcarError(ErrorCode.tooLarge, `${path} has more than ${max} bytes`);
+    return data;
+  }
+
+  async write(path: string, data: Uint8Array): Promise<void> {
+    if ((await this.answer({ t: "write", path: relative(path), d: Buffer.from(data).toString("base64") }, path)) === null) {
+      throw new BoxcarError(ErrorCode.notFound, `cannot write ${path}: a folder on its way is missing`);
+    }
+  }
+
+  async list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }> {
+    const answer = await this.answer({ t: "list", ...(path === undefined ? {} : { path: relative(path) }), limit }, path ?? ".");
+    if (answer === null) return { files: [], truncated: false };
+    const files = (Array.isArray(answer.files) ? answer.files : [])
+      .slice(0, limit)
+      .filter((f): f is WorkspaceFile => typeof f?.path === "string" && Number.isInteger(f.size) && (f.size as number) >= 0);
+    return { files, truncated: answer.truncated === true };
+  }
+
+  async remove(path: string): Promise<boolean> {
+    const answer = await this.answer({ t: "remove", path: relative(path) }, path);
+    return answer?.removed === true;
+  }
+
+  /** The helper's answer; null when the path is not there; its other errors as a refusal naming the path. */
+  private async answer(frame: Record<string, unknown>, path: string): Promise<Frame | null> {
+    const answer = await this.ask(frame);
+    if (typeof answer.error !== "string") return answer;
+    if (answer.code === "ENOENT" || answer.code === "ENOTDIR") return null;
+    const code = answer.code === "EFBIG" ? ErrorCode.tooLarge : ErrorCode.invalid;
+    throw new BoxcarError(code, `${path}: ${answer.error.slice(0, 500)}`);
+  }
+}
+
+/** A workspace-relative path as the helper takes it: no `..`, not absolute (refused here, by the worker). */
+function relative(path: string): string {
+  return workspaceSegments(path).join("/");
+}
+
+function parseFrame(line: string): Frame | undefined {
+  try {
+    const frame: unknown = JSON.parse(line);
+    return frame !== null && typeof frame === "object" ? (frame as Frame) : undefined;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,264 @@
+/**
+ * Sessions in Docker sandboxes against a real nats-server with authentication, a dispatcher, a
+ * worker and a real Docker engine: a submitter's session, its files and commands through the
+ * resident helper, output live, cancel and timeouts, the job containers' hardening inside it, the
+ * attacks on the files API and on the helper, and the bounds that remove its container.
+ */
+
+import { existsSync } from "node:fs";
+import { hostname } from "node:os";
+import { BoxcarError } from "@boxcar/protocol";
+import { createDockerSandboxProvider } from "@boxcar/worker";
+import Docker from "dockerode";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { boxcar, boxcarWithInput, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { dockerReady } from "./helpers/docker.js";
+import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+
+const ready = await dockerReady();
+const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
+
+describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
+  let system: SecuredSystem;
+  let alice: Principal;
+  let bob: Principal;
+  let viewer: Principal;
+  const engine = new Docker();
+
+  /** The session's container, by its label. */
+  const containerOf = async (sessionId: string) =>
+    (await engine.listContainers({ all: true, filters: { label: [`boxcar.session=${sessionId}`] } }))[0];
+
+  beforeAll(async () => {
+    system = await securedSystem({
+      providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })],
+      reapIntervalMs: 500,
+    });
+    alice = await system.as("alice", "submitter");
+    bob = await system.as("bob", "submitter");
+    viewer = await system.as("viewer", "viewer");
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({
+      name: "box",
+      command: ["true"],
+      sessions: true,
+      env: { FROM_AGENT: "agent-env" },
+      runtime: { sandbox: "docker", timeout: "1m", limits: { memory: "256Mi", pids: 64 } },
+    });
+  }, 60_000);
+
+  afterAll(async () => {
+    await system?.[Symbol.asyncDispose]();
+  });
+
+  test("a submitter's session: files written through the API are read by commands, and the other way round", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    expect(session).toMatchObject({ owner: "alice", state: "open", sandbox: { kind: "docker" } });
+    expect(await alice.client.writeSessionFile(session.id, "src/hello.txt", "from the API\n")).toEqual({ path: "src/hello.txt", size: 13 });
+    const read = await alice.client.execInSession({ id: session.id, argv: ["cat", "hello.txt"], cwd: "src" });
+    expect(read).toMatchObject({ exitCode: 0, cancelled: false, timedOut: false });
+    expect(text(read.stdout)).toBe("from the API\n");
+    // The command may change what the worker wrote: it is the agent's user's.
+    const made = await alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", 'echo changed >> src/hello.txt && mkdir out && tr a-z A-Z > out/upper.txt && echo "$FROM_AGENT $PWD $(id -u)"'],
+      stdin: Buffer.from("piped in\n").toString("base64"),
+    });
+    expect(text(made.stderr)).toBe("");
+    expect(text(made.stdout)).toBe("agent-env /workspace 1000\n");
+    expect(Buffer.from(await alice.client.readSessionFile(session.id, "out/upper.txt")).toString()).toBe("PIPED IN\n");
+    expect((await alice.client.listSessionFiles({ id: session.id })).files).toEqual([
+      { path: "out/upper.txt", size: 9 },
+      { path: "src/hello.txt", size: 21 },
+    ]);
+    expect((await alice.client.listSessionFiles({ id: session.id, path: "out" })).files.map((f) => f.path)).toEqual(["out/upper.txt"]);
+    expect(await alice.client.removeSessionFile(session.id, "out")).toBe(true);
+    expect(await alice.client.removeSessionFile(session.id, "out")).toBe(false);
+    await expect(alice.client.readSessionFile(session.id, "out/upper.txt")).rejects.toMatchObject({ code: "not_found" });
+    const ls = await alice.client.execInSession({ id: session.id, argv: ["ls"] });
+    expect(text(ls.stdout)).toBe("src\n");
+    await alice.client.closeSession(session.id);
+  });
+
+  test("the job containers' hardening holds in a session: user, read-only root, no network, no capabilities, limits, nothing of it in the container's configuration", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    const probe = await alice.client.execInSession({
+      id: session.id,
+      argv: [
+        "sh",
+        "-c",
+        "id -u; touch /etc/x 2>/dev/null && echo root-writable || echo root-read-only; grep -c : /proc/net/dev; grep CapEff /proc/self/status",
+      ],
+      env: { SESSION_SECRET: "only-in-the-command" },
+    });
+    const [uid, root, interfaces, caps] = text(probe.stdout).trim().split("\n");
+    expect(uid).toBe("1000");
+    expect(root).toBe("root-read-only");
+    expect(interfaces).toBe("1"); // lo only
+    expect(caps).toMatch(/CapEff:\s+0+$/);
+    const info = await engine.getContainer((await containerOf(session.id))?.Id as string).inspect();
+    expect(info.HostConfig).toMatchObject({
+      ReadonlyRootfs: true,
+      CapDrop: ["ALL"],
+      SecurityOpt: ["no-new-privileges"],
+      NetworkMode: "none",
+      Memory: 256 * 1024 * 1024,
+      PidsLimit: 64,
+    });
+    expect(info.Config.User).toBe("1000:1000");
+    expect(JSON.stringify(info.Config)).not.toContain("only-in-the-command");
+    await alice.client.closeSession(session.id);
+  });
+
+  test("a long output comes live while the command runs, all of it in order", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    const live: string[] = [];
+    const sub = alice.nc.subscribe(alice.names.subjects.jobLogs("alice", session.id), {
+      callback: (_e, msg) => {
+        live.push(msg.string());
+      },
+    });
+    const running = alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", "for i in $(seq 1 2000); do echo line-$i; done; sleep 2; for i in $(seq 2001 4000); do echo line-$i; done"],
+    });
+    await eventually(async () => (live.join("").includes("line-2000\n") ? true : undefined), "the first half while the command sleeps");
+    expect(live.join("")).not.toContain("line-2001");
+    const ran = await running;
+    sub.unsubscribe();
+    const expected = Array.from({ length: 4000 }, (_, i) => `line-${i + 1}\n`).join("");
+    expect(text(ran.stdout)).toBe(expected);
+    expect(live.join("")).toBe(expected);
+    await alice.client.closeSession(session.id);
+  });
+
+  test("cancel stops the running command and all it started; a timeout does the same; the session goes on", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    const slow = alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "sleep 300 & sleep 300"] });
+    await eventually(async () => ((await alice.client.getSession(session.id)).execs === 0 ? true : undefined), "open");
+    await new Promise((r) => setTimeout(r, 300));
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "conflict" });
+    const started = Date.now();
+    await alice.client.cancelInSession(session.id);
+    expect(await slow).toMatchObject({ cancelled: true, timedOut: false, exitCode: null });
+    expect(Date.now() - started).toBeLessThan(10_000);
+    const timed = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "sleep 300 & sleep 300"], timeout: "1s" });
+    expect(timed).toMatchObject({ timedOut: true, cancelled: false, exitCode: null });
+    const ps = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "ps -eo comm | grep -c sleep || true"] });
+    expect(text(ps.stdout).trim()).toBe("0");
+    await expect(alice.client.cancelInSession(session.id)).rejects.toMatchObject({ code: "conflict" });
+    await alice.client.closeSession(session.id);
+  });
+
+  test("only its owner reaches a session's files: another submitter finds none, a viewer may not", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    await alice.client.writeSessionFile(session.id, "private.txt", "alice's");
+    await expect(bob.client.readSessionFile(session.id, "private.txt")).rejects.toMatchObject({ code: "not_found" });
+    await expect(bob.client.writeSessionFile(session.id, "private.txt", "bob's")).rejects.toMatchObject({ code: "not_found" });
+    await expect(bob.client.cancelInSession(session.id)).rejects.toMatchObject({ code: "not_found" });
+    await expect(viewer.client.readSessionFile(session.id, "private.txt")).rejects.toMatchObject({ code: "forbidden" });
+    expect(Buffer.from(await alice.client.readSessionFile(session.id, "private.txt")).toString()).toBe("alice's");
+    await alice.client.closeSession(session.id);
+  });
+
+  test("attack: paths out of the workspace are refused, and a symlink to / leads into the container, never onto the worker's machine", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    for (const path of ["../etc/passwd", "/etc/passwd", "a/../../x"]) {
+      await expect(alice.client.readSessionFile(session.id, path)).rejects.toMatchObject({ code: "invalid" });
+    }
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"], cwd: "../.." })).rejects.toMatchObject({ code: "invalid" });
+    // A command swaps a folder for a link to / : the files API follows it inside the container.
+    await alice.client.execInSession({ id: session.id, argv: ["ln", "-s", "/", "hostroot"] });
+    const seen = Buffer.from(await alice.client.readSessionFile(session.id, "hostroot/etc/hostname"))
+      .toString()
+      .trim();
+    const inside = text((await alice.client.execInSession({ id: session.id, argv: ["cat", "/etc/hostname"] })).stdout).trim();
+    expect(seen).toBe(inside);
+    expect(seen).not.toBe(hostname());
+    const marker = `boxcar-escape-${Date.now()}`;
+    await alice.client.writeSessionFile(session.id, `hostroot/tmp/${marker}`, "x");
+    expect(existsSync(`/tmp/${marker}`)).toBe(false);
+    // A file larger than a request may carry is refused, naming the bound.
+    await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "head -c 600000 /dev/zero > big.bin"] });
+    await expect(alice.client.readSessionFile(session.id, "big.bin")).rejects.toMatchObject({ code: "too_large" });
+    await alice.client.closeSession(session.id);
+  });
+
+  test("attack: a command that kills the helper ends its session, and the container goes", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    await expect(alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "kill -9 $PPID; sleep 5"] })).rejects.toMatchObject({
+      code: "sandbox_failed",
+    });
+    const closed = await eventually(async () => {
+      const s = await alice.client.getSession(session.id);
+      return s.state === "closed" ? s : undefined;
+    }, "the session to close");
+    expect(closed.reason).toMatch(/^sandbox_ended/);
+    await eventually(async () => ((await containerOf(session.id)) ? undefined : true), "the container removed");
+  });
+
+  test("an idle session closes by itself: its container and workspace removed", async () => {
+    const session = await alice.client.openSession({ agent: "box", idleTimeout: "2s" });
+    expect(await containerOf(session.id)).toBeDefined();
+    const closed = await eventually(async () => {
+      const s = await alice.client.getSession(session.id);
+      return s.state === "closed" ? s : undefined;
+    }, "the idle session to close");
+    expect(closed.reason).toBe("idle");
+    expect(await containerOf(session.id)).toBeUndefined();
+  });
+
+  test("a worker killed with SIGKILL: its session reads lost, its container stops, and another worker's reaper removes it", async () => {
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({
+      name: "box-doomed",
+      command: ["true"],
+      sessions: true,
+      pool: "doomed",
+      runtime: { sandbox: "docker" },
+    });
+    const doomed = spawnBoxcar(system.url, system.prefix, ["worker", "--pool", "doomed", "--heartbeat", "300ms"]);
+    try {
+      const session = await eventually(
+        () => alice.client.openSession({ agent: "box-doomed" }).catch(() => undefined),
+        "a session on the worker of pool doomed",
+      );
+      await alice.client.writeSessionFile(session.id, "note.txt", "kept until the end");
+      doomed.kill("SIGKILL");
+      await exited(doomed);
+      // Its stdin closed, the helper ends and so does the container; the system's worker reaps it once the presence is gone.
+      await eventually(async () => ((await containerOf(session.id)) ? undefined : true), "the container removed", 30_000);
+      const lost = await eventually(async () => {
+        const s = await alice.client.getSession(session.id);
+        return s.state === "lost" ? s : undefined;
+      }, "the session to read lost");
+      expect(lost.reason).toMatch(/is gone/);
+      expect(await alice.client.closeSession(session.id)).toMatchObject({ state: "closed", reason: expect.stringMatching(/^lost/) });
+    } finally {
+      doomed.kill("SIGKILL");
+    }
+  });
+
+  test("the CLI: write a file from stdin, run a command in a folder, list, read, remove", async () => {
+    const env = { NATS_CREDS: alice.creds };
+    const opened = await boxcar(system.url, system.prefix, ["session", "open", "box"], env);
+    expect(opened.code).toBe(0);
+    const id = opened.stdout.trim();
+    const cli = (args: string[], input = "") => boxcarWithInput(system.url, system.prefix, args, input, env);
+    expect((await cli(["session", "write", id, "dir/in.txt"], "from stdin\n")).stdout).toContain("wrote 11 bytes to dir/in.txt");
+    const ran = await cli(["session", "exec", id, "--cwd", "dir", "--", "sh", "-c", "wc -c < in.txt; exit 4"]);
+    expect(ran).toMatchObject({ code: 4, stdout: "11\n" });
+    expect((await cli(["session", "ls", id])).stdout).toMatch(/11\s+dir\/in\.txt/);
+    expect((await cli(["session", "read", id, "dir/in.txt"])).stdout).toBe("from stdin\n");
+    expect((await cli(["session", "rm", id, "dir"])).stdout).toContain("removed dir");
+    expect((await cli(["session", "close", id])).code).toBe(0);
+  });
+
+  test("a submitter may not open a host session even where the worker could hold one", async () => {
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({ name: "hosted", command: ["true"], trusted: true, sessions: true, runtime: { sandbox: "host" } });
+    await expect(alice.client.openSession({ agent: "hosted" })).rejects.toSatisfy(
+      (err: unknown) => err instanceof BoxcarError && err.code === "forbidden",
+    );
+  });
+});
