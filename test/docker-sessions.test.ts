@@ -17,6 +17,7 @@ import { type Principal, type SecuredSystem, securedSystem } from "./helpers/sec
 
 const ready = await dockerReady();
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
+const SECRET = `box-token-${Date.now()}`;
 
 describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
   let system: SecuredSystem;
@@ -29,10 +30,22 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
   const containerOf = async (sessionId: string) =>
     (await engine.listContainers({ all: true, filters: { label: [`boxcar.session=${sessionId}`] } }))[0];
 
+  /** Alice's session once it has closed (by itself). */
+  const closedSoon = (id: string, ms?: number) =>
+    eventually(
+      async () => {
+        const s = await alice.client.getSession(id);
+        return s.state === "closed" ? s : undefined;
+      },
+      `session ${id} to close`,
+      ms,
+    );
+
   beforeAll(async () => {
     system = await securedSystem({
       providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })],
       reapIntervalMs: 500,
+      secretsEnv: { BOX_TOKEN: SECRET },
     });
     alice = await system.as("alice", "submitter");
     bob = await system.as("bob", "submitter");
@@ -78,6 +91,74 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     const ls = await alice.client.execInSession({ id: session.id, argv: ["ls"] });
     expect(text(ls.stdout)).toBe("src\n");
     await alice.client.closeSession(session.id);
+  });
+
+  test("files: a named pipe is refused, not waited on; a missing folder is not_found; UTF-8 names come back whole; 500 KiB each way; executable", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    await alice.client.execInSession({ id: session.id, argv: ["mkfifo", "pipe"] });
+    await expect(alice.client.writeSessionFile(session.id, "pipe", "x")).rejects.toMatchObject({ code: "invalid" });
+    await expect(alice.client.listSessionFiles({ id: session.id, path: "nope" })).rejects.toMatchObject({ code: "not_found" });
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"], cwd: "nope" })).rejects.toThrow(/cwd nope: no such folder/);
+    // Names of multi-byte characters, enough of them that lines split anywhere.
+    // (about 150 KB of listing: the engine hands it over in several chunks).
+    const name = "€ü".repeat(20);
+    await alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", `mkdir u && cd u && for i in $(seq 1 1500); do : > "${name}-$i"; done`],
+    });
+    const listed = await alice.client.listSessionFiles({ id: session.id, path: "u", limit: 2000 });
+    expect(listed.files).toHaveLength(1500);
+    expect(listed.files.filter((f) => !f.path.startsWith(`u/${name}-`))).toEqual([]);
+    const big = Buffer.alloc(500 * 1024, 7);
+    await alice.client.writeSessionFile(session.id, "bin/tool", Buffer.concat([Buffer.from("#!/bin/sh\necho tool ran\nexit 0\n"), big]), {
+      executable: true,
+    });
+    expect(text((await alice.client.execInSession({ id: session.id, argv: ["bin/tool"] })).stdout)).toBe("tool ran\n");
+    expect((await alice.client.readSessionFile(session.id, "bin/tool")).length).toBe(big.length + 31);
+    // The helper still answers: nothing above left it stuck.
+    expect((await alice.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
+    await alice.client.closeSession(session.id);
+  });
+
+  test("attack: a helper held still (a command stops it) costs the worker four file operations at most, then ends the session", async () => {
+    const session = await alice.client.openSession({ agent: "box", idleTimeout: "24h" });
+    // From outside the command's process group, so the command itself ends normally.
+    await alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", 'p=$PPID; setsid sh -c "sleep 1; kill -STOP $p" </dev/null >/dev/null 2>&1 &'],
+    });
+    await new Promise((r) => setTimeout(r, 1_500));
+    const reads = Array.from({ length: 6 }, () =>
+      alice.client.readSessionFile(session.id, "x").then(
+        () => "answered",
+        (err: BoxcarError) => err.code,
+      ),
+    );
+    const refused = await Promise.race([Promise.all(reads.slice(4)), new Promise((r) => setTimeout(() => r("waited"), 5_000))]);
+    expect(refused).toEqual(["conflict", "conflict"]);
+    const closed = await closedSoon(session.id, 45_000);
+    expect(closed.reason).toMatch(/did not answer a file operation/);
+    expect(await containerOf(session.id)).toBeUndefined();
+  }, 60_000);
+
+  test("a submitter's session gets none of the agent's secrets (its owner could read them); an admin's does", async () => {
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({
+      name: "box-secret",
+      command: ["true"],
+      sessions: true,
+      secrets: [{ name: "TOKEN", from: "BOX_TOKEN" }],
+      runtime: { sandbox: "docker" },
+    });
+    const probe = ["sh", "-c", 'test -n "$TOKEN" && echo has-token || echo no-token; env | base64 -w0'];
+    const mine = await alice.client.openSession({ agent: "box-secret" });
+    const ran = await alice.client.execInSession({ id: mine.id, argv: probe });
+    expect(text(ran.stdout)).toMatch(/^no-token\n/);
+    expect(Buffer.from(text(ran.stdout).split("\n")[1] ?? "", "base64").toString()).not.toContain(SECRET);
+    await alice.client.closeSession(mine.id);
+    const admins = await admin.client.openSession({ agent: "box-secret" });
+    expect(text((await admin.client.execInSession({ id: admins.id, argv: probe })).stdout)).toMatch(/^has-token\n/);
+    await admin.client.closeSession(admins.id);
   });
 
   test("the job containers' hardening holds in a session: user, read-only root, no network, no capabilities, limits, nothing of it in the container's configuration", async () => {
@@ -189,26 +270,57 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     await expect(alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "kill -9 $PPID; sleep 5"] })).rejects.toMatchObject({
       code: "sandbox_failed",
     });
-    const closed = await eventually(async () => {
-      const s = await alice.client.getSession(session.id);
-      return s.state === "closed" ? s : undefined;
-    }, "the session to close");
+    const closed = await closedSoon(session.id);
     expect(closed.reason).toMatch(/^sandbox_ended/);
     await eventually(async () => ((await containerOf(session.id)) ? undefined : true), "the container removed");
+  });
+
+  test("snapshot and resume: folders and regular files come back (modes too), links do not; only its owner resumes it", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    await alice.client.execInSession({
+      id: session.id,
+      argv: [
+        "sh",
+        "-c",
+        "mkdir -p src/deep && echo kept > src/deep/note.txt && printf '#!/bin/sh\necho ran\n' > run.sh && chmod +x run.sh && ln -s /etc/passwd link",
+      ],
+    });
+    // Taken while a command runs: the container is paused while its workspace is read, and the command goes on after.
+    const running = alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "sleep 1; echo done"] });
+    const snapshot = await alice.client.snapshotSession(session.id);
+    expect(snapshot).toMatchObject({ owner: "alice", agent: "box", session: session.id, digest: expect.stringMatching(/^SHA-256=/) });
+    expect(snapshot.size).toBeGreaterThan(0);
+    expect(text((await running).stdout)).toBe("done\n");
+    await alice.client.closeSession(session.id);
+
+    await expect(bob.client.openSession({ from: snapshot.id })).rejects.toMatchObject({ code: "not_found" });
+    expect((await bob.client.listSnapshots()).map((s) => s.id)).not.toContain(snapshot.id);
+    expect((await viewer.client.listSnapshots()).map((s) => s.id)).toContain(snapshot.id);
+
+    const resumed = await alice.client.openSession({ from: snapshot.id });
+    expect(resumed).toMatchObject({ agent: "box", owner: "alice" });
+    const look = await alice.client.execInSession({ id: resumed.id, argv: ["sh", "-c", "cat src/deep/note.txt; ./run.sh; ls -A; id -u"] });
+    expect(text(look.stdout)).toBe("kept\nran\nrun.sh\nsrc\n1000\n");
+    // The resumed files are the agent's user's: a command may change them.
+    expect((await alice.client.execInSession({ id: resumed.id, argv: ["sh", "-c", "echo more >> src/deep/note.txt"] })).exitCode).toBe(0);
+    const events = [];
+    for await (const event of alice.client.sessionEvents(resumed.id)) events.push(event);
+    expect(events[0]).toMatchObject({ type: "opened", snapshot: snapshot.id });
+    await alice.client.closeSession(resumed.id);
+
+    expect(await alice.client.removeSnapshot(snapshot.id)).toMatchObject({ id: snapshot.id });
+    await expect(alice.client.openSession({ from: snapshot.id })).rejects.toMatchObject({ code: "not_found" });
   });
 
   test("an idle session closes by itself: its container and workspace removed", async () => {
     const session = await alice.client.openSession({ agent: "box", idleTimeout: "2s" });
     expect(await containerOf(session.id)).toBeDefined();
-    const closed = await eventually(async () => {
-      const s = await alice.client.getSession(session.id);
-      return s.state === "closed" ? s : undefined;
-    }, "the idle session to close");
+    const closed = await closedSoon(session.id);
     expect(closed.reason).toBe("idle");
     expect(await containerOf(session.id)).toBeUndefined();
   });
 
-  test("a worker killed with SIGKILL: its session reads lost, its container stops, and another worker's reaper removes it", async () => {
+  test("a worker killed with SIGKILL: its session reads lost, its container is reaped, and its snapshot resumes on another worker", async () => {
     const admin = await system.as("admin", "admin");
     await admin.client.applyAgent({
       name: "box-doomed",
@@ -224,6 +336,7 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
         "a session on the worker of pool doomed",
       );
       await alice.client.writeSessionFile(session.id, "note.txt", "kept until the end");
+      const snapshot = await alice.client.snapshotSession(session.id);
       doomed.kill("SIGKILL");
       await exited(doomed);
       // Its stdin closed, the helper ends and so does the container; the system's worker reaps it once the presence is gone.
@@ -234,6 +347,11 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
       }, "the session to read lost");
       expect(lost.reason).toMatch(/is gone/);
       expect(await alice.client.closeSession(session.id)).toMatchObject({ state: "closed", reason: expect.stringMatching(/^lost/) });
+      // Its snapshot resumes on another worker (the agent "box" is the system worker's pool's).
+      const resumed = await alice.client.openSession({ agent: "box", from: snapshot.id });
+      expect(resumed.workerId).not.toBe(session.workerId);
+      expect(Buffer.from(await alice.client.readSessionFile(resumed.id, "note.txt")).toString()).toBe("kept until the end");
+      await alice.client.closeSession(resumed.id);
     } finally {
       doomed.kill("SIGKILL");
     }

@@ -7,7 +7,7 @@
 import { existsSync } from "node:fs";
 import { BoxcarError, type SessionRecord } from "@boxcar/protocol";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
@@ -152,8 +152,15 @@ describe("sessions", () => {
     expect(events.stdout).toMatch(/session\s+exec_exited\s+\S+\.1\s+exit 3/);
     const logs = await boxcar(system.url, system.prefix, ["session", "logs", id], env);
     expect(logs.stdout).toBe("from-cli\n");
+    // Followed: what comes while it is open, until it closes.
+    const following = spawnBoxcar(system.url, system.prefix, ["session", "events", id, "--follow"], env);
+    await new Promise((r) => setTimeout(r, 1_500));
+    expect(following.exitCode).toBeNull();
+    await admin.client.execInSession({ id, argv: ["true"] });
     const closed = await boxcar(system.url, system.prefix, ["session", "close", id], env);
     expect(closed.code, closed.stderr).toBe(0);
     expect((await admin.client.getSession(id)).state).toBe("closed");
+    expect((await exited(following)).code).toBe(0);
+    expect(following.output()).toMatch(/exec_exited\s+\S+\.2\s+exit 0[\s\S]*session\s+closed/);
   });
 });

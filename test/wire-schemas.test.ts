@@ -139,6 +139,11 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.files.read", { id: session.id, path: "got.txt" });
   await call("sessions.files.list", { id: session.id, path: "dir" });
   await call("sessions.files.remove", { id: session.id, path: "dir" });
+  const { snapshot } = await call("sessions.snapshot", { id: session.id });
+  await call("snapshots.list", {});
+  const resumed = (await call("sessions.open", { from: snapshot.id })).session;
+  await call("sessions.close", { id: resumed.id });
+  await call("snapshots.remove", { id: snapshot.id });
   // A command to cancel, once it has started.
   const started = nc.subscribe(names.subjects.event("session", session.id, "exec_started", "local"), { max: 1 });
   const slow = call("sessions.exec", { id: session.id, argv: ["sleep", "30"], cwd: "." });

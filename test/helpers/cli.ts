@@ -70,8 +70,8 @@ export function spawnBoxcar(
   env: NodeJS.ProcessEnv = {},
   bin = BOXCAR_BIN,
 ): ChildProcess & { output: () => string } {
-  // Roles log; their logs are read as JSON. Other commands have no log format to set.
-  const logFormat = args[0] === "events" || args[0] === "logs" ? [] : ["--log-format", "json"];
+  // Roles log; their logs are read as JSON. Other commands (events, logs, session) have no log format to set.
+  const logFormat = ["dispatcher", "worker", "up"].includes(args[0] ?? "") ? ["--log-format", "json"] : [];
   const child = spawn(process.execPath, [bin, ...args, "--prefix", prefix, ...logFormat], {
     env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env },
     stdio: ["ignore", "pipe", "pipe"],

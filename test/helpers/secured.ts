@@ -43,6 +43,8 @@ export async function securedSystem(
     providers?: (topology: { prefix: string; systemId: string }) => SandboxProvider[];
     /** How often the worker looks for what crashed workers left (default the worker's). */
     reapIntervalMs?: number;
+    /** The worker's secrets allow-list, with values (its `secretsEnv`). */
+    secretsEnv?: Record<string, string>;
   } = {},
 ): Promise<SecuredSystem> {
   const nats = await natsFixture(opts.prefix ? { prefix: opts.prefix } : {}, opts.server);
@@ -78,6 +80,7 @@ export async function securedSystem(
     providers,
     policy: { host: "always" },
     ...(opts.reapIntervalMs !== undefined ? { reapIntervalMs: opts.reapIntervalMs } : {}),
+    ...(opts.secretsEnv ? { secretsEnv: opts.secretsEnv } : {}),
   });
   void worker.run();
   return {

@@ -7,7 +7,7 @@ import { artifacts, cancel, clean, events, jobs, logs, retry, status, submit } f
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
-import { session, sessions } from "./commands/session.js";
+import { session, sessions, snapshots } from "./commands/session.js";
 import { ui } from "./commands/ui.js";
 import { up } from "./commands/up.js";
 import { worker } from "./commands/worker.js";
@@ -37,6 +37,7 @@ const COMMANDS: readonly Command[] = [
   auth,
   session,
   sessions,
+  snapshots,
   ui,
 ];
 

@@ -85,6 +85,7 @@ export function describeEvent(event: BoxcarEvent): string {
       event.exitCode !== undefined ? `exit ${event.exitCode ?? "-"}` : undefined,
       event.signal ? `signal ${event.signal}` : undefined,
       event.durationMs !== undefined ? `${Math.round(event.durationMs)}ms` : undefined,
+      event.snapshot,
       event.reason,
     ].filter(Boolean);
     return `${time}  session  ${event.type.padEnd(16)} ${detail.join("  ")}`.trimEnd();

@@ -36,6 +36,7 @@ import {
   parseWith,
   type SessionRecord,
   type SetPolicyReply,
+  type SnapshotInfo,
   type StartRunRequest,
   type SystemPolicy,
   type SystemPolicyInput,
@@ -153,19 +154,29 @@ export interface BoxcarClient {
   cancelInSession(id: string): Promise<SessionRecord>;
   /** A file of the session's workspace (at most 512 KiB). */
   readSessionFile(id: string, path: string): Promise<Uint8Array>;
-  /** Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces what was there. */
-  writeSessionFile(id: string, path: string, data: Uint8Array | string): Promise<{ path: string; size: number }>;
+  /** Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces what was there (`executable`: mode 0755). */
+  writeSessionFile(
+    id: string,
+    path: string,
+    data: Uint8Array | string,
+    opts?: { executable?: boolean },
+  ): Promise<{ path: string; size: number }>;
   /** The regular files of the session's workspace, or of one folder of it. */
   listSessionFiles(request: ListSessionFilesInput): Promise<{ files: Array<{ path: string; size: number }>; truncated: boolean }>;
   /** Removes a file or folder of the session's workspace; false when there was none. */
   removeSessionFile(id: string, path: string): Promise<boolean>;
+  /** Stores the session's workspace (folders and regular files) as a snapshot, which `openSession({ from })` starts a session with. */
+  snapshotSession(id: string): Promise<SnapshotInfo>;
+  /** Your snapshots (a viewer or an admin: everyone's), newest first. */
+  listSnapshots(): Promise<SnapshotInfo[]>;
+  removeSnapshot(id: string): Promise<SnapshotInfo>;
   closeSession(id: string): Promise<SessionRecord>;
   getSession(id: string): Promise<SessionRecord>;
   listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;
-  /** A session's stored events, in order. */
-  sessionEvents(id: string): AsyncGenerator<BoxcarEvent>;
-  /** A session's stored output (the first 4 MiB of each command's), in order. */
-  sessionLogs(id: string): AsyncGenerator<LogChunk>;
+  /** A session's events, in order; with `follow`, also those to come, until it closes. */
+  sessionEvents(id: string, opts?: FollowOptions): AsyncGenerator<BoxcarEvent>;
+  /** A session's output (the first 4 MiB of each command's), in order; with `follow`, also what comes, until it closes. */
+  sessionLogs(id: string, opts?: FollowOptions): AsyncGenerator<LogChunk>;
   /** The admin's system policy: what agents may ask for, and users' quotas. */
   getPolicy(): Promise<SystemPolicy>;
   /** Replaces the system policy (admins only); says which applied agents it refuses. */
@@ -418,8 +429,9 @@ class Client implements BoxcarClient, HistoryReader {
     return Buffer.from((await this.request(ApiEndpoint.sessionsFilesRead, { id, path })).data, "base64");
   }
 
-  writeSessionFile(id: string, path: string, data: Uint8Array | string) {
-    return this.request(ApiEndpoint.sessionsFilesWrite, { id, path, data: Buffer.from(data).toString("base64") });
+  writeSessionFile(id: string, path: string, data: Uint8Array | string, opts: { executable?: boolean } = {}) {
+    const body = { id, path, data: Buffer.from(data).toString("base64"), ...(opts.executable ? { executable: true } : {}) };
+    return this.request(ApiEndpoint.sessionsFilesWrite, body);
   }
 
   listSessionFiles(request: ListSessionFilesInput) {
@@ -428,6 +440,19 @@ class Client implements BoxcarClient, HistoryReader {
 
   async removeSessionFile(id: string, path: string) {
     return (await this.request(ApiEndpoint.sessionsFilesRemove, { id, path })).removed;
+  }
+
+  async snapshotSession(id: string) {
+    // Packing and storing up to a workspace's 1 GiB takes a while.
+    return (await this.request(ApiEndpoint.sessionsSnapshot, { id }, Math.max(this.timeoutMs, SESSION_OPEN_WAIT_MS * 4))).snapshot;
+  }
+
+  async listSnapshots() {
+    return (await this.request(ApiEndpoint.snapshotsList, {})).snapshots;
+  }
+
+  async removeSnapshot(id: string) {
+    return (await this.request(ApiEndpoint.snapshotsRemove, { id })).snapshot;
   }
 
   async closeSession(id: string) {
@@ -442,16 +467,31 @@ class Client implements BoxcarClient, HistoryReader {
     return (await this.request(ApiEndpoint.sessionsList, request)).sessions;
   }
 
-  async *sessionEvents(id: string) {
-    yield* followPages(this.link.nc, async (after) => eventsPage(await this.request(ApiEndpoint.sessionsEvents, { id, after })), {
-      live: [],
-    });
+  async *sessionEvents(id: string, opts: FollowOptions = {}) {
+    const read = async (after: number) => eventsPage(await this.request(ApiEndpoint.sessionsEvents, { id, after }));
+    yield* followPages(this.link.nc, read, await this.followSession(id, opts));
   }
 
-  async *sessionLogs(id: string) {
-    yield* followPages(this.link.nc, async (after) => logsPage(await this.request(ApiEndpoint.sessionsLogs, { id, after })), {
-      live: [],
-    });
+  async *sessionLogs(id: string, opts: FollowOptions = {}) {
+    const read = async (after: number) => logsPage(await this.request(ApiEndpoint.sessionsLogs, { id, after }));
+    yield* followPages(this.link.nc, read, await this.followSession(id, opts));
+  }
+
+  /** How to follow a session's history: woken by its events and output, over once it is no longer open (one more read takes what is left). */
+  private async followSession(id: string, opts: FollowOptions) {
+    if (!opts.follow) return { ...opts, live: [] };
+    const { names } = this.link;
+    const { owner, state } = await this.getSession(id);
+    let over = state !== "open";
+    return {
+      ...opts,
+      live: [names.subjects.event("session", id, "*", owner), names.subjects.jobLogs(owner, id)],
+      finished: async () => {
+        if (over) return true;
+        over = (await this.getSession(id)).state !== "open";
+        return false;
+      },
+    };
   }
 
   async getPolicy() {

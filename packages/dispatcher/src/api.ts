@@ -16,6 +16,7 @@ import {
   type Identity,
   InputFileRef,
   issuesUnder,
+  MAX_SESSION_REQUEST_BYTES,
   MAX_SPEC_BYTES,
   mayReplyTo,
   parseWith,
@@ -73,6 +74,13 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsExec]: (body, caller) => sessions.exec(requestOf(ApiEndpoint.sessionsExec, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
+    }),
+    [ApiEndpoint.sessionsSnapshot]: async (body, caller) => ({
+      snapshot: await sessions.takeSnapshot(requestOf(ApiEndpoint.sessionsSnapshot, body).id, caller),
+    }),
+    [ApiEndpoint.snapshotsList]: async (_body, caller) => ({ snapshots: await sessions.snapshots(caller) }),
+    [ApiEndpoint.snapshotsRemove]: async (body, caller) => ({
+      snapshot: await sessions.removeSnapshot(requestOf(ApiEndpoint.snapshotsRemove, body).id, caller),
     }),
     [ApiEndpoint.sessionsCancel]: async (body, caller) => ({
       session: await sessions.cancel(requestOf(ApiEndpoint.sessionsCancel, body).id, caller),
@@ -255,7 +263,9 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {
       throw new BoxcarError(ErrorCode.forbidden, `the ${caller.role} role may not call ${endpoint}`);
     }
-    const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", MAX_SPEC_BYTES);
+    const limit =
+      endpoint === ApiEndpoint.sessionsFilesWrite || endpoint === ApiEndpoint.sessionsExec ? MAX_SESSION_REQUEST_BYTES : MAX_SPEC_BYTES;
+    const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", limit);
     const data = await handler(body, caller, traceparent);
     const named = data as { job?: { id?: unknown }; run?: { id?: unknown } } | undefined;
     if (typeof named?.job?.id === "string") span.setAttribute("boxcar.job.id", named.job.id);

@@ -19,8 +19,11 @@ import {
   type SessionRecord,
   SessionRecord as SessionRecordSchema,
   type SessionState,
+  type SnapshotInfo,
+  SnapshotInfo as SnapshotInfoSchema,
   WorkerReply,
 } from "@boxcar/protocol";
+import type { ObjectInfo } from "@nats-io/obj";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */
@@ -29,6 +32,15 @@ const OPEN_TIMEOUT_MS = 120_000;
 const EXEC_GRACE_MS = 30_000;
 /** How long a dispatcher waits for a worker to close a session, cancel its command, or do a file operation. */
 const WORKER_ANSWER_MS = 30_000;
+
+/** How long a dispatcher waits for a worker to pack and store a snapshot (up to a workspace's 1 GiB). */
+const SNAPSHOT_TIMEOUT_MS = 600_000;
+
+/** A snapshot as its object's metadata says; undefined for an object that is not one (or is damaged). */
+function snapshotOf(info: ObjectInfo): SnapshotInfo | undefined {
+  const parsed = SnapshotInfoSchema.safeParse({ id: info.name, ...info.metadata, size: info.size, digest: info.digest });
+  return parsed.success ? parsed.data : undefined;
+}
 
 /** The worker's operation for each file endpoint. */
 const FILE_OPERATIONS = {
@@ -55,8 +67,12 @@ export class SessionDesk {
     private readonly agentOf: (name: string) => Promise<AgentDefinition>,
   ) {}
 
-  async open(request: { agent: string; idleTimeout: number; maxLifetime: number }, caller: Identity): Promise<SessionRecord> {
-    const agent = await this.agentOf(request.agent);
+  async open(
+    request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
+    caller: Identity,
+  ): Promise<SessionRecord> {
+    const snapshot = request.from === undefined ? undefined : await this.snapshot(request.from, caller);
+    const agent = await this.agentOf(request.agent ?? (snapshot?.agent as string));
     if (!agent.sessions) {
       throw new BoxcarError(
         ErrorCode.forbidden,
@@ -66,9 +82,40 @@ export class SessionDesk {
     const worker = this.workers.pickForSession(agent, agent.pool);
     const id = `ses-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
     // A host sandbox runs commands as the worker's own user (its credential, other jobs' files):
-    // only an admin may run commands of its own there. The worker refuses the others.
-    const mayUseHost = caller.role === "admin";
-    return (await this.ask(worker.id, "open", { id, owner: caller.user, request, agent, mayUseHost }, OPEN_TIMEOUT_MS)) as SessionRecord;
+    // only an admin may run commands of its own there, and only an admin's commands get the
+    // agent's secrets. The worker holds to both.
+    const asked = { id, owner: caller.user, request, agent, byAdmin: caller.role === "admin", ...(snapshot ? { from: snapshot.id } : {}) };
+    return (await this.ask(worker.id, "open", asked, OPEN_TIMEOUT_MS)) as SessionRecord;
+  }
+
+  /** Stores the session's workspace as a snapshot (its worker packs it, a container paused meanwhile). */
+  async takeSnapshot(id: string, caller: Identity): Promise<SnapshotInfo> {
+    const session = await this.usable(id, caller);
+    return (await this.held(session, "snapshot", { id }, SNAPSHOT_TIMEOUT_MS)) as SnapshotInfo;
+  }
+
+  /** A snapshot the caller may use: its own (an admin: any); another's is as not found. */
+  async snapshot(id: string, caller: Identity): Promise<SnapshotInfo> {
+    const info = await (await this.topology.snapshots()).info(id);
+    const snapshot = info && !info.deleted ? snapshotOf(info) : undefined;
+    if (!snapshot || !(caller.role === "admin" || snapshot.owner === caller.user))
+      throw new BoxcarError(ErrorCode.notFound, `no snapshot ${id}`);
+    return snapshot;
+  }
+
+  /** The snapshots the caller may see, newest first. */
+  async snapshots(caller: Identity): Promise<SnapshotInfo[]> {
+    const all = await (await this.topology.snapshots()).list();
+    return all
+      .flatMap((info) => snapshotOf(info) ?? [])
+      .filter((s) => mayAccess(caller, s.owner))
+      .sort((a, b) => b.createdAt.localeCompare(a.createdAt));
+  }
+
+  async removeSnapshot(id: string, caller: Identity): Promise<SnapshotInfo> {
+    const snapshot = await this.snapshot(id, caller);
+    await (await this.topology.snapshots()).delete(id);
+    return snapshot;
   }
 
   async exec(request: { id: string; timeout: number } & Record<string, unknown>, caller: Identity): Promise<ExecReply> {

@@ -130,6 +130,8 @@ export interface Topology {
    * permissions name no such bucket until the account is pushed again), and only sessions wait.
    */
   sessions(): Promise<KV>;
+  /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
+  snapshots(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
   /** The admin's system policy (`SystemPolicy`, under the key `system`). */
   readonly policy: KV;
@@ -251,6 +253,16 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
   let sessions: Promise<KV> | undefined;
+  let snapshots: Promise<ObjectStore> | undefined;
+  /** A bucket made on first use; one its credentials cannot open names the fix. */
+  const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
+    open().catch((err: unknown) => {
+      forget();
+      throw new BoxcarError(
+        ErrorCode.unavailable,
+        `the ${what} cannot be opened (${(err as Error).message}): on a system whose credentials predate it, push the account again (boxcar auth push)`,
+      );
+    });
   const leases = new Map<string, number>();
   const purgeKey = async (bucket: "jobs" | "workflows", key: string) => {
     const name = names.buckets[bucket];
@@ -270,14 +282,24 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     idempotency,
     workflows,
     sessions: () => {
-      sessions ??= kv(names.buckets.sessions).catch((err: unknown) => {
-        sessions = undefined;
-        throw new BoxcarError(
-          ErrorCode.unavailable,
-          `the sessions bucket cannot be opened (${(err as Error).message}): on a system whose credentials predate sessions, push the account again (boxcar auth push)`,
-        );
-      });
+      sessions ??= onFirstUse(
+        "sessions bucket",
+        () => kv(names.buckets.sessions),
+        () => {
+          sessions = undefined;
+        },
+      );
       return sessions;
+    },
+    snapshots: () => {
+      snapshots ??= onFirstUse(
+        "snapshots store",
+        () => new Objm(js).create(names.buckets.snapshots, { replicas: num_replicas }),
+        () => {
+          snapshots = undefined;
+        },
+      );
+      return snapshots;
     },
     artifacts,
     policy,

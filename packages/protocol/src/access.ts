@@ -68,6 +68,7 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.sessionsList,
   ApiEndpoint.sessionsEvents,
   ApiEndpoint.sessionsLogs,
+  ApiEndpoint.snapshotsList,
 ];
 
 /**
@@ -95,6 +96,8 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsFilesWrite,
     ApiEndpoint.sessionsFilesList,
     ApiEndpoint.sessionsFilesRemove,
+    ApiEndpoint.sessionsSnapshot,
+    ApiEndpoint.snapshotsRemove,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };
@@ -143,6 +146,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
     obj(b.artifacts),
     kv(b.policy),
     kv(b.sessions),
+    obj(b.snapshots),
   ];
   const inbox = `${names.inboxPrefix(user)}.>`;
   const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
@@ -166,10 +170,13 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             // Requests to the worker that holds a session (it answers only what it is asked).
             s.sessionAll,
             objSubjects(b.artifacts),
+            objSubjects(b.snapshots),
             // An object's chunks are removed by a purge filtered on them (deletes, overwrites),
             // and so are an ended job's events, output and record (and an ended run's) once its
             // retention is over.
-            ...[obj(b.artifacts), st.events, st.logs, kv(b.jobs), kv(b.workflows)].map((stream) => `$JS.API.STREAM.PURGE.${stream}`),
+            ...[obj(b.artifacts), obj(b.snapshots), st.events, st.logs, kv(b.jobs), kv(b.workflows)].map(
+              (stream) => `$JS.API.STREAM.PURGE.${stream}`,
+            ),
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
             // aim a dispatcher's reply at JetStream's API (say, a stream's purge).
             "_INBOX.>",
@@ -196,7 +203,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             kvSubjects(b.workers),
             kvSubjects(b.sessions),
             objSubjects(b.artifacts),
+            objSubjects(b.snapshots),
             `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,
+            `$JS.API.STREAM.PURGE.${obj(b.snapshots)}`,
           ],
           // Work items come only from dispatchers; a worker only hands them back.
           deny: [s.workAll],

@@ -11,6 +11,7 @@ import {
   ListSessionFiles,
   ListSessionsReply,
   ListSessionsRequest,
+  ListSnapshotsReply,
   OpenSessionRequest,
   RemovedSessionFile,
   SessionFileRef,
@@ -19,6 +20,8 @@ import {
   SessionId,
   SessionRef,
   SessionReply,
+  SnapshotRef,
+  SnapshotReply,
   WriteSessionFile,
   WroteSessionFile,
 } from "./session.js";
@@ -240,6 +243,9 @@ export const API_CONTRACT = {
   "sessions.files.write": { request: WriteSessionFile, reply: WroteSessionFile },
   "sessions.files.list": { request: ListSessionFiles, reply: SessionFilesReply },
   "sessions.files.remove": { request: SessionFileRef, reply: RemovedSessionFile },
+  "sessions.snapshot": { request: SessionRef, reply: SnapshotReply },
+  "snapshots.list": { request: NoFields, reply: ListSnapshotsReply },
+  "snapshots.remove": { request: SnapshotRef, reply: SnapshotReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

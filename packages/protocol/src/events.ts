@@ -159,7 +159,7 @@ export const WorkflowEvent = z.looseObject({
 });
 export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
 
-export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "closed"]);
+export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "snapshot", "closed"]);
 export type SessionEventType = z.infer<typeof SessionEventType>;
 
 /** `<prefix>.evt.session.<owner>.<sessionId>.<type>` */
@@ -178,6 +178,8 @@ export const SessionEvent = z.looseObject({
   durationMs: z.number().nonnegative().optional(),
   /** On `closed`: why (`closed`, `idle`, `lifetime`, `worker_stopped`). */
   reason: z.string().optional(),
+  /** On `snapshot`: the snapshot taken; on `opened`: the one it started from, if any. */
+  snapshot: z.string().optional(),
   error: ErrorInfo.optional(),
 });
 export type SessionEvent = z.infer<typeof SessionEvent>;

@@ -48,6 +48,8 @@ export interface Names {
     readonly policy: string;
     /** Sessions' records, written by the workers that hold them. */
     readonly sessions: string;
+    /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
+    readonly snapshots: string;
   };
   /** The durable consumer all dispatchers share on the intake stream. */
   readonly intakeConsumer: string;
@@ -155,6 +157,9 @@ export const ApiEndpoint = {
   sessionsFilesWrite: "sessions.files.write",
   sessionsFilesList: "sessions.files.list",
   sessionsFilesRemove: "sessions.files.remove",
+  sessionsSnapshot: "sessions.snapshot",
+  snapshotsList: "snapshots.list",
+  snapshotsRemove: "snapshots.remove",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -182,6 +187,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       artifacts: `${bucket}_artifacts`,
       policy: `${bucket}_policy`,
       sessions: `${bucket}_sessions`,
+      snapshots: `${bucket}_snapshots`,
     },
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),

@@ -44,17 +44,43 @@ export const SessionRecord = z.looseObject({
 });
 export type SessionRecord = z.infer<typeof SessionRecord>;
 
-export const OpenSessionRequest = z.strictObject({
-  /** The agent whose runtime (sandbox, limits, network, secrets) the session's sandbox gets. */
-  agent: AgentName,
-  idleTimeout: durationMs({ min: 1_000, max: 24 * HOUR })
-    .default(10 * 60_000)
-    .describe("closed after this long without a command"),
-  maxLifetime: durationMs({ min: 1_000, max: 7 * 24 * HOUR })
-    .default(8 * HOUR)
-    .describe("closed this long after it opened, busy or not"),
-});
+export const SnapshotId = z.string().regex(/^snap-[a-z0-9]{1,60}$/, "a snapshot id is snap- and lowercase letters or digits");
+
+export const OpenSessionRequest = z
+  .strictObject({
+    /** The agent whose runtime (sandbox, limits, network, secrets) the session's sandbox gets; default, with `from`: the snapshot's. */
+    agent: AgentName.optional(),
+    /** A snapshot of the caller's whose workspace the session starts with. */
+    from: SnapshotId.optional(),
+    idleTimeout: durationMs({ min: 1_000, max: 24 * HOUR })
+      .default(10 * 60_000)
+      .describe("closed after this long without a command"),
+    maxLifetime: durationMs({ min: 1_000, max: 7 * 24 * HOUR })
+      .default(8 * HOUR)
+      .describe("closed this long after it opened, busy or not"),
+  })
+  .refine((r) => r.agent !== undefined || r.from !== undefined, {
+    message: "name an agent, or a snapshot to open `from`",
+    path: ["agent"],
+  });
 export type OpenSessionRequest = z.input<typeof OpenSessionRequest>;
+
+/** A snapshot of a session's workspace: its folders and regular files, in the snapshots Object Store. */
+export const SnapshotInfo = z.strictObject({
+  id: SnapshotId,
+  owner: z.string().regex(TOKEN_PATTERN),
+  /** The agent of the session it was taken of: a session opened `from` it gets this one unless told otherwise. */
+  agent: AgentName,
+  session: SessionId,
+  createdAt: z.iso.datetime(),
+  /** The size of its archive (a tar), and the Object Store's SHA-256 of it. */
+  size: z.number().int().nonnegative(),
+  digest: z.string(),
+});
+export type SnapshotInfo = z.infer<typeof SnapshotInfo>;
+export const SnapshotRef = z.strictObject({ id: SnapshotId });
+export const SnapshotReply = z.strictObject({ snapshot: SnapshotInfo });
+export const ListSnapshotsReply = z.strictObject({ snapshots: z.array(SnapshotInfo) });
 
 export const SessionRef = z.strictObject({ id: SessionId });
 export const SessionReply = z.strictObject({ session: SessionRecord });
@@ -72,6 +98,12 @@ export const MAX_EXEC_STDIN = 256 * 1024;
 
 /** The most of a file read or written in one request (the rest of a message's 1 MB is base64 and JSON). */
 export const MAX_SESSION_FILE_BYTES = 512 * 1024;
+
+/**
+ * The largest request the dispatchers take on `sessions.files.write` and `sessions.exec` (a file
+ * of `MAX_SESSION_FILE_BYTES` in base64, with its JSON); other endpoints take `MAX_SPEC_BYTES`.
+ */
+export const MAX_SESSION_REQUEST_BYTES = 768 * 1024;
 
 /** The most of each stream an exec's reply carries (its end); all of it goes to the logs stream. */
 export const MAX_EXEC_REPLY_OUTPUT = 256 * 1024;
@@ -115,6 +147,8 @@ export const WriteSessionFile = z.strictObject({
   path: SessionPath,
   /** The file's bytes (base64), at most `MAX_SESSION_FILE_BYTES`: it replaces what was there. */
   data: inlineBytes(MAX_SESSION_FILE_BYTES, "a file written in one request"),
+  /** Mode 0755 (else 0644, or what the file had). */
+  executable: z.boolean().default(false),
 });
 export type WriteSessionFile = z.input<typeof WriteSessionFile>;
 export const SessionFileReply = z.strictObject({ path: z.string(), size: z.number().int().nonnegative(), data: z.base64() });
@@ -145,9 +179,15 @@ export const ListSessionsReply = z.strictObject({ sessions: z.array(SessionRecor
 export const WorkerOpenSession = z.strictObject({
   id: SessionId,
   owner: z.string().regex(TOKEN_PATTERN),
-  request: z.looseObject({ agent: AgentName, idleTimeout: z.number(), maxLifetime: z.number() }),
-  /** The caller may open a host session (an admin): a host sandbox runs commands as the worker's own user. */
-  mayUseHost: z.boolean(),
+  request: z.looseObject({ idleTimeout: z.number(), maxLifetime: z.number() }),
+  /** The snapshot the workspace starts with, already checked to be the caller's. */
+  from: SnapshotId.optional(),
+  /**
+   * The caller is an admin. Only an admin may open a host session (its commands run as the
+   * worker's own user), and only an admin's session gets the agent's secrets (whatever a command
+   * gets, its caller can read).
+   */
+  byAdmin: z.boolean(),
   /** The agent definition, as the dispatcher read it. */
   agent: z.unknown(),
 });

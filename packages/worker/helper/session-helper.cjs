@@ -23,6 +23,7 @@
 "use strict";
 const { spawn } = require("node:child_process");
 const fs = require("node:fs/promises");
+const { constants: fsConstants, statSync } = require("node:fs");
 const { dirname, join } = require("node:path");
 const { createInterface } = require("node:readline");
 
@@ -60,9 +61,14 @@ function run(req) {
     running = undefined;
     send({ t: "exit", id, ...frame });
   };
+  const cwd = req.cwd ? inWorkspace(req.cwd) : WORKSPACE;
+  if (!isFolder(cwd)) {
+    finish({ code: null, signal: null, error: `cwd ${req.cwd}: no such folder in the workspace` });
+    return;
+  }
   try {
     child = spawn(req.argv[0], req.argv.slice(1), {
-      cwd: req.cwd ? join(WORKSPACE, req.cwd) : WORKSPACE,
+      cwd,
       env: req.env,
       detached: true,
       stdio: ["pipe", "pipe", "pipe"],
@@ -106,6 +112,14 @@ function kill(req) {
   running.timers.push(setTimeout(() => signalGroup(pid, "SIGKILL"), GRACE_MS));
 }
 
+function isFolder(path) {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
 /** Where a workspace-relative path is; the worker has refused `..` and absolute paths already. */
 function inWorkspace(path) {
   if (typeof path !== "string" || path.split("/").includes(".."))
@@ -127,25 +141,36 @@ const files = {
     const path = inWorkspace(req.path);
     const data = Buffer.from(req.d, "base64");
     await fs.mkdir(dirname(path), { recursive: true });
-    await fs.writeFile(path, data);
+    // A named pipe (or anything but a file) there would hold the write for ever.
+    const there = await fs.lstat(path).catch(() => undefined);
+    if (there && !there.isFile()) throw Object.assign(new Error(`${req.path} is not a regular file`), { code: "EEXIST" });
+    await fs.writeFile(path, data, { flag: fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NONBLOCK });
+    if (req.executable) await fs.chmod(path, 0o755);
     return { size: data.length };
   },
   async list(req) {
     const found = [];
+    let bytes = 0;
     let truncated = false;
+    // At most `limit` files, and a listing that fits well in one message (`bytes` of it).
+    const full = () => found.length >= req.limit || bytes >= req.bytes;
     const walk = async (dir, prefix) => {
       for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
-        if (found.length > req.limit) return;
+        if (full()) {
+          truncated = true;
+          return;
+        }
         const path = prefix ? `${prefix}/${entry.name}` : entry.name;
         if (entry.isDirectory()) await walk(join(dir, entry.name), path);
-        else if (entry.isFile()) found.push({ path, size: (await fs.lstat(join(dir, entry.name))).size });
+        else if (entry.isFile()) {
+          found.push({ path, size: (await fs.lstat(join(dir, entry.name))).size });
+          bytes += Buffer.byteLength(path) + 32;
+        }
       }
     };
-    await walk(req.path ? inWorkspace(req.path) : WORKSPACE, req.path ?? "");
-    if (found.length > req.limit) {
-      truncated = true;
-      found.length = req.limit;
-    }
+    const root = req.path ? inWorkspace(req.path) : WORKSPACE;
+    if (!isFolder(root)) throw Object.assign(new Error(`${req.path}: no such folder`), { code: "ENOENT" });
+    await walk(root, req.path ?? "");
     return { files: found.sort((a, b) => (a.path < b.path ? -1 : 1)), truncated };
   },
   async remove(req) {

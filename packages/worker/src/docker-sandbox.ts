@@ -272,7 +272,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       return new DockerSandbox(docker, spec, { ...containerSettings, agentPath }, files);
     },
 
-    async createSession(spec) {
+    async createSession(spec, seed) {
       const container = await settingsFor(spec.runtime);
       if (container.mounting !== "bind") {
         throw new BoxcarError(
@@ -284,6 +284,11 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
       ownSessions.add(spec.id);
       try {
+        // Filled and given to the agent's user before the container starts: nothing runs in it yet.
+        if (seed) {
+          await seed(files);
+          if (process.getuid?.() !== owner.uid) await giveTo(files.dir, owner);
+        }
         const session = await DockerSession.start(
           docker,
           {
@@ -306,10 +311,11 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
             agentPath,
             owner,
             quota: { maxBytes: settings.maxWorkspaceBytes, maxEntries: settings.maxWorkspaceEntries },
+            // Its own until removed: the reaper must not race the session's close to remove it.
+            destroyed: () => ownSessions.delete(spec.id),
           },
           files,
         );
-        void session.ended.then(() => ownSessions.delete(spec.id));
         return session;
       } catch (err) {
         ownSessions.delete(spec.id);

@@ -1,11 +1,13 @@
 import { readFileSync } from "node:fs";
 import { lchown } from "node:fs/promises";
-import { PassThrough } from "node:stream";
+import { PassThrough, type Readable } from "node:stream";
+import { StringDecoder } from "node:string_decoder";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import type Docker from "dockerode";
 import { createAttached } from "./attached-container.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import { packFolder } from "./workspace-archive.js";
 import { workspaceSegments } from "./workspace-path.js";
 import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
 
@@ -16,6 +18,12 @@ const HELPER_SOURCE = readFileSync(new URL("../helper/session-helper.cjs", impor
 const READY_TIMEOUT_MS = 30_000;
 /** How long a helper has to end a command it was told to stop (it sends SIGKILL after 2 s) before the session is ended. */
 const KILL_TIMEOUT_MS = 10_000;
+/** How long the helper has to answer a file operation before the session is ended. */
+const FILE_OPERATION_TIMEOUT_MS = 30_000;
+/** File operations one session may have under way at once. */
+const MAX_FILE_OPERATIONS = 4;
+/** The most a listing may take, in bytes of its paths (and some for each entry's JSON): well within a message. */
+const MAX_LISTING_BYTES = 384 * 1024;
 /** The longest line a helper may send: an output frame is at most 64 KiB of base64 and JSON; past this the helper is broken. */
 const MAX_FRAME = 1024 * 1024;
 
@@ -29,6 +37,8 @@ export interface SessionContainerSpec {
   /** The agent's user, to whom the workspace folder is given. */
   owner: { uid: number; gid: number };
   quota: WorkspaceLimits;
+  /** Called once the container and the workspace are removed (the provider stops counting it as its own). */
+  destroyed?: () => void;
 }
 
 /** A line from the helper: untrusted, every field checked where it is read. */
@@ -75,6 +85,8 @@ export class DockerSession implements SessionSandbox {
   private readonly pending = new Map<string, Pending>();
   /** The id of the command running now. */
   private running: string | undefined;
+  /** File operations sent and not yet answered. */
+  private fileOperations = 0;
   private count = 0;
   private buffered = "";
   private readonly quota: WorkspaceQuota;
@@ -85,7 +97,7 @@ export class DockerSession implements SessionSandbox {
     private readonly container: Docker.Container,
     private readonly stream: NodeJS.ReadWriteStream,
     private readonly files: LocalWorkspace,
-    spec: SessionContainerSpec,
+    private readonly spec: SessionContainerSpec,
   ) {
     this.agentPath = spec.agentPath;
     this.description = spec.description;
@@ -105,7 +117,12 @@ export class DockerSession implements SessionSandbox {
 
   /** Creates and starts the container and waits for its helper; removes what it made if that fails. */
   static async start(docker: Docker, spec: SessionContainerSpec, files: LocalWorkspace): Promise<DockerSession> {
-    const { container, stream } = await createAttached(docker, { ...spec.create, Cmd: ["node", "-e", HELPER_SOURCE] }, false);
+    // The source in the environment, not the command line, so a session's `ps` shows a short one.
+    const { container, stream } = await createAttached(
+      docker,
+      { ...spec.create, Cmd: ["node", "-e", "eval(process.env.BOXCAR_HELPER)"], Env: [`BOXCAR_HELPER=${HELPER_SOURCE}`] },
+      false,
+    );
     let session: DockerSession | undefined;
     try {
       if (process.getuid?.() !== spec.owner.uid) await lchown(files.dir, spec.owner.uid, spec.owner.gid);
@@ -130,12 +147,14 @@ export class DockerSession implements SessionSandbox {
       complaint = (complaint + chunk.toString()).slice(-2_000);
     });
     docker.modem.demuxStream(this.stream, stdout, stderr);
+    // Lines are UTF-8: a character split between two chunks is joined again.
+    const decoder = new StringDecoder("utf8");
     return new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
         reject(new BoxcarError(ErrorCode.sandboxFailed, `the session's helper did not start within ${READY_TIMEOUT_MS / 1000} s`));
       }, READY_TIMEOUT_MS);
       stdout.on("data", (chunk: Buffer) => {
-        this.buffered += chunk.toString();
+        this.buffered += decoder.write(chunk);
         let newline = this.buffered.indexOf("\n");
         while (newline >= 0) {
           const frame = parseFrame(this.buffered.slice(0, newline));
@@ -177,12 +196,47 @@ export class DockerSession implements SessionSandbox {
     }
   }
 
-  /** Sends a request and waits for the helper's answer (a command's: its exit). */
+  /**
+   * Sends a request and waits for the helper's answer (a command's: its exit). A file operation
+   * that is not answered within `FILE_OPERATION_TIMEOUT_MS` ends the session: a helper held still
+   * (a command stopped it, a named pipe blocks it) must not make the worker keep requests for ever.
+   */
   private ask(frame: Record<string, unknown>, onOutput?: ExecOptions["onOutput"]): Promise<Frame> {
     if (this.endedWith !== undefined) return Promise.reject(this.endedError());
     const id = String(++this.count);
+    const fileOperation = frame.t !== "exec";
+    if (fileOperation && this.fileOperations >= MAX_FILE_OPERATIONS) {
+      return Promise.reject(
+        new BoxcarError(
+          ErrorCode.conflict,
+          `${MAX_FILE_OPERATIONS} file operations are under way in this session: one at a time is plenty`,
+        ),
+      );
+    }
     return new Promise<Frame>((answered, failed) => {
-      this.pending.set(id, { onOutput, answered, failed });
+      let timer: NodeJS.Timeout | undefined;
+      const settle = () => {
+        clearTimeout(timer);
+        if (fileOperation) this.fileOperations -= 1;
+      };
+      if (fileOperation) {
+        this.fileOperations += 1;
+        timer = setTimeout(
+          () => this.kill(`its helper did not answer a file operation within ${FILE_OPERATION_TIMEOUT_MS / 1000} s`),
+          FILE_OPERATION_TIMEOUT_MS,
+        );
+      }
+      this.pending.set(id, {
+        onOutput,
+        answered: (f) => {
+          settle();
+          answered(f);
+        },
+        failed: (err) => {
+          settle();
+          failed(err);
+        },
+      });
       this.stream.write(`${JSON.stringify({ ...frame, id })}\n`);
     });
   }
@@ -232,6 +286,27 @@ export class DockerSession implements SessionSandbox {
     }
   }
 
+  /**
+   * The workspace as a tar, read with the container paused (the cgroup freezer holds every
+   * process of it still), so that nothing can swap a folder for a symlink while the worker reads
+   * the bind-mounted folder; unpaused once the archive has been read, or has failed.
+   */
+  async packWorkspace(): Promise<Readable> {
+    if (this.endedWith !== undefined) throw this.endedError();
+    await this.container.pause();
+    let resumed = false;
+    const resume = () => {
+      if (resumed) return;
+      resumed = true;
+      void this.container.unpause().catch(() => undefined);
+    };
+    const archive = packFolder(this.files.dir, this.spec.owner);
+    archive.once("end", resume);
+    archive.once("close", resume);
+    archive.once("error", resume);
+    return archive;
+  }
+
   /** Ends the session's container (its quota broken, its helper misbehaving): `ended` says why. */
   private kill(reason: string): void {
     this.end(reason);
@@ -242,14 +317,24 @@ export class DockerSession implements SessionSandbox {
     return new BoxcarError(ErrorCode.sandboxFailed, `the session's container ended: ${this.endedWith}`);
   }
 
+  /**
+   * Removes the container, and only once it is gone the workspace: nothing may run in the folder
+   * while the worker removes it (a symlink swapped in mid-walk would lead the removal out of it).
+   */
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
       this.quota.stop();
       this.end("closed");
-      await this.container.remove({ force: true, v: true }).catch((err: { statusCode?: number }) => {
-        if (err.statusCode !== 404 && err.statusCode !== 409) throw err;
-      });
-      await this.files.remove();
+      try {
+        await this.container.remove({ force: true, v: true }).catch((err: { statusCode?: number }) => {
+          // 409: another removal (the reaper's) is under way; 404: gone.
+          if (err.statusCode !== 404 && err.statusCode !== 409) throw err;
+        });
+        await gone(this.container);
+        await this.files.remove();
+      } finally {
+        this.spec.destroyed?.();
+      }
     })();
     return this.destroyed;
   }
@@ -267,15 +352,17 @@ class HelperFiles implements SessionFiles {
     return data;
   }
 
-  async write(path: string, data: Uint8Array): Promise<void> {
-    if ((await this.answer({ t: "write", path: relative(path), d: Buffer.from(data).toString("base64") }, path)) === null) {
+  async write(path: string, data: Uint8Array, executable = false): Promise<void> {
+    const frame = { t: "write", path: relative(path), d: Buffer.from(data).toString("base64"), executable };
+    if ((await this.answer(frame, path)) === null) {
       throw new BoxcarError(ErrorCode.notFound, `cannot write ${path}: a folder on its way is missing`);
     }
   }
 
   async list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }> {
-    const answer = await this.answer({ t: "list", ...(path === undefined ? {} : { path: relative(path) }), limit }, path ?? ".");
-    if (answer === null) return { files: [], truncated: false };
+    const frame = { t: "list", ...(path === undefined ? {} : { path: relative(path) }), limit, bytes: MAX_LISTING_BYTES };
+    const answer = await this.answer(frame, path ?? ".");
+    if (answer === null) throw new BoxcarError(ErrorCode.notFound, `no folder ${path} in the workspace`);
     const files = (Array.isArray(answer.files) ? answer.files : [])
       .slice(0, limit)
       .filter((f): f is WorkspaceFile => typeof f?.path === "string" && Number.isInteger(f.size) && (f.size as number) >= 0);
@@ -300,6 +387,22 @@ class HelperFiles implements SessionFiles {
 /** A workspace-relative path as the helper takes it: no `..`, not absolute (refused here, by the worker). */
 function relative(path: string): string {
   return workspaceSegments(path).join("/");
+}
+
+/** Resolves once the engine no longer has the container; gives up (rejects) after 60 s. */
+async function gone(container: Docker.Container): Promise<void> {
+  for (let waited = 0; waited < 60_000; waited += 200) {
+    const found = await container.inspect().catch((err: { statusCode?: number }) => {
+      if (err.statusCode === 404) return undefined;
+      throw err;
+    });
+    if (!found) return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new BoxcarError(
+    ErrorCode.sandboxFailed,
+    "the session's container is still there a minute after its removal: its workspace is kept",
+  );
 }
 
 function parseFrame(line: string): Frame | undefined {

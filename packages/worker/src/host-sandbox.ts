@@ -1,11 +1,13 @@
 import { spawn } from "node:child_process";
 import { lchown, readdir } from "node:fs/promises";
 import { join } from "node:path";
+import type { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
 import { defaultWorkRoot } from "./work-root.js";
+import { packFolder } from "./workspace-archive.js";
 import { workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 export interface HostSandboxOptions {
@@ -37,8 +39,15 @@ export function createHostSandboxProvider(opts: HostSandboxOptions = {}): Sandbo
       signal?.throwIfAborted();
       return new HostSandbox(spec.id, await root.create({ workerId: spec.workerId, sandboxId: spec.id }), killGraceMs, opts.user);
     },
-    async createSession(spec) {
-      return new HostSandbox(spec.id, await root.create({ workerId: spec.workerId, sandboxId: spec.id }), killGraceMs, opts.user);
+    async createSession(spec, seed) {
+      const files = await root.create({ workerId: spec.workerId, sandboxId: spec.id });
+      try {
+        await seed?.(files);
+      } catch (err) {
+        await files.remove();
+        throw err;
+      }
+      return new HostSandbox(spec.id, files, killGraceMs, opts.user);
     },
   };
 }
@@ -63,6 +72,11 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
 
   get sessionFiles(): LocalSessionFiles {
     return new LocalSessionFiles(this.files);
+  }
+
+  /** Read while its commands may run: a host session is an admin's, whose commands run as the worker anyway. */
+  async packWorkspace(): Promise<Readable> {
+    return packFolder(this.workspace, { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
   }
 
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {

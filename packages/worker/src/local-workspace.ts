@@ -103,7 +103,8 @@ export class LocalWorkspace {
     await workspaceDir(this.dir, this.segments(path), path, true);
   }
 
-  async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+  /** `executable`: the file gets mode 0755 (else what it had, or 0644 when new). */
+  async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>, executable = false): Promise<void> {
     const segments = this.segments(path);
     const dir = await workspaceDir(this.dir, segments.slice(0, -1), path, true);
     const file = await openNoFollow(join(dir ?? this.dir, segments.at(-1) ?? ""), WRITE_FLAGS, path);
@@ -111,6 +112,7 @@ export class LocalWorkspace {
       // writeFile on a handle writes at the current position: chunks land one after another.
       if (data instanceof Uint8Array) await file.writeFile(data);
       else for await (const chunk of data) await file.writeFile(chunk);
+      if (executable) await file.chmod(0o755);
     } finally {
       await file.close();
     }
@@ -220,12 +222,15 @@ export class LocalSessionFiles implements SessionFiles {
     return Buffer.concat(chunks);
   }
 
-  write(path: string, data: Uint8Array): Promise<void> {
-    return this.files.writeFile(path, data);
+  write(path: string, data: Uint8Array, executable = false): Promise<void> {
+    return this.files.writeFile(path, data, executable);
   }
 
   async list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }> {
     const under = path === undefined ? "" : `${workspaceSegments(path).join("/")}/`;
+    if (path !== undefined && (await workspaceDir(this.files.dir, workspaceSegments(path), path, false)) === null) {
+      throw new BoxcarError(ErrorCode.notFound, `no folder ${path} in the workspace`);
+    }
     const files = (await this.files.listFiles()).filter((f) => f.path.startsWith(under)).sort((a, b) => (a.path < b.path ? -1 : 1));
     return { files: files.slice(0, limit), truncated: files.length > limit };
   }

@@ -1,4 +1,6 @@
+import type { Readable } from "node:stream";
 import type { ResourceLimits, ResourceUsage, RuntimeWishes, SandboxBackend } from "@boxcar/protocol";
+import type { LocalWorkspace } from "./local-workspace.js";
 
 export type { SandboxBackend };
 
@@ -22,8 +24,11 @@ export interface SandboxProvider {
   available(): Promise<boolean>;
   /** Creates a sandbox with an empty workspace; aborting `signal` abandons the creation. */
   create(spec: SandboxSpec, signal?: AbortSignal): Promise<Sandbox>;
-  /** Creates a sandbox kept for a session (docs/sessions.md); absent: this backend holds no sessions. */
-  createSession?(spec: SandboxSpec): Promise<SessionSandbox>;
+  /**
+   * Creates a sandbox kept for a session (docs/sessions.md); absent: this backend holds no
+   * sessions. `seed` fills its workspace (a snapshot's files) before anything runs in it.
+   */
+  createSession?(spec: SandboxSpec, seed?: (workspace: LocalWorkspace) => Promise<void>): Promise<SessionSandbox>;
   /**
    * Removes what crashed workers left behind: every sandbox of this system (running or not)
    * whose owner `isOrphan` says is gone. Returns how many it removed. Backends whose sandboxes
@@ -122,9 +127,9 @@ export interface Sandbox {
 export interface SessionFiles {
   /** The file's bytes, or null when there is no such regular file; one of more than `max` bytes is refused (`too_large`). */
   read(path: string, max: number): Promise<Uint8Array | null>;
-  /** Writes a file, creating its parent folders and replacing what was there. */
-  write(path: string, data: Uint8Array): Promise<void>;
-  /** The regular files under `path` (default: all), by path; `truncated` when there were more than `limit`. */
+  /** Writes a file, creating its parent folders and replacing what was there; `executable`: mode 0755. */
+  write(path: string, data: Uint8Array, executable?: boolean): Promise<void>;
+  /** The regular files under `path` (default: all), by path; `truncated` when there were more than `limit` (or too many bytes of them); a missing folder is `not_found`. */
   list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }>;
   /** Removes a file or a folder with what it holds; false when there was none. */
   remove(path: string): Promise<boolean>;
@@ -133,6 +138,12 @@ export interface SessionFiles {
 /** A sandbox kept for a session: commands run in it one after another, and its files are reached between and during them. */
 export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace" | "agentPath" | "description" | "exec" | "destroy"> {
   readonly sessionFiles: SessionFiles;
+  /**
+   * A tar of the workspace's folders and regular files (symlinks and the rest are left out), read
+   * with nothing of the session running meanwhile where the backend can hold it still (a
+   * container is paused until the archive has been read).
+   */
+  packWorkspace(): Promise<Readable>;
   /** Resolves, saying why, when the sandbox ended by itself (its container stopped, its quota was broken). */
   readonly ended?: Promise<string>;
 }

@@ -8,6 +8,8 @@
  * saying so.
  */
 
+import { randomBytes } from "node:crypto";
+import { Readable } from "node:stream";
 import type { Logger } from "@boxcar/client";
 import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
@@ -27,17 +29,23 @@ import {
   SessionFileRef,
   type SessionRecord,
   SessionRef,
+  type SnapshotInfo,
   toErrorInfo,
   WorkerOpenSession,
   WriteSessionFile,
 } from "@boxcar/protocol";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
 import { AgentPaths, collectSecrets } from "./agent-contract.js";
+import type { LocalWorkspace } from "./local-workspace.js";
 import { StreamRedactor } from "./redactor.js";
-import type { SandboxBackend, SandboxProvider, SessionSandbox } from "./sandbox.js";
+import type { SandboxBackend, SandboxProvider, SessionFiles, SessionSandbox } from "./sandbox.js";
 import type { Slots } from "./slots.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
+import { unpackInto } from "./workspace-archive.js";
 import { workspaceCwd } from "./workspace-path.js";
+
+/** The most a snapshot may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
+const SNAPSHOT_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
 
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
 const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
@@ -66,6 +74,8 @@ export interface SessionHostContext {
 
 export class SessionHost {
   private readonly held = new Map<string, HeldSession>();
+  /** Sessions being closed: a request meanwhile is told so (not that the session is unknown here). */
+  private readonly closing = new Set<string>();
   private sub: Subscription | undefined;
 
   constructor(private readonly ctx: SessionHostContext) {}
@@ -97,35 +107,46 @@ export class SessionHost {
     open: (body) => this.open(body),
     exec: (body) => this.exec(body),
     cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
+    snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
     read: async (body) => {
       const { id, path } = parseWith(SessionFileRef, body, "request");
-      const data = await this.holding(id).sandbox.sessionFiles.read(path, MAX_SESSION_FILE_BYTES);
+      const data = await this.withFiles(id, (files) => files.read(path, MAX_SESSION_FILE_BYTES));
       if (!data) throw new BoxcarError(ErrorCode.notFound, `no file ${path} in session ${id}`);
       return { path, size: data.length, data: Buffer.from(data).toString("base64") };
     },
     write: async (body) => {
-      const { id, path, data } = parseWith(WriteSessionFile, body, "request");
+      const { id, path, data, executable } = parseWith(WriteSessionFile, body, "request");
       const bytes = Buffer.from(data, "base64");
-      await this.holding(id).sandbox.sessionFiles.write(path, bytes);
+      await this.withFiles(id, (files) => files.write(path, bytes, executable));
       return { path, size: bytes.length };
     },
     list: async (body) => {
       const { id, path, limit } = parseWith(ListSessionFiles, body, "request");
-      return this.holding(id).sandbox.sessionFiles.list(path, limit);
+      return this.withFiles(id, (files) => files.list(path, limit));
     },
     remove: async (body) => {
       const { id, path } = parseWith(SessionFileRef, body, "request");
-      return { path, removed: await this.holding(id).sandbox.sessionFiles.remove(path) };
+      return { path, removed: await this.withFiles(id, (files) => files.remove(path)) };
     },
   };
 
-  /** The session this worker holds, touched: its idle clock starts again. */
+  /** The session this worker holds; one it is closing is refused, saying so. */
   private holding(id: string): HeldSession {
+    if (this.closing.has(id)) throw new BoxcarError(ErrorCode.conflict, `session ${id} is closing`);
     const held = this.held.get(id);
     if (!held) throw new NotHeld(this.ctx.workerId, id);
-    if (!held.running) this.idleFrom(held);
     return held;
+  }
+
+  /** A file operation in the session; its idle clock starts again once the operation is over. */
+  private async withFiles<T>(id: string, use: (files: SessionFiles) => Promise<T>): Promise<T> {
+    const held = this.holding(id);
+    try {
+      return await use(held.sandbox.sessionFiles);
+    } finally {
+      if (this.held.get(id) === held && !held.running) this.idleFrom(held);
+    }
   }
 
   private async answer(msg: Msg): Promise<void> {
@@ -152,12 +173,12 @@ export class SessionHost {
   }
 
   private async open(body: unknown): Promise<SessionRecord> {
-    const { id, owner, request, agent: raw, mayUseHost } = parseWith(WorkerOpenSession, body, "request");
+    const { id, owner, request, agent: raw, byAdmin, from } = parseWith(WorkerOpenSession, body, "request");
     const agent = parseWith(AgentDefinition, raw, "agent");
     const { options } = this.ctx;
     checkAgentPolicy(agent, options.agentPolicy, "this worker's policy");
     const runtime = resolveRuntime(agent.runtime, agent.trusted, this.ctx.capabilities(), options.policy);
-    if (runtime.kind === "host" && !mayUseHost) {
+    if (runtime.kind === "host" && !byAdmin) {
       throw new BoxcarError(
         ErrorCode.forbidden,
         `a session of ${agent.name} would run in a host sandbox, where commands run as the worker's own user: only an admin may open one (give the agent a Docker runtime for others)`,
@@ -170,17 +191,15 @@ export class SessionHost {
         `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}), which hold no sessions on this worker: sessions run in host and Docker sandboxes`,
       );
     }
-    const secrets = collectSecrets(agent, options.secretsEnv);
+    // Whatever a command gets its caller can read (`env`, a file): the agent's secrets go to an admin's sessions only.
+    const secrets = byAdmin ? collectSecrets(agent, options.secretsEnv) : new Map<string, string>();
     if (!this.ctx.slots.tryAcquire()) throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
     let sandbox: SessionSandbox;
     try {
-      sandbox = await provider.createSession({
-        id: `sbx-${id}`,
-        jobId: id,
-        attempt: 0,
-        workerId: this.ctx.workerId,
-        runtime: agent.runtime,
-      });
+      sandbox = await provider.createSession(
+        { id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime },
+        from === undefined ? undefined : (workspace) => this.restore(from, workspace),
+      );
     } catch (err) {
       this.ctx.slots.release(1);
       throw err;
@@ -215,14 +234,13 @@ export class SessionHost {
       await this.close(id, "failed").catch(() => {});
       throw err;
     }
-    await this.event(held, "opened");
+    await this.event(held, "opened", from === undefined ? {} : { snapshot: from });
     return record;
   }
 
   private async exec(body: unknown): Promise<ExecReply> {
     const request = parseWith(ExecRequest, body, "request");
-    const held = this.held.get(request.id);
-    if (!held) throw new NotHeld(this.ctx.workerId, request.id);
+    const held = this.holding(request.id);
     if (held.running) {
       throw new BoxcarError(ErrorCode.conflict, `session ${request.id} is running ${held.running.execId}: one command at a time`);
     }
@@ -299,6 +317,10 @@ export class SessionHost {
         durationMs: result.durationMs,
       });
       return reply;
+    } catch (err) {
+      // Did not start (no such command, no such folder) or its sandbox ended: the history says so.
+      exited = this.event(held, "exec_exited", { execId, error: toErrorInfo(err) });
+      throw err;
     } finally {
       clearTimeout(timer);
       held.running = undefined;
@@ -314,6 +336,42 @@ export class SessionHost {
     }
   }
 
+  /**
+   * Stores the session's workspace (its folders and regular files) as a snapshot, under a new id,
+   * with the Object Store's digest of it.
+   */
+  private async snapshot(id: string): Promise<SnapshotInfo> {
+    const held = this.holding(id);
+    const snapshotId = `snap-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
+    const createdAt = nowIso();
+    const store = await this.ctx.topology.snapshots();
+    const archive = await held.sandbox.packWorkspace();
+    const info = await store.put(
+      { name: snapshotId, metadata: { owner: held.record.owner, agent: held.record.agent, session: id, createdAt } },
+      Readable.toWeb(archive) as ReadableStream<Uint8Array>,
+    );
+    const snapshot: SnapshotInfo = {
+      id: snapshotId,
+      owner: held.record.owner,
+      agent: held.record.agent,
+      session: id,
+      createdAt,
+      size: info.size,
+      digest: info.digest,
+    };
+    await this.event(held, "snapshot", { snapshot: snapshotId });
+    return snapshot;
+  }
+
+  /** Fills a new session's workspace with a snapshot's files, checked against the store's digest. */
+  private async restore(snapshotId: string, workspace: LocalWorkspace): Promise<void> {
+    const found = await (await this.ctx.topology.snapshots()).get(snapshotId);
+    if (!found) throw new BoxcarError(ErrorCode.notFound, `no snapshot ${snapshotId}`);
+    await unpackInto(Readable.fromWeb(found.data as never), workspace, SNAPSHOT_LIMITS);
+    const corrupt = await found.error;
+    if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `snapshot ${snapshotId} does not match its digest: ${corrupt.message}`);
+  }
+
   /** Stops the command running in the session (as a timeout does); its exec's reply says `cancelled`. */
   private cancel(id: string): SessionRecord {
     const held = this.holding(id);
@@ -325,16 +383,20 @@ export class SessionHost {
 
   /** Ends the session: its command, its sandbox, its slot; its record says why. */
   private async close(id: string, reason: string): Promise<SessionRecord> {
-    const held = this.held.get(id);
-    if (!held) throw new NotHeld(this.ctx.workerId, id);
+    const held = this.holding(id);
+    this.closing.add(id);
     this.held.delete(id);
-    clearTimeout(held.idle);
-    clearTimeout(held.lifetime);
-    held.running?.stop.abort();
-    await held.sandbox.destroy().catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not remove a session's sandbox"));
-    this.ctx.slots.release(1);
-    held.record = { ...held.record, state: "closed", closedAt: nowIso(), reason };
-    await this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
+    try {
+      clearTimeout(held.idle);
+      clearTimeout(held.lifetime);
+      held.running?.stop.abort();
+      await held.sandbox.destroy().catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not remove a session's sandbox"));
+      this.ctx.slots.release(1);
+      held.record = { ...held.record, state: "closed", closedAt: nowIso(), reason };
+      await this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
+    } finally {
+      this.closing.delete(id);
+    }
     await this.event(held, "closed", { reason });
     return held.record;
   }

@@ -49,8 +49,9 @@ export interface UnpackLimits {
 }
 
 /**
- * Unpacks a tar stream of a container's workspace into `files`: folders and regular files only
- * (symlinks, devices and hard links are skipped), every path checked, within `limits`.
+ * Unpacks a tar stream of a workspace (a container's, a snapshot) into `files`: folders and
+ * regular files only (symlinks, devices and hard links are skipped), every path checked, within
+ * `limits`; a file with an execute bit becomes 0755, the others 0644.
  */
 export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace, limits: UnpackLimits): Promise<void> {
   const { maxBytes, maxEntries, signal } = limits;
@@ -88,7 +89,8 @@ export function unpackInto(archive: NodeJS.ReadableStream, files: LocalWorkspace
         );
         return;
       }
-      files.writeFile(name, Readable.toWeb(entry) as ReadableStream<Uint8Array>).then(() => done(), done);
+      const executable = ((header.mode ?? 0) & 0o111) !== 0;
+      files.writeFile(name, Readable.toWeb(entry) as ReadableStream<Uint8Array>, executable).then(() => done(), done);
     }
   });
   return signal ? pipeline(archive, extract, { signal }) : pipeline(archive, extract);

@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -32,4 +33,19 @@ test("stops counting once past a limit", async () => {
   for (let i = 0; i < 50; i++) await writeFile(join(dir, `f${i}`), "x");
   const { entries } = await measureWorkspace(dir, { maxBytes: 1024 ** 3, maxEntries: 10 });
   expect(entries).toBe(11);
+});
+
+test("attack: a folder swapped for a link to / over and over while it is measured is never followed", async () => {
+  await mkdir(join(dir, "a"));
+  for (let i = 0; i < 20; i++) await writeFile(join(dir, "a", `f${i}`), "x");
+  // What a command in a bind-mounted workspace could do while the worker (often root) walks it.
+  const swapper = spawn("sh", ["-c", "while true; do mv a b; ln -s / a; rm a; mv b a; done"], { cwd: dir, stdio: "ignore" });
+  try {
+    let largest = 0;
+    for (let i = 0; i < 300; i++) largest = Math.max(largest, (await measureWorkspace(dir, roomy)).entries);
+    // a (or b, or the link) and its 20 files, and at most the link and the folder at once.
+    expect(largest).toBeLessThanOrEqual(23);
+  } finally {
+    swapper.kill("SIGKILL");
+  }
 });

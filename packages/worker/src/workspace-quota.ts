@@ -1,4 +1,5 @@
-import { chmod, lstat, readdir } from "node:fs/promises";
+import { constants } from "node:fs";
+import { chmod, type FileHandle, lstat, open, readdir } from "node:fs/promises";
 import { join } from "node:path";
 
 /** How often a running agent's workspace is measured against its quota. */
@@ -11,39 +12,72 @@ export interface WorkspaceLimits {
   maxEntries: number;
 }
 
+/** Opens a folder without following a symlink in its last segment. */
+const FOLDER_FLAGS = constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW;
+/** Linux's O_PATH (Node does not name it): a descriptor that pins a file without opening it for reading. */
+const O_PATH = 0o10000000;
+
 /**
- * A folder's entries. One the agent made unreadable (`chmod 000`; a worker running as the
- * agent's user owns it) is opened up first, so nothing can be hidden from the count.
+ * Opens the folder at `path` (one whose parent is pinned, so only its last segment is looked up),
+ * never through a symlink. One the agent made unreadable (`chmod 000`, which stops a worker
+ * running as the agent's user) is opened up first through a descriptor pinning it, so nothing can
+ * be hidden from the count and no symlink swapped in can redirect the `chmod`.
  */
-async function listFolder(folder: string) {
+async function openFolder(path: string): Promise<FileHandle | undefined> {
   try {
-    return await readdir(folder, { withFileTypes: true });
+    return await open(path, FOLDER_FLAGS);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== "EACCES") return [];
-    await chmod(folder, 0o700).catch(() => {});
-    return readdir(folder, { withFileTypes: true }).catch(() => []);
+    if ((err as NodeJS.ErrnoException).code !== "EACCES") return undefined;
+  }
+  const pin = await open(path, O_PATH | constants.O_NOFOLLOW | constants.O_DIRECTORY).catch(() => undefined);
+  if (!pin) return undefined;
+  try {
+    await chmod(`/proc/self/fd/${pin.fd}`, 0o700);
+    return await open(`/proc/self/fd/${pin.fd}`, FOLDER_FLAGS);
+  } catch {
+    return undefined;
+  } finally {
+    await pin.close();
   }
 }
 
 /**
  * What a folder holds: its entries (files, folders, links and the rest, never followed) and the
- * bytes they take, stopping as soon as either passes `limits`.
+ * bytes they take, stopping as soon as either passes `limits`. The agent may be changing the
+ * folder meanwhile (a bind-mounted workspace, its container running), and the worker may be root:
+ * each folder is opened by a descriptor and read, and its entries looked at, through that
+ * descriptor (`/proc/self/fd/N/<name>`), so a folder swapped for a symlink is never followed.
  */
 export async function measureWorkspace(dir: string, limits: WorkspaceLimits): Promise<{ bytes: number; entries: number }> {
   let bytes = 0;
   let entries = 0;
   const over = () => bytes > limits.maxBytes || entries > limits.maxEntries;
-  const walk = async (folder: string): Promise<void> => {
-    for (const entry of await listFolder(folder)) {
+  const walk = async (folder: FileHandle): Promise<void> => {
+    const pinned = `/proc/self/fd/${folder.fd}`;
+    for (const name of await readdir(pinned).catch(() => [])) {
       if (over()) return;
       entries += 1;
-      const path = join(folder, entry.name);
+      const path = join(pinned, name);
       const stats = await lstat(path).catch(() => undefined);
       bytes += Math.max(stats?.isFile() ? stats.size : 0, (stats?.blocks ?? 0) * 512);
-      if (entry.isDirectory()) await walk(path);
+      if (!stats?.isDirectory()) continue;
+      const inner = await openFolder(path);
+      if (!inner) continue;
+      try {
+        await walk(inner);
+      } finally {
+        await inner.close();
+      }
     }
   };
-  await walk(dir);
+  const root = await openFolder(dir);
+  if (root) {
+    try {
+      await walk(root);
+    } finally {
+      await root.close();
+    }
+  }
   return { bytes, entries };
 }
 

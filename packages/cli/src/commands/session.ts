@@ -7,10 +7,11 @@ import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { optionalDuration } from "./roles.js";
 
-const usage = `boxcar session open AGENT [--idle 10m] [--lifetime 8h]
+const usage = `boxcar session open AGENT [--from SNAPSHOT] [--idle 10m] [--lifetime 8h] | open --from SNAPSHOT
+       boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
-       boxcar session cancel ID | close ID | get ID | events ID | logs ID
-       boxcar session ls ID [DIR] | read ID PATH | write ID PATH [--from FILE|-] | rm ID PATH`;
+       boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
+       boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH`;
 
 export const session: Command = {
   name: "session",
@@ -24,7 +25,11 @@ export const session: Command = {
     env: { type: "string", multiple: true, default: [] },
     cwd: { type: "string" },
     stdin: { type: "string" },
-    from: { type: "string", default: "-" },
+    from: { type: "string" },
+    file: { type: "string", default: "-" },
+    follow: { type: "boolean", short: "f", default: false },
+    executable: { type: "boolean", default: false },
+    limit: { type: "string" },
   },
   async run(ctx) {
     const [verb, first, ...rest] = ctx.positionals;
@@ -41,12 +46,15 @@ export const session: Command = {
     };
     switch (verb) {
       case "open": {
-        const agent = one("AGENT");
+        // The agent, or a snapshot (whose agent it then is), or both.
+        const from = ctx.values.from as string | undefined;
+        const agent = from !== undefined && !first ? undefined : one("AGENT");
         const idle = optionalDuration(ctx.values.idle, "--idle");
         const lifetime = optionalDuration(ctx.values.lifetime, "--lifetime");
         await using s = await ctx.session("boxcar-session");
         const opened = await s.client.openSession({
-          agent,
+          ...(agent !== undefined ? { agent } : {}),
+          ...(from !== undefined ? { from } : {}),
           ...(idle !== undefined ? { idleTimeout: idle } : {}),
           ...(lifetime !== undefined ? { maxLifetime: lifetime } : {}),
         });
@@ -105,10 +113,20 @@ export const session: Command = {
           ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
           ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
         }
+        // Live output stops at 4 MiB a command; the reply carries the last 256 KiB of each stream.
+        if (ran.truncated && live > 0) {
+          ctx.io.stderr.write(`(${ran.execId}: output past the first 4 MiB not shown: write it to a file and read that)\n`);
+        }
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
         if (ran.cancelled) ctx.io.stderr.write(`${ran.execId} cancelled\n`);
         // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
         return ran.exitCode ?? 128 + ((ran.signal && constants.signals[ran.signal as NodeJS.Signals]) || constants.signals.SIGKILL);
+      }
+      case "snapshot": {
+        await using s = await ctx.session("boxcar-session");
+        const taken = await s.client.snapshotSession(one("ID"));
+        ctx.print(ctx.values.json ? json(taken) : taken.id);
+        return ExitCode.ok;
       }
       case "cancel": {
         await using s = await ctx.session("boxcar-session");
@@ -119,7 +137,15 @@ export const session: Command = {
       case "ls": {
         const [id, path] = idAndPath(true);
         await using s = await ctx.session("boxcar-session");
-        const listed = await s.client.listSessionFiles({ id, ...(path !== undefined ? { path } : {}) });
+        const limit = ctx.values.limit === undefined ? undefined : Number(ctx.values.limit);
+        if (limit !== undefined && !(Number.isInteger(limit) && limit >= 1 && limit <= 10_000)) {
+          throw new UsageError(`--limit takes a whole number from 1 to 10000, got ${String(ctx.values.limit)}`);
+        }
+        const listed = await s.client.listSessionFiles({
+          id,
+          ...(path !== undefined ? { path } : {}),
+          ...(limit !== undefined ? { limit } : {}),
+        });
         if (ctx.values.json) ctx.print(json(listed));
         else {
           ctx.print(
@@ -128,7 +154,7 @@ export const session: Command = {
               listed.files.map((f) => [String(f.size), f.path]),
             ),
           );
-          if (listed.truncated) ctx.io.stderr.write(`(more files than listed: name a folder)\n`);
+          if (listed.truncated) ctx.io.stderr.write(`(more files than listed: name a folder, or raise --limit)\n`);
         }
         return ExitCode.ok;
       }
@@ -140,9 +166,9 @@ export const session: Command = {
       }
       case "write": {
         const [id, path] = idAndPath();
-        const data = await readInput(ctx.io, ctx.values.from as string, MAX_SESSION_FILE_BYTES, "--from");
+        const data = await readInput(ctx.io, ctx.values.file as string, MAX_SESSION_FILE_BYTES, "--file");
         await using s = await ctx.session("boxcar-session");
-        const wrote = await s.client.writeSessionFile(id, path as string, data);
+        const wrote = await s.client.writeSessionFile(id, path as string, data, { executable: ctx.values.executable as boolean });
         ctx.print(ctx.values.json ? json(wrote) : `wrote ${wrote.size} bytes to ${wrote.path}`);
         return ExitCode.ok;
       }
@@ -166,14 +192,16 @@ export const session: Command = {
       }
       case "events": {
         await using s = await ctx.session("boxcar-session");
-        const events = [];
-        for await (const event of s.client.sessionEvents(one("ID"))) events.push(event);
-        ctx.print(ctx.values.json ? json(events) : events.map(describeEvent).join("\n"));
+        const follow = { follow: ctx.values.follow as boolean, signal: ctx.io.signal };
+        // One line an event as it comes (JSON: one object a line), as `boxcar events` prints a job's.
+        for await (const event of s.client.sessionEvents(one("ID"), follow))
+          ctx.print(ctx.values.json ? JSON.stringify(event) : describeEvent(event));
         return ExitCode.ok;
       }
       case "logs": {
         await using s = await ctx.session("boxcar-session");
-        for await (const chunk of s.client.sessionLogs(one("ID"))) {
+        const follow = { follow: ctx.values.follow as boolean, signal: ctx.io.signal };
+        for await (const chunk of s.client.sessionLogs(one("ID"), follow)) {
           (chunk.stream === "stderr" ? ctx.io.stderr : ctx.io.stdout).write(chunk.data);
         }
         return ExitCode.ok;
@@ -232,6 +260,35 @@ export const sessions: Command = {
           x.lastUsedAt,
         ]),
       ),
+    );
+    return ExitCode.ok;
+  },
+};
+
+export const snapshots: Command = {
+  name: "snapshots",
+  usage: "boxcar snapshots | snapshots rm SNAPSHOT",
+  summary: "list the snapshots of sessions' workspaces, newest first, or remove one",
+  maxArgs: 2,
+  options: {},
+  async run(ctx) {
+    const [verb, id] = ctx.positionals;
+    await using s = await ctx.session("boxcar-snapshots");
+    if (verb === "rm") {
+      if (!id) throw new UsageError("snapshots rm needs a SNAPSHOT id\n\nusage: boxcar snapshots | snapshots rm SNAPSHOT");
+      const removed = await s.client.removeSnapshot(id);
+      ctx.print(ctx.values.json ? json(removed) : `removed ${removed.id}`);
+      return ExitCode.ok;
+    }
+    if (verb !== undefined) throw new UsageError(`unknown snapshots command ${verb}\n\nusage: boxcar snapshots | snapshots rm SNAPSHOT`);
+    const list = await s.client.listSnapshots();
+    ctx.print(
+      ctx.values.json
+        ? json(list)
+        : table(
+            ["SNAPSHOT", "OWNER", "AGENT", "SESSION", "SIZE", "TAKEN"],
+            list.map((x) => [x.id, x.owner, x.agent, x.session, String(x.size), x.createdAt]),
+          ),
     );
     return ExitCode.ok;
   },
