@@ -1,0 +1,43 @@
+#!/usr/bin/env node
+/**
+ * Runs the agent loop from the command line, against the Boxcar system the environment names
+ * (BOXCAR_NATS_URL or NATS_URL, NATS_CREDS, ... as the CLI takes them):
+ *
+ *   node examples/sessions/dist/main.js [--agent box] [--prefix boxcar] [TASK...]
+ *
+ * With ANTHROPIC_API_KEY set, a real model answers (BOXCAR_MODEL names it); without, a scripted
+ * stand-in runs the demo task offline.
+ */
+import { parseArgs } from "node:util";
+import { connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { names } from "@boxcar/protocol";
+import { runAgent, type Turn } from "./agent-loop.js";
+import { anthropicModel } from "./anthropic-model.js";
+import { DEMO_TASK, scriptedModel } from "./scripted-model.js";
+
+const { values, positionals } = parseArgs({
+  options: { agent: { type: "string", default: "box" }, prefix: { type: "string" } },
+  allowPositionals: true,
+});
+const apiKey = process.env.ANTHROPIC_API_KEY;
+const model = apiKey ? anthropicModel({ apiKey, model: process.env.BOXCAR_MODEL ?? "claude-sonnet-4-5" }) : scriptedModel();
+const task = positionals.length > 0 ? positionals.join(" ") : DEMO_TASK;
+
+const connection = resolveConnection({ env: process.env });
+const nc = await connectNats(connection, "boxcar-example-agent");
+try {
+  const client = createClient({ nc, names: names(values.prefix) }, { identity: connection.identity });
+  const run = await runAgent(client, { agent: values.agent, task, model, onTurn: print });
+  process.stdout.write(`\nanswer: ${run.answer}\n`);
+} finally {
+  await nc.close();
+}
+
+function print(turn: Turn): void {
+  if (turn.role === "user") process.stdout.write(`task: ${turn.text}\n`);
+  else if (turn.role === "assistant") {
+    if (turn.text) process.stdout.write(`model: ${turn.text}\n`);
+    for (const call of turn.calls) process.stdout.write(`  -> ${call.name} ${JSON.stringify(call.input).slice(0, 200)}\n`);
+  } else
+    for (const result of turn.results) process.stdout.write(`  <- ${result.output.split("\n")[0]}${result.isError ? " (error)" : ""}\n`);
+}
