@@ -5,14 +5,18 @@
  * attacks on the files API and on the helper, and the bounds that remove its container.
  */
 
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
+import { createServer, Socket } from "node:net";
 import { hostname } from "node:os";
+import { join } from "node:path";
 import { BoxcarError } from "@boxcar/protocol";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, boxcarWithInput, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
+import { type Scratch, scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
@@ -127,7 +131,12 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
       id: session.id,
       argv: ["sh", "-c", 'p=$PPID; setsid sh -c "sleep 1; kill -STOP $p" </dev/null >/dev/null 2>&1 &'],
     });
-    await new Promise((r) => setTimeout(r, 1_500));
+    // Until the helper is stopped (on a busy machine the sleep may take longer than a second).
+    const container = engine.getContainer((await containerOf(session.id))?.Id as string);
+    await eventually(async () => {
+      const top = (await container.top({ ps_args: "-o pid,stat,args" })) as { Processes: string[][] };
+      return top.Processes.some(([, stat, args]) => stat?.startsWith("T") && args?.includes("node -e")) || undefined;
+    }, "the helper to be stopped");
     const reads = Array.from({ length: 6 }, () =>
       alice.client.readSessionFile(session.id, "x").then(
         () => "answered",
@@ -312,6 +321,95 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     await expect(alice.client.openSession({ from: snapshot.id })).rejects.toMatchObject({ code: "not_found" });
   });
 
+  describe("a workspace cloned from git", () => {
+    let daemon: ChildProcess;
+    let folder: Scratch;
+    let base: string;
+    let url: string;
+    let feature: string;
+
+    beforeAll(async () => {
+      // A bare repository, served by `git daemon` on a free port (git://, no credential).
+      folder = await scratch("boxcar-git-");
+      base = folder.path;
+      const sh = (cmd: string, cwd = base) =>
+        execFileSync("sh", ["-c", cmd], { cwd, env: { ...process.env, HOME: base } })
+          .toString()
+          .trim();
+      sh("git init -q --bare repo.git && git init -q -b main work");
+      const work = join(base, "work");
+      sh(
+        "git config user.email t@e && git config user.name t && echo hello > README && ln -s /etc/passwd link && git add . && git commit -qm one && " +
+          "echo two >> README && git commit -qam two && git checkout -qb feature && echo f > feature.txt && git add . && git commit -qm three && " +
+          "git push -q ../repo.git main feature",
+        work,
+      );
+      feature = sh("git rev-parse feature", work);
+      const port = await freePort();
+      daemon = spawn(
+        "git",
+        ["daemon", "--reuseaddr", "--export-all", `--base-path=${base}`, "--listen=127.0.0.1", `--port=${port}`, base],
+        {
+          stdio: "ignore",
+        },
+      );
+      url = `git://127.0.0.1:${port}/repo.git`;
+      await eventually(async () => (await canConnect(port)) || undefined, "git daemon to listen");
+      const admin = await system.as("admin", "admin");
+      await admin.client.applyAgent({
+        name: "box-git",
+        command: ["true"],
+        sessions: true,
+        git: { hosts: [`127.0.0.1:${port}`] },
+        runtime: { sandbox: "docker" },
+      });
+    });
+
+    afterAll(async () => {
+      daemon?.kill();
+      await folder?.[Symbol.asyncDispose]();
+    });
+
+    test("a branch at a depth: its files, its one commit, its symlink as a plain file; the record names the commit", async () => {
+      const session = await alice.client.openSession({ agent: "box-git", git: { url, ref: "feature", depth: 1 } });
+      expect(session.source).toEqual({ git: { url, ref: "feature", commit: feature } });
+      const look = await alice.client.execInSession({
+        id: session.id,
+        argv: [
+          "sh",
+          "-c",
+          "cat README feature.txt; git log --oneline | wc -l; test -L link && echo symlink || (cat link; echo); id -u; touch mine",
+        ],
+      });
+      expect(text(look.stderr)).toBe("");
+      expect(text(look.stdout)).toBe("hello\ntwo\nf\n1\n/etc/passwd\n1000\n");
+      await alice.client.closeSession(session.id);
+    });
+
+    test("refused: a host the agent does not list, an agent with no git hosts, a user in the URL, a missing branch, a snapshot and git at once", async () => {
+      const other = url.replace("127.0.0.1", "localhost");
+      await expect(alice.client.openSession({ agent: "box-git", git: { url: other } })).rejects.toMatchObject({
+        code: "forbidden",
+        message: expect.stringContaining("clones only from 127.0.0.1"),
+      });
+      await expect(alice.client.openSession({ agent: "box", git: { url } })).rejects.toMatchObject({ code: "forbidden" });
+      await expect(
+        alice.client.openSession({ agent: "box-git", git: { url: url.replace("git://", "git://me:pw@") } }),
+      ).rejects.toMatchObject({
+        code: "invalid",
+      });
+      await expect(alice.client.openSession({ agent: "box-git", git: { url, ref: "nope" } })).rejects.toMatchObject({
+        code: "invalid",
+        message: expect.stringMatching(/git clone failed: .*nope/),
+      });
+      await expect(alice.client.openSession({ agent: "box-git", from: "snap-x", git: { url } })).rejects.toMatchObject({ code: "invalid" });
+      // Nothing was left open by the refusals.
+      expect(
+        (await alice.client.listSessions({ state: "open" })).filter((s) => s.agent === "box-git").map((s) => [s.id, s.source, s.createdAt]),
+      ).toEqual([]);
+    });
+  });
+
   test("an idle session closes by itself: its container and workspace removed", async () => {
     const session = await alice.client.openSession({ agent: "box", idleTimeout: "2s" });
     expect(await containerOf(session.id)).toBeDefined();
@@ -380,3 +478,28 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     );
   });
 });
+
+/** A port nothing listens on now. */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Whether something accepts connections on the port. */
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = new Socket();
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once("error", () => resolve(false));
+    socket.connect(port, "127.0.0.1");
+  });
+}

@@ -116,6 +116,19 @@ export const AgentDefinition = z.strictObject({
     .describe(
       "callers may open sessions in its sandbox and run commands of their own there (docs/sessions.md); a host session is an admin's only",
     ),
+  git: z
+    .strictObject({
+      hosts: z
+        .array(z.string().regex(/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/, "a host name, with :port where it is not the default"))
+        .min(1)
+        .max(64)
+        .describe("the hosts its sessions may clone from (https:// or git://), by name, with :port where it is not the default"),
+      credential: EnvName.optional().describe(
+        "a variable of the worker's environment (on its secrets allow-list) sent as the HTTPS password to those hosts when cloning; never given to the session",
+      ),
+    })
+    .optional()
+    .describe("where its sessions may clone their workspace from (docs/sessions.md#git)"),
 });
 /** An agent definition as stored and run (defaults filled, units converted). */
 export type AgentDefinition = z.infer<typeof AgentDefinition>;

@@ -157,6 +157,7 @@ export type {
 export {
   ExecReply,
   ExecRequest,
+  GitSeed,
   ListSessionFiles,
   ListSessionsReply,
   ListSessionsRequest,

@@ -41,10 +41,37 @@ export const SessionRecord = z.looseObject({
   closedAt: z.iso.datetime().optional(),
   /** Why it closed: `closed` (asked), `idle`, `lifetime`, `worker_stopped`. */
   reason: z.string().optional(),
+  /** What its workspace started with: a snapshot, or a git repository at a commit. */
+  source: z
+    .union([
+      z.strictObject({ snapshot: z.string() }),
+      z.strictObject({ git: z.strictObject({ url: z.string(), ref: z.string().optional(), commit: z.string() }) }),
+    ])
+    .optional(),
 });
 export type SessionRecord = z.infer<typeof SessionRecord>;
 
 export const SnapshotId = z.string().regex(/^snap-[a-z0-9]{1,60}$/, "a snapshot id is snap- and lowercase letters or digits");
+
+/** A git repository a session's workspace is cloned from, by the worker, before anything runs in it. */
+export const GitSeed = z.strictObject({
+  url: z
+    .string()
+    .max(2048)
+    .regex(
+      /^(https|git):\/\/[^/@\s]+\/\S*$/,
+      "an https:// or git:// URL with no user or password in it (the agent's git.credential is the one sent)",
+    ),
+  /** A branch or tag; default: the remote's default branch. */
+  ref: z
+    .string()
+    .max(256)
+    .regex(/^(?!-)[A-Za-z0-9._/-]+$/, "a branch or tag name")
+    .optional(),
+  /** How many commits of history; default: all of it. */
+  depth: z.number().int().min(1).max(1_000_000).optional(),
+});
+export type GitSeed = z.infer<typeof GitSeed>;
 
 export const OpenSessionRequest = z
   .strictObject({
@@ -52,6 +79,8 @@ export const OpenSessionRequest = z
     agent: AgentName.optional(),
     /** A snapshot of the caller's whose workspace the session starts with. */
     from: SnapshotId.optional(),
+    /** A repository the workspace is cloned from (an agent's `git.hosts` only). */
+    git: GitSeed.optional(),
     idleTimeout: durationMs({ min: 1_000, max: 24 * HOUR })
       .default(10 * 60_000)
       .describe("closed after this long without a command"),
@@ -62,6 +91,10 @@ export const OpenSessionRequest = z
   .refine((r) => r.agent !== undefined || r.from !== undefined, {
     message: "name an agent, or a snapshot to open `from`",
     path: ["agent"],
+  })
+  .refine((r) => r.from === undefined || r.git === undefined, {
+    message: "a workspace starts from a snapshot or from git, not both",
+    path: ["git"],
   });
 export type OpenSessionRequest = z.input<typeof OpenSessionRequest>;
 
@@ -179,7 +212,7 @@ export const ListSessionsReply = z.strictObject({ sessions: z.array(SessionRecor
 export const WorkerOpenSession = z.strictObject({
   id: SessionId,
   owner: z.string().regex(TOKEN_PATTERN),
-  request: z.looseObject({ idleTimeout: z.number(), maxLifetime: z.number() }),
+  request: z.looseObject({ idleTimeout: z.number(), maxLifetime: z.number(), git: GitSeed.optional() }),
   /** The snapshot the workspace starts with, already checked to be the caller's. */
   from: SnapshotId.optional(),
   /**

@@ -36,6 +36,7 @@ import {
 } from "@boxcar/protocol";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
 import { AgentPaths, collectSecrets } from "./agent-contract.js";
+import { cloneInto } from "./git-seed.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 import { StreamRedactor } from "./redactor.js";
 import type { SandboxBackend, SandboxProvider, SessionFiles, SessionSandbox } from "./sandbox.js";
@@ -44,7 +45,7 @@ import type { ResolvedWorkerOptions } from "./worker-options.js";
 import { unpackInto } from "./workspace-archive.js";
 import { workspaceCwd } from "./workspace-path.js";
 
-/** The most a snapshot may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
+/** The most a snapshot or a clone may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
 const SNAPSHOT_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
 
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
@@ -194,11 +195,26 @@ export class SessionHost {
     // Whatever a command gets its caller can read (`env`, a file): the agent's secrets go to an admin's sessions only.
     const secrets = byAdmin ? collectSecrets(agent, options.secretsEnv) : new Map<string, string>();
     if (!this.ctx.slots.tryAcquire()) throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
+    // What the workspace starts with: a snapshot's files, or a clone made here, outside the sandbox.
+    let source: SessionRecord["source"];
+    const { git } = request;
+    const seed =
+      from !== undefined
+        ? async (workspace: LocalWorkspace) => {
+            await this.restore(from, workspace);
+            source = { snapshot: from };
+          }
+        : git !== undefined
+          ? async (workspace: LocalWorkspace) => {
+              const { commit } = await cloneInto(git, workspace.dir, agent, options.secretsEnv, SNAPSHOT_LIMITS);
+              source = { git: { url: git.url, ...(git.ref !== undefined ? { ref: git.ref } : {}), commit } };
+            }
+          : undefined;
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
         { id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime },
-        from === undefined ? undefined : (workspace) => this.restore(from, workspace),
+        seed,
       );
     } catch (err) {
       this.ctx.slots.release(1);
@@ -219,6 +235,7 @@ export class SessionHost {
       idleTimeoutMs: request.idleTimeout,
       expiresAt: new Date(now + request.maxLifetime).toISOString(),
       execs: 0,
+      ...(source ? { source } : {}),
     };
     const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env } };
     this.held.set(id, held);

@@ -43,8 +43,9 @@ test("attack: a folder swapped for a link to / over and over while it is measure
   try {
     let largest = 0;
     for (let i = 0; i < 300; i++) largest = Math.max(largest, (await measureWorkspace(dir, roomy)).entries);
-    // a (or b, or the link) and its 20 files, and at most the link and the folder at once.
-    expect(largest).toBeLessThanOrEqual(23);
+    // The folder and its 20 files, seen at most twice (as `a` and as `b`, renamed between two
+    // looks), and the link: never what / holds (the walk before this one counted over 200).
+    expect(largest).toBeLessThanOrEqual(43);
   } finally {
     swapper.kill("SIGKILL");
   }

@@ -7,7 +7,7 @@ import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { optionalDuration } from "./roles.js";
 
-const usage = `boxcar session open AGENT [--from SNAPSHOT] [--idle 10m] [--lifetime 8h] | open --from SNAPSHOT
+const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N]] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
@@ -26,6 +26,9 @@ export const session: Command = {
     cwd: { type: "string" },
     stdin: { type: "string" },
     from: { type: "string" },
+    git: { type: "string" },
+    ref: { type: "string" },
+    depth: { type: "string" },
     file: { type: "string", default: "-" },
     follow: { type: "boolean", short: "f", default: false },
     executable: { type: "boolean", default: false },
@@ -49,12 +52,14 @@ export const session: Command = {
         // The agent, or a snapshot (whose agent it then is), or both.
         const from = ctx.values.from as string | undefined;
         const agent = from !== undefined && !first ? undefined : one("AGENT");
+        const git = gitSeed(ctx.values as { git?: string; ref?: string; depth?: string });
         const idle = optionalDuration(ctx.values.idle, "--idle");
         const lifetime = optionalDuration(ctx.values.lifetime, "--lifetime");
         await using s = await ctx.session("boxcar-session");
         const opened = await s.client.openSession({
           ...(agent !== undefined ? { agent } : {}),
           ...(from !== undefined ? { from } : {}),
+          ...(git ? { git } : {}),
           ...(idle !== undefined ? { idleTimeout: idle } : {}),
           ...(lifetime !== undefined ? { maxLifetime: lifetime } : {}),
         });
@@ -211,6 +216,18 @@ export const session: Command = {
     }
   },
 };
+
+/** The repository `--git` names, with `--ref` and `--depth`; undefined without `--git`. */
+function gitSeed(values: { git?: string; ref?: string; depth?: string }): { url: string; ref?: string; depth?: number } | undefined {
+  if (values.git === undefined) {
+    if (values.ref !== undefined || values.depth !== undefined) throw new UsageError("--ref and --depth go with --git URL");
+    return undefined;
+  }
+  const depth = values.depth === undefined ? undefined : Number(values.depth);
+  if (depth !== undefined && !(Number.isInteger(depth) && depth >= 1))
+    throw new UsageError(`--depth takes a whole number of commits, got ${values.depth}`);
+  return { url: values.git, ...(values.ref !== undefined ? { ref: values.ref } : {}), ...(depth !== undefined ? { depth } : {}) };
+}
 
 /** A file's bytes (`-`: this process's stdin), at most `max` of them. */
 async function readInput(io: { stdin?: NodeJS.ReadableStream }, source: string, max: number, flag: string): Promise<Buffer> {
