@@ -470,6 +470,34 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     expect((await cli(["session", "close", id])).code).toBe(0);
   });
 
+  test("a user's quota of sessions: the next one is refused while it holds its quota, and opens once one closes", async () => {
+    const admin = await system.as("admin", "admin");
+    const carol = await system.as("carol", "submitter");
+    const policy = await admin.client.getPolicy();
+    await admin.client.setPolicy({ ...policy, quotas: { ...policy.quotas, users: { ...policy.quotas.users, carol: { sessions: 1 } } } });
+    const first = await carol.client.openSession({ agent: "box" });
+    await eventually(
+      () =>
+        carol.client.openSession({ agent: "box" }).then(
+          async (extra) => {
+            await carol.client.closeSession(extra.id); // the policy had not reached the dispatcher yet
+            return undefined;
+          },
+          (err: BoxcarError) => err,
+        ),
+      "the quota to apply",
+    ).then((err) =>
+      expect(err).toMatchObject({ code: "quota_exceeded", message: expect.stringContaining("1 sessions open and a quota of 1") }),
+    );
+    await carol.client.closeSession(first.id);
+    const again = await carol.client.openSession({ agent: "box" });
+    await carol.client.closeSession(again.id);
+    // Another user's sessions are not carol's.
+    const alices = await alice.client.openSession({ agent: "box" });
+    const carols = await carol.client.openSession({ agent: "box" });
+    await Promise.all([alice.client.closeSession(alices.id), carol.client.closeSession(carols.id)]);
+  });
+
   test("a submitter may not open a host session even where the worker could hold one", async () => {
     const admin = await system.as("admin", "admin");
     await admin.client.applyAgent({ name: "hosted", command: ["true"], trusted: true, sessions: true, runtime: { sandbox: "host" } });

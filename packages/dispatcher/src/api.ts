@@ -62,11 +62,16 @@ export interface ApiParts {
 export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
-  const sessions = new SessionDesk(topology, ctx.workers, async (name) => {
-    const agent = await getAgent(topology, name);
-    checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
-    return agent;
-  });
+  const sessions = new SessionDesk(
+    topology,
+    ctx.workers,
+    async (name) => {
+      const agent = await getAgent(topology, name);
+      checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
+      return agent;
+    },
+    () => ctx.policy,
+  );
   return {
     [ApiEndpoint.sessionsOpen]: async (body, caller) => ({
       session: await sessions.open(requestOf(ApiEndpoint.sessionsOpen, body), caller),

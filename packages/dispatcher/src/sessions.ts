@@ -16,11 +16,13 @@ import {
   type ExecReply,
   type Identity,
   mayAccess,
+  quotaOf,
   type SessionRecord,
   SessionRecord as SessionRecordSchema,
   type SessionState,
   type SnapshotInfo,
   SnapshotInfo as SnapshotInfoSchema,
+  type SystemPolicy,
   WorkerReply,
 } from "@boxcar/protocol";
 import type { ObjectInfo } from "@nats-io/obj";
@@ -65,12 +67,15 @@ export class SessionDesk {
     private readonly topology: Topology,
     private readonly workers: WorkerDirectory,
     private readonly agentOf: (name: string) => Promise<AgentDefinition>,
+    /** The system policy as this dispatcher holds it now (users' quotas). */
+    private readonly policy: () => { policy: SystemPolicy },
   ) {}
 
   async open(
     request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
     caller: Identity,
   ): Promise<SessionRecord> {
+    await this.checkQuota(caller);
     const snapshot = request.from === undefined ? undefined : await this.snapshot(request.from, caller);
     const agent = await this.agentOf(request.agent ?? (snapshot?.agent as string));
     if (!agent.sessions) {
@@ -86,6 +91,24 @@ export class SessionDesk {
     // agent's secrets. The worker holds to both.
     const asked = { id, owner: caller.user, request, agent, byAdmin: caller.role === "admin", ...(snapshot ? { from: snapshot.id } : {}) };
     return (await this.ask(worker.id, "open", asked, OPEN_TIMEOUT_MS)) as SessionRecord;
+  }
+
+  /**
+   * Refuses a new session to a caller who holds as many open as its quota allows (admins have
+   * none). Counted from the sessions bucket (a session whose worker is gone does not count), so
+   * two opens through two dispatchers at the same moment may both pass, as with jobs' quotas.
+   */
+  private async checkQuota(caller: Identity): Promise<void> {
+    if (caller.role === "admin") return;
+    const most = quotaOf(this.policy().policy, caller.user).sessions;
+    if (most === undefined) return;
+    const open = (await this.list({ state: "open", limit: 1000 }, caller)).filter((s) => s.owner === caller.user).length;
+    if (open >= most) {
+      throw new BoxcarError(
+        ErrorCode.quotaExceeded,
+        `${caller.user} has ${open} sessions open and a quota of ${most}: close one (boxcar sessions lists them), or ask an admin for a larger quota`,
+      );
+    }
   }
 
   /** Stores the session's workspace as a snapshot (its worker packs it, a container paused meanwhile). */

@@ -83,6 +83,7 @@ export function checkAgentPolicy(agent: AgentDefinition, policy: AgentPolicy | u
 export const Quota = z.strictObject({
   queued: z.number().int().nonnegative().optional().describe("jobs accepted or queued, not yet started"),
   running: z.number().int().nonnegative().optional().describe("jobs running"),
+  sessions: z.number().int().nonnegative().optional().describe("sessions open at once (each holds a worker's slot)"),
 });
 export type Quota = z.infer<typeof Quota>;
 
