@@ -6,7 +6,8 @@
  */
 
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { createServer as createHttpsServer } from "node:https";
 import { createServer, Socket } from "node:net";
 import { hostname } from "node:os";
 import { join } from "node:path";
@@ -129,7 +130,12 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     // From outside the command's process group, so the command itself ends normally.
     await alice.client.execInSession({
       id: session.id,
-      argv: ["sh", "-c", 'p=$PPID; setsid sh -c "sleep 1; kill -STOP $p" </dev/null >/dev/null 2>&1 &'],
+      // It waits until the stopper has left its process group (which the helper kills when the command ends).
+      argv: [
+        "sh",
+        "-c",
+        'p=$PPID; setsid sh -c "echo x > /tmp/stopper; sleep 1; kill -STOP $p" </dev/null >/dev/null 2>&1 & while [ ! -s /tmp/stopper ]; do sleep 0.05; done',
+      ],
     });
     // Until the helper is stopped (on a busy machine the sleep may take longer than a second).
     const container = engine.getContainer((await containerOf(session.id))?.Id as string);
@@ -370,6 +376,48 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
       await folder?.[Symbol.asyncDispose]();
     });
 
+    test("attack: a listed https host that redirects gets no clone followed elsewhere, and the credential goes to no other host", async () => {
+      // A self-signed certificate the worker's git trusts (as an operator's GIT_SSL_CAINFO would say).
+      const tls = join(base, "tls");
+      execFileSync("sh", [
+        "-c",
+        `mkdir -p ${tls} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ${tls}/key.pem -out ${tls}/cert.pem -days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 2>/dev/null`,
+      ]);
+      const credentials = { key: readFileSync(join(tls, "key.pem")), cert: readFileSync(join(tls, "cert.pem")) };
+      const elsewhere: string[] = [];
+      const other = createHttpsServer(credentials, (req, res) => {
+        elsewhere.push(`${req.url} ${req.headers.authorization ?? "no credential"}`);
+        res.writeHead(404).end();
+      });
+      const listed = createHttpsServer(credentials, (req, res) => {
+        res.writeHead(302, { location: `https://127.0.0.1:${(other.address() as { port: number }).port}${req.url}` }).end();
+      });
+      await Promise.all([other, listed].map((server) => new Promise<void>((r) => server.listen(0, "127.0.0.1", r))));
+      const port = (listed.address() as { port: number }).port;
+      const admin = await system.as("admin", "admin");
+      await admin.client.applyAgent({
+        name: "box-redirect",
+        command: ["true"],
+        sessions: true,
+        git: { hosts: [`127.0.0.1:${port}`], credential: "BOX_TOKEN" },
+        runtime: { sandbox: "docker" },
+      });
+      process.env.GIT_SSL_CAINFO = join(tls, "cert.pem");
+      try {
+        await expect(
+          alice.client.openSession({ agent: "box-redirect", git: { url: `https://127.0.0.1:${port}/repo.git` } }),
+        ).rejects.toMatchObject({
+          code: "invalid",
+          message: expect.stringContaining("git clone failed"),
+        });
+      } finally {
+        delete process.env.GIT_SSL_CAINFO;
+        other.close();
+        listed.close();
+      }
+      expect(elsewhere).toEqual([]);
+    });
+
     test("a branch at a depth: its files, its one commit, its symlink as a plain file; the record names the commit", async () => {
       const session = await alice.client.openSession({ agent: "box-git", git: { url, ref: "feature", depth: 1 } });
       expect(session.source).toEqual({ git: { url, ref: "feature", commit: feature } });
@@ -386,13 +434,23 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
       await alice.client.closeSession(session.id);
     });
 
-    test("refused: a host the agent does not list, an agent with no git hosts, a user in the URL, a missing branch, a snapshot and git at once", async () => {
+    test("refused: a host the agent does not list (or lists without the port), an agent with no git hosts, a user in the URL, a missing branch, a snapshot and git at once", async () => {
+      const admin = await system.as("admin", "admin");
       const other = url.replace("127.0.0.1", "localhost");
       await expect(alice.client.openSession({ agent: "box-git", git: { url: other } })).rejects.toMatchObject({
         code: "forbidden",
         message: expect.stringContaining("clones only from 127.0.0.1"),
       });
       await expect(alice.client.openSession({ agent: "box", git: { url } })).rejects.toMatchObject({ code: "forbidden" });
+      // A name without its port allows the scheme's own port only.
+      await admin.client.applyAgent({
+        name: "box-git-noport",
+        command: ["true"],
+        sessions: true,
+        git: { hosts: ["127.0.0.1"] },
+        runtime: { sandbox: "docker" },
+      });
+      await expect(alice.client.openSession({ agent: "box-git-noport", git: { url } })).rejects.toMatchObject({ code: "forbidden" });
       await expect(
         alice.client.openSession({ agent: "box-git", git: { url: url.replace("git://", "git://me:pw@") } }),
       ).rejects.toMatchObject({
@@ -409,6 +467,24 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
       ).toEqual([]);
     });
   });
+
+  test("a snapshot is one at a time and keeps its session busy: a second is refused, the idle clock waits for it", async () => {
+    const session = await alice.client.openSession({ agent: "box", idleTimeout: "1s" });
+    // Enough to take longer than the idle bound to store.
+    await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "head -c 200000000 /dev/zero > big"] });
+    const started = Date.now();
+    const [first, second] = await Promise.allSettled([alice.client.snapshotSession(session.id), alice.client.snapshotSession(session.id)]);
+    const took = Date.now() - started;
+    const taken = [first, second].filter((r) => r.status === "fulfilled");
+    const refused = [first, second].flatMap((r) => (r.status === "rejected" ? [r.reason] : []));
+    expect(taken).toHaveLength(1);
+    expect(refused).toMatchObject([{ code: "conflict", message: expect.stringContaining("one snapshot at a time") }]);
+    expect((taken[0] as PromiseFulfilledResult<{ size: number }>).value.size).toBeGreaterThan(200_000_000);
+    // It outlasted the idle bound and the session was not closed under it (its idle clock starts again after).
+    if (took > 1_500) expect((await alice.client.getSession(session.id)).state).toBe("open");
+    await closedSoon(session.id);
+    await alice.client.removeSnapshot((taken[0] as PromiseFulfilledResult<{ id: string }>).value.id);
+  }, 60_000);
 
   test("an idle session closes by itself: its container and workspace removed", async () => {
     const session = await alice.client.openSession({ agent: "box", idleTimeout: "2s" });
@@ -470,11 +546,14 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     expect((await cli(["session", "close", id])).code).toBe(0);
   });
 
-  test("a user's quota of sessions: the next one is refused while it holds its quota, and opens once one closes", async () => {
+  test("a user's quotas of sessions and snapshots: the next one is refused while it holds its quota, and opens once one closes", async () => {
     const admin = await system.as("admin", "admin");
     const carol = await system.as("carol", "submitter");
     const policy = await admin.client.getPolicy();
-    await admin.client.setPolicy({ ...policy, quotas: { ...policy.quotas, users: { ...policy.quotas.users, carol: { sessions: 1 } } } });
+    await admin.client.setPolicy({
+      ...policy,
+      quotas: { ...policy.quotas, users: { ...policy.quotas.users, carol: { sessions: 1, snapshots: 1 } } },
+    });
     const first = await carol.client.openSession({ agent: "box" });
     await eventually(
       () =>
@@ -489,6 +568,12 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     ).then((err) =>
       expect(err).toMatchObject({ code: "quota_exceeded", message: expect.stringContaining("1 sessions open and a quota of 1") }),
     );
+    const kept = await carol.client.snapshotSession(first.id);
+    await expect(carol.client.snapshotSession(first.id)).rejects.toMatchObject({
+      code: "quota_exceeded",
+      message: expect.stringContaining("keeps 1 snapshots and a quota of 1"),
+    });
+    await carol.client.removeSnapshot(kept.id);
     await carol.client.closeSession(first.id);
     const again = await carol.client.openSession({ agent: "box" });
     await carol.client.closeSession(again.id);

@@ -47,6 +47,8 @@ describe.skipIf(!ready)("the tool-calling example (examples/sessions)", () => {
     expect(escaping).toMatchObject({ isError: true, output: expect.stringMatching(/^invalid/) });
     const failing = await runTool(alice.client, session.id, { id: "3", name: "bash", input: { command: "echo oops >&2; exit 3" } });
     expect(failing).toEqual({ id: "3", isError: true, output: "exit 3\n\nstderr:\noops\n" });
+    const unknown = await runTool(alice.client, session.id, { id: "4", name: "rm_rf", input: {} } as never);
+    expect(unknown).toEqual({ id: "4", isError: true, output: 'no tool "rm_rf": use bash, read_file or write_file' });
     await alice.client.closeSession(session.id);
   });
 

@@ -115,6 +115,13 @@ export async function runTool(client: BoxcarClient, sessionId: string, call: Too
         const wrote = await client.writeSessionFile(sessionId, call.input.path, call.input.content);
         return { id: call.id, output: `wrote ${wrote.size} bytes to ${wrote.path}`, isError: false };
       }
+      default:
+        // A model may name a tool there is none of: it reads that, as any other failure.
+        return {
+          id: (call as { id: string }).id,
+          output: `no tool ${JSON.stringify((call as { name: unknown }).name)}: use bash, read_file or write_file`,
+          isError: true,
+        };
     }
   } catch (err) {
     if (err instanceof BoxcarError) return { id: call.id, output: `${err.code}: ${err.message}`, isError: true };

@@ -28,16 +28,21 @@ const nc = await connectNats(connection, "boxcar-example-agent");
 try {
   const client = createClient({ nc, names: names(values.prefix) }, { identity: connection.identity });
   const run = await runAgent(client, { agent: values.agent, task, model, onTurn: print });
-  process.stdout.write(`\nanswer: ${run.answer}\n`);
+  say(`\nanswer: ${run.answer}`);
 } finally {
   await nc.close();
 }
 
 function print(turn: Turn): void {
-  if (turn.role === "user") process.stdout.write(`task: ${turn.text}\n`);
+  if (turn.role === "user") say(`task: ${turn.text}`);
   else if (turn.role === "assistant") {
-    if (turn.text) process.stdout.write(`model: ${turn.text}\n`);
-    for (const call of turn.calls) process.stdout.write(`  -> ${call.name} ${JSON.stringify(call.input).slice(0, 200)}\n`);
-  } else
-    for (const result of turn.results) process.stdout.write(`  <- ${result.output.split("\n")[0]}${result.isError ? " (error)" : ""}\n`);
+    if (turn.text) say(`model: ${turn.text}`);
+    for (const call of turn.calls) say(`  -> ${call.name} ${JSON.stringify(call.input).slice(0, 200)}`);
+  } else for (const result of turn.results) say(`  <- ${result.output.split("\n")[0]}${result.isError ? " (error)" : ""}`);
+}
+
+/** A line to the terminal, without the control characters a model or a command could put in it (escape sequences). */
+function say(line: string): void {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: they are what is taken out
+  process.stdout.write(`${line.replace(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/g, "")}\n`);
 }

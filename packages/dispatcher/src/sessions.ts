@@ -62,6 +62,8 @@ export class SessionDesk {
    * longer holds, and then the record is read again): a command costs no read of the bucket.
    */
   private readonly known = new Map<string, SessionRecord>();
+  /** Sessions being opened through this dispatcher, by user: counted toward the quota. */
+  private readonly opening = new Map<string, number>();
 
   constructor(
     private readonly topology: Topology,
@@ -75,7 +77,22 @@ export class SessionDesk {
     request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
     caller: Identity,
   ): Promise<SessionRecord> {
+    // Counted while it opens, so that opens at once through this dispatcher cannot all pass the quota.
     await this.checkQuota(caller);
+    this.opening.set(caller.user, (this.opening.get(caller.user) ?? 0) + 1);
+    try {
+      return await this.openChecked(request, caller);
+    } finally {
+      const left = (this.opening.get(caller.user) ?? 1) - 1;
+      if (left > 0) this.opening.set(caller.user, left);
+      else this.opening.delete(caller.user);
+    }
+  }
+
+  private async openChecked(
+    request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
+    caller: Identity,
+  ): Promise<SessionRecord> {
     const snapshot = request.from === undefined ? undefined : await this.snapshot(request.from, caller);
     const agent = await this.agentOf(request.agent ?? (snapshot?.agent as string));
     if (!agent.sessions) {
@@ -95,14 +112,17 @@ export class SessionDesk {
 
   /**
    * Refuses a new session to a caller who holds as many open as its quota allows (admins have
-   * none). Counted from the sessions bucket (a session whose worker is gone does not count), so
-   * two opens through two dispatchers at the same moment may both pass, as with jobs' quotas.
+   * none). Counted from the sessions bucket (a session whose worker is gone does not count) and
+   * the opens under way here, so two opens through two dispatchers at the same moment may both
+   * pass, as with jobs' quotas.
    */
   private async checkQuota(caller: Identity): Promise<void> {
     if (caller.role === "admin") return;
     const most = quotaOf(this.policy().policy, caller.user).sessions;
     if (most === undefined) return;
-    const open = (await this.list({ state: "open", limit: 1000 }, caller)).filter((s) => s.owner === caller.user).length;
+    const open =
+      (await this.list({ state: "open", limit: 1000 }, caller)).filter((s) => s.owner === caller.user).length +
+      (this.opening.get(caller.user) ?? 0);
     if (open >= most) {
       throw new BoxcarError(
         ErrorCode.quotaExceeded,
@@ -114,6 +134,16 @@ export class SessionDesk {
   /** Stores the session's workspace as a snapshot (its worker packs it, a container paused meanwhile). */
   async takeSnapshot(id: string, caller: Identity): Promise<SnapshotInfo> {
     const session = await this.usable(id, caller);
+    const most = caller.role === "admin" ? undefined : quotaOf(this.policy().policy, caller.user).snapshots;
+    if (most !== undefined) {
+      const kept = (await this.snapshots(caller)).filter((s) => s.owner === caller.user).length;
+      if (kept >= most) {
+        throw new BoxcarError(
+          ErrorCode.quotaExceeded,
+          `${caller.user} keeps ${kept} snapshots and a quota of ${most}: remove some (boxcar snapshots rm), or ask an admin for a larger quota`,
+        );
+      }
+    }
     return (await this.held(session, "snapshot", { id }, SNAPSHOT_TIMEOUT_MS)) as SnapshotInfo;
   }
 

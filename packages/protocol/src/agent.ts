@@ -122,7 +122,9 @@ export const AgentDefinition = z.strictObject({
         .array(z.string().regex(/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/, "a host name, with :port where it is not the default"))
         .min(1)
         .max(64)
-        .describe("the hosts its sessions may clone from (https:// or git://), by name, with :port where it is not the default"),
+        .describe(
+          "the hosts its sessions may clone from (https:// or git://), by name, with :port where it is not the scheme's own (a name alone allows that port only)",
+        ),
       credential: EnvName.optional().describe(
         "a variable of the worker's environment (on its secrets allow-list) sent as the HTTPS password to those hosts when cloning; never given to the session",
       ),

@@ -84,6 +84,7 @@ export const Quota = z.strictObject({
   queued: z.number().int().nonnegative().optional().describe("jobs accepted or queued, not yet started"),
   running: z.number().int().nonnegative().optional().describe("jobs running"),
   sessions: z.number().int().nonnegative().optional().describe("sessions open at once (each holds a worker's slot)"),
+  snapshots: z.number().int().nonnegative().optional().describe("snapshots of sessions kept (each holds up to 1 GiB of the store)"),
 });
 export type Quota = z.infer<typeof Quota>;
 

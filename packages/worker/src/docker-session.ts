@@ -87,6 +87,8 @@ export class DockerSession implements SessionSandbox {
   private running: string | undefined;
   /** File operations sent and not yet answered. */
   private fileOperations = 0;
+  /** Paused by the worker (a snapshot): the helper cannot answer, and is not counted late for it. */
+  private paused = false;
   private count = 0;
   private buffered = "";
   private readonly quota: WorkspaceQuota;
@@ -221,9 +223,12 @@ export class DockerSession implements SessionSandbox {
       };
       if (fileOperation) {
         this.fileOperations += 1;
-        timer = setTimeout(
+        timer = this.unlessPaused(
           () => this.kill(`its helper did not answer a file operation within ${FILE_OPERATION_TIMEOUT_MS / 1000} s`),
           FILE_OPERATION_TIMEOUT_MS,
+          (next) => {
+            timer = next;
+          },
         );
       }
       this.pending.set(id, {
@@ -250,9 +255,12 @@ export class DockerSession implements SessionSandbox {
     const onAbort = () => {
       aborted = true;
       this.stream.write(`${JSON.stringify({ t: "kill", id })}\n`);
-      backstop = setTimeout(
+      backstop = this.unlessPaused(
         () => this.kill(`its helper did not end command ${id} within ${KILL_TIMEOUT_MS / 1000} s of being told to`),
         KILL_TIMEOUT_MS,
+        (next) => {
+          backstop = next;
+        },
       );
     };
     this.running = id;
@@ -293,18 +301,40 @@ export class DockerSession implements SessionSandbox {
    */
   async packWorkspace(): Promise<Readable> {
     if (this.endedWith !== undefined) throw this.endedError();
-    await this.container.pause();
+    this.paused = true;
+    try {
+      await this.container.pause();
+    } catch (err) {
+      this.paused = false;
+      throw err;
+    }
     let resumed = false;
     const resume = () => {
       if (resumed) return;
       resumed = true;
-      void this.container.unpause().catch(() => undefined);
+      void this.container
+        .unpause()
+        .catch(() => undefined)
+        .finally(() => {
+          this.paused = false;
+        });
     };
     const archive = packFolder(this.files.dir, this.spec.owner);
     archive.once("end", resume);
     archive.once("close", resume);
     archive.once("error", resume);
     return archive;
+  }
+
+  /**
+   * Runs `late` after `ms`, unless the container is paused then (a snapshot): the helper is held
+   * still by the worker, not failing; the wait starts again once it runs. `rearmed` gets each new timer.
+   */
+  private unlessPaused(late: () => void, ms: number, rearmed: (timer: NodeJS.Timeout) => void): NodeJS.Timeout {
+    return setTimeout(() => {
+      if (this.paused) rearmed(this.unlessPaused(late, ms, rearmed));
+      else late();
+    }, ms);
   }
 
   /** Ends the session's container (its quota broken, its helper misbehaving): `ended` says why. */

@@ -6,13 +6,14 @@ import { type AgentDefinition, BoxcarError, ErrorCode, type GitSeed } from "@box
 import { signalGroup } from "./process-group.js";
 import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
 
-/** How long a clone may take. */
-const CLONE_TIMEOUT_MS = 5 * 60_000;
+/** How long a clone may take: within the 120 s a dispatcher waits for a session to open. */
+const CLONE_TIMEOUT_MS = 90_000;
 
 /**
  * Clones `seed` into the empty folder `dir` with the worker's `git`, before anything of the
- * session runs (docs/sessions.md#git). Only from the hosts the agent's `git.hosts` lists, over
- * https or git; with the agent's `git.credential` (a worker secret) sent to those hosts only,
+ * session runs (docs/sessions.md#git). Only from the hosts the agent's `git.hosts` lists (with
+ * their ports), over https or git, following no redirect; with the agent's `git.credential` (a
+ * worker secret) sent to those hosts only,
  * through the environment of this one command, so it is written nowhere in the workspace. No
  * configuration of the worker's user or system is read, symlinks are checked out as plain files,
  * and submodules are not fetched. Returns the commit checked out.
@@ -24,9 +25,15 @@ export async function cloneInto(
   secretsEnv: Readonly<Record<string, string | undefined>>,
   limits: WorkspaceLimits,
 ): Promise<{ commit: string }> {
-  const url = new URL(seed.url);
+  let url: URL;
+  try {
+    url = new URL(seed.url);
+  } catch {
+    throw new BoxcarError(ErrorCode.invalid, `git.url ${JSON.stringify(seed.url)} is not a URL`);
+  }
   const allowed = agent.git?.hosts ?? [];
-  if (!allowed.some((host) => host === url.host || host === url.hostname)) {
+  // The host with its port, as written: a bare name allows that name on the scheme's own port only.
+  if (!allowed.includes(url.host)) {
     throw new BoxcarError(
       ErrorCode.forbidden,
       allowed.length === 0
@@ -41,6 +48,8 @@ export async function cloneInto(
     GIT_CONFIG_NOSYSTEM: "1",
     GIT_CONFIG_GLOBAL: "/dev/null",
     GIT_ALLOW_PROTOCOL: "https:git",
+    // The worker's own choice of certificate authorities (a private git server's), if it has one.
+    ...(process.env.GIT_SSL_CAINFO ? { GIT_SSL_CAINFO: process.env.GIT_SSL_CAINFO } : {}),
   };
   const secret = agent.git?.credential;
   let token: string | undefined;
@@ -63,7 +72,11 @@ export async function cloneInto(
   const home = await mkdtemp(join(tmpdir(), "boxcar-git-"));
   env.HOME = home;
   try {
-    const args = ["-c", "core.symlinks=false", "-c", "protocol.file.allow=never", "clone", "--no-recurse-submodules", "--quiet"];
+    // No redirects: a listed host must not send the clone, and the credential, to another one.
+    const args = [
+      ...["-c", "core.symlinks=false", "-c", "protocol.file.allow=never", "-c", "http.followRedirects=false"],
+      ...["clone", "--no-recurse-submodules", "--quiet"],
+    ];
     if (seed.depth !== undefined) args.push("--depth", String(seed.depth));
     if (seed.ref !== undefined) args.push("--branch", seed.ref);
     await git([...args, "--", seed.url, "."], dir, env, token, limits);
@@ -91,7 +104,7 @@ function git(
       stopped ??= why;
       if (child.pid !== undefined) signalGroup(child.pid, "SIGKILL");
     };
-    const timer = setTimeout(() => stop(`the clone took more than ${CLONE_TIMEOUT_MS / 60_000} minutes`), CLONE_TIMEOUT_MS);
+    const timer = setTimeout(() => stop(`the clone took more than ${CLONE_TIMEOUT_MS / 1000} s`), CLONE_TIMEOUT_MS);
     // A repository larger than the workspace may hold is stopped as it comes, not once it is all on disk.
     const quota = new WorkspaceQuota(dir, limits, (reason) => stop(`${reason} while cloning`));
     child.stdout.on("data", (chunk: Buffer) => {

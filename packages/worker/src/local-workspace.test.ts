@@ -28,3 +28,14 @@ describe.skipIf(!asRoot)("LocalWorkspace.remove for a worker that runs as the ag
     expect(stdout).toBe("gone");
   });
 });
+
+test("attack: a workspace nested past the length of a path (which Node's rm cannot name) is removed all the same", async () => {
+  const { WorkspaceRoot } = await import("./local-workspace.js");
+  const { tmpdir } = await import("node:os");
+  const { existsSync } = await import("node:fs");
+  const ws = await new WorkspaceRoot(tmpdir()).create({ workerId: "w-test", sandboxId: "deep" });
+  // 3000 levels of `d/`: 6000 characters, past PATH_MAX (4096).
+  await run("sh", ["-c", "for i in $(seq 1 3000); do mkdir d && cd d; done; echo kept > data"], { cwd: ws.dir });
+  await ws.remove();
+  expect(existsSync(ws.dir)).toBe(false);
+});

@@ -1,3 +1,4 @@
+import { execFile } from "node:child_process";
 import { constants } from "node:fs";
 import { chmod, type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath, rm } from "node:fs/promises";
 import { join } from "node:path";
@@ -164,6 +165,9 @@ export class LocalWorkspace {
    */
   remove(): Promise<void> {
     this.removed ??= rm(this.dir, { recursive: true, force: true }).catch(async (err: NodeJS.ErrnoException) => {
+      // Folders nested past the length of a path (an agent's `mkdir` in a loop): Node cannot name
+      // them, GNU rm walks them by descriptor.
+      if (err.code === "ENAMETOOLONG") return removeDeep(this.dir);
       if (err.code !== "EACCES" && err.code !== "EPERM") throw err;
       await openUp(this.dir);
       await rm(this.dir, { recursive: true, force: true });
@@ -238,6 +242,15 @@ export class LocalSessionFiles implements SessionFiles {
   remove(path: string): Promise<boolean> {
     return this.files.removePath(path);
   }
+}
+
+/** Removes a folder however deep it goes, with the system's `rm` (never leaving its file system). */
+function removeDeep(dir: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    execFile("rm", ["-rf", "--one-file-system", "--", dir], (err, _stdout, stderr) =>
+      err ? reject(new Error(`could not remove ${dir}: ${stderr.trim() || err.message}`)) : resolve(),
+    );
+  });
 }
 
 /** Opens without following a symlink in the last segment; a symlink there is an escape attempt. */

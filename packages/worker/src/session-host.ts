@@ -34,6 +34,7 @@ import {
   WorkerOpenSession,
   WriteSessionFile,
 } from "@boxcar/protocol";
+import type { ObjectStore } from "@nats-io/obj";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
 import { AgentPaths, collectSecrets } from "./agent-contract.js";
 import { cloneInto } from "./git-seed.js";
@@ -57,6 +58,8 @@ interface HeldSession {
   secrets: Map<string, string>;
   /** The agent's own environment variables. */
   env: Record<string, string>;
+  /** A snapshot is being taken (one at a time; the idle clock waits). */
+  snapshotting?: boolean;
   /** The command running now, if any: its id, how to stop it, and whether its owner cancelled it. */
   running?: { execId: string; stop: AbortController; cancelled: boolean };
   idle?: NodeJS.Timeout;
@@ -359,14 +362,32 @@ export class SessionHost {
    */
   private async snapshot(id: string): Promise<SnapshotInfo> {
     const held = this.holding(id);
+    if (held.snapshotting) throw new BoxcarError(ErrorCode.conflict, `session ${id} is being snapshotted: one snapshot at a time`);
     const snapshotId = `snap-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
     const createdAt = nowIso();
-    const store = await this.ctx.topology.snapshots();
-    const archive = await held.sandbox.packWorkspace();
-    const info = await store.put(
-      { name: snapshotId, metadata: { owner: held.record.owner, agent: held.record.agent, session: id, createdAt } },
-      Readable.toWeb(archive) as ReadableStream<Uint8Array>,
-    );
+    // Busy while it is taken (from before the first wait, so a second is refused): the idle clock waits, as for a command.
+    held.snapshotting = true;
+    clearTimeout(held.idle);
+    let info: Awaited<ReturnType<ObjectStore["put"]>>;
+    try {
+      const store = await this.ctx.topology.snapshots();
+      const archive = await held.sandbox.packWorkspace();
+      info = await store.put(
+        { name: snapshotId, metadata: { owner: held.record.owner, agent: held.record.agent, session: id, createdAt } },
+        Readable.toWeb(archive) as ReadableStream<Uint8Array>,
+      );
+    } catch (err) {
+      if (err instanceof BoxcarError) throw err;
+      // Not the worker's paths: the caller learns what failed, the log has the rest.
+      this.ctx.log.warn({ err, session: id }, "could not take a snapshot");
+      throw new BoxcarError(
+        ErrorCode.sandboxFailed,
+        `could not take a snapshot of session ${id}${this.held.has(id) ? "" : ": it closed meanwhile"}`,
+      );
+    } finally {
+      held.snapshotting = false;
+      if (this.held.get(id) === held && !held.running) this.idleFrom(held);
+    }
     const snapshot: SnapshotInfo = {
       id: snapshotId,
       owner: held.record.owner,
@@ -410,11 +431,12 @@ export class SessionHost {
       await held.sandbox.destroy().catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not remove a session's sandbox"));
       this.ctx.slots.release(1);
       held.record = { ...held.record, state: "closed", closedAt: nowIso(), reason };
+      // The event first: one who sees the record closed (a follower) finds the event stored.
+      await this.event(held, "closed", { reason });
       await this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
     } finally {
       this.closing.delete(id);
     }
-    await this.event(held, "closed", { reason });
     return held.record;
   }
 

@@ -1,4 +1,4 @@
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -49,4 +49,10 @@ test("attack: a folder swapped for a link to / over and over while it is measure
   } finally {
     swapper.kill("SIGKILL");
   }
+});
+
+test("attack: folders nested deeper than the walk will go (to use up its descriptors, or hide data below) break the quota", async () => {
+  execFileSync("sh", ["-c", "for i in $(seq 1 300); do mkdir d && cd d; done; echo hidden > data"], { cwd: dir });
+  const measured = await measureWorkspace(dir, roomy);
+  expect(measured.unmeasurable).toMatch(/nests folders more than 256 deep/);
 });

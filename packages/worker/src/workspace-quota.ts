@@ -12,6 +12,12 @@ export interface WorkspaceLimits {
   maxEntries: number;
 }
 
+/** How deep a workspace's folders may nest (a `node_modules` tree nests a few dozen). */
+const MAX_DEPTH = 256;
+
+/** A workspace the walk cannot measure: breaking the quota, since what it holds is unknown. */
+class Unmeasurable extends Error {}
+
 /** Opens a folder without following a symlink in its last segment. */
 const FOLDER_FLAGS = constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW;
 /** Linux's O_PATH (Node does not name it): a descriptor that pins a file without opening it for reading. */
@@ -27,7 +33,10 @@ async function openFolder(path: string): Promise<FileHandle | undefined> {
   try {
     return await open(path, FOLDER_FLAGS);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== "EACCES") return undefined;
+    const code = (err as NodeJS.ErrnoException).code;
+    // Gone meanwhile: nothing to count. Out of descriptors, or anything else: it cannot be measured, which is a breach.
+    if (code === "ENOENT" || code === "ENOTDIR" || code === "ELOOP") return undefined;
+    if (code !== "EACCES") throw new Unmeasurable(`a folder of the workspace could not be opened (${code})`);
   }
   const pin = await open(path, O_PATH | constants.O_NOFOLLOW | constants.O_DIRECTORY).catch(() => undefined);
   if (!pin) return undefined;
@@ -48,11 +57,16 @@ async function openFolder(path: string): Promise<FileHandle | undefined> {
  * each folder is opened by a descriptor and read, and its entries looked at, through that
  * descriptor (`/proc/self/fd/N/<name>`), so a folder swapped for a symlink is never followed.
  */
-export async function measureWorkspace(dir: string, limits: WorkspaceLimits): Promise<{ bytes: number; entries: number }> {
+export async function measureWorkspace(
+  dir: string,
+  limits: WorkspaceLimits,
+): Promise<{ bytes: number; entries: number; unmeasurable?: string }> {
   let bytes = 0;
   let entries = 0;
   const over = () => bytes > limits.maxBytes || entries > limits.maxEntries;
-  const walk = async (folder: FileHandle): Promise<void> => {
+  const walk = async (folder: FileHandle, depth: number): Promise<void> => {
+    // Each level holds a descriptor: a tree deeper than this is refused, not walked out of descriptors.
+    if (depth > MAX_DEPTH) throw new Unmeasurable(`the workspace nests folders more than ${MAX_DEPTH} deep`);
     const pinned = `/proc/self/fd/${folder.fd}`;
     for (const name of await readdir(pinned).catch(() => [])) {
       if (over()) return;
@@ -64,19 +78,24 @@ export async function measureWorkspace(dir: string, limits: WorkspaceLimits): Pr
       const inner = await openFolder(path);
       if (!inner) continue;
       try {
-        await walk(inner);
+        await walk(inner, depth + 1);
       } finally {
         await inner.close();
       }
     }
   };
-  const root = await openFolder(dir);
-  if (root) {
-    try {
-      await walk(root);
-    } finally {
-      await root.close();
+  try {
+    const root = await openFolder(dir);
+    if (root) {
+      try {
+        await walk(root, 0);
+      } finally {
+        await root.close();
+      }
     }
+  } catch (err) {
+    if (err instanceof Unmeasurable) return { bytes, entries, unmeasurable: err.message };
+    throw err;
   }
   return { bytes, entries };
 }
@@ -109,7 +128,8 @@ export class WorkspaceQuota {
     return this.breachOf(await measureWorkspace(this.dir, this.limits));
   }
 
-  private breachOf({ bytes, entries }: { bytes: number; entries: number }): string | undefined {
+  private breachOf({ bytes, entries, unmeasurable }: { bytes: number; entries: number; unmeasurable?: string }): string | undefined {
+    if (unmeasurable) return unmeasurable;
     if (bytes > this.limits.maxBytes) return `the workspace took more than its quota of ${this.limits.maxBytes} bytes`;
     if (entries > this.limits.maxEntries) return `the workspace held more than its quota of ${this.limits.maxEntries} files and folders`;
     return undefined;
