@@ -468,6 +468,30 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     });
   });
 
+  test("a workspace that starts with a job's artifacts, at their paths; another submitter's job gives none", async () => {
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({
+      name: "maker",
+      command: ["sh", "-c", "mkdir -p out/sub && echo made > out/a.txt && echo deeper > out/sub/b.txt && echo scratch > tmp.txt"],
+      runtime: { sandbox: "docker" },
+    });
+    const { job } = await alice.client.submit({ agent: "maker" });
+    expect((await alice.client.waitForJob(job.id)).state).toBe("succeeded");
+    const session = await alice.client.openSession({ agent: "box", artifactsOf: job.id });
+    expect(session.source).toEqual({ artifactsOf: job.id });
+    const look = await alice.client.execInSession({
+      id: session.id,
+      argv: ["sh", "-c", "cat out/a.txt out/sub/b.txt; ls; echo more >> out/a.txt"],
+    });
+    expect(text(look.stdout)).toBe("made\ndeeper\nout\n");
+    expect(look.exitCode).toBe(0);
+    await alice.client.closeSession(session.id);
+    await expect(bob.client.openSession({ agent: "box", artifactsOf: job.id })).rejects.toMatchObject({ code: "not_found" });
+    await expect(alice.client.openSession({ agent: "box", artifactsOf: job.id, from: "snap-x" })).rejects.toMatchObject({
+      code: "invalid",
+    });
+  });
+
   test("a snapshot is one at a time and keeps its session busy: a second is refused, the idle clock waits for it", async () => {
     const session = await alice.client.openSession({ agent: "box", idleTimeout: "1s" });
     // Enough to take longer than the idle bound to store.

@@ -142,6 +142,7 @@ test("each API request and the data of its reply match the endpoint's published 
   const { snapshot } = await call("sessions.snapshot", { id: session.id });
   await call("snapshots.list", {});
   const resumed = (await call("sessions.open", { from: snapshot.id })).session;
+  await call("sessions.close", { id: (await call("sessions.open", { agent: "echo", artifactsOf: job.id })).session.id });
   await call("sessions.close", { id: resumed.id });
   await call("snapshots.remove", { id: snapshot.id });
   // A command to cancel, once it has started.

@@ -26,6 +26,7 @@ import {
   WorkerReply,
 } from "@boxcar/protocol";
 import type { ObjectInfo } from "@nats-io/obj";
+import { getRecord } from "./admission.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */
@@ -90,10 +91,18 @@ export class SessionDesk {
   }
 
   private async openChecked(
-    request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
+    request: {
+      agent?: string | undefined;
+      from?: string | undefined;
+      artifactsOf?: string | undefined;
+      idleTimeout: number;
+      maxLifetime: number;
+    },
     caller: Identity,
   ): Promise<SessionRecord> {
     const snapshot = request.from === undefined ? undefined : await this.snapshot(request.from, caller);
+    // A job of the caller's (another's is as not found, as with jobs.get): its stored artifacts.
+    const job = request.artifactsOf === undefined ? undefined : await getRecord(this.topology, request.artifactsOf, caller);
     const agent = await this.agentOf(request.agent ?? (snapshot?.agent as string));
     if (!agent.sessions) {
       throw new BoxcarError(
@@ -106,7 +115,15 @@ export class SessionDesk {
     // A host sandbox runs commands as the worker's own user (its credential, other jobs' files):
     // only an admin may run commands of its own there, and only an admin's commands get the
     // agent's secrets. The worker holds to both.
-    const asked = { id, owner: caller.user, request, agent, byAdmin: caller.role === "admin", ...(snapshot ? { from: snapshot.id } : {}) };
+    const asked = {
+      id,
+      owner: caller.user,
+      request,
+      agent,
+      byAdmin: caller.role === "admin",
+      ...(snapshot ? { from: snapshot.id } : {}),
+      ...(job ? { artifacts: { job: job.id, files: job.artifacts } } : {}),
+    };
     return (await this.ask(worker.id, "open", asked, OPEN_TIMEOUT_MS)) as SessionRecord;
   }
 

@@ -8,7 +8,7 @@
 import { z } from "zod";
 import { AgentName, EnvName, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
-import { SandboxInfo } from "./job.js";
+import { Artifact, SandboxInfo } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { durationMs } from "./units.js";
 
@@ -45,6 +45,7 @@ export const SessionRecord = z.looseObject({
   source: z
     .union([
       z.strictObject({ snapshot: z.string() }),
+      z.strictObject({ artifactsOf: z.string() }),
       z.strictObject({ git: z.strictObject({ url: z.string(), ref: z.string().optional(), commit: z.string() }) }),
     ])
     .optional(),
@@ -81,6 +82,8 @@ export const OpenSessionRequest = z
     from: SnapshotId.optional(),
     /** A repository the workspace is cloned from (an agent's `git.hosts` only). */
     git: GitSeed.optional(),
+    /** A job of the caller's whose artifacts the workspace starts with, at their paths. */
+    artifactsOf: z.string().regex(TOKEN_PATTERN, "a job id").optional(),
     idleTimeout: durationMs({ min: 1_000, max: 24 * HOUR })
       .default(10 * 60_000)
       .describe("closed after this long without a command"),
@@ -92,9 +95,9 @@ export const OpenSessionRequest = z
     message: "name an agent, or a snapshot to open `from`",
     path: ["agent"],
   })
-  .refine((r) => r.from === undefined || r.git === undefined, {
-    message: "a workspace starts from a snapshot or from git, not both",
-    path: ["git"],
+  .refine((r) => [r.from, r.git, r.artifactsOf].filter((x) => x !== undefined).length <= 1, {
+    message: "a workspace starts from one of a snapshot (from), a repository (git) or a job's artifacts (artifactsOf)",
+    path: ["from"],
   });
 export type OpenSessionRequest = z.input<typeof OpenSessionRequest>;
 
@@ -215,6 +218,8 @@ export const WorkerOpenSession = z.strictObject({
   request: z.looseObject({ idleTimeout: z.number(), maxLifetime: z.number(), git: GitSeed.optional() }),
   /** The snapshot the workspace starts with, already checked to be the caller's. */
   from: SnapshotId.optional(),
+  /** The artifacts the workspace starts with (of a job checked to be the caller's), and that job. */
+  artifacts: z.strictObject({ job: z.string(), files: z.array(Artifact) }).optional(),
   /**
    * The caller is an admin. Only an admin may open a host session (its commands run as the
    * worker's own user), and only an admin's session gets the agent's secrets (whatever a command

@@ -14,6 +14,7 @@ import type { Logger } from "@boxcar/client";
 import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
+  type Artifact,
   BoxcarError,
   checkAgentPolicy,
   ErrorCode,
@@ -177,7 +178,7 @@ export class SessionHost {
   }
 
   private async open(body: unknown): Promise<SessionRecord> {
-    const { id, owner, request, agent: raw, byAdmin, from } = parseWith(WorkerOpenSession, body, "request");
+    const { id, owner, request, agent: raw, byAdmin, from, artifacts } = parseWith(WorkerOpenSession, body, "request");
     const agent = parseWith(AgentDefinition, raw, "agent");
     const { options } = this.ctx;
     checkAgentPolicy(agent, options.agentPolicy, "this worker's policy");
@@ -212,7 +213,12 @@ export class SessionHost {
               const { commit } = await cloneInto(git, workspace.dir, agent, options.secretsEnv, SNAPSHOT_LIMITS);
               source = { git: { url: git.url, ...(git.ref !== undefined ? { ref: git.ref } : {}), commit } };
             }
-          : undefined;
+          : artifacts !== undefined
+            ? async (workspace: LocalWorkspace) => {
+                await this.copyArtifacts(artifacts.files, workspace);
+                source = { artifactsOf: artifacts.job };
+              }
+            : undefined;
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
@@ -408,6 +414,24 @@ export class SessionHost {
     await unpackInto(Readable.fromWeb(found.data as never), workspace, SNAPSHOT_LIMITS);
     const corrupt = await found.error;
     if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `snapshot ${snapshotId} does not match its digest: ${corrupt.message}`);
+  }
+
+  /** Copies a job's stored artifacts into a new session's workspace, at their paths, each checked against the store's digest. */
+  private async copyArtifacts(files: readonly Artifact[], workspace: LocalWorkspace): Promise<void> {
+    const total = files.reduce((sum, f) => sum + f.size, 0);
+    if (total > SNAPSHOT_LIMITS.maxBytes || files.length > SNAPSHOT_LIMITS.maxEntries) {
+      throw new BoxcarError(
+        ErrorCode.tooLarge,
+        `the job's artifacts hold ${total} bytes in ${files.length} files: more than a workspace may start with`,
+      );
+    }
+    for (const file of files) {
+      const found = await this.ctx.topology.artifacts.get(file.object);
+      if (!found) throw new BoxcarError(ErrorCode.notFound, `artifact ${file.path} is no longer stored (its job's retention is over)`);
+      await workspace.writeFile(file.path, found.data);
+      const corrupt = await found.error;
+      if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `artifact ${file.path} does not match its digest: ${corrupt.message}`);
+    }
   }
 
   /** Stops the command running in the session (as a timeout does); its exec's reply says `cancelled`. */

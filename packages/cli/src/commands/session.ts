@@ -7,7 +7,7 @@ import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 import { optionalDuration } from "./roles.js";
 
-const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N]] [--idle 10m] [--lifetime 8h]
+const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
@@ -27,6 +27,7 @@ export const session: Command = {
     stdin: { type: "string" },
     from: { type: "string" },
     git: { type: "string" },
+    "artifacts-of": { type: "string" },
     ref: { type: "string" },
     depth: { type: "string" },
     file: { type: "string", default: "-" },
@@ -60,6 +61,7 @@ export const session: Command = {
           ...(agent !== undefined ? { agent } : {}),
           ...(from !== undefined ? { from } : {}),
           ...(git ? { git } : {}),
+          ...(ctx.values["artifacts-of"] !== undefined ? { artifactsOf: ctx.values["artifacts-of"] as string } : {}),
           ...(idle !== undefined ? { idleTimeout: idle } : {}),
           ...(lifetime !== undefined ? { maxLifetime: lifetime } : {}),
         });
