@@ -15,7 +15,7 @@ import { BoxcarError } from "@boxcar/protocol";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, boxcarWithInput, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
 import { type Scratch, scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
@@ -560,7 +560,7 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     const opened = await boxcar(system.url, system.prefix, ["session", "open", "box"], env);
     expect(opened.code).toBe(0);
     const id = opened.stdout.trim();
-    const cli = (args: string[], input = "") => boxcarWithInput(system.url, system.prefix, args, input, env);
+    const cli = (args: string[], input = "") => boxcar(system.url, system.prefix, args, env, undefined, input);
     expect((await cli(["session", "write", id, "dir/in.txt"], "from stdin\n")).stdout).toContain("wrote 11 bytes to dir/in.txt");
     const ran = await cli(["session", "exec", id, "--cwd", "dir", "--", "sh", "-c", "wc -c < in.txt; exit 4"]);
     expect(ran).toMatchObject({ code: 4, stdout: "11\n" });

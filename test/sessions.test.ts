@@ -137,13 +137,7 @@ describe("sessions", () => {
     const opened = await boxcar(system.url, system.prefix, ["session", "open", "shell", "--json"], env);
     expect(opened.code, opened.stderr).toBe(0);
     const id = JSON.parse(opened.stdout).id as string;
-    // The prefix before `--`: what follows it is the command (the helper adds its own after, as the script's $0 and $1).
-    const ran = await boxcar(
-      system.url,
-      system.prefix,
-      ["session", "exec", "--prefix", system.prefix, id, "--", "sh", "-c", "echo from-cli; exit 3"],
-      env,
-    );
+    const ran = await boxcar(system.url, system.prefix, ["session", "exec", id, "--", "sh", "-c", "echo from-cli; exit 3"], env);
     expect(ran.stdout).toBe("from-cli\n");
     expect(ran.code).toBe(3);
     // Its history: the events, and the stored output.

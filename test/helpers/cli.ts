@@ -25,38 +25,28 @@ function credentialsEnv(url: string, args: readonly string[]): NodeJS.ProcessEnv
   };
 }
 
-/** Runs `boxcar ARGS` as a user would, against `url` with `prefix` (the build at `bin`, default this one). */
-export function boxcar(url: string, prefix: string, args: string[], env: NodeJS.ProcessEnv = {}, bin = BOXCAR_BIN): Promise<CliResult> {
+/**
+ * Runs `boxcar ARGS` as a user would, against `url` with `prefix` (the build at `bin`, default
+ * this one), with `input` on its stdin. The prefix goes right after the command's name, so that
+ * what follows a `--` (an exec's command) is left as it is.
+ */
+export function boxcar(
+  url: string,
+  prefix: string,
+  args: string[],
+  env: NodeJS.ProcessEnv = {},
+  bin = BOXCAR_BIN,
+  input = "",
+): Promise<CliResult> {
   return new Promise((resolve) => {
-    execFile(
+    const child = execFile(
       process.execPath,
-      [bin, ...args, "--prefix", prefix],
+      [bin, ...args.slice(0, 1), "--prefix", prefix, ...args.slice(1)],
       { env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env }, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 },
       (err, stdout, stderr) => {
         const code = err ? (typeof err.code === "number" ? err.code : 1) : 0;
         resolve({ code, stdout, stderr });
       },
-    );
-  });
-}
-
-/**
- * `boxcar ARGS` with `input` on its stdin. The prefix goes right after the command's name, so
- * that an `exec`'s command (after `--`) is left as it is.
- */
-export function boxcarWithInput(
-  url: string,
-  prefix: string,
-  args: string[],
-  input: string,
-  env: NodeJS.ProcessEnv = {},
-): Promise<CliResult> {
-  return new Promise((resolve) => {
-    const child = execFile(
-      process.execPath,
-      [BOXCAR_BIN, ...args.slice(0, 1), "--prefix", prefix, ...args.slice(1)],
-      { env: { ...process.env, BOXCAR_NATS_URL: url, ...credentialsEnv(url, args), ...env }, timeout: 60_000 },
-      (err, stdout, stderr) => resolve({ code: err ? (typeof err.code === "number" ? err.code : 1) : 0, stdout, stderr }),
     );
     child.stdin?.end(input);
   });

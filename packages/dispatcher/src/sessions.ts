@@ -36,6 +36,15 @@ const EXEC_GRACE_MS = 30_000;
 /** How long a dispatcher waits for a worker to close a session, cancel its command, or do a file operation. */
 const WORKER_ANSWER_MS = 30_000;
 
+/** An open request as `sessions.open` parsed it (its other fields, such as `git`, go on to the worker as they are). */
+interface OpenRequest {
+  agent?: string | undefined;
+  from?: string | undefined;
+  artifactsOf?: string | undefined;
+  idleTimeout: number;
+  maxLifetime: number;
+}
+
 /** How long a dispatcher waits for a worker to pack and store a snapshot (up to a workspace's 1 GiB). */
 const SNAPSHOT_TIMEOUT_MS = 600_000;
 
@@ -74,10 +83,7 @@ export class SessionDesk {
     private readonly policy: () => { policy: SystemPolicy },
   ) {}
 
-  async open(
-    request: { agent?: string | undefined; from?: string | undefined; idleTimeout: number; maxLifetime: number },
-    caller: Identity,
-  ): Promise<SessionRecord> {
+  async open(request: OpenRequest, caller: Identity): Promise<SessionRecord> {
     // Counted while it opens, so that opens at once through this dispatcher cannot all pass the quota.
     await this.checkQuota(caller);
     this.opening.set(caller.user, (this.opening.get(caller.user) ?? 0) + 1);
@@ -90,16 +96,7 @@ export class SessionDesk {
     }
   }
 
-  private async openChecked(
-    request: {
-      agent?: string | undefined;
-      from?: string | undefined;
-      artifactsOf?: string | undefined;
-      idleTimeout: number;
-      maxLifetime: number;
-    },
-    caller: Identity,
-  ): Promise<SessionRecord> {
+  private async openChecked(request: OpenRequest, caller: Identity): Promise<SessionRecord> {
     const snapshot = request.from === undefined ? undefined : await this.snapshot(request.from, caller);
     // A job of the caller's (another's is as not found, as with jobs.get): its stored artifacts.
     const job = request.artifactsOf === undefined ? undefined : await getRecord(this.topology, request.artifactsOf, caller);

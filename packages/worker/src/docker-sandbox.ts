@@ -188,13 +188,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
           Image: image,
           WorkingDir: CONTAINER_WORKSPACE,
           User: settings.user,
-          Labels: {
-            [ContainerLabel.prefix]: opts.prefix,
-            ...(opts.system ? { [ContainerLabel.system]: opts.system } : {}),
-            [ContainerLabel.worker]: workerId,
-            [ContainerLabel.sandbox]: sandboxId,
-            [ContainerLabel.warm]: "1",
-          },
+          Labels: containerLabels(opts, workerId, sandboxId, { [ContainerLabel.warm]: "1" }),
           HostConfig: hardenedHostConfig(confinement, files.dir),
         };
         return await WarmContainer.start(docker, sandboxId, options, files, settings.defaultLimits, agentPath);
@@ -298,13 +292,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
               Image: container.image,
               WorkingDir: CONTAINER_WORKSPACE,
               User: settings.user,
-              Labels: {
-                [ContainerLabel.prefix]: opts.prefix,
-                ...(opts.system ? { [ContainerLabel.system]: opts.system } : {}),
-                [ContainerLabel.worker]: spec.workerId,
-                [ContainerLabel.sandbox]: spec.id,
-                [ContainerLabel.session]: spec.jobId,
-              },
+              Labels: containerLabels(opts, spec.workerId, spec.id, { [ContainerLabel.session]: spec.jobId }),
               HostConfig: hardenedHostConfig(container, files.dir),
             },
             description: { image: container.image, network: container.network, limits: container.limits },
@@ -353,6 +341,22 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       const cold = await removeOwn(earlier, { label: [`${ContainerLabel.job}=${jobId}`] });
       return cold + (await removeOwn(earlier, { label: [ContainerLabel.warm], name: [`boxcar-${jobId}.`] }));
     },
+  };
+}
+
+/** The labels every container of this system carries (its prefix, system, worker and sandbox), and `more`. */
+function containerLabels(
+  owner: { prefix: string; system?: string | undefined },
+  workerId: string,
+  sandboxId: string,
+  more: Record<string, string>,
+): Record<string, string> {
+  return {
+    [ContainerLabel.prefix]: owner.prefix,
+    ...(owner.system ? { [ContainerLabel.system]: owner.system } : {}),
+    [ContainerLabel.worker]: workerId,
+    [ContainerLabel.sandbox]: sandboxId,
+    ...more,
   };
 }
 
@@ -600,14 +604,10 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       User: settings.user,
       AttachStdout: true,
       AttachStderr: true,
-      Labels: {
-        [ContainerLabel.prefix]: settings.prefix,
-        ...(settings.system ? { [ContainerLabel.system]: settings.system } : {}),
+      Labels: containerLabels(settings, spec.workerId, spec.id, {
         [ContainerLabel.job]: spec.jobId,
         [ContainerLabel.attempt]: String(spec.attempt),
-        [ContainerLabel.worker]: spec.workerId,
-        [ContainerLabel.sandbox]: spec.id,
-      },
+      }),
       HostConfig: hardenedHostConfig(settings, bind ? this.files.dir : undefined),
     });
   }

@@ -83,8 +83,6 @@ export class DockerSession implements SessionSandbox {
   private end!: (reason: string) => void;
   /** The requests the helper has not answered yet, by id. */
   private readonly pending = new Map<string, Pending>();
-  /** The id of the command running now. */
-  private running: string | undefined;
   /** File operations sent and not yet answered. */
   private fileOperations = 0;
   /** Paused by the worker (a snapshot): the helper cannot answer, and is not counted late for it. */
@@ -203,9 +201,8 @@ export class DockerSession implements SessionSandbox {
    * that is not answered within `FILE_OPERATION_TIMEOUT_MS` ends the session: a helper held still
    * (a command stopped it, a named pipe blocks it) must not make the worker keep requests for ever.
    */
-  private ask(frame: Record<string, unknown>, onOutput?: ExecOptions["onOutput"]): Promise<Frame> {
+  private ask(frame: Record<string, unknown>, onOutput?: ExecOptions["onOutput"], id = this.nextId()): Promise<Frame> {
     if (this.endedWith !== undefined) return Promise.reject(this.endedError());
-    const id = String(++this.count);
     const fileOperation = frame.t !== "exec";
     if (fileOperation && this.fileOperations >= MAX_FILE_OPERATIONS) {
       return Promise.reject(
@@ -246,9 +243,15 @@ export class DockerSession implements SessionSandbox {
     });
   }
 
+  /** A new request id: the helper's answers and a command's kill name it. */
+  private nextId(): string {
+    this.count += 1;
+    return String(this.count);
+  }
+
+  /** Runs one command (the session host lets one run at a time). */
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
-    if (this.running) throw new BoxcarError(ErrorCode.conflict, `command ${this.running} is still running`);
-    const id = String(this.count + 1);
+    const id = this.nextId();
     const startedAt = performance.now();
     let aborted = false;
     let backstop: NodeJS.Timeout | undefined;
@@ -263,7 +266,6 @@ export class DockerSession implements SessionSandbox {
         },
       );
     };
-    this.running = id;
     opts.signal.addEventListener("abort", onAbort, { once: true });
     try {
       const asked = this.ask(
@@ -275,6 +277,7 @@ export class DockerSession implements SessionSandbox {
           ...(opts.stdin ? { stdin: Buffer.from(opts.stdin).toString("base64") } : {}),
         },
         opts.onOutput,
+        id,
       );
       if (opts.signal.aborted) onAbort();
       const exit = await asked;
@@ -290,7 +293,6 @@ export class DockerSession implements SessionSandbox {
     } finally {
       clearTimeout(backstop);
       opts.signal.removeEventListener("abort", onAbort);
-      this.running = undefined;
     }
   }
 

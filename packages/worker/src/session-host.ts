@@ -20,6 +20,7 @@ import {
   ErrorCode,
   type ExecReply,
   ExecRequest,
+  type GitSeed,
   ListSessionFiles,
   MAX_EXEC_REPLY_OUTPUT,
   MAX_SESSION_FILE_BYTES,
@@ -37,6 +38,7 @@ import {
 } from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
+import type { z } from "zod";
 import { AgentPaths, collectSecrets } from "./agent-contract.js";
 import { cloneInto } from "./git-seed.js";
 import type { LocalWorkspace } from "./local-workspace.js";
@@ -48,7 +50,7 @@ import { unpackInto } from "./workspace-archive.js";
 import { workspaceCwd } from "./workspace-path.js";
 
 /** The most a snapshot or a clone may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
-const SNAPSHOT_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
+const SEED_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
 
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
 const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
@@ -200,25 +202,8 @@ export class SessionHost {
     const secrets = byAdmin ? collectSecrets(agent, options.secretsEnv) : new Map<string, string>();
     if (!this.ctx.slots.tryAcquire()) throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
     // What the workspace starts with: a snapshot's files, or a clone made here, outside the sandbox.
-    let source: SessionRecord["source"];
-    const { git } = request;
-    const seed =
-      from !== undefined
-        ? async (workspace: LocalWorkspace) => {
-            await this.restore(from, workspace);
-            source = { snapshot: from };
-          }
-        : git !== undefined
-          ? async (workspace: LocalWorkspace) => {
-              const { commit } = await cloneInto(git, workspace.dir, agent, options.secretsEnv, SNAPSHOT_LIMITS);
-              source = { git: { url: git.url, ...(git.ref !== undefined ? { ref: git.ref } : {}), commit } };
-            }
-          : artifacts !== undefined
-            ? async (workspace: LocalWorkspace) => {
-                await this.copyArtifacts(artifacts.files, workspace);
-                source = { artifactsOf: artifacts.job };
-              }
-            : undefined;
+    const seeded: { source?: SessionRecord["source"] } = {};
+    const seed = this.seedOf({ from, git: request.git, artifacts }, agent, seeded);
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
@@ -244,7 +229,7 @@ export class SessionHost {
       idleTimeoutMs: request.idleTimeout,
       expiresAt: new Date(now + request.maxLifetime).toISOString(),
       execs: 0,
-      ...(source ? { source } : {}),
+      ...(seeded.source ? { source: seeded.source } : {}),
     };
     const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env } };
     this.held.set(id, held);
@@ -407,11 +392,42 @@ export class SessionHost {
     return snapshot;
   }
 
+  /**
+   * What fills a new session's workspace before anything runs in it: a snapshot's files, a clone
+   * made here (outside the sandbox), or a job's artifacts; none for an empty one. Once it has
+   * run, `seeded.source` says what the workspace started from, for the record.
+   */
+  private seedOf(
+    { from, git, artifacts }: Pick<z.infer<typeof WorkerOpenSession>, "from" | "artifacts"> & { git?: GitSeed | undefined },
+    agent: AgentDefinition,
+    seeded: { source?: SessionRecord["source"] },
+  ): ((workspace: LocalWorkspace) => Promise<void>) | undefined {
+    if (from !== undefined) {
+      return async (workspace) => {
+        await this.restore(from, workspace);
+        seeded.source = { snapshot: from };
+      };
+    }
+    if (git !== undefined) {
+      return async (workspace) => {
+        const { commit } = await cloneInto(git, workspace.dir, agent, this.ctx.options.secretsEnv, SEED_LIMITS);
+        seeded.source = { git: { url: git.url, ...(git.ref !== undefined ? { ref: git.ref } : {}), commit } };
+      };
+    }
+    if (artifacts !== undefined) {
+      return async (workspace) => {
+        await this.copyArtifacts(artifacts.files, workspace);
+        seeded.source = { artifactsOf: artifacts.job };
+      };
+    }
+    return undefined;
+  }
+
   /** Fills a new session's workspace with a snapshot's files, checked against the store's digest. */
   private async restore(snapshotId: string, workspace: LocalWorkspace): Promise<void> {
     const found = await (await this.ctx.topology.snapshots()).get(snapshotId);
     if (!found) throw new BoxcarError(ErrorCode.notFound, `no snapshot ${snapshotId}`);
-    await unpackInto(Readable.fromWeb(found.data as never), workspace, SNAPSHOT_LIMITS);
+    await unpackInto(Readable.fromWeb(found.data as never), workspace, SEED_LIMITS);
     const corrupt = await found.error;
     if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `snapshot ${snapshotId} does not match its digest: ${corrupt.message}`);
   }
@@ -419,7 +435,7 @@ export class SessionHost {
   /** Copies a job's stored artifacts into a new session's workspace, at their paths, each checked against the store's digest. */
   private async copyArtifacts(files: readonly Artifact[], workspace: LocalWorkspace): Promise<void> {
     const total = files.reduce((sum, f) => sum + f.size, 0);
-    if (total > SNAPSHOT_LIMITS.maxBytes || files.length > SNAPSHOT_LIMITS.maxEntries) {
+    if (total > SEED_LIMITS.maxBytes || files.length > SEED_LIMITS.maxEntries) {
       throw new BoxcarError(
         ErrorCode.tooLarge,
         `the job's artifacts hold ${total} bytes in ${files.length} files: more than a workspace may start with`,
