@@ -67,4 +67,33 @@ describe.skipIf(!apiKey)("E2B sandboxes (real E2B)", () => {
     expect(sandboxEvents.find((e) => e.type === "ready")).toMatchObject({ backend: "e2b", network: "none" });
     expect(JSON.stringify(events) + logs + JSON.stringify(final)).not.toContain(apiKey);
   });
+
+  test("a session in a real E2B sandbox: a command with stdin in a folder, a file each way, a snapshot, closed", {
+    timeout: 180_000,
+  }, async () => {
+    await client.applyAgent({
+      name: "live-session",
+      command: ["true"],
+      sessions: true,
+      runtime: { sandbox: "e2b", timeout: "2m", ...(process.env.E2B_TEMPLATE ? { template: process.env.E2B_TEMPLATE } : {}) },
+    });
+    const session = await client.openSession({ agent: "live-session", maxLifetime: "30m" });
+    try {
+      await client.writeSessionFile(session.id, "in/a.txt", "written\n");
+      const ran = await client.execInSession({
+        id: session.id,
+        argv: ["sh", "-c", "cat a.txt; tr a-z A-Z; pwd > ../where.txt"],
+        cwd: "in",
+        stdin: Buffer.from("piped\n").toString("base64"),
+      });
+      expect(ran.exitCode).toBe(0);
+      expect(Buffer.from(ran.stdout, "base64").toString()).toBe("written\nPIPED\n");
+      expect(Buffer.from(await client.readSessionFile(session.id, "where.txt")).toString()).toBe("/home/user/workspace/in\n");
+      const snapshot = await client.snapshotSession(session.id);
+      expect(snapshot.size).toBeGreaterThan(0);
+      await client.removeSnapshot(snapshot.id);
+    } finally {
+      await client.closeSession(session.id);
+    }
+  });
 });

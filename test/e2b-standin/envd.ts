@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { createReadStream, createWriteStream, type Stats } from "node:fs";
-import { lstat, mkdir, readdir, readlink, realpath, stat } from "node:fs/promises";
+import { lstat, mkdir, readdir, readlink, realpath, rm, stat } from "node:fs/promises";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { userInfo } from "node:os";
 import { basename, dirname, join } from "node:path";
@@ -103,6 +103,14 @@ const UNARY: Record<string, UnaryHandler> = {
     };
     await walk(resolved, 1);
     return { entries };
+  },
+
+  "/filesystem.Filesystem/Remove": async (sandbox, { path }) => {
+    // A file, or a folder with all it holds (a final symlink itself, not what it points to).
+    await rm(sandbox.resolvePath(String(path ?? "")), { recursive: true, force: true }).catch((err: NodeJS.ErrnoException) => {
+      throw new ConnectError("internal", `failed to remove: ${err.message}`);
+    });
+    return {};
   },
 
   "/process.Process/SendSignal": async (sandbox, message) => {

@@ -45,6 +45,8 @@ export async function securedSystem(
     reapIntervalMs?: number;
     /** The worker's secrets allow-list, with values (its `secretsEnv`). */
     secretsEnv?: Record<string, string>;
+    /** How often the dispatcher sweeps the work stream (its `givenUpIntervalMs`; default the dispatcher's). */
+    sweepIntervalMs?: number;
   } = {},
 ): Promise<SecuredSystem> {
   const nats = await natsFixture(opts.prefix ? { prefix: opts.prefix } : {}, opts.server);
@@ -72,7 +74,11 @@ export async function securedSystem(
     return p;
   };
 
-  const dispatcher = await startDispatcher({ ...nats.dispatcherRole, logger });
+  const dispatcher = await startDispatcher({
+    ...nats.dispatcherRole,
+    logger,
+    ...(opts.sweepIntervalMs !== undefined ? { givenUpIntervalMs: opts.sweepIntervalMs } : {}),
+  });
   const providers = [createHostSandboxProvider(), ...(opts.providers?.({ prefix, systemId: nats.topology.systemId }) ?? [])];
   const worker = createWorker({
     ...nats.workerRole,

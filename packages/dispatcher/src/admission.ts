@@ -33,6 +33,7 @@ import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
+import type { SessionDesk } from "./sessions.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
@@ -56,6 +57,8 @@ export interface AdmissionContext {
   onWorkPublished?(jobId: string): void;
   /** Counts admissions and refusals when the dispatcher serves metrics. */
   metrics?: DispatcherMetrics | undefined;
+  /** The sessions: a job that names one runs in it. */
+  sessions: SessionDesk;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -95,7 +98,9 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   } catch (err) {
     throw inSpecTerms(err, spec);
   }
-  ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
+  // A job in a session runs on the worker that holds it; any other waits for a worker of its pool.
+  const session = spec.session === undefined ? undefined : await ctx.sessions.forJob(spec.session, opts.owner, agent);
+  if (!session) ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
   await checkInputFiles(topology, spec);
 
   // A caller's own key is scoped to its owner: another user's equal key is another job.
@@ -136,6 +141,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     history: [],
     attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
+  if (session) record.session = session;
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
@@ -216,8 +222,15 @@ export async function publishWorkItem(
   const retry = spec.retry ?? agent.retry;
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
-  await topology.ensurePoolConsumer(record.pool);
-  const subject = topology.names.subjects.work(record.pool, record.priority);
+  let subject: string;
+  if (record.session) {
+    // Taken by that worker alone, from the consumer it made for its sessions' jobs.
+    item.session = record.session.id;
+    subject = topology.names.subjects.sessionWork(record.session.workerId);
+  } else {
+    await topology.ensurePoolConsumer(record.pool);
+    subject = topology.names.subjects.work(record.pool, record.priority);
+  }
   await publishWork(topology, subject, JSON.stringify(item), signer, msgID, record.traceparent);
 }
 

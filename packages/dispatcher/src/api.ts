@@ -33,7 +33,6 @@ import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.j
 import type { JobIndex } from "./job-index.js";
 import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import type { RetentionSweeper } from "./retention.js";
-import { SessionDesk } from "./sessions.js";
 import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
@@ -62,16 +61,7 @@ export interface ApiParts {
 export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
-  const sessions = new SessionDesk(
-    topology,
-    ctx.workers,
-    async (name) => {
-      const agent = await getAgent(topology, name);
-      checkAgentPolicy(agent, ctx.policy.policy.agents, "the system policy");
-      return agent;
-    },
-    () => ctx.policy,
-  );
+  const { sessions } = ctx;
   return {
     [ApiEndpoint.sessionsOpen]: async (body, caller) => ({
       session: await sessions.open(requestOf(ApiEndpoint.sessionsOpen, body), caller),
@@ -232,7 +222,7 @@ function onlyAdminsChoosePools(caller: Identity, specs: readonly unknown[]): voi
   }
 }
 
-async function getAgent(topology: Topology, name: string): Promise<AgentDefinition> {
+export async function getAgent(topology: Topology, name: string): Promise<AgentDefinition> {
   const found = await getJson(topology.agents, name, AgentDefinition, "agent");
   if (!found) throw new BoxcarError(ErrorCode.notFound, `no agent named ${JSON.stringify(name)}`);
   return found.value;

@@ -1,22 +1,24 @@
 import { hostname } from "node:os";
 import { type Logger, silentLogger } from "@boxcar/client";
 import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } from "@boxcar/fabric";
-import { type ApiEndpoint, apiEndpointMetadata, BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { type ApiEndpoint, apiEndpointMetadata, BoxcarError, checkAgentPolicy, ErrorCode } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";
 import { type Service, Svcm } from "@nats-io/services";
 import type { Registry } from "prom-client";
 import type { AdmissionContext } from "./admission.js";
 import { AdmissionSweeper } from "./admission-sweeper.js";
 import { AgentCatalog } from "./agent-catalog.js";
-import { apiHandlers, serve } from "./api.js";
+import { apiHandlers, getAgent, serve } from "./api.js";
 import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { ExpirySweeper } from "./expiry.js";
 import { GivenUpWork } from "./given-up-work.js";
 import { admitIntake } from "./intake.js";
 import { JobIndex } from "./job-index.js";
 import { watchJobs } from "./job-watch.js";
+import { LostSessionWork } from "./lost-session-work.js";
 import { JobLoad, PolicyBook } from "./policy.js";
 import { RetentionSweeper } from "./retention.js";
+import { SessionDesk } from "./sessions.js";
 import { WorkRecovery } from "./work-recovery.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunIndex } from "./workflows/run-index.js";
@@ -36,7 +38,7 @@ export interface DispatcherOptions {
   retentionIntervalMs?: number;
   /** How often queued jobs without a work item are looked for (see `WorkRecovery`); default 60000 ms. */
   recoveryIntervalMs?: number;
-  /** How often the work stream is swept for items JetStream gave up on (see `GivenUpWork`); default 15000 ms. */
+  /** How often the work stream is swept for items JetStream gave up on (see `GivenUpWork`) and for jobs of lost sessions (`LostSessionWork`); default 15000 ms. */
   givenUpIntervalMs?: number;
   /**
    * Signs every work item (see `WorkSigner`); workers configured with its public key run only
@@ -96,6 +98,16 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     load,
     onWorkPublished: (id) => admissions.workPublished(id),
     metrics,
+    sessions: new SessionDesk(
+      topology,
+      workers,
+      async (name) => {
+        const agent = await getAgent(topology, name);
+        checkAgentPolicy(agent, policy.policy.agents, "the system policy");
+        return agent;
+      },
+      () => policy,
+    ),
   };
   const runIndex = new RunIndex();
   const runs = new Runs(topology, ctx, runIndex);
@@ -123,6 +135,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const givenUp = await wait("the max-deliveries advisories", () =>
     GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000, (job) => metrics?.jobAction("dead", job.agent)),
   );
+  const lostSessionWork = new LostSessionWork(topology, workers, log, opts.givenUpIntervalMs ?? 15_000);
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -186,6 +199,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => intake.close().then(() => undefined),
         () => intakeDone,
         () => givenUp.close(),
+        () => lostSessionWork.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => runs.close(),

@@ -108,6 +108,9 @@ async function checkHandoff(
       `agent ${job.agent} may not hand off to ${request.to}: its declared handoffs are ${declared}; add ${request.to} to its handoffs`,
     );
   }
+  if (request.stayInSession && job.spec?.session === undefined) {
+    refuse(`job ${job.id} ran in no session: its handoff to ${request.to} cannot stay in one (stayInSession)`);
+  }
   if (link.depth + 1 > link.limits.maxHops) {
     refuse(`the chain reached its limit of ${link.limits.maxHops} handoffs (maxHops); not handing off to ${request.to}`);
   }
@@ -126,7 +129,7 @@ async function checkHandoff(
 
 /**
  * The next job: the handoff's input and, unless it says otherwise, this job's output files at the
- * same paths. A priority the submitter (or workflow step) chose holds for the whole chain;
+ * same paths; in this job's session if it asks to stay there. A priority the submitter (or workflow step) chose holds for the whole chain;
  * without one, the next agent's own applies.
  */
 function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
@@ -136,6 +139,7 @@ function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
     files: request.carryFiles ? job.artifacts.map((a) => ({ path: a.path, object: a.object })) : [],
     labels: job.spec?.labels ?? {},
     ...(job.spec?.priority ? { priority: job.spec.priority } : {}),
+    ...(request.stayInSession && job.spec?.session !== undefined ? { session: job.spec.session } : {}),
   };
 }
 

@@ -210,6 +210,26 @@ export class SessionDesk {
     return (await this.held(session, "close", { id }, WORKER_ANSWER_MS)) as SessionRecord;
   }
 
+  /**
+   * Where a job of `owner`'s for `agent` runs when it names session `id` (`submit --session`,
+   * docs/sessions.md#jobs-in-a-session): the session, checked to be the owner's and open, and
+   * the agent to be the session's or one that allows sessions. Another user's is as not found,
+   * as for its other operations.
+   */
+  async forJob(id: string, owner: string, agent: AgentDefinition): Promise<{ id: string; workerId: string }> {
+    const session = await this.usable(id, { role: "submitter", user: owner });
+    // The job runs with the session's sandbox as it is (its image, limits, network and secrets):
+    // another agent's job may run there only if that agent allows sessions too.
+    if (session.agent !== agent.name && !agent.sessions) {
+      throw new BoxcarError(
+        ErrorCode.forbidden,
+        `agent ${agent.name} does not allow sessions, so it cannot run in session ${id} (of agent ${session.agent}): an admin sets \`sessions: true\` on it`,
+        { issues: [{ path: "session", message: `agent ${agent.name} does not allow sessions` }] },
+      );
+    }
+    return { id, workerId: session.workerId };
+  }
+
   /** Asks the session's worker; one that no longer holds it (it restarted) makes the record say so. */
   private async held(session: SessionRecord, op: string, body: unknown, timeoutMs: number): Promise<unknown> {
     try {

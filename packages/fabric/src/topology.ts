@@ -146,6 +146,13 @@ export interface Topology {
    * workers read it here.
    */
   ensurePoolConsumer(pool: string): Promise<number>;
+  /**
+   * Creates the durable consumer of the jobs to run in `workerId`'s sessions, if it does not exist
+   * yet. It delivers without limit (a job waits for its session's lock by being handed back);
+   * once the worker is gone, dispatchers settle what it left and remove it. Resolves with its
+   * lease (ack wait) in ms.
+   */
+  ensureWorkerConsumer(workerId: string): Promise<number>;
 }
 
 const MiB = 1024 * 1024;
@@ -304,6 +311,20 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     artifacts,
     policy,
     purgeKey,
+    async ensureWorkerConsumer(workerId) {
+      const durable = names.workerConsumer(workerId);
+      const info = await jsm.consumers.info(names.streams.work, durable).catch(async (err: unknown) => {
+        if (!isNotFound(err)) throw err;
+        return jsm.consumers.add(names.streams.work, {
+          durable_name: durable,
+          filter_subject: names.subjects.sessionWork(workerId),
+          ack_policy: AckPolicy.Explicit,
+          ack_wait: nanos(options.ackWaitMs),
+          max_ack_pending: 10_000,
+        });
+      });
+      return Math.round((info.config.ack_wait ?? nanos(options.ackWaitMs)) / 1_000_000);
+    },
     async ensurePoolConsumer(pool) {
       let leaseMs = leases.get(pool);
       if (leaseMs === undefined) {

@@ -133,6 +133,7 @@ const SPEC_DOCS: FieldDocs<keyof JobSpecInput> = {
     default: `${DEFAULT_CHAIN_LIMITS.maxHops} hops, ${DEFAULT_CHAIN_LIMITS.maxVisits} jobs per agent, no deadline`,
     more: " ([workflows](workflows.md#limits))",
   },
+  session: { type: "session id", default: "none: a fresh sandbox", more: " ([sessions](sessions.md#jobs-in-a-session))" },
 };
 
 const RECORD_DOCS: FieldDocs<keyof JobRecord> = {
@@ -303,6 +304,11 @@ const NAME_ROWS: readonly NameRow[] = [
   {
     what: "work subject, `high` or `low`",
     name: (n, x) => n.subjects.work(x("pool", "default"), x("high|low", "high")),
+    kind: keptOn("work"),
+  },
+  {
+    what: "work subject of a worker's sessions",
+    name: (n, x) => n.subjects.sessionWork(x("workerId", "w-1")),
     kind: keptOn("work"),
   },
   { what: "work stream", name: (n) => n.streams.work, kind: streamKind },

@@ -23,6 +23,7 @@ export const ErrorCode = {
   oomKilled: "oom_killed",
   missingSecret: "missing_secret",
   workerStopped: "worker_stopped",
+  sessionLost: "session_lost",
   handoffRefused: "handoff_refused",
   workflowFailed: "workflow_failed",
   forbidden: "forbidden",
@@ -137,6 +138,10 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   sandbox_failed: { meaning: "the sandbox could not be created or failed", appears: "records and events; sandbox events" },
   missing_secret: { meaning: "a secret the agent needs is not in the worker's environment", appears: "records and events of the job" },
   worker_stopped: { meaning: "the worker stopped while the job ran and handed it back", appears: "job events" },
+  session_lost: {
+    meaning: "the session a job was to run in (`submit --session`) closed, or its worker is gone, before or while the job ran",
+    appears: "`failed` records and events of jobs in a session",
+  },
   unavailable: {
     meaning:
       "no dispatcher answered or NATS is unreachable (set by clients), or JetStream did not answer the dispatcher in time, say while a cluster elects leaders (sent by dispatchers): try again",

@@ -159,7 +159,7 @@ export const WorkflowEvent = z.looseObject({
 });
 export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
 
-export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "snapshot", "closed"]);
+export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "job_started", "job_ended", "snapshot", "closed"]);
 export type SessionEventType = z.infer<typeof SessionEventType>;
 
 /** `<prefix>.evt.session.<owner>.<sessionId>.<type>` */
@@ -176,6 +176,9 @@ export const SessionEvent = z.looseObject({
   exitCode: z.number().int().nullable().optional(),
   signal: z.string().nullable().optional(),
   durationMs: z.number().nonnegative().optional(),
+  /** On job events: the job run in the session (`submit --session`) and, once it ended, its state. */
+  jobId: z.string().optional(),
+  state: z.string().optional(),
   /** On `closed`: why (`closed`, `idle`, `lifetime`, `worker_stopped`). */
   reason: z.string().optional(),
   /** On `snapshot`: the snapshot taken; on `opened`: the one it started from, if any. */

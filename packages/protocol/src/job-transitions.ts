@@ -15,6 +15,7 @@ import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type Jo
  *   running --hand back (worker)--> queued      dead --requeueDead (boxcar retry)--> queued
  *   accepted/queued --cancel--> cancelled       running --cancel--> running with cancelRequested
  *   accepted/queued --expire--> expired | timed_out
+ *   accepted/queued/running, in a session whose worker is gone --loseSession (dispatcher)--> failed
  */
 
 /**
@@ -180,4 +181,18 @@ export function endAttempt(job: JobRecord, ended: AttemptOutcome, end: AttemptEn
   return then === "retry"
     ? { ...kept, state: "queued", queuedAt: end.now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
     : { ...kept, state: "dead", finishedAt: end.now, artifacts: end.artifacts, sandbox: end.sandbox };
+}
+
+/**
+ * A job in a session whose worker is gone (docs/sessions.md#jobs-in-a-session): nothing else can
+ * run it, so it ends `failed` with `session_lost`, waiting or running. A finished job is left as
+ * it is.
+ */
+export function loseSession(job: JobRecord, workerId: string, now: string): JobRecord | null {
+  if (isTerminal(job.state)) return null;
+  const error: ErrorInfo = {
+    code: ErrorCode.sessionLost,
+    message: `session ${job.session?.id ?? job.spec?.session} is lost: its worker ${workerId} is gone${job.state === "running" ? " while the job ran" : ""}`,
+  };
+  return { ...job, state: "failed", finishedAt: now, error };
 }

@@ -3,6 +3,7 @@ import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION,
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
+import { SessionId } from "./session-id.js";
 import { Traceparent } from "./trace-context.js";
 import { durationMs } from "./units.js";
 import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
@@ -49,6 +50,9 @@ export const JobSpec = z.strictObject({
   retry: RetryPolicy.optional().describe("how failed attempts are retried"),
   labels: z.record(z.string().max(64), z.string().max(256)).default({}).describe("free-form labels, stored in the record's `spec`"),
   chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts"),
+  session: SessionId.optional().describe(
+    "run in this open session's sandbox: one of the owner's, of this agent or with an agent that allows sessions",
+  ),
 });
 /** A job spec after validation (defaults filled, durations in ms). */
 export type JobSpec = z.infer<typeof JobSpec>;
@@ -181,6 +185,10 @@ export const JobRecord = z.looseObject({
   handoff: HandoffDecision.optional().describe(
     "what the dispatcher made of the agent's handoff request (`result.handoff`): `{to, jobId}` (the next job) or `{to, error}` (refused, code `handoff_refused`)",
   ),
+  session: z
+    .strictObject({ id: SessionId, workerId: z.string() })
+    .optional()
+    .describe("the session the job runs in (`spec.session`) and the worker that holds it"),
   traceparent: Traceparent.optional().describe(
     "the W3C trace context of the job's admission span, when the submit carried a trace or the dispatcher has a tracer provider: the worker's attempt and the jobs it hands off to join it",
   ),
@@ -218,6 +226,8 @@ export const WorkItem = z
     retry: RetryPolicy.optional(),
     /** Present for a job in a handoff chain: the agent finds the chain's history in $BOXCAR_CHAIN_FILE. */
     chain: ChainLink.optional(),
+    /** Present for a job in a session: it runs in that session's sandbox on the worker that holds it. */
+    session: SessionId.optional(),
   })
   .superRefine((item, ctx) => {
     if (item.v === 1 && item.input === undefined)

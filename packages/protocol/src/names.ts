@@ -60,6 +60,13 @@ export interface Names {
   poolConsumer(pool: string, priority?: Priority): string;
   /** The pool and priority a work consumer's name stands for; undefined for any other name. */
   poolOfConsumer(name: string): { pool: string; priority: Priority } | undefined;
+  /**
+   * The durable consumer on the work stream of one worker's own items, the jobs to run in the
+   * sessions it holds: `worker-<workerId>`.
+   */
+  workerConsumer(workerId: string): string;
+  /** The worker a worker consumer's name stands for; undefined for any other name. */
+  workerOfConsumer(name: string): string | undefined;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
   /**
@@ -73,6 +80,8 @@ export interface Names {
     submitAll: string;
     /** Where a pool's work items of one priority go (normal when left out). */
     work(pool: string, priority?: Priority): string;
+    /** Where the jobs to run in a worker's sessions go: `<prefix>.work.@<workerId>` (`@` is in no pool's name). */
+    sessionWork(workerId: string): string;
     workAll: string;
     /**
      * Where `caller` sends requests to `endpoint`: `<prefix>.api.<role>.<user>.<endpoint>`. NATS
@@ -195,12 +204,15 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       const match = /^(pool|high|low)-(.+)$/.exec(name);
       return match ? { pool: match[2] as string, priority: match[1] === "pool" ? "normal" : (match[1] as Priority) } : undefined;
     },
+    workerConsumer: (workerId) => `worker-${workerId}`,
+    workerOfConsumer: (name) => (name.startsWith("worker-") ? name.slice("worker-".length) : undefined),
     serviceName: `${prefix}-dispatcher`,
     inboxPrefix: (user) => `_INBOX.${user}`,
     subjects: {
       submit: (owner, agent) => `${prefix}.submit.${owner}.${agent}`,
       submitAll: `${prefix}.submit.>`,
       work: (pool, priority = "normal") => (priority === "normal" ? `${prefix}.work.${pool}` : `${prefix}.work.${pool}.${priority}`),
+      sessionWork: (workerId) => `${prefix}.work.@${workerId}`,
       workAll: `${prefix}.work.>`,
       api: (caller, endpoint) => `${prefix}.api.${caller.role}.${caller.user}.${endpoint}`,
       apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,

@@ -10,9 +10,10 @@ import { AgentName, EnvName, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { Artifact, SandboxInfo } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
+import { SessionId } from "./session-id.js";
 import { durationMs } from "./units.js";
 
-export const SessionId = z.string().regex(/^ses-[A-Za-z0-9_-]{1,60}$/, "a session id is ses- and letters, digits, '-' or '_'");
+export { SessionId };
 
 /** `lost`: its worker is gone (read from the worker's presence; the record still says `open`). */
 export const SessionState = z.enum(["open", "closed", "lost"]);

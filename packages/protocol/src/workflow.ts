@@ -23,6 +23,10 @@ export const HandoffRequest = z.strictObject({
   to: AgentName.describe("the agent to hand to: one of this agent's `handoffs`"),
   input: z.json().default(null).describe("the next job's input"),
   carryFiles: z.boolean().default(true).describe("false: the next workspace starts without this job's output files"),
+  stayInSession: z
+    .boolean()
+    .default(false)
+    .describe("true: the next job runs in this job's session (docs/sessions.md#jobs-in-a-session), its files there as this job left them"),
 });
 export type HandoffRequest = z.infer<typeof HandoffRequest>;
 

@@ -4,8 +4,10 @@
 //
 //   worker -> helper   {"t":"exec","id":"1","argv":[...],"env":{...},"cwd":"sub","stdin":"<base64>"}
 //                      {"t":"kill","id":"1"}
-//                      {"t":"read","id":"2","path":"a/b","max":524288}
-//                      {"t":"write","id":"3","path":"a/b","d":"<base64>"}
+//                      {"t":"read","id":"2","path":"a/b","max":524288}      (the whole file)
+//                      {"t":"read","id":"2","path":"a/b","offset":0,"length":262144}  (a part; "size" is the file's)
+//                      {"t":"write","id":"3","path":"a/b","d":"<base64>"}   ("append":true adds to the file)
+//                      {"t":"mkdir","id":"6","path":"a/b"}
 //                      {"t":"list","id":"4","path":"a","limit":1000}
 //                      {"t":"remove","id":"5","path":"a/b"}
 //   helper -> worker   {"t":"ready"}
@@ -130,6 +132,7 @@ function inWorkspace(path) {
 const files = {
   async read(req) {
     const path = inWorkspace(req.path);
+    if (req.length !== undefined) return readPart(path, req);
     const stats = await fs.stat(path);
     if (!stats.isFile()) throw Object.assign(new Error(`${req.path} is not a regular file`), { code: "ENOENT" });
     if (stats.size > req.max) throw Object.assign(new Error(`${req.path} has ${stats.size} bytes`), { code: "EFBIG" });
@@ -144,7 +147,8 @@ const files = {
     // A named pipe (or anything but a file) there would hold the write for ever.
     const there = await fs.lstat(path).catch(() => undefined);
     if (there && !there.isFile()) throw Object.assign(new Error(`${req.path} is not a regular file`), { code: "EEXIST" });
-    await fs.writeFile(path, data, { flag: fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NONBLOCK });
+    const mode = req.append ? fsConstants.O_APPEND : fsConstants.O_TRUNC;
+    await fs.writeFile(path, data, { flag: fsConstants.O_WRONLY | fsConstants.O_CREAT | mode | fsConstants.O_NONBLOCK });
     if (req.executable) await fs.chmod(path, 0o755);
     return { size: data.length };
   },
@@ -173,6 +177,10 @@ const files = {
     await walk(root, req.path ?? "");
     return { files: found.sort((a, b) => (a.path < b.path ? -1 : 1)), truncated };
   },
+  async mkdir(req) {
+    await fs.mkdir(inWorkspace(req.path), { recursive: true });
+    return {};
+  },
   async remove(req) {
     const path = inWorkspace(req.path);
     try {
@@ -185,6 +193,20 @@ const files = {
     return { removed: true };
   },
 };
+
+/** Up to `length` bytes of a regular file from `offset`, with the file's size. */
+async function readPart(path, req) {
+  const file = await fs.open(path, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+  try {
+    const stats = await file.stat();
+    if (!stats.isFile()) throw Object.assign(new Error(`${req.path} is not a regular file`), { code: "ENOENT" });
+    const buffer = Buffer.alloc(Math.max(0, Math.min(req.length, stats.size - req.offset)));
+    const { bytesRead } = await file.read(buffer, 0, buffer.length, req.offset);
+    return { size: stats.size, d: buffer.subarray(0, bytesRead).toString("base64") };
+  } finally {
+    await file.close();
+  }
+}
 
 function fileOp(req) {
   files[req.t](req).then(

@@ -106,6 +106,8 @@ export function agentEnv({
     BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
     BOXCAR_STOP_AT: String(stopAt),
+    // A job in a session (docs/sessions.md#jobs-in-a-session): a handoff that names it stays in it.
+    ...(item.session !== undefined ? { BOXCAR_SESSION: item.session } : {}),
     ...(traceparent ? { TRACEPARENT: traceparent } : {}),
   };
 }

@@ -6,7 +6,8 @@ import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import type Docker from "dockerode";
 import { createAttached } from "./attached-container.js";
 import type { LocalWorkspace } from "./local-workspace.js";
-import type { ExecOptions, ExecResult, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import type { ExecOptions, ExecResult, JobFiles, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import { filesInParts, type PartFiles } from "./session-job-sandbox.js";
 import { packFolder } from "./workspace-archive.js";
 import { workspaceSegments } from "./workspace-path.js";
 import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
@@ -53,6 +54,7 @@ interface Frame {
   files?: Array<{ path?: unknown; size?: unknown }>;
   truncated?: unknown;
   removed?: unknown;
+  size?: unknown;
 }
 
 /** A request to the helper waiting for its answer: a command (output, then its exit) or a file operation. */
@@ -79,6 +81,7 @@ export class DockerSession implements SessionSandbox {
   readonly description: SessionContainerSpec["description"];
   readonly ended: Promise<string>;
   readonly sessionFiles: SessionFiles;
+  readonly jobFiles: JobFiles;
   private endedWith: string | undefined;
   private end!: (reason: string) => void;
   /** The requests the helper has not answered yet, by id. */
@@ -101,7 +104,9 @@ export class DockerSession implements SessionSandbox {
   ) {
     this.agentPath = spec.agentPath;
     this.description = spec.description;
-    this.sessionFiles = new HelperFiles((frame) => this.ask(frame));
+    const helperFiles = new HelperFiles((frame) => this.ask(frame));
+    this.sessionFiles = helperFiles;
+    this.jobFiles = filesInParts(helperFiles);
     this.ended = new Promise((resolve) => {
       this.end = (reason) => {
         if (this.endedWith !== undefined) return;
@@ -373,7 +378,7 @@ export class DockerSession implements SessionSandbox {
 }
 
 /** A session's files, read and written by its helper inside the container. Its answers are bounded here. */
-class HelperFiles implements SessionFiles {
+class HelperFiles implements SessionFiles, PartFiles {
   constructor(private readonly ask: (frame: Record<string, unknown>) => Promise<Frame>) {}
 
   async read(path: string, max: number): Promise<Uint8Array | null> {
@@ -384,8 +389,24 @@ class HelperFiles implements SessionFiles {
     return data;
   }
 
-  async write(path: string, data: Uint8Array, executable = false): Promise<void> {
-    const frame = { t: "write", path: relative(path), d: Buffer.from(data).toString("base64"), executable };
+  async readPart(path: string, offset: number, length: number): Promise<{ data: Uint8Array; size: number } | null> {
+    const answer = await this.answer({ t: "read", path: relative(path), offset, length }, path);
+    if (answer === null) return null;
+    const data = Buffer.from(typeof answer.d === "string" ? answer.d : "", "base64");
+    if (data.length > length || !Number.isSafeInteger(answer.size) || (answer.size as number) < 0) {
+      throw new BoxcarError(ErrorCode.sandboxFailed, `the session's helper answered a read of ${path} with more than was asked`);
+    }
+    return { data, size: answer.size as number };
+  }
+
+  async mkdir(path: string): Promise<void> {
+    if ((await this.answer({ t: "mkdir", path: relative(path) }, path)) === null) {
+      throw new BoxcarError(ErrorCode.invalid, `cannot make folder ${path}: a file is on its way`);
+    }
+  }
+
+  async write(path: string, data: Uint8Array, executable = false, append = false): Promise<void> {
+    const frame = { t: "write", path: relative(path), d: Buffer.from(data).toString("base64"), executable, append };
     if ((await this.answer(frame, path)) === null) {
       throw new BoxcarError(ErrorCode.notFound, `cannot write ${path}: a folder on its way is missing`);
     }

@@ -5,7 +5,9 @@ import { join } from "node:path";
 import { BoxcarError } from "@boxcar/protocol";
 import { AuthenticationError, RateLimitError, SandboxError, ServiceBusyError, TimeoutError } from "e2b";
 import { afterAll, describe, expect, test } from "vitest";
-import { agentCommand, createE2BSandboxProvider, e2bError, environmentFile, resolveE2BSandboxOptions, signalOf } from "./e2b-sandbox.js";
+import { agentCommand, environmentFile } from "./e2b-command.js";
+import { e2bError } from "./e2b-errors.js";
+import { createE2BSandboxProvider, resolveE2BSandboxOptions, signalOf } from "./e2b-sandbox.js";
 
 describe("agentCommand and environmentFile", () => {
   const folders: string[] = [];

@@ -1,23 +1,13 @@
 import { randomBytes } from "node:crypto";
 import { posix } from "node:path";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
-import {
-  AuthenticationError,
-  CommandExitError,
-  type CommandHandle,
-  E2B,
-  type Sandbox as E2BRemoteSandbox,
-  FileNotFoundError,
-  InvalidArgumentError,
-  RateLimitError,
-  SandboxError,
-  SandboxNotFoundError,
-  ServiceBusyError,
-  TimeoutError,
-} from "e2b";
+import { CommandExitError, type CommandHandle, E2B, type Sandbox as E2BRemoteSandbox, FileNotFoundError, InvalidArgumentError } from "e2b";
 import { raceAbort } from "./abort.js";
 import { AgentPaths } from "./agent-contract.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, WorkspaceFile } from "./sandbox.js";
+import { agentCommand, environmentFile } from "./e2b-command.js";
+import { e2bError, firstLine } from "./e2b-errors.js";
+import { E2BSession, listRemoteFiles, seedRemote } from "./e2b-session.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
 import { workspaceSegments } from "./workspace-path.js";
 
 export interface E2BSandboxOptions {
@@ -86,8 +76,6 @@ export const E2BMetadata = {
 } as const;
 
 const DEFAULT_AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/** Deep enough for any workspace: E2B lists a folder tree in one call, up to a depth. */
-const LIST_DEPTH = 4096;
 /** Bound on the small clean-up commands run after the agent. */
 const CLEANUP_TIMEOUT_MS = 10_000;
 
@@ -150,71 +138,88 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
     available: async () => client !== undefined,
 
     async create(spec, signal) {
-      if (!client) {
-        throw new BoxcarError(ErrorCode.sandboxFailed, "this worker has no E2B API key: set E2B_API_KEY in the worker's environment");
-      }
-      signal?.throwIfAborted();
-      const { runtime } = spec;
-      const template = runtime.template ?? settings.defaultTemplate;
-      const allowInternetAccess = internetAccess(runtime.network);
-      if (runtime.limits.pids !== undefined) {
-        throw new BoxcarError(
-          ErrorCode.invalid,
-          `runtime.limits.pids is ${runtime.limits.pids}, but E2B cannot limit the processes of a sandbox: remove the limit, or use a docker sandbox`,
-        );
-      }
-      const lifetimeMs = runtime.timeout + settings.timeoutMarginMs;
-      const creating = client.Sandbox.create(template, {
-        metadata: {
-          ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
-          ...(settings.system ? { [E2BMetadata.system]: settings.system } : {}),
-          [E2BMetadata.job]: spec.jobId,
-          [E2BMetadata.attempt]: String(spec.attempt),
-          [E2BMetadata.worker]: spec.workerId,
-          [E2BMetadata.sandbox]: spec.id,
-        },
-        timeoutMs: lifetimeMs,
-        allowInternetAccess,
-      });
-      let remote: E2BRemoteSandbox | undefined;
+      return (await start(spec, signal)).sandbox;
+    },
+
+    async createSession(spec, seed) {
+      const { sandbox, remote } = await start(spec);
       try {
-        remote = await raceAbort(creating, signal);
+        if (seed) await seedRemote(remote, sandbox.workspace, seed);
+        return new E2BSession(sandbox, remote);
       } catch (err) {
-        throw e2bError(err, `could not create an E2B sandbox from template ${template}`, { template });
-      }
-      if (!remote) {
-        // Abandoned: the sandbox may still come into being; kill it as soon as it does.
-        creating.then((late) => late.kill()).catch(() => {});
-        signal?.throwIfAborted();
-        throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
-      }
-      const created = remote;
-      try {
-        const ready = await raceAbort(
-          Promise.all([prepareWorkspace(created, settings.workspace), created.getInfo()]).catch((err: unknown) => {
-            throw e2bError(err, `could not prepare E2B sandbox ${created.sandboxId}`);
-          }),
-          signal,
-        );
-        if (!ready) {
-          signal?.throwIfAborted();
-          throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
-        }
-        const [workspace, info] = ready;
-        const limits = templateLimits(template, runtime.limits, info);
-        return new E2BSandbox(spec.id, created, {
-          workspace,
-          agentPath: settings.agentPath,
-          description: { image: template, network: runtime.network, limits },
-          lifetimeMs,
-          killGraceMs: settings.killGraceMs,
-        });
-      } catch (err) {
-        await created.kill().catch(() => {});
+        await sandbox.destroy().catch(() => {});
         throw err;
       }
     },
   };
+
+  /** Creates an E2B sandbox for `spec` (a job's attempt, or a session) with its workspace made. */
+  async function start(spec: SandboxSpec, signal?: AbortSignal): Promise<{ sandbox: E2BSandbox; remote: E2BRemoteSandbox }> {
+    if (!client) {
+      throw new BoxcarError(ErrorCode.sandboxFailed, "this worker has no E2B API key: set E2B_API_KEY in the worker's environment");
+    }
+    signal?.throwIfAborted();
+    const { runtime } = spec;
+    const template = runtime.template ?? settings.defaultTemplate;
+    const allowInternetAccess = internetAccess(runtime.network);
+    if (runtime.limits.pids !== undefined) {
+      throw new BoxcarError(
+        ErrorCode.invalid,
+        `runtime.limits.pids is ${runtime.limits.pids}, but E2B cannot limit the processes of a sandbox: remove the limit, or use a docker sandbox`,
+      );
+    }
+    const lifetimeMs = spec.lifetimeMs ?? runtime.timeout + settings.timeoutMarginMs;
+    const creating = client.Sandbox.create(template, {
+      metadata: {
+        ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
+        ...(settings.system ? { [E2BMetadata.system]: settings.system } : {}),
+        [E2BMetadata.job]: spec.jobId,
+        [E2BMetadata.attempt]: String(spec.attempt),
+        [E2BMetadata.worker]: spec.workerId,
+        [E2BMetadata.sandbox]: spec.id,
+      },
+      timeoutMs: lifetimeMs,
+      allowInternetAccess,
+    });
+    let remote: E2BRemoteSandbox | undefined;
+    try {
+      remote = await raceAbort(creating, signal);
+    } catch (err) {
+      throw e2bError(err, `could not create an E2B sandbox from template ${template}`, { template });
+    }
+    if (!remote) {
+      // Abandoned: the sandbox may still come into being; kill it as soon as it does.
+      creating.then((late) => late.kill()).catch(() => {});
+      signal?.throwIfAborted();
+      throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
+    }
+    const created = remote;
+    try {
+      const ready = await raceAbort(
+        Promise.all([prepareWorkspace(created, settings.workspace), created.getInfo()]).catch((err: unknown) => {
+          throw e2bError(err, `could not prepare E2B sandbox ${created.sandboxId}`);
+        }),
+        signal,
+      );
+      if (!ready) {
+        signal?.throwIfAborted();
+        throw new BoxcarError(ErrorCode.cancelled, "sandbox creation was abandoned");
+      }
+      const [workspace, info] = ready;
+      const limits = templateLimits(template, runtime.limits, info);
+      const sandbox = new E2BSandbox(spec.id, created, {
+        workspace,
+        agentPath: settings.agentPath,
+        description: { image: template, network: runtime.network, limits },
+        lifetimeMs,
+        killGraceMs: settings.killGraceMs,
+      });
+      return { sandbox, remote: created };
+    } catch (err) {
+      await created.kill().catch(() => {});
+      throw err;
+    }
+  }
 
   const { prefix, system } = settings;
   if (client && prefix) {
@@ -249,7 +254,7 @@ interface E2BSandboxSettings {
   killGraceMs: number;
 }
 
-/** One attempt's E2B sandbox. */
+/** One attempt's E2B sandbox (or a session's, which `E2BSession` wraps). */
 class E2BSandbox implements Sandbox {
   readonly kind = "e2b";
   readonly workspace: string;
@@ -275,16 +280,20 @@ class E2BSandbox implements Sandbox {
    * agent started outlives it.
    */
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
-    const envFile = `${this.workspace}/${AgentPaths.reserved}/env-${randomBytes(8).toString("hex")}`;
-    const line = agentCommand(argv, envFile);
+    const scratch = `${this.workspace}/${AgentPaths.reserved}/${randomBytes(8).toString("hex")}`;
+    const envFile = `${scratch}-env`;
+    const stdinFile = opts.stdin ? `${scratch}-stdin` : undefined;
+    const line = agentCommand(argv, envFile, stdinFile);
     const envBytes = environmentFile(opts.env);
     this.checkLive();
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
     // The backstop counts again from the agent's start: its full time limit plus the margin.
     const prepared = await raceAbort(
-      Promise.all([this.remote.setTimeout(this.settings.lifetimeMs), this.remote.files.write(envFile, new Blob([envBytes]))]).then(
-        () => true,
-      ),
+      Promise.all([
+        this.remote.setTimeout(this.settings.lifetimeMs),
+        this.remote.files.write(envFile, new Blob([envBytes])),
+        stdinFile && opts.stdin ? this.remote.files.write(stdinFile, new Blob([opts.stdin])) : undefined,
+      ]).then(() => true),
       opts.signal,
     ).catch((err: unknown) => {
       throw e2bError(err, `could not prepare the agent's start in E2B sandbox ${this.remote.sandboxId}`);
@@ -295,7 +304,7 @@ class E2BSandbox implements Sandbox {
     const startedAt = performance.now();
     const starting = this.remote.commands.run(line, {
       background: true,
-      cwd: this.workspace,
+      cwd: opts.cwd === undefined ? this.workspace : `${this.workspace}/${workspaceSegments(opts.cwd).join("/")}`,
       // No deadline: envd kills a command whose call times out; the job's own timer decides.
       timeoutMs: 0,
       onStdout: (text) => opts.onOutput("stdout", encoder.encode(text)),
@@ -392,20 +401,11 @@ class E2BSandbox implements Sandbox {
 
   async listFiles(): Promise<WorkspaceFile[]> {
     this.checkLive();
-    let entries: Awaited<ReturnType<E2BRemoteSandbox["files"]["list"]>>;
     try {
-      entries = await this.remote.files.list(this.workspace, { depth: LIST_DEPTH });
+      return await listRemoteFiles(this.remote, this.workspace);
     } catch (err) {
       throw this.fileError(err, "could not list the workspace");
     }
-    if (entries.length === 0) return [];
-    // Entries carry absolute paths under the workspace's resolved path: the folder of the
-    // shortest one (a top-level entry) is that path.
-    const shortest = entries.reduce((a, b) => (b.path.length < a.path.length ? b : a));
-    const root = `${posix.dirname(shortest.path)}/`;
-    return entries
-      .filter((e) => e.type === "file" && e.path.startsWith(root))
-      .map((e) => ({ path: e.path.slice(root.length), size: e.size }));
   }
 
   /** Kills the E2B sandbox, which ends every process and removes its disk. Safe to call twice. */
@@ -482,41 +482,6 @@ function ownerOf(metadata: Record<string, string>): SandboxOwner | undefined {
   return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
 }
 
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
-
-/** The agent's environment as the file {@link agentCommand} reads: `NAME=value` entries, each ended by a NUL byte. */
-export function environmentFile(env: Readonly<Record<string, string>>): Uint8Array {
-  let text = "";
-  for (const [name, value] of Object.entries(env)) {
-    if (!ENV_NAME.test(name)) throw new BoxcarError(ErrorCode.invalid, `${JSON.stringify(name)} is not an environment variable name`);
-    if (value.includes("\0")) throw new BoxcarError(ErrorCode.invalid, `the value of ${name} contains a NUL byte`);
-    text += `${name}=${value}\0`;
-  }
-  return new TextEncoder().encode(text);
-}
-
-/**
- * The shell command line that runs `argv` in its own process group with exactly the environment
- * in `envFile` (see {@link environmentFile}), removing the file first. The SDK runs commands as
- * `bash -l -c <line>`, whose profile scripts may change the environment (PATH above all), so
- * `env -i` sets the agent's own; `setsid` gives it a process group to be killed with.
- */
-export function agentCommand(argv: readonly string[], envFile: string): string {
-  const [command] = argv;
-  if (command === undefined || command === "") throw new BoxcarError(ErrorCode.invalid, "exec needs a command");
-  if (command.startsWith("-") || command.includes("=")) {
-    throw new BoxcarError(ErrorCode.invalid, `the command ${JSON.stringify(command)} cannot start with '-' or contain '='`);
-  }
-  if (argv.some((a) => a.includes("\0"))) throw new BoxcarError(ErrorCode.invalid, "a command argument contains a NUL byte");
-  const file = shellQuote(envFile);
-  return `mapfile -d '' -t BOXCAR_ENV < ${file} && rm -f ${file} && exec setsid env -i "\${BOXCAR_ENV[@]}" ${argv.map(shellQuote).join(" ")}`;
-}
-
-/** A single-quoted shell word. */
-function shellQuote(word: string): string {
-  return `'${word.replaceAll("'", `'\\''`)}'`;
-}
-
 /** How Go (and so E2B's daemon) names signals in a process's status, e.g. `signal: killed`. */
 const GO_SIGNALS: Record<string, string> = {
   hangup: "SIGHUP",
@@ -545,44 +510,4 @@ export function signalOf(status: string | undefined): string | null {
   const name = status?.startsWith("signal: ") ? status.slice("signal: ".length) : undefined;
   if (name === undefined) return null;
   return GO_SIGNALS[name] ?? name;
-}
-
-/**
- * What the SDK threw, as a BoxcarError that says what failed and why, with the SDK's error as
- * its cause: 401 and 429 are `sandbox_failed`, a missing template (404 on create) is
- * `image_unavailable`, a refused request (400) is `invalid`, an unreachable or busy E2B is
- * `unavailable`, and a sandbox that is gone (killed, or its timeout passed) is `sandbox_failed`.
- */
-export function e2bError(err: unknown, doing: string, context: { template?: string } = {}): BoxcarError {
-  if (err instanceof BoxcarError) return err;
-  const reason = firstLine(err);
-  const make = (code: ErrorCode, message: string) => new BoxcarError(code, message, { cause: err });
-  if (err instanceof AuthenticationError) {
-    return make(ErrorCode.sandboxFailed, `${doing}: E2B refused the worker's API key (401): check E2B_API_KEY in the worker's environment`);
-  }
-  if (err instanceof RateLimitError) {
-    return make(ErrorCode.sandboxFailed, `${doing}: E2B's rate limit or sandbox quota is reached (429): ${reason}`);
-  }
-  if (err instanceof ServiceBusyError) return make(ErrorCode.unavailable, `${doing}: E2B is busy (503), try again later: ${reason}`);
-  if (err instanceof TimeoutError || err instanceof SandboxNotFoundError) {
-    return make(ErrorCode.sandboxFailed, `${doing}: the sandbox is gone or did not answer (killed, or its E2B timeout passed): ${reason}`);
-  }
-  if (err instanceof SandboxError && err.statusCode === 404 && context.template !== undefined) {
-    return make(ErrorCode.imageUnavailable, `${doing}: E2B has no template ${context.template} (404): ${reason}`);
-  }
-  if (err instanceof SandboxError && err.statusCode === 400)
-    return make(ErrorCode.invalid, `${doing}: E2B refused the request (400): ${reason}`);
-  if (err instanceof TypeError && err.cause !== undefined) {
-    return make(ErrorCode.unavailable, `${doing}: cannot reach E2B: ${firstLine(err.cause)}`);
-  }
-  if (err instanceof DOMException && err.name === "TimeoutError")
-    return make(ErrorCode.unavailable, `${doing}: E2B did not answer in time`);
-  return make(ErrorCode.sandboxFailed, `${doing}: ${reason}`);
-}
-
-function firstLine(err: unknown): string {
-  const message = err instanceof Error ? err.message || err.name : String(err);
-  const code = (err as { code?: unknown }).code;
-  const text = typeof code === "string" && !message.includes(code) ? `${message} (${code})` : message;
-  return text.split("\n")[0] ?? text;
 }

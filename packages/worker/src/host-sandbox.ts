@@ -5,7 +5,7 @@ import type { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
+import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
 import { defaultWorkRoot } from "./work-root.js";
 import { packFolder } from "./workspace-archive.js";
 import { workspaceDir, workspaceSegments } from "./workspace-path.js";
@@ -72,6 +72,11 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
 
   get sessionFiles(): LocalSessionFiles {
     return new LocalSessionFiles(this.files);
+  }
+
+  /** A host session's files, as a job's: its own (an admin's session; its commands run as the worker anyway). */
+  get jobFiles(): JobFiles {
+    return this;
   }
 
   /** Read while its commands may run: a host session is an admin's, whose commands run as the worker anyway. */

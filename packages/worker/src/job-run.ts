@@ -38,6 +38,7 @@ import { OutputLog } from "./output-log.js";
 import { redactJson } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
+import type { SessionHost, SessionLease } from "./session-host.js";
 import type { WorkDelivery } from "./work-delivery.js";
 import type { WorkerMetrics } from "./worker-metrics.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
@@ -53,6 +54,8 @@ const HAND_BACK_DELAY_MS = 1_000;
 const failedHandlingDelayMs = (deliveries: number): number => Math.min(30_000, 5_000 * Math.max(1, deliveries));
 /** Deliveries of a work item whose record cannot be found before the item is dropped. */
 const MISSING_RECORD_LOOKS = 5;
+/** How long a job waits before it asks again for its session while a command (or another job) has it. */
+const SESSION_BUSY_DELAY_MS = 250;
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
 const REPUBLISH_WITHIN_MS = 90_000;
 
@@ -67,6 +70,8 @@ export interface JobRunContext {
   leaseMs: number;
   /** Where the attempt's figures go when the worker serves metrics. */
   metrics: WorkerMetrics | undefined;
+  /** The sessions this worker holds: a job in one (`submit --session`) runs in its sandbox. */
+  sessions: Pick<SessionHost, "lend"> | undefined;
 }
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
@@ -92,6 +97,10 @@ export class JobRun {
   private secretValues: string[] = [];
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   private traceparent: string | undefined;
+  /** A job in a session: the session's sandbox, lent for this attempt. */
+  private lease: SessionLease | undefined;
+  /** How the attempt ended, once it has (its final state, or `requeue`, `fenced`). */
+  private endedAs: string | undefined;
 
   constructor(
     private readonly ctx: JobRunContext,
@@ -134,6 +143,7 @@ export class JobRun {
       this.msg.nak(delayMs);
     } finally {
       clearInterval(keepAlive);
+      this.lease?.release(this.endedAs ?? "handed back");
       // An attempt that ended without its last event (fenced, or handed back on an error) keeps the rest.
       this.events.goLive();
     }
@@ -154,7 +164,14 @@ export class JobRun {
     if (this.stopReason === "worker_stopped") return this.msg.nak();
 
     const wrongInput = this.takeInput(found.record);
-    const preflight: Preflight = wrongInput ? { ok: false, error: wrongInput } : this.preflight();
+    let preflight: Preflight;
+    if (wrongInput) preflight = { ok: false, error: wrongInput };
+    else if (this.item.session === undefined || isTerminal(found.record.state)) preflight = this.preflight();
+    else {
+      const lent = await this.borrowSession(this.item.session);
+      if (lent === "busy") return this.msg.nak(SESSION_BUSY_DELAY_MS);
+      preflight = lent;
+    }
     if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state)) {
       const other = await this.capableWorker(found.record.pool);
       if (other) {
@@ -166,9 +183,11 @@ export class JobRun {
     }
     const now = nowIso();
     // The sandbox decision goes on the record and the `started` event before anything is created.
-    const decided: SandboxInfo | undefined = preflight.ok
-      ? { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason }
-      : undefined;
+    const decided: SandboxInfo | undefined = !preflight.ok
+      ? undefined
+      : this.lease
+        ? { ...this.lease.info, reason: preflight.runtime.reason }
+        : { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason };
     const claim = await this.topology.jobStore.change(found, (current) =>
       JobTransitions.claim(current, {
         workerId: this.ctx.options.workerId,
@@ -214,6 +233,7 @@ export class JobRun {
     let endedAs: string | undefined;
     try {
       endedAs = await this.runClaimed(record, preflight, decided);
+      this.endedAs = endedAs;
     } finally {
       attemptSpan.span.setAttribute("boxcar.job.state", endedAs ?? "unknown");
       if (endedAs !== "succeeded" && endedAs !== "requeue") {
@@ -230,7 +250,8 @@ export class JobRun {
     decided: SandboxInfo | undefined,
   ): Promise<string> {
     this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
-    if (record.attempt > 1) await this.removeEarlierAttempts(record.attempt);
+    if (record.attempt > 1 && !this.lease) await this.removeEarlierAttempts(record.attempt);
+    await this.lease?.begin();
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
     // its worker dies right after (a chaos run in CI found one that ran with no `started`).
     await this.events.job("started", "running", decided ? { sandbox: decided } : {});
@@ -308,6 +329,26 @@ export class JobRun {
     }
   }
 
+  /**
+   * A job in a session: the session's sandbox, lent for this attempt (its lock held until the
+   * attempt ends), or why the job cannot run in it; `busy` while a command or another job has it.
+   */
+  private async borrowSession(id: string): Promise<Preflight | "busy"> {
+    try {
+      checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
+      if (!this.ctx.sessions) throw new BoxcarError(ErrorCode.sessionLost, `worker ${this.ctx.options.workerId} holds no sessions`);
+      const lease = await this.ctx.sessions.lend(id, { jobId: this.jobId, owner: ownerOf(this.item), agent: this.item.agent });
+      this.lease = lease;
+      lease.stopped.addEventListener("abort", () => {
+        if (lease.cancelled) this.stop("cancelled");
+      });
+      return { ok: true, runtime: { kind: lease.info.kind, reason: `the sandbox of session ${id}` }, secrets: lease.secrets };
+    } catch (err) {
+      if (err instanceof BoxcarError && err.code === ErrorCode.conflict) return "busy";
+      return { ok: false, error: toErrorInfo(err) };
+    }
+  }
+
   /** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, or a secret is missing. */
   private preflight(): Preflight {
     try {
@@ -325,21 +366,30 @@ export class JobRun {
     let sandbox: Sandbox | undefined;
     let exec: ExecResult | undefined;
     try {
-      sandbox = await this.createSandbox(ref);
+      sandbox = this.lease ? this.lease.sandbox : await this.createSandbox(ref);
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
       exec = await this.runAgent(sandbox, ref, secrets);
+      // A session that closed under the job ended it, whatever its exit says.
+      if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
       if (exec.aborted) return this.stopped(exec);
       const outcome = await this.conclude(sandbox, exec);
       // A timeout or cancel that came while the results were read still decides how it ends.
       return this.stopReason ? this.stopped(exec) : outcome;
     } catch (err) {
+      const closed = this.lease?.closedWith;
+      if (closed !== undefined) {
+        return this.failed(
+          new BoxcarError(ErrorCode.sessionLost, `session ${this.item.session} closed while the job ran (${closed})`),
+          exec,
+        );
+      }
       if (this.stopReason && !exec) return this.stopped(undefined);
       // NATS out of reach, or a cluster without leaders for a moment (storing the artifacts, say),
       // says nothing about the job: hand it back (the caller naks) for another try.
       if (isTransientJetStreamError(err)) throw err;
       return this.failed(err, exec);
     } finally {
-      if (sandbox) await this.destroySandbox(sandbox, ref);
+      if (sandbox && !this.lease) await this.destroySandbox(sandbox, ref);
     }
   }
 

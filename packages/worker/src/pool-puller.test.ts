@@ -40,7 +40,7 @@ async function sweep(puller: PoolPuller, max: number): Promise<{ got: string[]; 
   return { got, deliveries };
 }
 
-const puller = () => new PoolPuller(topology, "p", { log: silentLogger });
+const puller = () => PoolPuller.ofPool(topology, "p", { log: silentLogger });
 
 async function until(done: () => boolean): Promise<void> {
   for (let i = 0; i < 200 && !done(); i++) await sleep(10);
@@ -204,7 +204,7 @@ describe("PoolPuller", () => {
     try {
       const ownTopology = await openTopology(ownNc, { prefix: "restart" });
       await ownTopology.ensurePoolConsumer("p");
-      const p = new PoolPuller(ownTopology, "p", { log: silentLogger, idlePullMs: 60_000 });
+      const p = PoolPuller.ofPool(ownTopology, "p", { log: silentLogger, idlePullMs: 60_000 });
       const waiter = idleWaiter();
       const waiting = p.waitForWork(waiter.wait);
       await ownNc.flush();
@@ -229,7 +229,7 @@ describe("PoolPuller", () => {
   test("a priority whose consumer is gone is logged; the others go on waiting", async () => {
     await topology.jsm.consumers.delete(topology.names.streams.work, topology.names.poolConsumer("p", "high"));
     const warnings: string[] = [];
-    const p = new PoolPuller(topology, "p", { log: { ...silentLogger, warn: (_o: unknown, m: string) => warnings.push(m) } as never });
+    const p = PoolPuller.ofPool(topology, "p", { log: { ...silentLogger, warn: (_o: unknown, m: string) => warnings.push(m) } as never });
     const waiter = idleWaiter();
     const waiting = p.waitForWork(waiter.wait);
     await until(() => warnings.length > 0);

@@ -61,19 +61,36 @@ export class PoolPuller {
   private readonly nc: NatsConnection;
   private readonly levels: Level[];
 
-  constructor(
+  private constructor(
     topology: Topology,
-    pool: string,
+    consumers: readonly { priority: Priority; subject: string; consumer: string }[],
     private readonly opts: { log: Logger; idlePullMs?: number },
   ) {
-    const { names } = topology;
     this.nc = topology.nc;
-    this.levels = PRIORITIES.map((priority) => ({
+    this.levels = consumers.map(({ priority, subject, consumer }) => ({
       priority,
-      subject: names.subjects.work(pool, priority),
-      next: `$JS.API.CONSUMER.MSG.NEXT.${names.streams.work}.${names.poolConsumer(pool, priority)}`,
+      subject,
+      next: `$JS.API.CONSUMER.MSG.NEXT.${topology.names.streams.work}.${consumer}`,
       failing: false,
     }));
+  }
+
+  /** A pool's work: a consumer per priority. */
+  static ofPool(topology: Topology, pool: string, opts: { log: Logger; idlePullMs?: number }): PoolPuller {
+    const { names } = topology;
+    const levels = PRIORITIES.map((priority) => ({
+      priority,
+      subject: names.subjects.work(pool, priority),
+      consumer: names.poolConsumer(pool, priority),
+    }));
+    return new PoolPuller(topology, levels, opts);
+  }
+
+  /** The jobs to run in one worker's sessions: its own consumer (see `Topology.ensureWorkerConsumer`). */
+  static ofSessions(topology: Topology, workerId: string, opts: { log: Logger; idlePullMs?: number }): PoolPuller {
+    const { names } = topology;
+    const level = { priority: "normal" as const, subject: names.subjects.sessionWork(workerId), consumer: names.workerConsumer(workerId) };
+    return new PoolPuller(topology, [level], opts);
   }
 
   /**

@@ -15,6 +15,8 @@ export interface SandboxSpec {
   attempt: number;
   workerId: string;
   runtime: RuntimeWishes;
+  /** A session's: the longest its sandbox may live (default: a job's timeout); a backend whose sandboxes end by themselves (E2B) keeps it alive that long. */
+  lifetimeMs?: number;
 }
 
 /** Creates sandboxes of one backend. */
@@ -123,6 +125,9 @@ export interface Sandbox {
   destroy(): Promise<void>;
 }
 
+/** What a job does with its sandbox's files: lay out its input, read its result and artifacts. */
+export type JobFiles = Pick<Sandbox, "mkdir" | "writeFile" | "readFile" | "listFiles">;
+
 /** A session's files, read and written while its commands may be running. Paths as a sandbox's. */
 export interface SessionFiles {
   /** The file's bytes, or null when there is no such regular file; one of more than `max` bytes is refused (`too_large`). */
@@ -138,6 +143,8 @@ export interface SessionFiles {
 /** A sandbox kept for a session: commands run in it one after another, and its files are reached between and during them. */
 export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace" | "agentPath" | "description" | "exec" | "destroy"> {
   readonly sessionFiles: SessionFiles;
+  /** Its files as a job run in the session (docs/sessions.md#jobs-in-a-session) reads and writes them, of any size. */
+  readonly jobFiles: JobFiles;
   /**
    * A tar of the workspace's folders and regular files (symlinks and the rest are left out), read
    * with nothing of the session running meanwhile where the backend can hold it still (a

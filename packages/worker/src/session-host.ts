@@ -27,6 +27,7 @@ import {
   PROTOCOL_VERSION,
   parseWith,
   resolveRuntime,
+  type SandboxInfo,
   type SessionEvent,
   SessionFileRef,
   type SessionRecord,
@@ -43,7 +44,8 @@ import { AgentPaths, collectSecrets } from "./agent-contract.js";
 import { cloneInto } from "./git-seed.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 import { StreamRedactor } from "./redactor.js";
-import type { SandboxBackend, SandboxProvider, SessionFiles, SessionSandbox } from "./sandbox.js";
+import type { Sandbox, SandboxBackend, SandboxProvider, SessionFiles, SessionSandbox } from "./sandbox.js";
+import { sessionJobSandbox } from "./session-job-sandbox.js";
 import type { Slots } from "./slots.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 import { unpackInto } from "./workspace-archive.js";
@@ -63,10 +65,39 @@ interface HeldSession {
   env: Record<string, string>;
   /** A snapshot is being taken (one at a time; the idle clock waits). */
   snapshotting?: boolean;
-  /** The command running now, if any: its id, how to stop it, and whether its owner cancelled it. */
-  running?: { execId: string; stop: AbortController; cancelled: boolean };
+  /** The command or job running now, if any: its id, how to stop it, and whether its owner cancelled it. */
+  running?: Running;
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
+}
+
+/** What holds a session's lock: one command, or one job. */
+interface Running {
+  /** The command's id (`<session>.<n>`), or the job's. */
+  execId: string;
+  stop: AbortController;
+  /** Its owner cancelled it (`sessions.cancel`). */
+  cancelled: boolean;
+  /** Why the session closed under it, if it did. */
+  closedWith?: string;
+}
+
+/** A session's sandbox lent to a job for its run (`SessionHost.lend`). */
+export interface SessionLease {
+  /** The session's sandbox as a job's; destroying it does nothing. */
+  sandbox: Sandbox;
+  info: SandboxInfo;
+  /** The agent's secrets: an admin's session has them, others none (as its commands). */
+  secrets: Map<string, string>;
+  /** Aborts when the session's owner cancels the job (`sessions.cancel`) or the session closes. */
+  stopped: AbortSignal;
+  /** Whether its owner cancelled it; else why the session closed, if it did. */
+  readonly cancelled: boolean;
+  readonly closedWith: string | undefined;
+  /** The job claimed, its attempt starts in the session: a `job_started` event says so. */
+  begin(): Promise<void>;
+  /** Gives the lock back: the session is idle again from now. `state`: how the attempt ended (a `job_ended` event, once begun). */
+  release(state: string): void;
 }
 
 export interface SessionHostContext {
@@ -195,7 +226,7 @@ export class SessionHost {
     if (!provider?.createSession) {
       throw new BoxcarError(
         ErrorCode.noSandbox,
-        `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}), which hold no sessions on this worker: sessions run in host and Docker sandboxes`,
+        `agent ${agent.name} runs in ${runtime.kind} sandboxes (${runtime.reason}), which hold no sessions on this worker`,
       );
     }
     // Whatever a command gets its caller can read (`env`, a file): the agent's secrets go to an admin's sessions only.
@@ -207,7 +238,7 @@ export class SessionHost {
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
-        { id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime },
+        { id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime, lifetimeMs: request.maxLifetime },
         seed,
       );
     } catch (err) {
@@ -348,6 +379,66 @@ export class SessionHost {
   }
 
   /**
+   * Lends session `id`'s sandbox to a job for its run (docs/sessions.md#jobs-in-a-session),
+   * holding the session's lock until the lease is released, and clears what the agent contract
+   * leaves of a job before (its result file). Throws `session_lost` when this worker does not
+   * hold the session (it closed, or the worker restarted), `conflict` while a command or another
+   * job holds it, and `forbidden` when the job is not the session's owner's, or of another agent
+   * that does not allow sessions.
+   */
+  async lend(id: string, job: { jobId: string; owner: string; agent: AgentDefinition }): Promise<SessionLease> {
+    const held = this.held.get(id);
+    if (!held || this.closing.has(id)) {
+      throw new BoxcarError(
+        ErrorCode.sessionLost,
+        `session ${id} is not open on worker ${this.ctx.workerId} (it closed, or its worker restarted)`,
+      );
+    }
+    if (held.record.owner !== job.owner || (held.record.agent !== job.agent.name && !job.agent.sessions)) {
+      throw new BoxcarError(ErrorCode.forbidden, `session ${id} is not ${job.owner}'s, or agent ${job.agent.name} does not allow sessions`);
+    }
+    if (held.running) throw new BoxcarError(ErrorCode.conflict, `session ${id} is running ${held.running.execId}`);
+    const running: Running = { execId: job.jobId, stop: new AbortController(), cancelled: false };
+    held.running = running;
+    clearTimeout(held.idle);
+    let released = false;
+    let begun = false;
+    const release = (state: string) => {
+      if (released) return;
+      released = true;
+      if (held.running === running) held.running = undefined;
+      if (begun) void this.event(held, "job_ended", { jobId: job.jobId, state });
+      if (this.held.get(id) !== held) return;
+      held.record = { ...held.record, lastUsedAt: nowIso() };
+      this.idleFrom(held);
+      void this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
+    };
+    try {
+      await held.sandbox.sessionFiles.remove(AgentPaths.result);
+    } catch (err) {
+      release("failed");
+      throw err;
+    }
+    return {
+      sandbox: sessionJobSandbox(held.sandbox),
+      info: held.record.sandbox,
+      secrets: held.secrets,
+      stopped: running.stop.signal,
+      get cancelled() {
+        return running.cancelled;
+      },
+      get closedWith() {
+        return running.closedWith;
+      },
+      begin: () => {
+        begun = true;
+        return this.event(held, "job_started", { jobId: job.jobId });
+      },
+      release,
+    };
+  }
+
+  /**
    * Stores the session's workspace (its folders and regular files) as a snapshot, under a new id,
    * with the Object Store's digest of it.
    */
@@ -467,7 +558,10 @@ export class SessionHost {
     try {
       clearTimeout(held.idle);
       clearTimeout(held.lifetime);
-      held.running?.stop.abort();
+      if (held.running) {
+        held.running.closedWith = reason;
+        held.running.stop.abort();
+      }
       await held.sandbox.destroy().catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not remove a session's sandbox"));
       this.ctx.slots.release(1);
       held.record = { ...held.record, state: "closed", closedAt: nowIso(), reason };

@@ -77,6 +77,8 @@ function newerRelease(data: Uint8Array): string | undefined {
 
 /** Pause after a failed pull. */
 const RETRY_MS = 1_000;
+/** How many jobs of its sessions a worker asks for at once (each waits for its session's lock). */
+const SESSION_JOBS_AT_ONCE = 16;
 
 class BoxcarWorker implements Worker {
   readonly id: string;
@@ -176,6 +178,11 @@ class BoxcarWorker implements Worker {
       log: this.log,
     });
     this.sessions.start();
+    // Jobs to run in this worker's sessions come on a consumer of its own.
+    const holdsSessions = this.options.providers.some((provider) => provider.createSession !== undefined);
+    if (holdsSessions) {
+      this.leaseMs = Math.min(this.leaseMs, await wait("its sessions' consumer", () => topology.ensureWorkerConsumer(this.id)));
+    }
     await topology.nc.flush();
     // On a full store the worker waits for room instead of exiting: once space frees, it drains the queue.
     await patiently("the presence entry", () => this.putPresence(), this.log, this.pulling.signal, { untilRoom: true });
@@ -193,6 +200,7 @@ class BoxcarWorker implements Worker {
     }
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
+    if (holdsSessions) this.loops.push(this.pullSessionJobs());
     this.accepting = !this.pulling.signal.aborted;
     this.log.info(
       {
@@ -211,7 +219,7 @@ class BoxcarWorker implements Worker {
    * starts a job only in a free slot, so the worker never holds more than `concurrency` jobs.
    */
   private async pull(pool: string, share: number): Promise<void> {
-    const puller = new PoolPuller(this.options.topology, pool, { log: this.log.child({ pool }) });
+    const puller = PoolPuller.ofPool(this.options.topology, pool, { log: this.log.child({ pool }) });
     while (!this.pulling.signal.aborted) {
       try {
         if (!(await this.sweep(puller, share))) return;
@@ -219,6 +227,33 @@ class BoxcarWorker implements Worker {
         // NATS trouble mid-sweep, a flush cut short by a reconnect, ...: pause and go on.
         if (this.pulling.signal.aborted) return;
         this.log.warn({ err, pool }, "pulling work failed; trying again");
+        await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
+      }
+    }
+  }
+
+  /**
+   * Takes the jobs submitted to run in this worker's sessions (docs/sessions.md#jobs-in-a-session)
+   * while the worker runs. They hold no slot: each session holds one already, and its lock lets
+   * one of its jobs run at a time.
+   */
+  private async pullSessionJobs(): Promise<void> {
+    const puller = PoolPuller.ofSessions(this.options.topology, this.id, { log: this.log.child({ sessionJobs: true }) });
+    const take = (delivery: WorkDelivery) => this.dispatch(delivery, false);
+    while (!this.pulling.signal.aborted) {
+      try {
+        await puller.take(SESSION_JOBS_AT_ONCE, take);
+        await puller.waitForWork({
+          signal: this.pulling.signal,
+          offer: (delivery) => {
+            take(delivery);
+            return true;
+          },
+          onFull: () => () => {},
+        });
+      } catch (err) {
+        if (this.pulling.signal.aborted) return;
+        this.log.warn({ err }, "pulling the jobs of this worker's sessions failed; trying again");
         await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
       }
     }
@@ -252,11 +287,14 @@ class BoxcarWorker implements Worker {
     return true;
   }
 
-  /** Starts one delivered work item; it holds one slot until it is handled. */
-  private dispatch(msg: WorkDelivery): void {
+  /** Starts one delivered work item; it holds one slot until it is handled (`slotted`: a pool's; a session's job holds none). */
+  private dispatch(msg: WorkDelivery, slotted = true): void {
+    const release = () => {
+      if (slotted) this.slots.release(1);
+    };
     if (this.pulling.signal.aborted) {
       msg.nak();
-      this.slots.release(1);
+      release();
       return;
     }
     let item: WorkItem;
@@ -274,13 +312,13 @@ class BoxcarWorker implements Worker {
       } else {
         this.reject(msg, toErrorInfo(err));
       }
-      this.slots.release(1);
+      release();
       return;
     }
     if (this.runs.has(item.jobId)) {
       // Redelivered while still running here: the run in progress acknowledges it.
       this.log.warn({ jobId: item.jobId }, "work item delivered again while its job runs here; ignoring the copy");
-      this.slots.release(1);
+      release();
       return;
     }
     const run = new JobRun(
@@ -291,13 +329,14 @@ class BoxcarWorker implements Worker {
         providers: this.providers,
         leaseMs: this.leaseMs,
         metrics: this.metrics,
+        sessions: this.sessions,
       },
       msg,
       item,
     );
     const done = run.run().finally(() => {
       this.runs.delete(item.jobId);
-      this.slots.release(1);
+      release();
     });
     this.runs.set(item.jobId, { run, done });
   }

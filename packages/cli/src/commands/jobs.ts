@@ -130,7 +130,7 @@ function chainLimits(values: Values): { maxHops?: number; maxVisits?: number } |
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--max-hops N] [--max-visits N]",
+    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--session SESSION] [--max-hops N] [--max-visits N]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
@@ -145,6 +145,7 @@ export const submit: Command = {
     deadline: { type: "string" },
     pool: { type: "string" },
     priority: { type: "string" },
+    session: { type: "string" },
     "max-hops": { type: "string" },
     "max-visits": { type: "string" },
   },
@@ -168,6 +169,7 @@ export const submit: Command = {
         ...(ctx.values.deadline ? { deadline: ctx.values.deadline as string } : {}),
         ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
         ...(priority ? { priority: priority as Priority } : {}),
+        ...(ctx.values.session ? { session: ctx.values.session as string } : {}),
         ...(limits ? { chainLimits: limits } : {}),
       },
       { upload },
