@@ -24,12 +24,14 @@ describe("sessions in E2B sandboxes (the real e2b SDK against the local stand-in
   let alice: Principal;
   let bob: Principal;
 
-  /** The stand-in's sandbox of a session (its metadata names the session as its job). */
-  const sandboxOf = (sessionId: string) => standin.sandboxes().find((s) => s.metadata.boxcarJob === sessionId);
+  /** The stand-in's sandbox of a session (its metadata names the session). */
+  const sandboxOf = (sessionId: string) => standin.sandboxes().find((s) => s.metadata.boxcarSession === sessionId);
 
   beforeAll(async () => {
     standin = await startE2BStandIn({ templates: { base: { cpuCount: 2, memoryMB: 512 } } });
     system = await securedSystem({
+      // The worker's reaper looks every half second: it must leave a live session's sandbox alone.
+      reapIntervalMs: 500,
       providers: ({ prefix, systemId }) => [
         createE2BSandboxProvider({
           apiKey: standin.apiKey,
@@ -72,6 +74,12 @@ describe("sessions in E2B sandboxes (the real e2b SDK against the local stand-in
     });
     expect(read).toMatchObject({ exitCode: 0, cancelled: false, timedOut: false });
     expect(text(read.stdout)).toBe("from the API\nPIPED\nagent-env\n");
+    // A missing cwd is refused before anything is written for the command (its environment file above all).
+    await expect(alice.client.execInSession({ id: session.id, argv: ["true"], cwd: "nope" })).rejects.toMatchObject({
+      code: "invalid",
+      message: expect.stringContaining("cwd nope: no such folder"),
+    });
+    expect((await alice.client.listSessionFiles({ id: session.id })).files.map((f) => f.path)).toEqual(["src/hello.txt"]);
     const failed = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "echo oops >&2; exit 3"] });
     expect(failed.exitCode).toBe(3);
     expect(text(failed.stderr)).toBe("oops\n");
@@ -100,6 +108,10 @@ describe("sessions in E2B sandboxes (the real e2b SDK against the local stand-in
     await alice.client.cancelInSession(session.id);
     expect(await sleeping).toMatchObject({ cancelled: true, exitCode: null });
     expect((await alice.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
+    // Past a few reaps, the sandbox is still the session's.
+    await new Promise((r) => setTimeout(r, 1_600));
+    expect((await alice.client.execInSession({ id: session.id, argv: ["true"] })).exitCode).toBe(0);
+    expect(sandboxOf(session.id)?.state).toBe("running");
 
     await alice.client.closeSession(session.id);
     expect(sandboxOf(session.id)?.state).toBe("killed");

@@ -137,6 +137,32 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
     await alice.client.closeSession(session.id);
   }, 60_000);
 
+  test("jobs that wait for a session run one at a time, in the order they came; a workspace of 12 000 files outside the outputs is no matter", async () => {
+    await admin.client.applyAgent({
+      name: "appender",
+      command: ["sh", "-c", 'mkdir -p out && cat "$BOXCAR_INPUT_FILE" >> out/order.txt && echo >> out/order.txt'],
+      sessions: true,
+      outputs: ["out/**"],
+      runtime: { sandbox: "docker", timeout: "1m" },
+    });
+    const session = await alice.client.openSession({ agent: "box" });
+    // More files than one listing carries, none of them under out/.
+    await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "mkdir many && cd many && seq 1 12000 | xargs touch"] });
+    const command = alice.client.execInSession({ id: session.id, argv: ["sleep", "2"] });
+    await new Promise((r) => setTimeout(r, 300));
+    const ids: string[] = [];
+    for (const n of [1, 2, 3, 4, 5]) ids.push((await alice.client.submit({ agent: "appender", input: n, session: session.id })).job.id);
+    await command;
+    const done = await Promise.all(ids.map((id) => finished(alice, id)));
+    expect(done.map((j) => j.state)).toEqual(["succeeded", "succeeded", "succeeded", "succeeded", "succeeded"]);
+    expect(Buffer.from(await alice.client.readSessionFile(session.id, "out/order.txt")).toString()).toBe("1\n2\n3\n4\n5\n");
+    // One at a time: each started after the one before it ended.
+    for (let i = 1; i < done.length; i++) {
+      expect(Date.parse(done[i]?.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(done[i - 1]?.finishedAt as string));
+    }
+    await alice.client.closeSession(session.id);
+  }, 60_000);
+
   test("refusals: another user's session, an agent that does not allow sessions, a closed session; a session that closes under a waiting job", async () => {
     const session = await alice.client.openSession({ agent: "box" });
     await expect(bob.client.submit({ agent: "box", session: session.id })).rejects.toMatchObject({ code: "not_found" });

@@ -134,18 +134,21 @@ export async function cancelJob(topology: Topology, id: string, caller: Identity
 
 /**
  * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
- * policy's maxAttempts), its history kept. Only a dead job can be retried.
+ * policy's maxAttempts), its history kept. Only a dead job can be retried; a job of a session,
+ * only while its session is open.
  */
 export async function retryJob(
   topology: Topology,
   id: string,
   caller: Identity,
-  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions">,
 ): Promise<JobRecord> {
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
   const agent = await ctx.agents.get(job.agent);
+  // A job of a session runs there again only while the session is open, on the worker that holds it.
+  if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
   const retry = job.spec?.retry ?? agent.retry;
   const change = await topology.jobStore.change(found, (current) => JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso()));
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);

@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
-import { JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
+import { JobTransitions, WorkItem } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import type { WorkerDirectory } from "./worker-directory.js";
 
@@ -12,11 +12,13 @@ const NEW_CONSUMER_GRACE_MS = 120_000;
 
 /**
  * Settles the jobs left for sessions whose worker is gone (docs/sessions.md#jobs-in-a-session).
- * Such a job's work item waits on its worker's own consumer (`Topology.ensureWorkerConsumer`),
- * which nothing else takes: each sweep finds the consumers of workers that are neither live
- * nor draining, ends their jobs `failed` with `session_lost` (by compare-and-swap, so several
- * dispatchers end a job once, and a job that ended is left as it is), removes their items, and
- * then the consumer. While all is well a sweep costs one consumer list.
+ * Such a job's work item waits on its worker's own subject and consumer
+ * (`Topology.ensureWorkerConsumer`), which nothing else takes: each sweep finds the workers
+ * with a consumer or items there that are neither live nor draining, removes the consumer, ends
+ * their jobs `failed` with `session_lost` (by compare-and-swap, so several dispatchers end a job
+ * once, and a job that ended is left as it is) and removes their items. A worker that was only
+ * slow to heartbeat makes its consumer again. While all is well a sweep costs one consumer list
+ * and one stream info.
  */
 export class LostSessionWork {
   private readonly timer: NodeJS.Timeout;
@@ -50,18 +52,32 @@ export class LostSessionWork {
 
   private async sweepOnce(): Promise<number> {
     const { jsm, names } = this.topology;
-    let failed = 0;
-    for await (const info of jsm.consumers.list(names.streams.work)) {
+    const stream = names.streams.work;
+    // The workers with a consumer, and those with items waiting (a consumer removed before its
+    // items were settled, or items published to a worker that made none).
+    const consumers = new Map<string, string>();
+    for await (const info of jsm.consumers.list(stream)) {
       const workerId = names.workerOfConsumer(info.name);
-      if (workerId === undefined) continue;
+      if (workerId !== undefined) consumers.set(workerId, info.created);
+    }
+    const prefix = names.subjects.sessionWork("");
+    const waiting = (await jsm.streams.info(stream, { subjects_filter: `${prefix}*` })).state.subjects ?? {};
+    const workers = new Set([...consumers.keys(), ...Object.keys(waiting).map((subject) => subject.slice(prefix.length))]);
+    let failed = 0;
+    for (const workerId of workers) {
       const status = this.workers.statusOf(workerId);
       if (status === "live" || status === "draining") continue;
-      if (status === undefined && Date.now() - Date.parse(info.created) < NEW_CONSUMER_GRACE_MS) continue;
+      // A worker makes its consumer before its first presence: a new one is given time.
+      const created = consumers.get(workerId);
+      if (status === undefined && created !== undefined && Date.now() - Date.parse(created) < NEW_CONSUMER_GRACE_MS) continue;
+      // The consumer first: an item published meanwhile is found by the next sweep, by its subject.
+      if (created !== undefined) {
+        await jsm.consumers.delete(stream, names.workerConsumer(workerId)).catch((err: unknown) => {
+          if (!isGone(err)) throw err;
+        });
+        this.log.info({ workerId }, "removed the sessions' consumer of a worker that is gone");
+      }
       failed += await this.settle(workerId);
-      await jsm.consumers.delete(names.streams.work, info.name).catch((err: unknown) => {
-        if (!isGone(err)) throw err;
-      });
-      this.log.info({ workerId }, "removed the sessions' consumer of a worker that is gone");
     }
     return failed;
   }
@@ -72,20 +88,38 @@ export class LostSessionWork {
     const { jsm, names } = topology;
     let failed = 0;
     for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.sessionWork(workerId))) {
-      const { jobId } = parseWith(WorkItem, stored.json(), "work item");
-      const change = await topology.jobStore.change(jobId, (job) => JobTransitions.loseSession(job, workerId, nowIso()));
+      // One item that cannot be settled (unreadable, say) does not hold up the others; an unreadable one is removed.
+      const ended = await this.settleItem(workerId, stored.json(), stored.seq).catch((err: unknown) => {
+        this.log.warn({ err, seq: stored.seq, workerId }, "could not settle the work item of a lost session's job");
+        return false;
+      });
+      if (ended) failed += 1;
+    }
+    return failed;
+  }
+
+  /** Ends one item's job (`session_lost`) unless it ended already, then removes the item; true when it ended the job. */
+  private async settleItem(workerId: string, body: unknown, seq: number): Promise<boolean> {
+    const { topology } = this;
+    const item = WorkItem.safeParse(body);
+    let ended = false;
+    if (item.success) {
+      const { jobId } = item.data;
+      const change = await topology.jobStore.change(jobId, (job) =>
+        job.session?.workerId === workerId ? JobTransitions.loseSession(job, workerId, nowIso()) : null,
+      );
       if (change.written) {
         const job = change.handle.record;
-        failed += 1;
+        ended = true;
         this.onFailed(jobId);
         await publishEvent(topology, jobEvent(job, "failed", { ...(job.error ? { error: job.error, message: job.error.message } : {}) }));
         this.log.warn({ jobId, workerId }, "a job in a session ended: the session's worker is gone");
       }
-      await jsm.streams.deleteMessage(names.streams.work, stored.seq, false).catch((err: unknown) => {
-        if (!isGone(err)) throw err;
-      });
     }
-    return failed;
+    await topology.jsm.streams.deleteMessage(topology.names.streams.work, seq, false).catch((err: unknown) => {
+      if (!isGone(err)) throw err;
+    });
+    return ended;
   }
 }
 

@@ -227,6 +227,18 @@ export class SessionDesk {
         { issues: [{ path: "session", message: `agent ${agent.name} does not allow sessions` }] },
       );
     }
+    if (this.workers.statusOf(session.workerId) === "draining") {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `the worker holding session ${id} (${session.workerId}) is stopping: its sessions close with it`,
+      );
+    }
+    if (!this.workers.takesSessionJobs(session.workerId)) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `the worker holding session ${id} (${session.workerId}) is of a release that runs no jobs in sessions: open one on a newer worker`,
+      );
+    }
     return { id, workerId: session.workerId };
   }
 

@@ -30,6 +30,8 @@ export const WorkerInfo = z.looseObject({
   workItems: z.array(z.number().int().positive()).optional(),
   /** Docker containers standing ready in its warm pool (absent: a worker of an earlier release). */
   warm: z.number().int().nonnegative().optional(),
+  /** It takes the jobs submitted to its sessions, from its own consumer (absent: a worker of an earlier release, which does not). */
+  sessionJobs: z.boolean().optional(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { AgentResultFile, type Artifact, BoxcarError, ErrorCode, type WorkItem, zodIssues } from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
 import { AgentPaths, MAX_RESULT_BYTES } from "./agent-contract.js";
-import { globMatcher } from "./glob.js";
+import { globMatcher, globRoots } from "./glob.js";
 import type { Sandbox } from "./sandbox.js";
 
 /** The most artifacts one job may keep: their list lives in the job record. */
@@ -61,7 +61,7 @@ export async function readResultFile(sandbox: Sandbox): Promise<AgentResultFile 
  */
 export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: readonly string[], store: ObjectStore): Promise<Artifact[]> {
   const matches = globMatcher(globs);
-  const files = (await sandbox.listFiles())
+  const files = (await sandbox.listFiles(globRoots(globs)))
     .filter((f) => !f.path.startsWith(`${AgentPaths.reserved}/`) && matches(f.path))
     .sort((a, b) => (a.path < b.path ? -1 : 1));
   if (files.length > MAX_ARTIFACTS) {

@@ -18,8 +18,8 @@ export function environmentFile(env: Readonly<Record<string, string>>): Uint8Arr
  * in `envFile` (see {@link environmentFile}), removing the file first. The SDK runs commands as
  * `bash -l -c <line>`, whose profile scripts may change the environment (PATH above all), so
  * `env -i` sets the agent's own; `setsid` gives it a process group to be killed with. With
- * `stdinFile`, the command reads that file on its stdin (a session's command), and it is removed
- * once open.
+ * `stdinFile`, the command reads that file on its stdin (a session's command). Both files are
+ * removed before the agent starts, also when reading them fails (and then it does not start).
  */
 export function agentCommand(argv: readonly string[], envFile: string, stdinFile?: string): string {
   const [command] = argv;
@@ -28,9 +28,12 @@ export function agentCommand(argv: readonly string[], envFile: string, stdinFile
     throw new BoxcarError(ErrorCode.invalid, `the command ${JSON.stringify(command)} cannot start with '-' or contain '='`);
   }
   if (argv.some((a) => a.includes("\0"))) throw new BoxcarError(ErrorCode.invalid, "a command argument contains a NUL byte");
-  const file = shellQuote(envFile);
-  const stdin = stdinFile === undefined ? "" : `exec 0< ${shellQuote(stdinFile)} && rm -f ${shellQuote(stdinFile)} && `;
-  return `${stdin}mapfile -d '' -t BOXCAR_ENV < ${file} && rm -f ${file} && exec setsid env -i "\${BOXCAR_ENV[@]}" ${argv.map(shellQuote).join(" ")}`;
+  const env = shellQuote(envFile);
+  const stdin = stdinFile === undefined ? undefined : shellQuote(stdinFile);
+  // Both files are removed whatever happens before the agent starts; it starts only if both were read.
+  const open = stdin === undefined ? "" : ` exec 0< ${stdin} || ok=1;`;
+  const remove = stdin === undefined ? env : `${env} ${stdin}`;
+  return `mapfile -d '' -t BOXCAR_ENV < ${env}; ok=$?;${open} rm -f ${remove}; [ $ok -eq 0 ] && exec setsid env -i "\${BOXCAR_ENV[@]}" ${argv.map(shellQuote).join(" ")}`;
 }
 
 /** A single-quoted shell word. */

@@ -39,10 +39,33 @@ describe("agentCommand and environmentFile", () => {
     expect(printed.stdout).toBe("[a b]\n[it's]\n[$HOME]\n[`id`]\n[x\ny]\n[]\n[*]\n");
   });
 
+  test("with a stdin file: the command reads it, and both files are gone before it starts", () => {
+    const folder = mkdtempSync(join(tmpdir(), "boxcar-e2b-unit-"));
+    folders.push(folder);
+    const [envFile, stdinFile] = [join(folder, "env"), join(folder, "stdin")];
+    writeFileSync(envFile, environmentFile({ PATH: "/usr/bin:/bin" }));
+    writeFileSync(stdinFile, "piped in\n");
+    const line = agentCommand(["sh", "-c", `tr a-z A-Z; ls ${folder} | wc -l`], envFile, stdinFile);
+    const result = spawnSync("/bin/bash", ["-c", line], { encoding: "utf8" });
+    expect(result.stdout).toBe("PIPED IN\n0\n");
+  });
+
+  test("when a file cannot be read the command does not run, and neither file is left (they hold the environment)", () => {
+    const folder = mkdtempSync(join(tmpdir(), "boxcar-e2b-unit-"));
+    folders.push(folder);
+    const [envFile, marker] = [join(folder, "env"), join(folder, "ran")];
+    writeFileSync(envFile, environmentFile({ PATH: "/usr/bin:/bin", TOKEN: "s3cr3t" }));
+    const line = agentCommand(["touch", marker], envFile, join(folder, "missing-stdin"));
+    const result = spawnSync("/bin/bash", ["-c", line], { encoding: "utf8" });
+    expect(result.status).not.toBe(0);
+    expect(existsSync(marker)).toBe(false);
+    expect(existsSync(envFile)).toBe(false);
+  });
+
   test("no value is in the command line: only the file's path", () => {
     const line = agentCommand(["true"], "/w/.boxcar/env-1");
     expect(line).toBe(
-      `mapfile -d '' -t BOXCAR_ENV < '/w/.boxcar/env-1' && rm -f '/w/.boxcar/env-1' && exec setsid env -i "\${BOXCAR_ENV[@]}" 'true'`,
+      `mapfile -d '' -t BOXCAR_ENV < '/w/.boxcar/env-1'; ok=$?; rm -f '/w/.boxcar/env-1'; [ $ok -eq 0 ] && exec setsid env -i "\${BOXCAR_ENV[@]}" 'true'`,
     );
     expect(new TextDecoder().decode(environmentFile({ TOKEN: "s3cr3t", B: "" }))).toBe("TOKEN=s3cr3t\0B=\0");
   });

@@ -6,7 +6,7 @@ import { raceAbort } from "./abort.js";
 import { AgentPaths } from "./agent-contract.js";
 import { agentCommand, environmentFile } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
-import { E2BSession, listRemoteFiles, seedRemote } from "./e2b-session.js";
+import { E2BSession, seedRemote } from "./e2b-session.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
 import { workspaceSegments } from "./workspace-path.js";
 
@@ -70,11 +70,15 @@ export const E2BMetadata = {
   prefix: "boxcarPrefix",
   system: "boxcarSystem",
   job: "boxcarJob",
+  /** On a session's sandbox, in place of the job and attempt: the session it is kept for. */
+  session: "boxcarSession",
   attempt: "boxcarAttempt",
   worker: "boxcarWorker",
   sandbox: "boxcarSandbox",
 } as const;
 
+/** How deep a listing of a job's workspace goes (E2B's ListDir takes a depth). */
+const LIST_DEPTH = 4096;
 const DEFAULT_AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /** Bound on the small clean-up commands run after the agent. */
 const CLEANUP_TIMEOUT_MS = 10_000;
@@ -138,11 +142,11 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
     available: async () => client !== undefined,
 
     async create(spec, signal) {
-      return (await start(spec, signal)).sandbox;
+      return (await start(spec, { signal })).sandbox;
     },
 
     async createSession(spec, seed) {
-      const { sandbox, remote } = await start(spec);
+      const { sandbox, remote } = await start(spec, { session: true });
       try {
         if (seed) await seedRemote(remote, sandbox.workspace, seed);
         return new E2BSession(sandbox, remote);
@@ -153,8 +157,11 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
     },
   };
 
-  /** Creates an E2B sandbox for `spec` (a job's attempt, or a session) with its workspace made. */
-  async function start(spec: SandboxSpec, signal?: AbortSignal): Promise<{ sandbox: E2BSandbox; remote: E2BRemoteSandbox }> {
+  /** Creates an E2B sandbox for `spec` (a job's attempt, or a `session`'s) with its workspace made. */
+  async function start(
+    spec: SandboxSpec,
+    { signal, session = false }: { signal?: AbortSignal | undefined; session?: boolean },
+  ): Promise<{ sandbox: E2BSandbox; remote: E2BRemoteSandbox }> {
     if (!client) {
       throw new BoxcarError(ErrorCode.sandboxFailed, "this worker has no E2B API key: set E2B_API_KEY in the worker's environment");
     }
@@ -173,8 +180,9 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
       metadata: {
         ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
         ...(settings.system ? { [E2BMetadata.system]: settings.system } : {}),
-        [E2BMetadata.job]: spec.jobId,
-        [E2BMetadata.attempt]: String(spec.attempt),
+        ...(session
+          ? { [E2BMetadata.session]: spec.jobId }
+          : { [E2BMetadata.job]: spec.jobId, [E2BMetadata.attempt]: String(spec.attempt) }),
         [E2BMetadata.worker]: spec.workerId,
         [E2BMetadata.sandbox]: spec.id,
       },
@@ -212,6 +220,7 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
         agentPath: settings.agentPath,
         description: { image: template, network: runtime.network, limits },
         lifetimeMs,
+        ...(session ? { endsAt: Date.now() + lifetimeMs } : {}),
         killGraceMs: settings.killGraceMs,
       });
       return { sandbox, remote: created };
@@ -251,6 +260,8 @@ interface E2BSandboxSettings {
   agentPath: string;
   description: { image: string; network: string; limits: ResourceLimits };
   lifetimeMs: number;
+  /** A session's: when its lifetime ends (ms since the epoch); each command keeps the sandbox until then, no longer. */
+  endsAt?: number;
   killGraceMs: number;
 }
 
@@ -286,35 +297,52 @@ class E2BSandbox implements Sandbox {
     const line = agentCommand(argv, envFile, stdinFile);
     const envBytes = environmentFile(opts.env);
     this.checkLive();
+    const cwd = opts.cwd === undefined ? this.workspace : `${this.workspace}/${workspaceSegments(opts.cwd).join("/")}`;
+    if (opts.cwd !== undefined) await this.checkFolder(cwd, opts.cwd);
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
-    // The backstop counts again from the agent's start: its full time limit plus the margin.
+    const written = [envFile, ...(stdinFile ? [stdinFile] : [])];
+    const writes = [
+      this.remote.files.write(envFile, new Blob([envBytes])),
+      ...(stdinFile && opts.stdin ? [this.remote.files.write(stdinFile, new Blob([opts.stdin]))] : []),
+    ];
+    // The command line removes them before the agent starts; when it does not start, this does
+    // (once the writes have ended, so none lands after): the environment holds the secrets.
+    const removeFiles = () => {
+      void Promise.allSettled(writes).then(() => Promise.allSettled(written.map((file) => this.remote.files.remove(file))));
+    };
+    // The backstop counts again from the agent's start: its full time limit plus the margin (a
+    // session's: what is left of its lifetime).
+    const { endsAt } = this.settings;
+    const lifetimeMs = endsAt === undefined ? this.settings.lifetimeMs : Math.max(1_000, endsAt - Date.now());
     const prepared = await raceAbort(
-      Promise.all([
-        this.remote.setTimeout(this.settings.lifetimeMs),
-        this.remote.files.write(envFile, new Blob([envBytes])),
-        stdinFile && opts.stdin ? this.remote.files.write(stdinFile, new Blob([opts.stdin])) : undefined,
-      ]).then(() => true),
+      Promise.all([this.remote.setTimeout(lifetimeMs), ...writes]).then(() => true),
       opts.signal,
     ).catch((err: unknown) => {
+      removeFiles();
       throw e2bError(err, `could not prepare the agent's start in E2B sandbox ${this.remote.sandboxId}`);
     });
-    if (!prepared) return notRun;
+    if (!prepared) {
+      removeFiles();
+      return notRun;
+    }
 
     const encoder = new TextEncoder();
     const startedAt = performance.now();
     const starting = this.remote.commands.run(line, {
       background: true,
-      cwd: opts.cwd === undefined ? this.workspace : `${this.workspace}/${workspaceSegments(opts.cwd).join("/")}`,
+      cwd,
       // No deadline: envd kills a command whose call times out; the job's own timer decides.
       timeoutMs: 0,
       onStdout: (text) => opts.onOutput("stdout", encoder.encode(text)),
       onStderr: (text) => opts.onOutput("stderr", encoder.encode(text)),
     });
     const handle = await raceAbort(starting, opts.signal).catch((err: unknown) => {
+      removeFiles();
       throw e2bError(err, `could not start the agent in E2B sandbox ${this.remote.sandboxId}`);
     });
     if (!handle) {
       starting.then((late) => this.killAgent(late)).catch(() => {});
+      removeFiles();
       return notRun;
     }
 
@@ -360,6 +388,15 @@ class E2BSandbox implements Sandbox {
       : { exitCode: null, signal, aborted, durationMs };
   }
 
+  /** Refuses a `cwd` that is not a folder of the workspace, before anything is written for the command. */
+  private async checkFolder(path: string, asked: string): Promise<void> {
+    const info = await this.remote.files.getInfo(path).catch((err: unknown) => {
+      if (err instanceof FileNotFoundError) return undefined;
+      throw this.fileError(err, `could not look at cwd ${asked}`);
+    });
+    if (info?.type !== "dir") throw new BoxcarError(ErrorCode.invalid, `cwd ${asked}: no such folder in the workspace`);
+  }
+
   /** SIGKILL to the agent's process and its group. */
   private async killAgent(handle: CommandHandle): Promise<void> {
     await Promise.allSettled([handle.kill(), this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; true`)]);
@@ -401,11 +438,21 @@ class E2BSandbox implements Sandbox {
 
   async listFiles(): Promise<WorkspaceFile[]> {
     this.checkLive();
+    let entries: Awaited<ReturnType<E2BRemoteSandbox["files"]["list"]>>;
     try {
-      return await listRemoteFiles(this.remote, this.workspace);
+      entries = await this.remote.files.list(this.workspace, { depth: LIST_DEPTH });
     } catch (err) {
       throw this.fileError(err, "could not list the workspace");
     }
+    if (entries.length === 0) return [];
+    // Entries carry absolute paths under the workspace's resolved path: the folder of the
+    // shortest one (a top-level entry) is that path. A symlink has its target's type, and a
+    // `symlinkTarget`: it is no regular file of the workspace.
+    const shortest = entries.reduce((a, b) => (b.path.length < a.path.length ? b : a));
+    const root = `${posix.dirname(shortest.path)}/`;
+    return entries
+      .filter((e) => e.type === "file" && e.symlinkTarget === undefined && e.path.startsWith(root))
+      .map((e) => ({ path: e.path.slice(root.length), size: e.size }));
   }
 
   /** Kills the E2B sandbox, which ends every process and removes its disk. Safe to call twice. */
@@ -475,9 +522,11 @@ function templateLimits(template: string, wish: ResourceLimits, info: { cpuCount
   return limits;
 }
 
+/** Whose a sandbox is, by its metadata: a session's is its worker's for as long as that worker lives (as a warm container is). */
 function ownerOf(metadata: Record<string, string>): SandboxOwner | undefined {
   const jobId = metadata[E2BMetadata.job];
   const workerId = metadata[E2BMetadata.worker];
+  if (metadata[E2BMetadata.session] !== undefined) return workerId ? { workerId } : undefined;
   const attempt = Number(metadata[E2BMetadata.attempt]);
   return jobId && workerId && Number.isInteger(attempt) ? { jobId, workerId, attempt } : undefined;
 }

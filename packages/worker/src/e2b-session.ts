@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { mkdtemp, realpath } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join, posix } from "node:path";
+import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { CommandExitError, type Sandbox as E2BRemoteSandbox, FileNotFoundError, InvalidArgumentError } from "e2b";
@@ -9,11 +9,10 @@ import { shellQuote } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
 import { LocalWorkspace } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, JobFiles, Sandbox, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import { listBounded } from "./session-job-sandbox.js";
 import { packFolder } from "./workspace-archive.js";
 import { workspaceSegments } from "./workspace-path.js";
 
-/** How deep a listing of a workspace goes (E2B's ListDir takes a depth). */
-const LIST_DEPTH = 4096;
 /** How long Boxcar's own commands in a session's sandbox (packing or unpacking a workspace, a chmod) may take. */
 const OWN_COMMAND_MS = 300_000;
 /** The most of a listing's paths a `files.list` answer carries, as a Docker session's helper. */
@@ -52,9 +51,18 @@ export class E2BSession implements SessionSandbox {
     return this.sandbox.description;
   }
 
-  /** A job in the session moves its files as an E2B job does: streamed through the file API, whatever their size. */
+  /**
+   * A job in the session moves its files as an E2B job does, streamed through the file API
+   * whatever their size, and looks for its outputs as the session lists its files (bounded).
+   */
   get jobFiles(): JobFiles {
-    return this.sandbox;
+    const { sandbox, sessionFiles } = this;
+    return {
+      mkdir: (path) => sandbox.mkdir(path),
+      writeFile: (path, data) => sandbox.writeFile(path, data),
+      readFile: (path) => sandbox.readFile(path),
+      listFiles: (under) => listBounded(sessionFiles, under),
+    };
   }
 
   exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
@@ -71,21 +79,23 @@ export class E2BSession implements SessionSandbox {
    * read (E2B's pause would hold it, at the cost of a resume).
    */
   async packWorkspace(): Promise<Readable> {
-    const archive = besideWorkspace(this.workspace, "snapshot");
-    // Exit status 1 is GNU tar's "a file changed as it was read": the archive is whole.
-    await ownCommand(
-      this.remote,
-      `tar -cf ${shellQuote(archive)} -C ${shellQuote(this.workspace)} . 2>/dev/null; [ $? -le 1 ]`,
-      "could not pack the session's workspace",
-    );
+    const archive = archiveName("snapshot");
+    const remove = () => ownCommand(this.remote, `rm -f ${inHome(archive)}`, "").catch(() => {});
     let stream: ReadableStream<Uint8Array>;
     try {
+      // Exit status 1 is GNU tar's "a file changed as it was read": the archive is whole.
+      await ownCommand(
+        this.remote,
+        `tar -cf ${inHome(archive)} -C ${shellQuote(this.workspace)} .; s=$?; [ $s -le 1 ] || exit $s`,
+        "could not pack the session's workspace",
+      );
       stream = await this.remote.files.read(archive, { format: "stream" });
     } catch (err) {
+      await remove();
       throw e2bError(err, "could not read the session's packed workspace");
     }
     const packed = Readable.fromWeb(stream as never);
-    packed.once("close", () => void ownCommand(this.remote, `rm -f ${shellQuote(archive)}`, "").catch(() => {}));
+    packed.once("close", () => void remove());
     return packed;
   }
 }
@@ -103,35 +113,69 @@ export async function seedRemote(
   const staged = new LocalWorkspace(await realpath(await mkdtemp(join(tmpdir(), "boxcar-e2b-seed-"))));
   try {
     await seed(staged);
-    const archive = besideWorkspace(workspace, "seed");
+    const archive = archiveName("seed");
     try {
       await remote.files.write(archive, Readable.toWeb(packFolder(staged.dir, { uid: 0, gid: 0 })) as ReadableStream<Uint8Array>);
     } catch (err) {
       throw e2bError(err, "could not send the session's first files to its E2B sandbox");
     }
-    const [file, into] = [shellQuote(archive), shellQuote(workspace)];
-    await ownCommand(remote, `tar -xf ${file} -C ${into} --no-same-owner && rm -f ${file}`, "could not unpack the session's first files");
+    const file = inHome(archive);
+    await ownCommand(
+      remote,
+      `tar -xf ${file} -C ${shellQuote(workspace)} --no-same-owner; s=$?; rm -f ${file}; exit $s`,
+      "could not unpack the session's first files",
+    );
   } finally {
     await staged.remove();
   }
 }
 
-/** A new file's path in the folder that holds the workspace (the sandbox user's home), out of the workspace: for an archive of it. */
-function besideWorkspace(workspace: string, what: string): string {
-  return `${posix.dirname(workspace)}/.boxcar-${what}-${randomBytes(8).toString("hex")}.tar`;
+/**
+ * A new archive's name, relative: the file API resolves it in the sandbox user's home, as
+ * `inHome` does for a command (out of the workspace, which it packs or fills).
+ */
+function archiveName(what: string): string {
+  return `.boxcar-${what}-${randomBytes(8).toString("hex")}.tar`;
 }
 
-/** The regular files under `dir` in an E2B sandbox, by path relative to it, never through a symlink. */
-export async function listRemoteFiles(remote: E2BRemoteSandbox, dir: string): Promise<WorkspaceFile[]> {
-  const entries = await remote.files.list(dir, { depth: LIST_DEPTH });
-  if (entries.length === 0) return [];
-  // Entries carry absolute paths under the folder's resolved path: the folder of the shortest
-  // one (a top-level entry) is that path.
-  const shortest = entries.reduce((a, b) => (b.path.length < a.path.length ? b : a));
-  const root = `${posix.dirname(shortest.path)}/`;
-  return entries
-    .filter((e) => e.type === "file" && e.path.startsWith(root))
-    .map((e) => ({ path: e.path.slice(root.length), size: e.size }));
+/** A file of the sandbox user's home, as a command line's word. */
+function inHome(name: string): string {
+  return `"$HOME"/${shellQuote(name)}`;
+}
+
+/**
+ * The regular files under `dir` (relative to the workspace; all of it without), by path
+ * relative to the workspace: listed in the sandbox by `find`, never through a symlink, at most
+ * `MAX_LISTING_BYTES` of them (`truncated` past that); null when `dir` is no folder (or a
+ * symlink).
+ */
+async function listInSandbox(
+  remote: E2BRemoteSandbox,
+  workspace: string,
+  dir: string | undefined,
+): Promise<{ files: WorkspaceFile[]; truncated: boolean } | null> {
+  const folder = dir === undefined ? workspace : `${workspace}/${dir}`;
+  const q = shellQuote(folder);
+  const line = `[ -d ${q} ] && [ ! -L ${q} ] || exit 3; cd ${q} && find -P . -mindepth 1 -type f -printf '%s %P\\0' | head -c ${MAX_LISTING_BYTES + 1}`;
+  let stdout: string;
+  try {
+    stdout = (await remote.commands.run(line, { timeoutMs: OWN_COMMAND_MS })).stdout;
+  } catch (err) {
+    if (err instanceof CommandExitError && err.exitCode === 3) return null;
+    throw e2bError(err, "could not list the workspace");
+  }
+  const truncated = Buffer.byteLength(stdout) > MAX_LISTING_BYTES;
+  const entries = stdout.split("\0");
+  // The last is empty after the final NUL, or a part of an entry `head` cut.
+  entries.pop();
+  const prefix = dir === undefined ? "" : `${dir}/`;
+  const files: WorkspaceFile[] = [];
+  for (const entry of entries) {
+    const space = entry.indexOf(" ");
+    const size = Number(entry.slice(0, space));
+    if (space > 0 && Number.isSafeInteger(size)) files.push({ path: `${prefix}${entry.slice(space + 1)}`, size });
+  }
+  return { files, truncated };
 }
 
 /** Runs a command of Boxcar's own in the sandbox; one that fails throws, saying `doing`. */
@@ -154,14 +198,29 @@ class E2BSessionFiles implements SessionFiles {
   ) {}
 
   async read(path: string, max: number): Promise<Uint8Array | null> {
+    // A symlink is no regular file here: E2B gives it its target's type, and its own size.
     const info = await this.info(path);
-    if (info?.type !== "file") return null;
+    if (info?.type !== "file" || info.symlinkTarget !== undefined) return null;
     if (info.size > max) throw new BoxcarError(ErrorCode.tooLarge, `${path} has ${info.size} bytes, more than ${max}`);
-    const data = await this.remote.files.read(this.at(path), { format: "bytes" }).catch((err: unknown) => {
+    let stream: ReadableStream<Uint8Array>;
+    try {
+      stream = await this.remote.files.read(this.at(path), { format: "stream" });
+    } catch (err) {
+      if (err instanceof FileNotFoundError) return null;
       throw e2bError(err, `could not read ${path}`);
-    });
-    if (data.length > max) throw new BoxcarError(ErrorCode.tooLarge, `${path} has more than ${max} bytes`);
-    return data;
+    }
+    // Read no more than `max` (it may have grown since): what comes past it is refused, not kept.
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    for await (const chunk of stream) {
+      size += chunk.length;
+      if (size > max) {
+        await stream.cancel().catch(() => {});
+        throw new BoxcarError(ErrorCode.tooLarge, `${path} has more than ${max} bytes`);
+      }
+      chunks.push(chunk);
+    }
+    return Buffer.concat(chunks, size);
   }
 
   async write(path: string, data: Uint8Array, executable = false): Promise<void> {
@@ -176,27 +235,11 @@ class E2BSessionFiles implements SessionFiles {
   }
 
   async list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }> {
-    const under = path === undefined ? [] : workspaceSegments(path);
-    let found: WorkspaceFile[];
-    try {
-      found = await listRemoteFiles(this.remote, [this.workspace, ...under].join("/"));
-    } catch (err) {
-      // Missing, or not a folder.
-      if (err instanceof FileNotFoundError || err instanceof InvalidArgumentError) {
-        throw new BoxcarError(ErrorCode.notFound, `no folder ${path} in the workspace`);
-      }
-      throw e2bError(err, "could not list the workspace");
-    }
-    const prefix = under.length === 0 ? "" : `${under.join("/")}/`;
-    const all = found.map((f) => ({ path: `${prefix}${f.path}`, size: f.size })).sort((a, b) => (a.path < b.path ? -1 : 1));
-    const files: WorkspaceFile[] = [];
-    let bytes = 0;
-    for (const file of all) {
-      if (files.length >= limit || bytes >= MAX_LISTING_BYTES) break;
-      files.push(file);
-      bytes += Buffer.byteLength(file.path) + 32;
-    }
-    return { files, truncated: files.length < all.length };
+    const dir = path === undefined ? undefined : workspaceSegments(path).join("/") || undefined;
+    const listed = await listInSandbox(this.remote, this.workspace, dir);
+    if (!listed) throw new BoxcarError(ErrorCode.notFound, `no folder ${path} in the workspace`);
+    const files = listed.files.sort((a, b) => (a.path < b.path ? -1 : 1));
+    return { files: files.slice(0, limit), truncated: listed.truncated || files.length > limit };
   }
 
   async remove(path: string): Promise<boolean> {

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "vitest";
-import { globMatcher } from "./glob.js";
+import { globMatcher, globRoots } from "./glob.js";
 
 describe("globMatcher", () => {
   test.each<[string, string, boolean]>([
@@ -29,4 +29,13 @@ describe("globMatcher", () => {
     const matches = globMatcher(["out/**", "*.log"]);
     expect(["out/a", "run.log", "src/x.ts"].filter(matches)).toEqual(["out/a", "run.log"]);
   });
+});
+
+test("the folders a job's outputs lie under: none when a glob can match at the top", () => {
+  expect(globRoots(["out/**"])).toEqual(["out"]);
+  expect(globRoots(["out/**/*.txt", "out/sub/x", "reports/2024/*.md"])).toEqual(["out", "reports/2024"]);
+  expect(globRoots(["a/b/c.txt", "a/*/d"])).toEqual(["a"]);
+  expect(globRoots(["out/**", "report.md"])).toBeUndefined();
+  expect(globRoots(["*/x"])).toBeUndefined();
+  expect(globRoots(["**/*.txt"])).toBeUndefined();
 });

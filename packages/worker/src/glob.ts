@@ -26,3 +26,21 @@ export function globMatcher(globs: readonly string[]): (path: string) => boolean
   const patterns = globs.map(globToRegExp);
   return (path) => patterns.some((p) => p.test(path));
 }
+
+/**
+ * The folders every path some glob of `globs` matches lies under (the segments before a glob's
+ * first `*` or `?`), with none inside another; undefined when a glob can match a file at the top
+ * of the workspace, so the whole workspace is to be looked at.
+ */
+export function globRoots(globs: readonly string[]): string[] | undefined {
+  const roots: string[] = [];
+  for (const glob of globs) {
+    const folders = glob.split("/").slice(0, -1);
+    const wild = folders.findIndex((segment) => /[*?]/.test(segment));
+    const fixed = wild === -1 ? folders : folders.slice(0, wild);
+    if (fixed.length === 0) return undefined;
+    roots.push(fixed.join("/"));
+  }
+  const sorted = [...new Set(roots)].sort();
+  return sorted.filter((root) => !sorted.some((other) => other !== root && root.startsWith(`${other}/`)));
+}

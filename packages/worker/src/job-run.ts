@@ -54,8 +54,8 @@ const HAND_BACK_DELAY_MS = 1_000;
 const failedHandlingDelayMs = (deliveries: number): number => Math.min(30_000, 5_000 * Math.max(1, deliveries));
 /** Deliveries of a work item whose record cannot be found before the item is dropped. */
 const MISSING_RECORD_LOOKS = 5;
-/** How long a job waits before it asks again for its session while a command (or another job) has it. */
-const SESSION_BUSY_DELAY_MS = 250;
+/** How long a job waits before it is offered again when too many jobs wait for its session here already. */
+const SESSION_BUSY_DELAY_MS = 1_000;
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
 const REPUBLISH_WITHIN_MS = 90_000;
 
@@ -334,17 +334,33 @@ export class JobRun {
    * attempt ends), or why the job cannot run in it; `busy` while a command or another job has it.
    */
   private async borrowSession(id: string): Promise<Preflight | "busy"> {
+    const { agent } = this.item;
     try {
-      checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
+      checkAgentPolicy(agent, this.ctx.options.agentPolicy, "this worker's policy");
       if (!this.ctx.sessions) throw new BoxcarError(ErrorCode.sessionLost, `worker ${this.ctx.options.workerId} holds no sessions`);
-      const lease = await this.ctx.sessions.lend(id, { jobId: this.jobId, owner: ownerOf(this.item), agent: this.item.agent });
+      // The agent must be one this worker would run in such a sandbox (an untrusted one never on the host, say).
+      const own = resolveRuntime(agent.runtime, agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
+      const lease = await this.ctx.sessions.lend(id, { jobId: this.jobId, owner: ownerOf(this.item), agent }, this.abort.signal);
       this.lease = lease;
-      lease.stopped.addEventListener("abort", () => {
+      if (own.kind !== lease.info.kind) {
+        throw new BoxcarError(
+          ErrorCode.noSandbox,
+          `agent ${agent.name} runs in ${own.kind} sandboxes (${own.reason}), and session ${id} is a ${lease.info.kind} one`,
+        );
+      }
+      const stopped = () => {
+        // Cancelled by the session's owner; else the session closed: its sandbox goes, and the job fails `session_lost`.
         if (lease.cancelled) this.stop("cancelled");
-      });
-      return { ok: true, runtime: { kind: lease.info.kind, reason: `the sandbox of session ${id}` }, secrets: lease.secrets };
+        else this.abort.abort();
+      };
+      lease.stopped.addEventListener("abort", stopped, { once: true });
+      if (lease.stopped.aborted) stopped();
+      // The session's secrets go to its own agent's jobs only: another agent's job gets none of them.
+      const secrets = lease.agent === agent.name ? lease.secrets : new Map<string, string>();
+      return { ok: true, runtime: { kind: lease.info.kind, reason: `the sandbox of session ${id}` }, secrets };
     } catch (err) {
-      if (err instanceof BoxcarError && err.code === ErrorCode.conflict) return "busy";
+      // Too many waiting, or this run was stopped while it waited: handed back.
+      if ((err instanceof BoxcarError && err.code === ErrorCode.conflict) || this.stopReason) return "busy";
       return { ok: false, error: toErrorInfo(err) };
     }
   }
@@ -506,6 +522,14 @@ export class JobRun {
   }
 
   private async finish(outcome: Outcome): Promise<void> {
+    if (outcome.kind === "requeue" && this.lease) {
+      // Nothing else can run it: the session closes with this worker.
+      const error = new BoxcarError(
+        ErrorCode.sessionLost,
+        `worker ${this.ctx.options.workerId} stopped while the job ran; session ${this.item.session} closes with it`,
+      );
+      outcome = failedOutcome(this.errorInfo(error), undefined);
+    }
     if (outcome.kind === "fenced") {
       this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
       return;

@@ -119,8 +119,12 @@ export interface Sandbox {
   writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void>;
   /** The file's bytes, or null when there is no such regular file. */
   readFile(path: string): Promise<ReadableStream<Uint8Array> | null>;
-  /** Every regular file in the workspace; symlinks are neither listed nor followed. */
-  listFiles(): Promise<WorkspaceFile[]>;
+  /**
+   * Every regular file in the workspace; symlinks are neither listed nor followed. `under`: the
+   * caller wants only those under these folders, which a backend may use to list less (a
+   * session's workspace); callers filter what comes back anyway.
+   */
+  listFiles(under?: readonly string[]): Promise<WorkspaceFile[]>;
   /** Ends every process and removes the sandbox with its workspace. Safe to call twice. */
   destroy(): Promise<void>;
 }

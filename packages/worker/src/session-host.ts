@@ -67,6 +67,8 @@ interface HeldSession {
   snapshotting?: boolean;
   /** The command or job running now, if any: its id, how to stop it, and whether its owner cancelled it. */
   running?: Running;
+  /** Jobs waiting for the lock, first come first served: each takes it as the one before it lets go. */
+  waiting: Waiter[];
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
 }
@@ -82,12 +84,26 @@ interface Running {
   closedWith?: string;
 }
 
+/** A job waiting for a session's lock. */
+interface Waiter {
+  running: Running;
+  /** The lock is its own now. */
+  take(): void;
+  /** It will not get it (the session closed). */
+  fail(err: Error): void;
+}
+
+/** How many jobs may wait for one session's lock on its worker; more are handed back to wait in the stream. */
+const MAX_WAITING_JOBS = 64;
+
 /** A session's sandbox lent to a job for its run (`SessionHost.lend`). */
 export interface SessionLease {
   /** The session's sandbox as a job's; destroying it does nothing. */
   sandbox: Sandbox;
   info: SandboxInfo;
-  /** The agent's secrets: an admin's session has them, others none (as its commands). */
+  /** The session's agent. */
+  agent: string;
+  /** Its agent's secrets: an admin's session has them, others none (as its commands). */
   secrets: Map<string, string>;
   /** Aborts when the session's owner cancels the job (`sessions.cancel`) or the session closes. */
   stopped: AbortSignal;
@@ -262,7 +278,7 @@ export class SessionHost {
       execs: 0,
       ...(seeded.source ? { source: seeded.source } : {}),
     };
-    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env } };
+    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env }, waiting: [] };
     this.held.set(id, held);
     void sandbox.ended?.then((reason) => {
       if (this.held.get(id) === held) void this.close(id, `sandbox_ended: ${reason}`).catch(() => {});
@@ -370,6 +386,7 @@ export class SessionHost {
       let saved: Promise<void> | undefined;
       if (this.held.has(request.id)) {
         this.idleFrom(held);
+        this.handOn(held);
         saved = this.save(held).catch((err: unknown) =>
           this.ctx.log.warn({ err, session: request.id }, "could not save a session's record"),
         );
@@ -381,12 +398,12 @@ export class SessionHost {
   /**
    * Lends session `id`'s sandbox to a job for its run (docs/sessions.md#jobs-in-a-session),
    * holding the session's lock until the lease is released, and clears what the agent contract
-   * leaves of a job before (its result file). Throws `session_lost` when this worker does not
-   * hold the session (it closed, or the worker restarted), `conflict` while a command or another
-   * job holds it, and `forbidden` when the job is not the session's owner's, or of another agent
-   * that does not allow sessions.
+   * leaves of a job before (its result file). While a command or another job has the lock, the
+   * job waits in line for it (see `waitFor`). Throws `session_lost` when this worker does not
+   * hold the session (it closed, or the worker restarted), and `forbidden` when the job is not
+   * the session's owner's, or of another agent that does not allow sessions.
    */
-  async lend(id: string, job: { jobId: string; owner: string; agent: AgentDefinition }): Promise<SessionLease> {
+  async lend(id: string, job: { jobId: string; owner: string; agent: AgentDefinition }, signal: AbortSignal): Promise<SessionLease> {
     const held = this.held.get(id);
     if (!held || this.closing.has(id)) {
       throw new BoxcarError(
@@ -397,9 +414,9 @@ export class SessionHost {
     if (held.record.owner !== job.owner || (held.record.agent !== job.agent.name && !job.agent.sessions)) {
       throw new BoxcarError(ErrorCode.forbidden, `session ${id} is not ${job.owner}'s, or agent ${job.agent.name} does not allow sessions`);
     }
-    if (held.running) throw new BoxcarError(ErrorCode.conflict, `session ${id} is running ${held.running.execId}`);
     const running: Running = { execId: job.jobId, stop: new AbortController(), cancelled: false };
-    held.running = running;
+    if (held.running || held.waiting.length > 0) await this.waitFor(held, running, signal);
+    else held.running = running;
     clearTimeout(held.idle);
     let released = false;
     let begun = false;
@@ -411,6 +428,7 @@ export class SessionHost {
       if (this.held.get(id) !== held) return;
       held.record = { ...held.record, lastUsedAt: nowIso() };
       this.idleFrom(held);
+      this.handOn(held);
       void this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
     };
     try {
@@ -422,6 +440,7 @@ export class SessionHost {
     return {
       sandbox: sessionJobSandbox(held.sandbox),
       info: held.record.sandbox,
+      agent: held.record.agent,
       secrets: held.secrets,
       stopped: running.stop.signal,
       get cancelled() {
@@ -436,6 +455,47 @@ export class SessionHost {
       },
       release,
     };
+  }
+
+  /**
+   * Waits, in line, until the session's lock is `running`'s (`handOn` gives it). Throws
+   * `conflict` when too many jobs wait already or `signal` aborts first (the job is handed back),
+   * and `session_lost` when the session closes meanwhile.
+   */
+  private waitFor(held: HeldSession, running: Running, signal: AbortSignal): Promise<void> {
+    if (held.waiting.length >= MAX_WAITING_JOBS) {
+      throw new BoxcarError(ErrorCode.conflict, `session ${held.record.id} has ${held.waiting.length} jobs waiting already`);
+    }
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = () => {
+        held.waiting = held.waiting.filter((w) => w !== waiter);
+        reject(new BoxcarError(ErrorCode.conflict, `stopped waiting for session ${held.record.id}`));
+      };
+      const waiter: Waiter = {
+        running,
+        take: () => {
+          signal.removeEventListener("abort", onAbort);
+          resolve();
+        },
+        fail: (err) => {
+          signal.removeEventListener("abort", onAbort);
+          reject(err);
+        },
+      };
+      held.waiting.push(waiter);
+      signal.addEventListener("abort", onAbort, { once: true });
+      if (signal.aborted) onAbort();
+    });
+  }
+
+  /** Gives the free lock to the first job waiting for it, if any (it holds the session from now: its idle clock stops). */
+  private handOn(held: HeldSession): void {
+    if (held.running) return;
+    const next = held.waiting.shift();
+    if (!next) return;
+    held.running = next.running;
+    clearTimeout(held.idle);
+    next.take();
   }
 
   /**
@@ -561,6 +621,9 @@ export class SessionHost {
       if (held.running) {
         held.running.closedWith = reason;
         held.running.stop.abort();
+      }
+      for (const waiter of held.waiting.splice(0)) {
+        waiter.fail(new BoxcarError(ErrorCode.sessionLost, `session ${id} closed (${reason}) while the job waited for it`));
       }
       await held.sandbox.destroy().catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not remove a session's sandbox"));
       this.ctx.slots.release(1);

@@ -3,6 +3,8 @@ import type { JobFiles, Sandbox, SessionFiles, SessionSandbox, WorkspaceFile } f
 
 /** A file moves to and from a session's helper in parts of this size: a helper's line holds one in base64 with room to spare. */
 const PART_BYTES = 256 * 1024;
+/** The most a file read in parts may hold: a workspace's own bound (a helper that says more is refused). */
+const MAX_FILE_BYTES = 1024 ** 3;
 /** The most files of a session's workspace a job looks for its outputs among: a listing that fits one answer. */
 const MAX_LISTED_FILES = 10_000;
 
@@ -23,7 +25,7 @@ export function sessionJobSandbox(session: SessionSandbox): Sandbox {
     mkdir: (path) => files.mkdir(path),
     writeFile: (path, data) => files.writeFile(path, data),
     readFile: (path) => files.readFile(path),
-    listFiles: () => files.listFiles(),
+    listFiles: (under) => files.listFiles(under),
     destroy: async () => {},
   };
 }
@@ -54,6 +56,7 @@ export function filesInParts(files: PartFiles): JobFiles {
       if (!first) return null;
       // Read up to the size it had at first: a file that grows meanwhile does not hold the read for ever.
       const { size } = first;
+      if (size > MAX_FILE_BYTES) throw new BoxcarError(ErrorCode.tooLarge, `${path} has ${size} bytes: more than ${MAX_FILE_BYTES}`);
       let offset = first.data.length;
       return new ReadableStream<Uint8Array>({
         start(controller) {
@@ -73,17 +76,32 @@ export function filesInParts(files: PartFiles): JobFiles {
         },
       });
     },
-    async listFiles(): Promise<WorkspaceFile[]> {
-      const listed = await files.list(undefined, MAX_LISTED_FILES);
-      if (listed.truncated) {
-        throw new BoxcarError(
-          ErrorCode.tooLarge,
-          `the session's workspace holds more files than a job in it looks for its outputs among (${listed.files.length}): remove some, or open another session`,
-        );
-      }
-      return listed.files;
-    },
+    listFiles: (under) => listBounded(files, under),
   };
+}
+
+/**
+ * The regular files of a session's workspace under the folders `under` names (all of it
+ * without), each listing within what one answer holds; more is refused rather than cut short,
+ * so no output is missed unsaid.
+ */
+export async function listBounded(files: Pick<SessionFiles, "list">, under: readonly string[] | undefined): Promise<WorkspaceFile[]> {
+  const found: WorkspaceFile[] = [];
+  for (const folder of under ?? [undefined]) {
+    const listed = await files.list(folder, MAX_LISTED_FILES).catch((err: unknown) => {
+      // An output folder the job did not make holds no outputs.
+      if (folder !== undefined && err instanceof BoxcarError && err.code === ErrorCode.notFound) return { files: [], truncated: false };
+      throw err;
+    });
+    if (listed.truncated) {
+      throw new BoxcarError(
+        ErrorCode.tooLarge,
+        `${folder ?? "the session's workspace"} holds more files than one listing carries (${listed.files.length} fit): a job in a session looks for its outputs there; remove some, or narrow its outputs`,
+      );
+    }
+    found.push(...listed.files);
+  }
+  return found;
 }
 
 /** The bytes of `data` in parts of at most `PART_BYTES`. */

@@ -89,7 +89,10 @@ class BoxcarWorker implements Worker {
   private readonly metrics: WorkerMetrics | undefined;
   private readonly slots: Slots;
   /** Jobs in hand, by id, with the promise that settles when each is handled. */
-  private readonly runs = new Map<string, { run: JobRun; done: Promise<void> }>();
+  /** The jobs it runs, by id; `slotted`: one of its slots (a job in a session holds none). */
+  private readonly runs = new Map<string, { run: JobRun; done: Promise<void>; slotted: boolean }>();
+  /** Whether any of its backends holds sessions: it then takes jobs to run in them. */
+  private readonly holdsSessions: boolean;
   /** Aborted when pulling stops. */
   private readonly pulling = new AbortController();
   /** Aborted by close(): a drain's grace ends at once. */
@@ -119,6 +122,7 @@ class BoxcarWorker implements Worker {
     this.log = options.logger.child({ workerId: options.workerId });
     this.providers = new Map(options.providers.map((p) => [p.kind, p]));
     this.slots = new Slots(options.concurrency);
+    this.holdsSessions = options.providers.some((provider) => provider.createSession !== undefined);
     this.metrics = options.metrics
       ? new WorkerMetrics(options.metrics, () => ({ running: this.runs.size, capacity: options.concurrency, warm: this.warmReady() }))
       : undefined;
@@ -179,8 +183,7 @@ class BoxcarWorker implements Worker {
     });
     this.sessions.start();
     // Jobs to run in this worker's sessions come on a consumer of its own.
-    const holdsSessions = this.options.providers.some((provider) => provider.createSession !== undefined);
-    if (holdsSessions) {
+    if (this.holdsSessions) {
       this.leaseMs = Math.min(this.leaseMs, await wait("its sessions' consumer", () => topology.ensureWorkerConsumer(this.id)));
     }
     await topology.nc.flush();
@@ -200,7 +203,7 @@ class BoxcarWorker implements Worker {
     }
     const share = Math.max(1, Math.ceil(this.options.concurrency / this.options.pools.length));
     this.loops = this.options.pools.map((pool) => this.pull(pool, share));
-    if (holdsSessions) this.loops.push(this.pullSessionJobs());
+    if (this.holdsSessions) this.loops.push(this.pullSessionJobs());
     this.accepting = !this.pulling.signal.aborted;
     this.log.info(
       {
@@ -255,6 +258,8 @@ class BoxcarWorker implements Worker {
         if (this.pulling.signal.aborted) return;
         this.log.warn({ err }, "pulling the jobs of this worker's sessions failed; trying again");
         await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
+        // Removed by a dispatcher that took this worker for gone (its heartbeats stalled): made again.
+        await this.options.topology.ensureWorkerConsumer(this.id).catch(() => {});
       }
     }
   }
@@ -338,7 +343,7 @@ class BoxcarWorker implements Worker {
       this.runs.delete(item.jobId);
       release();
     });
-    this.runs.set(item.jobId, { run, done });
+    this.runs.set(item.jobId, { run, done, slotted });
   }
 
   /** A work item that can never run: terminate it so it is not delivered again, and say why. */
@@ -453,6 +458,13 @@ class BoxcarWorker implements Worker {
     return this.options.providers.reduce((n, p) => n + (p.warmReady?.() ?? 0), 0);
   }
 
+  /** The slots in use: jobs of its pools, and sessions (a job in a session uses its session's). */
+  private get load(): number {
+    let jobs = 0;
+    for (const { slotted } of this.runs.values()) if (slotted) jobs += 1;
+    return jobs + (this.sessions?.size ?? 0);
+  }
+
   private async putPresence(): Promise<void> {
     if (this.presenceClosed) return;
     const info: WorkerInfo = {
@@ -464,8 +476,7 @@ class BoxcarWorker implements Worker {
       sandboxes: [...this.capabilities],
       policy: this.options.policy,
       capacity: this.options.concurrency,
-      // A session holds a slot as a job does.
-      load: this.runs.size + (this.sessions?.size ?? 0),
+      load: this.load,
       jobs: [...this.runs.keys()],
       state: this.state === "draining" ? "draining" : "running",
       startedAt: this.startedAt,
@@ -473,6 +484,7 @@ class BoxcarWorker implements Worker {
       heartbeatMs: this.options.heartbeatMs,
       workItems: [1, WORK_ITEM_VERSION],
       warm: this.warmReady(),
+      sessionJobs: this.holdsSessions,
     };
     await this.options.topology.workers.put(this.id, JSON.stringify(info));
   }
@@ -484,8 +496,7 @@ class BoxcarWorker implements Worker {
       kind: "worker",
       type,
       workerId: this.id,
-      // A session holds a slot as a job does.
-      load: this.runs.size + (this.sessions?.size ?? 0),
+      load: this.load,
       capacity: this.options.concurrency,
       ...(error ? { error } : {}),
     });
