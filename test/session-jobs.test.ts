@@ -240,6 +240,15 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
     await alice.client.closeSession(id);
   }, 60_000);
 
+  test("a worker whose sessions' consumer was removed (a dispatcher took it for gone) makes it again, and runs the next job", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    const jsm = await jetstreamManager(admin.nc);
+    await jsm.consumers.delete(admin.names.streams.work, admin.names.workerConsumer(session.workerId));
+    const { job } = await alice.client.submit({ agent: "box", session: session.id });
+    expect(await finished(alice, job.id)).toMatchObject({ state: "succeeded", workerId: session.workerId });
+    await alice.client.closeSession(session.id);
+  }, 60_000);
+
   test("a worker killed with SIGKILL: its session's running and waiting jobs end session_lost, and its consumer goes", async () => {
     await admin.client.applyAgent({
       name: "box-doomed",

@@ -34,6 +34,8 @@ export interface IdleWait {
   offer(delivery: WorkDelivery, priority: Priority): boolean;
   /** Calls `full` when the worker has no free slot left; returns how to stop listening. */
   onFull(full: () => void): () => void;
+  /** Told when a waiting pull fails (the wait goes on, asking again in a moment): its consumer may be gone. */
+  onPullFailed?(err: Error): void;
 }
 
 /**
@@ -275,6 +277,7 @@ class IdleSpell {
     const failure = pullStatusError(level, msg) ?? new Error(`pulling ${level.priority} work from ${level.next} ended with ${code}`);
     if (!level.failing) this.opts.log.warn({ err: failure, priority: level.priority }, "waiting for work failed; asking again in a moment");
     level.failing = true;
+    this.wait.onPullFailed?.(failure);
     clearTimeout(this.lostTimers[i]);
     this.lostTimers[i] = setTimeout(() => this.ask(i), FAILED_PULL_PAUSE_MS);
   }

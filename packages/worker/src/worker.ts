@@ -243,6 +243,16 @@ class BoxcarWorker implements Worker {
   private async pullSessionJobs(): Promise<void> {
     const puller = PoolPuller.ofSessions(this.options.topology, this.id, { log: this.log.child({ sessionJobs: true }) });
     const take = (delivery: WorkDelivery) => this.dispatch(delivery, false);
+    // Removed by a dispatcher that took this worker for gone (its heartbeats stalled): made again.
+    let ensuring: Promise<unknown> | undefined;
+    const ensureConsumer = () => {
+      ensuring ??= this.options.topology
+        .ensureWorkerConsumer(this.id)
+        .catch(() => {})
+        .finally(() => {
+          ensuring = undefined;
+        });
+    };
     while (!this.pulling.signal.aborted) {
       try {
         await puller.take(SESSION_JOBS_AT_ONCE, take);
@@ -253,13 +263,13 @@ class BoxcarWorker implements Worker {
             return true;
           },
           onFull: () => () => {},
+          onPullFailed: ensureConsumer,
         });
       } catch (err) {
         if (this.pulling.signal.aborted) return;
         this.log.warn({ err }, "pulling the jobs of this worker's sessions failed; trying again");
+        ensureConsumer();
         await sleep(RETRY_MS, undefined, { signal: this.pulling.signal }).catch(() => {});
-        // Removed by a dispatcher that took this worker for gone (its heartbeats stalled): made again.
-        await this.options.topology.ensureWorkerConsumer(this.id).catch(() => {});
       }
     }
   }
