@@ -244,13 +244,15 @@ class BoxcarWorker implements Worker {
     const puller = PoolPuller.ofSessions(this.options.topology, this.id, { log: this.log.child({ sessionJobs: true }) });
     const take = (delivery: WorkDelivery) => this.dispatch(delivery, false);
     // Removed by a dispatcher that took this worker for gone (its heartbeats stalled): made again.
-    let ensuring: Promise<unknown> | undefined;
+    let ensuring = false;
     const ensureConsumer = () => {
-      ensuring ??= this.options.topology
+      if (ensuring) return;
+      ensuring = true;
+      void this.options.topology
         .ensureWorkerConsumer(this.id)
         .catch(() => {})
         .finally(() => {
-          ensuring = undefined;
+          ensuring = false;
         });
     };
     while (!this.pulling.signal.aborted) {
