@@ -171,6 +171,10 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
       message: expect.stringContaining("does not allow sessions"),
     });
     await expect(alice.client.submit({ agent: "box", session: "ses-nonesuch" })).rejects.toMatchObject({ code: "not_found" });
+    // An agent this worker runs on the host may not run in a Docker session: the job fails, and is not handed round.
+    await admin.client.applyAgent({ name: "hostly", command: ["true"], sessions: true, trusted: true, runtime: { sandbox: "host" } });
+    const hostly = await finished(alice, (await alice.client.submit({ agent: "hostly", session: session.id })).job.id);
+    expect(hostly).toMatchObject({ state: "failed", error: { code: "no_sandbox", message: expect.stringContaining("is a docker one") } });
     await expect(alice.client.submit({ agent: "box", session: "../x" })).rejects.toMatchObject({ code: "invalid" });
 
     // A job waits for a command; the session closes: the job ends session_lost.
@@ -248,6 +252,17 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
     expect(await finished(alice, job.id)).toMatchObject({ state: "succeeded", workerId: session.workerId });
     await alice.client.closeSession(session.id);
   }, 60_000);
+
+  test("items left on a gone worker's subject with no consumer are settled by the dispatchers' sweep", async () => {
+    const jsm = await jetstreamManager(admin.nc);
+    const js = jsm.jetstream();
+    const subject = admin.names.subjects.sessionWork("ghost-worker");
+    await js.publish(subject, "not a work item");
+    const left = async () =>
+      (await jsm.streams.info(admin.names.streams.work, { subjects_filter: subject })).state.subjects?.[subject] ?? 0;
+    expect(await left()).toBe(1);
+    await eventually(async () => ((await left()) === 0 ? true : undefined), "the ghost worker's item removed");
+  }, 30_000);
 
   test("a worker killed with SIGKILL: its session's running and waiting jobs end session_lost, and its consumer goes", async () => {
     await admin.client.applyAgent({

@@ -4,7 +4,10 @@
  * sandbox -> back), in a Docker session (its resident helper) and a host session, next to a bare
  * `docker exec` of `true` in a running container with the same hardening (exec create + start +
  * wait for its end + inspect, through dockerode), measured in the same run, one at a time,
- * interleaved. `pnpm bench:session-exec`; BENCH_SESSION_N sets the number of commands of each.
+ * interleaved. Then a job's round trip (submit to its end, `true`) run in the Docker session
+ * (`submit --session`) against the same job in a fresh Docker sandbox, interleaved.
+ * `pnpm bench:session-exec`; BENCH_SESSION_N sets the number of commands of each,
+ * BENCH_SESSION_JOBS the number of jobs of each.
  */
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
@@ -18,6 +21,7 @@ import Docker from "dockerode";
 import { envInt, gitCommit, ms, summarize, table } from "./stats.js";
 
 const N = envInt("BENCH_SESSION_N", 300);
+const JOBS = envInt("BENCH_SESSION_JOBS", 40);
 const WARMUP = 20;
 const PREFIX = "benchsession";
 const IMAGE = process.env.BOXCAR_AGENT_IMAGE ?? "boxcar-agent:latest";
@@ -86,8 +90,27 @@ try {
       if (i >= WARMUP) samples[path]?.push(performance.now() - started);
     }
   }
+  // A job's round trip: in the session's sandbox, or in one of its own made for it.
+  const job = (session?: string) => async () => {
+    const { job: submitted } = await client.submit({ agent: "box", ...(session ? { session } : {}) });
+    const done = await client.waitForJob(submitted.id);
+    if (done.state !== "succeeded") throw new Error(`job ${done.id} ended ${done.state}`);
+  };
+  const jobPaths = {
+    "job in the Docker session (submit --session, to its end)": job(sessions.docker.id),
+    "job in a fresh Docker sandbox (submit, to its end)": job(),
+  };
+  const jobSamples = Object.fromEntries(Object.keys(jobPaths).map((p) => [p, [] as number[]]));
+  for (let i = 0; i < 3 + JOBS; i++) {
+    for (const [path, run] of Object.entries(jobPaths)) {
+      const started = performance.now();
+      await run();
+      if (i >= 3) jobSamples[path]?.push(performance.now() - started);
+    }
+  }
   for (const s of Object.values(sessions)) await client.closeSession(s.id);
   const summaries = Object.fromEntries(Object.entries(samples).map(([p, s]) => [p, summarize(s)]));
+  const jobSummaries = Object.fromEntries(Object.entries(jobSamples).map(([p, s]) => [p, summarize(s)]));
   const sandboxPart = {
     docker: summarize((inSandbox.get(sessions.docker.id) ?? []).slice(WARMUP)),
     host: summarize((inSandbox.get(sessions.host.id) ?? []).slice(WARMUP)),
@@ -95,14 +118,16 @@ try {
   process.stdout.write(
     `\nSession exec round trip, ${N} commands of each path one at a time, interleaved (engine ${engine.ServerVersion}, ${cpus().length} CPUs)\n\n${table(
       [["path", "p50 ms", "p95 ms", "p99 ms"], ...Object.entries(summaries).map(([p, s]) => [p, ms(s.p50), ms(s.p95), ms(s.p99)])],
-    )}\n\nOf which in the sandbox (the reply's durationMs) at p50: Docker ${ms(sandboxPart.docker.p50)} ms (the helper starting \`true\` and reporting), host ${ms(sandboxPart.host.p50)} ms.\n(target: a Docker session's p50 under 5 ms)\n`,
+    )}\n\nOf which in the sandbox (the reply's durationMs) at p50: Docker ${ms(sandboxPart.docker.p50)} ms (the helper starting \`true\` and reporting), host ${ms(sandboxPart.host.p50)} ms.\n(target: a Docker session's p50 under 5 ms)\n\nA job's round trip, ${JOBS} of each, interleaved\n\n${table(
+      [["path", "p50 ms", "p95 ms", "p99 ms"], ...Object.entries(jobSummaries).map(([p, s]) => [p, ms(s.p50), ms(s.p95), ms(s.p99)])],
+    )}\n`,
   );
   const dir = join("bench", "results");
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `session-exec-${new Date().toISOString().replaceAll(":", "-")}.json`);
   writeFileSync(
     file,
-    `${JSON.stringify({ commit: gitCommit(), engine: engine.ServerVersion, commands: N, summaries, sandboxPart }, null, 2)}\n`,
+    `${JSON.stringify({ commit: gitCommit(), engine: engine.ServerVersion, commands: N, summaries, sandboxPart, jobs: JOBS, jobSummaries }, null, 2)}\n`,
   );
   process.stdout.write(`results: ${file}\n`);
 } finally {

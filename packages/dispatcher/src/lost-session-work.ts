@@ -1,7 +1,7 @@
 import type { Logger } from "@boxcar/client";
-import { jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
-import { JobTransitions, WorkItem } from "@boxcar/protocol";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
+import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
+import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /**
@@ -60,13 +60,19 @@ export class LostSessionWork {
       const workerId = names.workerOfConsumer(info.name);
       if (workerId !== undefined) consumers.set(workerId, info.created);
     }
+    // `work.@<worker>` subjects are one token after `work.`, as a pool's normal-priority ones are.
     const prefix = names.subjects.sessionWork("");
-    const waiting = (await jsm.streams.info(stream, { subjects_filter: `${prefix}*` })).state.subjects ?? {};
-    const workers = new Set([...consumers.keys(), ...Object.keys(waiting).map((subject) => subject.slice(prefix.length))]);
+    const subjects = (await jsm.streams.info(stream, { subjects_filter: `${names.prefix}.work.*` })).state.subjects ?? {};
+    const waiting = Object.keys(subjects).filter((subject) => subject.startsWith(prefix));
+    const workers = new Set([...consumers.keys(), ...waiting.map((subject) => subject.slice(prefix.length))]);
     let failed = 0;
     for (const workerId of workers) {
-      const status = this.workers.statusOf(workerId);
-      if (status === "live" || status === "draining") continue;
+      // The directory first (no request while all is well), then the presence itself: the
+      // directory may lag, right after this dispatcher started above all.
+      if (isAlive(this.workers.statusOf(workerId))) continue;
+      const presence = await getJson(this.topology.workers, workerId, WorkerInfo, "worker");
+      const status = presence ? workerStatus(presence.value) : undefined;
+      if (isAlive(status)) continue;
       // A worker makes its consumer before its first presence: a new one is given time.
       const created = consumers.get(workerId);
       if (status === undefined && created !== undefined && Date.now() - Date.parse(created) < NEW_CONSUMER_GRACE_MS) continue;
@@ -89,7 +95,7 @@ export class LostSessionWork {
     let failed = 0;
     for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.sessionWork(workerId))) {
       // One item that cannot be settled (unreadable, say) does not hold up the others; an unreadable one is removed.
-      const ended = await this.settleItem(workerId, stored.json(), stored.seq).catch((err: unknown) => {
+      const ended = await this.settleItem(workerId, stored).catch((err: unknown) => {
         this.log.warn({ err, seq: stored.seq, workerId }, "could not settle the work item of a lost session's job");
         return false;
       });
@@ -99,8 +105,15 @@ export class LostSessionWork {
   }
 
   /** Ends one item's job (`session_lost`) unless it ended already, then removes the item; true when it ended the job. */
-  private async settleItem(workerId: string, body: unknown, seq: number): Promise<boolean> {
+  private async settleItem(workerId: string, stored: StoredMsg): Promise<boolean> {
     const { topology } = this;
+    const { seq } = stored;
+    let body: unknown;
+    try {
+      body = stored.json();
+    } catch {
+      body = undefined; // not JSON: removed below
+    }
     const item = WorkItem.safeParse(body);
     let ended = false;
     if (item.success) {
@@ -121,6 +134,10 @@ export class LostSessionWork {
     });
     return ended;
   }
+}
+
+function isAlive(status: WorkerStatus | undefined): boolean {
+  return status === "live" || status === "draining";
 }
 
 /** Removed already (by another dispatcher): 10057 is the server's "no message found" on delete, 10014 "consumer not found". */

@@ -64,12 +64,12 @@ export class WorkerDirectory {
     throw new BoxcarError(ErrorCode.unavailable, `no live worker in pool ${pool} to hold a session: start one, or name the pool`);
   }
 
-  /** A worker's status as its presence says, or undefined when this directory no longer holds it (gone long ago). */
   /** Whether the worker takes jobs to run in its sessions (a worker of an earlier release does not). */
   takesSessionJobs(workerId: string): boolean {
     return this.workers.get(workerId)?.sessionJobs === true;
   }
 
+  /** A worker's status as its presence says, or undefined when this directory no longer holds it (gone long ago). */
   statusOf(workerId: string): ReturnType<typeof workerStatus> | undefined {
     const info = this.workers.get(workerId);
     return info ? workerStatus(info) : undefined;

@@ -4,7 +4,7 @@ import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import { CommandExitError, type CommandHandle, E2B, type Sandbox as E2BRemoteSandbox, FileNotFoundError, InvalidArgumentError } from "e2b";
 import { raceAbort } from "./abort.js";
 import { AgentPaths } from "./agent-contract.js";
-import { agentCommand, environmentFile } from "./e2b-command.js";
+import { agentCommand, environmentFile, shellQuote } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
 import { E2BSession, seedRemote } from "./e2b-session.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
@@ -149,6 +149,9 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
       const { sandbox, remote } = await start(spec, { session: true });
       try {
         if (seed) await seedRemote(remote, sandbox.workspace, seed);
+        // The session's lifetime counts from now, once it is ready (the seed took its time): its
+        // worker closes it then, and E2B would end it a margin later.
+        await sandbox.keepUntil(Date.now() + (spec.lifetimeMs ?? 0) + settings.timeoutMarginMs);
         return new E2BSession(sandbox, remote);
       } catch (err) {
         await sandbox.destroy().catch(() => {});
@@ -175,7 +178,7 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
         `runtime.limits.pids is ${runtime.limits.pids}, but E2B cannot limit the processes of a sandbox: remove the limit, or use a docker sandbox`,
       );
     }
-    const lifetimeMs = spec.lifetimeMs ?? runtime.timeout + settings.timeoutMarginMs;
+    const lifetimeMs = (spec.lifetimeMs ?? runtime.timeout) + settings.timeoutMarginMs;
     const creating = client.Sandbox.create(template, {
       metadata: {
         ...(settings.prefix ? { [E2BMetadata.prefix]: settings.prefix } : {}),
@@ -220,7 +223,6 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
         agentPath: settings.agentPath,
         description: { image: template, network: runtime.network, limits },
         lifetimeMs,
-        ...(session ? { endsAt: Date.now() + lifetimeMs } : {}),
         killGraceMs: settings.killGraceMs,
       });
       return { sandbox, remote: created };
@@ -260,8 +262,7 @@ interface E2BSandboxSettings {
   agentPath: string;
   description: { image: string; network: string; limits: ResourceLimits };
   lifetimeMs: number;
-  /** A session's: when its lifetime ends (ms since the epoch); each command keeps the sandbox until then, no longer. */
-  endsAt?: number;
+
   killGraceMs: number;
 }
 
@@ -272,6 +273,8 @@ class E2BSandbox implements Sandbox {
   readonly agentPath: string;
   readonly description: { image: string; network: string; limits: ResourceLimits };
   private destroyed: Promise<void> | undefined;
+  /** A session's: when E2B ends it (`keepUntil`); each command keeps it until then, no longer. */
+  private endsAt: number | undefined;
 
   constructor(
     readonly id: string,
@@ -312,7 +315,7 @@ class E2BSandbox implements Sandbox {
     };
     // The backstop counts again from the agent's start: its full time limit plus the margin (a
     // session's: what is left of its lifetime).
-    const { endsAt } = this.settings;
+    const { endsAt } = this;
     const lifetimeMs = endsAt === undefined ? this.settings.lifetimeMs : Math.max(1_000, endsAt - Date.now());
     const prepared = await raceAbort(
       Promise.all([this.remote.setTimeout(lifetimeMs), ...writes]).then(() => true),
@@ -379,8 +382,9 @@ class E2BSandbox implements Sandbox {
     if ("failure" in ended && !aborted) {
       throw e2bError(ended.failure, `lost the agent's command in E2B sandbox ${this.remote.sandboxId}`);
     }
-    // Whatever the agent left running in its process group goes too.
-    await this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; true`);
+    // Whatever the agent left running in its process group goes too, and the files it was started
+    // with, if it was stopped before its command line removed them.
+    await this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; rm -f ${written.map(shellQuote).join(" ")}; true`);
     if (!("exitCode" in ended)) return { exitCode: null, signal: "SIGKILL", aborted, durationMs };
     const signal = ended.exitCode === -1 ? signalOf(ended.error) : null;
     return signal === null
@@ -395,6 +399,14 @@ class E2BSandbox implements Sandbox {
       throw this.fileError(err, `could not look at cwd ${asked}`);
     });
     if (info?.type !== "dir") throw new BoxcarError(ErrorCode.invalid, `cwd ${asked}: no such folder in the workspace`);
+  }
+
+  /** A session's sandbox: E2B ends it at `at` (ms since the epoch), however many commands run in it until then. */
+  async keepUntil(at: number): Promise<void> {
+    this.endsAt = at;
+    await this.remote.setTimeout(Math.max(1_000, at - Date.now())).catch((err: unknown) => {
+      throw e2bError(err, `could not set the lifetime of E2B sandbox ${this.remote.sandboxId}`);
+    });
   }
 
   /** SIGKILL to the agent's process and its group. */

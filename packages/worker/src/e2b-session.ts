@@ -17,6 +17,8 @@ import { workspaceSegments } from "./workspace-path.js";
 const OWN_COMMAND_MS = 300_000;
 /** The most of a listing's paths a `files.list` answer carries, as a Docker session's helper. */
 const MAX_LISTING_BYTES = 384 * 1024;
+/** What a listing's own output starts with, after whatever the sandbox's login shell printed. */
+const LISTING_MARK = "BOXCAR-FILES";
 
 /**
  * A session in an E2B sandbox (docs/sessions.md#e2b-sessions): the job sandbox it wraps runs its
@@ -145,27 +147,40 @@ function inHome(name: string): string {
 
 /**
  * The regular files under `dir` (relative to the workspace; all of it without), by path
- * relative to the workspace: listed in the sandbox by `find`, never through a symlink, at most
- * `MAX_LISTING_BYTES` of them (`truncated` past that); null when `dir` is no folder (or a
- * symlink).
+ * relative to the workspace: listed in the sandbox by `find`, as its user, following no symlink
+ * below `dir`, at most `MAX_LISTING_BYTES` of them (`truncated` past that); null when `dir` is
+ * no folder (or is itself a symlink; one on its way is followed, within the sandbox).
  */
 async function listInSandbox(
   remote: E2BRemoteSandbox,
   workspace: string,
   dir: string | undefined,
 ): Promise<{ files: WorkspaceFile[]; truncated: boolean } | null> {
-  const folder = dir === undefined ? workspace : `${workspace}/${dir}`;
-  const q = shellQuote(folder);
-  const line = `[ -d ${q} ] && [ ! -L ${q} ] || exit 3; cd ${q} && find -P . -mindepth 1 -type f -printf '%s %P\\0' | head -c ${MAX_LISTING_BYTES + 1}`;
+  const q = shellQuote(dir === undefined ? workspace : `${workspace}/${dir}`);
+  // What the login shell's profile prints comes before the mark; `find` failing (or missing its
+  // -printf, as busybox's) is an error, not an empty folder; 141 is `find` told to stop by `head`.
+  const line =
+    `[ -d ${q} ] && [ ! -L ${q} ] && cd ${q} || exit 3; printf '${LISTING_MARK}\\0'; ` +
+    `find -P . -mindepth 1 -type f -printf '%s %P\\0' | head -c ${MAX_LISTING_BYTES + 1}; ` +
+    `s=\${PIPESTATUS[0]}; [ $s -eq 0 ] || [ $s -eq 141 ] || exit 4`;
   let stdout: string;
   try {
     stdout = (await remote.commands.run(line, { timeoutMs: OWN_COMMAND_MS })).stdout;
   } catch (err) {
     if (err instanceof CommandExitError && err.exitCode === 3) return null;
+    if (err instanceof CommandExitError && err.exitCode === 4) {
+      throw new BoxcarError(
+        ErrorCode.sandboxFailed,
+        `could not list the workspace: find failed (${firstLine(err.stderr || "no reason given")}); the template needs GNU find`,
+      );
+    }
     throw e2bError(err, "could not list the workspace");
   }
-  const truncated = Buffer.byteLength(stdout) > MAX_LISTING_BYTES;
-  const entries = stdout.split("\0");
+  const mark = stdout.indexOf(`${LISTING_MARK}\0`);
+  if (mark === -1) throw new BoxcarError(ErrorCode.sandboxFailed, "could not list the workspace: its listing came without its mark");
+  const listing = stdout.slice(mark + LISTING_MARK.length + 1);
+  const truncated = Buffer.byteLength(listing) > MAX_LISTING_BYTES;
+  const entries = listing.split("\0");
   // The last is empty after the final NUL, or a part of an entry `head` cut.
   entries.pop();
   const prefix = dir === undefined ? "" : `${dir}/`;

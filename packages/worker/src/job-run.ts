@@ -172,7 +172,8 @@ export class JobRun {
       if (lent === "busy") return this.msg.nak(SESSION_BUSY_DELAY_MS);
       preflight = lent;
     }
-    if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state)) {
+    // Handed back for another worker of the pool, unless it is a job of a session here (none other can run it).
+    if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state) && !this.item.session) {
       const other = await this.capableWorker(found.record.pool);
       if (other) {
         // Not for this worker: hand it back (after a pause) for one that can run it.
@@ -340,14 +341,12 @@ export class JobRun {
       if (!this.ctx.sessions) throw new BoxcarError(ErrorCode.sessionLost, `worker ${this.ctx.options.workerId} holds no sessions`);
       // The agent must be one this worker would run in such a sandbox (an untrusted one never on the host, say).
       const own = resolveRuntime(agent.runtime, agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
-      const lease = await this.ctx.sessions.lend(id, { jobId: this.jobId, owner: ownerOf(this.item), agent }, this.abort.signal);
+      const lease = await this.ctx.sessions.lend(
+        id,
+        { jobId: this.jobId, owner: ownerOf(this.item), agent, runtime: own },
+        this.abort.signal,
+      );
       this.lease = lease;
-      if (own.kind !== lease.info.kind) {
-        throw new BoxcarError(
-          ErrorCode.noSandbox,
-          `agent ${agent.name} runs in ${own.kind} sandboxes (${own.reason}), and session ${id} is a ${lease.info.kind} one`,
-        );
-      }
       const stopped = () => {
         // Cancelled by the session's owner; else the session closed: its sandbox goes, and the job fails `session_lost`.
         if (lease.cancelled) this.stop("cancelled");

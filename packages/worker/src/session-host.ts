@@ -26,6 +26,7 @@ import {
   MAX_SESSION_FILE_BYTES,
   PROTOCOL_VERSION,
   parseWith,
+  type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
   type SessionEvent,
@@ -400,10 +401,15 @@ export class SessionHost {
    * holding the session's lock until the lease is released, and clears what the agent contract
    * leaves of a job before (its result file). While a command or another job has the lock, the
    * job waits in line for it (see `waitFor`). Throws `session_lost` when this worker does not
-   * hold the session (it closed, or the worker restarted), and `forbidden` when the job is not
-   * the session's owner's, or of another agent that does not allow sessions.
+   * hold the session (it closed, or the worker restarted), `forbidden` when the job is not the
+   * session's owner's, or of another agent that does not allow sessions, and `no_sandbox` when
+   * the job's agent would run in another kind of sandbox (`runtime`, as this worker resolves it).
    */
-  async lend(id: string, job: { jobId: string; owner: string; agent: AgentDefinition }, signal: AbortSignal): Promise<SessionLease> {
+  async lend(
+    id: string,
+    job: { jobId: string; owner: string; agent: AgentDefinition; runtime: ResolvedRuntime },
+    signal: AbortSignal,
+  ): Promise<SessionLease> {
     const held = this.held.get(id);
     if (!held || this.closing.has(id)) {
       throw new BoxcarError(
@@ -413,6 +419,13 @@ export class SessionHost {
     }
     if (held.record.owner !== job.owner || (held.record.agent !== job.agent.name && !job.agent.sessions)) {
       throw new BoxcarError(ErrorCode.forbidden, `session ${id} is not ${job.owner}'s, or agent ${job.agent.name} does not allow sessions`);
+    }
+    // The agent must be one this worker would run in such a sandbox (an untrusted one never in a host session, say).
+    if (job.runtime.kind !== held.record.sandbox.kind) {
+      throw new BoxcarError(
+        ErrorCode.noSandbox,
+        `agent ${job.agent.name} runs in ${job.runtime.kind} sandboxes (${job.runtime.reason}), and session ${id} is a ${held.record.sandbox.kind} one`,
+      );
     }
     const running: Running = { execId: job.jobId, stop: new AbortController(), cancelled: false };
     if (held.running || held.waiting.length > 0) await this.waitFor(held, running, signal);
