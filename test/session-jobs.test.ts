@@ -241,6 +241,8 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
     expect(ran.code).toBe(0);
     const job = JSON.parse(ran.stdout) as JobRecord;
     expect(job).toMatchObject({ state: "succeeded", session: { id }, result: { output: { lines: 2 } } });
+    const status = await boxcar(system.url, system.prefix, ["status", job.id], env);
+    expect(status.stdout).toMatch(new RegExp(`session\\s+${id} \\(worker `));
     await alice.client.closeSession(id);
   }, 60_000);
 
