@@ -20,6 +20,7 @@ import {
   type Identity,
   JobRecord,
   JobSpec,
+  MAX_DELAY_MS,
   mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
@@ -144,8 +145,11 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (session) record.session = session;
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
+  // A delayed job waits for its time; its queue timeout counts from then.
+  const runAt = startOf(spec, now);
+  if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
-  if (queueTimeout !== undefined) record.expiresAt = new Date(Date.parse(now) + queueTimeout).toISOString();
+  if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
   const created = await topology.jobStore.create(record).catch((err: unknown) => {
     throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
@@ -188,6 +192,18 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   return { job: record, duplicate: false };
 }
 
+/** When a delayed job may start (ms since the epoch), or undefined for one that may start now; a `runAt` past the bound is refused. */
+function startOf(spec: JobSpec, now: string): number | undefined {
+  const at = spec.runAt !== undefined ? Date.parse(spec.runAt) : spec.delay !== undefined ? Date.parse(now) + spec.delay : undefined;
+  if (at === undefined || at <= Date.parse(now)) return undefined;
+  if (at - Date.parse(now) > MAX_DELAY_MS) {
+    throw new BoxcarError(ErrorCode.invalid, `runAt ${spec.runAt} is more than 30 days ahead`, {
+      issues: [{ path: "runAt", message: "at most 30 days ahead" }],
+    });
+  }
+  return at;
+}
+
 /** What publishing a work item needs: the signer, and the workers (which item version they read). */
 export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers">;
 
@@ -222,6 +238,7 @@ export async function publishWorkItem(
   const retry = spec.retry ?? agent.retry;
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
+  if (record.runAt) item.runAt = record.runAt;
   let subject: string;
   if (record.session) {
     // Taken by that worker alone, from the consumer it made for its sessions' jobs.

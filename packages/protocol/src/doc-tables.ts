@@ -134,6 +134,8 @@ const SPEC_DOCS: FieldDocs<keyof JobSpecInput> = {
     more: " ([workflows](workflows.md#limits))",
   },
   session: { type: "session id", default: "none: a fresh sandbox", more: " ([sessions](sessions.md#jobs-in-a-session))" },
+  runAt: { type: "ISO 8601 time", default: "none: now", more: " ([flow control](flow-control.md#delayed-jobs))" },
+  delay: { type: "duration, up to 30 days", default: "none: now", more: " ([flow control](flow-control.md#delayed-jobs))" },
 };
 
 const RECORD_DOCS: FieldDocs<keyof JobRecord> = {

@@ -117,6 +117,7 @@ export {
   JobResult,
   JobSpec,
   JobState,
+  MAX_DELAY_MS,
   MAX_INPUT_FILES,
   MAX_SPEC_BYTES,
   ResourceUsage,

@@ -32,6 +32,9 @@ export type InputFileRef = z.infer<typeof InputFileRef>;
 /** Where `owner`'s uploaded input files are kept in the artifacts Object Store. */
 export const inputObjectPrefix = (owner: string): string => `inputs/${owner}/`;
 
+/** How far ahead a job may be delayed (`runAt`, `delay`). */
+export const MAX_DELAY_MS = 30 * 24 * 3_600_000;
+
 export const JobSpec = z.strictObject({
   v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("protocol version"),
   agent: AgentName.describe("the agent to run"),
@@ -53,6 +56,11 @@ export const JobSpec = z.strictObject({
   session: SessionId.optional().describe(
     "run in this open session's sandbox: one of the owner's, of this agent or with an agent that allows sessions",
   ),
+  runAt: z.iso.datetime({ offset: true }).optional().describe("not started before this time (ISO 8601); at most 30 days ahead"),
+  delay: durationMs({ min: 0, max: MAX_DELAY_MS }).optional().describe("not started before this long after it was submitted"),
+}).refine((spec) => spec.runAt === undefined || spec.delay === undefined, {
+  message: "give runAt or delay, not both",
+  path: ["delay"],
 });
 /** A job spec after validation (defaults filled, durations in ms). */
 export type JobSpec = z.infer<typeof JobSpec>;
@@ -185,6 +193,9 @@ export const JobRecord = z.looseObject({
   handoff: HandoffDecision.optional().describe(
     "what the dispatcher made of the agent's handoff request (`result.handoff`): `{to, jobId}` (the next job) or `{to, error}` (refused, code `handoff_refused`)",
   ),
+  runAt: z.iso.datetime()
+    .optional()
+    .describe("when it may start (from the spec's `runAt` or `delay`): its work item waits until then"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
@@ -228,6 +239,8 @@ export const WorkItem = z
     chain: ChainLink.optional(),
     /** Present for a job in a session: it runs in that session's sandbox on the worker that holds it. */
     session: SessionId.optional(),
+    /** A delayed job's start (ISO 8601): a worker that gets the item sooner hands it back until then. */
+    runAt: z.iso.datetime().optional(),
   })
   .superRefine((item, ctx) => {
     if (item.v === 1 && item.input === undefined)

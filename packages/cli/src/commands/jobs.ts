@@ -130,7 +130,7 @@ function chainLimits(values: Values): { maxHops?: number; maxVisits?: number } |
 export const submit: Command = {
   name: "submit",
   usage:
-    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--session SESSION] [--max-hops N] [--max-visits N]",
+    "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--session SESSION] [--delay 10m | --run-at TIME] [--max-hops N] [--max-visits N]",
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
@@ -146,6 +146,8 @@ export const submit: Command = {
     pool: { type: "string" },
     priority: { type: "string" },
     session: { type: "string" },
+    delay: { type: "string" },
+    "run-at": { type: "string" },
     "max-hops": { type: "string" },
     "max-visits": { type: "string" },
   },
@@ -170,6 +172,8 @@ export const submit: Command = {
         ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
         ...(priority ? { priority: priority as Priority } : {}),
         ...(ctx.values.session ? { session: ctx.values.session as string } : {}),
+        ...(ctx.values.delay ? { delay: ctx.values.delay as string } : {}),
+        ...(ctx.values["run-at"] ? { runAt: ctx.values["run-at"] as string } : {}),
         ...(limits ? { chainLimits: limits } : {}),
       },
       { upload },

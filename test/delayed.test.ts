@@ -1,0 +1,92 @@
+/**
+ * Delayed jobs (issue 21, part 3's first half): `delay` and `runAt` on submit, against a real
+ * nats-server, a dispatcher and worker processes in this process: a delayed job does not start
+ * before its time and then runs; its queue timeout counts from its time; a worker that restarts
+ * meanwhile changes nothing; cancelling it before its time ends it; bad values are refused,
+ * naming the field.
+ */
+
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { ErrorCode } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { boxcar } from "./helpers/cli.js";
+import { natsFixture } from "./helpers/nats.js";
+
+const agent = { name: "later", command: "echo ran", trusted: true, runtime: { sandbox: "host" } } as const;
+
+test("a delayed job does not start before its time, through a worker's restart, and then runs; its queue timeout counts from then", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 100 });
+  const client = createClient(nats.topology);
+  await client.applyAgent(agent);
+  const first = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void first.run();
+
+  // A queue timeout shorter than the delay: it counts from the job's time, so the job runs.
+  const { job } = await client.submit({ agent: "later", delay: "2s", queueTimeout: "30s" });
+  expect(Date.parse(job.runAt as string) - Date.parse(job.createdAt)).toBe(2_000);
+  expect(Date.parse(job.expiresAt as string) - Date.parse(job.runAt as string)).toBe(30_000);
+  const at = new Date(Date.now() + 2_500).toISOString();
+  const { job: atTime } = await client.submit({ agent: "later", runAt: at });
+  expect(atTime.runAt).toBe(at);
+
+  // The worker that was handed the items goes; another comes.
+  await new Promise((r) => setTimeout(r, 500));
+  expect((await client.getJob(job.id)).state).toBe("queued");
+  await first.close();
+  await using second = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void second.run();
+
+  for (const delayed of [job, atTime]) {
+    const done = await client.waitForJob(delayed.id);
+    expect(done.state).toBe("succeeded");
+    // Not before its time (the attempt's start is the worker's claim).
+    expect(Date.parse(done.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(delayed.runAt as string));
+  }
+});
+
+test("a delayed job cancelled before its time ends cancelled and never runs; bad delays are refused", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent(agent);
+
+  const { job } = await client.submit({ agent: "later", delay: "1h" });
+  await client.cancelJob(job.id);
+  expect(await client.waitForJob(job.id)).toMatchObject({ state: "cancelled", attempt: 0 });
+
+  await expect(client.submit({ agent: "later", delay: "1s", runAt: new Date().toISOString() })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "delay", message: "give runAt or delay, not both" })],
+  });
+  await expect(client.submit({ agent: "later", delay: "31d" })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "delay" })],
+  });
+  await expect(client.submit({ agent: "later", runAt: new Date(Date.now() + 31 * 86_400_000).toISOString() })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "runAt" })],
+  });
+  await expect(client.submit({ agent: "later", runAt: "tomorrow" })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "runAt" })],
+  });
+  // A time already passed runs now.
+  const past = await client.submit({ agent: "later", runAt: new Date(Date.now() - 60_000).toISOString() });
+  expect(past.job.runAt).toBeUndefined();
+  expect((await client.waitForJob(past.job.id)).state).toBe("succeeded");
+
+  // From the command line: --delay, and the status says when it runs.
+  const submitted = await boxcar(nats.url, nats.topology.names.prefix, ["submit", "later", "--delay", "1h", "--json"]);
+  expect(submitted.code).toBe(0);
+  const id = (JSON.parse(submitted.stdout) as { job: { id: string } }).job.id;
+  const status = await boxcar(nats.url, nats.topology.names.prefix, ["status", id]);
+  expect(status.stdout).toMatch(/runs at\s+\d{4}-\d\d-\d\dT/);
+  const bad = await boxcar(nats.url, nats.topology.names.prefix, ["submit", "later", "--delay", "soon"]);
+  expect(bad.code).not.toBe(0);
+  expect(bad.stderr).toMatch(/delay/);
+});
