@@ -35,33 +35,35 @@ export const inputObjectPrefix = (owner: string): string => `inputs/${owner}/`;
 /** How far ahead a job may be delayed (`runAt`, `delay`). */
 export const MAX_DELAY_MS = 30 * 24 * 3_600_000;
 
-export const JobSpec = z.strictObject({
-  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("protocol version"),
-  agent: AgentName.describe("the agent to run"),
-  input: z.json().default(null).describe("the job's input; the agent reads it from `.boxcar/input.json` ($BOXCAR_INPUT_FILE)"),
-  files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]).describe("files from the Object Store to put in the workspace"),
-  idempotencyKey: z.string().min(1).max(256).optional().describe("the owner's second submission with this key returns the first job"),
-  timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("run-time limit of this job"),
-  queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
-    .optional()
-    .describe("not started this long after it was queued, the job ends `expired`"),
-  deadline: durationMs({ min: 1_000, max: MAX_TIMEOUT_MS })
-    .optional()
-    .describe("overall limit from submission across all attempts: no attempt runs or is retried past it"),
-  pool: PoolName.optional().describe("the work pool to run in"),
-  priority: Priority.optional().describe("priority within the pool"),
-  retry: RetryPolicy.optional().describe("how failed attempts are retried"),
-  labels: z.record(z.string().max(64), z.string().max(256)).default({}).describe("free-form labels, stored in the record's `spec`"),
-  chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts"),
-  session: SessionId.optional().describe(
-    "run in this open session's sandbox: one of the owner's, of this agent or with an agent that allows sessions",
-  ),
-  runAt: z.iso.datetime({ offset: true }).optional().describe("not started before this time (ISO 8601); at most 30 days ahead"),
-  delay: durationMs({ min: 0, max: MAX_DELAY_MS }).optional().describe("not started before this long after it was submitted"),
-}).refine((spec) => spec.runAt === undefined || spec.delay === undefined, {
-  message: "give runAt or delay, not both",
-  path: ["delay"],
-});
+export const JobSpec = z
+  .strictObject({
+    v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("protocol version"),
+    agent: AgentName.describe("the agent to run"),
+    input: z.json().default(null).describe("the job's input; the agent reads it from `.boxcar/input.json` ($BOXCAR_INPUT_FILE)"),
+    files: z.array(InputFileRef).max(MAX_INPUT_FILES).default([]).describe("files from the Object Store to put in the workspace"),
+    idempotencyKey: z.string().min(1).max(256).optional().describe("the owner's second submission with this key returns the first job"),
+    timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional().describe("run-time limit of this job"),
+    queueTimeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS })
+      .optional()
+      .describe("not started this long after it was queued, the job ends `expired`"),
+    deadline: durationMs({ min: 1_000, max: MAX_TIMEOUT_MS })
+      .optional()
+      .describe("overall limit from submission across all attempts: no attempt runs or is retried past it"),
+    pool: PoolName.optional().describe("the work pool to run in"),
+    priority: Priority.optional().describe("priority within the pool"),
+    retry: RetryPolicy.optional().describe("how failed attempts are retried"),
+    labels: z.record(z.string().max(64), z.string().max(256)).default({}).describe("free-form labels, stored in the record's `spec`"),
+    chainLimits: ChainLimits.optional().describe("guards on the handoff chain this job starts"),
+    session: SessionId.optional().describe(
+      "run in this open session's sandbox: one of the owner's, of this agent or with an agent that allows sessions",
+    ),
+    runAt: z.iso.datetime({ offset: true }).optional().describe("not started before this time (ISO 8601); at most 30 days ahead"),
+    delay: durationMs({ min: 0, max: MAX_DELAY_MS }).optional().describe("not started before this long after it was submitted"),
+  })
+  .refine((spec) => spec.runAt === undefined || spec.delay === undefined, {
+    message: "give runAt or delay, not both",
+    path: ["delay"],
+  });
 /** A job spec after validation (defaults filled, durations in ms). */
 export type JobSpec = z.infer<typeof JobSpec>;
 /** A job spec as a client writes it. */
@@ -193,9 +195,7 @@ export const JobRecord = z.looseObject({
   handoff: HandoffDecision.optional().describe(
     "what the dispatcher made of the agent's handoff request (`result.handoff`): `{to, jobId}` (the next job) or `{to, error}` (refused, code `handoff_refused`)",
   ),
-  runAt: z.iso.datetime()
-    .optional()
-    .describe("when it may start (from the spec's `runAt` or `delay`): its work item waits until then"),
+  runAt: z.iso.datetime().optional().describe("when it may start (from the spec's `runAt` or `delay`): its work item waits until then"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
