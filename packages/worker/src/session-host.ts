@@ -55,6 +55,9 @@ import { workspaceCwd } from "./workspace-path.js";
 /** The most a snapshot or a clone may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
 const SEED_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
 
+/** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
+const SLOT_WAIT_MS = 2_000;
+
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
 const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
 
@@ -248,7 +251,9 @@ export class SessionHost {
     }
     // Whatever a command gets its caller can read (`env`, a file): the agent's secrets go to an admin's sessions only.
     const secrets = byAdmin ? collectSecrets(agent, options.secretsEnv) : new Map<string, string>();
-    if (!this.ctx.slots.tryAcquire()) throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
+    if (!(await this.ctx.slots.acquireWithin(SLOT_WAIT_MS))) {
+      throw new BoxcarError(ErrorCode.unavailable, `worker ${this.ctx.workerId} has no free slot`);
+    }
     // What the workspace starts with: a snapshot's files, or a clone made here, outside the sandbox.
     const seeded: { source?: SessionRecord["source"] } = {};
     const seed = this.seedOf({ from, git: request.git, artifacts }, agent, seeded);

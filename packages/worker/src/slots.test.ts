@@ -19,3 +19,14 @@ test("slots hand out at most the capacity, wait for a release, and give 0 once c
   expect(await blocked).toBe(0);
   expect(await slots.acquire(1)).toBe(0);
 });
+
+test("acquireWithin takes a slot that frees in time, and gives up when none does", async () => {
+  const slots = new Slots(1);
+  expect(slots.tryAcquire()).toBe(true);
+  const waiting = slots.acquireWithin(1_000);
+  setTimeout(() => slots.release(1), 50);
+  expect(await waiting).toBe(true);
+  expect(await slots.acquireWithin(50)).toBe(false);
+  slots.close();
+  expect(await slots.acquireWithin(1_000)).toBe(false);
+});

@@ -25,6 +25,25 @@ export class Slots {
     return true;
   }
 
+  /**
+   * Takes one slot, waiting at most `ms` for one to free (a pool's sweep holds the slots it may
+   * fill only while it asks for work); false when none freed in time or the slots are closed.
+   */
+  async acquireWithin(ms: number): Promise<boolean> {
+    const until = Date.now() + ms;
+    while (!this.tryAcquire()) {
+      const left = until - Date.now();
+      if (this.closed || left <= 0) return false;
+      let timer: NodeJS.Timeout | undefined;
+      await new Promise<void>((resolve) => {
+        this.waiters.push(resolve);
+        timer = setTimeout(resolve, left);
+      });
+      clearTimeout(timer);
+    }
+    return true;
+  }
+
   /** Calls `full` each time the last free slot is taken; returns how to stop. */
   onFull(full: () => void): () => void {
     this.fullListeners.add(full);
