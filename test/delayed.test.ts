@@ -1,9 +1,9 @@
 /**
  * Delayed jobs (issue 21, part 3's first half): `delay` and `runAt` on submit, against a real
- * nats-server, a dispatcher and worker processes in this process: a delayed job does not start
- * before its time and then runs; its queue timeout counts from its time; a worker that restarts
- * meanwhile changes nothing; cancelling it before its time ends it; bad values are refused,
- * naming the field.
+ * nats-server, dispatchers and a worker in this process: a delayed job waits off the pools'
+ * consumers, does not start before its time and then runs; its queue timeout counts from its
+ * time; a dispatcher that restarts meanwhile changes nothing; cancelling it before its time ends
+ * it and removes its marker; bad values are refused, naming the field.
  */
 
 import { createClient } from "@boxcar/client";
@@ -16,13 +16,13 @@ import { natsFixture } from "./helpers/nats.js";
 
 const agent = { name: "later", command: "echo ran", trusted: true, runtime: { sandbox: "host" } } as const;
 
-test("a delayed job does not start before its time, through a worker's restart, and then runs; its queue timeout counts from then", async () => {
+test("a delayed job waits off the pools, through a dispatcher's restart, and then runs, not before its time; its queue timeout counts from then", async () => {
   await using nats = await natsFixture();
-  await using _d = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 100 });
+  const first = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 100 });
   const client = createClient(nats.topology);
   await client.applyAgent(agent);
-  const first = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
-  void first.run();
+  await using _w = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void _w.run();
 
   // A queue timeout shorter than the delay: it counts from the job's time, so the job runs.
   const { job } = await client.submit({ agent: "later", delay: "2s", queueTimeout: "30s" });
@@ -32,17 +32,19 @@ test("a delayed job does not start before its time, through a worker's restart, 
   const { job: atTime } = await client.submit({ agent: "later", runAt: at });
   expect(atTime.runAt).toBe(at);
 
-  // The worker that was handed the items goes; another comes.
+  // While they wait, no pool's consumer holds them: the workers see nothing of them.
   await new Promise((r) => setTimeout(r, 500));
   expect((await client.getJob(job.id)).state).toBe("queued");
+  const pool = await nats.topology.jsm.consumers.info(nats.topology.names.streams.work, nats.topology.names.poolConsumer("default"));
+  expect(pool.num_pending + pool.num_ack_pending).toBe(0);
+  // The dispatcher that handled their markers goes; another comes.
   await first.close();
-  await using second = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
-  void second.run();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole, expiryIntervalMs: 100 });
 
   for (const delayed of [job, atTime]) {
     const done = await client.waitForJob(delayed.id);
     expect(done.state).toBe("succeeded");
-    // Not before its time (the attempt's start is the worker's claim).
+    // Not before its time (the attempt's start is the worker's claim, on this machine's clock).
     expect(Date.parse(done.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(delayed.runAt as string));
   }
 });
@@ -56,8 +58,14 @@ test("a delayed job cancelled before its time ends cancelled and never runs; bad
   await client.applyAgent(agent);
 
   const { job } = await client.submit({ agent: "later", delay: "1h" });
+  const marker = nats.topology.names.subjects.laterWork(job.id);
+  const markers = async () =>
+    (await nats.topology.jsm.streams.info(nats.topology.names.streams.work, { subjects_filter: marker })).state.subjects?.[marker] ?? 0;
+  expect(await markers()).toBe(1);
   await client.cancelJob(job.id);
   expect(await client.waitForJob(job.id)).toMatchObject({ state: "cancelled", attempt: 0 });
+  // Its marker does not wait in the stream for its hour.
+  expect(await markers()).toBe(0);
 
   await expect(client.submit({ agent: "later", delay: "1s", runAt: new Date().toISOString() })).rejects.toMatchObject({
     code: ErrorCode.invalid,
@@ -70,6 +78,10 @@ test("a delayed job cancelled before its time ends cancelled and never runs; bad
   await expect(client.submit({ agent: "later", runAt: new Date(Date.now() + 31 * 86_400_000).toISOString() })).rejects.toMatchObject({
     code: ErrorCode.invalid,
     issues: [expect.objectContaining({ path: "runAt" })],
+  });
+  await expect(client.submit({ agent: "later", delay: "1m", deadline: "30s" })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "deadline" })],
   });
   await expect(client.submit({ agent: "later", runAt: "tomorrow" })).rejects.toMatchObject({
     code: ErrorCode.invalid,

@@ -40,7 +40,7 @@ export function describeJob(job: JobRecord): string {
     `created   ${job.createdAt}`,
   ];
   if (job.workerId) lines.push(`worker    ${job.workerId}`);
-  if (job.runAt && job.state === "queued") lines.push(`runs at   ${job.runAt}`);
+  if (job.runAt && job.state === "queued" && Date.parse(job.runAt) > Date.now()) lines.push(`runs at   ${job.runAt}`);
   if (job.session) lines.push(`session   ${job.session.id} (worker ${job.session.workerId})`);
   if (job.sandbox) lines.push(`sandbox   ${job.sandbox.kind} ${job.sandbox.id} (${job.sandbox.reason})`);
   if (job.startedAt) lines.push(`ran       ${duration(job.startedAt, job.finishedAt ?? new Date().toISOString())}`);

@@ -201,6 +201,12 @@ function startOf(spec: JobSpec, now: string): number | undefined {
       issues: [{ path: "runAt", message: "at most 30 days ahead" }],
     });
   }
+  // A job that could only end `timed_out` at its time is refused now.
+  if (spec.deadline !== undefined && at - Date.parse(now) >= spec.deadline) {
+    throw new BoxcarError(ErrorCode.invalid, "the job's deadline passes before its time comes: give it a longer deadline, or none", {
+      issues: [{ path: "deadline", message: "shorter than the delay" }],
+    });
+  }
   return at;
 }
 
@@ -209,8 +215,9 @@ export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers">;
 
 /**
  * Publishes the job's work item, signed when there is a signer, deduplicated by job id (or
- * `msgID`, for a retry). The input stays in the record (a version 2 item names it by digest)
- * once every live worker reads such items; until then the item carries it.
+ * `msgID`, for a retry); a delayed job's marker instead, until it is `due`. The input stays in
+ * the record (a version 2 item names it by digest) once every live worker reads such items;
+ * until then the item carries it.
  */
 export async function publishWorkItem(
   topology: Topology,
@@ -218,9 +225,16 @@ export async function publishWorkItem(
   agent: AgentDefinition,
   { signer, workers }: WorkPublishing,
   msgID = record.id,
+  { due = false }: { due?: boolean } = {},
 ): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
+  // A delayed job waits as a marker until its time; `LaterWork` publishes its item then.
+  if (!due && record.runAt !== undefined && Date.parse(record.runAt) > Date.now()) {
+    const marker = JSON.stringify({ jobId: record.id, runAt: record.runAt });
+    await topology.js.publish(topology.names.subjects.laterWork(record.id), marker, { msgID });
+    return;
+  }
   // The priority is the subject's business, not the worker's: leaving it out keeps the item
   // runnable by workers of releases before priorities.
   const { priority: _queuedWith, ...runnable } = agent;
@@ -238,7 +252,6 @@ export async function publishWorkItem(
   const retry = spec.retry ?? agent.retry;
   if (retry) item.retry = retry;
   if (record.chain) item.chain = record.chain;
-  if (record.runAt) item.runAt = record.runAt;
   let subject: string;
   if (record.session) {
     // Taken by that worker alone, from the consumer it made for its sessions' jobs.

@@ -15,6 +15,7 @@ import { GivenUpWork } from "./given-up-work.js";
 import { admitIntake } from "./intake.js";
 import { JobIndex } from "./job-index.js";
 import { watchJobs } from "./job-watch.js";
+import { LaterWork } from "./later-work.js";
 import { LostSessionWork } from "./lost-session-work.js";
 import { JobLoad, PolicyBook } from "./policy.js";
 import { RetentionSweeper } from "./retention.js";
@@ -136,6 +137,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     GivenUpWork.start(topology, log, opts.signer, opts.givenUpIntervalMs ?? 15_000, (job) => metrics?.jobAction("dead", job.agent)),
   );
   const lostSessionWork = new LostSessionWork(topology, workers, log, opts.givenUpIntervalMs ?? 15_000);
+  const laterWork = await wait("the delayed jobs' consumer", () => LaterWork.start(topology, publishing, log));
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -200,6 +202,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => intakeDone,
         () => givenUp.close(),
         () => lostSessionWork.close(),
+        () => laterWork.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => runs.close(),

@@ -128,8 +128,17 @@ export async function cancelJob(topology: Topology, id: string, caller: Identity
     topology.nc.publish(topology.names.subjects.cancel(id));
   } else {
     await publishEvent(topology, jobEvent(next, "cancelled"));
+    // A delayed job's marker goes with it, rather than wait in the stream for its time.
+    if (next.runAt !== undefined) await removeLaterMarker(topology, id);
   }
   return next;
+}
+
+/** Removes a delayed job's marker from the work stream, if it is still there. */
+async function removeLaterMarker(topology: Topology, id: string): Promise<void> {
+  const { jsm, names } = topology;
+  const marker = await jsm.streams.getMessage(names.streams.work, { last_by_subj: names.subjects.laterWork(id) }).catch(() => null);
+  if (marker) await jsm.streams.deleteMessage(names.streams.work, marker.seq, false).catch(() => {});
 }
 
 /**

@@ -309,6 +309,11 @@ const NAME_ROWS: readonly NameRow[] = [
     kind: keptOn("work"),
   },
   {
+    what: "a delayed job's marker",
+    name: (n, x) => n.subjects.laterWork(x("jobId", "<jobId>")),
+    kind: keptOn("work"),
+  },
+  {
     what: "work subject of a worker's sessions",
     name: (n, x) => n.subjects.sessionWork(x("workerId", "w-1")),
     kind: keptOn("work"),

@@ -239,8 +239,6 @@ export const WorkItem = z
     chain: ChainLink.optional(),
     /** Present for a job in a session: it runs in that session's sandbox on the worker that holds it. */
     session: SessionId.optional(),
-    /** A delayed job's start (ISO 8601): a worker that gets the item sooner hands it back until then. */
-    runAt: z.iso.datetime().optional(),
   })
   .superRefine((item, ctx) => {
     if (item.v === 1 && item.input === undefined)

@@ -67,6 +67,8 @@ export interface Names {
   workerConsumer(workerId: string): string;
   /** The worker a worker consumer's name stands for; undefined for any other name. */
   workerOfConsumer(name: string): string | undefined;
+  /** The durable consumer all dispatchers share on the delayed jobs' markers: `later`. */
+  readonly laterConsumer: string;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
   /**
@@ -82,6 +84,9 @@ export interface Names {
     work(pool: string, priority?: Priority): string;
     /** Where the jobs to run in a worker's sessions go: `<prefix>.work.@<workerId>` (`@` is in no pool's name). */
     sessionWork(workerId: string): string;
+    /** Where a delayed job waits for its time: `<prefix>.work.~later.<jobId>` (`~` is in no pool's name). */
+    laterWork(jobId: string): string;
+    laterWorkAll: string;
     workAll: string;
     /**
      * Where `caller` sends requests to `endpoint`: `<prefix>.api.<role>.<user>.<endpoint>`. NATS
@@ -204,6 +209,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       const match = /^(pool|high|low)-(.+)$/.exec(name);
       return match ? { pool: match[2] as string, priority: match[1] === "pool" ? "normal" : (match[1] as Priority) } : undefined;
     },
+    laterConsumer: "later",
     workerConsumer: (workerId) => `worker-${workerId}`,
     workerOfConsumer: (name) => (name.startsWith("worker-") ? name.slice("worker-".length) : undefined),
     serviceName: `${prefix}-dispatcher`,
@@ -213,6 +219,8 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       submitAll: `${prefix}.submit.>`,
       work: (pool, priority = "normal") => (priority === "normal" ? `${prefix}.work.${pool}` : `${prefix}.work.${pool}.${priority}`),
       sessionWork: (workerId) => `${prefix}.work.@${workerId}`,
+      laterWork: (jobId) => `${prefix}.work.~later.${jobId}`,
+      laterWorkAll: `${prefix}.work.~later.>`,
       workAll: `${prefix}.work.>`,
       api: (caller, endpoint) => `${prefix}.api.${caller.role}.${caller.user}.${endpoint}`,
       apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,

@@ -56,8 +56,6 @@ const failedHandlingDelayMs = (deliveries: number): number => Math.min(30_000, 5
 const MISSING_RECORD_LOOKS = 5;
 /** How long a job waits before it is offered again when too many jobs wait for its session here already. */
 const SESSION_BUSY_DELAY_MS = 1_000;
-/** How early a delayed job's item may come and still start (clocks of machines differ a little). */
-const EARLY_TOLERANCE_MS = 20;
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
 const REPUBLISH_WITHIN_MS = 90_000;
 
@@ -164,9 +162,6 @@ export class JobRun {
       return this.ack();
     }
     if (this.stopReason === "worker_stopped") return this.msg.nak();
-    // A delayed job's item that came before its time goes back until then, in one hand-back.
-    const earlyMs = this.item.runAt === undefined ? 0 : Date.parse(this.item.runAt) - Date.now();
-    if (earlyMs > EARLY_TOLERANCE_MS && !isTerminal(found.record.state)) return this.msg.nak(earlyMs);
 
     const wrongInput = this.takeInput(found.record);
     let preflight: Preflight;

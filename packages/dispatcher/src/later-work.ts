@@ -1,0 +1,89 @@
+import type { Logger } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
+import { isTerminal } from "@boxcar/protocol";
+import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
+import { z } from "zod";
+import { publishWorkItem, type WorkPublishing } from "./admission.js";
+import type { AgentCatalog } from "./agent-catalog.js";
+
+/** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
+export const LaterMarker = z.strictObject({ jobId: z.string(), runAt: z.iso.datetime() });
+
+/** How early a marker may be taken for due (the dispatchers' clocks differ a little). */
+const EARLY_MS = 20;
+/** How long a due job whose item cannot be made yet (its agent cannot be read, say) waits before it is tried again. */
+const RETRY_MS = 30_000;
+
+/**
+ * Delayed jobs (docs/flow-control.md#delayed-jobs): a delayed job is admitted at once, and a
+ * marker of it waits on `<prefix>.work.~later.<jobId>` in the work stream, which the dispatchers
+ * share a consumer of. A marker taken before its time goes back to JetStream with a delay of
+ * what is left (one `nak`: JetStream keeps the time, no process does); taken at its time, the
+ * job's work item is published to its pool (or its session's worker) as any job's, and the
+ * marker is done. Workers never see markers, so the pools' consumers hold no waiting job.
+ */
+export class LaterWork {
+  private constructor(
+    private readonly messages: ConsumerMessages,
+    private readonly done: Promise<void>,
+  ) {}
+
+  static async start(topology: Topology, ctx: WorkPublishing & { agents: Pick<AgentCatalog, "get"> }, log: Logger): Promise<LaterWork> {
+    const { jsm, js, names } = topology;
+    await jsm.consumers.info(names.streams.work, names.laterConsumer).catch(async () => {
+      await jsm.consumers.add(names.streams.work, {
+        durable_name: names.laterConsumer,
+        filter_subject: names.subjects.laterWorkAll,
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: topology.options.ackWaitMs * 1_000_000,
+        // Every waiting job is one delivered and handed back: no bound on how many wait.
+        max_ack_pending: -1,
+      });
+    });
+    const consumer = await js.consumers.get(names.streams.work, names.laterConsumer);
+    const messages = await consumer.consume({ max_messages: 64 });
+    const done = (async () => {
+      for await (const msg of messages) {
+        await due(topology, ctx, msg).catch((err: unknown) => {
+          log.warn({ err, seq: msg.seq }, "could not publish a delayed job's work item; trying again");
+          msg.nak(RETRY_MS);
+        });
+      }
+    })();
+    return new LaterWork(messages, done);
+  }
+
+  async close(): Promise<void> {
+    await this.messages.close();
+    await this.done;
+  }
+}
+
+/** Handles one marker: back until its time, or its job's work item published (or nothing, for a job that ended meanwhile). */
+async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<AgentCatalog, "get"> }, msg: JsMsg): Promise<void> {
+  const parsed = LaterMarker.safeParse(safeJson(msg));
+  if (!parsed.success) {
+    msg.term("not a delayed job's marker");
+    return;
+  }
+  const { jobId, runAt } = parsed.data;
+  const left = Date.parse(runAt) - Date.now();
+  if (left > EARLY_MS) {
+    msg.nak(left);
+    return;
+  }
+  const found = await topology.jobStore.read(jobId);
+  if (found && !isTerminal(found.record.state) && found.record.attempt === 0) {
+    const agent = await ctx.agents.get(found.record.agent);
+    await publishWorkItem(topology, found.record, agent, ctx, `${jobId}:due`, { due: true });
+  }
+  msg.ack();
+}
+
+function safeJson(msg: JsMsg): unknown {
+  try {
+    return msg.json();
+  } catch {
+    return undefined;
+  }
+}
