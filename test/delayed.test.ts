@@ -87,6 +87,11 @@ test("a delayed job cancelled before its time ends cancelled and never runs; bad
     code: ErrorCode.invalid,
     issues: [expect.objectContaining({ path: "runAt" })],
   });
+  // An agent removed while its job waits: the job fails at its time, saying so.
+  await client.applyAgent({ ...agent, name: "gone-later" });
+  const { job: orphan } = await client.submit({ agent: "gone-later", delay: "1s" });
+  await client.removeAgent("gone-later");
+  expect(await client.waitForJob(orphan.id)).toMatchObject({ state: "failed", error: { code: ErrorCode.unknownAgent } });
   // A time already passed runs now.
   const past = await client.submit({ agent: "later", runAt: new Date(Date.now() - 60_000).toISOString() });
   expect(past.job.runAt).toBeUndefined();

@@ -1,13 +1,13 @@
 import type { Logger } from "@boxcar/client";
-import type { Topology } from "@boxcar/fabric";
-import { isTerminal } from "@boxcar/protocol";
+import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
-export const LaterMarker = z.strictObject({ jobId: z.string(), runAt: z.iso.datetime() });
+export const LaterMarker = z.looseObject({ jobId: z.string(), runAt: z.iso.datetime() });
 
 /** How early a marker may be taken for due (the dispatchers' clocks differ a little). */
 const EARLY_MS = 20;
@@ -73,10 +73,27 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     return;
   }
   const found = await topology.jobStore.read(jobId);
-  if (found && !isTerminal(found.record.state) && found.record.attempt === 0) {
-    const agent = await ctx.agents.get(found.record.agent);
-    await publishWorkItem(topology, found.record, agent, ctx, `${jobId}:due`, { due: true });
+  if (!found || isTerminal(found.record.state) || found.record.runAt === undefined) {
+    // Ended meanwhile, or released already (this marker delivered again): nothing to publish.
+    msg.ack();
+    return;
   }
+  let agent: AgentDefinition;
+  try {
+    agent = await ctx.agents.get(found.record.agent);
+  } catch (err) {
+    if (!(err instanceof BoxcarError && err.code === ErrorCode.unknownAgent)) throw err;
+    // Removed while the job waited: it can never run.
+    const change = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
+    if (change.written)
+      await publishEvent(topology, jobEvent(change.handle.record, "failed", { error: toErrorInfo(err), message: err.message }));
+    msg.ack();
+    return;
+  }
+  // Released before its item goes: a marker delivered again finds it released, and a dispatcher
+  // that dies in between leaves a queued job with no item, which `WorkRecovery` enqueues.
+  const released = await topology.jobStore.change(found, (job) => JobTransitions.release(job));
+  if (released.written) await publishWorkItem(topology, released.handle.record, agent, ctx, `${jobId}:due`, { due: true });
   msg.ack();
 }
 

@@ -196,3 +196,20 @@ export function loseSession(job: JobRecord, workerId: string, now: string): JobR
   };
   return { ...job, state: "failed", finishedAt: now, error };
 }
+
+/**
+ * A delayed job whose time has come: its work item is about to be published, so its record no
+ * longer waits (`runAt` goes). Null when it was released already (a marker delivered again) or
+ * has ended.
+ */
+export function release(job: JobRecord): JobRecord | null {
+  if (job.runAt === undefined || isTerminal(job.state) || job.attempt > 0) return null;
+  const { runAt: _released, ...rest } = job;
+  return rest;
+}
+
+/** A waiting job that can never start (its agent is gone, say): it ends `failed` with `error`. */
+export function refuse(job: JobRecord, error: ErrorInfo, now: string): JobRecord | null {
+  if (isTerminal(job.state) || job.state === "running") return null;
+  return { ...job, state: "failed", finishedAt: now, error };
+}

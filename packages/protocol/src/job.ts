@@ -195,7 +195,10 @@ export const JobRecord = z.looseObject({
   handoff: HandoffDecision.optional().describe(
     "what the dispatcher made of the agent's handoff request (`result.handoff`): `{to, jobId}` (the next job) or `{to, error}` (refused, code `handoff_refused`)",
   ),
-  runAt: z.iso.datetime().optional().describe("when it may start (from the spec's `runAt` or `delay`): its work item waits until then"),
+  runAt: z.iso
+    .datetime()
+    .optional()
+    .describe("while it waits for its time (from the spec's `runAt` or `delay`): when its work item is published; absent once it is"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
