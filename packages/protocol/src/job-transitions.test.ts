@@ -10,6 +10,9 @@ import {
   finish,
   handBack,
   isOwnedBy,
+  loseSession,
+  refuse,
+  release,
   requeueDead,
   waitingDueAt,
 } from "./job-transitions.js";
@@ -135,5 +138,31 @@ describe("a worker's transitions", () => {
     expect(retry).toMatchObject({ state: "queued", history: [ended], error, artifacts: [] });
     expect(retry.workerId).toBeUndefined();
     expect(endAttempt(running, ended, end, "dead")).toMatchObject({ state: "dead", finishedAt: NOW, history: [ended], sandbox });
+  });
+});
+
+describe("delayed jobs and jobs in sessions", () => {
+  test("release takes a waiting delayed job's runAt away once, and leaves other jobs alone", () => {
+    const waiting = job("queued", { runAt: at(1_000) });
+    const released = release(waiting);
+    expect(released).not.toBeNull();
+    expect(released?.runAt).toBeUndefined();
+    expect(release(released as JobRecord)).toBeNull();
+    expect(release(job("cancelled", { runAt: at(1_000) }))).toBeNull();
+    expect(release(job("queued"))).toBeNull();
+  });
+
+  test("refuse ends a waiting job failed with the reason; a running or ended one is left", () => {
+    const error = { code: "unknown_agent", message: "gone" };
+    expect(refuse(job("queued"), error, NOW)).toMatchObject({ state: "failed", error, finishedAt: NOW });
+    expect(refuse(job("running"), error, NOW)).toBeNull();
+    expect(refuse(job("succeeded"), error, NOW)).toBeNull();
+  });
+
+  test("loseSession ends a waiting or running job of a session session_lost; an ended one is left", () => {
+    const session = { id: "ses-a", workerId: "w1" };
+    expect(loseSession(job("queued", { session }), "w1", NOW)).toMatchObject({ state: "failed", error: { code: "session_lost" } });
+    expect(loseSession(job("running", { session }), "w1", NOW)?.error?.message).toContain("while the job ran");
+    expect(loseSession(job("cancelled", { session }), "w1", NOW)).toBeNull();
   });
 });
