@@ -39,7 +39,14 @@ test("attack: a folder swapped for a link to / over and over while it is measure
   await mkdir(join(dir, "a"));
   for (let i = 0; i < 20; i++) await writeFile(join(dir, "a", `f${i}`), "x");
   // What a command in a bind-mounted workspace could do while the worker (often root) walks it.
-  const swapper = spawn("sh", ["-c", "while true; do mv a b; ln -s / a; rm a; mv b a; done"], { cwd: dir, stdio: "ignore" });
+  // In a process group of its own, so that its `mv` of the moment dies with it (left running, it
+  // raced the folder's removal after the test).
+  const swapper = spawn("sh", ["-c", "while true; do mv a b; ln -s / a; rm a; mv b a; done"], {
+    cwd: dir,
+    stdio: "ignore",
+    detached: true,
+  });
+  const exited = new Promise((resolve) => swapper.once("exit", resolve));
   try {
     let largest = 0;
     for (let i = 0; i < 300; i++) largest = Math.max(largest, (await measureWorkspace(dir, roomy)).entries);
@@ -47,7 +54,8 @@ test("attack: a folder swapped for a link to / over and over while it is measure
     // looks), and the link: never what / holds (the walk before this one counted over 200).
     expect(largest).toBeLessThanOrEqual(43);
   } finally {
-    swapper.kill("SIGKILL");
+    process.kill(-(swapper.pid as number), "SIGKILL");
+    await exited;
   }
 });
 
