@@ -14,7 +14,7 @@ import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 const apiKey = process.env.E2B_API_KEY;
 if (!apiKey) {
   // biome-ignore lint/suspicious/noConsole: a skipped live test says why, once.
-  console.info("e2b-live.test.ts: skipped, E2B_API_KEY is not set (set it to run one job in a real E2B sandbox)");
+  console.info("e2b-live.test.ts: skipped, E2B_API_KEY is not set (set it to run a job and a session in a real E2B sandbox)");
 }
 
 let nats: NatsFixture;
