@@ -7,9 +7,9 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /**
- * One job against the real E2B, when the environment has a key (and, optionally, E2B_DOMAIN
- * for a self-hosted E2B and E2B_TEMPLATE for another template than `base`). It costs a few
- * seconds of one small sandbox.
+ * One job and one session against the real E2B, when the environment has a key (and,
+ * optionally, E2B_DOMAIN for a self-hosted E2B and E2B_TEMPLATE for another template than
+ * `base`). It costs a few seconds of two small sandboxes.
  */
 const apiKey = process.env.E2B_API_KEY;
 if (!apiKey) {
