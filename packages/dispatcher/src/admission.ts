@@ -34,6 +34,7 @@ import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
+import { reserveStart } from "./rate-limit.js";
 import type { SessionDesk } from "./sessions.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
@@ -145,8 +146,10 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (session) record.session = session;
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
-  // A delayed job waits for its time; its queue timeout counts from then.
-  const runAt = startOf(spec, now);
+  // A delayed job waits for its time, a rate-limited one for its turn; its queue timeout counts from then.
+  const asked = startOf(spec, now);
+  const reserved = agent.rateLimit && (await reserveStart(topology, agent.name, agent.rateLimit, asked ?? Date.parse(now)));
+  const runAt = reserved !== undefined && reserved > Date.parse(now) ? reserved : asked;
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();

@@ -130,6 +130,8 @@ export interface Topology {
    * permissions name no such bucket until the account is pushed again), and only sessions wait.
    */
   sessions(): Promise<KV>;
+  /** Rate limits' state (docs/flow-control.md#rate-limits), made on first use as the sessions bucket is. */
+  limits(): Promise<KV>;
   /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
   snapshots(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
@@ -260,6 +262,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
   let sessions: Promise<KV> | undefined;
+  let limits: Promise<KV> | undefined;
   let snapshots: Promise<ObjectStore> | undefined;
   /** A bucket made on first use; one its credentials cannot open names the fix. */
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
@@ -297,6 +300,16 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
         },
       );
       return sessions;
+    },
+    limits: () => {
+      limits ??= onFirstUse(
+        "limits bucket",
+        () => kv(names.buckets.limits),
+        () => {
+          limits = undefined;
+        },
+      );
+      return limits;
     },
     snapshots: () => {
       snapshots ??= onFirstUse(

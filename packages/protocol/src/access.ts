@@ -147,6 +147,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
     kv(b.policy),
     kv(b.sessions),
     obj(b.snapshots),
+    kv(b.limits),
   ];
   const inbox = `${names.inboxPrefix(user)}.>`;
   const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
@@ -166,7 +167,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.workAll,
             s.deadAll,
             s.cancelAll,
-            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions].map(kvSubjects),
+            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits].map(kvSubjects),
             // Requests to the worker that holds a session (it answers only what it is asked).
             s.sessionAll,
             objSubjects(b.artifacts),

@@ -116,6 +116,20 @@ export const AgentDefinition = z.strictObject({
     .describe(
       "callers may open sessions in its sandbox and run commands of their own there (docs/sessions.md); a host session is an admin's only",
     ),
+  rateLimit: z
+    .strictObject({
+      starts: z.number().int().min(1).max(1_000_000).describe("how many of its jobs may start in each period"),
+      per: durationMs({ min: 1_000, max: 86_400_000 }).describe("the period"),
+      burst: z
+        .number()
+        .int()
+        .min(1)
+        .default(1)
+        .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
+    })
+    .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
+    .optional()
+    .describe("at most `starts` of its jobs start per `per`, across every dispatcher and worker (docs/flow-control.md#rate-limits)"),
   git: z
     .strictObject({
       hosts: z

@@ -48,6 +48,8 @@ export interface Names {
     readonly policy: string;
     /** Sessions' records, written by the workers that hold them. */
     readonly sessions: string;
+    /** Rate limits' state (when each limited agent may next start a job), written by dispatchers. */
+    readonly limits: string;
     /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
     readonly snapshots: string;
   };
@@ -201,6 +203,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       artifacts: `${bucket}_artifacts`,
       policy: `${bucket}_policy`,
       sessions: `${bucket}_sessions`,
+      limits: `${bucket}_limits`,
       snapshots: `${bucket}_snapshots`,
     },
     intakeConsumer: "dispatcher",

@@ -1,0 +1,72 @@
+/**
+ * Rate limits (issue 21, part 2's first half): an agent's `rateLimit` spaces its jobs' starts
+ * across every dispatcher, against a real nats-server, two dispatchers and a worker in this
+ * process. The limit is checked on the start times the dispatchers reserved (a job never starts
+ * before its own), so it does not depend on how fast this machine runs them.
+ */
+
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { ErrorCode, type JobRecord } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { natsFixture } from "./helpers/nats.js";
+
+/** When a job was let start: its reserved time, or its admission when it could start at once. */
+const releasedAt = (job: JobRecord) => Date.parse(job.runAt ?? job.createdAt);
+
+test("a rate-limited agent's jobs, submitted at once through two dispatchers, are let start per its limit and all run", async () => {
+  await using nats = await natsFixture();
+  await using _a = await startDispatcher({ ...nats.dispatcherRole });
+  await using _b = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({
+    name: "limited",
+    command: "true",
+    trusted: true,
+    runtime: { sandbox: "host" },
+    rateLimit: { starts: 4, per: "2s" },
+  });
+  const submitted = await Promise.all(Array.from({ length: 12 }, () => client.submit({ agent: "limited" })));
+  const jobs = submitted.map((s) => s.job).sort((a, b) => releasedAt(a) - releasedAt(b));
+  // Evenly spaced, 500 ms apart: any 5 in a row span at least the 2 s period (a few ms of the
+  // admissions' own clocks aside for the first, which started at once).
+  for (let i = 0; i + 4 < jobs.length; i++) {
+    expect(releasedAt(jobs[i + 4] as JobRecord) - releasedAt(jobs[i] as JobRecord)).toBeGreaterThanOrEqual(1_990);
+  }
+  const done = await Promise.all(jobs.map((j) => client.waitForJob(j.id)));
+  for (const [i, job] of done.entries()) {
+    expect(job.state).toBe("succeeded");
+    expect(Date.parse(job.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(jobs[i]?.runAt ?? jobs[i]?.createdAt ?? ""));
+  }
+});
+
+test("a burst lets that many start at once after a quiet spell, then spaces the rest; a bad limit is refused, naming the field", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  const client = createClient(nats.topology);
+  await client.applyAgent({
+    name: "bursty",
+    command: "true",
+    trusted: true,
+    runtime: { sandbox: "host" },
+    rateLimit: { starts: 3, per: "3s", burst: 3 },
+  });
+  const jobs: JobRecord[] = [];
+  for (let i = 0; i < 5; i++) jobs.push((await client.submit({ agent: "bursty" })).job);
+  // Three at once (no wait), then one a second.
+  expect(jobs.slice(0, 3).map((j) => j.runAt)).toEqual([undefined, undefined, undefined]);
+  const first = Date.parse(jobs[0]?.createdAt as string);
+  expect(Date.parse(jobs[3]?.runAt as string) - first).toBeGreaterThanOrEqual(950);
+  expect(Date.parse(jobs[4]?.runAt as string) - Date.parse(jobs[3]?.runAt as string)).toBe(1_000);
+
+  await expect(client.applyAgent({ name: "bad", command: "true", rateLimit: { starts: 2, per: "1s", burst: 3 } })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "definition.rateLimit.burst" })],
+  });
+  await expect(client.applyAgent({ name: "bad", command: "true", rateLimit: { starts: 0, per: "1s" } })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+  });
+});
