@@ -261,8 +261,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   }
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
-  let sessions: Promise<KV> | undefined;
-  let limits: Promise<KV> | undefined;
+
   let snapshots: Promise<ObjectStore> | undefined;
   /** A bucket made on first use; one its credentials cannot open names the fix. */
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
@@ -273,6 +272,20 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
         `the ${what} cannot be opened (${(err as Error).message}): on a system whose credentials predate it, push the account again (boxcar auth push)`,
       );
     });
+  /** A KV bucket made on first use (and asked again after a failure). */
+  const kvOnFirstUse = (what: string, bucket: string) => {
+    let opened: Promise<KV> | undefined;
+    return () => {
+      opened ??= onFirstUse(
+        what,
+        () => kv(bucket),
+        () => {
+          opened = undefined;
+        },
+      );
+      return opened;
+    };
+  };
   const leases = new Map<string, number>();
   const purgeKey = async (bucket: "jobs" | "workflows", key: string) => {
     const name = names.buckets[bucket];
@@ -291,26 +304,8 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     workers,
     idempotency,
     workflows,
-    sessions: () => {
-      sessions ??= onFirstUse(
-        "sessions bucket",
-        () => kv(names.buckets.sessions),
-        () => {
-          sessions = undefined;
-        },
-      );
-      return sessions;
-    },
-    limits: () => {
-      limits ??= onFirstUse(
-        "limits bucket",
-        () => kv(names.buckets.limits),
-        () => {
-          limits = undefined;
-        },
-      );
-      return limits;
-    },
+    sessions: kvOnFirstUse("sessions bucket", names.buckets.sessions),
+    limits: kvOnFirstUse("limits bucket", names.buckets.limits),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",
