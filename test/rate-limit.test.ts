@@ -70,3 +70,41 @@ test("a burst lets that many start at once after a quiet spell, then spaces the 
     code: ErrorCode.invalid,
   });
 });
+
+test("a delayed job takes its turn at its time, holding up no one before; a start past the deadline is refused; a changed limit starts afresh; 200 submits at once are all admitted", async () => {
+  await using nats = await natsFixture();
+  await using _a = await startDispatcher({ ...nats.dispatcherRole });
+  await using _b = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  const limited = (rateLimit: { starts: number; per: string }) =>
+    client.applyAgent({ name: "slow", command: "true", trusted: true, runtime: { sandbox: "host" }, rateLimit });
+  await limited({ starts: 1, per: "2s" });
+
+  // A job delayed an hour reserves nothing now: the next job starts at once.
+  const { job: far } = await client.submit({ agent: "slow", delay: "1h" });
+  const { job: first } = await client.submit({ agent: "slow" });
+  expect(first.runAt).toBeUndefined();
+  // A job delayed half a second takes the turn after `first`'s when its time comes: 2 s after it.
+  const { job: soon } = await client.submit({ agent: "slow", delay: "500ms" });
+  const ran = await client.waitForJob(soon.id);
+  expect(ran.state).toBe("succeeded");
+  expect(Date.parse(ran.startedAt as string) - Date.parse(first.createdAt)).toBeGreaterThanOrEqual(1_900);
+  // The next turn is 2 s away: a job that must end within 1 s is refused, not queued to time out.
+  await expect(client.submit({ agent: "slow", deadline: "1s" })).rejects.toMatchObject({ code: ErrorCode.unavailable });
+  await client.cancelJob(far.id);
+
+  // A new limit forgets the old one's schedule.
+  await limited({ starts: 1, per: "1m" });
+  await client.submit({ agent: "slow" });
+  const { job: queued } = await client.submit({ agent: "slow" });
+  expect(Date.parse(queued.runAt as string) - Date.now()).toBeGreaterThan(50_000);
+  await client.cancelJob(queued.id);
+  await limited({ starts: 1_000, per: "1s" });
+  // Many at once through two dispatchers: each reservation wins its compare-and-swap in time.
+  const many = await Promise.all(Array.from({ length: 200 }, () => client.submit({ agent: "slow" })));
+  expect(many).toHaveLength(200);
+  const ends = await Promise.all(many.map((s) => client.waitForJob(s.job.id)));
+  expect(ends.filter((j) => j.state !== "succeeded")).toEqual([]);
+}, 120_000);

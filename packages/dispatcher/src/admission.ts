@@ -146,10 +146,12 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (session) record.session = session;
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
-  // A delayed job waits for its time, a rate-limited one for its turn; its queue timeout counts from then.
+  // A delayed job waits for its time (and reserves its rate limit's turn then), a rate-limited one
+  // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
-  const reserved = agent.rateLimit && (await reserveStart(topology, agent.name, agent.rateLimit, asked ?? Date.parse(now)));
+  const reserved = asked === undefined && agent.rateLimit ? await reserveFor(topology, agent, spec, Date.parse(now)) : undefined;
   const runAt = reserved !== undefined && reserved > Date.parse(now) ? reserved : asked;
+  if (runAt !== undefined && runAt === reserved) record.rateLimited = true;
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
@@ -195,6 +197,15 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   return { job: record, duplicate: false };
 }
 
+/**
+ * A rate-limited job's turn (ms since the epoch), reserved no later than 30 days ahead and before
+ * its deadline: a job that could not start in time is refused (`unavailable`), not queued.
+ */
+export function reserveFor(topology: Topology, agent: AgentDefinition, spec: Pick<JobSpec, "deadline">, now: number): Promise<number> {
+  const latest = Math.min(now + MAX_DELAY_MS, spec.deadline === undefined ? Number.POSITIVE_INFINITY : now + spec.deadline - 1);
+  return reserveStart(topology, agent.name, agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
+}
+
 /** When a delayed job may start (ms since the epoch), or undefined for one that may start now; a `runAt` past the bound is refused. */
 function startOf(spec: JobSpec, now: string): number | undefined {
   const at = spec.runAt !== undefined ? Date.parse(spec.runAt) : spec.delay !== undefined ? Date.parse(now) + spec.delay : undefined;
@@ -238,9 +249,9 @@ export async function publishWorkItem(
     await topology.js.publish(topology.names.subjects.laterWork(record.id), marker, { msgID });
     return;
   }
-  // The priority is the subject's business, not the worker's: leaving it out keeps the item
-  // runnable by workers of releases before priorities.
-  const { priority: _queuedWith, ...runnable } = agent;
+  // The priority is the subject's business and the rate limit the dispatchers', not the worker's:
+  // leaving them out keeps the item runnable by workers of releases before them.
+  const { priority: _queuedWith, rateLimit: _limitedBy, ...runnable } = agent;
   const input = workers.allRead(WORK_ITEM_VERSION)
     ? { v: WORK_ITEM_VERSION, inputDigest: inputDigest(spec.input) }
     : { v: PROTOCOL_VERSION, input: spec.input };

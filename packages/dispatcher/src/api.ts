@@ -32,6 +32,7 @@ import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./f
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
 import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
+import { forgetLimit } from "./rate-limit.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Runs } from "./workflows/runs.js";
 
@@ -155,7 +156,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       } catch (err) {
         throw issuesUnder(err, "definition");
       }
+      const before = await getAgent(topology, agent.name).catch(() => undefined);
       const created = await ctx.agents.apply(agent);
+      // A new limit starts afresh (as does an agent made again under an old name).
+      if ((before?.rateLimit || agent.rateLimit) && JSON.stringify(before?.rateLimit) !== JSON.stringify(agent.rateLimit)) {
+        await forgetLimit(topology, agent.name);
+      }
       log.info({ agent: agent.name }, "agent applied");
       return { agent, created };
     },
@@ -168,6 +174,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       const { name } = requestOf(ApiEndpoint.agentsRemove, body);
       const agent = await getAgent(topology, name);
       await ctx.agents.remove(name);
+      if (agent.rateLimit) await forgetLimit(topology, name);
       log.info({ agent: name }, "agent removed");
       return { agent };
     },

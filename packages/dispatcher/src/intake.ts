@@ -41,8 +41,10 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
   } catch (err) {
     const error = toErrorInfo(err);
     failSpan(span, error);
-    // Not the submission's fault: it stays in the stream and is tried again (a full queue or store frees up).
-    if (([ErrorCode.internal, ErrorCode.queueFull, ErrorCode.storageFull] as string[]).includes(error.code)) throw err;
+    // Not the submission's fault: it stays in the stream and is tried again (a full queue or store
+    // frees up, a rate limit has room, JetStream answers again).
+    if (([ErrorCode.internal, ErrorCode.queueFull, ErrorCode.storageFull, ErrorCode.unavailable] as string[]).includes(error.code))
+      throw err;
     const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
   } finally {

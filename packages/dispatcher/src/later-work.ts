@@ -3,7 +3,7 @@ import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import { publishWorkItem, type WorkPublishing } from "./admission.js";
+import { publishWorkItem, reserveFor, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
@@ -79,14 +79,27 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     return;
   }
   let agent: AgentDefinition;
+  let turn: number | undefined;
   try {
     agent = await ctx.agents.get(found.record.agent);
+    // A job delayed by its submitter takes its turn under its agent's rate limit now.
+    if (agent.rateLimit && !found.record.rateLimited && found.record.spec) {
+      turn = await reserveFor(topology, agent, found.record.spec, Date.now());
+    }
   } catch (err) {
-    if (!(err instanceof BoxcarError && err.code === ErrorCode.unknownAgent)) throw err;
-    // Removed while the job waited: it can never run.
+    if (!(err instanceof BoxcarError && (err.code === ErrorCode.unknownAgent || err.code === ErrorCode.unavailable))) throw err;
+    // Removed while the job waited, or no turn for it in time: it can never run.
     const change = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
     if (change.written)
       await publishEvent(topology, jobEvent(change.handle.record, "failed", { error: toErrorInfo(err), message: err.message }));
+    msg.ack();
+    return;
+  }
+  if (turn !== undefined && turn - Date.now() > EARLY_MS) {
+    // Waits again, for its turn, as a new marker.
+    const at = turn;
+    const postponed = await topology.jobStore.change(found, (job) => JobTransitions.postpone(job, at));
+    if (postponed.written) await publishWorkItem(topology, postponed.handle.record, agent, ctx, `${jobId}:limited`);
     msg.ack();
     return;
   }

@@ -1,8 +1,9 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { isRevisionConflict, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
 
-/** How many times a reservation tries again when another dispatcher changed the limit's state first. */
-const TRIES = 50;
+/** How long a reservation keeps trying when other dispatchers change the limit's state first. */
+const RESERVE_WITHIN_MS = 5_000;
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
 
@@ -12,18 +13,26 @@ type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
  * generic cell rate algorithm: starts `per / starts` apart, up to `burst` at once after a quiet
  * spell, its one number (when the next start is due, its "theoretical arrival time") kept in the
  * limits bucket under the agent's name and changed by compare-and-swap, so every dispatcher
- * reserves from the same schedule, with no lock. A reservation is made at admission; a job
- * cancelled before its start does not give its place back.
+ * reserves from the same schedule, with no lock. A start later than `latest` is not reserved:
+ * `unavailable`, saying when the limit has room (nothing was taken). `earliest` is now for a job
+ * that may start now: a delayed job reserves when its time comes, or it would hold up everyone's.
  */
-export async function reserveStart(topology: Topology, agent: string, limit: RateLimit, earliest: number): Promise<number> {
+export async function reserveStart(topology: Topology, agent: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
   const bucket = await topology.limits();
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
-  for (let i = 0; i < TRIES; i++) {
+  const giveUpAt = Date.now() + RESERVE_WITHIN_MS;
+  for (let tries = 1; ; tries++) {
     const entry = await bucket.get(agent);
-    const due = entry && entry.operation === "PUT" ? dueOf(entry.string()) : undefined;
-    const tat = Math.max(due ?? 0, earliest);
+    const stored = entry && entry.operation === "PUT" ? dueOf(entry.string()) : undefined;
+    const tat = Math.max(stored ?? 0, earliest);
     const start = Math.max(earliest, tat - tolerance);
+    if (start > latest) {
+      throw new BoxcarError(
+        ErrorCode.unavailable,
+        `agent ${agent}'s rate limit has no start free before ${new Date(latest).toISOString()} (the next is ${new Date(start).toISOString()}): submit again later`,
+      );
+    }
     const next = JSON.stringify({ due: tat + interval });
     try {
       if (entry && entry.operation === "PUT") await bucket.update(agent, next, entry.revision);
@@ -32,8 +41,17 @@ export async function reserveStart(topology: Topology, agent: string, limit: Rat
     } catch (err) {
       if (!isRevisionConflict(err)) throw err;
     }
+    if (Date.now() > giveUpAt) {
+      throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${agent} reserved their start at once: submit again`);
+    }
+    // Another dispatcher got there first: a moment's jittered pause, so that many do not collide again.
+    await sleep(Math.random() * Math.min(50, 2 * tries));
   }
-  throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${agent} reserved their start at once: submit again`);
+}
+
+/** Forgets an agent's rate limit's state (its limit changed, or it is removed): the next job starts afresh. */
+export async function forgetLimit(topology: Topology, agent: string): Promise<void> {
+  await (await topology.limits()).purge(agent);
 }
 
 function dueOf(text: string): number | undefined {

@@ -147,7 +147,6 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
     kv(b.policy),
     kv(b.sessions),
     obj(b.snapshots),
-    kv(b.limits),
   ];
   const inbox = `${names.inboxPrefix(user)}.>`;
   const common = ["$JS.API.INFO", ...allStreams.map((stream) => `$JS.API.STREAM.INFO.${stream}`)];
@@ -161,6 +160,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           allow: [
             ...common,
             ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
+            // Rate limits' state is the dispatchers' alone (workers get no access to it).
+            `$JS.API.STREAM.INFO.${kv(b.limits)}`,
+            ...streamApi(kv(b.limits), "manage"),
             ...[st.submit, st.work].flatMap((stream) => streamApi(stream, "consume")),
             `$JS.API.STREAM.MSG.DELETE.${st.work}`,
             s.eventsAll,

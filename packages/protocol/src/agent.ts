@@ -129,7 +129,9 @@ export const AgentDefinition = z.strictObject({
     })
     .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
     .optional()
-    .describe("at most `starts` of its jobs start per `per`, across every dispatcher and worker (docs/flow-control.md#rate-limits)"),
+    .describe(
+      "its jobs start `per / starts` apart (up to `burst` at once after a quiet spell), across every dispatcher and worker (docs/flow-control.md#rate-limits)",
+    ),
   git: z
     .strictObject({
       hosts: z

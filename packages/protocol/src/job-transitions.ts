@@ -208,6 +208,17 @@ export function release(job: JobRecord): JobRecord | null {
   return rest;
 }
 
+/**
+ * A delayed job whose time came, put back to the turn its agent's rate limit gave it (`at`, ms
+ * since the epoch): its queue timeout moves with it. Null when it started or ended meanwhile.
+ */
+export function postpone(job: JobRecord, at: number): JobRecord | null {
+  if (job.runAt === undefined || isTerminal(job.state) || job.attempt > 0) return null;
+  const by = at - Date.parse(job.runAt);
+  const expiresAt = job.expiresAt === undefined ? undefined : new Date(Date.parse(job.expiresAt) + by).toISOString();
+  return { ...job, runAt: new Date(at).toISOString(), rateLimited: true, ...(expiresAt ? { expiresAt } : {}) };
+}
+
 /** A waiting job that can never start (its agent is gone, say): it ends `failed` with `error`. */
 export function refuse(job: JobRecord, error: ErrorInfo, now: string): JobRecord | null {
   if (isTerminal(job.state) || job.state === "running") return null;

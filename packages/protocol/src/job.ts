@@ -198,7 +198,10 @@ export const JobRecord = z.looseObject({
   runAt: z.iso
     .datetime()
     .optional()
-    .describe("while it waits for its time (from the spec's `runAt` or `delay`): when its work item is published; absent once it is"),
+    .describe(
+      "while it waits for its time (from the spec's `runAt` or `delay`, or its agent's rate limit): when its work item is published; absent once it is",
+    ),
+  rateLimited: z.literal(true).optional().describe("its `runAt` is the turn its agent's rate limit gave it"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
