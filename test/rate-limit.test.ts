@@ -12,16 +12,28 @@ import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { natsFixture } from "./helpers/nats.js";
 
+/** A nats-server, two dispatchers and a host worker of 8 slots, and a client. */
+async function twoDispatchers() {
+  const nats = await natsFixture();
+  const dispatchers = [await startDispatcher({ ...nats.dispatcherRole }), await startDispatcher({ ...nats.dispatcherRole })];
+  const worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  return {
+    client: createClient(nats.topology),
+    async [Symbol.asyncDispose]() {
+      await worker.close();
+      for (const d of dispatchers) await d.close();
+      await nats[Symbol.asyncDispose]();
+    },
+  };
+}
+
 /** When a job was let start: its reserved time, or its admission when it could start at once. */
 const releasedAt = (job: JobRecord) => Date.parse(job.runAt ?? job.createdAt);
 
 test("a rate-limited agent's jobs, submitted at once through two dispatchers, are let start per its limit and all run", async () => {
-  await using nats = await natsFixture();
-  await using _a = await startDispatcher({ ...nats.dispatcherRole });
-  await using _b = await startDispatcher({ ...nats.dispatcherRole });
-  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
-  void worker.run();
-  const client = createClient(nats.topology);
+  await using system = await twoDispatchers();
+  const { client } = system;
   await client.applyAgent({
     name: "limited",
     command: "true",
@@ -72,12 +84,8 @@ test("a burst lets that many start at once after a quiet spell, then spaces the 
 });
 
 test("a delayed job takes its turn at its time, holding up no one before; a start past the deadline is refused; a changed limit starts afresh; 200 submits at once are all admitted", async () => {
-  await using nats = await natsFixture();
-  await using _a = await startDispatcher({ ...nats.dispatcherRole });
-  await using _b = await startDispatcher({ ...nats.dispatcherRole });
-  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
-  void worker.run();
-  const client = createClient(nats.topology);
+  await using system = await twoDispatchers();
+  const { client } = system;
   const limited = (rateLimit: { starts: number; per: string }) =>
     client.applyAgent({ name: "slow", command: "true", trusted: true, runtime: { sandbox: "host" }, rateLimit });
   await limited({ starts: 1, per: "2s" });
