@@ -12,6 +12,7 @@ import { join } from "node:path";
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
+import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
@@ -295,6 +296,16 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
           error: { code: "session_lost", message: expect.stringContaining(session.workerId) },
         });
       }
+      // Its session's container runs on (a killed worker closes nothing) until the system's worker reaps it.
+      const engine = new Docker();
+      await eventually(
+        async () =>
+          (await engine.listContainers({ all: true, filters: { label: [`boxcar.session=${session.id}`] } })).length === 0
+            ? true
+            : undefined,
+        "the killed worker's session container reaped",
+        30_000,
+      );
       const jsm = await jetstreamManager(admin.nc);
       await eventually(async () => {
         const consumers: string[] = [];
