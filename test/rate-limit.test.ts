@@ -116,3 +116,38 @@ test("a delayed job takes its turn at its time, holding up no one before; a star
   const ends = await Promise.all(many.map((s) => client.waitForJob(s.job.id)));
   expect(ends.filter((j) => j.state !== "succeeded")).toEqual([]);
 }, 120_000);
+
+test("a limit with a key limits each value on its own: one customer's jobs do not wait for another's", async () => {
+  await using system = await twoDispatchers();
+  const { client } = system;
+  const perCustomer = (rateLimit: { starts: number; per: string; key: string }) =>
+    client.applyAgent({ name: "keyed", command: "true", trusted: true, runtime: { sandbox: "host" }, rateLimit });
+  await perCustomer({ starts: 1, per: "2s", key: "input.customer.id" });
+  const submit = (id: string | undefined) => client.submit({ agent: "keyed", input: id === undefined ? {} : { customer: { id } } });
+  const [a1, b1, none1] = await Promise.all([submit("a"), submit("b"), submit(undefined)]);
+  const [a2, b2, none2] = await Promise.all([submit("a"), submit("b"), submit(undefined)]);
+  // Each customer's (and the jobs without one) first starts at once, the second a period after.
+  for (const first of [a1, b1, none1]) expect(first.job.runAt).toBeUndefined();
+  for (const [first, second] of [
+    [a1, a2],
+    [b1, b2],
+    [none1, none2],
+  ] as const) {
+    expect(Date.parse(second.job.runAt as string) - Date.parse(first.job.createdAt)).toBeGreaterThanOrEqual(1_900);
+  }
+  // A new limit forgets every customer's schedule: customer a, booked until after a2, starts at once.
+  await perCustomer({ starts: 1, per: "3s", key: "input.customer.id" });
+  const a3 = await submit("a");
+  expect(a3.job.runAt).toBeUndefined();
+  // A label as the key.
+  await perCustomer({ starts: 1, per: "3s", key: "label.tenant" });
+  const [x1, y1] = await Promise.all(["x", "y"].map((tenant) => client.submit({ agent: "keyed", labels: { tenant } })));
+  expect([x1?.job.runAt, y1?.job.runAt]).toEqual([undefined, undefined]);
+  const x2 = await client.submit({ agent: "keyed", labels: { tenant: "x" } });
+  expect(Date.parse(x2.job.runAt as string) - Date.parse(x1?.job.createdAt as string)).toBeGreaterThanOrEqual(2_900);
+  for (const done of await Promise.all([a2, b2, none2, a3, x2].map((s) => client.waitForJob(s.job.id))))
+    expect(done.state).toBe("succeeded");
+  await expect(
+    client.applyAgent({ name: "keyed", command: "true", rateLimit: { starts: 1, per: "1s", key: "output.x" } }),
+  ).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "definition.rateLimit.key" })] });
+}, 60_000);

@@ -34,7 +34,7 @@ import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
-import { reserveStart } from "./rate-limit.js";
+import { limitKey, reserveStart } from "./rate-limit.js";
 import type { SessionDesk } from "./sessions.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
@@ -201,9 +201,14 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
  * A rate-limited job's turn (ms since the epoch), reserved no later than 30 days ahead and before
  * its deadline: a job that could not start in time is refused (`unavailable`), not queued.
  */
-export function reserveFor(topology: Topology, agent: AgentDefinition, spec: Pick<JobSpec, "deadline">, now: number): Promise<number> {
+export function reserveFor(
+  topology: Topology,
+  agent: AgentDefinition,
+  spec: Pick<JobSpec, "deadline" | "input" | "labels">,
+  now: number,
+): Promise<number> {
   const latest = Math.min(now + MAX_DELAY_MS, spec.deadline === undefined ? Number.POSITIVE_INFINITY : now + spec.deadline - 1);
-  return reserveStart(topology, agent.name, agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
+  return reserveStart(topology, limitKey(agent, spec), agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
 }
 
 /** When a delayed job may start (ms since the epoch), or undefined for one that may start now; a `runAt` past the bound is refused. */

@@ -1,6 +1,7 @@
+import { createHash } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import { isRevisionConflict, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec } from "@boxcar/protocol";
 
 /** How long a reservation keeps trying when other dispatchers change the limit's state first. */
 const RESERVE_WITHIN_MS = 5_000;
@@ -17,41 +18,72 @@ type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
  * `unavailable`, saying when the limit has room (nothing was taken). `earliest` is now for a job
  * that may start now: a delayed job reserves when its time comes, or it would hold up everyone's.
  */
-export async function reserveStart(topology: Topology, agent: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
+export async function reserveStart(topology: Topology, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
   const bucket = await topology.limits();
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
   const giveUpAt = Date.now() + RESERVE_WITHIN_MS;
   for (let tries = 1; ; tries++) {
-    const entry = await bucket.get(agent);
+    const entry = await bucket.get(key);
     const stored = entry && entry.operation === "PUT" ? dueOf(entry.string()) : undefined;
     const tat = Math.max(stored ?? 0, earliest);
     const start = Math.max(earliest, tat - tolerance);
     if (start > latest) {
       throw new BoxcarError(
         ErrorCode.unavailable,
-        `agent ${agent}'s rate limit has no start free before ${new Date(latest).toISOString()} (the next is ${new Date(start).toISOString()}): submit again later`,
+        `the rate limit of ${describeKey(key)} has no start free before ${new Date(latest).toISOString()} (the next is ${new Date(start).toISOString()}): submit again later`,
       );
     }
     const next = JSON.stringify({ due: tat + interval });
     try {
-      if (entry && entry.operation === "PUT") await bucket.update(agent, next, entry.revision);
-      else await bucket.create(agent, next);
+      if (entry && entry.operation === "PUT") await bucket.update(key, next, entry.revision);
+      else await bucket.create(key, next);
       return start;
     } catch (err) {
       if (!isRevisionConflict(err)) throw err;
     }
     if (Date.now() > giveUpAt) {
-      throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${agent} reserved their start at once: submit again`);
+      throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${describeKey(key)} reserved their start at once: submit again`);
     }
     // Another dispatcher got there first: a moment's jittered pause, so that many do not collide again.
     await sleep(Math.random() * Math.min(50, 2 * tries));
   }
 }
 
-/** Forgets an agent's rate limit's state (its limit changed, or it is removed): the next job starts afresh. */
+/**
+ * Where the state of the limit a job of `agent` falls under is kept: the agent's name, and with
+ * a `key`, a digest of the job's value of it (one limit per value; jobs without one share one).
+ */
+export function limitKey(agent: AgentDefinition, spec: Pick<JobSpec, "input" | "labels">): string {
+  const by = agent.rateLimit?.key;
+  if (by === undefined) return agent.name;
+  const digest = createHash("sha256")
+    .update(JSON.stringify(valueAt(spec, by) ?? null))
+    .digest("hex");
+  return `${agent.name}.${digest.slice(0, 32)}`;
+}
+
+/** A job's value of a limit's key: `input.<field>...` in its input, `label.<name>` in its labels. */
+function valueAt(spec: Pick<JobSpec, "input" | "labels">, key: string): unknown {
+  const [where, ...path] = key.split(".");
+  if (where === "label") return spec.labels[path.join(".")];
+  let value: unknown = spec.input;
+  for (const field of path) {
+    value = value !== null && typeof value === "object" && !Array.isArray(value) ? (value as Record<string, unknown>)[field] : undefined;
+  }
+  return value;
+}
+
+function describeKey(key: string): string {
+  const dot = key.indexOf(".");
+  return dot === -1 ? `agent ${key}` : `agent ${key.slice(0, dot)} (for this job's key)`;
+}
+
+/** Forgets an agent's rate limits' state (its limit changed, or it is removed): the next job starts afresh. */
 export async function forgetLimit(topology: Topology, agent: string): Promise<void> {
-  await (await topology.limits()).purge(agent);
+  const bucket = await topology.limits();
+  await bucket.purge(agent);
+  for await (const key of await bucket.keys(`${agent}.>`)) await bucket.purge(key);
 }
 
 function dueOf(text: string): number | undefined {

@@ -273,12 +273,12 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       );
     });
   /** A KV bucket made on first use (and asked again after a failure). */
-  const kvOnFirstUse = (what: string, bucket: string) => {
+  const kvOnFirstUse = (what: string, bucket: string, ttl?: number) => {
     let opened: Promise<KV> | undefined;
     return () => {
       opened ??= onFirstUse(
         what,
-        () => kv(bucket),
+        () => kv(bucket, ttl ? { ttl } : {}),
         () => {
           opened = undefined;
         },
@@ -305,7 +305,9 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     idempotency,
     workflows,
     sessions: kvOnFirstUse("sessions bucket", names.buckets.sessions),
-    limits: kvOnFirstUse("limits bucket", names.buckets.limits),
+    // A limit's state last written 31 days ago is in the past (a turn is reserved at most 30 days
+    // ahead, a period is at most a day): it goes, so that one key per customer does not pile up.
+    limits: kvOnFirstUse("limits bucket", names.buckets.limits, 31 * 24 * 3_600_000),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",

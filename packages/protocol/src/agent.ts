@@ -126,6 +126,11 @@ export const AgentDefinition = z.strictObject({
         .min(1)
         .default(1)
         .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
+      key: z
+        .string()
+        .regex(/^(input(\.[A-Za-z0-9_-]{1,64}){1,8}|label\.[A-Za-z0-9_.-]{1,64})$/, "input.<field>[.<field>...] or label.<name>")
+        .optional()
+        .describe("limit each value of this on its own (`input.customerId`, `label.tenant`); absent: one limit for all the agent's jobs"),
     })
     .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
     .optional()
