@@ -147,6 +147,18 @@ test("a limit with a key limits each value on its own: one customer's jobs do no
   expect(Date.parse(x2.job.runAt as string) - Date.parse(x1?.job.createdAt as string)).toBeGreaterThanOrEqual(2_900);
   for (const done of await Promise.all([a2, b2, none2, a3, x2].map((s) => client.waitForJob(s.job.id))))
     expect(done.state).toBe("succeeded");
+  // 1 and "1" are one customer; an inherited field (`constructor`) is no value, not a crash.
+  await perCustomer({ starts: 1, per: "3s", key: "input.id" });
+  const one = await client.submit({ agent: "keyed", input: { id: 1 } });
+  expect((await client.submit({ agent: "keyed", input: { id: "1" } })).job.runAt).toBeDefined();
+  await perCustomer({ starts: 1, per: "3s", key: "input.constructor" });
+  expect((await client.submit({ agent: "keyed", input: {} })).job.runAt).toBeUndefined();
+  expect((await client.submit({ agent: "keyed", input: [] })).job.runAt).toBeDefined();
+  // The job's user as the key.
+  await perCustomer({ starts: 1, per: "3s", key: "owner" });
+  expect((await client.submit({ agent: "keyed" })).job.runAt).toBeUndefined();
+  expect((await client.submit({ agent: "keyed" })).job.runAt).toBeDefined();
+  expect((await client.waitForJob(one.job.id)).state).toBe("succeeded");
   await expect(
     client.applyAgent({ name: "keyed", command: "true", rateLimit: { starts: 1, per: "1s", key: "output.x" } }),
   ).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "definition.rateLimit.key" })] });

@@ -149,7 +149,8 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   // A delayed job waits for its time (and reserves its rate limit's turn then), a rate-limited one
   // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
-  const reserved = asked === undefined && agent.rateLimit ? await reserveFor(topology, agent, spec, Date.parse(now)) : undefined;
+  const reserved =
+    asked === undefined && agent.rateLimit ? await reserveFor(topology, agent, { spec, owner: opts.owner }, Date.parse(now)) : undefined;
   const runAt = reserved !== undefined && reserved > Date.parse(now) ? reserved : asked;
   if (runAt !== undefined && runAt === reserved) record.rateLimited = true;
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
@@ -204,11 +205,12 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
 export function reserveFor(
   topology: Topology,
   agent: AgentDefinition,
-  spec: Pick<JobSpec, "deadline" | "input" | "labels">,
+  job: { spec: Pick<JobSpec, "deadline" | "input" | "labels">; owner: string },
   now: number,
 ): Promise<number> {
-  const latest = Math.min(now + MAX_DELAY_MS, spec.deadline === undefined ? Number.POSITIVE_INFINITY : now + spec.deadline - 1);
-  return reserveStart(topology, limitKey(agent, spec), agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
+  const { deadline } = job.spec;
+  const latest = Math.min(now + MAX_DELAY_MS, deadline === undefined ? Number.POSITIVE_INFINITY : now + deadline - 1);
+  return reserveStart(topology, limitKey(agent, job), agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
 }
 
 /** When a delayed job may start (ms since the epoch), or undefined for one that may start now; a `runAt` past the bound is refused. */

@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, toErrorInfo } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWorkItem, reserveFor, type WorkPublishing } from "./admission.js";
@@ -84,7 +84,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     agent = await ctx.agents.get(found.record.agent);
     // A job delayed by its submitter takes its turn under its agent's rate limit now.
     if (agent.rateLimit && !found.record.rateLimited && found.record.spec) {
-      turn = await reserveFor(topology, agent, found.record.spec, Date.now());
+      turn = await reserveFor(topology, agent, { spec: found.record.spec, owner: ownerOf(found.record) }, Date.now());
     }
   } catch (err) {
     if (!(err instanceof BoxcarError && (err.code === ErrorCode.unknownAgent || err.code === ErrorCode.unavailable))) throw err;

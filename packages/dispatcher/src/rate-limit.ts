@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { isRevisionConflict, type Topology } from "@boxcar/fabric";
+import { isRevisionConflict, isStorageFull, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec } from "@boxcar/protocol";
 
 /** How long a reservation keeps trying when other dispatchers change the limit's state first. */
@@ -40,6 +40,9 @@ export async function reserveStart(topology: Topology, key: string, limit: RateL
       else await bucket.create(key, next);
       return start;
     } catch (err) {
+      if (isStorageFull(err)) {
+        throw new BoxcarError(ErrorCode.unavailable, `the limits bucket is full (256 MiB of rate limits' states): submit again later`);
+      }
       if (!isRevisionConflict(err)) throw err;
     }
     if (Date.now() > giveUpAt) {
@@ -54,24 +57,36 @@ export async function reserveStart(topology: Topology, key: string, limit: RateL
  * Where the state of the limit a job of `agent` falls under is kept: the agent's name, and with
  * a `key`, a digest of the job's value of it (one limit per value; jobs without one share one).
  */
-export function limitKey(agent: AgentDefinition, spec: Pick<JobSpec, "input" | "labels">): string {
+export function limitKey(agent: AgentDefinition, job: { spec: Pick<JobSpec, "input" | "labels">; owner: string }): string {
   const by = agent.rateLimit?.key;
   if (by === undefined) return agent.name;
   const digest = createHash("sha256")
-    .update(JSON.stringify(valueAt(spec, by) ?? null))
+    .update(valueAt(job, by) ?? "\0none")
     .digest("hex");
   return `${agent.name}.${digest.slice(0, 32)}`;
 }
 
-/** A job's value of a limit's key: `input.<field>...` in its input, `label.<name>` in its labels. */
-function valueAt(spec: Pick<JobSpec, "input" | "labels">, key: string): unknown {
+/**
+ * A job's value of a limit's key, as text: its owner, a field of its input, or one of its
+ * labels. Only a string or a number is a value (`1` and `"1"` are one); anything else is none.
+ */
+function valueAt({ spec, owner }: { spec: Pick<JobSpec, "input" | "labels">; owner: string }, key: string): string | undefined {
   const [where, ...path] = key.split(".");
-  if (where === "label") return spec.labels[path.join(".")];
-  let value: unknown = spec.input;
-  for (const field of path) {
-    value = value !== null && typeof value === "object" && !Array.isArray(value) ? (value as Record<string, unknown>)[field] : undefined;
+  let value: unknown;
+  if (where === "owner") value = owner;
+  else if (where === "label") value = ownField(spec.labels, path.join("."));
+  else {
+    value = spec.input;
+    for (const field of path) value = ownField(value, field);
   }
-  return value;
+  return typeof value === "string" || (typeof value === "number" && Number.isFinite(value)) ? String(value) : undefined;
+}
+
+/** A plain object's own field (never one it inherits, such as `constructor`). */
+function ownField(value: unknown, field: string): unknown {
+  return value !== null && typeof value === "object" && !Array.isArray(value) && Object.hasOwn(value, field)
+    ? (value as Record<string, unknown>)[field]
+    : undefined;
 }
 
 function describeKey(key: string): string {
@@ -81,9 +96,12 @@ function describeKey(key: string): string {
 
 /** Forgets an agent's rate limits' state (its limit changed, or it is removed): the next job starts afresh. */
 export async function forgetLimit(topology: Topology, agent: string): Promise<void> {
-  const bucket = await topology.limits();
-  await bucket.purge(agent);
-  for await (const key of await bucket.keys(`${agent}.>`)) await bucket.purge(key);
+  const { names, jsm } = topology;
+  await topology.limits();
+  // One purge for the agent's own key and every value's: the bucket's stream, filtered.
+  for (const filter of [agent, `${agent}.>`]) {
+    await jsm.streams.purge(`KV_${names.buckets.limits}`, { filter: `$KV.${names.buckets.limits}.${filter}` });
+  }
 }
 
 function dueOf(text: string): number | undefined {

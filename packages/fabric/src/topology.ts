@@ -238,8 +238,14 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   // With several replicas a direct get may be answered by a follower that has not applied the
   // latest write yet (a worker would find no record for a job just admitted): read from the leader.
   const consistentReads = num_replicas > 1 ? { allow_direct: false } : {};
-  const kv = (name: string, extra: { history?: number; ttl?: number } = {}) =>
-    kvm.create(name, { replicas: num_replicas, history: extra.history ?? 1, ...(extra.ttl ? { ttl: extra.ttl } : {}), ...consistentReads });
+  const kv = (name: string, extra: { history?: number; ttl?: number; max_bytes?: number } = {}) =>
+    kvm.create(name, {
+      replicas: num_replicas,
+      history: extra.history ?? 1,
+      ...(extra.ttl ? { ttl: extra.ttl } : {}),
+      ...(extra.max_bytes ? { max_bytes: extra.max_bytes } : {}),
+      ...consistentReads,
+    });
   let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, artifacts: ObjectStore;
   try {
     for (const config of streams) {
@@ -273,12 +279,12 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       );
     });
   /** A KV bucket made on first use (and asked again after a failure). */
-  const kvOnFirstUse = (what: string, bucket: string, ttl?: number) => {
+  const kvOnFirstUse = (what: string, bucket: string, bounds: { ttl?: number; max_bytes?: number } = {}) => {
     let opened: Promise<KV> | undefined;
     return () => {
       opened ??= onFirstUse(
         what,
-        () => kv(bucket, ttl ? { ttl } : {}),
+        () => kv(bucket, bounds),
         () => {
           opened = undefined;
         },
@@ -306,8 +312,9 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     workflows,
     sessions: kvOnFirstUse("sessions bucket", names.buckets.sessions),
     // A limit's state last written 31 days ago is in the past (a turn is reserved at most 30 days
-    // ahead, a period is at most a day): it goes, so that one key per customer does not pile up.
-    limits: kvOnFirstUse("limits bucket", names.buckets.limits, 31 * 24 * 3_600_000),
+    // ahead, a period is at most a day): it goes, so that one key per customer does not pile up;
+    // and the bucket is bounded, so that keys minted faster than that cannot fill the disk.
+    limits: kvOnFirstUse("limits bucket", names.buckets.limits, { ttl: 31 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",

@@ -176,8 +176,8 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             objSubjects(b.snapshots),
             // An object's chunks are removed by a purge filtered on them (deletes, overwrites),
             // and so are an ended job's events, output and record (and an ended run's) once its
-            // retention is over.
-            ...[obj(b.artifacts), obj(b.snapshots), st.events, st.logs, kv(b.jobs), kv(b.workflows)].map(
+            // retention is over, and an agent's rate limits' states when its limit changes.
+            ...[obj(b.artifacts), obj(b.snapshots), st.events, st.logs, kv(b.jobs), kv(b.workflows), kv(b.limits)].map(
               (stream) => `$JS.API.STREAM.PURGE.${stream}`,
             ),
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could

@@ -128,9 +128,14 @@ export const AgentDefinition = z.strictObject({
         .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
       key: z
         .string()
-        .regex(/^(input(\.[A-Za-z0-9_-]{1,64}){1,8}|label\.[A-Za-z0-9_.-]{1,64})$/, "input.<field>[.<field>...] or label.<name>")
+        .regex(
+          /^(owner|input(\.[A-Za-z0-9_-]{1,64}){1,8}|label\.[A-Za-z0-9_.-]{1,64})$/,
+          "owner, input.<field>[.<field>...] or label.<name>",
+        )
         .optional()
-        .describe("limit each value of this on its own (`input.customerId`, `label.tenant`); absent: one limit for all the agent's jobs"),
+        .describe(
+          "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
+        ),
     })
     .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
     .optional()

@@ -366,7 +366,11 @@ const NAME_ROWS: readonly NameRow[] = [
   { what: "workflow runs", name: (n) => n.buckets.workflows, kind: () => "KV bucket, key = run id" },
   { what: "system policy", name: (n) => n.buckets.policy, kind: () => "KV bucket, one key: `system`" },
   { what: "session records", name: (n) => n.buckets.sessions, kind: () => "KV bucket, key = session id" },
-  { what: "rate limits' state", name: (n) => n.buckets.limits, kind: () => "KV bucket, key = agent name" },
+  {
+    what: "rate limits' state",
+    name: (n) => n.buckets.limits,
+    kind: () => "KV bucket, key = agent name (and a digest of the key's value)",
+  },
   { what: "session snapshots", name: (n) => n.buckets.snapshots, kind: () => "Object Store, name = snapshot id" },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },
   { what: "reply inboxes", name: (n, x) => n.inboxPrefix(x("user", LOCAL_OWNER)), kind: () => "inbox prefix of every connection" },
