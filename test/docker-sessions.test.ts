@@ -15,8 +15,9 @@ import { BoxcarError } from "@boxcar/protocol";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, eventually, exited } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
+import { sessionOnDoomedWorker } from "./helpers/doomed.js";
 import { type Scratch, scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
@@ -520,19 +521,8 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
 
   test("a worker killed with SIGKILL: its session reads lost, its container is reaped, and its snapshot resumes on another worker", async () => {
     const admin = await system.as("admin", "admin");
-    await admin.client.applyAgent({
-      name: "box-doomed",
-      command: ["true"],
-      sessions: true,
-      pool: "doomed",
-      runtime: { sandbox: "docker" },
-    });
-    const doomed = spawnBoxcar(system.url, system.prefix, ["worker", "--pool", "doomed", "--heartbeat", "300ms"]);
+    const { session, worker: doomed } = await sessionOnDoomedWorker(system, admin, alice);
     try {
-      const session = await eventually(
-        () => alice.client.openSession({ agent: "box-doomed" }).catch(() => undefined),
-        "a session on the worker of pool doomed",
-      );
       await alice.client.writeSessionFile(session.id, "note.txt", "kept until the end");
       const snapshot = await alice.client.snapshotSession(session.id);
       doomed.kill("SIGKILL");

@@ -14,8 +14,9 @@ import { createDockerSandboxProvider } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, eventually, exited } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
+import { sessionOnDoomedWorker } from "./helpers/doomed.js";
 import { scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
@@ -268,19 +269,8 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
   }, 30_000);
 
   test("a worker killed with SIGKILL: its session's running and waiting jobs end session_lost, and its consumer goes", async () => {
-    await admin.client.applyAgent({
-      name: "box-doomed",
-      command: ["true"],
-      sessions: true,
-      pool: "doomed",
-      runtime: { sandbox: "docker" },
-    });
-    const doomed = spawnBoxcar(system.url, system.prefix, ["worker", "--pool", "doomed", "--heartbeat", "300ms"]);
+    const { session, worker: doomed } = await sessionOnDoomedWorker(system, admin, alice);
     try {
-      const session = await eventually(
-        () => alice.client.openSession({ agent: "box-doomed" }).catch(() => undefined),
-        "a session on the worker of pool doomed",
-      );
       const { job: running } = await alice.client.submit({ agent: "sleeper", session: session.id });
       await eventually(async () => ((await alice.client.getJob(running.id)).state === "running" ? true : undefined), "the job to run");
       const { job: waiting } = await alice.client.submit({ agent: "box", session: session.id });

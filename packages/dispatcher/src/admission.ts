@@ -34,7 +34,7 @@ import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
-import { limitKey, reserveStart } from "./rate-limit.js";
+import { reserveFor } from "./rate-limit.js";
 import type { SessionDesk } from "./sessions.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
@@ -149,11 +149,11 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   // A delayed job waits for its time (and reserves its rate limit's turn then), a rate-limited one
   // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
-  const reserved =
+  const turn =
     asked === undefined && agent.rateLimit ? await reserveFor(topology, agent, { spec, owner: opts.owner }, Date.parse(now)) : undefined;
-  const runAt = reserved !== undefined && reserved > Date.parse(now) ? reserved : asked;
-  if (runAt !== undefined && runAt === reserved) record.rateLimited = true;
+  const runAt = asked ?? (turn !== undefined && turn > Date.parse(now) ? turn : undefined);
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
+  if (runAt !== undefined && asked === undefined) record.rateLimited = true;
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
@@ -198,21 +198,6 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   return { job: record, duplicate: false };
 }
 
-/**
- * A rate-limited job's turn (ms since the epoch), reserved no later than 30 days ahead and before
- * its deadline: a job that could not start in time is refused (`unavailable`), not queued.
- */
-export function reserveFor(
-  topology: Topology,
-  agent: AgentDefinition,
-  job: { spec: Pick<JobSpec, "deadline" | "input" | "labels">; owner: string },
-  now: number,
-): Promise<number> {
-  const { deadline } = job.spec;
-  const latest = Math.min(now + MAX_DELAY_MS, deadline === undefined ? Number.POSITIVE_INFINITY : now + deadline - 1);
-  return reserveStart(topology, limitKey(agent, job), agent.rateLimit as NonNullable<AgentDefinition["rateLimit"]>, now, latest);
-}
-
 /** When a delayed job may start (ms since the epoch), or undefined for one that may start now; a `runAt` past the bound is refused. */
 function startOf(spec: JobSpec, now: string): number | undefined {
   const at = spec.runAt !== undefined ? Date.parse(spec.runAt) : spec.delay !== undefined ? Date.parse(now) + spec.delay : undefined;
@@ -236,7 +221,7 @@ export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers">;
 
 /**
  * Publishes the job's work item, signed when there is a signer, deduplicated by job id (or
- * `msgID`, for a retry); a delayed job's marker instead, until it is `due`. The input stays in
+ * `msgID`, for a retry); a delayed job's marker instead, while it waits. The input stays in
  * the record (a version 2 item names it by digest) once every live worker reads such items;
  * until then the item carries it.
  */
@@ -246,12 +231,12 @@ export async function publishWorkItem(
   agent: AgentDefinition,
   { signer, workers }: WorkPublishing,
   msgID = record.id,
-  { due = false }: { due?: boolean } = {},
 ): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
-  // A delayed job waits as a marker until its time; `LaterWork` publishes its item then.
-  if (!due && record.runAt !== undefined && Date.parse(record.runAt) > Date.now()) {
+  // A delayed job waits as a marker until its time; `LaterWork` releases its record (its `runAt`
+  // goes) and publishes its item then.
+  if (record.runAt !== undefined && Date.parse(record.runAt) > Date.now()) {
     const marker = JSON.stringify({ jobId: record.id, runAt: record.runAt });
     await topology.js.publish(topology.names.subjects.laterWork(record.id), marker, { msgID });
     return;

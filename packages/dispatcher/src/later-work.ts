@@ -3,8 +3,9 @@ import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import { publishWorkItem, reserveFor, type WorkPublishing } from "./admission.js";
+import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
+import { reserveFor } from "./rate-limit.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
 export const LaterMarker = z.looseObject({ jobId: z.string(), runAt: z.iso.datetime() });
@@ -106,7 +107,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   // Released before its item goes: a marker delivered again finds it released, and a dispatcher
   // that dies in between leaves a queued job with no item, which `WorkRecovery` enqueues.
   const released = await topology.jobStore.change(found, (job) => JobTransitions.release(job));
-  if (released.written) await publishWorkItem(topology, released.handle.record, agent, ctx, `${jobId}:due`, { due: true });
+  if (released.written) await publishWorkItem(topology, released.handle.record, agent, ctx, `${jobId}:due`);
   msg.ack();
 }
 

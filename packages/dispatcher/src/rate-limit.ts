@@ -1,12 +1,27 @@
 import { createHash } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import { isRevisionConflict, isStorageFull, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec, MAX_DELAY_MS } from "@boxcar/protocol";
 
 /** How long a reservation keeps trying when other dispatchers change the limit's state first. */
 const RESERVE_WITHIN_MS = 5_000;
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
+
+/**
+ * A rate-limited job's turn (ms since the epoch), reserved no later than 30 days ahead and before
+ * its deadline: a job that could not start in time is refused (`unavailable`), not queued.
+ */
+export function reserveFor(
+  topology: Topology,
+  agent: AgentDefinition,
+  job: { spec: Pick<JobSpec, "deadline" | "input" | "labels">; owner: string },
+  now: number,
+): Promise<number> {
+  const { deadline } = job.spec;
+  const latest = Math.min(now + MAX_DELAY_MS, deadline === undefined ? Number.POSITIVE_INFINITY : now + deadline - 1);
+  return reserveStart(topology, limitKey(agent, job), agent.rateLimit as RateLimit, now, latest);
+}
 
 /**
  * Reserves a start for a job of `agent` under its rate limit (docs/flow-control.md#rate-limits):
@@ -18,7 +33,7 @@ type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
  * `unavailable`, saying when the limit has room (nothing was taken). `earliest` is now for a job
  * that may start now: a delayed job reserves when its time comes, or it would hold up everyone's.
  */
-export async function reserveStart(topology: Topology, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
+async function reserveStart(topology: Topology, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
   const bucket = await topology.limits();
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
@@ -57,7 +72,7 @@ export async function reserveStart(topology: Topology, key: string, limit: RateL
  * Where the state of the limit a job of `agent` falls under is kept: the agent's name, and with
  * a `key`, a digest of the job's value of it (one limit per value; jobs without one share one).
  */
-export function limitKey(agent: AgentDefinition, job: { spec: Pick<JobSpec, "input" | "labels">; owner: string }): string {
+function limitKey(agent: AgentDefinition, job: { spec: Pick<JobSpec, "input" | "labels">; owner: string }): string {
   const by = agent.rateLimit?.key;
   if (by === undefined) return agent.name;
   const digest = createHash("sha256")

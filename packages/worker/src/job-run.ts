@@ -231,11 +231,10 @@ export class JobRun {
       },
     });
     this.traceparent = attemptSpan.traceparent;
-    let endedAs: string | undefined;
     try {
-      endedAs = await this.runClaimed(record, preflight, decided);
-      this.endedAs = endedAs;
+      this.endedAs = await this.runClaimed(record, preflight, decided);
     } finally {
+      const { endedAs } = this;
       attemptSpan.span.setAttribute("boxcar.job.state", endedAs ?? "unknown");
       if (endedAs !== "succeeded" && endedAs !== "requeue") {
         failSpan(attemptSpan.span, { message: `the attempt ended ${endedAs ?? "without an outcome"}` });
