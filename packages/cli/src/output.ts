@@ -30,6 +30,13 @@ export function duration(from?: string, to?: string): string {
   return ms < 1000 ? `${ms}ms` : `${(ms / 1000).toFixed(1)}s`;
 }
 
+/** A job's state, with what a queued one waits for: its time (`later`) or a place under its agent's concurrency limit (`limit`). */
+export function stateOf(job: JobRecord): string {
+  if (job.state !== "queued") return job.state;
+  if (job.concurrency?.waiting) return "queued (limit)";
+  return job.runAt && Date.parse(job.runAt) > Date.now() ? "queued (later)" : "queued";
+}
+
 /** A human summary of one job record, several lines. */
 export function describeJob(job: JobRecord): string {
   const lines = [
@@ -41,6 +48,7 @@ export function describeJob(job: JobRecord): string {
   ];
   if (job.workerId) lines.push(`worker    ${job.workerId}`);
   if (job.runAt && job.state === "queued" && Date.parse(job.runAt) > Date.now()) lines.push(`runs at   ${job.runAt}`);
+  if (job.concurrency?.waiting && job.state === "queued") lines.push("waits     for a place under its agent's concurrency limit");
   if (job.session) lines.push(`session   ${job.session.id} (worker ${job.session.workerId})`);
   if (job.sandbox) lines.push(`sandbox   ${job.sandbox.kind} ${job.sandbox.id} (${job.sandbox.reason})`);
   if (job.startedAt) lines.push(`ran       ${duration(job.startedAt, job.finishedAt ?? new Date().toISOString())}`);

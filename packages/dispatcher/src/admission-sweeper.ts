@@ -30,7 +30,7 @@ export class AdmissionSweeper {
     private readonly topology: Topology,
     private readonly log: Logger,
     intervalMs: number,
-    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "limits">,
     private readonly work: Pick<WorkRecovery, "workMissing">,
   ) {
     this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");

@@ -30,6 +30,7 @@ import {
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
 import type { AgentCatalog } from "./agent-catalog.js";
+import type { ConcurrencyLimits } from "./concurrency.js";
 import type { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { claimKey } from "./idempotency.js";
 import { newJobId } from "./job-id.js";
@@ -61,6 +62,8 @@ export interface AdmissionContext {
   metrics?: DispatcherMetrics | undefined;
   /** The sessions: a job that names one runs in it. */
   sessions: SessionDesk;
+  /** Agents' concurrency limits: a job of such an agent takes a place, or waits for one. */
+  limits: ConcurrencyLimits;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -154,6 +157,9 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   const runAt = asked ?? (turn !== undefined && turn > Date.parse(now) ? turn : undefined);
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   if (runAt !== undefined && asked === undefined) record.rateLimited = true;
+  // One that may start now takes a place under its agent's concurrency limit, or waits for one; a
+  // delayed one does when its time comes (holding a place until then would hold up everyone's).
+  if (runAt === undefined && agent.concurrency) record.concurrency = await ctx.limits.enter(agent, { id, spec, owner: opts.owner });
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
@@ -172,7 +178,8 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     // One stored message for both events (`accepted` folded into `queued`), sent before the
     // work item so it precedes anything a worker publishes.
     const accepted = jobEvent({ ...record, state: "accepted" }, "accepted");
-    await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted] }));
+    const waits = record.concurrency?.waiting ? { message: "waits for a place under its agent's concurrency limit" } : {};
+    await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted], ...waits }));
     await publishWorkItem(topology, record, agent, ctx);
   } catch (err) {
     if (!isStorageFull(err)) throw err;
@@ -182,6 +189,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
       return false;
     });
     if (removed) ctx.load.observe(id, undefined);
+    if (removed && record.concurrency && !record.concurrency.waiting) await ctx.limits.free(record.concurrency.place, id);
     throw noRoom(id, removed ? "nothing was kept" : "its record could not be removed, so it may still run once space frees");
   }
   ctx.onWorkPublished?.(id);
@@ -217,7 +225,7 @@ function startOf(spec: JobSpec, now: string): number | undefined {
 }
 
 /** What publishing a work item needs: the signer, and the workers (which item version they read). */
-export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers">;
+export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers" | "limits">;
 
 /**
  * Publishes the job's work item, signed when there is a signer, deduplicated by job id (or
@@ -229,7 +237,7 @@ export async function publishWorkItem(
   topology: Topology,
   record: JobRecord,
   agent: AgentDefinition,
-  { signer, workers }: WorkPublishing,
+  { signer, workers, limits }: WorkPublishing,
   msgID = record.id,
 ): Promise<void> {
   const spec = record.spec;
@@ -241,9 +249,14 @@ export async function publishWorkItem(
     await topology.js.publish(topology.names.subjects.laterWork(record.id), marker, { msgID });
     return;
   }
-  // The priority is the subject's business and the rate limit the dispatchers', not the worker's:
+  // One waiting for a place under its agent's concurrency limit waits as a marker too.
+  if (record.concurrency?.waiting) {
+    await limits.wait(record, agent, msgID);
+    return;
+  }
+  // The priority is the subject's business and the limits the dispatchers', not the worker's:
   // leaving them out keeps the item runnable by workers of releases before them.
-  const { priority: _queuedWith, rateLimit: _limitedBy, ...runnable } = agent;
+  const { priority: _queuedWith, rateLimit: _limitedBy, concurrency: _placedBy, ...runnable } = agent;
   const input = workers.allRead(WORK_ITEM_VERSION)
     ? { v: WORK_ITEM_VERSION, inputDigest: inputDigest(spec.input) }
     : { v: PROTOCOL_VERSION, input: spec.input };

@@ -9,6 +9,7 @@ import type { AdmissionContext } from "./admission.js";
 import { AdmissionSweeper } from "./admission-sweeper.js";
 import { AgentCatalog } from "./agent-catalog.js";
 import { apiHandlers, getAgent, serve } from "./api.js";
+import { ConcurrencyLimits } from "./concurrency.js";
 import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { ExpirySweeper } from "./expiry.js";
 import { GivenUpWork } from "./given-up-work.js";
@@ -87,7 +88,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   );
   const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
-  const publishing = { agents, signer: opts.signer, workers };
+  const limits = new ConcurrencyLimits(topology, agents, { signer: opts.signer, workers }, log, opts.givenUpIntervalMs ?? 15_000);
+  const publishing = { agents, signer: opts.signer, workers, limits };
   const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, publishing);
   const admissions = new AdmissionSweeper(topology, log, 1_000, publishing, recovery);
   const ctx: AdmissionContext = {
@@ -99,6 +101,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     load,
     onWorkPublished: (id) => admissions.workPublished(id),
     metrics,
+    limits,
     sessions: new SessionDesk(
       topology,
       workers,
@@ -121,8 +124,11 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       index.observe,
       follower.observeJob,
       load.observe,
+      limits.observe,
     ]),
   );
+  // Ends seen from now on free their places; what the replay shows, the sweep deals with.
+  void jobWatch.caughtUp.then(() => limits.followEnds());
   await wait("the workflow runs", () =>
     follower.start(
       (key, run, ended) => {
@@ -213,6 +219,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => retention.close(),
         async () => recovery.close(),
         async () => admissions.close(),
+        () => limits.close(),
       ];
       for (const step of steps) {
         try {

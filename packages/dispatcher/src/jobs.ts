@@ -150,7 +150,7 @@ export async function retryJob(
   topology: Topology,
   id: string,
   caller: Identity,
-  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions">,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
 ): Promise<JobRecord> {
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
@@ -159,7 +159,16 @@ export async function retryJob(
   // A job of a session runs there again only while the session is open, on the worker that holds it.
   if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
   const retry = job.spec?.retry ?? agent.retry;
-  const change = await topology.jobStore.change(found, (current) => JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso()));
+  // It takes a place under its agent's concurrency limit again, or waits for one (a place taken
+  // for it that a racing retry leaves unused is freed by the sweep: its record is dead).
+  const place =
+    agent.concurrency && job.spec && job.state === "dead"
+      ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) })
+      : undefined;
+  const change = await topology.jobStore.change(found, (current) => {
+    const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
+    return requeued && place ? { ...requeued, concurrency: place } : requeued;
+  });
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const next = change.handle.record;
   await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));

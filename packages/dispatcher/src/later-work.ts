@@ -5,6 +5,7 @@ import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream
 import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
+import type { Place } from "./concurrency.js";
 import { reserveFor } from "./rate-limit.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
@@ -81,15 +82,20 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   }
   let agent: AgentDefinition;
   let turn: number | undefined;
+  let place: Place | undefined;
+  const { spec } = found.record;
+  const job = { id: jobId, spec: spec ?? { input: null, labels: {} }, owner: ownerOf(found.record) };
   try {
     agent = await ctx.agents.get(found.record.agent);
-    // A job delayed by its submitter takes its turn under its agent's rate limit now.
-    if (agent.rateLimit && !found.record.rateLimited && found.record.spec) {
-      turn = await reserveFor(topology, agent, { spec: found.record.spec, owner: ownerOf(found.record) }, Date.now());
-    }
+    // A job delayed by its submitter takes its turn under its agent's rate limit now,
+    if (agent.rateLimit && !found.record.rateLimited) turn = await reserveFor(topology, agent, job, Date.now());
+    // and when it may start, its place under its concurrency limit (or waits for one).
+    if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
   } catch (err) {
-    if (!(err instanceof BoxcarError && (err.code === ErrorCode.unknownAgent || err.code === ErrorCode.unavailable))) throw err;
-    // Removed while the job waited, or no turn for it in time: it can never run.
+    const never = [ErrorCode.unknownAgent, ErrorCode.unavailable, ErrorCode.conflict] as string[];
+    if (!(err instanceof BoxcarError && never.includes(err.code))) throw err;
+    // Removed while the job waited, no turn for it in time, or no place and a strategy that drops
+    // new jobs: it can never run.
     const change = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
     if (change.written)
       await publishEvent(topology, jobEvent(change.handle.record, "failed", { error: toErrorInfo(err), message: err.message }));
@@ -106,8 +112,18 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   }
   // Released before its item goes: a marker delivered again finds it released, and a dispatcher
   // that dies in between leaves a queued job with no item, which `WorkRecovery` enqueues.
-  const released = await topology.jobStore.change(found, (job) => JobTransitions.release(job));
-  if (released.written) await publishWorkItem(topology, released.handle.record, agent, ctx, `${jobId}:due`);
+  const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, place));
+  if (released.written) {
+    const record = released.handle.record;
+    const message = record.concurrency?.waiting
+      ? "its time came; it waits for a place under its agent's concurrency limit"
+      : "its time came";
+    await publishEvent(topology, jobEvent(record, "released", { message }));
+    await publishWorkItem(topology, record, agent, ctx, `${jobId}:due`);
+  } else if (place && !place.waiting && (!released.current || isTerminal(released.current.record.state))) {
+    // It ended meanwhile, with the place just taken for it.
+    await ctx.limits.free(place.place, jobId);
+  }
   msg.ack();
 }
 

@@ -1,10 +1,6 @@
-import { createHash } from "node:crypto";
-import { setTimeout as sleep } from "node:timers/promises";
-import { isRevisionConflict, isStorageFull, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec, MAX_DELAY_MS } from "@boxcar/protocol";
-
-/** How long a reservation keeps trying when other dispatchers change the limit's state first. */
-const RESERVE_WITHIN_MS = 5_000;
+import { changeEntry, type KeyedJob, valueDigest } from "./limit-state.js";
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
 
@@ -34,14 +30,10 @@ export function reserveFor(
  * that may start now: a delayed job reserves when its time comes, or it would hold up everyone's.
  */
 async function reserveStart(topology: Topology, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
-  const bucket = await topology.limits();
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
-  const giveUpAt = Date.now() + RESERVE_WITHIN_MS;
-  for (let tries = 1; ; tries++) {
-    const entry = await bucket.get(key);
-    const stored = entry && entry.operation === "PUT" ? dueOf(entry.string()) : undefined;
-    const tat = Math.max(stored ?? 0, earliest);
+  return changeEntry(await topology.limits(), key, describeKey(key), (held) => {
+    const tat = Math.max((held === undefined ? undefined : dueOf(held)) ?? 0, earliest);
     const start = Math.max(earliest, tat - tolerance);
     if (start > latest) {
       throw new BoxcarError(
@@ -49,59 +41,17 @@ async function reserveStart(topology: Topology, key: string, limit: RateLimit, e
         `the rate limit of ${describeKey(key)} has no start free before ${new Date(latest).toISOString()} (the next is ${new Date(start).toISOString()}): submit again later`,
       );
     }
-    const next = JSON.stringify({ due: tat + interval });
-    try {
-      if (entry && entry.operation === "PUT") await bucket.update(key, next, entry.revision);
-      else await bucket.create(key, next);
-      return start;
-    } catch (err) {
-      if (isStorageFull(err)) {
-        throw new BoxcarError(ErrorCode.unavailable, `the limits bucket is full (256 MiB of rate limits' states): submit again later`);
-      }
-      if (!isRevisionConflict(err)) throw err;
-    }
-    if (Date.now() > giveUpAt) {
-      throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${describeKey(key)} reserved their start at once: submit again`);
-    }
-    // Another dispatcher got there first: a moment's jittered pause, so that many do not collide again.
-    await sleep(Math.random() * Math.min(50, 2 * tries));
-  }
+    return { write: JSON.stringify({ due: tat + interval }), result: start };
+  });
 }
 
 /**
  * Where the state of the limit a job of `agent` falls under is kept: the agent's name, and with
  * a `key`, a digest of the job's value of it (one limit per value; jobs without one share one).
  */
-function limitKey(agent: AgentDefinition, job: { spec: Pick<JobSpec, "input" | "labels">; owner: string }): string {
-  const by = agent.rateLimit?.key;
-  if (by === undefined) return agent.name;
-  const digest = createHash("sha256")
-    .update(valueAt(job, by) ?? "\0none")
-    .digest("hex");
-  return `${agent.name}.${digest.slice(0, 32)}`;
-}
-
-/**
- * A job's value of a limit's key, as text: its owner, a field of its input, or one of its
- * labels. Only a string or a number is a value (`1` and `"1"` are one); anything else is none.
- */
-function valueAt({ spec, owner }: { spec: Pick<JobSpec, "input" | "labels">; owner: string }, key: string): string | undefined {
-  const [where, ...path] = key.split(".");
-  let value: unknown;
-  if (where === "owner") value = owner;
-  else if (where === "label") value = ownField(spec.labels, path.join("."));
-  else {
-    value = spec.input;
-    for (const field of path) value = ownField(value, field);
-  }
-  return typeof value === "string" || (typeof value === "number" && Number.isFinite(value)) ? String(value) : undefined;
-}
-
-/** A plain object's own field (never one it inherits, such as `constructor`). */
-function ownField(value: unknown, field: string): unknown {
-  return value !== null && typeof value === "object" && !Array.isArray(value) && Object.hasOwn(value, field)
-    ? (value as Record<string, unknown>)[field]
-    : undefined;
+function limitKey(agent: AgentDefinition, job: KeyedJob): string {
+  const value = valueDigest(agent.rateLimit?.key, job);
+  return value === undefined ? agent.name : `${agent.name}.${value}`;
 }
 
 function describeKey(key: string): string {

@@ -31,7 +31,7 @@ export class WorkRecovery {
     private readonly index: JobIndex,
     private readonly log: Logger,
     intervalMs: number,
-    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers">,
+    private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "limits">,
   ) {
     this.timer = setInterval(
       () => void this.look().catch((err: unknown) => log.warn({ err }, "could not look for jobs without work")),

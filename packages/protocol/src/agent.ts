@@ -10,6 +10,11 @@ const token = (what: string) => z.string().regex(TOKEN_PATTERN, `${what} must be
 export const AgentName = token("agent name");
 export const PoolName = token("pool name");
 
+/** What a flow-control limit is kept for each value of: the job's owner, a field of its input, or a label. */
+const LimitKey = z
+  .string()
+  .regex(/^(owner|input(\.[A-Za-z0-9_-]{1,64}){1,8}|label\.[A-Za-z0-9_.-]{1,64})$/, "owner, input.<field>[.<field>...] or label.<name>");
+
 export const SandboxKind = z.enum(["auto", "host", "docker", "e2b"]);
 export type SandboxKind = z.infer<typeof SandboxKind>;
 
@@ -126,22 +131,35 @@ export const AgentDefinition = z.strictObject({
         .min(1)
         .default(1)
         .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
-      key: z
-        .string()
-        .regex(
-          /^(owner|input(\.[A-Za-z0-9_-]{1,64}){1,8}|label\.[A-Za-z0-9_.-]{1,64})$/,
-          "owner, input.<field>[.<field>...] or label.<name>",
-        )
-        .optional()
-        .describe(
-          "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
-        ),
+      key: LimitKey.optional().describe(
+        "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
+      ),
     })
     .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
     .optional()
     .describe(
       "its jobs start `per / starts` apart (up to `burst` at once after a quiet spell), across every dispatcher and worker (docs/flow-control.md#rate-limits)",
     ),
+  concurrency: z
+    .strictObject({
+      limit: z
+        .number()
+        .int()
+        .min(1)
+        .max(1_000)
+        .describe("how many of its jobs may hold a place at once: from when one is let go to the workers until it ends"),
+      key: LimitKey.optional().describe(
+        "a limit for each value of this: `owner`, a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
+      ),
+      strategy: z
+        .enum(["queue", "cancel-in-progress", "drop-new"])
+        .default("queue")
+        .describe(
+          "a job that finds no free place: `queue` waits for one; `cancel-in-progress` cancels the oldest jobs so that the newest `limit` run; `drop-new` is refused (`conflict`)",
+        ),
+    })
+    .optional()
+    .describe("how many of its jobs may run at once, across every dispatcher and worker (docs/flow-control.md#concurrency-limits)"),
   git: z
     .strictObject({
       hosts: z

@@ -314,6 +314,11 @@ const NAME_ROWS: readonly NameRow[] = [
     kind: keptOn("work"),
   },
   {
+    what: "a job waiting for a place under a concurrency limit",
+    name: (n, x) => n.subjects.heldWork(`${x("agent", "hello")}.${x("value", "all")}`),
+    kind: keptOn("work"),
+  },
+  {
     what: "work subject of a worker's sessions",
     name: (n, x) => n.subjects.sessionWork(x("workerId", "w-1")),
     kind: keptOn("work"),
@@ -367,9 +372,9 @@ const NAME_ROWS: readonly NameRow[] = [
   { what: "system policy", name: (n) => n.buckets.policy, kind: () => "KV bucket, one key: `system`" },
   { what: "session records", name: (n) => n.buckets.sessions, kind: () => "KV bucket, key = session id" },
   {
-    what: "rate limits' state",
+    what: "rate and concurrency limits' state",
     name: (n) => n.buckets.limits,
-    kind: () => "KV bucket, key = agent name (and a digest of the key's value)",
+    kind: () => "KV bucket, key = agent name (and a digest of the key's value); `=places.` before them for concurrency",
   },
   { what: "session snapshots", name: (n) => n.buckets.snapshots, kind: () => "Object Store, name = snapshot id" },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },

@@ -13,6 +13,7 @@ export const JobEventType = z.enum([
   "accepted",
   "rejected",
   "queued",
+  "released",
   "started",
   "progress",
   "succeeded",

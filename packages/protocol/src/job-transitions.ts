@@ -202,10 +202,19 @@ export function loseSession(job: JobRecord, workerId: string, now: string): JobR
  * longer waits (`runAt` goes). Null when it was released already (a marker delivered again) or
  * has ended.
  */
-export function release(job: JobRecord): JobRecord | null {
+export function release(job: JobRecord, concurrency?: JobRecord["concurrency"]): JobRecord | null {
   if (job.runAt === undefined || isTerminal(job.state) || job.attempt > 0) return null;
   const { runAt: _released, ...rest } = job;
-  return rest;
+  return concurrency ? { ...rest, concurrency } : rest;
+}
+
+/**
+ * A job that waited for a place under its agent's concurrency limit and was given one: its work
+ * item is about to be published. Null when it has one already (its marker handled twice) or ended.
+ */
+export function givePlace(job: JobRecord): JobRecord | null {
+  if (!job.concurrency?.waiting || isTerminal(job.state)) return null;
+  return { ...job, concurrency: { place: job.concurrency.place } };
 }
 
 /**

@@ -202,6 +202,13 @@ export const JobRecord = z.looseObject({
       "while it waits for its time (from the spec's `runAt` or `delay`, or its agent's rate limit): when its work item is published; absent once it is",
     ),
   rateLimited: z.literal(true).optional().describe("its `runAt` is the turn its agent's rate limit gave it"),
+  concurrency: z
+    .strictObject({
+      place: z.string().describe("the limit it holds a place under: its agent's name and its key's value (a digest), or `all`"),
+      waiting: z.literal(true).optional().describe("it waits for a place: its work item is published when one frees"),
+    })
+    .optional()
+    .describe("its place under its agent's concurrency limit (docs/flow-control.md#concurrency-limits)"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()

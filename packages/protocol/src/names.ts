@@ -89,6 +89,12 @@ export interface Names {
     /** Where a delayed job waits for its time: `<prefix>.work.~later.<jobId>` (`~` is in no pool's name). */
     laterWork(jobId: string): string;
     laterWorkAll: string;
+    /**
+     * Where a job waits for a place under its agent's concurrency limit:
+     * `<prefix>.work.~held.<agent>.<value>` (`value`: a digest of its key's value, or `all`).
+     */
+    heldWork(place: string): string;
+    heldWorkAll: string;
     workAll: string;
     /**
      * Where `caller` sends requests to `endpoint`: `<prefix>.api.<role>.<user>.<endpoint>`. NATS
@@ -224,6 +230,8 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       sessionWork: (workerId) => `${prefix}.work.@${workerId}`,
       laterWork: (jobId) => `${prefix}.work.~later.${jobId}`,
       laterWorkAll: `${prefix}.work.~later.>`,
+      heldWork: (place) => `${prefix}.work.~held.${place}`,
+      heldWorkAll: `${prefix}.work.~held.>`,
       workAll: `${prefix}.work.>`,
       api: (caller, endpoint) => `${prefix}.api.${caller.role}.${caller.user}.${endpoint}`,
       apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,

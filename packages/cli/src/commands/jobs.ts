@@ -6,7 +6,7 @@ import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { jsonInput } from "../json-input.js";
-import { ago, describeEvent, describeJob, json, table } from "../output.js";
+import { ago, describeEvent, describeJob, json, stateOf, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 /**
@@ -328,7 +328,7 @@ export const jobs: Command = {
     ctx.print(
       table(
         ["JOB", "AGENT", "STATE", "PRIORITY", "ATTEMPT", "CREATED", "WORKER"],
-        page.jobs.map((j) => [j.id, j.agent, j.state, j.priority ?? "normal", String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
+        page.jobs.map((j) => [j.id, j.agent, stateOf(j), j.priority ?? "normal", String(j.attempt), ago(j.createdAt), j.workerId ?? "-"]),
       ),
     );
     if (page.next) {

@@ -1,0 +1,233 @@
+/**
+ * Concurrency limits (issue 21, part 1): an agent's `concurrency` lets at most `limit` of its
+ * jobs (of each value of its key) hold a place at once, across every dispatcher and worker,
+ * against a real nats-server. What runs at once is read from the jobs' own events as they come.
+ */
+
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { type BoxcarEvent, ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { expect, test } from "vitest";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+
+/**
+ * Follows every job event of a system as it is published, keeping which jobs run (started, not
+ * yet ended) under each key a job's input names, and the most that ever ran at once per key.
+ */
+function runningSet(nc: NatsConnection, prefix: string, keyOf: (jobId: string) => string | undefined) {
+  const running = new Map<string, Set<string>>();
+  const most = new Map<string, number>();
+  const ended: string[] = [];
+  const sub = nc.subscribe(`${prefix}.evt.job.>`);
+  void (async () => {
+    for await (const msg of sub) {
+      const event = msg.json<BoxcarEvent>();
+      if (event.kind !== "job") continue;
+      const key = keyOf(event.jobId);
+      if (key === undefined) continue;
+      const now = running.get(key) ?? new Set<string>();
+      running.set(key, now);
+      if (event.type === "started") now.add(event.jobId);
+      else if (isTerminal(event.state) || event.type === "requeued" || event.type === "retrying") {
+        if (now.delete(event.jobId) && isTerminal(event.state)) ended.push(key);
+      }
+      most.set(key, Math.max(most.get(key) ?? 0, now.size));
+    }
+  })();
+  return { most, ended, stop: () => sub.unsubscribe() };
+}
+
+/** A nats-server with a short lease (redelivery after a crash comes in 1.5 s), two dispatchers, and a client. */
+async function twoDispatchers(): Promise<{ nats: NatsFixture; client: BoxcarClient } & AsyncDisposable> {
+  const nats = await natsFixture({ ackWaitMs: 1_500 });
+  await nats.topology.ensurePoolConsumer("default");
+  const dispatchers = [await startDispatcher({ ...nats.dispatcherRole }), await startDispatcher({ ...nats.dispatcherRole })];
+  return {
+    nats,
+    client: createClient(nats.topology),
+    async [Symbol.asyncDispose]() {
+      for (const d of dispatchers) await d.close();
+      await nats[Symbol.asyncDispose]();
+    },
+  };
+}
+
+test("3 worker processes of 4 slots, 300 jobs over 10 keys limited to 2 at once per key: never a third for a key, through a SIGKILL; each key gets its share", async () => {
+  await using system = await twoDispatchers();
+  const { nats, client } = system;
+  const prefix = nats.topology.names.prefix;
+  await client.applyAgent({
+    name: "per-key",
+    command: "sleep 0.2",
+    trusted: true,
+    runtime: { sandbox: "host" },
+    concurrency: { limit: 2, key: "input.customerId" },
+  });
+  const keyOfJob = new Map<string, string>();
+  const seen = runningSet(nats.nc, prefix, (id) => keyOfJob.get(id));
+  const workers = [0, 1, 2].map(() => spawnBoxcar(nats.url, prefix, ["worker", "--concurrency", "4"]));
+  try {
+    await eventually(async () => ((await client.listWorkers()).length === 3 ? true : undefined), "three live workers");
+    // Each key's jobs in a block, the first key's first: without the limit the first keys would fill every slot.
+    const jobs: JobRecord[] = [];
+    for (let key = 0; key < 10; key++) {
+      const batch = await Promise.all(
+        Array.from({ length: 30 }, () => client.submit({ agent: "per-key", input: { customerId: `c${key}` } })),
+      );
+      for (const { job } of batch) {
+        keyOfJob.set(job.id, `c${key}`);
+        jobs.push(job);
+      }
+    }
+    // 20 places over 12 slots: two of each key take a place at once, the rest wait, visibly.
+    const waiting = jobs.filter((j) => j.concurrency?.waiting);
+    expect(waiting.length).toBeGreaterThanOrEqual(280);
+    expect((await client.getJob(waiting[0]?.id as string)).concurrency).toMatchObject({ waiting: true });
+
+    await eventually(async () => (seen.ended.length >= 90 ? true : undefined), "90 jobs to end", 120_000);
+    const killed = workers[0];
+    killed?.kill("SIGKILL");
+    if (killed) await exited(killed);
+
+    const done = await Promise.all(jobs.map((j) => client.waitForJob(j.id)));
+    expect(done.filter((j) => j.state !== "succeeded").map((j) => [j.id, j.state, j.error?.code])).toEqual([]);
+    // The killed worker's jobs ran again elsewhere, keeping their places meanwhile.
+    expect(done.filter((j) => j.attempt > 1).length).toBeGreaterThan(0);
+    expect([...seen.most.entries()].filter(([, most]) => most > 2)).toEqual([]);
+    expect(Math.max(...seen.most.values())).toBe(2);
+    // Fair shares: when half the jobs had ended, every key had ended between a third and two
+    // thirds of its own (they were submitted one key after another).
+    const half = seen.ended.slice(0, 150);
+    for (let key = 0; key < 10; key++) {
+      const mine = half.filter((k) => k === `c${key}`).length;
+      expect(mine, `key c${key} at half-time`).toBeGreaterThanOrEqual(10);
+      expect(mine, `key c${key} at half-time`).toBeLessThanOrEqual(20);
+    }
+  } finally {
+    seen.stop();
+    for (const w of workers) w.kill("SIGTERM");
+    for (const w of workers) await exited(w);
+  }
+}, 240_000);
+
+test("one limit for all an agent's jobs: the waiting ones say so in status, jobs and their events, and run as places free", async () => {
+  await using system = await twoDispatchers();
+  const { nats, client } = system;
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 6, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  await client.applyAgent({
+    name: "one-at-a-time",
+    command: "sleep 0.5",
+    trusted: true,
+    runtime: { sandbox: "host" },
+    concurrency: { limit: 1 },
+  });
+  const keyOfJob = new Map<string, string>();
+  const seen = runningSet(nats.nc, nats.topology.names.prefix, (id) => keyOfJob.get(id));
+  try {
+    const jobs: JobRecord[] = [];
+    for (let i = 0; i < 4; i++) {
+      const { job } = await client.submit({ agent: "one-at-a-time" });
+      keyOfJob.set(job.id, "all");
+      jobs.push(job);
+    }
+    expect(jobs.map((j) => j.concurrency?.waiting ?? false)).toEqual([false, true, true, true]);
+    const last = jobs[3] as JobRecord;
+    const status = await boxcar(nats.url, nats.topology.names.prefix, ["status", last.id]);
+    expect(status.stdout).toContain("waits     for a place under its agent's concurrency limit");
+    const list = await boxcar(nats.url, nats.topology.names.prefix, ["jobs", "--agent", "one-at-a-time"]);
+    expect(list.stdout).toContain("queued (limit)");
+
+    const done = await Promise.all(jobs.map((j) => client.waitForJob(j.id)));
+    expect(done.map((j) => j.state)).toEqual(["succeeded", "succeeded", "succeeded", "succeeded"]);
+    expect(done.every((j) => j.concurrency?.waiting === undefined)).toBe(true);
+    // One after another, in the order they came.
+    for (let i = 1; i < done.length; i++) {
+      expect(Date.parse(done[i]?.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(done[i - 1]?.finishedAt as string));
+    }
+    expect(seen.most.get("all")).toBe(1);
+    const messages: string[] = [];
+    for await (const e of client.events(last.id)) if (e.kind === "job" && e.message) messages.push(`${e.type}: ${e.message}`);
+    expect(messages).toEqual([
+      "queued: waits for a place under its agent's concurrency limit",
+      "released: given a place under its agent's concurrency limit",
+    ]);
+  } finally {
+    seen.stop();
+  }
+});
+
+test("a waiting job cancelled or expired is passed over; a new limit applies to the jobs still waiting", async () => {
+  await using system = await twoDispatchers();
+  const { nats, client } = system;
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 6, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const agent = { name: "gate", command: "sleep 1", trusted: true, runtime: { sandbox: "host" as const } };
+  await client.applyAgent({ ...agent, concurrency: { limit: 1 } });
+  const first = (await client.submit({ agent: "gate" })).job;
+  const cancelled = (await client.submit({ agent: "gate" })).job;
+  const expired = (await client.submit({ agent: "gate", queueTimeout: "300ms" })).job;
+  const rest = [(await client.submit({ agent: "gate" })).job, (await client.submit({ agent: "gate" })).job];
+  await client.cancelJob(cancelled.id);
+  // Three at once from now on: both the rest run together once the first ends.
+  await client.applyAgent({ ...agent, concurrency: { limit: 3 } });
+  expect(await client.waitForJob(cancelled.id)).toMatchObject({ state: "cancelled" });
+  expect(await client.waitForJob(expired.id)).toMatchObject({ state: "expired" });
+  const [a, b] = await Promise.all(rest.map((j) => client.waitForJob(j.id)));
+  expect(await client.waitForJob(first.id)).toMatchObject({ state: "succeeded" });
+  expect([a?.state, b?.state]).toEqual(["succeeded", "succeeded"]);
+  // Run together: each started before the other ended.
+  expect(Date.parse(a?.startedAt as string)).toBeLessThan(Date.parse(b?.finishedAt as string));
+  expect(Date.parse(b?.startedAt as string)).toBeLessThan(Date.parse(a?.finishedAt as string));
+});
+
+test("drop-new refuses a job that finds no place (conflict), and cancel-in-progress cancels the oldest so the newest runs", async () => {
+  await using system = await twoDispatchers();
+  const { nats, client } = system;
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 4, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const base = { command: "sleep 30", trusted: true, runtime: { sandbox: "host" as const } };
+  await client.applyAgent({ ...base, name: "dropper", concurrency: { limit: 1, strategy: "drop-new" } });
+  const running = (await client.submit({ agent: "dropper" })).job;
+  await expect(client.submit({ agent: "dropper" })).rejects.toMatchObject({
+    code: ErrorCode.conflict,
+    message: expect.stringContaining("drops new jobs"),
+  });
+  await client.cancelJob(running.id);
+  await client.waitForJob(running.id);
+  // Its place is back once it ended.
+  const again = await eventually(() => client.submit({ agent: "dropper" }).catch(() => undefined), "a place for a new job");
+  await client.cancelJob(again.job.id);
+
+  await client.applyAgent({ ...base, name: "latest", concurrency: { limit: 1, key: "input.doc", strategy: "cancel-in-progress" } });
+  const old = (await client.submit({ agent: "latest", input: { doc: "a" } })).job;
+  const other = (await client.submit({ agent: "latest", input: { doc: "b" } })).job;
+  await eventually(async () => ((await client.getJob(old.id)).state === "running" ? true : undefined), "the first job to run");
+  const middle = (await client.submit({ agent: "latest", input: { doc: "a" } })).job;
+  const newest = (await client.submit({ agent: "latest", input: { doc: "a" } })).job;
+  expect(await client.waitForJob(old.id)).toMatchObject({ state: "cancelled" });
+  expect(await client.waitForJob(middle.id)).toMatchObject({ state: "cancelled" });
+  await eventually(async () => ((await client.getJob(newest.id)).state === "running" ? true : undefined), "the newest job to run");
+  // Another key's job was no one's to cancel.
+  expect((await client.getJob(other.id)).state).toBe("running");
+  for (const id of [newest.id, other.id]) await client.cancelJob(id);
+});
+
+test("a bad concurrency limit is refused, naming the field", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  const client = createClient(nats.topology);
+  for (const [concurrency, path] of [
+    [{ limit: 0 }, "definition.concurrency.limit"],
+    [{ limit: 2, key: "input" }, "definition.concurrency.key"],
+    [{ limit: 2, strategy: "newest" }, "definition.concurrency.strategy"],
+  ] as const) {
+    await expect(client.applyAgent({ name: "bad", command: "true", concurrency } as never)).rejects.toMatchObject({
+      code: ErrorCode.invalid,
+      issues: [expect.objectContaining({ path })],
+    });
+  }
+});
