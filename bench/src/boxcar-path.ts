@@ -2,7 +2,7 @@ import type { AuthDir } from "@boxcar/auth";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, type Topology, WorkSigner } from "@boxcar/fabric";
-import { isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/protocol";
+import { type AgentDefinitionInput, isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";
 import { type ConnectionOptions, connect, type NatsConnection } from "@nats-io/transport-node";
@@ -25,6 +25,8 @@ export interface BoxcarPathOptions {
   command?: string[];
   /** The agent asks for a warm container (`runtime.warm`). */
   warm?: boolean;
+  /** The agent's flow-control limits, if any. */
+  limits?: Pick<AgentDefinitionInput, "concurrency" | "rateLimit">;
   /**
    * Run with authentication, as `boxcar auth init` sets it up: the client as a submitter, the
    * dispatcher and worker on their roles' credentials, work items signed and checked.
@@ -113,6 +115,7 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
     command: opts.command ?? ["true"],
     runtime: { sandbox: opts.sandbox ?? "host", ...(opts.warm ? { warm: true } : {}) },
     trusted: true,
+    ...opts.limits,
   });
   const client: BoxcarClient = createClient(
     { nc: connections.client, names: names(opts.prefix) },

@@ -153,7 +153,9 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
   const turn =
-    asked === undefined && agent.rateLimit ? await reserveFor(topology, agent, { spec, owner: opts.owner }, Date.parse(now)) : undefined;
+    asked === undefined && agent.rateLimit
+      ? await reserveFor(ctx.limits.entries, agent, { spec, owner: opts.owner }, Date.parse(now))
+      : undefined;
   const runAt = asked ?? (turn !== undefined && turn > Date.parse(now) ? turn : undefined);
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   if (runAt !== undefined && asked === undefined) record.rateLimited = true;

@@ -4,7 +4,7 @@ import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, type JobRecor
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { cancelJob } from "./jobs.js";
-import { changeEntry, type KeyedJob, valueDigest } from "./limit-state.js";
+import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
 
 /** A job's place under its agent's concurrency limit, as its record keeps it. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
@@ -49,6 +49,8 @@ export class ConcurrencyLimits {
   private live = false;
   private closed = false;
   private readonly publishing: WorkPublishing;
+  /** The limits bucket's entries, as this dispatcher changes them (rate limits' too). */
+  readonly entries: LimitEntries;
 
   constructor(
     private readonly topology: Topology,
@@ -58,6 +60,7 @@ export class ConcurrencyLimits {
     intervalMs: number,
   ) {
     this.publishing = { ...publishing, limits: this };
+    this.entries = new LimitEntries(() => topology.limits());
     this.timer = setInterval(() => void this.sweep(), intervalMs);
   }
 
@@ -69,7 +72,7 @@ export class ConcurrencyLimits {
     const limit = agent.concurrency;
     if (!limit) throw new BoxcarError(ErrorCode.internal, `agent ${agent.name} has no concurrency limit`);
     const place = placeOf(agent, job);
-    return changeEntry<Place>(await this.topology.limits(), ENTRY_PREFIX + place, `agent ${agent.name}`, (held) => {
+    return this.entries.change<Place>(ENTRY_PREFIX + place, `agent ${agent.name}`, (held) => {
       const places = parsePlaces(held);
       if (places.holding[job.id] !== undefined) return { result: { place } };
       if (count(places) < limit.limit && places.cursor >= places.tail) {
@@ -120,14 +123,20 @@ export class ConcurrencyLimits {
     this.live = true;
   }
 
-  /** Frees the place `jobId` holds, if it holds one, and gives what is free to the jobs waiting. */
+  /**
+   * Frees the place `jobId` holds, if it holds one, and gives what is free to the jobs waiting,
+   * if any wait. (A job about to wait whose marker is not yet noted looks for a free place itself
+   * once it is: one of the two sees the other.)
+   */
   async free(place: string, jobId: string): Promise<void> {
+    let waiting = false;
     await this.change(place, (places) => {
+      waiting = places.tail > places.cursor;
       if (places.holding[jobId] === undefined) return false;
       delete places.holding[jobId];
       return true;
     });
-    this.kick(place);
+    if (waiting) this.kick(place);
   }
 
   /** Gives `place`'s free places to its waiting jobs, one pass at a time per place (a kick during a pass makes one more). */
@@ -308,7 +317,7 @@ export class ConcurrencyLimits {
 
   /** Changes a limit's state by compare-and-swap: `edit` changes it in place and says whether it did (or what it did). */
   private async change<R>(place: string, edit: (places: Places) => R): Promise<R> {
-    return changeEntry(await this.topology.limits(), ENTRY_PREFIX + place, `agent ${agentName(place)}`, (held) => {
+    return this.entries.change(ENTRY_PREFIX + place, `agent ${agentName(place)}`, (held) => {
       const places = parsePlaces(held);
       const result = edit(places);
       return result ? { write: JSON.stringify(places), result } : { result };

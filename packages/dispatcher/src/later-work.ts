@@ -88,7 +88,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   try {
     agent = await ctx.agents.get(found.record.agent);
     // A job delayed by its submitter takes its turn under its agent's rate limit now,
-    if (agent.rateLimit && !found.record.rateLimited) turn = await reserveFor(topology, agent, job, Date.now());
+    if (agent.rateLimit && !found.record.rateLimited) turn = await reserveFor(ctx.limits.entries, agent, job, Date.now());
     // and when it may start, its place under its concurrency limit (or waits for one).
     if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
   } catch (err) {

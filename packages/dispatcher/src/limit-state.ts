@@ -55,31 +55,117 @@ export interface Step<R> {
   result: R;
 }
 
+interface Edit {
+  what: string;
+  step: (held: string | undefined) => Step<unknown>;
+  resolve(result: unknown): void;
+  reject(err: unknown): void;
+}
+
+/** How many entries' last known revisions a dispatcher remembers. */
+const REMEMBERED = 10_000;
+
 /**
- * Changes one entry of the limits bucket by compare-and-swap: `step` is shown what it holds
- * (undefined: nothing) and says what it should hold. When another dispatcher changed it first,
- * it is read again after a moment's jittered pause (so that many do not collide again), for up
- * to 5 s; then, or when the bucket is full, `unavailable`. `what` names the limit in that error.
+ * The limits bucket's entries as one dispatcher changes them: by compare-and-swap, with no lock.
+ * The edits of one entry this dispatcher asks for while one is being written wait, then are
+ * applied in order and written together (one write for many jobs), and the entry's revision
+ * this dispatcher last wrote or read is remembered, so that while no other dispatcher changes
+ * the entry an edit costs one round trip (the write), not two. When another dispatcher changed it
+ * first, it is read again after a moment's jittered pause (so that many do not collide again) and
+ * the edits are applied afresh, for up to 5 s; then, or when the bucket is full, `unavailable`.
  */
-export async function changeEntry<R>(bucket: KV, key: string, what: string, step: (held: string | undefined) => Step<R>): Promise<R> {
-  const giveUpAt = Date.now() + CHANGE_WITHIN_MS;
-  for (let tries = 1; ; tries++) {
-    const entry = await bucket.get(key);
-    const live = entry?.operation === "PUT" ? entry : undefined;
-    const { write, result } = step(live?.string());
-    if (write === undefined) return result;
-    try {
-      if (live) await bucket.update(key, write, live.revision);
-      else await bucket.create(key, write);
-      return result;
-    } catch (err) {
-      if (isStorageFull(err)) {
-        throw new BoxcarError(ErrorCode.unavailable, "the limits bucket is full (256 MiB of limits' states): submit again later");
+export class LimitEntries {
+  private readonly known = new Map<string, { revision: number; held: string | undefined }>();
+  private readonly waiting = new Map<string, Edit[]>();
+
+  constructor(private readonly bucket: () => Promise<KV>) {}
+
+  /**
+   * Changes `key`'s entry: `step` is shown what it holds (undefined: nothing, or what the edits
+   * before it in its batch left) and says what it should hold. A step that throws rejects its own
+   * change alone. `what` names the limit in an `unavailable` error.
+   */
+  change<R>(key: string, what: string, step: (held: string | undefined) => Step<R>): Promise<R> {
+    return new Promise<R>((resolve, reject) => {
+      const edit: Edit = { what, step, resolve: resolve as (result: unknown) => void, reject };
+      const queue = this.waiting.get(key);
+      if (queue) {
+        queue.push(edit);
+        return;
       }
-      if (!isRevisionConflict(err)) throw err;
+      this.waiting.set(key, [edit]);
+      void this.drain(key);
+    });
+  }
+
+  private async drain(key: string): Promise<void> {
+    for (;;) {
+      const batch = this.waiting.get(key)?.splice(0) ?? [];
+      if (batch.length === 0) {
+        this.waiting.delete(key);
+        return;
+      }
+      await this.write(key, batch).catch((err: unknown) => {
+        for (const edit of batch) edit.reject(err);
+      });
     }
-    if (Date.now() > giveUpAt)
-      throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${what} changed its limit at once: submit again`);
-    await sleep(Math.random() * Math.min(50, 2 * tries));
+  }
+
+  /** Applies a batch of edits to the entry and writes the outcome, reading the entry again while another dispatcher's write gets in first. */
+  private async write(key: string, batch: Edit[]): Promise<void> {
+    const bucket = await this.bucket();
+    const giveUpAt = Date.now() + CHANGE_WITHIN_MS;
+    for (let tries = 1; ; tries++) {
+      let known = this.known.get(key);
+      if (!known) {
+        const entry = await bucket.get(key);
+        known = { revision: entry?.revision ?? 0, held: entry?.operation === "PUT" ? entry.string() : undefined };
+      }
+      let held = known.held;
+      const outcomes = batch.map((edit) => {
+        try {
+          const { write, result } = edit.step(held);
+          if (write !== undefined) held = write;
+          return { result };
+        } catch (err) {
+          return { err };
+        }
+      });
+      const settle = () => {
+        for (const [i, outcome] of outcomes.entries()) {
+          const edit = batch[i] as Edit;
+          if ("err" in outcome) edit.reject(outcome.err);
+          else edit.resolve(outcome.result);
+        }
+      };
+      if (held === known.held) {
+        this.remember(key, known);
+        settle();
+        return;
+      }
+      try {
+        const next = held as string;
+        const revision = known.held === undefined ? await bucket.create(key, next) : await bucket.update(key, next, known.revision);
+        this.remember(key, { revision, held: next });
+        settle();
+        return;
+      } catch (err) {
+        this.known.delete(key);
+        if (isStorageFull(err)) {
+          throw new BoxcarError(ErrorCode.unavailable, "the limits bucket is full (256 MiB of limits' states): submit again later");
+        }
+        if (!isRevisionConflict(err)) throw err;
+      }
+      if (Date.now() > giveUpAt) {
+        throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${batch[0]?.what} changed its limit at once: submit again`);
+      }
+      await sleep(Math.random() * Math.min(50, 2 * tries));
+    }
+  }
+
+  private remember(key: string, known: { revision: number; held: string | undefined }): void {
+    this.known.delete(key);
+    this.known.set(key, known);
+    if (this.known.size > REMEMBERED) this.known.delete(this.known.keys().next().value as string);
   }
 }

@@ -1,6 +1,6 @@
 import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec, MAX_DELAY_MS } from "@boxcar/protocol";
-import { changeEntry, type KeyedJob, valueDigest } from "./limit-state.js";
+import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
 
@@ -9,14 +9,14 @@ type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
  * its deadline: a job that could not start in time is refused (`unavailable`), not queued.
  */
 export function reserveFor(
-  topology: Topology,
+  entries: LimitEntries,
   agent: AgentDefinition,
   job: { spec: Pick<JobSpec, "deadline" | "input" | "labels">; owner: string },
   now: number,
 ): Promise<number> {
   const { deadline } = job.spec;
   const latest = Math.min(now + MAX_DELAY_MS, deadline === undefined ? Number.POSITIVE_INFINITY : now + deadline - 1);
-  return reserveStart(topology, limitKey(agent, job), agent.rateLimit as RateLimit, now, latest);
+  return reserveStart(entries, limitKey(agent, job), agent.rateLimit as RateLimit, now, latest);
 }
 
 /**
@@ -29,10 +29,10 @@ export function reserveFor(
  * `unavailable`, saying when the limit has room (nothing was taken). `earliest` is now for a job
  * that may start now: a delayed job reserves when its time comes, or it would hold up everyone's.
  */
-async function reserveStart(topology: Topology, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
+async function reserveStart(entries: LimitEntries, key: string, limit: RateLimit, earliest: number, latest: number): Promise<number> {
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
-  return changeEntry(await topology.limits(), key, describeKey(key), (held) => {
+  return entries.change(key, describeKey(key), (held) => {
     const tat = Math.max((held === undefined ? undefined : dueOf(held)) ?? 0, earliest);
     const start = Math.max(earliest, tat - tolerance);
     if (start > latest) {
