@@ -4,6 +4,9 @@
  * against a real nats-server. What runs at once is read from the jobs' own events as they come.
  */
 
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type BoxcarEvent, ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
@@ -171,10 +174,21 @@ test("a waiting job cancelled or expired is passed over; a new limit applies to 
   const expired = (await client.submit({ agent: "gate", queueTimeout: "300ms" })).job;
   const rest = [(await client.submit({ agent: "gate" })).job, (await client.submit({ agent: "gate" })).job];
   await client.cancelJob(cancelled.id);
+  expect(await client.waitForJob(expired.id)).toMatchObject({
+    state: "expired",
+    error: { message: expect.stringContaining("waited for a place") },
+  });
+  // Neither leaves its marker in the work stream, to count as work.
+  const { jsm, names } = nats.topology;
+  for (const id of [cancelled.id, expired.id]) {
+    const marker = await jsm.streams
+      .getMessage(names.streams.work, { last_by_subj: names.subjects.heldWork("gate.all", id) })
+      .catch(() => null);
+    expect(marker).toBeNull();
+  }
   // Three at once from now on: both the rest run together once the first ends.
   await client.applyAgent({ ...agent, concurrency: { limit: 3 } });
   expect(await client.waitForJob(cancelled.id)).toMatchObject({ state: "cancelled" });
-  expect(await client.waitForJob(expired.id)).toMatchObject({ state: "expired" });
   const [a, b] = await Promise.all(rest.map((j) => client.waitForJob(j.id)));
   expect(await client.waitForJob(first.id)).toMatchObject({ state: "succeeded" });
   expect([a?.state, b?.state]).toEqual(["succeeded", "succeeded"]);
@@ -230,3 +244,84 @@ test("a bad concurrency limit is refused, naming the field", async () => {
     });
   }
 });
+
+test("the sweep frees a place whose job ended while no dispatcher ran, and one held for a job that never got a record", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  const sweeping = { ...nats.dispatcherRole, givenUpIntervalMs: 500 };
+  let dispatcher = await startDispatcher(sweeping);
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 4, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  await client.applyAgent({ name: "gate", command: "sleep 1", trusted: true, runtime: { sandbox: "host" }, concurrency: { limit: 1 } });
+  const first = (await client.submit({ agent: "gate" })).job;
+  const second = (await client.submit({ agent: "gate" })).job;
+  expect(second.concurrency).toMatchObject({ waiting: true });
+  // No dispatcher sees the first job end.
+  await dispatcher.close();
+  await eventually(async () => {
+    const found = await nats.topology.jobStore.read(first.id);
+    return found && isTerminal(found.record.state) ? true : undefined;
+  }, "the first job to end");
+  dispatcher = await startDispatcher(sweeping);
+  try {
+    expect(await client.waitForJob(second.id)).toMatchObject({ state: "succeeded" });
+
+    // A place taken for a job whose admission died before its record: freed a minute on.
+    const limits = await nats.topology.limits();
+    await limits.put("=places.gate.all", JSON.stringify({ holding: { ghost: Date.now() - 120_000 }, cursor: 0, tail: 0 }));
+    const third = (await client.submit({ agent: "gate" })).job;
+    expect(third.concurrency).toMatchObject({ waiting: true });
+    expect(await client.waitForJob(third.id)).toMatchObject({ state: "succeeded" });
+  } finally {
+    await dispatcher.close();
+  }
+});
+
+test("a delayed job takes its place at its time; `boxcar retry` of a dead job takes one again, and its end frees it", async () => {
+  await using system = await twoDispatchers();
+  const { nats, client } = system;
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 4, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const dir = await mkdtemp(join(tmpdir(), "boxcar-flag-"));
+  const flag = join(dir, "ok");
+  await client.applyAgent({
+    name: "flaky",
+    command: 'sleep 0.5; test -e "$FLAG"',
+    env: { FLAG: flag },
+    trusted: true,
+    runtime: { sandbox: "host" },
+    retry: { maxAttempts: 2, backoff: "fixed", delay: "10ms" },
+    concurrency: { limit: 1 },
+  });
+  // The first fails twice and ends dead; the second waits for it, is given its place, and ends dead too.
+  const first = (await client.submit({ agent: "flaky" })).job;
+  const second = (await client.submit({ agent: "flaky" })).job;
+  expect(second.concurrency).toMatchObject({ waiting: true });
+  expect(await client.waitForJob(first.id)).toMatchObject({ state: "dead" });
+  expect(await client.waitForJob(second.id)).toMatchObject({ state: "dead" });
+
+  // Retried while a third holds the place, the second waits for it again, and runs.
+  await writeFile(flag, "");
+  await eventually(() => placesFree(nats), "the second job's place to be free", 5_000);
+  const third = (await client.submit({ agent: "flaky" })).job;
+  expect(third.concurrency?.waiting).toBeUndefined();
+  expect((await client.retryJob(second.id)).concurrency).toMatchObject({ waiting: true });
+  // A delayed job waits for its time, then for a place.
+  const delayed = (await client.submit({ agent: "flaky", delay: "200ms" })).job;
+  const [t, s, d] = await Promise.all([third, second, delayed].map((j) => client.waitForJob(j.id)));
+  expect([t?.state, s?.state, d?.state]).toEqual(["succeeded", "succeeded", "succeeded"]);
+  expect(Date.parse(s?.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(t?.finishedAt as string));
+  expect(Date.parse(d?.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(s?.finishedAt as string));
+  const released: string[] = [];
+  for await (const e of client.events(delayed.id)) if (e.kind === "job" && e.type === "released") released.push(e.message ?? "");
+  expect(released).toEqual(["given a place under its agent's concurrency limit"]);
+  expect(d?.concurrency).toEqual({ place: "flaky.all" });
+  // Every end freed its place, the retried job's second end too.
+  await eventually(() => placesFree(nats), "every place to be free", 5_000);
+});
+
+/** True once no job holds a place under agent flaky's limit. */
+async function placesFree(nats: NatsFixture): Promise<true | undefined> {
+  const entry = await (await nats.topology.limits()).get("=places.flaky.all");
+  return Object.keys(JSON.parse(entry?.string() ?? "{}").holding ?? {}).length === 0 ? true : undefined;
+}

@@ -98,7 +98,7 @@ export class ConcurrencyLimits {
     const place = record.concurrency?.place;
     if (place === undefined) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no concurrency place`);
     const { js, names } = this.topology;
-    const { seq } = await js.publish(names.subjects.heldWork(place), JSON.stringify({ jobId: record.id }), { msgID });
+    const { seq } = await js.publish(names.subjects.heldWork(place, record.id), JSON.stringify({ jobId: record.id }), { msgID });
     await this.change(place, (places) => {
       if (places.tail >= seq) return false;
       places.tail = seq;
@@ -110,8 +110,11 @@ export class ConcurrencyLimits {
 
   /** Shown each job record by the dispatcher's watch: a job that held a place and ended frees it. */
   readonly observe = (_key: string, job: JobRecord | undefined): void => {
-    if (!this.live || !job?.concurrency || job.concurrency.waiting || !isTerminal(job.state) || this.freed.has(job.id)) return;
-    this.freed.add(job.id);
+    if (!this.live || !job?.concurrency || job.concurrency.waiting || !isTerminal(job.state)) return;
+    // Once per end (a job retried by `boxcar retry` ends again, later).
+    const end = `${job.id}@${job.finishedAt}`;
+    if (this.freed.has(end)) return;
+    this.freed.add(end);
     if (this.freed.size > REMEMBERED) this.freed.delete(this.freed.values().next().value as string);
     void this.free(job.concurrency.place, job.id).catch((err: unknown) =>
       this.log.warn({ err, jobId: job.id }, "could not free an ended job's concurrency place; the sweep will"),
@@ -125,18 +128,17 @@ export class ConcurrencyLimits {
 
   /**
    * Frees the place `jobId` holds, if it holds one, and gives what is free to the jobs waiting,
-   * if any wait. (A job about to wait whose marker is not yet noted looks for a free place itself
-   * once it is: one of the two sees the other.)
+   * if any wait. The dispatcher that freed it does (a job about to wait whose marker is not yet
+   * noted looks for a free place itself once it is: one of the two sees the other; a dispatcher
+   * that dies in between leaves it to the sweep).
    */
   async free(place: string, jobId: string): Promise<void> {
-    let waiting = false;
-    await this.change(place, (places) => {
-      waiting = places.tail > places.cursor;
+    const waiting = await this.change(place, (places): "waiting" | "none" | false => {
       if (places.holding[jobId] === undefined) return false;
       delete places.holding[jobId];
-      return true;
+      return places.tail > places.cursor ? "waiting" : "none";
     });
-    if (waiting) this.kick(place);
+    if (waiting === "waiting") this.kick(place);
   }
 
   /** Gives `place`'s free places to its waiting jobs, one pass at a time per place (a kick during a pass makes one more). */
@@ -168,11 +170,13 @@ export class ConcurrencyLimits {
       if (count(places) >= limit) return;
       const marker = await this.nextMarker(place, places.cursor + 1);
       if (!marker) {
-        // Nobody waits: markers noted but gone (removed by hand, say) are passed over.
+        // Nobody waits: the markers noted when it was read (up to its tail) are gone, given a
+        // place or removed with their ended jobs, and are passed over. Not those noted since:
+        // they were stored after the look.
         if (places.tail > places.cursor) {
           await this.change(place, (p) => {
-            if (p.cursor >= p.tail) return false;
-            p.cursor = p.tail;
+            if (p.cursor >= places.tail) return false;
+            p.cursor = places.tail;
             return true;
           });
         }
@@ -217,26 +221,26 @@ export class ConcurrencyLimits {
     }
     const record = given.handle.record;
     await publishEvent(topology, jobEvent(record, "released", { message: "given a place under its agent's concurrency limit" }));
-    await publishWorkItem(topology, record, agent, this.publishing, `${jobId}:placed`);
+    // A job given a place again after `boxcar retry` is on a later attempt: its item is not a duplicate.
+    await publishWorkItem(topology, record, agent, this.publishing, `${jobId}:placed:${record.attempt}`);
   }
 
   /** Cancels a limit's jobs older than its newest `limit`, the running and the waiting, oldest first. */
   private async cancelOlder(place: string, limit: number): Promise<void> {
+    const { topology } = this;
     const places = parsePlaces((await this.entry(place))?.string());
     const holders = Object.entries(places.holding)
       .sort(([, a], [, b]) => a - b)
       .map(([id]) => id);
     const waiting: string[] = [];
-    for await (const stored of storedMessages(
-      this.topology.jsm,
-      this.topology.names.streams.work,
-      this.topology.names.subjects.heldWork(place),
-      {
-        from: places.cursor + 1,
-      },
-    )) {
+    const markers = storedMessages(topology.jsm, topology.names.streams.work, topology.names.subjects.heldWork(place, "*"), {
+      from: places.cursor + 1,
+    });
+    for await (const stored of markers) {
       const jobId = markerJob(stored.data);
-      if (jobId !== undefined) waiting.push(jobId);
+      const found = jobId === undefined ? undefined : await topology.jobStore.read(jobId);
+      // One that ended while it waited is no one's to cancel, and takes no place.
+      if (found && !isTerminal(found.record.state)) waiting.push(found.record.id);
     }
     const jobs = [...holders, ...waiting];
     for (const id of jobs.slice(0, Math.max(0, jobs.length - limit))) {
@@ -270,37 +274,38 @@ export class ConcurrencyLimits {
     for (const key of keys) {
       if (this.closed) return;
       const place = key.slice(ENTRY_PREFIX.length);
-      const places = parsePlaces((await bucket.get(key))?.string());
+      const entry = await this.entry(place);
+      if (!entry) continue;
+      const places = parsePlaces(entry.string());
       for (const [jobId, since] of Object.entries(places.holding)) {
         const found = await topology.jobStore.read(jobId);
         const stale = Date.now() - since > GRACE_MS;
         if (found ? isTerminal(found.record.state) : stale) await this.free(place, jobId);
         else if (found?.record.concurrency?.waiting && stale) await this.placed(found, await this.agentOf(place));
       }
-    }
-    const { jsm, names } = topology;
-    const info = await jsm.streams.info(names.streams.work, { subjects_filter: names.subjects.heldWorkAll });
-    const prefix = names.subjects.heldWork("");
-    for (const subject of Object.keys(info.state.subjects ?? {})) {
-      if (this.closed) return;
-      const place = subject.slice(prefix.length);
-      await this.removeHandled(place);
+      // A limit nobody has held or waited for since a minute ago goes, so that one per key value
+      // does not pile up (the next job of its key makes it again).
+      const idle = count(places) === 0 && Date.now() - entry.created.getTime() > GRACE_MS;
+      if (idle && !(await this.nextMarker(place, places.cursor + 1))) {
+        await bucket.delete(key, { previousSeq: entry.revision }).catch(() => {}); // changed meanwhile: kept
+        continue;
+      }
+      await this.removeHandled(place, places.cursor);
       this.kick(place);
     }
   }
 
   /** Removes the markers a limit's queue is past (a dispatcher died before it removed them). */
-  private async removeHandled(place: string): Promise<void> {
-    const { cursor } = parsePlaces((await this.entry(place))?.string());
+  private async removeHandled(place: string, cursor: number): Promise<void> {
     const { jsm, names } = this.topology;
-    for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.heldWork(place), { upTo: cursor })) {
+    for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.heldWork(place, "*"), { upTo: cursor })) {
       await this.removeMarker(stored.seq);
     }
   }
 
   private async nextMarker(place: string, from: number): Promise<{ seq: number; jobId: string | undefined } | undefined> {
     const { jsm, names } = this.topology;
-    for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.heldWork(place), { from })) {
+    for await (const stored of storedMessages(jsm, names.streams.work, names.subjects.heldWork(place, "*"), { from })) {
       return { seq: stored.seq, jobId: markerJob(stored.data) };
     }
     return undefined;

@@ -2,6 +2,7 @@ import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type JobRecord, JobTransitions } from "@boxcar/protocol";
 import { JobTimers } from "./job-timers.js";
+import { removeWaitingMarker } from "./jobs.js";
 
 /**
  * Ends `expired` the jobs that were not started within their queue timeout, even when no
@@ -37,4 +38,6 @@ async function expire(topology: Topology, id: string, onEnded: (job: JobRecord) 
   const expired = change.handle.record;
   onEnded(expired);
   await publishEvent(topology, jobEvent(expired, expired.state === "timed_out" ? "timed_out" : "expired"));
+  // A job that waited as a marker leaves none to count as work.
+  await removeWaitingMarker(topology, expired);
 }

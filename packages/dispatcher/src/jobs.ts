@@ -128,16 +128,26 @@ export async function cancelJob(topology: Topology, id: string, caller: Identity
     topology.nc.publish(topology.names.subjects.cancel(id));
   } else {
     await publishEvent(topology, jobEvent(next, "cancelled"));
-    // A delayed job's marker goes with it, rather than wait in the stream for its time.
-    if (next.runAt !== undefined) await removeLaterMarker(topology, id);
+    await removeWaitingMarker(topology, next);
   }
   return next;
 }
 
-/** Removes a delayed job's marker from the work stream, if it is still there. */
-async function removeLaterMarker(topology: Topology, id: string): Promise<void> {
+/**
+ * Removes the marker a job that ended while it waited left in the work stream, if it is still
+ * there: a delayed job's (rather than wait for its time) or one waiting for a concurrency place
+ * (rather than count as work until a place frees).
+ */
+export async function removeWaitingMarker(topology: Topology, job: JobRecord): Promise<void> {
   const { jsm, names } = topology;
-  const marker = await jsm.streams.getMessage(names.streams.work, { last_by_subj: names.subjects.laterWork(id) }).catch(() => null);
+  const subject =
+    job.runAt !== undefined
+      ? names.subjects.laterWork(job.id)
+      : job.concurrency?.waiting
+        ? names.subjects.heldWork(job.concurrency.place, job.id)
+        : undefined;
+  if (subject === undefined) return;
+  const marker = await jsm.streams.getMessage(names.streams.work, { last_by_subj: subject }).catch(() => null);
   if (marker) await jsm.streams.deleteMessage(names.streams.work, marker.seq, false).catch(() => {});
 }
 
@@ -160,7 +170,7 @@ export async function retryJob(
   if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
   const retry = job.spec?.retry ?? agent.retry;
   // It takes a place under its agent's concurrency limit again, or waits for one (a place taken
-  // for it that a racing retry leaves unused is freed by the sweep: its record is dead).
+  // for it that a racing retry leaves unused is the sweep's to free or finish).
   const place =
     agent.concurrency && job.spec && job.state === "dead"
       ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) })

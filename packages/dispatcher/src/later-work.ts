@@ -6,6 +6,7 @@ import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import type { Place } from "./concurrency.js";
+import { LimitBusy } from "./limit-state.js";
 import { reserveFor } from "./rate-limit.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
@@ -93,7 +94,8 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
   } catch (err) {
     const never = [ErrorCode.unknownAgent, ErrorCode.unavailable, ErrorCode.conflict] as string[];
-    if (!(err instanceof BoxcarError && never.includes(err.code))) throw err;
+    // A limit too busy for now is tried again (the marker handed back).
+    if (!(err instanceof BoxcarError && never.includes(err.code)) || err instanceof LimitBusy) throw err;
     // Removed while the job waited, no turn for it in time, or no place and a strategy that drops
     // new jobs: it can never run.
     const change = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
@@ -115,10 +117,8 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, place));
   if (released.written) {
     const record = released.handle.record;
-    const message = record.concurrency?.waiting
-      ? "its time came; it waits for a place under its agent's concurrency limit"
-      : "its time came";
-    await publishEvent(topology, jobEvent(record, "released", { message }));
+    // Released to its pool now, or once it is given a place (the limits say so then).
+    if (!record.concurrency?.waiting) await publishEvent(topology, jobEvent(record, "released", { message: "its time came" }));
     await publishWorkItem(topology, record, agent, ctx, `${jobId}:due`);
   } else if (place && !place.waiting && (!released.current || isTerminal(released.current.record.state))) {
     // It ended meanwhile, with the place just taken for it.

@@ -62,6 +62,13 @@ interface Edit {
   reject(err: unknown): void;
 }
 
+/** A limit's entry could not be changed for now (too busy, or the bucket full): `unavailable`, worth trying again. */
+export class LimitBusy extends BoxcarError {
+  constructor(message: string) {
+    super(ErrorCode.unavailable, message);
+  }
+}
+
 /** How many entries' last known revisions a dispatcher remembers. */
 const REMEMBERED = 10_000;
 
@@ -73,6 +80,8 @@ const REMEMBERED = 10_000;
  * the entry an edit costs one round trip (the write), not two. When another dispatcher changed it
  * first, it is read again after a moment's jittered pause (so that many do not collide again) and
  * the edits are applied afresh, for up to 5 s; then, or when the bucket is full, `unavailable`.
+ * An edit that writes nothing (or refuses) on what was remembered is tried again on a fresh read:
+ * only a write confirms that what it was shown was current.
  */
 export class LimitEntries {
   private readonly known = new Map<string, { revision: number; held: string | undefined }>();
@@ -117,6 +126,7 @@ export class LimitEntries {
     const giveUpAt = Date.now() + CHANGE_WITHIN_MS;
     for (let tries = 1; ; tries++) {
       let known = this.known.get(key);
+      const remembered = known !== undefined;
       if (!known) {
         const entry = await bucket.get(key);
         known = { revision: entry?.revision ?? 0, held: entry?.operation === "PUT" ? entry.string() : undefined };
@@ -139,6 +149,13 @@ export class LimitEntries {
         }
       };
       if (held === known.held) {
+        // Nothing to write: a decision taken on what it read just now stands; one taken on what
+        // it remembered (another dispatcher may have changed the entry since) is taken again on
+        // a fresh read (a write would have been refused instead).
+        if (remembered) {
+          this.known.delete(key);
+          continue;
+        }
         this.remember(key, known);
         settle();
         return;
@@ -152,12 +169,12 @@ export class LimitEntries {
       } catch (err) {
         this.known.delete(key);
         if (isStorageFull(err)) {
-          throw new BoxcarError(ErrorCode.unavailable, "the limits bucket is full (256 MiB of limits' states): submit again later");
+          throw new LimitBusy("the limits bucket is full (256 MiB of limits' states): submit again later");
         }
         if (!isRevisionConflict(err)) throw err;
       }
       if (Date.now() > giveUpAt) {
-        throw new BoxcarError(ErrorCode.unavailable, `too many jobs of ${batch[0]?.what} changed its limit at once: submit again`);
+        throw new LimitBusy(`too many jobs of ${batch[0]?.what} changed its limit at once: submit again`);
       }
       await sleep(Math.random() * Math.min(50, 2 * tries));
     }

@@ -315,7 +315,7 @@ const NAME_ROWS: readonly NameRow[] = [
   },
   {
     what: "a job waiting for a place under a concurrency limit",
-    name: (n, x) => n.subjects.heldWork(`${x("agent", "hello")}.${x("value", "all")}`),
+    name: (n, x) => n.subjects.heldWork(`${x("agent", "hello")}.${x("value", "all")}`, x("jobId", "<jobId>")),
     kind: keptOn("work"),
   },
   {

@@ -51,7 +51,12 @@ export function expire(job: JobRecord, now: string): JobRecord | null {
     finishedAt: now,
     error: pastDeadline
       ? { code: ErrorCode.timedOut, message: `passed its deadline of ${job.deadlineAt} while waiting for attempt ${job.attempt + 1}` }
-      : { code: ErrorCode.expired, message: `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time` },
+      : {
+          code: ErrorCode.expired,
+          message: job.concurrency?.waiting
+            ? `not started before ${job.expiresAt}: it waited for a place under its agent's concurrency limit`
+            : `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time`,
+        },
   };
 }
 

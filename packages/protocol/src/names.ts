@@ -91,10 +91,10 @@ export interface Names {
     laterWorkAll: string;
     /**
      * Where a job waits for a place under its agent's concurrency limit:
-     * `<prefix>.work.~held.<agent>.<value>` (`value`: a digest of its key's value, or `all`).
+     * `<prefix>.work.~held.<agent>.<value>.<jobId>` (`value`: a digest of its key's value, or
+     * `all`); `*` for the job: every job waiting under that limit.
      */
-    heldWork(place: string): string;
-    heldWorkAll: string;
+    heldWork(place: string, jobId: string): string;
     workAll: string;
     /**
      * Where `caller` sends requests to `endpoint`: `<prefix>.api.<role>.<user>.<endpoint>`. NATS
@@ -230,8 +230,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       sessionWork: (workerId) => `${prefix}.work.@${workerId}`,
       laterWork: (jobId) => `${prefix}.work.~later.${jobId}`,
       laterWorkAll: `${prefix}.work.~later.>`,
-      heldWork: (place) => `${prefix}.work.~held.${place}`,
-      heldWorkAll: `${prefix}.work.~held.>`,
+      heldWork: (place, jobId) => `${prefix}.work.~held.${place}.${jobId}`,
       workAll: `${prefix}.work.>`,
       api: (caller, endpoint) => `${prefix}.api.${caller.role}.${caller.user}.${endpoint}`,
       apiPrincipal: (caller) => `${prefix}.api.${caller.role}.${caller.user}`,
