@@ -10,6 +10,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
 import { natsFixture } from "./helpers/nats.js";
 
 /** A nats-server, two dispatchers and a host worker of 8 slots, and a client. */
@@ -19,6 +20,7 @@ async function twoDispatchers() {
   const worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
   void worker.run();
   return {
+    nats,
     client: createClient(nats.topology),
     async [Symbol.asyncDispose]() {
       await worker.close();
@@ -163,3 +165,71 @@ test("a limit with a key limits each value on its own: one customer's jobs do no
     client.applyAgent({ name: "keyed", command: "true", rateLimit: { starts: 1, per: "1s", key: "output.x" } }),
   ).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "definition.rateLimit.key" })] });
 }, 60_000);
+
+test("an agent's report of its provider's 429 pauses its key's limit for the retry-after, and retries the job no sooner; other keys go on", async () => {
+  await using system = await twoDispatchers();
+  const { client, nats } = system;
+  await client.applyAgent({
+    name: "caller",
+    // The first attempt of a job whose input says so is refused by "the provider", which asks for 2 s.
+    command: `if [ "$BOXCAR_ATTEMPT" = 1 ] && grep -q limited "$BOXCAR_INPUT_FILE"; then echo '{"rateLimited":{"retryAfter":2}}' > "$BOXCAR_RESULT_FILE"; fi`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+    retry: { maxAttempts: 2, backoff: "fixed", delay: "10ms", jitter: false },
+    rateLimit: { starts: 20, per: "1s", key: "input.customer" },
+  });
+  const refused = (await client.submit({ agent: "caller", input: { customer: "a", mode: "limited" } })).job;
+  // Turns 50 ms apart: these wait for theirs, some past the moment the first job reports.
+  const booked = (await Promise.all(Array.from({ length: 30 }, () => client.submit({ agent: "caller", input: { customer: "a" } })))).map(
+    (s) => s.job,
+  );
+  const limits = await nats.topology.limits();
+  // The dispatchers pause customer a's limit once they see the report.
+  const until = await eventually(async () => {
+    for await (const key of await limits.keys("caller.>")) {
+      const paused = JSON.parse((await limits.get(key))?.string() ?? "{}").pausedUntil;
+      if (typeof paused === "number") return paused;
+    }
+    return undefined;
+  }, "customer a's limit to pause");
+  const same = (await client.submit({ agent: "caller", input: { customer: "a" } })).job;
+  const other = (await client.submit({ agent: "caller", input: { customer: "b" } })).job;
+  expect(Date.parse(same.runAt as string)).toBeGreaterThanOrEqual(until);
+  expect(other.runAt).toBeUndefined();
+
+  const [first, second, third] = await Promise.all([refused, same, other].map((j) => client.waitForJob(j.id)));
+  expect(first).toMatchObject({ state: "succeeded", attempt: 2, history: [{ error: { code: ErrorCode.rateLimited } }] });
+  expect(Date.parse(first?.providerLimitedUntil as string)).toBe(until);
+  // The refused job is retried no sooner than its provider asked, and so is its customer's next.
+  expect(Date.parse(first?.startedAt as string)).toBeGreaterThanOrEqual(until);
+  expect(Date.parse(second?.startedAt as string)).toBeGreaterThanOrEqual(until);
+  expect(Date.parse(third?.startedAt as string)).toBeLessThan(until);
+  // A job whose turn came during the pause took a new one after it (the pause is written a
+  // moment after the report, 2 s before its end: what was due by then may have started).
+  const late = booked.filter((j) => Date.parse(j.runAt ?? j.createdAt) > until - 1_800);
+  expect(late.length).toBeGreaterThan(0);
+  for (const job of await Promise.all(late.map((j) => client.waitForJob(j.id)))) {
+    expect(Date.parse(job.startedAt as string)).toBeGreaterThanOrEqual(until);
+  }
+});
+
+test("a limit holds within 10% over one minute: 3 starts a second, 200 jobs submitted at once", async () => {
+  await using system = await twoDispatchers();
+  const { client } = system;
+  await client.applyAgent({
+    name: "steady",
+    command: "true",
+    trusted: true,
+    runtime: { sandbox: "host" },
+    rateLimit: { starts: 3, per: "1s" },
+  });
+  const jobs = (await Promise.all(Array.from({ length: 200 }, () => client.submit({ agent: "steady" })))).map((s) => s.job);
+  const first = Math.min(...jobs.map((j) => Date.parse(j.runAt ?? j.createdAt)));
+  await new Promise((r) => setTimeout(r, first + 61_000 - Date.now()));
+  // What started in the minute from the first start, read from the records; the rest is cancelled.
+  const records = await Promise.all(jobs.map((j) => client.getJob(j.id)));
+  for (const job of records) if (job.state === "queued") await client.cancelJob(job.id).catch(() => undefined);
+  const started = records.filter((j) => j.startedAt !== undefined && Date.parse(j.startedAt) < first + 60_000).length;
+  expect(started).toBeGreaterThanOrEqual(162);
+  expect(started).toBeLessThanOrEqual(198);
+}, 120_000);

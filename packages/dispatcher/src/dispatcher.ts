@@ -19,6 +19,7 @@ import { watchJobs } from "./job-watch.js";
 import { LaterWork } from "./later-work.js";
 import { LostSessionWork } from "./lost-session-work.js";
 import { JobLoad, PolicyBook } from "./policy.js";
+import { ProviderPauses } from "./rate-limit.js";
 import { RetentionSweeper } from "./retention.js";
 import { SessionDesk } from "./sessions.js";
 import { WorkRecovery } from "./work-recovery.js";
@@ -90,6 +91,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
   const limits = new ConcurrencyLimits(topology, agents, { signer: opts.signer, workers }, log, opts.givenUpIntervalMs ?? 15_000);
   const publishing = { agents, signer: opts.signer, workers, limits };
+  const providerPauses = new ProviderPauses(limits.entries, agents, log);
   const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, publishing);
   const admissions = new AdmissionSweeper(topology, log, 1_000, publishing, recovery);
   const ctx: AdmissionContext = {
@@ -125,6 +127,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       follower.observeJob,
       load.observe,
       limits.observe,
+      providerPauses.observe,
     ]),
   );
   // Ends seen from now on free their places; what the replay shows, the sweep deals with.

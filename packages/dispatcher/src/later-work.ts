@@ -7,7 +7,7 @@ import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import type { Place } from "./concurrency.js";
 import { LimitBusy } from "./limit-state.js";
-import { reserveFor } from "./rate-limit.js";
+import { pausedUntil, reserveFor } from "./rate-limit.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
 export const LaterMarker = z.looseObject({ jobId: z.string(), runAt: z.iso.datetime() });
@@ -88,8 +88,12 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   const job = { id: jobId, spec: spec ?? { input: null, labels: {} }, owner: ownerOf(found.record) };
   try {
     agent = await ctx.agents.get(found.record.agent);
-    // A job delayed by its submitter takes its turn under its agent's rate limit now,
-    if (agent.rateLimit && !found.record.rateLimited) turn = await reserveFor(ctx.limits.entries, agent, job, Date.now());
+    // A job delayed by its submitter takes its turn under its agent's rate limit now (one whose
+    // turn came while its provider asked the limit to pause, a new one after the pause),
+    const paused = agent.rateLimit && found.record.rateLimited ? await pausedUntil(ctx.limits.entries, agent, job) : undefined;
+    if (agent.rateLimit && (!found.record.rateLimited || paused !== undefined)) {
+      turn = await reserveFor(ctx.limits.entries, agent, job, Date.now());
+    }
     // and when it may start, its place under its concurrency limit (or waits for one).
     if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
   } catch (err) {

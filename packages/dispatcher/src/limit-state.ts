@@ -107,6 +107,14 @@ export class LimitEntries {
     });
   }
 
+  /** What `key`'s entry holds now (a fresh read, remembered for the next change). */
+  async read(key: string): Promise<string | undefined> {
+    const entry = await (await this.bucket()).get(key);
+    const held = entry?.operation === "PUT" ? entry.string() : undefined;
+    this.remember(key, { revision: entry?.revision ?? 0, held });
+    return held;
+  }
+
   private async drain(key: string): Promise<void> {
     for (;;) {
       const batch = this.waiting.get(key)?.splice(0) ?? [];

@@ -1,5 +1,7 @@
+import type { Logger } from "@boxcar/client";
 import type { Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, type JobSpec, MAX_DELAY_MS } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, type JobSpec, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
+import type { AgentCatalog } from "./agent-catalog.js";
 import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
@@ -33,15 +35,20 @@ async function reserveStart(entries: LimitEntries, key: string, limit: RateLimit
   const interval = limit.per / limit.starts;
   const tolerance = interval * (limit.burst - 1);
   return entries.change(key, describeKey(key), (held) => {
-    const tat = Math.max((held === undefined ? undefined : dueOf(held)) ?? 0, earliest);
-    const start = Math.max(earliest, tat - tolerance);
+    const { due, pausedUntil } = stateOf(held);
+    // Not before the end of a pause its agent's provider asked for.
+    const from = Math.max(earliest, pausedUntil ?? 0);
+    const tat = Math.max(due ?? 0, from);
+    const start = Math.max(from, tat - tolerance);
     if (start > latest) {
       throw new BoxcarError(
         ErrorCode.unavailable,
         `the rate limit of ${describeKey(key)} has no start free before ${new Date(latest).toISOString()} (the next is ${new Date(start).toISOString()}): submit again later`,
       );
     }
-    return { write: JSON.stringify({ due: tat + interval }), result: start };
+    // A pause still ahead is kept (the entry holds both).
+    const pause = pausedUntil !== undefined && pausedUntil > earliest ? { pausedUntil } : {};
+    return { write: JSON.stringify({ due: tat + interval, ...pause }), result: start };
   });
 }
 
@@ -69,11 +76,76 @@ export async function forgetLimit(topology: Topology, agent: string): Promise<vo
   }
 }
 
-function dueOf(text: string): number | undefined {
+/**
+ * A rate limit's state: when its next start is due (the algorithm's one number), and until when
+ * it pauses for its provider (an agent's report of a 429), if it does.
+ */
+interface LimitState {
+  due?: number;
+  pausedUntil?: number;
+}
+
+function stateOf(text: string | undefined): LimitState {
+  if (text === undefined) return {};
   try {
-    const due = (JSON.parse(text) as { due?: unknown }).due;
-    return typeof due === "number" && Number.isFinite(due) ? due : undefined;
+    const { due, pausedUntil } = JSON.parse(text) as Record<string, unknown>;
+    const time = (value: unknown) => (typeof value === "number" && Number.isFinite(value) ? value : undefined);
+    return { due: time(due), pausedUntil: time(pausedUntil) };
   } catch {
-    return undefined;
+    return {};
   }
+}
+
+/**
+ * Pauses the rate limit a job of `agent` falls under until `until` (ms since the epoch): its agent
+ * reported that its provider refused it for its rate limit, and asked it to wait. No start is
+ * reserved before then; a pause already longer stays.
+ */
+export function pauseLimit(entries: LimitEntries, agent: AgentDefinition, job: KeyedJob, until: number): Promise<void> {
+  const key = limitKey(agent, job);
+  return entries.change(key, describeKey(key), (held) => {
+    const state = stateOf(held);
+    if ((state.pausedUntil ?? 0) >= until) return { result: undefined };
+    return { write: JSON.stringify({ ...state, pausedUntil: until }), result: undefined };
+  });
+}
+
+/** Until when (ms since the epoch) the rate limit a job of `agent` falls under pauses for its provider, if it does now. */
+export async function pausedUntil(entries: LimitEntries, agent: AgentDefinition, job: KeyedJob): Promise<number | undefined> {
+  const until = stateOf(await entries.read(limitKey(agent, job))).pausedUntil;
+  return until !== undefined && until > Date.now() ? until : undefined;
+}
+
+/** How many reported pauses each dispatcher remembers having applied. */
+const REMEMBERED = 10_000;
+
+/**
+ * Pauses rate limits when their agents report their provider's rate limit (a 429): shown each
+ * job record by the dispatcher's watch, a record whose last attempt set `providerLimitedUntil`
+ * to a time still ahead pauses the limit its job falls under until then. Every dispatcher sees
+ * it; the first to write the pause makes the others' a no-op, and a record replayed at a
+ * dispatcher's start pauses nothing that is not still paused.
+ */
+export class ProviderPauses {
+  private readonly applied = new Set<string>();
+
+  constructor(
+    private readonly entries: LimitEntries,
+    private readonly agents: Pick<AgentCatalog, "get">,
+    private readonly log: Logger,
+  ) {}
+
+  readonly observe = (_key: string, job: JobRecord | undefined): void => {
+    if (!job?.providerLimitedUntil || !job.spec) return;
+    const until = Date.parse(job.providerLimitedUntil);
+    const report = `${job.id}@${job.providerLimitedUntil}`;
+    if (until <= Date.now() || this.applied.has(report)) return;
+    this.applied.add(report);
+    if (this.applied.size > REMEMBERED) this.applied.delete(this.applied.values().next().value as string);
+    const keyed = { spec: job.spec, owner: ownerOf(job) };
+    void (async () => {
+      const agent = await this.agents.get(job.agent);
+      if (agent.rateLimit) await pauseLimit(this.entries, agent, keyed, until);
+    })().catch((err: unknown) => this.log.warn({ err, jobId: job.id }, "could not pause a rate limit its agent's provider asked to pause"));
+  };
 }

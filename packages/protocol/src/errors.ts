@@ -13,6 +13,7 @@ export const ErrorCode = {
   inputFileMissing: "input_file_missing",
   conflict: "conflict",
   agentFailed: "agent_failed",
+  rateLimited: "rate_limited",
   badResult: "bad_result",
   timedOut: "timed_out",
   expired: "expired",
@@ -121,6 +122,10 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   agent_failed: {
     meaning: "the agent exited non-zero, reported an error in its result file, or its command could not be started",
     appears: "`failed` records and events",
+  },
+  rate_limited: {
+    meaning: "the agent reported that its provider refused it for its rate limit (`rateLimited` in its result file)",
+    appears: "`failed` records and events, and a retried attempt's history",
   },
   bad_result: { meaning: "the agent wrote a result file that is not valid", appears: "`failed` records and events" },
   timed_out: { meaning: "the run went past its timeout and was killed", appears: "`timed_out` records and events" },

@@ -162,6 +162,8 @@ export interface AttemptEnd {
   result?: JobResult;
   artifacts: Artifact[];
   error?: ErrorInfo;
+  /** The agent reported its provider's rate limit: until when (ISO 8601) its key should pause. */
+  providerLimitedUntil?: string;
 }
 
 /** The job's final outcome, from the attempt that ran it. */
@@ -174,7 +176,12 @@ export function finish(job: JobRecord, end: AttemptEnd): JobRecord {
     result: end.result,
     artifacts: end.artifacts,
     error: end.error,
+    ...providerLimit(end),
   };
+}
+
+function providerLimit(end: AttemptEnd): Pick<JobRecord, "providerLimitedUntil"> {
+  return end.providerLimitedUntil === undefined ? {} : { providerLimitedUntil: end.providerLimitedUntil };
 }
 
 /**
@@ -182,7 +189,7 @@ export function finish(job: JobRecord, end: AttemptEnd): JobRecord {
  * (`retry`), or, attempts exhausted, `dead` with the attempt's artifacts.
  */
 export function endAttempt(job: JobRecord, ended: AttemptOutcome, end: AttemptEnd, then: "retry" | "dead"): JobRecord {
-  const kept = { ...job, history: [...job.history, ended], result: end.result, error: end.error };
+  const kept = { ...job, history: [...job.history, ended], result: end.result, error: end.error, ...providerLimit(end) };
   return then === "retry"
     ? { ...kept, state: "queued", queuedAt: end.now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
     : { ...kept, state: "dead", finishedAt: end.now, artifacts: end.artifacts, sandbox: end.sandbox };

@@ -117,6 +117,14 @@ export const AgentResultFile = z.looseObject({
   summary: z.string().max(4096).optional().describe("one line for people"),
   error: z.string().max(4096).optional().describe("set to report failure even with exit code 0"),
   retry: z.boolean().optional().describe("false: this failure must not be retried"),
+  rateLimited: z
+    .strictObject({
+      retryAfter: z.number().min(0).describe("seconds the provider asked to wait (its `Retry-After`); more than 3 600 counts as 3 600"),
+    })
+    .optional()
+    .describe(
+      "the agent's provider refused it for its rate limit (a 429): the attempt fails `rate_limited`, is retried no sooner (per the retry policy), and the agent's rate limit for the job's key pauses as long",
+    ),
   handoff: HandoffRequest.optional().describe("pass the work on to another agent (one of this agent's handoffs)"),
 });
 export type AgentResultFile = z.infer<typeof AgentResultFile>;
@@ -202,6 +210,12 @@ export const JobRecord = z.looseObject({
       "while it waits for its time (from the spec's `runAt` or `delay`, or its agent's rate limit): when its work item is published; absent once it is",
     ),
   rateLimited: z.literal(true).optional().describe("its `runAt` is the turn its agent's rate limit gave it"),
+  providerLimitedUntil: z.iso
+    .datetime()
+    .optional()
+    .describe(
+      "its last attempt reported its provider's rate limit (`rateLimited` in its result): until when the agent's rate limit for its key pauses",
+    ),
   concurrency: z
     .strictObject({
       place: z.string().describe("the limit it holds a place under: its agent's name and its key's value (a digest), or `all`"),

@@ -42,6 +42,18 @@ describe("outcomeOfExit", () => {
     });
   });
 
+  test("a report of its provider's rate limit fails the attempt rate_limited, whatever the exit code, with the wait (at most an hour)", () => {
+    expect(outcomeOfExit(exit(0), { rateLimited: { retryAfter: 30 } }, [])).toMatchObject({
+      state: "failed",
+      error: { code: ErrorCode.rateLimited, message: "the agent's provider refused it for its rate limit: retry after 30 s" },
+      retryAfterMs: 30_000,
+    });
+    expect(outcomeOfExit(exit(1), { rateLimited: { retryAfter: 86_400 }, error: "429 from the model" }, [])).toMatchObject({
+      error: { code: ErrorCode.rateLimited, message: "429 from the model" },
+      retryAfterMs: 3_600_000,
+    });
+  });
+
   test("killed for its memory: oom_killed, naming the limit", () => {
     expect(outcomeOfExit(exit(137, { oomKilled: true }), undefined, [], 64 * 1024 ** 2)).toMatchObject({
       state: "failed",

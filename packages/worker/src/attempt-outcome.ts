@@ -19,6 +19,8 @@ export type Outcome =
       message?: string;
       /** The agent said not to retry it (`"retry": false` in its result file). */
       noRetry?: boolean;
+      /** The agent's provider refused it for its rate limit and asked it to wait this long (`rateLimited` in its result file). */
+      retryAfterMs?: number;
     }
   /** The worker stops: the job goes back to the queue. */
   | { kind: "requeue" }
@@ -26,6 +28,9 @@ export type Outcome =
   | { kind: "fenced" };
 
 export type FinalOutcome = Outcome & { kind: "final" };
+
+/** The longest pause an agent's report of its provider's rate limit may ask for, in seconds. */
+const MAX_RETRY_AFTER_S = 3_600;
 
 /** What the record keeps of how the agent's process ended. */
 export function execResult(exec: ExecResult): Pick<JobResult, "exitCode" | "signal" | "durationMs" | "oomKilled" | "usage"> {
@@ -61,6 +66,21 @@ export function outcomeOfExit(
   if (exec.oomKilled) {
     const message = `the agent used more memory than its limit${memoryLimit ? ` of ${memoryLimit} bytes` : ""} and was killed`;
     return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
+  }
+  if (file?.rateLimited) {
+    const retryAfterMs = Math.min(file.rateLimited.retryAfter, MAX_RETRY_AFTER_S) * 1000;
+    const message = file.error ?? `the agent's provider refused it for its rate limit: retry after ${retryAfterMs / 1000} s`;
+    const error = { code: ErrorCode.rateLimited, message };
+    return {
+      kind: "final",
+      state: "failed",
+      result,
+      artifacts,
+      error,
+      message,
+      retryAfterMs,
+      ...(file.retry === false ? { noRetry: true } : {}),
+    };
   }
   const failure =
     file?.error !== undefined

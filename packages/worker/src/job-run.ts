@@ -620,7 +620,9 @@ export class JobRun {
   }
 
   private attemptEnd(outcome: FinalOutcome, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
+    const { retryAfterMs } = outcome;
     return {
+      ...(retryAfterMs !== undefined ? { providerLimitedUntil: new Date(Date.parse(now) + retryAfterMs).toISOString() } : {}),
       state,
       now,
       artifacts: outcome.artifacts,

@@ -26,6 +26,15 @@ describe("planRetry", () => {
     expect(planRetry(p, exit, 2, 3, Number.POSITIVE_INFINITY, () => 1)).toEqual({ kind: "retry", delayMs: 2000 });
   });
 
+  test("an attempt its provider refused for its rate limit is retried no sooner than it asked", () => {
+    const p = policy({ maxAttempts: 3, delay: "1s", jitter: false });
+    const limited: EndedAttempt = { state: "failed", error: { code: "rate_limited", message: "429" }, retryAfterMs: 30_000 };
+    expect(planRetry(p, limited, 1, 3)).toEqual({ kind: "retry", delayMs: 30_000 });
+    expect(planRetry(p, { ...limited, retryAfterMs: 10 }, 1, 3)).toEqual({ kind: "retry", delayMs: 1_000 });
+    expect(planRetry(p, limited, 1, 3, 20_000).kind).toBe("final");
+    expect(planRetry(policy({ maxAttempts: 3, on: ["timeout"] }), limited, 1, 3).kind).toBe("final");
+  });
+
   test("no retry when the job's deadline comes before the next attempt would start", () => {
     const p = policy({ maxAttempts: 5, delay: "2s", jitter: false });
     expect(planRetry(p, exit, 1, 5, 2_500)).toEqual({ kind: "retry", delayMs: 2000 });

@@ -13,6 +13,8 @@ export interface EndedAttempt {
   result?: JobResult;
   /** The agent's result file said `retry: false`. */
   noRetry?: boolean;
+  /** Its provider asked it to wait this long (the result file's `rateLimited`): no retry sooner. */
+  retryAfterMs?: number;
 }
 
 /**
@@ -26,6 +28,8 @@ export function failureKind(attempt: EndedAttempt): RetryOn | undefined {
       return "crash";
     case ErrorCode.agentFailed:
       return attempt.result?.exitCode === null && attempt.result.signal ? "crash" : "exit";
+    case ErrorCode.rateLimited:
+      return "exit";
     case ErrorCode.sandboxFailed:
       return "sandbox";
     default:
@@ -52,7 +56,7 @@ export function planRetry(
   if (attempt >= attemptsAllowed) return { kind: "dead" };
   const base = policy.backoff === "fixed" ? policy.delay : policy.delay * 2 ** (attempt - 1);
   const capped = Math.min(base, policy.maxDelay);
-  const delayMs = Math.round(policy.jitter ? capped * (0.5 + random() * 0.5) : capped);
+  const delayMs = Math.max(Math.round(policy.jitter ? capped * (0.5 + random() * 0.5) : capped), ended.retryAfterMs ?? 0);
   if (delayMs >= msLeft) return { kind: "final", note: "not retried: the job's deadline comes before another attempt could start" };
   return { kind: "retry", delayMs };
 }
