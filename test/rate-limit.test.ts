@@ -199,14 +199,15 @@ test("an agent's report of its provider's 429 pauses its key's limit for the ret
 
   const [first, second, third] = await Promise.all([refused, same, other].map((j) => client.waitForJob(j.id)));
   expect(first).toMatchObject({ state: "succeeded", attempt: 2, history: [{ error: { code: ErrorCode.rateLimited } }] });
-  expect(Date.parse(first?.providerLimitedUntil as string)).toBe(until);
+  // Its report goes with the attempt that made it.
+  expect(first?.providerLimitedUntil).toBeUndefined();
   // The refused job is retried no sooner than its provider asked, and so is its customer's next.
   expect(Date.parse(first?.startedAt as string)).toBeGreaterThanOrEqual(until);
   expect(Date.parse(second?.startedAt as string)).toBeGreaterThanOrEqual(until);
   expect(Date.parse(third?.startedAt as string)).toBeLessThan(until);
   // A job whose turn came during the pause took a new one after it (the pause is written a
   // moment after the report, 2 s before its end: what was due by then may have started).
-  const late = booked.filter((j) => Date.parse(j.runAt ?? j.createdAt) > until - 1_800);
+  const late = booked.filter((j) => Date.parse(j.runAt ?? j.createdAt) > until - 1_500);
   expect(late.length).toBeGreaterThan(0);
   for (const job of await Promise.all(late.map((j) => client.waitForJob(j.id)))) {
     expect(Date.parse(job.startedAt as string)).toBeGreaterThanOrEqual(until);

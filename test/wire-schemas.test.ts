@@ -156,6 +156,12 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.events", { id: session.id });
   await call("sessions.logs", { id: session.id });
   await call("sessions.close", { id: session.id });
+  await call("schedules.create", { definition: { name: "nightly", cron: "0 2 * * *", timezone: "Europe/Paris", job: { agent: "echo" } } });
+  await call("schedules.get", { name: "nightly" });
+  await call("schedules.list", {});
+  await call("schedules.pause", { name: "nightly" });
+  await call("schedules.resume", { name: "nightly" });
+  await call("schedules.delete", { name: "nightly" });
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);

@@ -7,6 +7,7 @@ import { artifacts, cancel, clean, events, jobs, logs, retry, status, submit } f
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
+import { schedule } from "./commands/schedule.js";
 import { session, sessions, snapshots } from "./commands/session.js";
 import { ui } from "./commands/ui.js";
 import { up } from "./commands/up.js";
@@ -30,6 +31,7 @@ const COMMANDS: readonly Command[] = [
   retry,
   clean,
   jobs,
+  schedule,
   run,
   workflow,
   workers,

@@ -1,4 +1,4 @@
-import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
+import type { BoxcarEvent, JobRecord, ScheduleRecord } from "@boxcar/protocol";
 
 /** Renders rows as an aligned text table with a header. */
 export function table(header: string[], rows: string[][]): string {
@@ -64,6 +64,55 @@ export function describeJob(job: JobRecord): string {
     lines.push("artifacts");
     for (const a of job.artifacts) lines.push(`          ${a.path} (${a.size} bytes)`);
   }
+  return lines.join("\n");
+}
+
+/** Milliseconds in the largest unit that writes them whole: `90s`, `10m`, `1d`. */
+export function span(ms: number): string {
+  const units: [string, number][] = [
+    ["d", 86_400_000],
+    ["h", 3_600_000],
+    ["m", 60_000],
+    ["s", 1_000],
+  ];
+  const [unit, size] = units.find(([, size]) => ms >= size && ms % size === 0) ?? ["ms", 1];
+  return `${ms / size}${unit}`;
+}
+
+/** A schedule's last tick and what was done at it (`-` before its first). */
+export function lastTick(schedule: ScheduleRecord): string {
+  const { tick, action } = schedule.state;
+  return tick ? `${tick} ${action ?? ""}`.trimEnd() : "-";
+}
+
+/** A human summary of one schedule record, several lines. */
+export function describeSchedule(schedule: ScheduleRecord): string {
+  const { definition: d, state } = schedule;
+  const job = d.job;
+  const runs = [
+    job.pool ? `pool ${job.pool}` : undefined,
+    job.priority ? `${job.priority} priority` : undefined,
+    job.timeout !== undefined ? `timeout ${span(job.timeout)}` : undefined,
+  ].filter(Boolean);
+  const lines = [
+    `schedule  ${d.name}`,
+    `owner     ${schedule.owner}`,
+    `cron      ${d.cron} (${d.timezone})`,
+    `state     ${schedule.paused ? "paused" : "active"}`,
+  ];
+  if (schedule.next) lines.push(`next      ${schedule.next}`);
+  lines.push(`agent     ${job.agent}${runs.length > 0 ? ` (${runs.join(", ")})` : ""}`);
+  if (job.input !== null) lines.push(`input     ${JSON.stringify(job.input)}`);
+  const labels = Object.entries(job.labels);
+  if (labels.length > 0) lines.push(`labels    ${labels.map(([k, v]) => `${k}=${v}`).join(" ")}`);
+  lines.push(`overlap   ${d.overlap}`);
+  lines.push(`catch-up  ${d.catchUp}${d.catchUp === "all" ? ` (within ${span(d.catchUpWindow)})` : ""}`);
+  lines.push(`last      ${lastTick(schedule)}`);
+  if (state.jobId) lines.push(`last job  ${state.jobId}${state.jobTick ? ` (tick ${state.jobTick})` : ""}`);
+  if (state.pending) lines.push(`pending   ${state.pending} (fires when the last job ends)`);
+  lines.push(`ticks     ${state.fired} fired, ${state.skipped} skipped, ${state.missed} missed`);
+  lines.push(`created   ${schedule.createdAt}`);
+  if (schedule.resumedAt) lines.push(`resumed   ${schedule.resumedAt}`);
   return lines.join("\n");
 }
 

@@ -34,6 +34,8 @@ import {
   ownerOf,
   parseDurationMs,
   parseWith,
+  type ScheduleDefinitionInput,
+  type ScheduleRecord,
   type SessionRecord,
   type SetPolicyReply,
   type SnapshotInfo,
@@ -181,6 +183,18 @@ export interface BoxcarClient {
   getPolicy(): Promise<SystemPolicy>;
   /** Replaces the system policy (admins only); says which applied agents it refuses. */
   setPolicy(policy: SystemPolicyInput): Promise<SetPolicyReply>;
+  /** Creates a schedule (docs/flow-control.md#schedules): its job is submitted, as yours, at each tick of its cron. */
+  createSchedule(definition: ScheduleDefinitionInput): Promise<ScheduleRecord>;
+  /** One of your schedules, with when it fires next; an admin may name another user's (`owner`). */
+  getSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
+  /** The schedules you may see. */
+  listSchedules(): Promise<ScheduleRecord[]>;
+  /** Stops a schedule's ticks until it is resumed. */
+  pauseSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
+  /** Starts a paused schedule's ticks again; those missed while it was paused are not caught up. */
+  resumeSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
+  /** Removes a schedule; returns it as it was. */
+  deleteSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
 }
 
 /**
@@ -502,6 +516,30 @@ class Client implements BoxcarClient, HistoryReader {
     return this.request(ApiEndpoint.policySet, { policy });
   }
 
+  async createSchedule(definition: ScheduleDefinitionInput) {
+    return (await this.request(ApiEndpoint.schedulesCreate, { definition })).schedule;
+  }
+
+  async getSchedule(name: string, owner?: string) {
+    return (await this.request(ApiEndpoint.schedulesGet, scheduleRef(name, owner))).schedule;
+  }
+
+  async listSchedules() {
+    return (await this.request(ApiEndpoint.schedulesList, {})).schedules;
+  }
+
+  async pauseSchedule(name: string, owner?: string) {
+    return (await this.request(ApiEndpoint.schedulesPause, scheduleRef(name, owner))).schedule;
+  }
+
+  async resumeSchedule(name: string, owner?: string) {
+    return (await this.request(ApiEndpoint.schedulesResume, scheduleRef(name, owner))).schedule;
+  }
+
+  async deleteSchedule(name: string, owner?: string) {
+    return (await this.request(ApiEndpoint.schedulesDelete, scheduleRef(name, owner))).schedule;
+  }
+
   waitForChain(jobId: string, signal?: AbortSignal) {
     return waitForChainEnd(this.link, this, jobId, signal);
   }
@@ -534,6 +572,9 @@ class Client implements BoxcarClient, HistoryReader {
     yield* followRun(this.link, this, await this.getRun(runId), opts);
   }
 }
+
+/** A schedules request's `{ name, owner? }`: the caller's own schedule unless `owner` names another's. */
+const scheduleRef = (name: string, owner?: string) => ({ name, ...(owner !== undefined ? { owner } : {}) });
 
 const eventsPage = (page: EventsPage): HistoryPage<BoxcarEvent> => ({
   items: page.events,

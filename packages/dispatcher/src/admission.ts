@@ -77,6 +77,8 @@ export interface AdmitOptions {
     Partial<Pick<ChainLink, "root" | "parent" | "deadline" | "run" | "step" | "index">>;
   /** The trace the job joins (W3C `traceparent`): the submit request's span, or the job that handed off's. */
   traceparent?: string;
+  /** The schedule (of `owner`'s) that submits it, and the tick it is submitted for. */
+  schedule?: { name: string; tick: string };
 }
 
 /**
@@ -149,12 +151,19 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (session) record.session = session;
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
+  if (opts.schedule) record.schedule = opts.schedule;
   // A delayed job waits for its time (and reserves its rate limit's turn then), a rate-limited one
   // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
   const turn =
     asked === undefined && agent.rateLimit
-      ? await reserveFor(ctx.limits.entries, agent, { spec, owner: opts.owner }, Date.parse(now))
+      ? await reserveFor(
+          ctx.limits.entries,
+          agent,
+          { spec, owner: opts.owner },
+          Date.parse(now),
+          spec.deadline === undefined ? undefined : Date.parse(now) + spec.deadline,
+        )
       : undefined;
   const runAt = asked ?? (turn !== undefined && turn > Date.parse(now) ? turn : undefined);
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();

@@ -34,6 +34,7 @@ import type { JobIndex } from "./job-index.js";
 import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import { forgetLimit } from "./rate-limit.js";
 import type { RetentionSweeper } from "./retention.js";
+import type { Schedules } from "./schedules.js";
 import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
@@ -54,12 +55,13 @@ function requestOf<E extends ApiEndpoint>(endpoint: E, body: unknown): z.output<
 /** What the API answers from besides the topology and the admission context. */
 export interface ApiParts {
   runs: Runs;
+  schedules: Schedules;
   retention: RetentionSweeper;
   /** The job index, and when it holds every record stored when the dispatcher started. */
   jobs: { index: JobIndex; caughtUp: Promise<void> };
 }
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs }: ApiParts): Handlers {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs, schedules }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   const { sessions } = ctx;
@@ -75,6 +77,22 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       snapshot: await sessions.takeSnapshot(requestOf(ApiEndpoint.sessionsSnapshot, body).id, caller),
     }),
     [ApiEndpoint.snapshotsList]: async (_body, caller) => ({ snapshots: await sessions.snapshots(caller) }),
+    [ApiEndpoint.schedulesCreate]: async (body, caller) => ({
+      schedule: await schedules.create(requestOf(ApiEndpoint.schedulesCreate, body).definition, caller),
+    }),
+    [ApiEndpoint.schedulesGet]: async (body, caller) => ({
+      schedule: await schedules.get(requestOf(ApiEndpoint.schedulesGet, body), caller),
+    }),
+    [ApiEndpoint.schedulesList]: async (_body, caller) => ({ schedules: await schedules.list(caller) }),
+    [ApiEndpoint.schedulesPause]: async (body, caller) => ({
+      schedule: await schedules.setPaused(requestOf(ApiEndpoint.schedulesPause, body), caller, true),
+    }),
+    [ApiEndpoint.schedulesResume]: async (body, caller) => ({
+      schedule: await schedules.setPaused(requestOf(ApiEndpoint.schedulesResume, body), caller, false),
+    }),
+    [ApiEndpoint.schedulesDelete]: async (body, caller) => ({
+      schedule: await schedules.remove(requestOf(ApiEndpoint.schedulesDelete, body), caller),
+    }),
     [ApiEndpoint.snapshotsRemove]: async (body, caller) => ({
       snapshot: await sessions.removeSnapshot(requestOf(ApiEndpoint.snapshotsRemove, body).id, caller),
     }),

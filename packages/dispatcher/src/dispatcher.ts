@@ -21,6 +21,7 @@ import { LostSessionWork } from "./lost-session-work.js";
 import { JobLoad, PolicyBook } from "./policy.js";
 import { ProviderPauses } from "./rate-limit.js";
 import { RetentionSweeper } from "./retention.js";
+import { Schedules } from "./schedules.js";
 import { SessionDesk } from "./sessions.js";
 import { WorkRecovery } from "./work-recovery.js";
 import { WorkerDirectory } from "./worker-directory.js";
@@ -116,6 +117,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     ),
   };
   const runIndex = new RunIndex();
+  // Started once the job watch runs (its jobs' ends let queued ticks fire).
+  let schedules: Schedules | undefined;
   const runs = new Runs(topology, ctx, runIndex);
   const follower = new RunFollower(topology, runs, ctx);
   const jobWatch = await wait("the job records", () =>
@@ -128,6 +131,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       load.observe,
       limits.observe,
       providerPauses.observe,
+      (key, job) => schedules?.observe(key, job),
     ]),
   );
   // Ends seen from now on free their places; what the replay shows, the sweep deals with.
@@ -147,6 +151,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   );
   const lostSessionWork = new LostSessionWork(topology, workers, log, opts.givenUpIntervalMs ?? 15_000);
   const laterWork = await wait("the delayed jobs' consumer", () => LaterWork.start(topology, publishing, log));
+  schedules = await wait("the schedules", () => Schedules.start(topology, ctx, log, opts.givenUpIntervalMs ?? 15_000));
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -154,7 +159,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
   for (const [endpoint, handler] of Object.entries(
-    apiHandlers(topology, ctx, { runs, retention, jobs: { index, caughtUp: jobWatch.caughtUp } }),
+    apiHandlers(topology, ctx, { runs, retention, schedules, jobs: { index, caughtUp: jobWatch.caughtUp } }),
   )) {
     service.addEndpoint(endpoint.replaceAll(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
@@ -212,6 +217,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => givenUp.close(),
         () => lostSessionWork.close(),
         () => laterWork.close(),
+        () => schedules.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => runs.close(),

@@ -92,7 +92,8 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     // turn came while its provider asked the limit to pause, a new one after the pause),
     const paused = agent.rateLimit && found.record.rateLimited ? await pausedUntil(ctx.limits.entries, agent, job) : undefined;
     if (agent.rateLimit && (!found.record.rateLimited || paused !== undefined)) {
-      turn = await reserveFor(ctx.limits.entries, agent, job, Date.now());
+      const deadlineAt = found.record.deadlineAt === undefined ? undefined : Date.parse(found.record.deadlineAt);
+      turn = await reserveFor(ctx.limits.entries, agent, job, Date.now(), deadlineAt);
     }
     // and when it may start, its place under its concurrency limit (or waits for one).
     if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
@@ -112,7 +113,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     // Waits again, for its turn, as a new marker.
     const at = turn;
     const postponed = await topology.jobStore.change(found, (job) => JobTransitions.postpone(job, at));
-    if (postponed.written) await publishWorkItem(topology, postponed.handle.record, agent, ctx, `${jobId}:limited`);
+    if (postponed.written) await publishWorkItem(topology, postponed.handle.record, agent, ctx, `${jobId}:limited:${at}`);
     msg.ack();
     return;
   }

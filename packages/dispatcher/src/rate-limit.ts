@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/client";
 import type { Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, type JobSpec, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
 
@@ -13,11 +13,12 @@ type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
 export function reserveFor(
   entries: LimitEntries,
   agent: AgentDefinition,
-  job: { spec: Pick<JobSpec, "deadline" | "input" | "labels">; owner: string },
+  job: KeyedJob,
   now: number,
+  /** When the job's deadline passes (ms since the epoch), if it has one. */
+  deadlineAt?: number,
 ): Promise<number> {
-  const { deadline } = job.spec;
-  const latest = Math.min(now + MAX_DELAY_MS, deadline === undefined ? Number.POSITIVE_INFINITY : now + deadline - 1);
+  const latest = Math.min(now + MAX_DELAY_MS, deadlineAt === undefined ? Number.POSITIVE_INFINITY : deadlineAt - 1);
   return reserveStart(entries, limitKey(agent, job), agent.rateLimit as RateLimit, now, latest);
 }
 
@@ -146,6 +147,10 @@ export class ProviderPauses {
     void (async () => {
       const agent = await this.agents.get(job.agent);
       if (agent.rateLimit) await pauseLimit(this.entries, agent, keyed, until);
-    })().catch((err: unknown) => this.log.warn({ err, jobId: job.id }, "could not pause a rate limit its agent's provider asked to pause"));
+    })().catch((err: unknown) => {
+      // Tried again when the record is next seen (another dispatcher may have written it meanwhile).
+      this.applied.delete(report);
+      this.log.warn({ err, jobId: job.id }, "could not pause a rate limit its agent's provider asked to pause");
+    });
   };
 }

@@ -132,6 +132,8 @@ export interface Topology {
   sessions(): Promise<KV>;
   /** Rate limits' state (docs/flow-control.md#rate-limits), made on first use as the sessions bucket is. */
   limits(): Promise<KV>;
+  /** Schedules (docs/flow-control.md#schedules), made on first use as the sessions bucket is. */
+  schedules(): Promise<KV>;
   /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
   snapshots(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
@@ -315,6 +317,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     // ahead, a period is at most a day): it goes, so that one key per customer does not pile up;
     // and the bucket is bounded, so that keys minted faster than that cannot fill the disk.
     limits: kvOnFirstUse("limits bucket", names.buckets.limits, { ttl: 31 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
+    schedules: kvOnFirstUse("schedules bucket", names.buckets.schedules, { max_bytes: 256 * 1024 * 1024 }),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",

@@ -69,6 +69,8 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.sessionsEvents,
   ApiEndpoint.sessionsLogs,
   ApiEndpoint.snapshotsList,
+  ApiEndpoint.schedulesGet,
+  ApiEndpoint.schedulesList,
 ];
 
 /**
@@ -98,6 +100,10 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsFilesRemove,
     ApiEndpoint.sessionsSnapshot,
     ApiEndpoint.snapshotsRemove,
+    ApiEndpoint.schedulesCreate,
+    ApiEndpoint.schedulesPause,
+    ApiEndpoint.schedulesResume,
+    ApiEndpoint.schedulesDelete,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };
@@ -160,16 +166,15 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           allow: [
             ...common,
             ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
-            // Rate limits' state is the dispatchers' alone (workers get no access to it).
-            `$JS.API.STREAM.INFO.${kv(b.limits)}`,
-            ...streamApi(kv(b.limits), "manage"),
+            // Rate limits' state and the schedules are the dispatchers' alone (workers get no access to them).
+            ...[b.limits, b.schedules].flatMap((bucket) => [`$JS.API.STREAM.INFO.${kv(bucket)}`, ...streamApi(kv(bucket), "manage")]),
             ...[st.submit, st.work].flatMap((stream) => streamApi(stream, "consume")),
             `$JS.API.STREAM.MSG.DELETE.${st.work}`,
             s.eventsAll,
             s.workAll,
             s.deadAll,
             s.cancelAll,
-            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits].map(kvSubjects),
+            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits, b.schedules].map(kvSubjects),
             // Requests to the worker that holds a session (it answers only what it is asked).
             s.sessionAll,
             objSubjects(b.artifacts),

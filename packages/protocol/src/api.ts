@@ -5,6 +5,7 @@ import { BoxcarEvent } from "./events.js";
 import { isTerminal, JobRecord, JobSpec, JobState, WorkspacePath } from "./job.js";
 import { type ApiEndpoint, TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
+import { ListSchedulesReply, ScheduleDefinition, ScheduleRef, ScheduleReply } from "./schedule.js";
 import {
   ExecReply,
   ExecRequest,
@@ -246,6 +247,12 @@ export const API_CONTRACT = {
   "sessions.snapshot": { request: SessionRef, reply: SnapshotReply },
   "snapshots.list": { request: NoFields, reply: ListSnapshotsReply },
   "snapshots.remove": { request: SnapshotRef, reply: SnapshotReply },
+  "schedules.create": { request: z.strictObject({ definition: ScheduleDefinition }), reply: ScheduleReply },
+  "schedules.get": { request: ScheduleRef, reply: ScheduleReply },
+  "schedules.list": { request: NoFields, reply: ListSchedulesReply },
+  "schedules.pause": { request: ScheduleRef, reply: ScheduleReply },
+  "schedules.resume": { request: ScheduleRef, reply: ScheduleReply },
+  "schedules.delete": { request: ScheduleRef, reply: ScheduleReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

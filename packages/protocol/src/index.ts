@@ -148,6 +148,16 @@ export {
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
+export {
+  ListSchedulesReply,
+  ScheduleDefinition,
+  type ScheduleDefinitionInput,
+  ScheduleName,
+  ScheduleRecord,
+  ScheduleRef,
+  ScheduleReply,
+  ScheduleState,
+} from "./schedule.js";
 export type {
   ExecRequest as ExecRequestInput,
   ListSessionFiles as ListSessionFilesInput,

@@ -180,8 +180,9 @@ export function finish(job: JobRecord, end: AttemptEnd): JobRecord {
   };
 }
 
+/** The record's `providerLimitedUntil` after an attempt: its own report, or none (an earlier attempt's goes). */
 function providerLimit(end: AttemptEnd): Pick<JobRecord, "providerLimitedUntil"> {
-  return end.providerLimitedUntil === undefined ? {} : { providerLimitedUntil: end.providerLimitedUntil };
+  return { providerLimitedUntil: end.providerLimitedUntil };
 }
 
 /**

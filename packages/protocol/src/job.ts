@@ -118,8 +118,12 @@ export const AgentResultFile = z.looseObject({
   error: z.string().max(4096).optional().describe("set to report failure even with exit code 0"),
   retry: z.boolean().optional().describe("false: this failure must not be retried"),
   rateLimited: z
-    .strictObject({
-      retryAfter: z.number().min(0).describe("seconds the provider asked to wait (its `Retry-After`); more than 3 600 counts as 3 600"),
+    .looseObject({
+      retryAfter: z
+        .number()
+        .min(0)
+        .default(0)
+        .describe("seconds the provider asked to wait (its `Retry-After`; none: 0); more than 3 600 counts as 3 600"),
     })
     .optional()
     .describe(
@@ -227,6 +231,10 @@ export const JobRecord = z.looseObject({
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
     .describe("the session the job runs in (`spec.session`) and the worker that holds it"),
+  schedule: z
+    .strictObject({ name: z.string(), tick: z.iso.datetime() })
+    .optional()
+    .describe("the schedule that submitted it (its owner's), and the tick it was submitted for"),
   traceparent: Traceparent.optional().describe(
     "the W3C trace context of the job's admission span, when the submit carried a trace or the dispatcher has a tracer provider: the worker's attempt and the jobs it hands off to join it",
   ),

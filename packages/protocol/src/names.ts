@@ -50,6 +50,8 @@ export interface Names {
     readonly sessions: string;
     /** Rate limits' state (when each limited agent may next start a job), written by dispatchers. */
     readonly limits: string;
+    /** Schedules and what became of their ticks (`<owner>.<name>`), written by dispatchers. */
+    readonly schedules: string;
     /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
     readonly snapshots: string;
   };
@@ -182,6 +184,12 @@ export const ApiEndpoint = {
   sessionsSnapshot: "sessions.snapshot",
   snapshotsList: "snapshots.list",
   snapshotsRemove: "snapshots.remove",
+  schedulesCreate: "schedules.create",
+  schedulesGet: "schedules.get",
+  schedulesList: "schedules.list",
+  schedulesPause: "schedules.pause",
+  schedulesResume: "schedules.resume",
+  schedulesDelete: "schedules.delete",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -210,6 +218,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       policy: `${bucket}_policy`,
       sessions: `${bucket}_sessions`,
       limits: `${bucket}_limits`,
+      schedules: `${bucket}_schedules`,
       snapshots: `${bucket}_snapshots`,
     },
     intakeConsumer: "dispatcher",

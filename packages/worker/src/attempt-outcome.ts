@@ -68,7 +68,8 @@ export function outcomeOfExit(
     return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
   }
   if (file?.rateLimited) {
-    const retryAfterMs = Math.min(file.rateLimited.retryAfter, MAX_RETRY_AFTER_S) * 1000;
+    // Whole milliseconds (JetStream reads a redelivery's delay as whole nanoseconds).
+    const retryAfterMs = Math.ceil(Math.min(file.rateLimited.retryAfter, MAX_RETRY_AFTER_S) * 1000);
     const message = file.error ?? `the agent's provider refused it for its rate limit: retry after ${retryAfterMs / 1000} s`;
     const error = { code: ErrorCode.rateLimited, message };
     return {

@@ -1,9 +1,9 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { type BoxcarEvent, isTerminal, type JobRecord, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
+import { type BoxcarEvent, isTerminal, type JobRecord, type JobSpecInput, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
-import type { CommandContext } from "../context.js";
+import type { CommandContext, OptionsConfig } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { jsonInput } from "../json-input.js";
 import { ago, describeEvent, describeJob, json, stateOf, table } from "../output.js";
@@ -48,6 +48,34 @@ async function parseInput(values: Values): Promise<unknown> {
   if (input !== undefined && prompt !== undefined) throw new UsageError("give --input (or --input-file) or --prompt, not both");
   if (prompt !== undefined) return { prompt };
   return input ?? null;
+}
+
+/** The flags of a job spec that `boxcar submit` and `boxcar schedule create` share. */
+export const jobSpecOptions = {
+  input: { type: "string" },
+  "input-file": { type: "string" },
+  prompt: { type: "string" },
+  timeout: { type: "string" },
+  pool: { type: "string" },
+  priority: { type: "string" },
+} as const satisfies OptionsConfig;
+
+/**
+ * The job spec fields `jobSpecOptions` give: the input (`--input`, `--input-file` or `--prompt`;
+ * null without any), `--timeout`, `--pool` and `--priority` (checked here; the others by the dispatcher).
+ */
+export async function jobSpecFromFlags(values: Values): Promise<Pick<JobSpecInput, "input" | "timeout" | "pool" | "priority">> {
+  const input = await parseInput(values);
+  const priority = values.priority as string | undefined;
+  if (priority !== undefined && !Priority.safeParse(priority).success) {
+    throw new UsageError(`--priority must be one of ${Priority.options.join(", ")}, got ${priority}`);
+  }
+  return {
+    input: input as never,
+    ...(values.timeout ? { timeout: values.timeout as string } : {}),
+    ...(values.pool ? { pool: values.pool as string } : {}),
+    ...(priority ? { priority: priority as Priority } : {}),
+  };
 }
 
 /** `--file PATH` puts PATH's file at its base name in the workspace; `--file DEST=PATH` at DEST. */
@@ -134,17 +162,12 @@ export const submit: Command = {
   summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
-    input: { type: "string" },
-    "input-file": { type: "string" },
-    prompt: { type: "string" },
+    ...jobSpecOptions,
     file: { type: "string", multiple: true, default: [] },
     wait: { type: "boolean", default: false },
     follow: { type: "boolean", short: "f", default: false },
     "idempotency-key": { type: "string" },
-    timeout: { type: "string" },
     deadline: { type: "string" },
-    pool: { type: "string" },
-    priority: { type: "string" },
     session: { type: "string" },
     delay: { type: "string" },
     "run-at": { type: "string" },
@@ -153,11 +176,7 @@ export const submit: Command = {
   },
   async run(ctx) {
     const agent = one(ctx, "AGENT", this.usage);
-    const input = await parseInput(ctx.values);
-    const priority = ctx.values.priority as string | undefined;
-    if (priority !== undefined && !Priority.safeParse(priority).success) {
-      throw new UsageError(`--priority must be one of ${Priority.options.join(", ")}, got ${priority}`);
-    }
+    const fromFlags = await jobSpecFromFlags(ctx.values);
     const limits = chainLimits(ctx.values);
     const upload = await localFiles(ctx.values.file as string[]);
     await using session = await ctx.session("boxcar-submit");
@@ -165,12 +184,9 @@ export const submit: Command = {
     const { job, duplicate } = await client.submit(
       {
         agent,
-        input: input as never,
+        ...fromFlags,
         ...(ctx.values["idempotency-key"] ? { idempotencyKey: ctx.values["idempotency-key"] as string } : {}),
-        ...(ctx.values.timeout ? { timeout: ctx.values.timeout as string } : {}),
         ...(ctx.values.deadline ? { deadline: ctx.values.deadline as string } : {}),
-        ...(ctx.values.pool ? { pool: ctx.values.pool as string } : {}),
-        ...(priority ? { priority: priority as Priority } : {}),
         ...(ctx.values.session ? { session: ctx.values.session as string } : {}),
         ...(ctx.values.delay ? { delay: ctx.values.delay as string } : {}),
         ...(ctx.values["run-at"] ? { runAt: ctx.values["run-at"] as string } : {}),

@@ -10,8 +10,8 @@ import { describeRun, exitForRun, printRunEvents } from "./workflow.js";
 const usage =
   "boxcar run WORKFLOW.yaml [--input JSON | --input-file FILE] [--idempotency-key KEY] [--label KEY=VALUE]... [--wait] [--follow]";
 
-/** `--label k=v`, repeated. */
-function runLabels(specs: readonly string[]): Record<string, string> {
+/** `--label k=v`, repeated (a run's labels, and a scheduled job's). */
+export function runLabels(specs: readonly string[]): Record<string, string> {
   const labels: Record<string, string> = {};
   for (const spec of specs) {
     const eq = spec.indexOf("=");

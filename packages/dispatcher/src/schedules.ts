@@ -1,0 +1,346 @@
+import type { Logger } from "@boxcar/client";
+import { isRevisionConflict, nowIso, type Topology } from "@boxcar/fabric";
+import {
+  BoxcarError,
+  ErrorCode,
+  type Identity,
+  isTerminal,
+  type JobRecord,
+  mayAccess,
+  ownerOf,
+  PROTOCOL_VERSION,
+  type ScheduleDefinition,
+  ScheduleRecord,
+  type ScheduleState,
+  seesAll,
+  toErrorInfo,
+} from "@boxcar/protocol";
+import type { KV } from "@nats-io/kv";
+import { Cron } from "croner";
+import { type AdmissionContext, admit, recordRejection } from "./admission.js";
+
+/** A tick evaluated later than this (or than half its period, if shorter) after its time was missed. */
+const ON_TIME_MS = 10_000;
+/** The most missed ticks `all` fires at once. */
+const MAX_CATCH_UP = 1_000;
+/** The longest a timer is set for (setTimeout's own limit is about 24.8 days); the schedule is looked at again then. */
+const MAX_TIMER_MS = 86_400_000;
+/** How old a claim of a tick whose job is not yet noted must be before another dispatcher admits it. */
+const REDRIVE_AFTER_MS = 1_000;
+/** Errors after which a tick's job is tried again at the next look, not refused. */
+const TRANSIENT: readonly string[] = [ErrorCode.unavailable, ErrorCode.storageFull, ErrorCode.queueFull, ErrorCode.internal];
+
+/**
+ * Schedules (docs/flow-control.md#schedules): each schedule submits its job at each tick of its
+ * cron expression, in its time zone, as its owner. Every dispatcher watches the schedules bucket
+ * and sets a timer for each schedule's next tick; at a tick they all look, and the one whose
+ * compare-and-swap of the schedule's state claims the tick (its `tick` moves past it) acts on
+ * it: fires (the job is admitted with an idempotency key of the schedule and the tick, so even an
+ * admission a dispatcher dies in is finished by the next look and never doubled), skips or queues
+ * it (its overlap policy, while the last tick's job has not ended), or counts it missed (its
+ * catch-up policy, for ticks nobody looked at in time: all dispatchers were down). A sweep looks
+ * at every schedule every 15 s besides, and a job of a schedule that ends makes the dispatchers
+ * look at it (a tick queued behind it fires then).
+ */
+export class Schedules {
+  private readonly timers = new Map<string, NodeJS.Timeout>();
+  private readonly looking = new Map<string, { again: boolean; done: Promise<void> }>();
+  private readonly sweepTimer: NodeJS.Timeout;
+  private stopWatch: (() => void) | undefined;
+  private closed = false;
+
+  private constructor(
+    private readonly topology: Topology,
+    private readonly bucket: KV,
+    private readonly ctx: AdmissionContext,
+    private readonly log: Logger,
+    intervalMs: number,
+  ) {
+    this.sweepTimer = setInterval(() => void this.sweep(), intervalMs);
+  }
+
+  static async start(topology: Topology, ctx: AdmissionContext, log: Logger, intervalMs: number): Promise<Schedules> {
+    const schedules = new Schedules(topology, await topology.schedules(), ctx, log, intervalMs);
+    const watch = await schedules.bucket.watch();
+    schedules.stopWatch = () => watch.stop();
+    void (async () => {
+      for await (const entry of watch) schedules.look(entry.key);
+    })();
+    return schedules;
+  }
+
+  // The API.
+
+  async create(definition: ScheduleDefinition, caller: Identity): Promise<ScheduleRecord> {
+    cronOf(definition, "definition.");
+    await this.ctx.agents.get(definition.job.agent);
+    const record: ScheduleRecord = {
+      v: PROTOCOL_VERSION,
+      definition,
+      owner: caller.user,
+      createdAt: nowIso(),
+      paused: false,
+      state: { fired: 0, skipped: 0, missed: 0 },
+    };
+    try {
+      await this.bucket.create(keyOf(caller.user, definition.name), JSON.stringify(record));
+    } catch (err) {
+      if (!isRevisionConflict(err)) throw err;
+      throw new BoxcarError(ErrorCode.conflict, `schedule ${definition.name} exists: delete it first, or give another name`);
+    }
+    return withNext(record);
+  }
+
+  async get(ref: { name: string; owner?: string | undefined }, caller: Identity): Promise<ScheduleRecord> {
+    return withNext((await this.read(ref, caller)).record);
+  }
+
+  async list(caller: Identity): Promise<ScheduleRecord[]> {
+    const filter = seesAll(caller.role) ? ">" : `${caller.user}.>`;
+    const keys: string[] = [];
+    for await (const key of await this.bucket.keys(filter)) keys.push(key);
+    const records: ScheduleRecord[] = [];
+    for (const key of keys.sort()) {
+      const found = await this.entry(key);
+      if (found) records.push(withNext(found.record));
+    }
+    return records;
+  }
+
+  /** Pauses or resumes a schedule; a resumed one catches up no tick from before it was resumed. */
+  async setPaused(ref: { name: string; owner?: string | undefined }, caller: Identity, paused: boolean): Promise<ScheduleRecord> {
+    for (;;) {
+      const { key, record, revision } = await this.read(ref, caller);
+      if (record.paused === paused) return withNext(record);
+      const next: ScheduleRecord = { ...record, paused, ...(paused ? {} : { resumedAt: nowIso() }) };
+      try {
+        await this.bucket.update(key, JSON.stringify(next), revision);
+        return withNext(next);
+      } catch (err) {
+        if (!isRevisionConflict(err)) throw err;
+      }
+    }
+  }
+
+  async remove(ref: { name: string; owner?: string | undefined }, caller: Identity): Promise<ScheduleRecord> {
+    const { key, record, revision } = await this.read(ref, caller);
+    await this.bucket.delete(key, { previousSeq: revision }).catch((err: unknown) => {
+      if (isRevisionConflict(err))
+        throw new BoxcarError(ErrorCode.conflict, `schedule ${record.definition.name} changed meanwhile: try again`);
+      throw err;
+    });
+    return record;
+  }
+
+  private async read(ref: { name: string; owner?: string | undefined }, caller: Identity) {
+    const owner = ref.owner ?? caller.user;
+    const key = keyOf(owner, ref.name);
+    const found = mayAccess(caller, owner) ? await this.entry(key) : undefined;
+    if (!found) throw new BoxcarError(ErrorCode.notFound, `no schedule ${ref.name}${ref.owner ? ` of ${ref.owner}` : ""}`);
+    return { key, ...found };
+  }
+
+  private async entry(key: string): Promise<{ record: ScheduleRecord; revision: number; writtenAt: number } | undefined> {
+    const entry = await this.bucket.get(key);
+    if (entry?.operation !== "PUT") return undefined;
+    const parsed = ScheduleRecord.safeParse(entry.json());
+    if (!parsed.success) {
+      this.log.warn({ key }, "a schedule does not parse; leaving it alone");
+      return undefined;
+    }
+    return { record: parsed.data, revision: entry.revision, writtenAt: entry.created.getTime() };
+  }
+
+  // Firing.
+
+  /** Shown each job record by the dispatcher's watch: a schedule's job that ends may let a queued tick fire. */
+  readonly observe = (_key: string, job: JobRecord | undefined): void => {
+    if (job?.schedule && isTerminal(job.state)) this.look(keyOf(ownerOf(job), job.schedule.name));
+  };
+
+  /** Looks at every schedule (a timer lost, a tick whose admission failed for now). */
+  private async sweep(): Promise<void> {
+    try {
+      for await (const key of await this.bucket.keys()) this.look(key);
+    } catch (err) {
+      this.log.warn({ err }, "could not sweep the schedules");
+    }
+  }
+
+  /** Looks at a schedule, one look at a time per schedule (a call during a look makes one more). */
+  private look(key: string): void {
+    if (this.closed) return;
+    const running = this.looking.get(key);
+    if (running) {
+      running.again = true;
+      return;
+    }
+    const pass = { again: false, done: Promise.resolve() };
+    pass.done = (async () => {
+      do {
+        pass.again = false;
+        await this.lookOnce(key).catch((err: unknown) => this.log.warn({ err, schedule: key }, "could not look at a schedule"));
+      } while (pass.again && !this.closed);
+      this.looking.delete(key);
+    })();
+    this.looking.set(key, pass);
+  }
+
+  private async lookOnce(key: string): Promise<void> {
+    clearTimeout(this.timers.get(key));
+    this.timers.delete(key);
+    for (let tries = 0; tries < 20; tries++) {
+      const found = await this.entry(key);
+      if (!found || found.record.paused) return;
+      // A tick claimed by a dispatcher that died (or is slow) before its job was noted: admitted
+      // again (the same job, by its key) once the claim is a few seconds old.
+      const { firing } = found.record.state;
+      if (firing) {
+        if (Date.now() - found.writtenAt > REDRIVE_AFTER_MS) await this.fire(key, found.record, firing);
+        break;
+      }
+      const step = await this.decide(found.record);
+      if (!step) break;
+      try {
+        await this.bucket.update(key, JSON.stringify({ ...found.record, state: step.state }), found.revision);
+      } catch (err) {
+        if (isRevisionConflict(err)) continue; // another dispatcher moved it: look again
+        throw err;
+      }
+      if (step.admit) await this.fire(key, { ...found.record, state: step.state }, step.admit);
+    }
+    const found = await this.entry(key);
+    if (!found || found.record.paused || this.closed) return;
+    const next = cronOf(found.record.definition).nextRun(new Date());
+    if (!next) return;
+    const timer = setTimeout(() => this.look(key), Math.min(Math.max(0, next.getTime() - Date.now()), MAX_TIMER_MS));
+    timer.unref?.();
+    this.timers.set(key, timer);
+  }
+
+  /**
+   * What to do next with a schedule, as a new state to claim by compare-and-swap, and the tick
+   * to admit a job for once it is claimed; undefined when there is nothing to do now.
+   */
+  private async decide(record: ScheduleRecord): Promise<{ state: ScheduleState; admit?: string } | undefined> {
+    const { state, definition } = record;
+    const running = state.jobId !== undefined && (await this.runs(state.jobId));
+    if (state.pending && !running) {
+      const { pending: _fires, ...rest } = state;
+      return { state: { ...rest, firing: state.pending }, admit: state.pending };
+    }
+    const now = Date.now();
+    const cron = cronOf(definition);
+    const from = Math.max(Date.parse(state.tick ?? record.createdAt), Date.parse(record.resumedAt ?? record.createdAt));
+    const due: Date[] = [];
+    for (let t = cron.nextRun(new Date(from)); t && t.getTime() <= now; t = cron.nextRun(t)) {
+      due.push(t);
+      if (due.length > MAX_CATCH_UP) due.shift();
+    }
+    const last = due.at(-1);
+    if (!last) return undefined;
+    const tick = last.toISOString();
+    const onTime = now - last.getTime() <= Math.min(ON_TIME_MS, periodAfter(cron, last) / 2);
+    const earlier = due.length - 1;
+    if (!onTime || earlier > 0) {
+      // Missed ticks: the catch-up policy says which fire.
+      const window = now - definition.catchUpWindow;
+      const fire =
+        onTime || definition.catchUp === "last" ? last : definition.catchUp === "all" ? due.find((t) => t.getTime() >= window) : undefined;
+      if (!fire) return { state: { ...state, tick, action: "missed", missed: state.missed + due.length } };
+      const passed = due.filter((t) => t.getTime() < fire.getTime()).length;
+      const missed = definition.catchUp === "all" ? due.filter((t) => t.getTime() < window).length : passed;
+      return this.onTick({ ...state, missed: state.missed + missed }, fire.toISOString(), running, definition.overlap);
+    }
+    return this.onTick(state, tick, running, definition.overlap);
+  }
+
+  /** A tick to act on: fired, or, while the last tick's job runs, skipped, queued or fired beside it (its overlap policy). */
+  private onTick(state: ScheduleState, tick: string, running: boolean, overlap: ScheduleDefinition["overlap"]) {
+    if (running && overlap === "skip") return { state: { ...state, tick, action: "skipped" as const, skipped: state.skipped + 1 } };
+    if (running && overlap === "queue-one") {
+      // One waits at most: a later tick while one waits is skipped.
+      return state.pending
+        ? { state: { ...state, tick, action: "skipped" as const, skipped: state.skipped + 1 } }
+        : { state: { ...state, tick, action: "queued" as const, pending: tick } };
+    }
+    return { state: { ...state, tick, action: "fired" as const, firing: tick }, admit: tick };
+  }
+
+  /** Whether the job is still to end (a job not found has ended, as far as overlap goes). */
+  private async runs(jobId: string): Promise<boolean> {
+    const found = await this.topology.jobStore.read(jobId);
+    return !!found && !isTerminal(found.record.state);
+  }
+
+  /**
+   * Admits the job of a claimed tick, as the schedule's owner, with an idempotency key of the
+   * schedule (as created) and the tick: every dispatcher that does it gets the one job. One that
+   * cannot be admitted is recorded `rejected` (its owner sees why); one refused for now (no room,
+   * say) is tried again at the next look. Then the tick's job is noted.
+   */
+  private async fire(key: string, record: ScheduleRecord, tick: string): Promise<void> {
+    const name = record.definition.name;
+    const implicitKey = `schedule:${key}:${record.createdAt}:${tick}`;
+    let jobId: string;
+    try {
+      const { job } = await admit(this.topology, record.definition.job, this.ctx, {
+        owner: record.owner,
+        implicitKey,
+        schedule: { name, tick },
+      });
+      jobId = job.id;
+    } catch (err) {
+      if (!(err instanceof BoxcarError) || TRANSIENT.includes(err.code)) throw err;
+      jobId = (await recordRejection(this.topology, record.definition.job.agent, record.owner, toErrorInfo(err), implicitKey)).id;
+      this.log.warn({ schedule: key, tick, err }, "a schedule's job was refused");
+    }
+    for (let tries = 0; tries < 20; tries++) {
+      const found = await this.entry(key);
+      if (!found || found.record.state.firing !== tick) return; // noted by another dispatcher
+      const { firing: _admitted, ...state } = found.record.state;
+      const next = { ...found.record, state: { ...state, jobId, jobTick: tick, fired: state.fired + 1 } };
+      try {
+        await this.bucket.update(key, JSON.stringify(next), found.revision);
+        return;
+      } catch (err) {
+        if (!isRevisionConflict(err)) throw err;
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.sweepTimer);
+    this.stopWatch?.();
+    for (const timer of this.timers.values()) clearTimeout(timer);
+    await Promise.all([...this.looking.values()].map((pass) => pass.done));
+  }
+}
+
+function keyOf(owner: string, name: string): string {
+  return `${owner}.${name}`;
+}
+
+/** A schedule's cron expression, compiled; a bad one (or a bad time zone) is refused naming the field under `path`. */
+function cronOf(definition: ScheduleDefinition, path = ""): Cron {
+  try {
+    return new Cron(definition.cron, { timezone: definition.timezone, paused: true });
+  } catch (err) {
+    throw new BoxcarError(ErrorCode.invalid, `cron ${JSON.stringify(definition.cron)}: ${(err as Error).message}`, {
+      issues: [{ path: `${path}cron`, message: (err as Error).message }],
+    });
+  }
+}
+
+/** How long after `tick` the next one comes (a long time for a schedule with none). */
+function periodAfter(cron: Cron, tick: Date): number {
+  const next = cron.nextRun(tick);
+  return next ? next.getTime() - tick.getTime() : Number.POSITIVE_INFINITY;
+}
+
+/** A record as the API returns it: with when it fires next, unless it is paused. */
+function withNext(record: ScheduleRecord): ScheduleRecord {
+  const next = record.paused ? undefined : cronOf(record.definition).nextRun(new Date());
+  return next ? { ...record, next: next.toISOString() } : record;
+}

@@ -1,0 +1,179 @@
+/**
+ * Schedules (issue 21, part 3): a schedule submits its job at each tick of its cron expression,
+ * once per tick however many dispatchers run, through the kill of one, with its overlap and
+ * catch-up policies; against a real nats-server, dispatcher processes and a host worker.
+ */
+
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { ErrorCode, type JobRecord, type ScheduleDefinitionInput } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { natsFixture } from "./helpers/nats.js";
+import { securedSystem } from "./helpers/secured.js";
+
+const quick = { command: "true", trusted: true, runtime: { sandbox: "host" as const } };
+
+/** The jobs `client` sees of one schedule, oldest tick first. */
+async function jobsOf(client: BoxcarClient, schedule: string): Promise<JobRecord[]> {
+  const jobs: JobRecord[] = [];
+  let after: string | undefined;
+  do {
+    const page = await client.listJobs({ limit: 1000, ...(after ? { after } : {}) });
+    jobs.push(...page.jobs.filter((j) => j.schedule?.name === schedule));
+    after = page.next;
+  } while (after);
+  return jobs.sort((a, b) => Date.parse(a.schedule?.tick ?? "") - Date.parse(b.schedule?.tick ?? ""));
+}
+
+/** Waits until `ms` after the next multiple of `periodMs` since the epoch (the cron's ticks below are multiples). */
+async function untilAfterTick(periodMs: number, ms: number): Promise<number> {
+  const tick = Math.ceil(Date.now() / periodMs) * periodMs;
+  await new Promise((r) => setTimeout(r, tick + ms - Date.now()));
+  return tick;
+}
+
+test("a schedule fires exactly once per tick with two dispatcher processes, one killed mid-way", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  const prefix = nats.topology.names.prefix;
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const dispatchers = [0, 1].map(() => spawnBoxcar(nats.url, prefix, ["dispatcher"]));
+  try {
+    await eventually(() => client.listAgents().catch(() => undefined), "a dispatcher to answer");
+    await client.applyAgent({ name: "tick", ...quick });
+    const created = await client.createSchedule({ name: "every-2s", cron: "*/2 * * * * *", job: { agent: "tick" }, overlap: "allow" });
+    expect(created.next).toBeDefined();
+    await new Promise((r) => setTimeout(r, 20_000));
+    const killed = dispatchers[0];
+    killed?.kill("SIGKILL");
+    if (killed) await exited(killed);
+    await new Promise((r) => setTimeout(r, 20_000));
+    const paused = await client.pauseSchedule("every-2s");
+    expect(paused.paused).toBe(true);
+    // What was claimed before the pause is admitted (a claim's job may come a moment after).
+    await new Promise((r) => setTimeout(r, 7_000));
+
+    const jobs = await jobsOf(client, "every-2s");
+    const ticks = jobs.map((j) => Date.parse(j.schedule?.tick ?? ""));
+    expect(new Set(ticks).size).toBe(ticks.length); // never twice
+    expect(ticks.length).toBeGreaterThanOrEqual(18);
+    for (let i = 1; i < ticks.length; i++) expect((ticks[i] as number) - (ticks[i - 1] as number)).toBe(2_000); // never a gap
+    const final = await client.getSchedule("every-2s");
+    expect(final.state).toMatchObject({ fired: ticks.length, skipped: 0 });
+    for (const job of jobs) expect((await client.waitForJob(job.id)).state).toBe("succeeded");
+  } finally {
+    for (const d of dispatchers) d.kill("SIGTERM");
+    for (const d of dispatchers) await exited(d);
+  }
+}, 120_000);
+
+test("after the dispatchers are down for three ticks, catch-up fires none, the last or all of them, as configured", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  await client.applyAgent({ name: "tick", ...quick });
+  for (const catchUp of ["none", "last", "all"] as const) {
+    await client.createSchedule({ name: `catch-up-${catchUp}`, cron: "*/3 * * * * *", job: { agent: "tick" }, overlap: "allow", catchUp });
+  }
+  // Down from just after a tick until 2 s after the third tick it missed (late enough to be missed).
+  const lastSeen = await untilAfterTick(3_000, 500);
+  await dispatcher.close();
+  const missed = [lastSeen + 3_000, lastSeen + 6_000, lastSeen + 9_000];
+  await new Promise((r) => setTimeout(r, lastSeen + 9_000 + 2_000 - Date.now()));
+  dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  try {
+    await new Promise((r) => setTimeout(r, 3_000));
+    for (const catchUp of ["none", "last", "all"]) await client.pauseSchedule(`catch-up-${catchUp}`);
+    await new Promise((r) => setTimeout(r, 1_000));
+    const fired = async (name: string) =>
+      (await jobsOf(client, name)).map((j) => Date.parse(j.schedule?.tick ?? "")).filter((t) => missed.includes(t));
+    expect(await fired("catch-up-none")).toEqual([]);
+    expect(await fired("catch-up-last")).toEqual([missed[2]]);
+    expect(await fired("catch-up-all")).toEqual(missed);
+    expect((await client.getSchedule("catch-up-none")).state.missed).toBeGreaterThanOrEqual(3);
+    // Before the downtime and after it, each fired on time.
+    for (const catchUp of ["none", "last", "all"]) {
+      const ticks = (await jobsOf(client, `catch-up-${catchUp}`)).map((j) => Date.parse(j.schedule?.tick ?? ""));
+      expect(ticks).toContain(lastSeen);
+      expect(ticks.some((t) => t > (missed[2] as number))).toBe(true);
+    }
+  } finally {
+    await dispatcher.close();
+  }
+}, 60_000);
+
+test("overlap: skip leaves out ticks while the last job runs; queue-one runs one when it ends", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 8, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await client.applyAgent({ name: "slow", ...quick, command: "sleep 2.5" });
+  await client.createSchedule({ name: "skipper", cron: "* * * * * *", job: { agent: "slow" }, overlap: "skip" });
+  await client.createSchedule({ name: "queuer", cron: "* * * * * *", job: { agent: "slow" }, overlap: "queue-one" });
+  await new Promise((r) => setTimeout(r, 9_000));
+  for (const name of ["skipper", "queuer"]) await client.pauseSchedule(name);
+  const ended = async (name: string) => Promise.all((await jobsOf(client, name)).map((j) => client.waitForJob(j.id)));
+
+  const skipped = await ended("skipper");
+  expect(skipped.length).toBeGreaterThanOrEqual(2);
+  // Never two at once: each started after the one before ended.
+  for (let i = 1; i < skipped.length; i++) {
+    expect(Date.parse(skipped[i]?.startedAt as string)).toBeGreaterThanOrEqual(Date.parse(skipped[i - 1]?.finishedAt as string));
+  }
+  expect((await client.getSchedule("skipper")).state.skipped).toBeGreaterThan(0);
+
+  const queued = await ended("queuer");
+  expect(queued.length).toBeGreaterThanOrEqual(2);
+  for (let i = 1; i < queued.length; i++) {
+    const previousEnd = Date.parse(queued[i - 1]?.finishedAt as string);
+    // One after another, the next submitted as soon as the one before ended (its tick waited).
+    expect(Date.parse(queued[i]?.startedAt as string)).toBeGreaterThanOrEqual(previousEnd);
+    expect(Date.parse(queued[i]?.createdAt as string) - previousEnd).toBeLessThan(1_000);
+  }
+});
+
+test("schedules through the API: time zones, refusals naming the field, pause and resume, another user's, delete", async () => {
+  await using system = await securedSystem();
+  const admin = await system.as("boss", "admin");
+  const alice = await system.as("alice");
+  const bob = await system.as("bob");
+  await admin.client.applyAgent({ name: "report", ...quick });
+
+  const tokyo = await alice.client.createSchedule({ name: "morning", cron: "0 9 * * *", timezone: "Asia/Tokyo", job: { agent: "report" } });
+  // 09:00 in Tokyo is 00:00 UTC.
+  expect(tokyo.next).toMatch(/T00:00:00\.000Z$/);
+  expect(tokyo.definition).toMatchObject({ overlap: "skip", catchUp: "last" });
+
+  const refused = async (definition: ScheduleDefinitionInput, path: string, code: string = ErrorCode.invalid) =>
+    expect(alice.client.createSchedule(definition)).rejects.toMatchObject({
+      code,
+      ...(code === ErrorCode.invalid ? { issues: [expect.objectContaining({ path })] } : {}),
+    });
+  const job = { agent: "report" };
+  await refused({ name: "bad", cron: "61 * * * *", job }, "definition.cron");
+  await refused({ name: "bad", cron: "* * * * *", timezone: "Mars/Base", job }, "definition.timezone");
+  await refused({ name: "bad", cron: "* * * * *", job: { agent: "report", delay: "1m" } }, "definition.job.delay");
+  await refused({ name: "bad", cron: "* * * * *", job: { agent: "nobody" } }, "", ErrorCode.unknownAgent);
+  await refused({ name: "morning", cron: "* * * * *", job }, "", ErrorCode.conflict);
+
+  // Another user's schedule is not found; an admin sees and names it.
+  await expect(bob.client.getSchedule("morning")).rejects.toMatchObject({ code: ErrorCode.notFound });
+  await expect(bob.client.getSchedule("morning", "alice")).rejects.toMatchObject({ code: ErrorCode.notFound });
+  expect(await bob.client.listSchedules()).toEqual([]);
+  expect((await admin.client.listSchedules()).map((s) => `${s.owner}.${s.definition.name}`)).toEqual(["alice.morning"]);
+  expect((await admin.client.pauseSchedule("morning", "alice")).paused).toBe(true);
+  expect((await alice.client.getSchedule("morning")).next).toBeUndefined();
+  const resumed = await alice.client.resumeSchedule("morning");
+  expect(resumed).toMatchObject({ paused: false, next: tokyo.next });
+  expect(resumed.resumedAt).toBeDefined();
+
+  await expect(bob.client.deleteSchedule("morning", "alice")).rejects.toMatchObject({ code: ErrorCode.notFound });
+  await alice.client.deleteSchedule("morning");
+  await expect(alice.client.getSchedule("morning")).rejects.toMatchObject({ code: ErrorCode.notFound });
+});
