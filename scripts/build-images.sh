@@ -39,7 +39,8 @@ if [ -z "$base" ]; then
   fi
 fi
 
-dockerfile_sum=$(sha256sum Dockerfile.agent | cut -c1-64)
+# The image is rebuilt when its Dockerfile or the file it copies changes.
+dockerfile_sum=$(cat Dockerfile.agent scripts/boxcar-usage | sha256sum | cut -c1-64)
 if [ -z "${BOXCAR_REBUILD:-}" ] && docker image inspect "$agent_image" >/dev/null 2>&1 \
   && [ "$(docker image inspect -f '{{ index .Config.Labels "boxcar.dockerfile-sha256" }}' "$agent_image")" = "$dockerfile_sum" ]; then
   echo "build-images: $agent_image is up to date"

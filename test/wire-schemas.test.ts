@@ -162,6 +162,7 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("schedules.pause", { name: "nightly" });
   await call("schedules.resume", { name: "nightly" });
   await call("schedules.delete", { name: "nightly" });
+  await call("usage.get", {});
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);

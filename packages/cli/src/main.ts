@@ -11,6 +11,7 @@ import { schedule } from "./commands/schedule.js";
 import { session, sessions, snapshots } from "./commands/session.js";
 import { ui } from "./commands/ui.js";
 import { up } from "./commands/up.js";
+import { usage } from "./commands/usage.js";
 import { worker } from "./commands/worker.js";
 import { workflow } from "./commands/workflow.js";
 import { type CommandContext, connectionFrom, type Io, openSession, parseCommandLine } from "./context.js";
@@ -32,6 +33,7 @@ const COMMANDS: readonly Command[] = [
   clean,
   jobs,
   schedule,
+  usage,
   run,
   workflow,
   workers,

@@ -51,6 +51,10 @@ export function describeJob(job: JobRecord): string {
   if (job.concurrency?.waiting && job.state === "queued") lines.push("waits     for a place under its agent's concurrency limit");
   if (job.session) lines.push(`session   ${job.session.id} (worker ${job.session.workerId})`);
   if (job.schedule) lines.push(`schedule  ${job.schedule.name} (tick ${job.schedule.tick})`);
+  if (job.usage) {
+    const u = job.usage;
+    lines.push(`usage     ${u.calls} calls: ${u.tokensIn} tokens in, ${u.tokensOut} out, cost ${u.cost}`);
+  }
   if (job.sandbox) lines.push(`sandbox   ${job.sandbox.kind} ${job.sandbox.id} (${job.sandbox.reason})`);
   if (job.startedAt) lines.push(`ran       ${duration(job.startedAt, job.finishedAt ?? new Date().toISOString())}`);
   if (job.result) {

@@ -44,6 +44,7 @@ import {
   type SystemPolicyInput,
   UPLOAD_END_HEADER,
   UploadDone,
+  type UsageReply,
   type WorkerInfo,
   type WorkflowRun,
 } from "@boxcar/protocol";
@@ -189,6 +190,8 @@ export interface BoxcarClient {
   getSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
   /** The schedules you may see. */
   listSchedules(): Promise<ScheduleRecord[]>;
+  /** A day's usage (UTC, `YYYY-MM-DD`; default today) per agent and per user, as agents reported it: yours only, unless you are a viewer or an admin. */
+  getUsage(day?: string): Promise<UsageReply>;
   /** Stops a schedule's ticks until it is resumed. */
   pauseSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
   /** Starts a paused schedule's ticks again; those missed while it was paused are not caught up. */
@@ -526,6 +529,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async listSchedules() {
     return (await this.request(ApiEndpoint.schedulesList, {})).schedules;
+  }
+
+  getUsage(day?: string) {
+    return this.request(ApiEndpoint.usageGet, day === undefined ? {} : { day });
   }
 
   async pauseSchedule(name: string, owner?: string) {

@@ -37,6 +37,7 @@ import { newJobId } from "./job-id.js";
 import type { JobLoad, PolicyBook } from "./policy.js";
 import { reserveFor } from "./rate-limit.js";
 import type { SessionDesk } from "./sessions.js";
+import type { UsageLedger } from "./usage-ledger.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
@@ -64,6 +65,8 @@ export interface AdmissionContext {
   sessions: SessionDesk;
   /** Agents' concurrency limits: a job of such an agent takes a place, or waits for one. */
   limits: ConcurrencyLimits;
+  /** The day's usage per agent and user, against the budgets (set once the usage consumer runs; no budget is checked before). */
+  usage?: UsageLedger;
 }
 
 /** Who a job is for, and how it comes about other than by a plain submission. */
@@ -98,6 +101,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (!opts.chain) ctx.load.checkRoom(ctx.policy.policy);
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await ctx.agents.get(spec.agent);
+  await ctx.usage?.checkBudgets(ctx.policy.policy, agent.name, opts.owner);
   // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
   const asRun = spec.timeout === undefined ? agent : { ...agent, runtime: { ...agent.runtime, timeout: spec.timeout } };
   try {

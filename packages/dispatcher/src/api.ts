@@ -23,6 +23,7 @@ import {
   ROLE_ENDPOINTS,
   seesAll,
   toErrorInfo,
+  usageDay,
   WorkerInfo,
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
@@ -35,6 +36,7 @@ import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
 import { forgetLimit } from "./rate-limit.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Schedules } from "./schedules.js";
+import type { UsageLedger } from "./usage-ledger.js";
 import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
@@ -56,12 +58,13 @@ function requestOf<E extends ApiEndpoint>(endpoint: E, body: unknown): z.output<
 export interface ApiParts {
   runs: Runs;
   schedules: Schedules;
+  usage: UsageLedger;
   retention: RetentionSweeper;
   /** The job index, and when it holds every record stored when the dispatcher started. */
   jobs: { index: JobIndex; caughtUp: Promise<void> };
 }
 
-export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs, schedules }: ApiParts): Handlers {
+export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, retention, jobs, schedules, usage }: ApiParts): Handlers {
   const { log } = ctx;
   const uploads = new Uploads(topology, log);
   const { sessions } = ctx;
@@ -83,6 +86,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.schedulesGet]: async (body, caller) => ({
       schedule: await schedules.get(requestOf(ApiEndpoint.schedulesGet, body), caller),
     }),
+    [ApiEndpoint.usageGet]: (body, caller) => usage.report(requestOf(ApiEndpoint.usageGet, body).day ?? usageDay(Date.now()), caller),
     [ApiEndpoint.schedulesList]: async (_body, caller) => ({ schedules: await schedules.list(caller) }),
     [ApiEndpoint.schedulesPause]: async (body, caller) => ({
       schedule: await schedules.setPaused(requestOf(ApiEndpoint.schedulesPause, body), caller, true),

@@ -1,5 +1,5 @@
 import type { Topology } from "@boxcar/fabric";
-import { BoxcarError, type JobState } from "@boxcar/protocol";
+import { BoxcarError, type JobState, type Usage } from "@boxcar/protocol";
 import { Counter, Gauge, type Registry } from "prom-client";
 
 /** What a dispatcher does to a job apart from admitting it: each is counted, by agent. */
@@ -15,6 +15,8 @@ export class DispatcherMetrics {
   private readonly admitted: Counter<"agent" | "pool">;
   private readonly refused: Counter<"code">;
   private readonly actions: Counter<"action" | "agent">;
+  private readonly tokens: Counter<"agent" | "direction">;
+  private readonly cost: Counter<"agent">;
   /** Each workflow run's state, by id, from the dispatcher's watch of the runs (deleted runs go). */
   private readonly runs = new Map<string, string>();
 
@@ -30,6 +32,18 @@ export class DispatcherMetrics {
       name: "boxcar_admissions_refused_total",
       help: "Jobs this dispatcher refused to admit, by error code",
       labelNames: ["code"],
+      registers,
+    });
+    this.tokens = new Counter({
+      name: "boxcar_usage_tokens_total",
+      help: "Tokens the agents' calls used, as they reported them, summed by this dispatcher (each report by one dispatcher), by agent and direction (in, out)",
+      labelNames: ["agent", "direction"],
+      registers,
+    });
+    this.cost = new Counter({
+      name: "boxcar_usage_cost_total",
+      help: "What the agents' calls cost, as they reported it, summed by this dispatcher (each report by one dispatcher), by agent",
+      labelNames: ["agent"],
       registers,
     });
     this.actions = new Counter({
@@ -78,6 +92,13 @@ export class DispatcherMetrics {
   /** Counts one action on a job of `agent`. */
   jobAction(action: JobAction, agent: string): void {
     this.actions.inc({ action, agent });
+  }
+
+  /** An attempt's usage, summed into the day's by this dispatcher. */
+  usage(agent: string, usage: Usage): void {
+    this.tokens.inc({ agent, direction: "in" }, usage.tokensIn);
+    this.tokens.inc({ agent, direction: "out" }, usage.tokensOut);
+    this.cost.inc({ agent }, usage.cost);
   }
 
   /** A run's latest value (undefined: deleted), as the dispatcher's watch of the runs sees it. */

@@ -23,6 +23,7 @@ import { ProviderPauses } from "./rate-limit.js";
 import { RetentionSweeper } from "./retention.js";
 import { Schedules } from "./schedules.js";
 import { SessionDesk } from "./sessions.js";
+import { UsageLedger } from "./usage-ledger.js";
 import { WorkRecovery } from "./work-recovery.js";
 import { WorkerDirectory } from "./worker-directory.js";
 import { RunIndex } from "./workflows/run-index.js";
@@ -152,6 +153,8 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const lostSessionWork = new LostSessionWork(topology, workers, log, opts.givenUpIntervalMs ?? 15_000);
   const laterWork = await wait("the delayed jobs' consumer", () => LaterWork.start(topology, publishing, log));
   schedules = await wait("the schedules", () => Schedules.start(topology, ctx, log, opts.givenUpIntervalMs ?? 15_000));
+  const usage = await wait("the usage consumer", () => UsageLedger.start(topology, { policy: () => policy.policy, index, metrics }, log));
+  ctx.usage = usage;
   const service: Service = await new Svcm(topology.nc).add({
     name: topology.names.serviceName,
     version: opts.version ?? VERSION,
@@ -159,7 +162,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     metadata: { dispatcherId: id, prefix: topology.names.prefix },
   });
   for (const [endpoint, handler] of Object.entries(
-    apiHandlers(topology, ctx, { runs, retention, schedules, jobs: { index, caughtUp: jobWatch.caughtUp } }),
+    apiHandlers(topology, ctx, { runs, retention, schedules, usage, jobs: { index, caughtUp: jobWatch.caughtUp } }),
   )) {
     service.addEndpoint(endpoint.replaceAll(".", "-"), {
       subject: topology.names.subjects.apiEndpoint(endpoint as ApiEndpoint),
@@ -218,6 +221,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
         () => lostSessionWork.close(),
         () => laterWork.close(),
         () => schedules.close(),
+        () => usage.close(),
         async () => jobWatch.stop(),
         async () => follower.close(),
         async () => runs.close(),

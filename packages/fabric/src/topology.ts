@@ -134,6 +134,8 @@ export interface Topology {
   limits(): Promise<KV>;
   /** Schedules (docs/flow-control.md#schedules), made on first use as the sessions bucket is. */
   schedules(): Promise<KV>;
+  /** Usage per day, agent and user (docs/flow-control.md#usage-and-budgets), made on first use; a day's goes after 400 days. */
+  usage(): Promise<KV>;
   /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
   snapshots(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
@@ -318,6 +320,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     // and the bucket is bounded, so that keys minted faster than that cannot fill the disk.
     limits: kvOnFirstUse("limits bucket", names.buckets.limits, { ttl: 31 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
     schedules: kvOnFirstUse("schedules bucket", names.buckets.schedules, { max_bytes: 256 * 1024 * 1024 }),
+    usage: kvOnFirstUse("usage bucket", names.buckets.usage, { ttl: 400 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",

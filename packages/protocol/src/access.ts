@@ -71,6 +71,7 @@ const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.snapshotsList,
   ApiEndpoint.schedulesGet,
   ApiEndpoint.schedulesList,
+  ApiEndpoint.usageGet,
 ];
 
 /**
@@ -167,14 +168,19 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             ...common,
             ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
             // Rate limits' state and the schedules are the dispatchers' alone (workers get no access to them).
-            ...[b.limits, b.schedules].flatMap((bucket) => [`$JS.API.STREAM.INFO.${kv(bucket)}`, ...streamApi(kv(bucket), "manage")]),
-            ...[st.submit, st.work].flatMap((stream) => streamApi(stream, "consume")),
+            ...[b.limits, b.schedules, b.usage].flatMap((bucket) => [
+              `$JS.API.STREAM.INFO.${kv(bucket)}`,
+              ...streamApi(kv(bucket), "manage"),
+            ]),
+            // The durable consumers they share: the intake, the delayed jobs' markers (work) and the
+            // usage events (events), each message acked once summed.
+            ...[st.submit, st.work, st.events].flatMap((stream) => streamApi(stream, "consume")),
             `$JS.API.STREAM.MSG.DELETE.${st.work}`,
             s.eventsAll,
             s.workAll,
             s.deadAll,
             s.cancelAll,
-            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits, b.schedules].map(kvSubjects),
+            ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits, b.schedules, b.usage].map(kvSubjects),
             // Requests to the worker that holds a session (it answers only what it is asked).
             s.sessionAll,
             objSubjects(b.artifacts),

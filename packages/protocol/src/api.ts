@@ -27,6 +27,7 @@ import {
   WroteSessionFile,
 } from "./session.js";
 import { durationMs } from "./units.js";
+import { UsageReply, UsageRequest } from "./usage.js";
 import { WorkerInfo } from "./worker-info.js";
 import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
 
@@ -253,6 +254,7 @@ export const API_CONTRACT = {
   "schedules.pause": { request: ScheduleRef, reply: ScheduleReply },
   "schedules.resume": { request: ScheduleRef, reply: ScheduleReply },
   "schedules.delete": { request: ScheduleRef, reply: ScheduleReply },
+  "usage.get": { request: UsageRequest, reply: UsageReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

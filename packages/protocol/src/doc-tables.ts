@@ -377,6 +377,7 @@ const NAME_ROWS: readonly NameRow[] = [
     kind: () => "KV bucket, key = agent name (and a digest of the key's value); `=places.` before them for concurrency",
   },
   { what: "schedules", name: (n) => n.buckets.schedules, kind: () => "KV bucket, key = `<owner>.<name>`" },
+  { what: "usage per day", name: (n) => n.buckets.usage, kind: () => "KV bucket, key = `<day>.agent.<name>` or `<day>.user.<name>`" },
   { what: "session snapshots", name: (n) => n.buckets.snapshots, kind: () => "Object Store, name = snapshot id" },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },
   { what: "reply inboxes", name: (n, x) => n.inboxPrefix(x("user", LOCAL_OWNER)), kind: () => "inbox prefix of every connection" },

@@ -30,6 +30,7 @@ export const ErrorCode = {
   forbidden: "forbidden",
   policyDenied: "policy_denied",
   quotaExceeded: "quota_exceeded",
+  budgetExceeded: "budget_exceeded",
   queueFull: "queue_full",
   storageFull: "storage_full",
   unavailable: "unavailable",
@@ -53,6 +54,7 @@ export const ERROR_STATUS: Readonly<Partial<Record<ErrorCode, number>>> = {
   forbidden: 403,
   policy_denied: 403,
   quota_exceeded: 429,
+  budget_exceeded: 402,
   queue_full: 503,
   storage_full: 507,
   handoff_refused: 422,
@@ -94,6 +96,10 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
     meaning:
       "the agent asks for more than the system policy (at apply and submission) or the worker's own policy (before a run) allows; `issues` names the fields",
     appears: "API replies; `failed` records and events",
+  },
+  budget_exceeded: {
+    meaning: "the job's agent or user has spent its budget for the day (the system policy's `budgets`)",
+    appears: "`jobs.submit` and `workflows.start` replies, `rejected` records of intake submissions; `cancelled` jobs stopped by a budget",
   },
   quota_exceeded: { meaning: "the caller has as many jobs queued (or running) as its quota allows", appears: "API replies" },
   queue_full: {

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { PROTOCOL_VERSION, ResourceLimits } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { JobState, ResourceUsage, SandboxInfo } from "./job.js";
+import { Usage } from "./usage.js";
 import { RunState, StepState } from "./workflow.js";
 
 const base = {
@@ -27,6 +28,7 @@ export const JobEventType = z.enum([
   "expired",
   "handoff",
   "handoff_refused",
+  "usage",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
@@ -59,6 +61,8 @@ const jobEventFields = {
   /** The workflow run the job belongs to, if any. */
   run: z.string().optional(),
   seq,
+  /** On `usage`: what the attempt's calls to its provider used, as its agent reported them. */
+  usage: Usage.optional(),
 };
 
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);

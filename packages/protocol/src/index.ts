@@ -191,6 +191,18 @@ export {
 } from "./session.js";
 export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";
 export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
+export {
+  addUsage,
+  Budget,
+  NO_USAGE,
+  spent,
+  Usage,
+  UsageLine,
+  UsageReply,
+  UsageRequest,
+  usageDay,
+  usageOf,
+} from "./usage.js";
 export { WorkerConfig } from "./worker-config.js";
 export {
   goneAfterMs,

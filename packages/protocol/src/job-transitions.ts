@@ -1,5 +1,6 @@
 import { BoxcarError, ErrorCode, type ErrorInfo } from "./errors.js";
 import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type JobResult, type SandboxInfo } from "./job.js";
+import { addUsage, NO_USAGE, type Usage } from "./usage.js";
 
 /**
  * Every transition of a job record, by a dispatcher or a worker, as a pure function of the
@@ -164,6 +165,8 @@ export interface AttemptEnd {
   error?: ErrorInfo;
   /** The agent reported its provider's rate limit: until when (ISO 8601) its key should pause. */
   providerLimitedUntil?: string;
+  /** What the attempt's calls to its provider used, as its agent reported them. */
+  usage?: Usage;
 }
 
 /** The job's final outcome, from the attempt that ran it. */
@@ -176,13 +179,19 @@ export function finish(job: JobRecord, end: AttemptEnd): JobRecord {
     result: end.result,
     artifacts: end.artifacts,
     error: end.error,
-    ...providerLimit(end),
+    ...providerLimit(end, job),
   };
 }
 
-/** The record's `providerLimitedUntil` after an attempt: its own report, or none (an earlier attempt's goes). */
-function providerLimit(end: AttemptEnd): Pick<JobRecord, "providerLimitedUntil"> {
-  return { providerLimitedUntil: end.providerLimitedUntil };
+/**
+ * What an attempt's end reports besides its outcome: its `providerLimitedUntil` (or none: an
+ * earlier attempt's goes), and its usage, added to the job's.
+ */
+function providerLimit(end: AttemptEnd, job: JobRecord): Pick<JobRecord, "providerLimitedUntil" | "usage"> {
+  return {
+    providerLimitedUntil: end.providerLimitedUntil,
+    ...(end.usage ? { usage: addUsage(job.usage ?? NO_USAGE, end.usage) } : {}),
+  };
 }
 
 /**
@@ -190,7 +199,7 @@ function providerLimit(end: AttemptEnd): Pick<JobRecord, "providerLimitedUntil">
  * (`retry`), or, attempts exhausted, `dead` with the attempt's artifacts.
  */
 export function endAttempt(job: JobRecord, ended: AttemptOutcome, end: AttemptEnd, then: "retry" | "dead"): JobRecord {
-  const kept = { ...job, history: [...job.history, ended], result: end.result, error: end.error, ...providerLimit(end) };
+  const kept = { ...job, history: [...job.history, ended], result: end.result, error: end.error, ...providerLimit(end, job) };
   return then === "retry"
     ? { ...kept, state: "queued", queuedAt: end.now, workerId: undefined, sandbox: undefined, startedAt: undefined, artifacts: [] }
     : { ...kept, state: "dead", finishedAt: end.now, artifacts: end.artifacts, sandbox: end.sandbox };

@@ -6,6 +6,7 @@ import { Priority } from "./priority.js";
 import { SessionId } from "./session-id.js";
 import { Traceparent } from "./trace-context.js";
 import { durationMs } from "./units.js";
+import { Usage } from "./usage.js";
 import { ChainLimits, ChainLink, HandoffDecision, HandoffRequest } from "./workflow.js";
 
 /** The largest job spec accepted inline; files travel through the Object Store (claim-check). */
@@ -231,6 +232,9 @@ export const JobRecord = z.looseObject({
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
     .describe("the session the job runs in (`spec.session`) and the worker that holds it"),
+  usage: Usage.optional().describe(
+    "what its attempts' calls to their provider used, as its agent reported them (docs/flow-control.md#usage-and-budgets)",
+  ),
   schedule: z
     .strictObject({ name: z.string(), tick: z.iso.datetime() })
     .optional()

@@ -52,6 +52,8 @@ export interface Names {
     readonly limits: string;
     /** Schedules and what became of their ticks (`<owner>.<name>`), written by dispatchers. */
     readonly schedules: string;
+    /** Usage per day, agent and user (`<day>.agent.<name>`, `<day>.user.<name>`), summed by dispatchers. */
+    readonly usage: string;
     /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
     readonly snapshots: string;
   };
@@ -73,6 +75,8 @@ export interface Names {
   workerOfConsumer(name: string): string | undefined;
   /** The durable consumer all dispatchers share on the delayed jobs' markers: `later`. */
   readonly laterConsumer: string;
+  /** The dispatchers' consumer of the `usage` job events, which sums them into the usage bucket. */
+  readonly usageConsumer: string;
   /** Service name under which dispatchers register with the NATS services API. */
   readonly serviceName: string;
   /**
@@ -190,6 +194,7 @@ export const ApiEndpoint = {
   schedulesPause: "schedules.pause",
   schedulesResume: "schedules.resume",
   schedulesDelete: "schedules.delete",
+  usageGet: "usage.get",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -219,6 +224,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       sessions: `${bucket}_sessions`,
       limits: `${bucket}_limits`,
       schedules: `${bucket}_schedules`,
+      usage: `${bucket}_usage`,
       snapshots: `${bucket}_snapshots`,
     },
     intakeConsumer: "dispatcher",
@@ -228,6 +234,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       return match ? { pool: match[2] as string, priority: match[1] === "pool" ? "normal" : (match[1] as Priority) } : undefined;
     },
     laterConsumer: "later",
+    usageConsumer: "usage",
     workerConsumer: (workerId) => `worker-${workerId}`,
     workerOfConsumer: (name) => (name.startsWith("worker-") ? name.slice("worker-".length) : undefined),
     serviceName: `${prefix}-dispatcher`,

@@ -3,6 +3,7 @@ import { UserName } from "./access.js";
 import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
 import { durationMs, sizeBytes } from "./units.js";
+import { Budget } from "./usage.js";
 
 const DAY_MS = 24 * 3_600_000;
 
@@ -144,6 +145,13 @@ export const SystemPolicy = z.strictObject({
     })
     .default({ default: {}, users: {} }),
   retention: Retention.default({}).describe("how long ended jobs and workflow runs are kept"),
+  budgets: z
+    .strictObject({
+      agents: z.record(AgentName, Budget).default({}).describe("an agent's budget per day, over every user's jobs"),
+      users: z.record(UserName, Budget).default({}).describe("a user's budget per day, over all its jobs"),
+    })
+    .default({ agents: {}, users: {} })
+    .describe("what agents and users may spend in a day, from the usage their agents report (docs/flow-control.md#usage-and-budgets)"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",

@@ -9,6 +9,8 @@ export const AgentPaths = {
   input: ".boxcar/input.json",
   /** Where the agent may write its result: `{ output?, summary?, error?, retry?, handoff? }`. */
   result: ".boxcar/result.json",
+  /** Where the agent may report what its calls to its provider used, one JSON object a line: `{ model?, tokensIn?, tokensOut?, cost? }`. */
+  usage: ".boxcar/usage.jsonl",
   /** The handoff chain so far: `{ root, depth, history: [{ jobId, agent, summary }], run?, step? }`. */
   chain: ".boxcar/chain.json",
   /** The agent's TMPDIR. */
@@ -103,6 +105,7 @@ export function agentEnv({
     BOXCAR_WORKSPACE: workspace,
     BOXCAR_INPUT_FILE: inWorkspace(AgentPaths.input),
     BOXCAR_RESULT_FILE: inWorkspace(AgentPaths.result),
+    BOXCAR_USAGE_FILE: inWorkspace(AgentPaths.usage),
     BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
     BOXCAR_STOP_AT: String(stopAt),

@@ -1,5 +1,15 @@
 import { createHash } from "node:crypto";
-import { AgentResultFile, type Artifact, BoxcarError, ErrorCode, type WorkItem, zodIssues } from "@boxcar/protocol";
+import {
+  AgentResultFile,
+  type Artifact,
+  BoxcarError,
+  ErrorCode,
+  type Usage,
+  UsageLine,
+  usageOf,
+  type WorkItem,
+  zodIssues,
+} from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
 import { AgentPaths, MAX_RESULT_BYTES } from "./agent-contract.js";
 import { globMatcher, globRoots } from "./glob.js";
@@ -92,12 +102,47 @@ export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: rea
   return artifacts;
 }
 
-async function readAtMost(body: ReadableStream<Uint8Array>, limit: number): Promise<Uint8Array> {
+/** The most of an agent's usage file read: 10 000 lines of 100 bytes. */
+const MAX_USAGE_BYTES = 1024 * 1024;
+
+/**
+ * What the agent reported its calls used (its usage file, one JSON object a line), summed;
+ * undefined when it reported none. Lines that are not such objects are left out (a usage report
+ * does not fail a job), and so is what lies past the first MiB.
+ */
+export async function readUsageFile(sandbox: Sandbox): Promise<Usage | undefined> {
+  const body = await sandbox.readFile(AgentPaths.usage);
+  if (!body) return undefined;
+  const text = new TextDecoder().decode(await readAtMost(body, MAX_USAGE_BYTES, AgentPaths.usage, true));
+  const lines: UsageLine[] = [];
+  for (const line of text.split("\n")) {
+    if (line.trim() === "") continue;
+    try {
+      const parsed = UsageLine.safeParse(JSON.parse(line));
+      if (parsed.success) lines.push(parsed.data);
+    } catch {
+      // not JSON: left out
+    }
+  }
+  return lines.length > 0 ? usageOf(lines) : undefined;
+}
+
+/** A file's first `limit` bytes: past them, an error (`bad_result`), or with `truncate` the bytes up to the last whole line. */
+async function readAtMost(
+  body: ReadableStream<Uint8Array>,
+  limit: number,
+  path: string = AgentPaths.result,
+  truncate = false,
+): Promise<Uint8Array> {
   const chunks: Uint8Array[] = [];
   let size = 0;
   for await (const chunk of body) {
     size += chunk.length;
-    if (size > limit) throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is larger than ${limit} bytes`);
+    if (size > limit && truncate) {
+      const kept = Buffer.concat([...chunks, chunk]).subarray(0, limit);
+      return kept.subarray(0, kept.lastIndexOf(10) + 1);
+    }
+    if (size > limit) throw new BoxcarError(ErrorCode.badResult, `${path} is larger than ${limit} bytes`);
     chunks.push(chunk);
   }
   return Buffer.concat(chunks, size);

@@ -1,4 +1,12 @@
-import { type AgentResultFile, type Artifact, ErrorCode, type ErrorInfo, type JobResult, type JobTransitions } from "@boxcar/protocol";
+import {
+  type AgentResultFile,
+  type Artifact,
+  ErrorCode,
+  type ErrorInfo,
+  type JobResult,
+  type JobTransitions,
+  type Usage,
+} from "@boxcar/protocol";
 import type { ExecResult } from "./sandbox.js";
 
 /** Why a run was stopped before it ended on its own. */
@@ -21,6 +29,8 @@ export type Outcome =
       noRetry?: boolean;
       /** The agent's provider refused it for its rate limit and asked it to wait this long (`rateLimited` in its result file). */
       retryAfterMs?: number;
+      /** What its calls to its provider used, as it reported them (its usage file). */
+      usage?: Usage;
     }
   /** The worker stops: the job goes back to the queue. */
   | { kind: "requeue" }

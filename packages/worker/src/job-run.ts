@@ -31,7 +31,7 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import { agentEnv, collectSecrets } from "./agent-contract.js";
-import { prepareWorkspace, readResultFile, storeArtifacts } from "./agent-workspace.js";
+import { prepareWorkspace, readResultFile, readUsageFile, storeArtifacts } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
@@ -487,13 +487,19 @@ export class JobRun {
     // A workspace past its quota is not stored: its files are what the quota keeps out.
     const artifacts =
       exec.breach === undefined ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts) : [];
+    // What its calls used counts however it ended; a usage file that cannot be read counts nothing.
+    const usage = await readUsageFile(sandbox).catch((err: unknown) => {
+      this.log.warn({ err }, "could not read the agent's usage file");
+      return undefined;
+    });
+    const reported = usage ? { usage } : {};
     let file: AgentResultFile | undefined;
     try {
       file = redactJson(await readResultFile(sandbox), this.secretValues);
     } catch (err) {
-      return { ...this.failed(err, exec), artifacts };
+      return { ...this.failed(err, exec), artifacts, ...reported };
     }
-    return outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
+    return { ...outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory), ...reported };
   }
 
   /** The outcome of a run stopped from outside. */
@@ -552,6 +558,7 @@ export class JobRun {
     if (!update) return this.leave();
 
     this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
+    if (outcome.kind === "final") await this.reportUsage(update, outcome);
     if (outcome.kind === "requeue") {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
@@ -567,6 +574,18 @@ export class JobRun {
     });
     this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
     await this.ack();
+  }
+
+  /**
+   * Publishes what the attempt's calls used, as a `usage` event of its own (never folded into
+   * another: the dispatchers' usage consumer takes these alone and sums them per day).
+   */
+  private async reportUsage(record: JobRecord, outcome: FinalOutcome): Promise<void> {
+    const { usage } = outcome;
+    if (!usage) return;
+    const message = `${usage.calls} calls: ${usage.tokensIn} tokens in, ${usage.tokensOut} out, cost ${usage.cost}`;
+    const event = { ...jobEvent(record, "usage", { usage, message }), attempt: this.events.attempt, workerId: this.ctx.options.workerId };
+    await publishEvent(this.topology, event).catch((err: unknown) => this.log.error({ err }, "could not publish the attempt's usage"));
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
@@ -601,6 +620,7 @@ export class JobRun {
     );
     if (!update) return this.leave();
     this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
+    await this.reportUsage(update, outcome);
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {
@@ -620,8 +640,9 @@ export class JobRun {
   }
 
   private attemptEnd(outcome: FinalOutcome, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
-    const { retryAfterMs } = outcome;
+    const { retryAfterMs, usage } = outcome;
     return {
+      ...(usage ? { usage } : {}),
       ...(retryAfterMs !== undefined ? { providerLimitedUntil: new Date(Date.parse(now) + retryAfterMs).toISOString() } : {}),
       state,
       now,

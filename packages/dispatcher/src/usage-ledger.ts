@@ -1,0 +1,197 @@
+import type { Logger } from "@boxcar/client";
+import { isRevisionConflict, type Topology } from "@boxcar/fabric";
+import {
+  addUsage,
+  BoxcarError,
+  type Budget,
+  ErrorCode,
+  type Identity,
+  JobEvent,
+  NO_USAGE,
+  type SystemPolicy,
+  seesAll,
+  spent,
+  Usage,
+  type UsageReply,
+  usageDay,
+} from "@boxcar/protocol";
+import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
+import type { KV } from "@nats-io/kv";
+import type { DispatcherMetrics } from "./dispatcher-metrics.js";
+import type { JobIndex } from "./job-index.js";
+import { cancelJob } from "./jobs.js";
+
+/** An entry of the usage bucket: a day's usage of one agent or user, and the last usage event summed into it. */
+type Entry = Usage & { seq: number };
+
+/**
+ * Usage and budgets (docs/flow-control.md#usage-and-budgets). A worker publishes what each
+ * attempt's calls used as a `usage` job event of its own; the dispatchers share one consumer of
+ * those, `usage`, which hands them out one at a time, and sum each into its day's entries in the
+ * usage bucket (`<day>.agent.<agent>`, `<day>.user.<owner>`). Each entry keeps the stream
+ * sequence of the last event summed into it, so an event delivered again (its dispatcher died
+ * before its ack) is not counted twice. Budgets (the system policy's) are read from there: a job
+ * whose agent or user has spent its day's budget is refused (`budget_exceeded`), and a budget
+ * that says `stop` cancels their running jobs once an event spends it.
+ */
+export class UsageLedger {
+  private constructor(
+    private readonly topology: Topology,
+    private readonly bucket: KV,
+    private readonly log: Logger,
+    private messages: ConsumerMessages | undefined,
+    private done: Promise<void>,
+  ) {}
+
+  static async start(
+    topology: Topology,
+    parts: { policy: () => SystemPolicy; index: JobIndex; metrics?: DispatcherMetrics | undefined },
+    log: Logger,
+  ): Promise<UsageLedger> {
+    const { jsm, js, names } = topology;
+    const ledger = new UsageLedger(topology, await topology.usage(), log, undefined, Promise.resolve());
+    await jsm.consumers.info(names.streams.events, names.usageConsumer).catch(async () => {
+      await jsm.consumers.add(names.streams.events, {
+        durable_name: names.usageConsumer,
+        filter_subject: names.subjects.event("job", "*", "usage", "*"),
+        deliver_policy: DeliverPolicy.All,
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: topology.options.ackWaitMs * 1_000_000,
+        // One at a time: an entry's sequence then says which events it holds.
+        max_ack_pending: 1,
+      });
+    });
+    const consumer = await js.consumers.get(names.streams.events, names.usageConsumer);
+    ledger.messages = await consumer.consume({ max_messages: 16 });
+    const messages = ledger.messages;
+    ledger.done = (async () => {
+      for await (const msg of messages) {
+        await ledger.sum(msg, parts).then(
+          () => msg.ack(),
+          (err: unknown) => {
+            log.warn({ err, seq: msg.seq }, "could not sum a usage event; trying again");
+            msg.nak(1_000);
+          },
+        );
+      }
+    })();
+    return ledger;
+  }
+
+  private async sum(msg: JsMsg, parts: { policy: () => SystemPolicy; index: JobIndex; metrics?: DispatcherMetrics | undefined }) {
+    const parsed = JobEvent.safeParse(safeJson(msg));
+    if (!parsed.success || parsed.data.type !== "usage" || !parsed.data.usage) return; // not one: nothing to sum
+    const event = parsed.data;
+    const usage = event.usage as Usage;
+    const owner = event.owner ?? "local";
+    const day = usageDay(event.at);
+    const agentTotal = await this.add(`${day}.agent.${event.agent}`, usage, msg.seq);
+    const userTotal = await this.add(`${day}.user.${owner}`, usage, msg.seq);
+    if (agentTotal) parts.metrics?.usage(event.agent, usage);
+    // A budget spent by this event that says `stop` cancels what runs under it.
+    const { budgets } = parts.policy();
+    const stops: [Budget | undefined, Usage | undefined, (job: { agent: string; owner: string }) => boolean][] = [
+      [budgets.agents[event.agent], agentTotal, (job) => job.agent === event.agent],
+      [budgets.users[owner], userTotal, (job) => job.owner === owner],
+    ];
+    for (const [budget, total, covers] of stops) {
+      if (budget?.onExceeded !== "stop" || !total || !spent(budget, total)) continue;
+      for (const [id, job] of parts.index.newestFirst()) {
+        if (job.state !== "running" || !covers(job)) continue;
+        await cancelJob(this.topology, id).catch((err: unknown) =>
+          this.log.warn({ err, jobId: id }, "could not stop a job past its budget"),
+        );
+      }
+    }
+  }
+
+  /** Adds `usage` to an entry, unless event `seq` is in it already; the entry's total, or undefined when it was. */
+  private async add(key: string, usage: Usage, seq: number): Promise<Usage | undefined> {
+    for (;;) {
+      const entry = await this.bucket.get(key);
+      const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
+      if (held && held.seq >= seq) return undefined;
+      const { seq: _seq, ...before } = held ?? { ...NO_USAGE, seq: 0 };
+      const total = addUsage(before, usage);
+      try {
+        const next = JSON.stringify({ ...total, seq });
+        if (entry?.operation === "PUT") await this.bucket.update(key, next, entry.revision);
+        else await this.bucket.create(key, next);
+        return total;
+      } catch (err) {
+        if (!isRevisionConflict(err)) throw err;
+      }
+    }
+  }
+
+  /** A day's usage of one agent or user (`kind`), nothing when it has none. */
+  async of(day: string, kind: "agent" | "user", name: string): Promise<Usage> {
+    const entry = await this.bucket.get(`${day}.${kind}.${name}`);
+    const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
+    if (!held) return NO_USAGE;
+    const { seq: _seq, ...usage } = held;
+    return usage;
+  }
+
+  /** Refuses a job of `agent` for `owner` when either has spent its budget for today (`budget_exceeded`). */
+  async checkBudgets(policy: SystemPolicy, agent: string, owner: string): Promise<void> {
+    const day = usageDay(Date.now());
+    const budgets: [string, Budget | undefined, "agent" | "user", string][] = [
+      [`agent ${agent}`, policy.budgets.agents[agent], "agent", agent],
+      [`user ${owner}`, policy.budgets.users[owner], "user", owner],
+    ];
+    for (const [who, budget, kind, name] of budgets) {
+      if (!budget) continue;
+      const used = await this.of(day, kind, name);
+      if (spent(budget, used)) {
+        throw new BoxcarError(
+          ErrorCode.budgetExceeded,
+          `${who} has spent its budget for ${day} (UTC): cost ${used.cost}${budget.cost !== undefined ? ` of ${budget.cost}` : ""}, ${used.tokensIn + used.tokensOut} tokens${budget.tokens !== undefined ? ` of ${budget.tokens}` : ""}; it renews at midnight UTC, or an admin raises it`,
+        );
+      }
+    }
+  }
+
+  /** `usage.get`: a day's usage per agent and per user; a submitter sees its own only. */
+  async report(day: string, caller: Identity): Promise<UsageReply> {
+    const reply: UsageReply = { day, agents: {}, users: {} };
+    if (!seesAll(caller.role)) {
+      reply.users[caller.user] = await this.of(day, "user", caller.user);
+      return reply;
+    }
+    const keys: string[] = [];
+    for await (const key of await this.bucket.keys(`${day}.>`)) keys.push(key);
+    for (const key of keys.sort()) {
+      const [, kind, ...rest] = key.split(".");
+      const name = rest.join(".");
+      const usage = await this.of(day, kind as "agent" | "user", name);
+      if (kind === "agent") reply.agents[name] = usage;
+      else if (kind === "user") reply.users[name] = usage;
+    }
+    return reply;
+  }
+
+  async close(): Promise<void> {
+    await this.messages?.close();
+    await this.done;
+  }
+}
+
+function parseEntry(text: string): Entry | undefined {
+  try {
+    const value = JSON.parse(text) as Record<string, unknown>;
+    const { seq, ...rest } = value;
+    const usage = Usage.safeParse(rest);
+    return usage.success && typeof seq === "number" ? { ...usage.data, seq } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function safeJson(msg: JsMsg): unknown {
+  try {
+    return msg.json();
+  } catch {
+    return undefined;
+  }
+}
