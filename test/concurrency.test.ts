@@ -88,7 +88,8 @@ test("3 worker processes of 4 slots, 300 jobs over 10 keys limited to 2 at once 
     // 20 places over 12 slots: two of each key take a place at once, the rest wait, visibly.
     const waiting = jobs.filter((j) => j.concurrency?.waiting);
     expect(waiting.length).toBeGreaterThanOrEqual(280);
-    expect((await client.getJob(waiting[0]?.id as string)).concurrency).toMatchObject({ waiting: true });
+    // The last to wait (the first may have been given a place by now).
+    expect((await client.getJob(waiting.at(-1)?.id as string)).concurrency).toMatchObject({ waiting: true });
 
     await eventually(async () => (seen.ended.length >= 90 ? true : undefined), "90 jobs to end", 120_000);
     const beforeKill = seen.ended.slice(0, 90);
@@ -120,9 +121,12 @@ test("one limit for all an agent's jobs: the waiting ones say so in status, jobs
   const { nats, client } = system;
   await using worker = createWorker({ ...nats.workerRole, concurrency: 6, providers: [createHostSandboxProvider()] });
   void worker.run();
+  const gate = join(await mkdtemp(join(tmpdir(), "boxcar-gate-")), "open");
   await client.applyAgent({
     name: "one-at-a-time",
-    command: "sleep 0.5",
+    // Each waits for the gate the test opens once it has looked at the waiting jobs.
+    command: 'until [ -e "$GATE" ]; do sleep 0.05; done; sleep 0.3',
+    env: { GATE: gate },
     trusted: true,
     runtime: { sandbox: "host" },
     concurrency: { limit: 1 },
@@ -142,6 +146,7 @@ test("one limit for all an agent's jobs: the waiting ones say so in status, jobs
     expect(status.stdout).toContain("waits     for a place under its agent's concurrency limit");
     const list = await boxcar(nats.url, nats.topology.names.prefix, ["jobs", "--agent", "one-at-a-time"]);
     expect(list.stdout).toContain("queued (limit)");
+    await writeFile(gate, "");
 
     const done = await Promise.all(jobs.map((j) => client.waitForJob(j.id)));
     expect(done.map((j) => j.state)).toEqual(["succeeded", "succeeded", "succeeded", "succeeded"]);

@@ -78,16 +78,18 @@ test("after the dispatchers are down for three ticks, catch-up fires none, the l
   let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   await client.applyAgent({ name: "tick", ...quick });
   for (const catchUp of ["none", "last", "all"] as const) {
-    await client.createSchedule({ name: `catch-up-${catchUp}`, cron: "*/3 * * * * *", job: { agent: "tick" }, overlap: "allow", catchUp });
+    await client.createSchedule({ name: `catch-up-${catchUp}`, cron: "*/6 * * * * *", job: { agent: "tick" }, overlap: "allow", catchUp });
   }
-  // Down from just after a tick until 2 s after the third tick it missed (late enough to be missed).
-  const lastSeen = await untilAfterTick(3_000, 500);
+  // Down from 1.5 s after a tick until 3.5 s after the third tick it missed: late enough for
+  // that one to be missed (3 s is half the period), with 2.5 s left before the next.
+  const lastSeen = await untilAfterTick(6_000, 1_500);
   await dispatcher.close();
-  const missed = [lastSeen + 3_000, lastSeen + 6_000, lastSeen + 9_000];
-  await new Promise((r) => setTimeout(r, lastSeen + 9_000 + 2_000 - Date.now()));
+  const missed = [lastSeen + 6_000, lastSeen + 12_000, lastSeen + 18_000];
+  await new Promise((r) => setTimeout(r, lastSeen + 18_000 + 3_500 - Date.now()));
   dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   try {
-    await new Promise((r) => setTimeout(r, 3_000));
+    // Past the next tick, so each fires on time after the downtime too.
+    await new Promise((r) => setTimeout(r, lastSeen + 24_000 + 1_500 - Date.now()));
     for (const catchUp of ["none", "last", "all"]) await client.pauseSchedule(`catch-up-${catchUp}`);
     await new Promise((r) => setTimeout(r, 1_000));
     const fired = async (name: string) =>
@@ -95,17 +97,89 @@ test("after the dispatchers are down for three ticks, catch-up fires none, the l
     expect(await fired("catch-up-none")).toEqual([]);
     expect(await fired("catch-up-last")).toEqual([missed[2]]);
     expect(await fired("catch-up-all")).toEqual(missed);
-    expect((await client.getSchedule("catch-up-none")).state.missed).toBeGreaterThanOrEqual(3);
+    expect((await client.getSchedule("catch-up-none")).state.missed).toBe(3);
+    expect((await client.getSchedule("catch-up-last")).state.missed).toBe(2);
     // Before the downtime and after it, each fired on time.
     for (const catchUp of ["none", "last", "all"]) {
       const ticks = (await jobsOf(client, `catch-up-${catchUp}`)).map((j) => Date.parse(j.schedule?.tick ?? ""));
       expect(ticks).toContain(lastSeen);
-      expect(ticks.some((t) => t > (missed[2] as number))).toBe(true);
+      expect(ticks).toContain(lastSeen + 24_000);
     }
   } finally {
     await dispatcher.close();
   }
-}, 60_000);
+}, 90_000);
+
+test("a tick claimed by a dispatcher that died before noting its job is admitted by another: once, whether or not its job was", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await client.applyAgent({ name: "tick", ...quick });
+  // A yearly schedule: no tick of its own comes during the test.
+  await client.createSchedule({ name: "yearly", cron: "0 0 1 1 *", job: { agent: "tick" } });
+  const bucket = await nats.topology.schedules();
+  const claim = async (tick: string) => {
+    const entry = await bucket.get("local.yearly");
+    const record = JSON.parse(entry?.string() ?? "{}");
+    await bucket.put("local.yearly", JSON.stringify({ ...record, state: { ...record.state, tick, action: "fired", firing: tick } }));
+  };
+  const noted = (tick: string) =>
+    eventually(async () => {
+      const { state } = await client.getSchedule("yearly");
+      return state.jobTick === tick && state.firing === undefined ? state : undefined;
+    }, `tick ${tick}'s job to be noted`);
+  // Claimed, its job never admitted.
+  const tick = "2026-01-01T00:00:00.000Z";
+  await claim(tick);
+  const first = await noted(tick);
+  // Claimed again as though the note were lost after the admission: the same job.
+  await claim(tick);
+  const again = await noted(tick);
+  expect(again.jobId).toBe(first.jobId);
+  expect((await jobsOf(client, "yearly")).map((j) => j.id)).toEqual([first.jobId]);
+});
+
+test("a schedule's job is a submit of its owner's: no pool of its choosing, no input files, its quota; a refusal every tick would meet pauses it", async () => {
+  await using system = await securedSystem();
+  const admin = await system.as("boss", "admin");
+  const alice = await system.as("alice");
+  await admin.client.applyAgent({ name: "tick", ...quick });
+  await expect(alice.client.createSchedule({ name: "s", cron: "* * * * *", job: { agent: "tick", pool: "gpu" } })).rejects.toMatchObject({
+    code: ErrorCode.forbidden,
+  });
+  await expect(
+    alice.client.createSchedule({
+      name: "s",
+      cron: "* * * * *",
+      job: { agent: "tick", files: [{ path: "a.txt", object: "inputs/alice/a" }] },
+    }),
+  ).rejects.toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: "definition.job.files" })] });
+  await expect(alice.client.createSchedule({ name: "s", cron: "0 0 0 1 1 * 2030", job: { agent: "tick" } })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "definition.cron" })],
+  });
+
+  // Over her quota: each tick's job is refused (recorded rejected, naming the schedule), and it goes on.
+  await admin.client.setPolicy({ quotas: { users: { alice: { queued: 0 } } } });
+  await alice.client.createSchedule({ name: "quota", cron: "* * * * * *", job: { agent: "tick" } });
+  const refused = await eventually(async () => {
+    const jobs = await jobsOf(alice.client, "quota");
+    return jobs.length >= 2 ? jobs : undefined;
+  }, "two ticks refused");
+  expect(refused.every((j) => j.state === "rejected" && j.error?.code === ErrorCode.quotaExceeded)).toBe(true);
+  expect(await alice.client.getSchedule("quota")).toMatchObject({ paused: false, state: { lastError: { code: ErrorCode.quotaExceeded } } });
+  await alice.client.deleteSchedule("quota");
+  await admin.client.setPolicy({});
+
+  // Its agent removed: the next tick is refused, and the schedule pauses.
+  await alice.client.createSchedule({ name: "orphan", cron: "* * * * * *", job: { agent: "tick" } });
+  await admin.client.removeAgent("tick");
+  const paused = await eventually(async () => {
+    const s = await alice.client.getSchedule("orphan");
+    return s.paused ? s : undefined;
+  }, "the schedule to pause");
+  expect(paused.state.lastError?.code).toBe(ErrorCode.unknownAgent);
+});
 
 test("overlap: skip leaves out ticks while the last job runs; queue-one runs one when it ends", async () => {
   await using nats = await natsFixture();

@@ -324,6 +324,8 @@ export async function recordRejection(
   owner: string,
   error: ErrorInfo,
   key: string,
+  /** What else the record says of where the submission came from (the schedule and its tick). */
+  from: Pick<JobRecord, "schedule"> = {},
 ): Promise<JobRecord> {
   const id = await claimKey(topology.idempotency, key, newJobId());
   const existing = await topology.jobStore.read(id);
@@ -342,6 +344,7 @@ export async function recordRejection(
     artifacts: [],
     history: [],
     error,
+    ...from,
   };
   // Raced by the other submission with this key: its record stands.
   if (!(await topology.jobStore.create(record))) return (await topology.jobStore.read(id))?.record ?? record;

@@ -80,9 +80,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       snapshot: await sessions.takeSnapshot(requestOf(ApiEndpoint.sessionsSnapshot, body).id, caller),
     }),
     [ApiEndpoint.snapshotsList]: async (_body, caller) => ({ snapshots: await sessions.snapshots(caller) }),
-    [ApiEndpoint.schedulesCreate]: async (body, caller) => ({
-      schedule: await schedules.create(requestOf(ApiEndpoint.schedulesCreate, body).definition, caller),
-    }),
+    [ApiEndpoint.schedulesCreate]: async (body, caller) => {
+      // As a submit of its job is: only an admin chooses its pool.
+      const { definition } = requestOf(ApiEndpoint.schedulesCreate, body);
+      onlyAdminsChoosePools(caller, [(body as { definition?: { job?: unknown } }).definition?.job]);
+      return { schedule: await schedules.create(definition, caller) };
+    },
     [ApiEndpoint.schedulesGet]: async (body, caller) => ({
       schedule: await schedules.get(requestOf(ApiEndpoint.schedulesGet, body), caller),
     }),

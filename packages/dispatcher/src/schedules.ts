@@ -3,12 +3,14 @@ import { isRevisionConflict, nowIso, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   ErrorCode,
+  type ErrorInfo,
   type Identity,
   isTerminal,
   type JobRecord,
   mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
+  type Role,
   type ScheduleDefinition,
   ScheduleRecord,
   type ScheduleState,
@@ -27,6 +29,8 @@ const MAX_CATCH_UP = 1_000;
 const MAX_TIMER_MS = 86_400_000;
 /** How old a claim of a tick whose job is not yet noted must be before another dispatcher admits it. */
 const REDRIVE_AFTER_MS = 1_000;
+/** Refusals every later tick would meet too: the schedule pauses (its owner mends it and resumes it). */
+const RECURRING: readonly string[] = [ErrorCode.unknownAgent, ErrorCode.policyDenied, ErrorCode.forbidden, ErrorCode.invalid];
 /** Errors after which a tick's job is tried again at the next look, not refused. */
 const TRANSIENT: readonly string[] = [ErrorCode.unavailable, ErrorCode.storageFull, ErrorCode.queueFull, ErrorCode.internal];
 
@@ -49,9 +53,11 @@ export class Schedules {
   private stopWatch: (() => void) | undefined;
   private closed = false;
 
+  /** The schedules bucket, once it exists: made by the first schedule, so a system with none has none. */
+  private opened: Promise<KV | undefined> | undefined;
+
   private constructor(
     private readonly topology: Topology,
-    private readonly bucket: KV,
     private readonly ctx: AdmissionContext,
     private readonly log: Logger,
     intervalMs: number,
@@ -60,13 +66,47 @@ export class Schedules {
   }
 
   static async start(topology: Topology, ctx: AdmissionContext, log: Logger, intervalMs: number): Promise<Schedules> {
-    const schedules = new Schedules(topology, await topology.schedules(), ctx, log, intervalMs);
-    const watch = await schedules.bucket.watch();
-    schedules.stopWatch = () => watch.stop();
-    void (async () => {
-      for await (const entry of watch) schedules.look(entry.key);
-    })();
+    const schedules = new Schedules(topology, ctx, log, intervalMs);
+    await schedules.store(false);
     return schedules;
+  }
+
+  /**
+   * The schedules bucket, made when `make` (a schedule is created) or opened if it exists; the
+   * first time, this dispatcher starts watching it. Undefined while no schedule was ever made.
+   */
+  private store(make: boolean): Promise<KV | undefined> {
+    const open = async (): Promise<KV | undefined> => {
+      const { topology } = this;
+      if (!make) {
+        const exists = await topology.jsm.streams.info(`KV_${topology.names.buckets.schedules}`).then(
+          () => true,
+          () => false,
+        );
+        if (!exists) return undefined;
+      }
+      const bucket = await topology.schedules();
+      const watch = await bucket.watch();
+      this.stopWatch = () => watch.stop();
+      void (async () => {
+        for await (const entry of watch) this.look(entry.key);
+      })();
+      return bucket;
+    };
+    this.opened = (this.opened ?? Promise.resolve(undefined)).then((bucket) => bucket ?? open());
+    const opened = this.opened;
+    // A failure to open is tried again next time.
+    opened.catch(() => {
+      if (this.opened === opened) this.opened = undefined;
+    });
+    return opened;
+  }
+
+  /** The bucket, which exists once a schedule does (a look or a change is about one). */
+  private async bucket(): Promise<KV> {
+    const bucket = await this.store(false);
+    if (!bucket) throw new BoxcarError(ErrorCode.notFound, "no schedule was ever made");
+    return bucket;
   }
 
   // The API.
@@ -78,12 +118,13 @@ export class Schedules {
       v: PROTOCOL_VERSION,
       definition,
       owner: caller.user,
+      role: caller.role,
       createdAt: nowIso(),
       paused: false,
       state: { fired: 0, skipped: 0, missed: 0 },
     };
     try {
-      await this.bucket.create(keyOf(caller.user, definition.name), JSON.stringify(record));
+      await ((await this.store(true)) as KV).create(keyOf(caller.user, definition.name), JSON.stringify(record));
     } catch (err) {
       if (!isRevisionConflict(err)) throw err;
       throw new BoxcarError(ErrorCode.conflict, `schedule ${definition.name} exists: delete it first, or give another name`);
@@ -97,8 +138,10 @@ export class Schedules {
 
   async list(caller: Identity): Promise<ScheduleRecord[]> {
     const filter = seesAll(caller.role) ? ">" : `${caller.user}.>`;
+    const bucket = await this.store(false);
+    if (!bucket) return [];
     const keys: string[] = [];
-    for await (const key of await this.bucket.keys(filter)) keys.push(key);
+    for await (const key of await bucket.keys(filter)) keys.push(key);
     const records: ScheduleRecord[] = [];
     for (const key of keys.sort()) {
       const found = await this.entry(key);
@@ -112,9 +155,11 @@ export class Schedules {
     for (;;) {
       const { key, record, revision } = await this.read(ref, caller);
       if (record.paused === paused) return withNext(record);
-      const next: ScheduleRecord = { ...record, paused, ...(paused ? {} : { resumedAt: nowIso() }) };
+      // A resumed schedule catches up nothing from before: not a tick queued or claimed then either.
+      const { pending: _queued, firing: _claimed, ...state } = record.state;
+      const next: ScheduleRecord = paused ? { ...record, paused } : { ...record, paused, resumedAt: nowIso(), state };
       try {
-        await this.bucket.update(key, JSON.stringify(next), revision);
+        await (await this.bucket()).update(key, JSON.stringify(next), revision);
         return withNext(next);
       } catch (err) {
         if (!isRevisionConflict(err)) throw err;
@@ -123,13 +168,15 @@ export class Schedules {
   }
 
   async remove(ref: { name: string; owner?: string | undefined }, caller: Identity): Promise<ScheduleRecord> {
-    const { key, record, revision } = await this.read(ref, caller);
-    await this.bucket.delete(key, { previousSeq: revision }).catch((err: unknown) => {
-      if (isRevisionConflict(err))
-        throw new BoxcarError(ErrorCode.conflict, `schedule ${record.definition.name} changed meanwhile: try again`);
-      throw err;
-    });
-    return record;
+    for (;;) {
+      const { key, record, revision } = await this.read(ref, caller);
+      try {
+        await (await this.bucket()).delete(key, { previousSeq: revision });
+        return record;
+      } catch (err) {
+        if (!isRevisionConflict(err)) throw err; // changed meanwhile (a tick): read it again
+      }
+    }
   }
 
   private async read(ref: { name: string; owner?: string | undefined }, caller: Identity) {
@@ -141,7 +188,8 @@ export class Schedules {
   }
 
   private async entry(key: string): Promise<{ record: ScheduleRecord; revision: number; writtenAt: number } | undefined> {
-    const entry = await this.bucket.get(key);
+    const bucket = await this.store(false);
+    const entry = bucket ? await bucket.get(key) : undefined;
     if (entry?.operation !== "PUT") return undefined;
     const parsed = ScheduleRecord.safeParse(entry.json());
     if (!parsed.success) {
@@ -161,7 +209,9 @@ export class Schedules {
   /** Looks at every schedule (a timer lost, a tick whose admission failed for now). */
   private async sweep(): Promise<void> {
     try {
-      for await (const key of await this.bucket.keys()) this.look(key);
+      const bucket = await this.store(false);
+      if (!bucket) return;
+      for await (const key of await bucket.keys()) this.look(key);
     } catch (err) {
       this.log.warn({ err }, "could not sweep the schedules");
     }
@@ -189,31 +239,52 @@ export class Schedules {
   private async lookOnce(key: string): Promise<void> {
     clearTimeout(this.timers.get(key));
     this.timers.delete(key);
-    for (let tries = 0; tries < 20; tries++) {
-      const found = await this.entry(key);
-      if (!found || found.record.paused) return;
-      // A tick claimed by a dispatcher that died (or is slow) before its job was noted: admitted
-      // again (the same job, by its key) once the claim is a few seconds old.
-      const { firing } = found.record.state;
-      if (firing) {
-        if (Date.now() - found.writtenAt > REDRIVE_AFTER_MS) await this.fire(key, found.record, firing);
-        break;
+    // Looked at again at its next tick, or sooner: a claim to finish, a look that failed.
+    let again: number | undefined;
+    try {
+      for (let tries = 0; tries < 20; tries++) {
+        const found = await this.entry(key);
+        if (!found || found.record.paused) return;
+        // A tick claimed by a dispatcher that died (or is slow) before its job was noted: admitted
+        // again (the same job, by its key) once the claim is a second old.
+        const { firing } = found.record.state;
+        if (firing) {
+          if (Date.now() - found.writtenAt <= REDRIVE_AFTER_MS) {
+            again = REDRIVE_AFTER_MS + 100;
+            break;
+          }
+          await this.fire(key, found.record, firing);
+          continue;
+        }
+        const step = await this.decide(found.record);
+        if (!step) break;
+        try {
+          await (await this.bucket()).update(key, JSON.stringify({ ...found.record, state: step.state }), found.revision);
+        } catch (err) {
+          if (isRevisionConflict(err)) continue; // another dispatcher moved it: look again
+          throw err;
+        }
+        if (step.admit) await this.fire(key, { ...found.record, state: step.state }, step.admit);
       }
-      const step = await this.decide(found.record);
-      if (!step) break;
-      try {
-        await this.bucket.update(key, JSON.stringify({ ...found.record, state: step.state }), found.revision);
-      } catch (err) {
-        if (isRevisionConflict(err)) continue; // another dispatcher moved it: look again
-        throw err;
-      }
-      if (step.admit) await this.fire(key, { ...found.record, state: step.state }, step.admit);
+    } catch (err) {
+      again = 1_000;
+      throw err;
+    } finally {
+      if (!this.closed) await this.setTimer(key, again);
     }
-    const found = await this.entry(key);
-    if (!found || found.record.paused || this.closed) return;
-    const next = cronOf(found.record.definition).nextRun(new Date());
-    if (!next) return;
-    const timer = setTimeout(() => this.look(key), Math.min(Math.max(0, next.getTime() - Date.now()), MAX_TIMER_MS));
+  }
+
+  /** Sets the schedule's timer: for its next tick, or `inMs` when sooner. */
+  private async setTimer(key: string, inMs: number | undefined): Promise<void> {
+    const found = await this.entry(key).catch(() => undefined);
+    if (!found || found.record.paused) {
+      if (inMs === undefined) return;
+    }
+    const next = found && !found.record.paused ? cronOf(found.record.definition).nextRun(new Date()) : null;
+    const toTick = next ? next.getTime() - Date.now() : Number.POSITIVE_INFINITY;
+    const wait = Math.min(Math.max(0, toTick), inMs ?? Number.POSITIVE_INFINITY, MAX_TIMER_MS);
+    clearTimeout(this.timers.get(key));
+    const timer = setTimeout(() => this.look(key), wait);
     timer.unref?.();
     this.timers.set(key, timer);
   }
@@ -224,35 +295,41 @@ export class Schedules {
    */
   private async decide(record: ScheduleRecord): Promise<{ state: ScheduleState; admit?: string } | undefined> {
     const { state, definition } = record;
+    const now = Date.now();
+    const cron = cronOf(definition);
+    const from = Math.max(Date.parse(state.tick ?? record.createdAt), Date.parse(record.resumedAt ?? record.createdAt));
+    // The ticks since the last one dealt with, oldest first: the latest 1 000 at most.
+    const due: Date[] = [];
+    for (let t = new Date(now + 1); due.length <= MAX_CATCH_UP; ) {
+      const before = cron.previousRuns(1, t)[0];
+      if (!before || before.getTime() <= from) break;
+      due.unshift(before);
+      t = before;
+    }
+    // More than 1 000 due: the oldest is dropped (missed), and so may be more before it, uncounted.
+    let uncounted = 0;
+    if (due.length > MAX_CATCH_UP) {
+      due.shift();
+      uncounted = 1;
+    }
+    if (due.length === 0 && !state.pending) return undefined;
     const running = state.jobId !== undefined && (await this.runs(state.jobId));
     if (state.pending && !running) {
       const { pending: _fires, ...rest } = state;
       return { state: { ...rest, firing: state.pending }, admit: state.pending };
     }
-    const now = Date.now();
-    const cron = cronOf(definition);
-    const from = Math.max(Date.parse(state.tick ?? record.createdAt), Date.parse(record.resumedAt ?? record.createdAt));
-    const due: Date[] = [];
-    for (let t = cron.nextRun(new Date(from)); t && t.getTime() <= now; t = cron.nextRun(t)) {
-      due.push(t);
-      if (due.length > MAX_CATCH_UP) due.shift();
-    }
     const last = due.at(-1);
     if (!last) return undefined;
-    const tick = last.toISOString();
     const onTime = now - last.getTime() <= Math.min(ON_TIME_MS, periodAfter(cron, last) / 2);
-    const earlier = due.length - 1;
-    if (!onTime || earlier > 0) {
-      // Missed ticks: the catch-up policy says which fire.
-      const window = now - definition.catchUpWindow;
-      const fire =
-        onTime || definition.catchUp === "last" ? last : definition.catchUp === "all" ? due.find((t) => t.getTime() >= window) : undefined;
-      if (!fire) return { state: { ...state, tick, action: "missed", missed: state.missed + due.length } };
-      const passed = due.filter((t) => t.getTime() < fire.getTime()).length;
-      const missed = definition.catchUp === "all" ? due.filter((t) => t.getTime() < window).length : passed;
-      return this.onTick({ ...state, missed: state.missed + missed }, fire.toISOString(), running, definition.overlap);
-    }
-    return this.onTick(state, tick, running, definition.overlap);
+    if (onTime && due.length === 1) return this.onTick(state, last.toISOString(), running, definition.overlap);
+    // Ticks were missed: the catch-up policy says which fires (one per look; `all` fires the
+    // rest on the looks that follow, oldest first).
+    const window = now - definition.catchUpWindow;
+    const fire =
+      definition.catchUp === "all" ? due.find((t) => t.getTime() >= window) : onTime || definition.catchUp === "last" ? last : undefined;
+    const passed = due.filter((t) => t.getTime() < (fire?.getTime() ?? Number.POSITIVE_INFINITY)).length + uncounted;
+    if (!fire) return { state: { ...state, tick: last.toISOString(), action: "missed", missed: state.missed + passed } };
+    return this.onTick({ ...state, missed: state.missed + passed }, fire.toISOString(), running, definition.overlap);
   }
 
   /** A tick to act on: fired, or, while the last tick's job runs, skipped, queued or fired beside it (its overlap policy). */
@@ -283,7 +360,10 @@ export class Schedules {
     const name = record.definition.name;
     const implicitKey = `schedule:${key}:${record.createdAt}:${tick}`;
     let jobId: string;
+    let refused: ErrorInfo | undefined;
     try {
+      // Its owner's quota, as for a submit of its own (admins have none).
+      this.ctx.load.check({ user: record.owner, role: (record.role ?? "submitter") as Role }, this.ctx.policy.policy);
       const { job } = await admit(this.topology, record.definition.job, this.ctx, {
         owner: record.owner,
         implicitKey,
@@ -292,16 +372,26 @@ export class Schedules {
       jobId = job.id;
     } catch (err) {
       if (!(err instanceof BoxcarError) || TRANSIENT.includes(err.code)) throw err;
-      jobId = (await recordRejection(this.topology, record.definition.job.agent, record.owner, toErrorInfo(err), implicitKey)).id;
+      refused = toErrorInfo(err);
+      const rejected = await recordRejection(this.topology, record.definition.job.agent, record.owner, refused, implicitKey, {
+        schedule: { name, tick },
+      });
+      jobId = rejected.id;
       this.log.warn({ schedule: key, tick, err }, "a schedule's job was refused");
     }
     for (let tries = 0; tries < 20; tries++) {
       const found = await this.entry(key);
       if (!found || found.record.state.firing !== tick) return; // noted by another dispatcher
-      const { firing: _admitted, ...state } = found.record.state;
-      const next = { ...found.record, state: { ...state, jobId, jobTick: tick, fired: state.fired + 1 } };
+      const { firing: _admitted, lastError: _before, ...state } = found.record.state;
+      // A refusal that every tick would meet again (its agent removed, the policy) pauses it.
+      const pause = refused !== undefined && RECURRING.includes(refused.code);
+      const next = {
+        ...found.record,
+        ...(pause ? { paused: true } : {}),
+        state: { ...state, jobId, jobTick: tick, fired: state.fired + 1, ...(refused ? { lastError: refused } : {}) },
+      };
       try {
-        await this.bucket.update(key, JSON.stringify(next), found.revision);
+        await (await this.bucket()).update(key, JSON.stringify(next), found.revision);
         return;
       } catch (err) {
         if (!isRevisionConflict(err)) throw err;
@@ -324,6 +414,16 @@ function keyOf(owner: string, name: string): string {
 
 /** A schedule's cron expression, compiled; a bad one (or a bad time zone) is refused naming the field under `path`. */
 function cronOf(definition: ScheduleDefinition, path = ""): Cron {
+  const fields = definition.cron.trim().split(/\s+/).length;
+  if (!definition.cron.trim().startsWith("@") && fields !== 5 && fields !== 6) {
+    throw new BoxcarError(
+      ErrorCode.invalid,
+      `cron ${JSON.stringify(definition.cron)} has ${fields} fields: give 5, or 6 with seconds first`,
+      {
+        issues: [{ path: `${path}cron`, message: "5 fields, or 6 with seconds first" }],
+      },
+    );
+  }
   try {
     return new Cron(definition.cron, { timezone: definition.timezone, paused: true });
   } catch (err) {

@@ -35,9 +35,10 @@ type Entry = Usage & { seq: number };
  * that says `stop` cancels their running jobs once an event spends it.
  */
 export class UsageLedger {
+  private made = false;
+
   private constructor(
     private readonly topology: Topology,
-    private readonly bucket: KV,
     private readonly log: Logger,
     private messages: ConsumerMessages | undefined,
     private done: Promise<void>,
@@ -49,7 +50,7 @@ export class UsageLedger {
     log: Logger,
   ): Promise<UsageLedger> {
     const { jsm, js, names } = topology;
-    const ledger = new UsageLedger(topology, await topology.usage(), log, undefined, Promise.resolve());
+    const ledger = new UsageLedger(topology, log, undefined, Promise.resolve());
     await jsm.consumers.info(names.streams.events, names.usageConsumer).catch(async () => {
       await jsm.consumers.add(names.streams.events, {
         durable_name: names.usageConsumer,
@@ -108,15 +109,18 @@ export class UsageLedger {
   /** Adds `usage` to an entry, unless event `seq` is in it already; the entry's total, or undefined when it was. */
   private async add(key: string, usage: Usage, seq: number): Promise<Usage | undefined> {
     for (;;) {
-      const entry = await this.bucket.get(key);
+      // The bucket is made by the first usage summed: a system whose agents report none has none.
+      const bucket = await this.topology.usage();
+      this.made = true;
+      const entry = await bucket.get(key);
       const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
       if (held && held.seq >= seq) return undefined;
       const { seq: _seq, ...before } = held ?? { ...NO_USAGE, seq: 0 };
       const total = addUsage(before, usage);
       try {
         const next = JSON.stringify({ ...total, seq });
-        if (entry?.operation === "PUT") await this.bucket.update(key, next, entry.revision);
-        else await this.bucket.create(key, next);
+        if (entry?.operation === "PUT") await bucket.update(key, next, entry.revision);
+        else await bucket.create(key, next);
         return total;
       } catch (err) {
         if (!isRevisionConflict(err)) throw err;
@@ -126,7 +130,8 @@ export class UsageLedger {
 
   /** A day's usage of one agent or user (`kind`), nothing when it has none. */
   async of(day: string, kind: "agent" | "user", name: string): Promise<Usage> {
-    const entry = await this.bucket.get(`${day}.${kind}.${name}`);
+    const bucket = await this.existing();
+    const entry = bucket ? await bucket.get(`${day}.${kind}.${name}`) : undefined;
     const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
     if (!held) return NO_USAGE;
     const { seq: _seq, ...usage } = held;
@@ -159,8 +164,9 @@ export class UsageLedger {
       reply.users[caller.user] = await this.of(day, "user", caller.user);
       return reply;
     }
+    const bucket = await this.existing();
     const keys: string[] = [];
-    for await (const key of await this.bucket.keys(`${day}.>`)) keys.push(key);
+    if (bucket) for await (const key of await bucket.keys(`${day}.>`)) keys.push(key);
     for (const key of keys.sort()) {
       const [, kind, ...rest] = key.split(".");
       const name = rest.join(".");
@@ -169,6 +175,19 @@ export class UsageLedger {
       else if (kind === "user") reply.users[name] = usage;
     }
     return reply;
+  }
+
+  /** The usage bucket if any usage was ever summed (reads make no bucket). */
+  private async existing(): Promise<KV | undefined> {
+    if (!this.made) {
+      const { jsm, names } = this.topology;
+      this.made = await jsm.streams.info(`KV_${names.buckets.usage}`).then(
+        () => true,
+        () => false,
+      );
+      if (!this.made) return undefined;
+    }
+    return this.topology.usage();
   }
 
   async close(): Promise<void> {

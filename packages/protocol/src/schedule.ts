@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { PROTOCOL_VERSION } from "./agent.js";
+import { ErrorInfo } from "./errors.js";
 import { JobSpec } from "./job.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { durationMs } from "./units.js";
@@ -35,7 +36,7 @@ export const ScheduleDefinition = z
       .refine(isTimeZone, "an IANA time zone, such as Europe/Paris or UTC")
       .default("UTC")
       .describe("the time zone the cron fields are read in"),
-    job: JobSpec.describe("the job each tick submits, as its owner: a job spec without idempotencyKey, delay, runAt or session"),
+    job: JobSpec.describe("the job each tick submits, as its owner: a job spec without idempotencyKey, delay, runAt, session or files"),
     overlap: z
       .enum(["skip", "queue-one", "allow"])
       .default("skip")
@@ -57,6 +58,9 @@ export const ScheduleDefinition = z
       if (schedule.job[field] !== undefined)
         ctx.addIssue({ code: "custom", path: ["job", field], message: "a schedule's job cannot have it" });
     }
+    // Input objects are their uploader's and go with the first job's retention: put the input in `input`.
+    if (schedule.job.files.length > 0)
+      ctx.addIssue({ code: "custom", path: ["job", "files"], message: "a schedule's job takes no input files" });
   });
 export type ScheduleDefinition = z.infer<typeof ScheduleDefinition>;
 export type ScheduleDefinitionInput = z.input<typeof ScheduleDefinition>;
@@ -75,6 +79,7 @@ export const ScheduleState = z.strictObject({
   fired: z.number().int().nonnegative().default(0),
   skipped: z.number().int().nonnegative().default(0),
   missed: z.number().int().nonnegative().default(0),
+  lastError: ErrorInfo.optional().describe("why its last tick's job was refused; a refusal that would recur every tick pauses it"),
 });
 export type ScheduleState = z.infer<typeof ScheduleState>;
 
@@ -83,6 +88,7 @@ export const ScheduleRecord = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
   definition: ScheduleDefinition,
   owner: z.string(),
+  role: z.string().optional().describe("its owner's role when it made it: its jobs are admitted under that role's quota"),
   createdAt: z.iso.datetime().describe("ticks are counted from here; its jobs' idempotency keys carry it"),
   paused: z.boolean().default(false),
   /** Set on a resume: ticks before it are not caught up. */
