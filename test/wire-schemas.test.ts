@@ -130,6 +130,8 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("workflows.events", { id: run.id });
   const late = (await call("workflows.start", { workflow: { name: "late", steps: [{ name: "a", agent: "waits" }] } })).run;
   await call("workflows.cancel", { id: late.id });
+  const gate = (await call("workflows.start", { workflow: { name: "gate", steps: [{ name: "ok", approval: { timeout: "1h" } }] } })).run;
+  await call("workflows.approve", { id: gate.id, step: "ok", decision: "approve", comment: "fine" });
   await call("inputs.upload", { path: "data.txt" });
   const { policy } = await call("policy.get", {});
   await call("policy.set", { policy });

@@ -136,6 +136,8 @@ export interface BoxcarClient {
   /** One page of runs, newest first; with `after` (`""` for the first page), `next` to pass as `after` when there are more. */
   listRunsPage(request?: ListRunsRequest): Promise<ListRunsReply>;
   cancelRun(id: string): Promise<WorkflowRun>;
+  /** Approves or rejects a run's approval step, as one of its approvers (docs/workflows.md#approvals). */
+  decideStep(id: string, step: string, decision: "approve" | "reject", comment?: string): Promise<WorkflowRun>;
   /** Resolves with the run once it has ended and none of its jobs is still going. */
   waitForRun(id: string, signal?: AbortSignal): Promise<WorkflowRun>;
   /** The run's events and its jobs' events in order; with `follow`, until the run has ended and none of its jobs is still going. */
@@ -569,6 +571,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async cancelRun(id: string) {
     return (await this.request(ApiEndpoint.workflowsCancel, { id })).run;
+  }
+
+  async decideStep(id: string, step: string, decision: "approve" | "reject", comment?: string) {
+    return (await this.request(ApiEndpoint.workflowsApprove, { id, step, decision, ...(comment !== undefined ? { comment } : {}) })).run;
   }
 
   waitForRun(id: string, signal?: AbortSignal) {

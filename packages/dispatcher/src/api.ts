@@ -217,6 +217,9 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
+    [ApiEndpoint.workflowsApprove]: async (body, caller) => ({
+      run: await runs.decide(requestOf(ApiEndpoint.workflowsApprove, body), caller),
+    }),
     [ApiEndpoint.workflowsCancel]: async (body, caller) => {
       return { run: await runs.cancel(requestOf(ApiEndpoint.workflowsCancel, body).id, caller) };
     },

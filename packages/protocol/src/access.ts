@@ -105,6 +105,8 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.schedulesPause,
     ApiEndpoint.schedulesResume,
     ApiEndpoint.schedulesDelete,
+    // Whether the caller may decide is the step's to say (its approvers).
+    ApiEndpoint.workflowsApprove,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };

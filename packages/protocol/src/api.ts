@@ -29,7 +29,7 @@ import {
 import { durationMs } from "./units.js";
 import { UsageReply, UsageRequest } from "./usage.js";
 import { WorkerInfo } from "./worker-info.js";
-import { RunState, WorkflowDefinition, WorkflowRun } from "./workflow.js";
+import { RunState, StepName, WorkflowDefinition, WorkflowRun } from "./workflow.js";
 
 /** Every API reply is `{ ok: true, data }` or `{ ok: false, error }`. */
 export const ApiReply = z.discriminatedUnion("ok", [
@@ -113,6 +113,14 @@ export const StartRunRequest = z.strictObject({
 export type StartRunRequest = z.input<typeof StartRunRequest>;
 
 export const RunRef = z.strictObject({ id: z.string().regex(TOKEN_PATTERN, "a run id is 1-64 letters, digits, '-' or '_'") });
+/** An approver's decision on a run's approval step (docs/workflows.md#approvals). */
+export const ApproveStepRequest = z.strictObject({
+  id: RunRef.shape.id,
+  step: StepName,
+  decision: z.enum(["approve", "reject"]),
+  comment: z.string().max(4096).optional(),
+});
+export type ApproveStepRequest = z.input<typeof ApproveStepRequest>;
 export const RunReply = z.strictObject({ run: WorkflowRun });
 export const StartRunReply = z.strictObject({ run: WorkflowRun, duplicate: z.boolean() });
 export type StartRunReply = z.infer<typeof StartRunReply>;
@@ -255,6 +263,7 @@ export const API_CONTRACT = {
   "schedules.resume": { request: ScheduleRef, reply: ScheduleReply },
   "schedules.delete": { request: ScheduleRef, reply: ScheduleReply },
   "usage.get": { request: UsageRequest, reply: UsageReply },
+  "workflows.approve": { request: ApproveStepRequest, reply: RunReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

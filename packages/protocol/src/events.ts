@@ -135,6 +135,8 @@ export const WorkflowEventType = z.enum([
   "handoff",
   "fanned_out",
   "joined",
+  "approval_requested",
+  "approval_decided",
   "succeeded",
   "failed",
   "cancelled",

@@ -40,6 +40,7 @@ export {
   ApiReply,
   type ApiReplyData,
   ApplyAgentReply,
+  ApproveStepRequest,
   ArtifactChunk,
   ArtifactRequest,
   apiEndpointMetadata,

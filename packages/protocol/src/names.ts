@@ -195,6 +195,7 @@ export const ApiEndpoint = {
   schedulesResume: "schedules.resume",
   schedulesDelete: "schedules.delete",
   usageGet: "usage.get",
+  workflowsApprove: "workflows.approve",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 

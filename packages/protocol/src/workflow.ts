@@ -70,9 +70,21 @@ export const MAX_FAN_OUT = 100;
 
 const Template = z.string().regex(/^\s*\{\{.*\}\}\s*$/, 'expected one template such as "{{ steps.plan.output.ok }}"');
 
+/** A step that waits for a person's decision instead of running a job (docs/workflows.md#approvals). */
+export const ApprovalStep = z.strictObject({
+  timeout: durationMs({ min: 1_000, max: 30 * 86_400_000 }).describe("how long it waits; then the step fails, and the run"),
+  approvers: z
+    .array(z.string().regex(TOKEN_PATTERN, "a user name"))
+    .max(100)
+    .default([])
+    .describe("the users who may approve or reject it (admins always may); none named: the run's owner"),
+  message: z.string().max(4096).optional().describe("what the approvers are asked"),
+});
+
 export const WorkflowStep = z.strictObject({
   name: StepName,
-  agent: AgentName,
+  agent: AgentName.optional().describe("the agent the step's job runs (a step has this or `approval`)"),
+  approval: ApprovalStep.optional().describe("the step waits for an approval instead of running a job"),
   needs: z.array(StepName).default([]).describe("steps that must succeed (or be skipped) first"),
   input: z
     .json()
@@ -124,6 +136,12 @@ function checkWorkflow(wf: { steps: WorkflowStep[]; output?: unknown }): PathIss
     else index.set(step.name, i);
   }
   for (const [i, step] of wf.steps.entries()) {
+    if ((step.agent === undefined) === (step.approval === undefined)) {
+      issues.push({ path: ["steps", i], message: "a step runs an agent or waits for an approval: give one of agent and approval" });
+    }
+    if (step.approval && step.forEach !== undefined) {
+      issues.push({ path: ["steps", i, "forEach"], message: "an approval step is one decision: it cannot fan out" });
+    }
     for (const [j, need] of step.needs.entries()) {
       if (!index.has(need)) issues.push({ path: ["steps", i, "needs", j], message: `no step named ${JSON.stringify(need)}` });
       if (need === step.name) issues.push({ path: ["steps", i, "needs", j], message: "a step cannot need itself" });
@@ -250,9 +268,22 @@ export const StepInstance = z.looseObject({
 });
 export type StepInstance = z.infer<typeof StepInstance>;
 
+/** An approval step's request and, once given, its decision. */
+export const ApprovalState = z.looseObject({
+  requestedAt: z.iso.datetime(),
+  deadline: z.iso.datetime().describe("when it fails if nobody decided"),
+  decision: z.enum(["approved", "rejected"]).optional(),
+  by: z.string().optional().describe("who decided"),
+  at: z.iso.datetime().optional(),
+  comment: z.string().max(4096).optional(),
+});
+export type ApprovalState = z.infer<typeof ApprovalState>;
+
 export const StepRun = z.looseObject({
   state: StepState,
   instances: z.array(StepInstance).default([]),
+  /** An approval step's request and decision (`running` while it waits). */
+  approval: ApprovalState.optional(),
   startedAt: z.iso.datetime().optional(),
   finishedAt: z.iso.datetime().optional(),
   /** Why the step was skipped, failed or cancelled. */

@@ -7,7 +7,7 @@ import { ago, describeEvent, duration, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
+  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | approve RUN STEP [--comment TEXT] | reject RUN STEP [--comment TEXT] | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
 
 /** Exit code of a command that waited for a run: 0 when it succeeded. */
 export const exitForRun = (run: WorkflowRun): number => (run.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
@@ -41,6 +41,16 @@ export function describeRun(run: WorkflowRun): string {
   for (const step of run.workflow.steps) {
     const state = run.steps[step.name] as StepRun | undefined;
     if (!state) continue;
+    if (step.approval) {
+      const a = state.approval;
+      const detail = a?.decision
+        ? `${a.decision} by ${a.by}${a.comment ? `: ${a.comment}` : ""}`
+        : a && state.state === "running"
+          ? `waits for an approval by ${step.approval.approvers.join(", ") || "the run's owner"} until ${a.deadline}`
+          : "";
+      rows.push([step.name, state.state, "approval", state.reason ?? detail]);
+      continue;
+    }
     if (step.forEach === undefined) {
       const inst = state.instances[0];
       rows.push([step.name, state.state, chainOf(inst?.jobs ?? []), state.reason ?? instanceDetail(inst)]);
@@ -140,14 +150,15 @@ function oneRun(args: string[], verb: string): string {
 export const workflow: Command = {
   name: "workflow",
   usage,
-  summary: "show, follow, cancel or list workflow runs",
-  maxArgs: 2,
+  summary: "show, follow, cancel or list workflow runs; approve or reject a step that waits",
+  maxArgs: 3,
   options: {
     follow: { type: "boolean", short: "f", default: false },
     state: { type: "string" },
     workflow: { type: "string" },
     limit: { type: "string" },
     after: { type: "string" },
+    comment: { type: "string" },
   },
   async run(ctx) {
     const [verb, ...args] = ctx.positionals;
@@ -171,6 +182,16 @@ export const workflow: Command = {
         await using session = await ctx.session("boxcar-workflow");
         const run = await session.client.cancelRun(id);
         ctx.print(ctx.values.json ? json(run) : `${run.id} cancelled`);
+        return ExitCode.ok;
+      }
+      case "approve":
+      case "reject": {
+        const [id, step, ...rest] = args;
+        if (!id || !step || rest.length > 0) throw new UsageError(`workflow ${verb} needs a RUN and a STEP\n\nusage: ${usage}`);
+        const comment = ctx.values.comment as string | undefined;
+        await using session = await ctx.session("boxcar-workflow");
+        const run = await session.client.decideStep(id, step, verb, comment);
+        ctx.print(ctx.values.json ? json(run) : `${run.id}: step ${step} ${verb === "approve" ? "approved" : "rejected"}`);
         return ExitCode.ok;
       }
       case "ls": {

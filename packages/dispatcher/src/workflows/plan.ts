@@ -80,6 +80,10 @@ function settle(run: WorkflowRun, jobs: JobLookup, now: number, events: RunEvent
     progress = false;
     for (const step of steps) {
       const state = stepOf(step.name);
+      if (step.approval) {
+        if (settleApproval(step, state, now, at, events)) progress = true;
+        continue;
+      }
       for (const inst of state.instances) if (inst.state === "running") followJobs(step, inst, jobs, events);
       // A step fails as soon as one of its instances does (the run then cancels the others).
       const settled = state.instances.every((i) => i.state !== "starting" && i.state !== "running");
@@ -207,6 +211,34 @@ function settleStep(step: WorkflowStep, state: StepRun, at: string, events: RunE
   });
 }
 
+/**
+ * An approval step that waits: approved, it succeeds (its output `{ approved, by, comment? }`);
+ * rejected, or past its deadline with no decision, it fails (and so does the run). Whether it moved.
+ */
+function settleApproval(step: WorkflowStep, state: StepRun, now: number, at: string, events: RunEventDraft[]): boolean {
+  const approval = state.approval;
+  if (state.state !== "running" || !approval) return false;
+  if (approval.decision === "approved") {
+    const output = { approved: true, by: approval.by ?? null, ...(approval.comment ? { comment: approval.comment } : {}) };
+    state.instances = [{ index: 0, state: "succeeded", jobs: [], output, summary: `approved by ${approval.by}` }];
+    state.state = "succeeded";
+  } else if (approval.decision === "rejected") {
+    state.state = "failed";
+    state.reason = `rejected by ${approval.by}${approval.comment ? `: ${approval.comment}` : ""}`;
+  } else if (Date.parse(approval.deadline) <= now) {
+    state.state = "failed";
+    state.reason = `nobody approved or rejected it before ${approval.deadline}`;
+  } else return false;
+  state.finishedAt = at;
+  events.push({
+    type: "step_finished",
+    step: step.name,
+    stepState: state.state,
+    message: state.state === "succeeded" ? `approved by ${approval.by}` : (state.reason as string),
+  });
+  return true;
+}
+
 function skip(name: string, state: StepRun, reason: string, at: string, events: RunEventDraft[]): void {
   state.state = "skipped";
   state.reason = reason;
@@ -239,6 +271,15 @@ function startStep(run: WorkflowRun, step: WorkflowStep, state: StepRun, at: str
   }
   state.state = "running";
   state.startedAt = at;
+  if (step.approval) {
+    // It waits for a decision (`workflows.approve`), or its deadline.
+    const deadline = new Date(Date.parse(at) + step.approval.timeout).toISOString();
+    state.approval = { requestedAt: at, deadline };
+    const who = step.approval.approvers.length > 0 ? step.approval.approvers.join(", ") : "the run's owner";
+    const message = `${step.name} waits for an approval by ${who} until ${deadline}${step.approval.message ? `: ${step.approval.message}` : ""}`;
+    events.push({ type: "approval_requested", step: step.name, message });
+    return;
+  }
   state.instances = items.map((_, index) => ({ index, state: "starting", jobs: [] }));
   if (step.needs.length > 1)
     events.push({ type: "joined", step: step.name, joined: step.needs, message: `${step.name} joins ${step.needs.join(", ")}` });
@@ -277,7 +318,7 @@ function stepSpec(
           ...(step.forEach ? { item, index } : {}),
         };
   return {
-    agent: step.agent,
+    agent: step.agent as string, // an approval step starts no job
     input: input as JobSpecInput["input"],
     files,
     labels: { ...run.labels, "boxcar.run": run.id, "boxcar.step": step.name },
@@ -295,7 +336,8 @@ function neededFiles(run: WorkflowRun, step: WorkflowStep, jobs: JobLookup): Inp
   for (const need of step.needs) {
     const fanOut = run.workflow.steps.find((s) => s.name === need)?.forEach !== undefined;
     for (const inst of (run.steps[need] as StepRun).instances) {
-      if (inst.state !== "succeeded") continue;
+      // An approval's instance ran no job: it has no files.
+      if (inst.state !== "succeeded" || inst.jobs.length === 0) continue;
       const job = jobs.get(inst.jobs.at(-1) ?? "");
       if (!job) throw new Error(`job ${inst.jobs.at(-1)} of step ${need} was not read`);
       const base = fanOut ? `in/${need}/${inst.index}` : `in/${need}`;
@@ -320,6 +362,8 @@ export function endRun(run: WorkflowRun, state: "succeeded" | "failed" | "cancel
   const reason = `the run ${state === "cancelled" ? "was cancelled" : "failed"}`;
   for (const s of Object.values(run.steps)) {
     if (s.state === "pending") Object.assign(s, { state: "cancelled", reason, finishedAt: at });
+    // An approval still waiting is no longer asked for.
+    if (s.state === "running" && s.approval && !s.approval.decision) Object.assign(s, { state: "cancelled", reason, finishedAt: at });
     for (const inst of s.instances) if (inst.state === "starting") inst.state = "cancelled";
   }
 }

@@ -57,13 +57,18 @@ export class RunFollower {
       if (!run || !hasWorkLeft(run)) return;
       this.schedule(entry.key, "recheck", RECHECK_MS);
       if (run.state === "running" && run.deadline) this.schedule(entry.key, "deadline", Date.parse(run.deadline) - Date.now());
+      // An approval that waits fails at its deadline: the run is looked at then.
+      const waits = Object.values(run.steps).flatMap((s) =>
+        s.state === "running" && s.approval && !s.approval.decision ? [Date.parse(s.approval.deadline)] : [],
+      );
+      if (run.state === "running" && waits.length > 0) this.schedule(entry.key, "approval", Math.min(...waits) - Date.now());
     });
     this.stopWatch = replay.stop;
     if (caughtUp) void replay.caughtUp.then(caughtUp);
   }
 
   /** Looks again at a run (or, for `handoff`, at a job whose handoff is undecided) after `inMs`. */
-  private schedule(id: string, why: "recheck" | "deadline" | "handoff", inMs: number): void {
+  private schedule(id: string, why: "recheck" | "deadline" | "approval" | "handoff", inMs: number): void {
     const key = `${id} ${why}`;
     clearTimeout(this.timers.get(key));
     const timer = setTimeout(
@@ -87,7 +92,7 @@ export class RunFollower {
   }
 
   private clearTimers(runId: string): void {
-    for (const why of ["recheck", "deadline"]) {
+    for (const why of ["recheck", "deadline", "approval"]) {
       const key = `${runId} ${why}`;
       clearTimeout(this.timers.get(key));
       this.timers.delete(key);

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
+  type ApproveStepRequest,
   BoxcarError,
   ErrorCode,
   type Identity,
@@ -55,6 +56,7 @@ export class Runs {
     const req = parseWith(StartRunRequest, raw, "request");
     const { workflow } = req;
     for (const [i, step] of workflow.steps.entries()) {
+      if (step.agent === undefined) continue; // an approval step
       try {
         const agent = await this.ctx.agents.get(step.agent);
         this.ctx.workers.checkServable(agent, step.pool ?? agent.pool);
@@ -166,6 +168,64 @@ export class Runs {
       return (await this.get(id)) ?? next;
     }
     throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; try the cancel again`);
+  }
+
+  /**
+   * An approver's decision on a run's approval step: those the step names (or, naming none, the
+   * run's owner) and admins may give it, once, while the step waits. One who may neither see the
+   * run nor decide finds no run; one who may see it but not decide is refused (`forbidden`).
+   */
+  async decide(request: ApproveStepRequest, caller: Identity): Promise<WorkflowRun> {
+    const { id, step: name, decision, comment } = request;
+    for (let tries = 0; tries < 10; tries++) {
+      const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      const run = found?.value;
+      const step = run?.workflow.steps.find((s) => s.name === name);
+      const approvers = step?.approval && step.approval.approvers.length > 0 ? step.approval.approvers : run ? [ownerOf(run)] : [];
+      const allowed = caller.role === "admin" || approvers.includes(caller.user);
+      if (!found || !run || (!allowed && !mayAccess(caller, ownerOf(run))))
+        throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+      if (!step?.approval)
+        throw new BoxcarError(ErrorCode.invalid, `run ${id} has no approval step ${name}`, {
+          issues: [{ path: "step", message: "not an approval step" }],
+        });
+      if (!allowed)
+        throw new BoxcarError(
+          ErrorCode.forbidden,
+          `${caller.user} may not approve or reject step ${name}: its approvers are ${approvers.join(", ")}`,
+        );
+      const state = run.steps[name];
+      if (state?.approval?.decision) {
+        throw new BoxcarError(ErrorCode.conflict, `step ${name} was ${state.approval.decision} by ${state.approval.by} already`);
+      }
+      if (run.state !== "running" || state?.state !== "running" || !state.approval) {
+        throw new BoxcarError(
+          ErrorCode.conflict,
+          `step ${name} of run ${id} is not waiting for an approval (it is ${state?.state}; the run is ${run.state})`,
+        );
+      }
+      const next = structuredClone(run);
+      const decided = {
+        decision: decision === "approve" ? ("approved" as const) : ("rejected" as const),
+        by: caller.user,
+        at: nowIso(),
+        ...(comment ? { comment } : {}),
+      };
+      Object.assign(next.steps[name]?.approval ?? {}, decided);
+      try {
+        await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
+      } catch {
+        continue; // changed meanwhile: decide on what it holds now
+      }
+      await this.publish(next, {
+        type: "approval_decided",
+        step: name,
+        message: `${name} ${decided.decision} by ${caller.user}${comment ? `: ${comment}` : ""}`,
+      });
+      await this.advance(id);
+      return (await this.get(id)) ?? next;
+    }
+    throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; decide again`);
   }
 
   /** Moves a run on as far as its jobs allow; concurrent calls for one run collapse into one more pass. */
