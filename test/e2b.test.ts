@@ -184,6 +184,7 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
         "BOXCAR_INPUT_FILE",
         "BOXCAR_RESULT_FILE",
         "BOXCAR_USAGE_FILE",
+        "BOXCAR_SIGNALS_DIR",
         "BOXCAR_CHAIN_FILE",
         "BOXCAR_OUTPUT_DIR",
         "BOXCAR_STOP_AT",

@@ -4,6 +4,7 @@ import { Svcm } from "@nats-io/services";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import { expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
 import { localSystem } from "./helpers/system.js";
 
 /**
@@ -165,6 +166,11 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("schedules.resume", { name: "nightly" });
   await call("schedules.delete", { name: "nightly" });
   await call("usage.get", {});
+  await call("agents.apply", { definition: { name: "sleeper", command: "sleep 20", trusted: true, runtime: { sandbox: "host" } } });
+  const sleeping = (await call("jobs.submit", { agent: "sleeper" })).job;
+  await eventually(async () => ((await system.client.getJob(sleeping.id)).state === "running" ? true : undefined), "the sleeper to run");
+  await call("jobs.signal", { id: sleeping.id, name: "wake", payload: { now: true } });
+  await system.client.cancelJob(sleeping.id);
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);

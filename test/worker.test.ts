@@ -260,6 +260,7 @@ describe("worker", () => {
       BOXCAR_INPUT_FILE: `${workspace}/.boxcar/input.json`,
       BOXCAR_RESULT_FILE: `${workspace}/.boxcar/result.json`,
       BOXCAR_USAGE_FILE: `${workspace}/.boxcar/usage.jsonl`,
+      BOXCAR_SIGNALS_DIR: `${workspace}/.boxcar/signals`,
       BOXCAR_OUTPUT_DIR: `${workspace}/out`,
     });
     // When the worker will stop it: its 60 s from when it was started, on the worker's clock.
@@ -280,6 +281,7 @@ describe("worker", () => {
         "BOXCAR_JOB_ID",
         "BOXCAR_OUTPUT_DIR",
         "BOXCAR_RESULT_FILE",
+        "BOXCAR_SIGNALS_DIR",
         "BOXCAR_STOP_AT",
         "BOXCAR_USAGE_FILE",
         "BOXCAR_WORKSPACE",

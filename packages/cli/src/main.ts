@@ -3,7 +3,7 @@ import { errors as natsErrors } from "@nats-io/transport-node";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { auth } from "./commands/auth.js";
-import { artifacts, cancel, clean, events, jobs, logs, retry, status, submit } from "./commands/jobs.js";
+import { artifacts, cancel, clean, events, jobs, logs, retry, signal, status, submit } from "./commands/jobs.js";
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
 import { run } from "./commands/run.js";
@@ -29,6 +29,7 @@ const COMMANDS: readonly Command[] = [
   events,
   artifacts,
   cancel,
+  signal,
   retry,
   clean,
   jobs,

@@ -38,6 +38,7 @@ import {
   type ScheduleRecord,
   type SessionRecord,
   type SetPolicyReply,
+  type SignalRequest,
   type SnapshotInfo,
   type StartRunRequest,
   type SystemPolicy,
@@ -118,6 +119,8 @@ export interface BoxcarClient {
   cancelJob(id: string): Promise<JobRecord>;
   /** Runs a dead job again, with a fresh budget of attempts. */
   retryJob(id: string): Promise<JobRecord>;
+  /** Sends a signal to a running job: a file in its workspace and an event; where it was written (docs/flow-control.md#signals). */
+  signalJob(id: string, name: string, payload?: unknown): Promise<{ job: JobRecord; file: string }>;
   /** Deletes now the ended jobs that match, as retention would (admins only); ask again while `more`. */
   cleanJobs(request: CleanJobsRequest): Promise<CleanJobsReply>;
   /** How many of the jobs you may see are in each state (all of them, or one agent's). */
@@ -311,6 +314,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async cancelJob(id: string) {
     return (await this.request(ApiEndpoint.jobsCancel, { id })).job;
+  }
+
+  signalJob(id: string, name: string, payload: unknown = null) {
+    return this.request(ApiEndpoint.jobsSignal, { id, name, payload: payload as SignalRequest["payload"] });
   }
 
   async retryJob(id: string) {

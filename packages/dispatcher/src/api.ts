@@ -32,7 +32,7 @@ import { type AdmissionContext, admit, getRecord } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
-import { cancelJob, countJobs, listJobs, retryJob } from "./jobs.js";
+import { cancelJob, countJobs, listJobs, retryJob, signalJob } from "./jobs.js";
 import { forgetLimit } from "./rate-limit.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Schedules } from "./schedules.js";
@@ -217,6 +217,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
+    [ApiEndpoint.jobsSignal]: (body, caller) => signalJob(topology, requestOf(ApiEndpoint.jobsSignal, body), caller),
     [ApiEndpoint.workflowsApprove]: async (body, caller) => ({
       run: await runs.decide(requestOf(ApiEndpoint.workflowsApprove, body), caller),
     }),

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/client";
-import { getJson, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, isNoResponders, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   type CountJobsReply,
@@ -15,7 +15,7 @@ import {
   ownerOf,
   parseWith,
 } from "@boxcar/protocol";
-import { type AdmissionContext, publishWorkItem } from "./admission.js";
+import { type AdmissionContext, getRecord, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */
@@ -149,6 +149,35 @@ export async function removeWaitingMarker(topology: Topology, job: JobRecord): P
   if (subject === undefined) return;
   const marker = await jsm.streams.getMessage(names.streams.work, { last_by_subj: subject }).catch(() => null);
   if (marker) await jsm.streams.deleteMessage(names.streams.work, marker.seq, false).catch(() => {});
+}
+
+/** How long a signal waits for the worker running its job to write it. */
+const SIGNAL_WAIT_MS = 5_000;
+
+/**
+ * Sends a signal to a running job (docs/flow-control.md#signals): the worker running it writes
+ * it to the agent's signals folder and publishes a `signal` event, and says where. A job not
+ * running, or whose agent is not (starting, ending), is a `conflict`; one `caller` may not see
+ * is not found.
+ */
+export async function signalJob(
+  topology: Topology,
+  request: { id: string; name: string; payload: unknown },
+  caller: Identity,
+): Promise<{ job: JobRecord; file: string }> {
+  const job = await getRecord(topology, request.id, caller);
+  const notRunning = (why: string) => new BoxcarError(ErrorCode.conflict, `job ${job.id} cannot take a signal: ${why}`);
+  if (job.state !== "running") throw notRunning(`it is ${job.state}`);
+  let reply: { file?: unknown; error?: unknown };
+  try {
+    const body = JSON.stringify({ name: request.name, payload: request.payload });
+    reply = (await topology.nc.request(topology.names.subjects.signal(job.id), body, { timeout: SIGNAL_WAIT_MS })).json();
+  } catch (err) {
+    if (isNoResponders(err)) throw notRunning("no worker runs it now (it is being handed over, or its worker is gone)");
+    throw new BoxcarError(ErrorCode.unavailable, `the worker running job ${job.id} did not answer the signal in time`, { cause: err });
+  }
+  if (typeof reply.file !== "string") throw notRunning(typeof reply.error === "string" ? reply.error : "its worker refused it");
+  return { job, file: reply.file };
 }
 
 /**

@@ -3,7 +3,7 @@ export type { JobChange, JobHandle } from "./job-store.js";
 export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
 export { followKv, getJson, keysOf, listJson } from "./kv-json.js";
-export { isRevisionConflict, isStorageFull, isTransientJetStreamError, patiently } from "./nats-errors.js";
+export { isNoResponders, isRevisionConflict, isStorageFull, isTransientJetStreamError, patiently } from "./nats-errors.js";
 export type { NatsClusterOptions, NatsServer, NatsServerOptions, NatsWebsocketOptions } from "./nats-server.js";
 export { findNatsServer, freePort, startNatsServer } from "./nats-server.js";
 export { removeObject } from "./objects.js";

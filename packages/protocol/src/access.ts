@@ -107,6 +107,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.schedulesDelete,
     // Whether the caller may decide is the step's to say (its approvers).
     ApiEndpoint.workflowsApprove,
+    ApiEndpoint.jobsSignal,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };
@@ -182,6 +183,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.workAll,
             s.deadAll,
             s.cancelAll,
+            s.signalAll,
             ...[b.jobs, b.agents, b.idempotency, b.workflows, b.policy, b.sessions, b.limits, b.schedules, b.usage].map(kvSubjects),
             // Requests to the worker that holds a session (it answers only what it is asked).
             s.sessionAll,
@@ -227,7 +229,7 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           deny: [s.workAll],
         },
         // Session requests come from dispatchers; a worker may answer each once, on its reply subject only.
-        sub: { allow: [inbox, s.cancelAll, s.sessionAll], deny: [] },
+        sub: { allow: [inbox, s.cancelAll, s.signalAll, s.sessionAll], deny: [] },
         allowResponses: true,
       };
     case "viewer":

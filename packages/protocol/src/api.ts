@@ -113,6 +113,24 @@ export const StartRunRequest = z.strictObject({
 export type StartRunRequest = z.input<typeof StartRunRequest>;
 
 export const RunRef = z.strictObject({ id: z.string().regex(TOKEN_PATTERN, "a run id is 1-64 letters, digits, '-' or '_'") });
+/** The most a signal's payload may hold, as JSON. */
+export const MAX_SIGNAL_BYTES = 64 * 1024;
+
+/** A signal to a running job: a file in its workspace and an event (docs/flow-control.md#signals). */
+export const SignalRequest = z.strictObject({
+  id: z.string().regex(TOKEN_PATTERN, "a job id is 1-64 letters, digits, '-' or '_'"),
+  name: z.string().regex(TOKEN_PATTERN, "a signal name is 1-64 letters, digits, '-' or '_'"),
+  payload: z
+    .json()
+    .default(null)
+    .refine((p) => Buffer.byteLength(JSON.stringify(p)) <= MAX_SIGNAL_BYTES, "at most 64 KiB of JSON"),
+});
+export type SignalRequest = z.input<typeof SignalRequest>;
+export const SignalReply = z.strictObject({
+  job: JobRecord,
+  file: z.string().describe("where in the job's workspace the signal was written"),
+});
+
 /** An approver's decision on a run's approval step (docs/workflows.md#approvals). */
 export const ApproveStepRequest = z.strictObject({
   id: RunRef.shape.id,
@@ -264,6 +282,7 @@ export const API_CONTRACT = {
   "schedules.delete": { request: ScheduleRef, reply: ScheduleReply },
   "usage.get": { request: UsageRequest, reply: UsageReply },
   "workflows.approve": { request: ApproveStepRequest, reply: RunReply },
+  "jobs.signal": { request: SignalRequest, reply: SignalReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

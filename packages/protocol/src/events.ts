@@ -29,6 +29,7 @@ export const JobEventType = z.enum([
   "handoff",
   "handoff_refused",
   "usage",
+  "signal",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 

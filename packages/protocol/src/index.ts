@@ -66,6 +66,8 @@ export {
   RunRef,
   RunReply,
   SetPolicyReply,
+  SignalReply,
+  SignalRequest,
   StartRunReply,
   StartRunRequest,
   SubmitReply,

@@ -133,6 +133,9 @@ export interface Names {
     logsAll: string;
     cancel(jobId: string): string;
     cancelAll: string;
+    /** Where a dispatcher delivers a signal to a running job, to the worker running it: `<prefix>.ctl.signal.<jobId>`. */
+    signal(jobId: string): string;
+    signalAll: string;
     dead(agent: string): string;
     deadAll: string;
     /**
@@ -196,6 +199,7 @@ export const ApiEndpoint = {
   schedulesDelete: "schedules.delete",
   usageGet: "usage.get",
   workflowsApprove: "workflows.approve",
+  jobsSignal: "jobs.signal",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 
@@ -266,6 +270,8 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       logsAll: `${prefix}.log.>`,
       cancel: (jobId) => `${prefix}.ctl.cancel.${jobId}`,
       cancelAll: `${prefix}.ctl.cancel.*`,
+      signal: (jobId) => `${prefix}.ctl.signal.${jobId}`,
+      signalAll: `${prefix}.ctl.signal.*`,
       dead: (agent) => `${prefix}.dead.${agent}`,
       deadAll: `${prefix}.dead.>`,
       upload: (owner, token) => `${prefix}.upload.${owner}.${token}`,

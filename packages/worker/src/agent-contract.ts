@@ -11,6 +11,8 @@ export const AgentPaths = {
   result: ".boxcar/result.json",
   /** Where the agent may report what its calls to its provider used, one JSON object a line: `{ model?, tokensIn?, tokensOut?, cost? }`. */
   usage: ".boxcar/usage.jsonl",
+  /** Where signals sent to the running job arrive, one file each: `<n>-<name>.json`, `{ name, payload, at }`. */
+  signals: ".boxcar/signals",
   /** The handoff chain so far: `{ root, depth, history: [{ jobId, agent, summary }], run?, step? }`. */
   chain: ".boxcar/chain.json",
   /** The agent's TMPDIR. */
@@ -106,6 +108,7 @@ export function agentEnv({
     BOXCAR_INPUT_FILE: inWorkspace(AgentPaths.input),
     BOXCAR_RESULT_FILE: inWorkspace(AgentPaths.result),
     BOXCAR_USAGE_FILE: inWorkspace(AgentPaths.usage),
+    BOXCAR_SIGNALS_DIR: inWorkspace(AgentPaths.signals),
     BOXCAR_CHAIN_FILE: inWorkspace(AgentPaths.chain),
     BOXCAR_OUTPUT_DIR: inWorkspace(AgentPaths.output),
     BOXCAR_STOP_AT: String(stopAt),

@@ -25,12 +25,14 @@ import {
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
+  TOKEN_PATTERN,
   toErrorInfo,
   WorkerInfo,
   type WorkItem,
   whyCannotServe,
 } from "@boxcar/protocol";
-import { agentEnv, collectSecrets } from "./agent-contract.js";
+import type { Msg } from "@nats-io/transport-node";
+import { AgentPaths, agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, readUsageFile, storeArtifacts } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
@@ -43,6 +45,8 @@ import type { WorkDelivery } from "./work-delivery.js";
 import type { WorkerMetrics } from "./worker-metrics.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
+/** How long a signal that comes before the job's sandbox is ready waits for it. */
+const SIGNAL_WAIT_MS = 4_000;
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
 /**
@@ -95,6 +99,11 @@ export class JobRun {
   private claimedAt = 0;
   private sandboxInfo: SandboxInfo | undefined;
   private secretValues: string[] = [];
+  /** The sandbox from when it is ready until the agent ends: where signals are written. */
+  private agentSandbox: Sandbox | undefined;
+  /** Told when the sandbox is ready: a signal that comes before waits for it. */
+  private readonly sandboxReady = new Set<() => void>();
+  private signals = 0;
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   private traceparent: string | undefined;
   /** A job in a session: the session's sandbox, lent for this attempt. */
@@ -122,6 +131,52 @@ export class JobRun {
       this.log,
       ctx.options.eventHoldMs,
     );
+  }
+
+  /**
+   * A signal to the job (docs/flow-control.md#signals), from a dispatcher: written to the agent's
+   * signals folder as `<n>-<name>.json` (`{ name, payload, at }`), then a `signal` event; the
+   * dispatcher is answered with the file, or why there is none (the agent is not running).
+   */
+  async signal(msg: Msg): Promise<void> {
+    const answer = (body: { file: string } | { error: string }) => msg.respond(JSON.stringify(body));
+    let signal: { name?: unknown; payload?: unknown };
+    try {
+      signal = msg.json();
+    } catch {
+      answer({ error: "not a signal" });
+      return;
+    }
+    if (typeof signal.name !== "string" || !TOKEN_PATTERN.test(signal.name)) {
+      answer({ error: "a signal's name is 1-64 letters, digits, '-' or '_'" });
+      return;
+    }
+    // Claimed but its sandbox not yet ready: the signal waits for it a little (the dispatcher waits 5 s).
+    if (!this.agentSandbox && !this.stopReason) {
+      await new Promise<void>((resolve) => {
+        const ready = () => {
+          clearTimeout(timer);
+          this.sandboxReady.delete(ready);
+          resolve();
+        };
+        const timer = setTimeout(ready, SIGNAL_WAIT_MS);
+        this.sandboxReady.add(ready);
+      });
+    }
+    const sandbox = this.agentSandbox;
+    if (!sandbox || this.stopReason) {
+      answer({ error: "its agent is not running (it is starting, or ending)" });
+      return;
+    }
+    const file = `${AgentPaths.signals}/${String(++this.signals).padStart(4, "0")}-${signal.name}.json`;
+    try {
+      await sandbox.writeFile(file, Buffer.from(JSON.stringify({ name: signal.name, payload: signal.payload ?? null, at: nowIso() })));
+    } catch (err) {
+      answer({ error: `could not write the signal: ${(err as Error).message}` });
+      return;
+    }
+    void this.events.job("signal", "running", { message: `signal ${signal.name} in ${file}` });
+    answer({ file });
   }
 
   /** Stops the run; the first reason decides how the job ends. */
@@ -382,7 +437,11 @@ export class JobRun {
     try {
       sandbox = this.lease ? this.lease.sandbox : await this.createSandbox(ref);
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
-      exec = await this.runAgent(sandbox, ref, secrets);
+      this.agentSandbox = sandbox;
+      for (const ready of this.sandboxReady) ready();
+      exec = await this.runAgent(sandbox, ref, secrets).finally(() => {
+        this.agentSandbox = undefined;
+      });
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
       if (exec.aborted) return this.stopped(exec);

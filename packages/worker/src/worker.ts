@@ -115,6 +115,7 @@ class BoxcarWorker implements Worker {
   private presenceClosed = false;
   private reaper: NodeJS.Timeout | undefined;
   private cancelSub: Subscription | undefined;
+  private signalSub: Subscription | undefined;
   private sessions: SessionHost | undefined;
 
   constructor(private readonly options: ResolvedWorkerOptions) {
@@ -171,6 +172,11 @@ class BoxcarWorker implements Worker {
     const cancelPrefix = topology.names.subjects.cancel("");
     this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
       callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
+    });
+    // A signal is answered by the worker running its job; the others let it pass.
+    const signalPrefix = topology.names.subjects.signal("");
+    this.signalSub = topology.nc.subscribe(topology.names.subjects.signalAll, {
+      callback: (_err, msg) => void this.runs.get(msg.subject.slice(signalPrefix.length))?.run.signal(msg),
     });
     this.sessions = new SessionHost({
       topology,
@@ -405,6 +411,7 @@ class BoxcarWorker implements Worker {
       if (provider.close) await this.step(`remove warm ${provider.kind} sandboxes`, () => provider.close?.() ?? Promise.resolve());
     }
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
+    await this.step("stop listening for signals", async () => this.signalSub?.unsubscribe());
     await this.step("close the sessions", async () => this.sessions?.stop());
     // A heartbeat still in flight must land before the delete, or it would bring back a
     // presence that readers then see as gone.

@@ -307,6 +307,31 @@ export const cancel: Command = {
   },
 };
 
+export const signal: Command = {
+  name: "signal",
+  usage: "boxcar signal JOB NAME [--payload JSON]",
+  summary: "send a running job a signal: a file in its workspace ($BOXCAR_SIGNALS_DIR) and an event",
+  maxArgs: 2,
+  options: { payload: { type: "string" } },
+  async run(ctx) {
+    const [id, name] = ctx.positionals;
+    if (!id || !name) throw new UsageError(`give a JOB and a signal NAME\n\nusage: ${this.usage}`);
+    const text = ctx.values.payload as string | undefined;
+    let payload: unknown = null;
+    if (text !== undefined) {
+      try {
+        payload = JSON.parse(text);
+      } catch (err) {
+        throw new UsageError(`--payload must be JSON: ${(err as Error).message}`);
+      }
+    }
+    await using session = await ctx.session("boxcar-signal");
+    const reply = await session.client.signalJob(id, name, payload);
+    ctx.print(ctx.values.json ? json(reply) : `${id}: signal ${name} written to ${reply.file}`);
+    return ExitCode.ok;
+  },
+};
+
 export const jobs: Command = {
   name: "jobs",
   usage: "boxcar jobs [--state STATE] [--agent AGENT] [--pool POOL] [--limit N] [--after JOB] | --counts [--agent AGENT]",

@@ -1,0 +1,61 @@
+/**
+ * Signals to running jobs (issue 21, part 4): a signal (a name and a JSON payload) reaches the
+ * running agent as a file in its workspace, plus an event; against a real nats-server, a
+ * dispatcher and a host worker, with a principal per user.
+ */
+
+import { ErrorCode } from "@boxcar/protocol";
+import { expect, test } from "vitest";
+import { boxcar, eventually } from "./helpers/cli.js";
+import { securedSystem } from "./helpers/secured.js";
+
+test("a signal reaches the running agent as a file and an event; one to a job not running, another user's, or too large is refused", async () => {
+  await using system = await securedSystem();
+  const admin = await system.as("boss", "admin");
+  const alice = await system.as("alice");
+  const bob = await system.as("bob");
+  await admin.client.applyAgent({
+    name: "listener",
+    // Waits (up to 20 s) for two signals, and returns them in the order they came.
+    command: `for i in $(seq 200); do n=$(ls "$BOXCAR_SIGNALS_DIR" 2>/dev/null | wc -l); [ "$n" -ge 2 ] && break; sleep 0.1; done
+      cd "$BOXCAR_SIGNALS_DIR" && printf '{"output":[%s,%s]}' "$(cat $(ls | head -1))" "$(cat $(ls | tail -1))" > "$BOXCAR_RESULT_FILE"`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  await admin.client.applyAgent({ name: "idle", command: "true", trusted: true, runtime: { sandbox: "host" }, pool: "nobody" });
+
+  const { job } = await alice.client.submit({ agent: "listener" });
+  await eventually(async () => ((await alice.client.getJob(job.id)).state === "running" ? true : undefined), "the job to run");
+  const first = await alice.client.signalJob(job.id, "approve", { by: "alice", n: 1 });
+  expect(first.file).toBe(".boxcar/signals/0001-approve.json");
+  // From the command line too.
+  const cli = await boxcar(system.url, system.prefix, ["signal", job.id, "stop", "--payload", '{"why":"enough"}'], {
+    NATS_CREDS: alice.creds,
+  });
+  expect(cli.stdout).toContain(`${job.id}: signal stop written to .boxcar/signals/0002-stop.json`);
+
+  const done = await admin.client.waitForJob(job.id);
+  expect(done.state).toBe("succeeded");
+  expect(done.result?.output).toEqual([
+    { name: "approve", payload: { by: "alice", n: 1 }, at: expect.any(String) },
+    { name: "stop", payload: { why: "enough" }, at: expect.any(String) },
+  ]);
+  const signals: string[] = [];
+  for await (const e of alice.client.events(job.id)) if (e.kind === "job" && e.type === "signal") signals.push(e.message ?? "");
+  expect(signals).toEqual(["signal approve in .boxcar/signals/0001-approve.json", "signal stop in .boxcar/signals/0002-stop.json"]);
+
+  // Refusals: a job that ended, one not started, another user's, a payload too large, a bad name.
+  await expect(alice.client.signalJob(job.id, "late")).rejects.toMatchObject({
+    code: ErrorCode.conflict,
+    message: expect.stringContaining("it is succeeded"),
+  });
+  const queued = (await alice.client.submit({ agent: "idle" })).job;
+  await expect(alice.client.signalJob(queued.id, "go")).rejects.toMatchObject({
+    code: ErrorCode.conflict,
+    message: expect.stringContaining("it is queued"),
+  });
+  await expect(bob.client.signalJob(queued.id, "go")).rejects.toMatchObject({ code: ErrorCode.notFound });
+  await expect(alice.client.signalJob(queued.id, "go", "x".repeat(70_000))).rejects.toMatchObject({ code: ErrorCode.invalid });
+  await expect(alice.client.signalJob(queued.id, "no/slash")).rejects.toMatchObject({ code: ErrorCode.invalid });
+  await alice.client.cancelJob(queued.id);
+});
