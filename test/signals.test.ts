@@ -58,4 +58,32 @@ test("a signal reaches the running agent as a file and an event; one to a job no
   await expect(alice.client.signalJob(queued.id, "go", "x".repeat(70_000))).rejects.toMatchObject({ code: ErrorCode.invalid });
   await expect(alice.client.signalJob(queued.id, "no/slash")).rejects.toMatchObject({ code: ErrorCode.invalid });
   await alice.client.cancelJob(queued.id);
+
+  // To a workflow run: each of its jobs running gets it.
+  const { run } = await alice.client.startRun({
+    workflow: {
+      name: "two",
+      steps: [
+        { name: "a", agent: "listener" },
+        { name: "b", agent: "listener" },
+      ],
+    },
+  });
+  await eventually(async () => {
+    const r = await alice.client.getRun(run.id);
+    const jobs = Object.values(r.steps).flatMap((s) => s.instances.flatMap((i) => i.jobs));
+    const states = await Promise.all(jobs.map(async (id) => (await alice.client.getJob(id)).state));
+    return states.length === 2 && states.every((s) => s === "running") ? true : undefined;
+  }, "both steps' jobs to run");
+  const toRun = await alice.client.signalRun(run.id, "go", 1);
+  expect(toRun.delivered.map((d) => d.file)).toEqual([".boxcar/signals/0001-go.json", ".boxcar/signals/0001-go.json"]);
+  expect(toRun.missed).toEqual([]);
+  const viaCli = await boxcar(system.url, system.prefix, ["workflow", "signal", run.id, "go", "--payload", "2"], {
+    NATS_CREDS: alice.creds,
+  });
+  expect(viaCli.stdout.match(/signal go written to \.boxcar\/signals\/0002-go\.json/g)).toHaveLength(2);
+  const ended = await admin.client.waitForRun(run.id);
+  expect(ended.state).toBe("succeeded");
+  await expect(alice.client.signalRun(run.id, "late")).rejects.toMatchObject({ code: ErrorCode.conflict });
+  await expect(bob.client.signalRun(run.id, "go")).rejects.toMatchObject({ code: ErrorCode.notFound });
 });

@@ -171,6 +171,13 @@ test("each API request and the data of its reply match the endpoint's published 
   await eventually(async () => ((await system.client.getJob(sleeping.id)).state === "running" ? true : undefined), "the sleeper to run");
   await call("jobs.signal", { id: sleeping.id, name: "wake", payload: { now: true } });
   await system.client.cancelJob(sleeping.id);
+  const sleepy = (await call("workflows.start", { workflow: { name: "sleepy", steps: [{ name: "z", agent: "sleeper" }] } })).run;
+  await eventually(async () => {
+    const job = (await system.client.getRun(sleepy.id)).steps.z?.instances[0]?.jobs[0];
+    return job && (await system.client.getJob(job)).state === "running" ? true : undefined;
+  }, "the run's job to run");
+  await call("workflows.signal", { id: sleepy.id, name: "wake" });
+  await system.client.cancelRun(sleepy.id);
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);

@@ -34,6 +34,7 @@ import {
   ownerOf,
   parseDurationMs,
   parseWith,
+  type RunSignalReply,
   type ScheduleDefinitionInput,
   type ScheduleRecord,
   type SessionRecord,
@@ -121,6 +122,8 @@ export interface BoxcarClient {
   retryJob(id: string): Promise<JobRecord>;
   /** Sends a signal to a running job: a file in its workspace and an event; where it was written (docs/flow-control.md#signals). */
   signalJob(id: string, name: string, payload?: unknown): Promise<{ job: JobRecord; file: string }>;
+  /** Sends a signal to each job of a workflow run running now. */
+  signalRun(id: string, name: string, payload?: unknown): Promise<RunSignalReply>;
   /** Deletes now the ended jobs that match, as retention would (admins only); ask again while `more`. */
   cleanJobs(request: CleanJobsRequest): Promise<CleanJobsReply>;
   /** How many of the jobs you may see are in each state (all of them, or one agent's). */
@@ -318,6 +321,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   signalJob(id: string, name: string, payload: unknown = null) {
     return this.request(ApiEndpoint.jobsSignal, { id, name, payload: payload as SignalRequest["payload"] });
+  }
+
+  signalRun(id: string, name: string, payload: unknown = null) {
+    return this.request(ApiEndpoint.workflowsSignal, { id, name, payload: payload as SignalRequest["payload"] });
   }
 
   async retryJob(id: string) {

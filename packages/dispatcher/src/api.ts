@@ -217,6 +217,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
+    [ApiEndpoint.workflowsSignal]: (body, caller) => runs.signal(requestOf(ApiEndpoint.workflowsSignal, body), caller),
     [ApiEndpoint.jobsSignal]: (body, caller) => signalJob(topology, requestOf(ApiEndpoint.jobsSignal, body), caller),
     [ApiEndpoint.workflowsApprove]: async (body, caller) => ({
       run: await runs.decide(requestOf(ApiEndpoint.workflowsApprove, body), caller),

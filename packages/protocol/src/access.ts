@@ -108,6 +108,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     // Whether the caller may decide is the step's to say (its approvers).
     ApiEndpoint.workflowsApprove,
     ApiEndpoint.jobsSignal,
+    ApiEndpoint.workflowsSignal,
   ],
   viewer: [...READ_ENDPOINTS, ApiEndpoint.policyGet],
 };

@@ -131,6 +131,14 @@ export const SignalReply = z.strictObject({
   file: z.string().describe("where in the job's workspace the signal was written"),
 });
 
+/** A signal to a run: to each of its jobs running (`id` is the run's). */
+export const RunSignalReply = z.strictObject({
+  run: WorkflowRun,
+  delivered: z.array(z.strictObject({ jobId: z.string(), file: z.string() })).describe("the jobs it reached, and where"),
+  missed: z.array(z.strictObject({ jobId: z.string(), error: ErrorInfo })).describe("running jobs it could not reach, and why"),
+});
+export type RunSignalReply = z.infer<typeof RunSignalReply>;
+
 /** An approver's decision on a run's approval step (docs/workflows.md#approvals). */
 export const ApproveStepRequest = z.strictObject({
   id: RunRef.shape.id,
@@ -283,6 +291,7 @@ export const API_CONTRACT = {
   "usage.get": { request: UsageRequest, reply: UsageReply },
   "workflows.approve": { request: ApproveStepRequest, reply: RunReply },
   "jobs.signal": { request: SignalRequest, reply: SignalReply },
+  "workflows.signal": { request: SignalRequest, reply: RunSignalReply },
 } as const satisfies Record<ApiEndpoint, { request: z.ZodType; reply: z.ZodType }>;
 
 /** The `data` of an endpoint's reply, as `API_CONTRACT` says. */

@@ -65,6 +65,7 @@ export {
   RunEventsRequest,
   RunRef,
   RunReply,
+  RunSignalReply,
   SetPolicyReply,
   SignalReply,
   SignalRequest,

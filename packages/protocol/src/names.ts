@@ -200,6 +200,7 @@ export const ApiEndpoint = {
   usageGet: "usage.get",
   workflowsApprove: "workflows.approve",
   jobsSignal: "jobs.signal",
+  workflowsSignal: "workflows.signal",
 } as const;
 export type ApiEndpoint = (typeof ApiEndpoint)[keyof typeof ApiEndpoint];
 

@@ -7,7 +7,7 @@ import { ago, describeEvent, duration, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | approve RUN STEP [--comment TEXT] | reject RUN STEP [--comment TEXT] | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
+  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | approve RUN STEP [--comment TEXT] | reject RUN STEP [--comment TEXT] | signal RUN NAME [--payload JSON] | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
 
 /** Exit code of a command that waited for a run: 0 when it succeeded. */
 export const exitForRun = (run: WorkflowRun): number => (run.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
@@ -159,6 +159,7 @@ export const workflow: Command = {
     limit: { type: "string" },
     after: { type: "string" },
     comment: { type: "string" },
+    payload: { type: "string" },
   },
   async run(ctx) {
     const [verb, ...args] = ctx.positionals;
@@ -193,6 +194,27 @@ export const workflow: Command = {
         const run = await session.client.decideStep(id, step, verb, comment);
         ctx.print(ctx.values.json ? json(run) : `${run.id}: step ${step} ${verb === "approve" ? "approved" : "rejected"}`);
         return ExitCode.ok;
+      }
+      case "signal": {
+        const [id, name, ...rest] = args;
+        if (!id || !name || rest.length > 0) throw new UsageError(`workflow signal needs a RUN and a signal NAME\n\nusage: ${usage}`);
+        const text = ctx.values.payload as string | undefined;
+        let payload: unknown = null;
+        if (text !== undefined) {
+          try {
+            payload = JSON.parse(text);
+          } catch (err) {
+            throw new UsageError(`--payload must be JSON: ${(err as Error).message}`);
+          }
+        }
+        await using session = await ctx.session("boxcar-workflow");
+        const reply = await session.client.signalRun(id, name, payload);
+        if (ctx.values.json) ctx.print(json(reply));
+        else {
+          for (const d of reply.delivered) ctx.print(`${d.jobId}: signal ${name} written to ${d.file}`);
+          for (const m of reply.missed) ctx.print(`${m.jobId}: not reached: ${m.error.message}`);
+        }
+        return reply.delivered.length > 0 ? ExitCode.ok : ExitCode.jobFailed;
       }
       case "ls": {
         if (args.length > 0) throw new UsageError(`workflow ls takes no arguments\n\nusage: ${usage}`);

@@ -21,7 +21,7 @@ import {
 } from "@boxcar/protocol";
 import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
-import { cancelJob, caughtUp, LIST_REPLY_BUDGET } from "../jobs.js";
+import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 import type { RunIndex } from "./run-index.js";
 
@@ -226,6 +226,30 @@ export class Runs {
       return (await this.get(id)) ?? next;
     }
     throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; decide again`);
+  }
+
+  /**
+   * A signal to a run: sent to each of its jobs running now (docs/flow-control.md#signals). What
+   * reached each, and what could not (a job between attempts, say), is said; a run with none
+   * running is a `conflict`.
+   */
+  async signal(request: { id: string; name: string; payload: unknown }, caller: Identity) {
+    const run = await this.require(request.id, caller);
+    const running = Object.values(run.steps).flatMap((step) =>
+      step.instances.flatMap((inst) => (inst.state === "running" && inst.jobs.length > 0 ? [inst.jobs.at(-1) as string] : [])),
+    );
+    if (running.length === 0)
+      throw new BoxcarError(ErrorCode.conflict, `workflow run ${run.id} has no job running to signal (it is ${run.state})`);
+    const delivered: { jobId: string; file: string }[] = [];
+    const missed: { jobId: string; error: ReturnType<typeof toErrorInfo> }[] = [];
+    for (const jobId of running) {
+      try {
+        delivered.push({ jobId, file: (await signalJob(this.topology, { ...request, id: jobId }, caller)).file });
+      } catch (err) {
+        missed.push({ jobId, error: toErrorInfo(err) });
+      }
+    }
+    return { run, delivered, missed };
   }
 
   /** Moves a run on as far as its jobs allow; concurrent calls for one run collapse into one more pass. */
