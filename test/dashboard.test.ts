@@ -238,6 +238,34 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.close();
   }, 30_000);
 
+  test("the usage page shows the day's usage per agent and user, and a job's page its own", async () => {
+    await client.applyAgent({
+      name: "spender",
+      command: ["sh", "-c", 'echo \'{"model":"m","tokensIn":120,"tokensOut":30,"cost":0.5}\' >> "$BOXCAR_USAGE_FILE"'],
+      trusted: true,
+      runtime: { sandbox: "host" },
+    });
+    const { job } = await client.submit({ agent: "spender" });
+    expect((await client.waitForJob(job.id)).usage).toMatchObject({ calls: 1, cost: 0.5 });
+    const page = await open("#/usage");
+    await expect
+      .poll(
+        async () =>
+          (await page
+            .locator('tr[data-usage="agent:spender"]')
+            .textContent({ timeout: 1_000 })
+            .catch(() => "")) ?? "",
+        {
+          timeout: 15_000,
+        },
+      )
+      .toMatch(/spender\s*1\s*120\s*30\s*0\.5/);
+    await page.screenshot({ path: `${SCREENSHOTS}/usage.png` });
+    await page.goto(`${dashboard}/#/job/${job.id}`);
+    expect(await page.locator("dd[data-usage]").textContent()).toBe("1 calls: 120 tokens in, 30 out, cost 0.5");
+    await page.close();
+  }, 30_000);
+
   test("the workers page shows each worker's load and sandboxes", async () => {
     const page = await open("#/workers");
     await expect.poll(() => page.locator("table.workers tbody tr").count(), { timeout: 10_000 }).toBe(2);

@@ -16,6 +16,7 @@ import { JobView } from "./views/job.js";
 import { JobsView } from "./views/jobs.js";
 import { RunView } from "./views/run.js";
 import { RunsView } from "./views/runs.js";
+import { UsageView } from "./views/usage.js";
 import { WorkersView } from "./views/workers.js";
 
 async function askSession(token?: string): Promise<SessionInfo> {
@@ -51,6 +52,7 @@ const VIEWS: readonly [string, string][] = [
   ["workers", "Workers"],
   ["agents", "Agents"],
   ["dead", "Dead letters"],
+  ["usage", "Usage"],
 ];
 
 function App({ api }: { api: Api }) {
@@ -85,6 +87,8 @@ function view(api: Api, route: Route) {
       return html`<${DeadView} api=${api} route=${route} />`;
     case "agents":
       return html`<${AgentsView} api=${api} />`;
+    case "usage":
+      return html`<${UsageView} api=${api} route=${route} />`;
     default:
       return html`<${JobsView} api=${api} route=${route} />`;
   }

@@ -140,6 +140,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         <dt>created</dt><dd>${when(job.createdAt)}</dd>
         ${job.startedAt && html`<dt>ran</dt><dd>${duration(job.startedAt, job.finishedAt)}${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
         ${job.sandbox && html`<dt>sandbox</dt><dd>${job.sandbox.kind}: ${job.sandbox.reason}</dd>`}
+        ${job.usage && html`<dt>usage</dt><dd data-usage>${job.usage.calls} calls: ${job.usage.tokensIn} tokens in, ${job.usage.tokensOut} out, cost ${job.usage.cost}</dd>`}
         ${job.chain?.run && html`<dt>workflow run</dt><dd><a href=${`#/run/${job.chain.run}`}>${job.chain.run}</a></dd>`}
         ${job.handoff?.jobId && html`<dt>handed off to</dt><dd><a href=${`#/job/${job.handoff.jobId}`}>${job.handoff.to} (${job.handoff.jobId})</a></dd>`}
       </dl>
