@@ -30,11 +30,14 @@ export const NO_USAGE: Usage = { calls: 0, tokensIn: 0, tokensOut: 0, cost: 0 };
 
 /** `a` and `b` summed (models kept apart up to 32). */
 export function addUsage(a: Usage, b: Usage): Usage {
+  // Counts stop at the largest safe integer (and cost at 1e15): a report that big is nonsense, and
+  // past it a record would no longer parse.
+  const add = (x: number, y: number) => Math.min(x + y, Number.MAX_SAFE_INTEGER);
   const sum = (x: Omit<Usage, "models">, y: Omit<Usage, "models">) => ({
-    calls: x.calls + y.calls,
-    tokensIn: x.tokensIn + y.tokensIn,
-    tokensOut: x.tokensOut + y.tokensOut,
-    cost: x.cost + y.cost,
+    calls: add(x.calls, y.calls),
+    tokensIn: add(x.tokensIn, y.tokensIn),
+    tokensOut: add(x.tokensOut, y.tokensOut),
+    cost: Math.min(x.cost + y.cost, 1e15),
   });
   const models: NonNullable<Usage["models"]> = { ...a.models };
   for (const [model, used] of Object.entries(b.models ?? {})) {

@@ -45,6 +45,8 @@ import type { WorkDelivery } from "./work-delivery.js";
 import type { WorkerMetrics } from "./worker-metrics.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
+/** The most signals one job takes (each is a file of up to 64 KiB in its workspace). */
+const MAX_SIGNALS = 1_000;
 /** How long a signal that comes before the job's sandbox is ready waits for it. */
 const SIGNAL_WAIT_MS = 4_000;
 /** How long a job this worker cannot run waits before JetStream offers it again. */
@@ -104,6 +106,7 @@ export class JobRun {
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
+  private agentEnded = false;
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   private traceparent: string | undefined;
   /** A job in a session: the session's sandbox, lent for this attempt. */
@@ -151,8 +154,12 @@ export class JobRun {
       answer({ error: "a signal's name is 1-64 letters, digits, '-' or '_'" });
       return;
     }
+    if (this.signals >= MAX_SIGNALS) {
+      answer({ error: `it has had ${MAX_SIGNALS} signals, the most a job takes` });
+      return;
+    }
     // Claimed but its sandbox not yet ready: the signal waits for it a little (the dispatcher waits 5 s).
-    if (!this.agentSandbox && !this.stopReason) {
+    if (!this.agentSandbox && !this.stopReason && !this.agentEnded) {
       await new Promise<void>((resolve) => {
         const ready = () => {
           clearTimeout(timer);
@@ -183,6 +190,7 @@ export class JobRun {
   stop(reason: StopReason): void {
     if (this.stopReason) return;
     this.stopReason = reason;
+    for (const waiting of this.sandboxReady) waiting(); // signals waiting for the sandbox are refused now
     this.log.info({ reason }, "stopping job");
     this.abort.abort();
   }
@@ -441,6 +449,7 @@ export class JobRun {
       for (const ready of this.sandboxReady) ready();
       exec = await this.runAgent(sandbox, ref, secrets).finally(() => {
         this.agentSandbox = undefined;
+        this.agentEnded = true;
       });
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");

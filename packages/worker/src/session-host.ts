@@ -450,7 +450,8 @@ export class SessionHost {
       void this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
     };
     try {
-      await held.sandbox.sessionFiles.remove(AgentPaths.result);
+      // What the job before left for the agent to write, or to read: its result, usage and signals.
+      for (const left of [AgentPaths.result, AgentPaths.usage, AgentPaths.signals]) await held.sandbox.sessionFiles.remove(left);
     } catch (err) {
       release("failed");
       throw err;

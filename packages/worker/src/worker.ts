@@ -170,13 +170,23 @@ class BoxcarWorker implements Worker {
       this.leaseMs = Math.min(this.leaseMs, await wait(`the ${pool} pool's consumers`, () => topology.ensurePoolConsumer(pool)));
     }
     const cancelPrefix = topology.names.subjects.cancel("");
+    // A subscription the server refuses (credentials from before it: push the account) calls its
+    // callback with an error and no message: logged, never read.
+    const refused = (what: string) => (err: Error | null) => {
+      if (err) this.log.error({ err }, `cannot listen for ${what}: push the account again (boxcar auth push)`);
+      return err !== null;
+    };
     this.cancelSub = topology.nc.subscribe(topology.names.subjects.cancelAll, {
-      callback: (_err, msg) => this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled"),
+      callback: (err, msg) => {
+        if (!refused("cancels")(err)) this.runs.get(msg.subject.slice(cancelPrefix.length))?.run.stop("cancelled");
+      },
     });
     // A signal is answered by the worker running its job; the others let it pass.
     const signalPrefix = topology.names.subjects.signal("");
     this.signalSub = topology.nc.subscribe(topology.names.subjects.signalAll, {
-      callback: (_err, msg) => void this.runs.get(msg.subject.slice(signalPrefix.length))?.run.signal(msg),
+      callback: (err, msg) => {
+        if (!refused("signals")(err)) void this.runs.get(msg.subject.slice(signalPrefix.length))?.run.signal(msg);
+      },
     });
     this.sessions = new SessionHost({
       topology,

@@ -218,11 +218,13 @@ function settleStep(step: WorkflowStep, state: StepRun, at: string, events: RunE
 function settleApproval(step: WorkflowStep, state: StepRun, now: number, at: string, events: RunEventDraft[]): boolean {
   const approval = state.approval;
   if (state.state !== "running" || !approval) return false;
-  if (approval.decision === "approved") {
+  // A decision counts if it came before the deadline.
+  const decided = approval.decision !== undefined && approval.at !== undefined && Date.parse(approval.at) <= Date.parse(approval.deadline);
+  if (decided && approval.decision === "approved") {
     const output = { approved: true, by: approval.by ?? null, ...(approval.comment ? { comment: approval.comment } : {}) };
     state.instances = [{ index: 0, state: "succeeded", jobs: [], output, summary: `approved by ${approval.by}` }];
     state.state = "succeeded";
-  } else if (approval.decision === "rejected") {
+  } else if (decided && approval.decision === "rejected") {
     state.state = "failed";
     state.reason = `rejected by ${approval.by}${approval.comment ? `: ${approval.comment}` : ""}`;
   } else if (Date.parse(approval.deadline) <= now) {
@@ -362,8 +364,8 @@ export function endRun(run: WorkflowRun, state: "succeeded" | "failed" | "cancel
   const reason = `the run ${state === "cancelled" ? "was cancelled" : "failed"}`;
   for (const s of Object.values(run.steps)) {
     if (s.state === "pending") Object.assign(s, { state: "cancelled", reason, finishedAt: at });
-    // An approval still waiting is no longer asked for.
-    if (s.state === "running" && s.approval && !s.approval.decision) Object.assign(s, { state: "cancelled", reason, finishedAt: at });
+    // An approval still waiting (or decided, not yet settled) is no longer asked for.
+    if (s.state === "running" && s.approval) Object.assign(s, { state: "cancelled", reason, finishedAt: at });
     for (const inst of s.instances) if (inst.state === "starting") inst.state = "cancelled";
   }
 }

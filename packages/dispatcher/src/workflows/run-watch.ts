@@ -10,6 +10,8 @@ import type { Runs } from "./runs.js";
 const RECHECK_MS = 3_000;
 /** How soon a handoff decision that failed (NATS trouble) is tried again. */
 const RETRY_MS = 2_000;
+/** The longest a timer is set for; a later time is reached in steps of this. */
+const MAX_TIMER_MS = 86_400_000;
 
 /**
  * Keeps chains and runs moving whatever crashes: a job that asked to hand off gets its
@@ -71,14 +73,14 @@ export class RunFollower {
   private schedule(id: string, why: "recheck" | "deadline" | "approval" | "handoff", inMs: number): void {
     const key = `${id} ${why}`;
     clearTimeout(this.timers.get(key));
-    const timer = setTimeout(
-      () => {
-        this.timers.delete(key);
-        if (why !== "handoff") void this.runs.advance(id);
-        else void this.recheckJob(id);
-      },
-      Math.max(0, inMs),
-    );
+    // setTimeout waits at most about 24.8 days: a later time is reached a day at a time.
+    const wait = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
+    const timer = setTimeout(() => {
+      this.timers.delete(key);
+      if (inMs > MAX_TIMER_MS) this.schedule(id, why, inMs - MAX_TIMER_MS);
+      else if (why !== "handoff") void this.runs.advance(id);
+      else void this.recheckJob(id);
+    }, wait);
     this.timers.set(key, timer);
   }
 

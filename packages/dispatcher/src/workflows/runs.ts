@@ -198,6 +198,9 @@ export class Runs {
       if (state?.approval?.decision) {
         throw new BoxcarError(ErrorCode.conflict, `step ${name} was ${state.approval.decision} by ${state.approval.by} already`);
       }
+      if (state?.approval && Date.parse(state.approval.deadline) <= Date.now()) {
+        throw new BoxcarError(ErrorCode.conflict, `step ${name} of run ${id} waited until ${state.approval.deadline}: too late to decide`);
+      }
       if (run.state !== "running" || state?.state !== "running" || !state.approval) {
         throw new BoxcarError(
           ErrorCode.conflict,
