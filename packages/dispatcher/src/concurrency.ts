@@ -5,6 +5,7 @@ import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { cancelJob } from "./jobs.js";
 import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
+import { Periodic } from "./periodic.js";
 
 /** A job's place under its agent's concurrency limit, as its record keeps it. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
@@ -42,10 +43,9 @@ const ENTRY_PREFIX = "=places.";
  * and finishes what a dispatcher that died half-way left undone.
  */
 export class ConcurrencyLimits {
-  private readonly timer: NodeJS.Timeout;
+  private readonly sweeps: Periodic<void>;
   private readonly promoting = new Map<string, { again: boolean; done: Promise<void> }>();
   private readonly freed = new Set<string>();
-  private sweeping: Promise<void> | undefined;
   private live = false;
   private closed = false;
   private readonly publishing: WorkPublishing;
@@ -61,7 +61,11 @@ export class ConcurrencyLimits {
   ) {
     this.publishing = { ...publishing, limits: this };
     this.entries = new LimitEntries(() => topology.limits());
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.sweeps = new Periodic(
+      () => this.sweep(),
+      intervalMs,
+      (err) => log.warn({ err }, "could not sweep the concurrency limits"),
+    );
   }
 
   /**
@@ -257,16 +261,7 @@ export class ConcurrencyLimits {
    * said so, and gives free places to the jobs waiting (a marker whose dispatcher died before it
    * was noted is found here).
    */
-  sweep(): Promise<void> {
-    this.sweeping ??= this.sweepOnce()
-      .catch((err: unknown) => this.log.warn({ err }, "could not sweep the concurrency limits"))
-      .finally(() => {
-        this.sweeping = undefined;
-      });
-    return this.sweeping;
-  }
-
-  private async sweepOnce(): Promise<void> {
+  private async sweep(): Promise<void> {
     const { topology } = this;
     const bucket = await topology.limits();
     const keys: string[] = [];
@@ -339,8 +334,7 @@ export class ConcurrencyLimits {
   /** Stops the sweep and waits for the passes under way. */
   async close(): Promise<void> {
     this.closed = true;
-    clearInterval(this.timer);
-    await this.sweeping;
+    await this.sweeps.close();
     await Promise.all([...this.promoting.values()].map((pass) => pass.done));
   }
 }

@@ -4,6 +4,7 @@ import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, par
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWork } from "./admission.js";
+import { Periodic } from "./periodic.js";
 
 /** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
 const MaxDeliveriesAdvisory = z.looseObject({
@@ -42,8 +43,7 @@ const MaxDeliveriesAdvisory = z.looseObject({
  * only the one whose delete removed the item enqueues the fresh copy.
  */
 export class GivenUpWork {
-  private readonly timer: NodeJS.Timeout;
-  private sweeping: Promise<number> | undefined;
+  private readonly sweeps: Periodic<number>;
   /** Items the last sweep found given up, by stream sequence: the next sweep settles those still there. */
   private suspects = new Set<number>();
   private closing: Promise<void> | undefined;
@@ -56,9 +56,10 @@ export class GivenUpWork {
     private readonly advisories: { unsubscribe(): void; done: Promise<void> },
     sweepIntervalMs: number,
   ) {
-    this.timer = setInterval(
-      () => void this.sweep().catch((err: unknown) => log.warn({ err }, "could not sweep the work stream for given-up items")),
+    this.sweeps = new Periodic(
+      () => this.sweepOnce(),
       sweepIntervalMs,
+      (err) => log.warn({ err }, "could not sweep the work stream for given-up items"),
     );
   }
 
@@ -104,19 +105,16 @@ export class GivenUpWork {
 
   /** Sweeps once; resolves with how many given-up items it settled. */
   sweep(): Promise<number> {
-    this.sweeping ??= this.sweepOnce().finally(() => {
-      this.sweeping = undefined;
-    });
-    return this.sweeping;
+    return this.sweeps.run();
   }
 
   /** Stops listening and sweeping, and waits for what is under way; safe to call twice. */
   close(): Promise<void> {
     this.closing ??= (async () => {
-      clearInterval(this.timer);
+      const sweeps = this.sweeps.close();
       this.advisories.unsubscribe();
       await this.advisories.done;
-      await this.sweeping?.catch(() => {});
+      await sweeps;
     })();
     return this.closing;
   }

@@ -2,6 +2,7 @@ import type { Logger } from "@boxcar/client";
 import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
+import { Periodic } from "./periodic.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /**
@@ -21,8 +22,7 @@ const NEW_CONSUMER_GRACE_MS = 120_000;
  * and one stream info.
  */
 export class LostSessionWork {
-  private readonly timer: NodeJS.Timeout;
-  private sweeping: Promise<number> | undefined;
+  private readonly sweeps: Periodic<number>;
 
   constructor(
     private readonly topology: Topology,
@@ -31,23 +31,20 @@ export class LostSessionWork {
     intervalMs: number,
     private readonly onFailed: (jobId: string) => void = () => {},
   ) {
-    this.timer = setInterval(
-      () => void this.sweep().catch((err: unknown) => log.warn({ err }, "could not look for the jobs of lost sessions")),
+    this.sweeps = new Periodic(
+      () => this.sweepOnce(),
       intervalMs,
+      (err) => log.warn({ err }, "could not look for the jobs of lost sessions"),
     );
   }
 
   /** Sweeps once; resolves with how many jobs it ended. */
   sweep(): Promise<number> {
-    this.sweeping ??= this.sweepOnce().finally(() => {
-      this.sweeping = undefined;
-    });
-    return this.sweeping;
+    return this.sweeps.run();
   }
 
-  async close(): Promise<void> {
-    clearInterval(this.timer);
-    await this.sweeping?.catch(() => {});
+  close(): Promise<void> {
+    return this.sweeps.close();
   }
 
   private async sweepOnce(): Promise<number> {

@@ -20,6 +20,7 @@ import {
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
 import { type AdmissionContext, admit, recordRejection } from "./admission.js";
+import { Periodic } from "./periodic.js";
 
 /** A tick evaluated later than this (or than half its period, if shorter) after its time was missed. */
 const ON_TIME_MS = 10_000;
@@ -49,7 +50,7 @@ const TRANSIENT: readonly string[] = [ErrorCode.unavailable, ErrorCode.storageFu
 export class Schedules {
   private readonly timers = new Map<string, NodeJS.Timeout>();
   private readonly looking = new Map<string, { again: boolean; done: Promise<void> }>();
-  private readonly sweepTimer: NodeJS.Timeout;
+  private readonly sweeps: Periodic<void>;
   private stopWatch: (() => void) | undefined;
   private closed = false;
 
@@ -62,7 +63,11 @@ export class Schedules {
     private readonly log: Logger,
     intervalMs: number,
   ) {
-    this.sweepTimer = setInterval(() => void this.sweep(), intervalMs);
+    this.sweeps = new Periodic(
+      () => this.sweep(),
+      intervalMs,
+      (err) => log.warn({ err }, "could not sweep the schedules"),
+    );
   }
 
   static async start(topology: Topology, ctx: AdmissionContext, log: Logger, intervalMs: number): Promise<Schedules> {
@@ -208,13 +213,9 @@ export class Schedules {
 
   /** Looks at every schedule (a timer lost, a tick whose admission failed for now). */
   private async sweep(): Promise<void> {
-    try {
-      const bucket = await this.store(false);
-      if (!bucket) return;
-      for await (const key of await bucket.keys()) this.look(key);
-    } catch (err) {
-      this.log.warn({ err }, "could not sweep the schedules");
-    }
+    const bucket = await this.store(false);
+    if (!bucket) return;
+    for await (const key of await bucket.keys()) this.look(key);
   }
 
   /** Looks at a schedule, one look at a time per schedule (a call during a look makes one more). */
@@ -401,7 +402,7 @@ export class Schedules {
 
   async close(): Promise<void> {
     this.closed = true;
-    clearInterval(this.sweepTimer);
+    await this.sweeps.close();
     this.stopWatch?.();
     for (const timer of this.timers.values()) clearTimeout(timer);
     await Promise.all([...this.looking.values()].map((pass) => pass.done));

@@ -3,6 +3,7 @@ import { DUPLICATE_WINDOW_MS, getJson, storedMessages, type Topology } from "@bo
 import { JobRecord } from "@boxcar/protocol";
 import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
+import { Periodic } from "./periodic.js";
 
 /** How long one look at the work stream's size answers `workMissing`. */
 const CHECK_REUSE_MS = 500;
@@ -21,8 +22,7 @@ const CHECK_REUSE_MS = 500;
  * crash), and the first would be fenced off only once it next writes.
  */
 export class WorkRecovery {
-  private readonly timer: NodeJS.Timeout;
-  private looking: Promise<number> | undefined;
+  private readonly looks: Periodic<number>;
   private lastCheck: { at: number; missing: Promise<boolean> } | undefined;
   private closed = false;
 
@@ -33,18 +33,11 @@ export class WorkRecovery {
     intervalMs: number,
     private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "limits">,
   ) {
-    this.timer = setInterval(
-      () => void this.look().catch((err: unknown) => log.warn({ err }, "could not look for jobs without work")),
+    this.looks = new Periodic(
+      () => this.recover(),
       intervalMs,
+      (err) => log.warn({ err }, "could not look for jobs without work"),
     );
-  }
-
-  /** Looks once; resolves with how many jobs were enqueued again. */
-  look(): Promise<number> {
-    this.looking ??= this.recover().finally(() => {
-      this.looking = undefined;
-    });
-    return this.looking;
   }
 
   /**
@@ -95,8 +88,8 @@ export class WorkRecovery {
     return recovered;
   }
 
-  close(): void {
+  close(): Promise<void> {
     this.closed = true;
-    clearInterval(this.timer);
+    return this.looks.close();
   }
 }
