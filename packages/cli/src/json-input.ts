@@ -11,6 +11,17 @@ export async function readText(file: string, what: string): Promise<string> {
   }
 }
 
+/** A signal's `--payload JSON`: null without one. */
+export function jsonPayload(values: Values): unknown {
+  const text = values.payload as string | undefined;
+  if (text === undefined) return null;
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new UsageError(`--payload is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
 /**
  * The input of a job or run: `--input JSON`, or the JSON in `--input-file FILE` (for one larger
  * than a command-line argument may be: 128 KiB on Linux); undefined without either.

@@ -5,7 +5,7 @@ import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { cancelJob } from "./jobs.js";
 import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
-import { Periodic } from "./periodic.js";
+import { PassPerKey, Periodic } from "./periodic.js";
 
 /** A job's place under its agent's concurrency limit, as its record keeps it. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
@@ -44,7 +44,8 @@ const ENTRY_PREFIX = "=places.";
  */
 export class ConcurrencyLimits {
   private readonly sweeps: Periodic<void>;
-  private readonly promoting = new Map<string, { again: boolean; done: Promise<void> }>();
+  /** Gives a place's free places to its waiting jobs, one pass at a time per place. */
+  private readonly promotions: PassPerKey;
   private readonly freed = new Set<string>();
   private live = false;
   private closed = false;
@@ -61,6 +62,10 @@ export class ConcurrencyLimits {
   ) {
     this.publishing = { ...publishing, limits: this };
     this.entries = new LimitEntries(() => topology.limits());
+    this.promotions = new PassPerKey(
+      (place) => this.promote(place),
+      (err, place) => log.warn({ err, place }, "could not give a concurrency place to a waiting job; the sweep will"),
+    );
     this.sweeps = new Periodic(
       () => this.sweep(),
       intervalMs,
@@ -145,24 +150,8 @@ export class ConcurrencyLimits {
     if (waiting === "waiting") this.kick(place);
   }
 
-  /** Gives `place`'s free places to its waiting jobs, one pass at a time per place (a kick during a pass makes one more). */
   private kick(place: string): void {
-    const running = this.promoting.get(place);
-    if (running) {
-      running.again = true;
-      return;
-    }
-    const pass = { again: false, done: Promise.resolve() };
-    pass.done = (async () => {
-      do {
-        pass.again = false;
-        await this.promote(place).catch((err: unknown) =>
-          this.log.warn({ err, place }, "could not give a concurrency place to a waiting job; the sweep will"),
-        );
-      } while (pass.again && !this.closed);
-      this.promoting.delete(place);
-    })();
-    this.promoting.set(place, pass);
+    this.promotions.run(place);
   }
 
   /** Gives free places to the oldest waiting jobs, passing over the markers of jobs that ended while they waited. */
@@ -335,7 +324,7 @@ export class ConcurrencyLimits {
   async close(): Promise<void> {
     this.closed = true;
     await this.sweeps.close();
-    await Promise.all([...this.promoting.values()].map((pass) => pass.done));
+    await this.promotions.close();
   }
 }
 

@@ -1,4 +1,42 @@
 /**
+ * Work done on one key at a time (a limit's places, a schedule): a call while the key's pass runs
+ * makes one more pass after it, not a second at once. A pass that fails is reported to `onError`.
+ */
+export class PassPerKey {
+  private readonly passes = new Map<string, { again: boolean; done: Promise<void> }>();
+  private stopped = false;
+
+  constructor(
+    private readonly pass: (key: string) => Promise<void>,
+    private readonly onError: (err: unknown, key: string) => void,
+  ) {}
+
+  run(key: string): void {
+    if (this.stopped) return;
+    const running = this.passes.get(key);
+    if (running) {
+      running.again = true;
+      return;
+    }
+    const entry = { again: false, done: Promise.resolve() };
+    entry.done = (async () => {
+      do {
+        entry.again = false;
+        await this.pass(key).catch((err: unknown) => this.onError(err, key));
+      } while (entry.again && !this.stopped);
+      this.passes.delete(key);
+    })();
+    this.passes.set(key, entry);
+  }
+
+  /** Starts no more passes, and waits for those under way. */
+  async close(): Promise<void> {
+    this.stopped = true;
+    await Promise.all([...this.passes.values()].map((entry) => entry.done));
+  }
+}
+
+/**
  * Work a dispatcher does every so often and on demand (a sweep): one pass at a time, a call made
  * while a pass runs getting that pass. A pass that fails is reported to `onError` when it ran on
  * the timer; a caller of `run` gets its rejection.

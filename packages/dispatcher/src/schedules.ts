@@ -20,7 +20,7 @@ import {
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
 import { type AdmissionContext, admit, recordRejection } from "./admission.js";
-import { Periodic } from "./periodic.js";
+import { PassPerKey, Periodic } from "./periodic.js";
 
 /** A tick evaluated later than this (or than half its period, if shorter) after its time was missed. */
 const ON_TIME_MS = 10_000;
@@ -49,7 +49,11 @@ const TRANSIENT: readonly string[] = [ErrorCode.unavailable, ErrorCode.storageFu
  */
 export class Schedules {
   private readonly timers = new Map<string, NodeJS.Timeout>();
-  private readonly looking = new Map<string, { again: boolean; done: Promise<void> }>();
+  /** Looks at a schedule, one look at a time per schedule (a call during a look makes one more). */
+  private readonly looks = new PassPerKey(
+    (key) => this.lookOnce(key),
+    (err, key) => this.log.warn({ err, schedule: key }, "could not look at a schedule"),
+  );
   private readonly sweeps: Periodic<void>;
   private stopWatch: (() => void) | undefined;
   private closed = false;
@@ -218,23 +222,8 @@ export class Schedules {
     for await (const key of await bucket.keys()) this.look(key);
   }
 
-  /** Looks at a schedule, one look at a time per schedule (a call during a look makes one more). */
   private look(key: string): void {
-    if (this.closed) return;
-    const running = this.looking.get(key);
-    if (running) {
-      running.again = true;
-      return;
-    }
-    const pass = { again: false, done: Promise.resolve() };
-    pass.done = (async () => {
-      do {
-        pass.again = false;
-        await this.lookOnce(key).catch((err: unknown) => this.log.warn({ err, schedule: key }, "could not look at a schedule"));
-      } while (pass.again && !this.closed);
-      this.looking.delete(key);
-    })();
-    this.looking.set(key, pass);
+    this.looks.run(key);
   }
 
   private async lookOnce(key: string): Promise<void> {
@@ -405,7 +394,7 @@ export class Schedules {
     await this.sweeps.close();
     this.stopWatch?.();
     for (const timer of this.timers.values()) clearTimeout(timer);
-    await Promise.all([...this.looking.values()].map((pass) => pass.done));
+    await this.looks.close();
   }
 }
 

@@ -77,32 +77,22 @@ export function outcomeOfExit(
     const message = `the agent used more memory than its limit${memoryLimit ? ` of ${memoryLimit} bytes` : ""} and was killed`;
     return { kind: "final", state: "failed", result, artifacts, error: { code: ErrorCode.oomKilled, message }, message };
   }
-  if (file?.rateLimited) {
-    // Whole milliseconds (JetStream reads a redelivery's delay as whole nanoseconds).
-    const retryAfterMs = Math.ceil(Math.min(file.rateLimited.retryAfter, MAX_RETRY_AFTER_S) * 1000);
-    const message = file.error ?? `the agent's provider refused it for its rate limit: retry after ${retryAfterMs / 1000} s`;
-    const error = { code: ErrorCode.rateLimited, message };
-    return {
-      kind: "final",
-      state: "failed",
-      result,
-      artifacts,
-      error,
-      message,
-      retryAfterMs,
-      ...(file.retry === false ? { noRetry: true } : {}),
-    };
-  }
+  // A report of its provider's rate limit fails the attempt whatever the exit code; its wait in
+  // whole milliseconds (JetStream reads a redelivery's delay as whole nanoseconds).
+  const limited = file?.rateLimited;
+  const retryAfterMs = limited ? Math.ceil(Math.min(limited.retryAfter, MAX_RETRY_AFTER_S) * 1000) : undefined;
   const failure =
     file?.error !== undefined
       ? file.error
-      : exec.exitCode === null
-        ? `agent was killed by ${exec.signal ?? "a signal"}`
-        : exec.exitCode !== 0
-          ? `agent exited with code ${exec.exitCode}`
-          : undefined;
+      : retryAfterMs !== undefined
+        ? `the agent's provider refused it for its rate limit: retry after ${retryAfterMs / 1000} s`
+        : exec.exitCode === null
+          ? `agent was killed by ${exec.signal ?? "a signal"}`
+          : exec.exitCode !== 0
+            ? `agent exited with code ${exec.exitCode}`
+            : undefined;
   if (failure !== undefined) {
-    const error = { code: ErrorCode.agentFailed, message: failure };
+    const error = { code: limited ? ErrorCode.rateLimited : ErrorCode.agentFailed, message: failure };
     return {
       kind: "final",
       state: "failed",
@@ -110,6 +100,7 @@ export function outcomeOfExit(
       artifacts,
       error,
       message: failure,
+      ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
       ...(file?.retry === false ? { noRetry: true } : {}),
     };
   }

@@ -5,7 +5,7 @@ import { type BoxcarEvent, isTerminal, type JobRecord, type JobSpecInput, JobSta
 import type { Command, Values } from "../command.js";
 import type { CommandContext, OptionsConfig } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
-import { jsonInput } from "../json-input.js";
+import { jsonInput, jsonPayload } from "../json-input.js";
 import { ago, describeEvent, describeJob, json, stateOf, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
@@ -316,15 +316,7 @@ export const signal: Command = {
   async run(ctx) {
     const [id, name] = ctx.positionals;
     if (!id || !name) throw new UsageError(`give a JOB and a signal NAME\n\nusage: ${this.usage}`);
-    const text = ctx.values.payload as string | undefined;
-    let payload: unknown = null;
-    if (text !== undefined) {
-      try {
-        payload = JSON.parse(text);
-      } catch (err) {
-        throw new UsageError(`--payload must be JSON: ${(err as Error).message}`);
-      }
-    }
+    const payload = jsonPayload(ctx.values);
     await using session = await ctx.session("boxcar-signal");
     const reply = await session.client.signalJob(id, name, payload);
     ctx.print(ctx.values.json ? json(reply) : `${id}: signal ${name} written to ${reply.file}`);

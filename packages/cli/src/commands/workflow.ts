@@ -3,6 +3,7 @@ import { type BoxcarEvent, RunState, type StepRun, type WorkflowRun } from "@box
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { jsonPayload } from "../json-input.js";
 import { ago, describeEvent, duration, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
@@ -198,15 +199,7 @@ export const workflow: Command = {
       case "signal": {
         const [id, name, ...rest] = args;
         if (!id || !name || rest.length > 0) throw new UsageError(`workflow signal needs a RUN and a signal NAME\n\nusage: ${usage}`);
-        const text = ctx.values.payload as string | undefined;
-        let payload: unknown = null;
-        if (text !== undefined) {
-          try {
-            payload = JSON.parse(text);
-          } catch (err) {
-            throw new UsageError(`--payload must be JSON: ${(err as Error).message}`);
-          }
-        }
+        const payload = jsonPayload(ctx.values);
         await using session = await ctx.session("boxcar-workflow");
         const reply = await session.client.signalRun(id, name, payload);
         if (ctx.values.json) ctx.print(json(reply));
