@@ -6,6 +6,7 @@ import type { AgentCatalog } from "./agent-catalog.js";
 import { cancelJob } from "./jobs.js";
 import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
 import { PassPerKey, Periodic } from "./periodic.js";
+import { SeenOnce } from "./seen-once.js";
 
 /** A job's place under its agent's concurrency limit, as its record keeps it. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
@@ -24,8 +25,6 @@ interface Places {
 
 /** How long a place may be held by a job with no record (its admission died before it) before it is freed. */
 const GRACE_MS = 60_000;
-/** How many ended jobs each dispatcher remembers having freed, so a record seen twice frees once. */
-const REMEMBERED = 10_000;
 /** The entries of concurrency limits in the limits bucket: `=` is in no agent's name, so no rate limit's key starts so. */
 const ENTRY_PREFIX = "=places.";
 
@@ -46,7 +45,8 @@ export class ConcurrencyLimits {
   private readonly sweeps: Periodic<void>;
   /** Gives a place's free places to its waiting jobs, one pass at a time per place. */
   private readonly promotions: PassPerKey;
-  private readonly freed = new Set<string>();
+  /** The ends this dispatcher freed a place for: a record seen twice frees once. */
+  private readonly freed = new SeenOnce();
   private live = false;
   private closed = false;
   private readonly publishing: WorkPublishing;
@@ -122,9 +122,7 @@ export class ConcurrencyLimits {
     if (!this.live || !job?.concurrency || job.concurrency.waiting || !isTerminal(job.state)) return;
     // Once per end (a job retried by `boxcar retry` ends again, later).
     const end = `${job.id}@${job.finishedAt}`;
-    if (this.freed.has(end)) return;
-    this.freed.add(end);
-    if (this.freed.size > REMEMBERED) this.freed.delete(this.freed.values().next().value as string);
+    if (!this.freed.first(end)) return;
     void this.free(job.concurrency.place, job.id).catch((err: unknown) =>
       this.log.warn({ err, jobId: job.id }, "could not free an ended job's concurrency place; the sweep will"),
     );

@@ -3,6 +3,7 @@ import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
+import { SeenOnce } from "./seen-once.js";
 
 type RateLimit = NonNullable<AgentDefinition["rateLimit"]>;
 
@@ -117,9 +118,6 @@ export async function pausedUntil(entries: LimitEntries, agent: AgentDefinition,
   return until !== undefined && until > Date.now() ? until : undefined;
 }
 
-/** How many reported pauses each dispatcher remembers having applied. */
-const REMEMBERED = 10_000;
-
 /**
  * Pauses rate limits when their agents report their provider's rate limit (a 429): shown each
  * job record by the dispatcher's watch, a record whose last attempt set `providerLimitedUntil`
@@ -128,7 +126,7 @@ const REMEMBERED = 10_000;
  * dispatcher's start pauses nothing that is not still paused.
  */
 export class ProviderPauses {
-  private readonly applied = new Set<string>();
+  private readonly applied = new SeenOnce();
 
   constructor(
     private readonly entries: LimitEntries,
@@ -140,16 +138,14 @@ export class ProviderPauses {
     if (!job?.providerLimitedUntil || !job.spec) return;
     const until = Date.parse(job.providerLimitedUntil);
     const report = `${job.id}@${job.providerLimitedUntil}`;
-    if (until <= Date.now() || this.applied.has(report)) return;
-    this.applied.add(report);
-    if (this.applied.size > REMEMBERED) this.applied.delete(this.applied.values().next().value as string);
+    if (until <= Date.now() || !this.applied.first(report)) return;
     const keyed = { spec: job.spec, owner: ownerOf(job) };
     void (async () => {
       const agent = await this.agents.get(job.agent);
       if (agent.rateLimit) await pauseLimit(this.entries, agent, keyed, until);
     })().catch((err: unknown) => {
       // Tried again when the record is next seen (another dispatcher may have written it meanwhile).
-      this.applied.delete(report);
+      this.applied.forget(report);
       this.log.warn({ err, jobId: job.id }, "could not pause a rate limit its agent's provider asked to pause");
     });
   };
