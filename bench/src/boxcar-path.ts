@@ -2,7 +2,7 @@ import type { AuthDir } from "@boxcar/auth";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, type Topology, WorkSigner } from "@boxcar/fabric";
-import { type AgentDefinitionInput, isTerminal, type JobRecord, type JobSpecInput, names } from "@boxcar/protocol";
+import { type AgentDefinitionInput, isTerminal, type JobRecord, type JobSpecInput, names, type SystemPolicyInput } from "@boxcar/protocol";
 import { createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import { KvWatchInclude } from "@nats-io/kv";
 import { type ConnectionOptions, connect, type NatsConnection } from "@nats-io/transport-node";
@@ -27,6 +27,8 @@ export interface BoxcarPathOptions {
   warm?: boolean;
   /** The agent's flow-control limits, if any. */
   limits?: Pick<AgentDefinitionInput, "concurrency" | "rateLimit">;
+  /** A system policy to set before the agent is applied (a pool's concurrency limit, say). */
+  policy?: SystemPolicyInput;
   /**
    * Run with authentication, as `boxcar auth init` sets it up: the client as a submitter, the
    * dispatcher and worker on their roles' credentials, work items signed and checked.
@@ -110,7 +112,9 @@ export async function openBoxcarPath(opts: BoxcarPathOptions): Promise<BoxcarPat
   // The agent is applied by an admin; the jobs are submitted by the client.
   const admin = await conn("admin", "admin");
   // `trusted`: the default worker policy runs only trusted agents on the host.
-  await createClient(await topology(admin), { identity: resolved("admin").identity }).applyAgent({
+  const adminClient = createClient(await topology(admin), { identity: resolved("admin").identity });
+  if (opts.policy) await adminClient.setPolicy(opts.policy);
+  await adminClient.applyAgent({
     name: AGENT,
     command: opts.command ?? ["true"],
     runtime: { sandbox: opts.sandbox ?? "host", ...(opts.warm ? { warm: true } : {}) },

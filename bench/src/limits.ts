@@ -3,11 +3,12 @@
  * here, on the memory-workspace path (no process, no files: Boxcar's own overhead only). Run it
  * with `pnpm bench:limits`; docs/benchmarks.md#concurrency-limits has the figures.
  *
- * Three systems side by side, each with a prefix of its own: the no-op agent with no limit, with
+ * Five systems side by side, each with a prefix of its own: the no-op agent with no limit, with
  * a concurrency limit it never reaches (`limit: 1000`: every job takes a free place, the fast
- * path), and with a limit of 1 per key over 64 keys, one job in flight per key (every job takes
- * a free place of its own key). Rounds interleave the systems (A, B, C, A, B, C, ...), so the
- * machine's noise falls on all alike. Each round measures:
+ * path), with a limit of 1 per key over 64 keys, one job in flight per key (every job takes a
+ * free place of its own key), with a pool limit it never reaches (the system policy's), and with
+ * both the key's and the pool's (two places a job). Rounds interleave the systems (A, B, C, A,
+ * B, C, ...), so the machine's noise falls on all alike. Each round measures:
  *
  * - latency: BENCH_N jobs one at a time, submit to final record (p50, p90);
  * - throughput: BENCH_JOBS jobs with 64 in flight (jobs per second);
@@ -26,10 +27,15 @@ const settings = { n: envInt("BENCH_N", 200), jobs: envInt("BENCH_JOBS", 2000), 
 const IN_FLIGHT = 64;
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
+/** A pool limit no run reaches: every job takes a free place in its pool too. */
+const POOL_LIMIT = { pools: { default: { concurrency: 1_000 } } };
+
 const SYSTEMS = [
   { name: "no limit", limits: {}, keyed: false },
   { name: "concurrency, never full", limits: { concurrency: { limit: 1_000 } }, keyed: false },
   { name: "concurrency 1 per key, 64 keys", limits: { concurrency: { limit: 1, key: "input.k" } }, keyed: true },
+  { name: "pool limit, never full", limits: {}, policy: POOL_LIMIT, keyed: false },
+  { name: "1 per key, 64 keys, and a pool limit", limits: { concurrency: { limit: 1, key: "input.k" } }, policy: POOL_LIMIT, keyed: true },
 ] as const;
 
 interface Samples {
@@ -46,6 +52,7 @@ async function open(server: NatsServer, i: number): Promise<BoxcarPath> {
     providers: [createInstantSandboxProvider("memory", tmpdir())],
     concurrency: IN_FLIGHT,
     limits: system.limits,
+    ...("policy" in system ? { policy: system.policy } : {}),
   });
 }
 

@@ -1,4 +1,4 @@
-import type { BoxcarEvent, JobRecord, ScheduleRecord } from "@boxcar/protocol";
+import { type BoxcarEvent, type JobRecord, limitNamed, type ScheduleRecord } from "@boxcar/protocol";
 
 /** Renders rows as an aligned text table with a header. */
 export function table(header: string[], rows: string[][]): string {
@@ -30,7 +30,7 @@ export function duration(from?: string, to?: string): string {
   return ms < 1000 ? `${ms}ms` : `${(ms / 1000).toFixed(1)}s`;
 }
 
-/** A job's state, with what a queued one waits for: its time (`later`) or a place under its agent's concurrency limit (`limit`). */
+/** A job's state, with what a queued one waits for: its time (`later`) or a place under a concurrency limit (`limit`). */
 export function stateOf(job: JobRecord): string {
   if (job.state !== "queued") return job.state;
   if (job.concurrency?.waiting) return "queued (limit)";
@@ -48,7 +48,7 @@ export function describeJob(job: JobRecord): string {
   ];
   if (job.workerId) lines.push(`worker    ${job.workerId}`);
   if (job.runAt && job.state === "queued" && Date.parse(job.runAt) > Date.now()) lines.push(`runs at   ${job.runAt}`);
-  if (job.concurrency?.waiting && job.state === "queued") lines.push("waits     for a place under its agent's concurrency limit");
+  if (job.concurrency?.waiting && job.state === "queued") lines.push(`waits     for a place under ${limitNamed(job.concurrency)}`);
   if (job.session) lines.push(`session   ${job.session.id} (worker ${job.session.workerId})`);
   if (job.schedule) lines.push(`schedule  ${job.schedule.name} (tick ${job.schedule.tick})`);
   if (job.usage) {

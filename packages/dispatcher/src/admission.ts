@@ -20,11 +20,13 @@ import {
   type Identity,
   JobRecord,
   JobSpec,
+  limitNamed,
   MAX_DELAY_MS,
   mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
   parseWith,
+  placesOf,
   WORK_ITEM_VERSION,
   type WorkItem,
 } from "@boxcar/protocol";
@@ -174,7 +176,8 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (runAt !== undefined && asked === undefined) record.rateLimited = true;
   // One that may start now takes a place under its agent's concurrency limit, or waits for one; a
   // delayed one does when its time comes (holding a place until then would hold up everyone's).
-  if (runAt === undefined && agent.concurrency) record.concurrency = await ctx.limits.enter(agent, { id, spec, owner: opts.owner });
+  const places = runAt === undefined ? await ctx.limits.enter(agent, { id, spec, owner: opts.owner }, record.pool) : undefined;
+  if (places) record.concurrency = places;
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
@@ -193,7 +196,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     // One stored message for both events (`accepted` folded into `queued`), sent before the
     // work item so it precedes anything a worker publishes.
     const accepted = jobEvent({ ...record, state: "accepted" }, "accepted");
-    const waits = record.concurrency?.waiting ? { message: "waits for a place under its agent's concurrency limit" } : {};
+    const waits = record.concurrency?.waiting ? { message: `waits for a place under ${limitNamed(record.concurrency)}` } : {};
     await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted], ...waits }));
     await publishWorkItem(topology, record, agent, ctx);
   } catch (err) {
@@ -204,7 +207,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
       return false;
     });
     if (removed) ctx.load.observe(id, undefined);
-    if (removed && record.concurrency && !record.concurrency.waiting) await ctx.limits.free(record.concurrency.place, id);
+    if (removed && record.concurrency) await ctx.limits.leave(placesOf(record.concurrency), id);
     throw noRoom(id, removed ? "nothing was kept" : "its record could not be removed, so it may still run once space frees");
   }
   ctx.onWorkPublished?.(id);

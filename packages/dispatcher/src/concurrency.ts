@@ -1,6 +1,18 @@
 import type { Logger } from "@boxcar/client";
 import { type JobHandle, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, toErrorInfo } from "@boxcar/protocol";
+import {
+  type AgentDefinition,
+  BoxcarError,
+  ErrorCode,
+  isTerminal,
+  type JobRecord,
+  JobTransitions,
+  limitNamed,
+  POOL_PLACE_PREFIX,
+  placesOf,
+  type SystemPolicy,
+  toErrorInfo,
+} from "@boxcar/protocol";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
 import { cancelJob } from "./jobs.js";
@@ -8,7 +20,7 @@ import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
 import { PassPerKey, Periodic } from "./periodic.js";
 import { SeenOnce } from "./seen-once.js";
 
-/** A job's place under its agent's concurrency limit, as its record keeps it. */
+/** A job's places under concurrency limits, as its record keeps them. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
 
 /**
@@ -30,16 +42,20 @@ const ENTRY_PREFIX = "=places.";
 
 /**
  * Concurrency limits (docs/flow-control.md#concurrency-limits): an agent's `concurrency` lets
- * at most `limit` of its jobs (or of each value of its `key`) hold a place at once, from when
- * one is let go to the workers until it ends, across every dispatcher and worker, with no lock.
+ * at most `limit` of its jobs (or of each value of its `key`, and `total` over all values) hold
+ * a place at once, and the system policy's `pools.<pool>.concurrency` at most so many of a pool's
+ * jobs, from when one is let go to the workers until it ends, across every dispatcher and worker,
+ * with no lock.
  *
- * Each limit's state is one entry of the limits bucket, changed by compare-and-swap. A job
- * admitted while the limit has a free place takes it (one read and one write) and is published
- * as any job; one that finds none waits as a marker, `<prefix>.work.~held.<place>`, in the work
- * stream, which no consumer takes. When a job that holds a place ends, the dispatchers (each sees
- * every record) free its place and give it to the oldest marker's job: its record stops waiting,
- * then its work item is published. A sweep frees what an end seen by no dispatcher left held,
- * and finishes what a dispatcher that died half-way left undone.
+ * Each limit's state is one entry of the limits bucket, changed by compare-and-swap. A job takes
+ * a place under each of its limits in one order (its key's, its agent's total, its pool's), so
+ * that no two jobs wait for each other's. A job that finds a free place takes it (one write, the
+ * entry's revision remembered) and goes on to the next; one that finds none waits there as a
+ * marker, `<prefix>.work.~held.<place>.<jobId>`, in the work stream, which no consumer takes,
+ * holding the places before. Holding them all, it is published as any job. When a job ends, the
+ * dispatchers (each sees every record) free its places and give each to its oldest marker's job,
+ * which goes on to its next limit. A sweep frees what an end seen by no dispatcher left held, and
+ * finishes what a dispatcher that died half-way left undone.
  */
 export class ConcurrencyLimits {
   private readonly sweeps: Periodic<void>;
@@ -56,6 +72,7 @@ export class ConcurrencyLimits {
   constructor(
     private readonly topology: Topology,
     private readonly agents: Pick<AgentCatalog, "get">,
+    private readonly policy: () => SystemPolicy,
     publishing: Omit<WorkPublishing, "limits">,
     private readonly log: Logger,
     intervalMs: number,
@@ -74,38 +91,77 @@ export class ConcurrencyLimits {
   }
 
   /**
-   * A place for a new job of `agent` (one with `concurrency`): held now, when the limit has one
-   * free and nobody waits, or one to wait for. `drop-new` refuses the job instead (`conflict`).
+   * The places a new job of `agent` in `pool` needs (none: undefined), taken in order while they
+   * are free and nobody waits for them; at the first that is not, it waits. `drop-new` refuses
+   * the job instead (`conflict`) when its agent's limit has no place, and lets go what it took.
    */
-  async enter(agent: AgentDefinition, job: KeyedJob & { id: string }): Promise<Place> {
-    const limit = agent.concurrency;
-    if (!limit) throw new BoxcarError(ErrorCode.internal, `agent ${agent.name} has no concurrency limit`);
-    const place = placeOf(agent, job);
-    return this.entries.change<Place>(ENTRY_PREFIX + place, `agent ${agent.name}`, (held) => {
-      const places = parsePlaces(held);
-      if (places.holding[job.id] !== undefined) return { result: { place } };
-      if (count(places) < limit.limit && places.cursor >= places.tail) {
-        places.holding[job.id] = Date.now();
-        return { write: JSON.stringify(places), result: { place } };
-      }
-      if (limit.strategy === "drop-new") {
+  async enter(agent: AgentDefinition, job: KeyedJob & { id: string }, pool: string): Promise<Place | undefined> {
+    const places = this.placesFor(agent, job, pool);
+    const last = places.at(-1);
+    if (last === undefined) return undefined;
+    const chain = places.length > 1 ? { places } : {};
+    for (const [i, place] of places.entries()) {
+      if (await this.take(place, job.id, this.limitIn(place, agent))) continue;
+      if (agent.concurrency?.strategy === "drop-new" && !place.startsWith(POOL_PLACE_PREFIX)) {
+        await Promise.all(places.slice(0, i).map((held) => this.free(held, job.id)));
+        const limit = agent.concurrency;
+        const most =
+          i === 0 ? `${limit.limit} jobs at once${limit.key ? ` for each ${limit.key}` : ""}` : `${limit.total} jobs at once in all`;
         throw new BoxcarError(
           ErrorCode.conflict,
-          `agent ${agent.name} runs at most ${limit.limit} jobs at once${limit.key ? ` for each ${limit.key}` : ""} and has no place free; its concurrency strategy drops new jobs: submit again later`,
+          `agent ${agent.name} runs at most ${most} and has no place free; its concurrency strategy drops new jobs: submit again later`,
         );
       }
-      return { result: { place, waiting: true as const } };
-    });
+      return { place, ...chain, waiting: true };
+    }
+    return { place: last, ...chain };
+  }
+
+  /** The limits a job of `agent` in `pool` takes a place under, in the order it takes them. */
+  private placesFor(agent: AgentDefinition, job: KeyedJob, pool: string): string[] {
+    const places: string[] = [];
+    const limit = agent.concurrency;
+    if (limit) places.push(`${agent.name}.${valueDigest(limit.key, job) ?? "all"}`);
+    if (limit?.key !== undefined && limit.total !== undefined) places.push(`${agent.name}.all`);
+    if (this.policy().pools[pool]?.concurrency !== undefined) places.push(POOL_PLACE_PREFIX + pool);
+    return places;
+  }
+
+  /** How many may hold a place under `place` now, by `agent`'s definition (or the policy's, for a pool); no limit: Infinity. */
+  private limitIn(place: string, agent: AgentDefinition | undefined): number {
+    const most = place.startsWith(POOL_PLACE_PREFIX)
+      ? this.policy().pools[place.slice(POOL_PLACE_PREFIX.length)]?.concurrency
+      : place.endsWith(".all") && agent?.concurrency?.key !== undefined
+        ? agent.concurrency.total
+        : agent?.concurrency?.limit;
+    return most ?? Number.POSITIVE_INFINITY;
+  }
+
+  /** How many may hold a place under `place` now, by the applied agent's definition or the policy. */
+  private async limitOf(place: string): Promise<number> {
+    return this.limitIn(place, place.startsWith(POOL_PLACE_PREFIX) ? undefined : await this.agentOf(agentName(place)));
+  }
+
+  /** Takes a place under `place` for `jobId` when one is free and nobody waits for one (or it holds one already). */
+  private take(place: string, jobId: string, limit: number): Promise<boolean> {
+    return this.change(place, (places): "taken" | "held" | false => {
+      if (places.holding[jobId] !== undefined) return "held";
+      if (count(places) >= limit || places.cursor < places.tail) return false;
+      places.holding[jobId] = Date.now();
+      return "taken";
+    }).then((outcome) => outcome !== false);
   }
 
   /**
    * Stores the marker a job waiting for a place waits as (deduplicated by `msgID`), notes it in
    * its limit's queue, and gives it a place if one is free by then. Under `cancel-in-progress`,
-   * the jobs older than the newest `limit` are cancelled first, running or waiting.
+   * the jobs older than the newest `limit` under its agent's limit are cancelled first, running
+   * or waiting.
    */
   async wait(record: JobRecord, agent: AgentDefinition, msgID: string): Promise<void> {
-    const place = record.concurrency?.place;
-    if (place === undefined) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no concurrency place`);
+    const concurrency = record.concurrency;
+    if (concurrency === undefined) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no concurrency place`);
+    const { place } = concurrency;
     const { js, names } = this.topology;
     const { seq } = await js.publish(names.subjects.heldWork(place, record.id), JSON.stringify({ jobId: record.id }), { msgID });
     await this.change(place, (places) => {
@@ -113,20 +169,29 @@ export class ConcurrencyLimits {
       places.tail = seq;
       return true;
     });
-    if (agent.concurrency?.strategy === "cancel-in-progress") await this.cancelOlder(place, agent.concurrency.limit);
+    if (agent.concurrency?.strategy === "cancel-in-progress" && placesOf(concurrency)[0] === place) {
+      await this.cancelOlder(place, agent.concurrency.limit);
+    }
     this.kick(place);
   }
 
   /** Shown each job record by the dispatcher's watch: a job that held a place and ended frees it. */
   readonly observe = (_key: string, job: JobRecord | undefined): void => {
-    if (!this.live || !job?.concurrency || job.concurrency.waiting || !isTerminal(job.state)) return;
+    if (!this.live || !job?.concurrency || !isTerminal(job.state)) return;
+    const held = heldBy(job.concurrency);
+    if (held.length === 0) return;
     // Once per end (a job retried by `boxcar retry` ends again, later).
     const end = `${job.id}@${job.finishedAt}`;
     if (!this.freed.first(end)) return;
-    void this.free(job.concurrency.place, job.id).catch((err: unknown) =>
-      this.log.warn({ err, jobId: job.id }, "could not free an ended job's concurrency place; the sweep will"),
+    void this.leave(held, job.id).catch((err: unknown) =>
+      this.log.warn({ err, jobId: job.id }, "could not free an ended job's concurrency places; the sweep will"),
     );
   };
+
+  /** Frees the places `jobId` holds among `places` (one it was given as it ended included). */
+  async leave(places: readonly string[], jobId: string): Promise<void> {
+    await Promise.all(places.map((place) => this.free(place, jobId)));
+  }
 
   /** From now on, ends the watch shows are new (before, it replays records the sweep deals with). */
   followEnds(): void {
@@ -154,8 +219,7 @@ export class ConcurrencyLimits {
 
   /** Gives free places to the oldest waiting jobs, passing over the markers of jobs that ended while they waited. */
   private async promote(place: string): Promise<void> {
-    const agent = await this.agentOf(place);
-    const limit = agent?.concurrency?.limit ?? Number.POSITIVE_INFINITY;
+    const limit = await this.limitOf(place);
     while (!this.closed) {
       const places = parsePlaces((await this.entry(place))?.string());
       if (count(places) >= limit) return;
@@ -184,36 +248,48 @@ export class ConcurrencyLimits {
         p.holding[found.record.id] = Date.now();
         return "taken";
       });
-      if (outcome === "taken" && found) await this.placed(found, agent);
+      if (outcome === "taken" && found) await this.placed(found, place);
       if (outcome) await this.removeMarker(marker.seq);
     }
   }
 
   /**
-   * A job given a place: its record stops waiting, then its work item goes to its pool. An agent
-   * removed while it waited fails it (`unknown_agent`) and frees the place; so does a job that
-   * ended meanwhile.
+   * A job given a place under `place`: it goes on to its next limit (takes a place there, or waits
+   * there), and given its last, its record stops waiting, then its work item goes to its pool. An
+   * agent removed while it waited fails it (`unknown_agent`) and frees its places; so does a job
+   * that ended meanwhile.
    */
-  private async placed(found: JobHandle, agent: AgentDefinition | undefined): Promise<void> {
+  private async placed(found: JobHandle, place: string): Promise<void> {
     const { topology } = this;
-    const jobId = found.record.id;
-    const place = found.record.concurrency?.place as string;
+    const record = found.record;
+    const jobId = record.id;
+    const places = record.concurrency ? placesOf(record.concurrency) : [place];
+    const agent = await this.agentOf(record.agent);
     if (!agent) {
-      const error = toErrorInfo(new BoxcarError(ErrorCode.unknownAgent, `agent ${found.record.agent} was removed while the job waited`));
+      const error = toErrorInfo(new BoxcarError(ErrorCode.unknownAgent, `agent ${record.agent} was removed while the job waited`));
       const refused = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, error, nowIso()));
       if (refused.written) await publishEvent(topology, jobEvent(refused.handle.record, "failed", { error, message: error.message }));
-      await this.free(place, jobId);
+      await this.leave(places, jobId);
+      return;
+    }
+    for (const next of places.slice(places.indexOf(place) + 1)) {
+      if (await this.take(next, jobId, await this.limitOf(next))) continue;
+      const moved = await topology.jobStore.change(found, (job) => JobTransitions.waitFor(job, place, next));
+      if (moved.written) await this.wait(moved.handle.record, agent, `${jobId}:${next}:${record.attempt}`);
+      else if (!moved.current || isTerminal(moved.current.record.state)) await this.leave(places, jobId);
       return;
     }
     const given = await topology.jobStore.change(found, JobTransitions.givePlace);
     if (!given.written) {
-      if (!given.current || isTerminal(given.current.record.state)) await this.free(place, jobId);
+      if (!given.current || isTerminal(given.current.record.state)) await this.leave(places, jobId);
       return;
     }
-    const record = given.handle.record;
-    await publishEvent(topology, jobEvent(record, "released", { message: "given a place under its agent's concurrency limit" }));
+    const released = given.handle.record;
+    const message =
+      places.length > 1 ? "given a place under each of its concurrency limits" : `given a place under ${limitNamed({ place })}`;
+    await publishEvent(topology, jobEvent(released, "released", { message }));
     // A job given a place again after `boxcar retry` is on a later attempt: its item is not a duplicate.
-    await publishWorkItem(topology, record, agent, this.publishing, `${jobId}:placed:${record.attempt}`);
+    await publishWorkItem(topology, released, agent, this.publishing, `${jobId}:placed:${released.attempt}`);
   }
 
   /** Cancels a limit's jobs older than its newest `limit`, the running and the waiting, oldest first. */
@@ -262,8 +338,10 @@ export class ConcurrencyLimits {
       for (const [jobId, since] of Object.entries(places.holding)) {
         const found = await topology.jobStore.read(jobId);
         const stale = Date.now() - since > GRACE_MS;
-        if (found ? isTerminal(found.record.state) : stale) await this.free(place, jobId);
-        else if (found?.record.concurrency?.waiting && stale) await this.placed(found, await this.agentOf(place));
+        const concurrency = found?.record.concurrency;
+        const ended = found && (isTerminal(found.record.state) || !concurrency || !placesOf(concurrency).includes(place));
+        if (found ? ended : stale) await this.free(place, jobId);
+        else if (found && concurrency?.waiting && stale) await this.finish(found, place);
       }
       // A limit nobody has held or waited for since a minute ago goes, so that one per key value
       // does not pile up (the next job of its key makes it again).
@@ -275,6 +353,24 @@ export class ConcurrencyLimits {
       await this.removeHandled(place, places.cursor);
       this.kick(place);
     }
+  }
+
+  /**
+   * A job that holds `place` and has waited since a while: given the place by a dispatcher that
+   * died before it went on, it goes on now; waiting at a later limit with no marker there (its
+   * dispatcher died before storing it), it gets one.
+   */
+  private async finish(found: JobHandle, place: string): Promise<void> {
+    const concurrency = found.record.concurrency as Place;
+    if (concurrency.place === place) return this.placed(found, place);
+    const { jsm, names } = this.topology;
+    // Given its place there meanwhile (its marker gone with it), it is that limit's sweep's.
+    if (parsePlaces((await this.entry(concurrency.place))?.string()).holding[found.record.id] !== undefined) return;
+    const marker = await jsm.streams.getMessage(names.streams.work, {
+      last_by_subj: names.subjects.heldWork(concurrency.place, found.record.id),
+    });
+    const agent = marker ? undefined : await this.agentOf(found.record.agent);
+    if (agent) await this.wait(found.record, agent, `${found.record.id}:${concurrency.place}:${found.record.attempt}:${Date.now()}`);
   }
 
   /** Removes the markers a limit's queue is past (a dispatcher died before it removed them). */
@@ -311,8 +407,8 @@ export class ConcurrencyLimits {
     });
   }
 
-  private async agentOf(place: string): Promise<AgentDefinition | undefined> {
-    return this.agents.get(agentName(place)).catch((err: unknown) => {
+  private async agentOf(name: string): Promise<AgentDefinition | undefined> {
+    return this.agents.get(name).catch((err: unknown) => {
       if (err instanceof BoxcarError && err.code === ErrorCode.unknownAgent) return undefined;
       throw err;
     });
@@ -326,9 +422,10 @@ export class ConcurrencyLimits {
   }
 }
 
-/** The limit a job of `agent` holds a place under: the agent's name, and its key's value (a digest) or `all`. */
-function placeOf(agent: AgentDefinition, job: KeyedJob): string {
-  return `${agent.name}.${valueDigest(agent.concurrency?.key, job) ?? "all"}`;
+/** The places a job holds: those before the one it waits at, or all of them. */
+function heldBy(concurrency: Place): string[] {
+  const places = placesOf(concurrency);
+  return concurrency.waiting ? places.slice(0, places.indexOf(concurrency.place)) : places;
 }
 
 function agentName(place: string): string {

@@ -91,7 +91,14 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   );
   const retention = new RetentionSweeper(topology, policy, log, opts.retentionIntervalMs ?? 60_000);
   const agents = await wait("the agents", () => AgentCatalog.open(topology, log));
-  const limits = new ConcurrencyLimits(topology, agents, { signer: opts.signer, workers }, log, opts.givenUpIntervalMs ?? 15_000);
+  const limits = new ConcurrencyLimits(
+    topology,
+    agents,
+    () => policy.policy,
+    { signer: opts.signer, workers },
+    log,
+    opts.givenUpIntervalMs ?? 15_000,
+  );
   const publishing = { agents, signer: opts.signer, workers, limits };
   const providerPauses = new ProviderPauses(limits.entries, agents, log);
   const recovery = new WorkRecovery(topology, index, log, opts.recoveryIntervalMs ?? 60_000, publishing);

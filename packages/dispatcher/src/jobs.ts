@@ -198,12 +198,10 @@ export async function retryJob(
   // A job of a session runs there again only while the session is open, on the worker that holds it.
   if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
   const retry = job.spec?.retry ?? agent.retry;
-  // It takes a place under its agent's concurrency limit again, or waits for one (a place taken
-  // for it that a racing retry leaves unused is the sweep's to free or finish).
+  // It takes its places under its concurrency limits again, or waits for one (a place taken for
+  // it that a racing retry leaves unused is the sweep's to free or finish).
   const place =
-    agent.concurrency && job.spec && job.state === "dead"
-      ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) })
-      : undefined;
+    job.spec && job.state === "dead" ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
   const change = await topology.jobStore.change(found, (current) => {
     const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
     return requeued && place ? { ...requeued, concurrency: place } : requeued;

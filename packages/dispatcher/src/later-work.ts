@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, placesOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
@@ -95,8 +95,8 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
       const deadlineAt = found.record.deadlineAt === undefined ? undefined : Date.parse(found.record.deadlineAt);
       turn = await reserveFor(ctx.limits.entries, agent, job, Date.now(), deadlineAt);
     }
-    // and when it may start, its place under its concurrency limit (or waits for one).
-    if (agent.concurrency && (turn === undefined || turn - Date.now() <= EARLY_MS)) place = await ctx.limits.enter(agent, job);
+    // and when it may start, its places under its concurrency limits (or waits for one).
+    if (turn === undefined || turn - Date.now() <= EARLY_MS) place = await ctx.limits.enter(agent, job, found.record.pool);
   } catch (err) {
     const never = [ErrorCode.unknownAgent, ErrorCode.unavailable, ErrorCode.conflict] as string[];
     // A limit too busy for now is tried again (the marker handed back).
@@ -125,9 +125,9 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
     // Released to its pool now, or once it is given a place (the limits say so then).
     if (!record.concurrency?.waiting) await publishEvent(topology, jobEvent(record, "released", { message: "its time came" }));
     await publishWorkItem(topology, record, agent, ctx, `${jobId}:due`);
-  } else if (place && !place.waiting && (!released.current || isTerminal(released.current.record.state))) {
-    // It ended meanwhile, with the place just taken for it.
-    await ctx.limits.free(place.place, jobId);
+  } else if (place && (!released.current || isTerminal(released.current.record.state))) {
+    // It ended meanwhile, with the places just taken for it.
+    await ctx.limits.leave(placesOf(place), jobId);
   }
   msg.ack();
 }

@@ -151,12 +151,23 @@ export const AgentDefinition = z.strictObject({
       key: LimitKey.optional().describe(
         "a limit for each value of this: `owner`, a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
       ),
+      total: z
+        .number()
+        .int()
+        .min(1)
+        .max(100_000)
+        .optional()
+        .describe("with a `key`: how many of its jobs may hold a place at once over all values of the key together"),
       strategy: z
         .enum(["queue", "cancel-in-progress", "drop-new"])
         .default("queue")
         .describe(
           "a job that finds no free place: `queue` waits for one; `cancel-in-progress` cancels the oldest jobs so that the newest `limit` run; `drop-new` is refused (`conflict`)",
         ),
+    })
+    .refine((limit) => limit.total === undefined || limit.key !== undefined, {
+      message: "a total applies over the values of a key: give the limit a key, or no total",
+      path: ["total"],
     })
     .optional()
     .describe("how many of its jobs may run at once, across every dispatcher and worker (docs/flow-control.md#concurrency-limits)"),

@@ -319,6 +319,11 @@ const NAME_ROWS: readonly NameRow[] = [
     kind: keptOn("work"),
   },
   {
+    what: "a job waiting for a place under a pool's concurrency limit",
+    name: (n, x) => n.subjects.heldWork(`=pool.${x("pool", "default")}`, x("jobId", "<jobId>")),
+    kind: keptOn("work"),
+  },
+  {
     what: "work subject of a worker's sessions",
     name: (n, x) => n.subjects.sessionWork(x("workerId", "w-1")),
     kind: keptOn("work"),
@@ -374,7 +379,8 @@ const NAME_ROWS: readonly NameRow[] = [
   {
     what: "rate and concurrency limits' state",
     name: (n) => n.buckets.limits,
-    kind: () => "KV bucket, key = agent name (and a digest of the key's value); `=places.` before them for concurrency",
+    kind: () =>
+      "KV bucket, key = agent name (and a digest of the key's value); `=places.` before them for concurrency (`=places.=pool.<pool>` for a pool's)",
   },
   { what: "schedules", name: (n) => n.buckets.schedules, kind: () => "KV bucket, key = `<owner>.<name>`" },
   { what: "usage per day", name: (n) => n.buckets.usage, kind: () => "KV bucket, key = `<day>.agent.<name>` or `<day>.user.<name>`" },

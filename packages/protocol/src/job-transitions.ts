@@ -231,12 +231,23 @@ export function release(job: JobRecord, concurrency?: JobRecord["concurrency"]):
 }
 
 /**
- * A job that waited for a place under its agent's concurrency limit and was given one: its work
- * item is about to be published. Null when it has one already (its marker handled twice) or ended.
+ * A job that waited for a place under a concurrency limit and was given its last: its work item
+ * is about to be published. Null when it has one already (its marker handled twice) or ended.
  */
 export function givePlace(job: JobRecord): JobRecord | null {
   if (!job.concurrency?.waiting || isTerminal(job.state)) return null;
-  return { ...job, concurrency: { place: job.concurrency.place } };
+  const { waiting: _given, ...held } = job.concurrency;
+  return { ...job, concurrency: held };
+}
+
+/**
+ * A job given its place under one limit (`from`) that finds none free under the next of its
+ * places (`next`): it waits there. Null when it no longer waits at `from` (it ended, or a
+ * dispatcher moved it on already).
+ */
+export function waitFor(job: JobRecord, from: string, next: string): JobRecord | null {
+  if (!job.concurrency?.waiting || job.concurrency.place !== from || isTerminal(job.state)) return null;
+  return { ...job, concurrency: { ...job.concurrency, place: next } };
 }
 
 /**

@@ -104,6 +104,21 @@ export const AttemptOutcome = z.strictObject({
 export type AttemptOutcome = z.infer<typeof AttemptOutcome>;
 export const isTerminal = (state: JobState): boolean => TERMINAL_STATES.has(state);
 
+/** How a pool's concurrency limit is named among a job's places: `=` is in no agent's name. */
+export const POOL_PLACE_PREFIX = "=pool.";
+
+/** The limits a job takes places under, in order (`places`, or its `place` alone). */
+export function placesOf(concurrency: { place: string; places?: string[] }): string[] {
+  return concurrency.places ?? [concurrency.place];
+}
+
+/** Which limit a job waiting at `place` waits for, in words. */
+export function limitNamed(concurrency: { place: string; places?: string[] }): string {
+  const { place } = concurrency;
+  if (place.startsWith(POOL_PLACE_PREFIX)) return `pool ${place.slice(POOL_PLACE_PREFIX.length)}'s concurrency limit`;
+  return placesOf(concurrency).indexOf(place) > 0 ? "its agent's concurrency limit over all keys" : "its agent's concurrency limit";
+}
+
 export const Artifact = z.strictObject({
   path: z.string(),
   object: z.string(),
@@ -223,11 +238,22 @@ export const JobRecord = z.looseObject({
     ),
   concurrency: z
     .strictObject({
-      place: z.string().describe("the limit it holds a place under: its agent's name and its key's value (a digest), or `all`"),
-      waiting: z.literal(true).optional().describe("it waits for a place: its work item is published when one frees"),
+      place: z
+        .string()
+        .describe(
+          "the limit it waits for a place under, or (not waiting) the last it took one under: its agent's name and its key's value (a digest) or `all`, or `=pool.` and its pool's name",
+        ),
+      places: z
+        .array(z.string())
+        .min(2)
+        .optional()
+        .describe(
+          "every limit it takes a place under, in the order it takes them (its agent's, over all keys, its pool's); absent: `place` alone",
+        ),
+      waiting: z.literal(true).optional().describe("it waits for a place: its work item is published once it holds one under each limit"),
     })
     .optional()
-    .describe("its place under its agent's concurrency limit (docs/flow-control.md#concurrency-limits)"),
+    .describe("its places under its agent's and its pool's concurrency limits (docs/flow-control.md#concurrency-limits)"),
   session: z
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()

@@ -96,9 +96,10 @@ export interface Names {
     laterWork(jobId: string): string;
     laterWorkAll: string;
     /**
-     * Where a job waits for a place under its agent's concurrency limit:
+     * Where a job waits for a place under a concurrency limit:
      * `<prefix>.work.~held.<agent>.<value>.<jobId>` (`value`: a digest of its key's value, or
-     * `all`); `*` for the job: every job waiting under that limit.
+     * `all`), or `<prefix>.work.~held.=pool.<pool>.<jobId>` for a pool's; `*` for the job: every
+     * job waiting under that limit.
      */
     heldWork(place: string, jobId: string): string;
     workAll: string;

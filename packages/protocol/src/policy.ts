@@ -152,6 +152,23 @@ export const SystemPolicy = z.strictObject({
     })
     .default({ agents: {}, users: {} })
     .describe("what agents and users may spend in a day, from the usage their agents report (docs/flow-control.md#usage-and-budgets)"),
+  pools: z
+    .record(
+      PoolName,
+      z.strictObject({
+        concurrency: z
+          .number()
+          .int()
+          .min(1)
+          .max(100_000)
+          .optional()
+          .describe(
+            "how many of its jobs may hold a place at once, from when one is let go to the workers until it ends, whatever their agent",
+          ),
+      }),
+    )
+    .default({})
+    .describe("limits per work pool (docs/flow-control.md#pool-limits)"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",
