@@ -186,9 +186,46 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     await context.close();
   }, 60_000);
 
+  test("an approval on a run's page: its approver's page decides it, its owner's and a viewer's pages show no buttons", async () => {
+    const steps = (approvers: string[]) => [
+      { name: "sign-off", approval: { timeout: "10m", approvers } },
+      { name: "after", agent: "sleeper", needs: ["sign-off"] },
+    ];
+    const forBob = (await alice.client.startRun({ workflow: { name: "for-bob", steps: steps(["bob"]) } })).run;
+    const forAlice = (await alice.client.startRun({ workflow: { name: "for-alice", steps: steps(["alice"]) } })).run;
+    const context = await logIn(logins.alice.at(-1) as string);
+    const page = context.pages()[0];
+    if (!page) throw new Error("no page");
+    const approval = page.locator('[data-approval="sign-off"]');
+    // Alice owns this run, but bob is its approver: she sees it wait, with nothing to press.
+    await page.goto(`${asAlice.url}/#/run/${forBob.id}`);
+    await approval.and(page.locator('[data-decision="waiting"]')).waitFor({ timeout: 10_000 });
+    expect(await approval.textContent()).toContain("asked of bob");
+    expect(await approval.locator("button").count()).toBe(0);
+    // A viewer sees every run, and decides none.
+    const viewer = await logIn(logins.viewer.at(-1) as string);
+    const viewerPage = viewer.pages()[0];
+    await viewerPage?.goto(`${viewerUrl}/#/run/${forAlice.id}`);
+    await viewerPage?.locator('[data-approval="sign-off"][data-decision="waiting"]').waitFor({ timeout: 10_000 });
+    expect(await viewerPage?.locator('[data-approval="sign-off"] button').count()).toBe(0);
+    await viewer.close();
+    // Where she is the approver, she rejects it from the page: the run fails and its next step never starts.
+    await page.goto(`${asAlice.url}/#/run/${forAlice.id}`);
+    await approval.locator("[data-comment]").fill("not this week");
+    await approval.locator('[data-action="reject"]').click();
+    await approval.and(page.locator('[data-decision="rejected"]')).waitFor({ timeout: 10_000 });
+    await page.locator('h1 [data-state="failed"]').waitFor({ timeout: 10_000 });
+    const rejected = await alice.client.getRun(forAlice.id);
+    expect(rejected.steps["sign-off"]?.approval).toMatchObject({ decision: "rejected", by: "alice", comment: "not this week" });
+    expect(rejected.steps.after?.instances ?? []).toEqual([]);
+    expect((await alice.client.getRun(forBob.id)).steps["sign-off"]?.approval?.decision).toBeUndefined();
+    await alice.client.cancelRun(forBob.id);
+    await context.close();
+  }, 60_000);
+
   test("a viewer's page shows every job with no cancel, and the credential it holds cannot cancel or reach JetStream", async () => {
     const job = (await bob.client.submit({ agent: "sleeper", input: null })).job;
-    const context = await logIn(logins.viewer[0] as string);
+    const context = await logIn(logins.viewer.at(-1) as string);
     const page = context.pages()[0];
     if (!page) throw new Error("no page");
     expect(await page.locator("[data-who]").textContent()).toBe("viewer viewer");

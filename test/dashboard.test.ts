@@ -177,6 +177,33 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.close();
   }, 60_000);
 
+  test("an approval step waits on its run's page, and Approve there with a comment lets the run go on", async () => {
+    const { run } = await client.startRun({
+      workflow: {
+        name: "signed",
+        steps: [
+          { name: "sign-off", approval: { timeout: "10m", message: "Ship the report?" } },
+          { name: "ship", agent: "ticker", needs: ["sign-off"], input: { lines: 1, by: "{{ steps.sign-off.output.by }}" } },
+        ],
+      },
+    });
+    const page = await open(`#/run/${run.id}`);
+    const approval = page.locator('[data-approval="sign-off"]');
+    await approval.and(page.locator('[data-decision="waiting"]')).waitFor({ timeout: 10_000 });
+    expect(await approval.textContent()).toContain("Ship the report?");
+    expect(await approval.textContent()).toContain("local (the run's owner)");
+    await page.screenshot({ path: `${SCREENSHOTS}/approval.png`, fullPage: true });
+    await approval.locator("[data-comment]").fill("looks right");
+    await approval.locator('[data-action="approve"]').click();
+    await approval.and(page.locator('[data-decision="approved"]')).waitFor({ timeout: 10_000 });
+    expect(await approval.textContent()).toContain("approved by local");
+    await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 30_000 });
+    const done = await client.getRun(run.id);
+    expect(done.steps["sign-off"]?.approval).toMatchObject({ decision: "approved", by: "local", comment: "looks right" });
+    expect(await approval.locator('[data-action="approve"]').count()).toBe(0);
+    await page.close();
+  }, 60_000);
+
   test("dead letters are retried in bulk from the page", async () => {
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) ids.push((await client.submit({ agent: "doomed", input: null })).job.id);

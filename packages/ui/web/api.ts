@@ -83,6 +83,13 @@ export class Api {
     return role === "admin" || (role === "submitter" && (owner ?? "local") === user);
   }
 
+  /** Whether the page's principal may decide an approval step (docs/workflows.md#approvals): an admin, an approver, or with none named the run's owner. */
+  mayDecide(approvers: readonly string[], owner: string | undefined): boolean {
+    const { role, user } = this.session;
+    if (role === "admin") return true;
+    return role === "submitter" && (approvers.length > 0 ? approvers.includes(user) : (owner ?? "local") === user);
+  }
+
   async request<T>(endpoint: ApiEndpoint, body: unknown = {}): Promise<T> {
     const identity = { role: this.session.role as "viewer", user: this.session.user };
     const msg = await this.nc.request(this.names.subjects.api(identity, endpoint), encoder.encode(JSON.stringify(body)), {

@@ -1,7 +1,8 @@
 /**
  * One workflow run drawn as its graph of steps: a column per depth of `needs`, an arrow from each
  * needed step, each step coloured by its state and followed live on the run's events; below, each
- * step's jobs. Cancel where the page's principal may.
+ * step's jobs; the approval steps, with Approve and Reject for those who may decide. Cancel where
+ * the page's principal may.
  */
 
 import type { WorkflowRun, WorkflowStep } from "@boxcar/protocol";
@@ -61,7 +62,7 @@ export function RunView({ api, id }: { api: Api; id: string }) {
             const s = run.steps[step.name];
             return html`<tr data-step=${step.name}>
               <td>${step.name}</td>
-              <td>${step.agent}</td>
+              <td>${step.agent ?? "approval"}</td>
               <td><${Badge} state=${s?.state ?? "pending"} /></td>
               <td>${(s?.instances ?? []).flatMap((i) => i.jobs).map((j) => html`<a href=${`#/job/${j}`}>${j}</a> `)}</td>
               <td>${s?.reason ?? ""}</td>
@@ -69,8 +70,61 @@ export function RunView({ api, id }: { api: Api; id: string }) {
           })}
         </tbody>
       </table>
+      <${Approvals} api=${api} run=${run} onDecided=${live.reload} />
       ${run.output !== undefined && html`<h2>Output</h2><pre class="result">${JSON.stringify(run.output, null, 2)}</pre>`}
     </section>
+  `;
+}
+
+/**
+ * The run's approval steps that were asked: what is asked of whom until when, and the decision
+ * once given; while one waits, Approve and Reject (with a comment) for those who may decide. The
+ * dispatcher checks the decision again.
+ */
+function Approvals({ api, run, onDecided }: { api: Api; run: WorkflowRun; onDecided: () => void }) {
+  const [comments, setComments] = useState<Record<string, string>>({});
+  const [error, setError] = useState<Error | undefined>(undefined);
+  const asked = run.workflow.steps.filter((step) => step.approval && run.steps[step.name]?.approval);
+  if (asked.length === 0) return null;
+  const decide = async (step: string, decision: "approve" | "reject") => {
+    setError(undefined);
+    const comment = comments[step]?.trim();
+    try {
+      await api.request("workflows.approve", { id: run.id, step, decision, ...(comment ? { comment } : {}) });
+      onDecided();
+    } catch (err) {
+      setError(err as Error);
+    }
+  };
+  return html`
+    <h2>Approvals</h2>
+    <${Failure} error=${error} />
+    ${asked.map((step) => {
+      const wanted = step.approval as NonNullable<WorkflowStep["approval"]>;
+      const state = run.steps[step.name];
+      const approval = state?.approval as NonNullable<NonNullable<typeof state>["approval"]>;
+      const who = wanted.approvers.length > 0 ? wanted.approvers.join(", ") : `${run.owner ?? "local"} (the run's owner)`;
+      const waits = state?.state === "running" && approval.decision === undefined;
+      return html`<div class="approval" data-approval=${step.name} data-decision=${approval.decision ?? (waits ? "waiting" : "none")}>
+        <p><strong>${step.name}</strong>${wanted.message ? html`: ${wanted.message}` : ""}</p>
+        <p class="detail">asked of ${who} at ${when(approval.requestedAt)}; ${waits ? "waits until" : "deadline"} ${when(approval.deadline)}</p>
+        ${
+          approval.decision
+            ? html`<p class="detail">${approval.decision} by ${approval.by} ${when(approval.at)}${approval.comment ? html`: “${approval.comment}”` : ""}</p>`
+            : !waits && html`<p class="detail">${state?.reason ?? "not decided"}</p>`
+        }
+        ${
+          waits &&
+          api.mayDecide(wanted.approvers, run.owner) &&
+          html`<div class="actions">
+            <input data-comment placeholder="comment (optional)" maxlength="4096" value=${comments[step.name] ?? ""}
+              onInput=${(e: Event) => setComments({ ...comments, [step.name]: (e.target as HTMLInputElement).value })} />
+            <button data-action="approve" onClick=${() => decide(step.name, "approve")}>Approve</button>
+            <button data-action="reject" onClick=${() => decide(step.name, "reject")}>Reject</button>
+          </div>`
+        }
+      </div>`;
+    })}
   `;
 }
 
@@ -100,7 +154,7 @@ function Graph({ run }: { run: WorkflowRun }) {
         return html`<g class=${`node state-${state}`} data-node=${step.name} data-state=${state} transform=${`translate(${p.x + 1} ${p.y + 1})`}>
           <rect width=${NODE_W} height=${NODE_H} rx="6" />
           <text x="10" y="19" class="name">${step.name}</text>
-          <text x="10" y="36" class="detail">${state}${jobs > 1 ? ` · ${jobs} jobs` : ""} · ${step.agent}</text>
+          <text x="10" y="36" class="detail">${state}${jobs > 1 ? ` · ${jobs} jobs` : ""} · ${step.agent ?? "approval"}</text>
         </g>`;
       })}
     </svg>
