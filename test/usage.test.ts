@@ -118,3 +118,39 @@ test("with two dispatchers each report counts once; a spent budget refuses the n
     for (const d of dispatchers) await d.close();
   }
 });
+
+test("a running agent's calls count as it makes them: its usage is summed before it ends, and a stop budget cancels the job that spends it", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 2, usageReadMs: 200, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({
+    name: "spender",
+    // A call, a half-written line (its end comes a second later), then a long wait: only an
+    // attempt whose file is read while it runs counts anything before it ends.
+    command: `echo '{"model":"m","tokensIn":7,"cost":0.4}' >> "$BOXCAR_USAGE_FILE"; printf '{"cost":' >> "$BOXCAR_USAGE_FILE"; sleep 1; echo '0.8}' >> "$BOXCAR_USAGE_FILE"; sleep 60`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  await client.setPolicy({ budgets: { agents: { spender: { cost: 1, onExceeded: "stop" } } } });
+  const { job } = await client.submit({ agent: "spender" });
+  // The first call is summed while the job runs; the half-written line is not read as one.
+  await eventually(async () => ((await client.getUsage()).agents.spender?.cost === 0.4 ? true : undefined), "the first call summed");
+  expect((await client.getJob(job.id)).state).toBe("running");
+  expect((await client.getUsage()).agents.spender).toMatchObject({ calls: 1, tokensIn: 7 });
+  // The second takes the agent past its budget: the job that spent it is stopped, long before its minute.
+  expect(await client.waitForJob(job.id)).toMatchObject({ state: "cancelled" });
+  // Stopped, it keeps what it used in its record too.
+  expect((await client.getJob(job.id)).usage).toMatchObject({ calls: 2, tokensIn: 7 });
+  expect((await client.getUsage()).agents.spender).toMatchObject({ calls: 2, tokensIn: 7 });
+  expect((await client.getUsage()).agents.spender?.cost).toBeCloseTo(1.2);
+  const reports: { state: string; cost: number | undefined }[] = [];
+  for await (const e of client.events(job.id))
+    if (e.kind === "job" && e.type === "usage") reports.push({ state: e.state, cost: e.usage?.cost });
+  expect(reports).toEqual([
+    { state: "running", cost: 0.4 },
+    { state: "running", cost: 0.8 },
+  ]);
+  await expect(client.submit({ agent: "spender" })).rejects.toMatchObject({ code: ErrorCode.budgetExceeded });
+}, 30_000);

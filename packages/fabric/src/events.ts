@@ -21,12 +21,14 @@ const REPEATED: ReadonlySet<string> = new Set(["progress", "signal"]);
 /**
  * Publishes one event to the events stream and waits for the stream to store it. A job event
  * (but progress and signals) carries the message id `<job>:<attempt>:<type>`: whoever publishes it again,
- * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window).
+ * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window);
+ * `dedupeAs` gives one its own id instead (an attempt's usage reports, one per read).
  */
-export async function publishEvent(topology: Topology, event: BoxcarEvent): Promise<void> {
+export async function publishEvent(topology: Topology, event: BoxcarEvent, dedupeAs?: string): Promise<void> {
   const owner = event.kind === "worker" ? undefined : event.owner;
   const subject = topology.names.subjects.event(event.kind, eventSubjectId(event), event.type, owner);
-  const msgID = event.kind === "job" && !REPEATED.has(event.type) ? `${event.jobId}:${event.attempt}:${event.type}` : undefined;
+  const msgID =
+    dedupeAs ?? (event.kind === "job" && !REPEATED.has(event.type) ? `${event.jobId}:${event.attempt}:${event.type}` : undefined);
   await topology.js.publish(subject, JSON.stringify(event), msgID ? { msgID } : undefined);
 }
 

@@ -32,6 +32,9 @@ export const WorkerConfig = z.strictObject({
   reapInterval: durationMs({ min: 100, max: 24 * HOUR })
     .optional()
     .describe("how often leftovers of crashed workers are removed"),
+  usageRead: durationMs({ min: 100, max: HOUR })
+    .optional()
+    .describe("how often a running agent's usage file is read, so that its calls count and budgets stop as it makes them; default 10s"),
   maxLogBytes: sizeBytes({ min: 1024, max: 1024 ** 3 })
     .optional()
     .describe("agent output kept per job"),

@@ -106,25 +106,70 @@ export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: rea
 const MAX_USAGE_BYTES = 1024 * 1024;
 
 /**
- * What the agent reported its calls used (its usage file, one JSON object a line), summed;
- * undefined when it reported none. Lines that are not such objects are left out (a usage report
- * does not fail a job), and so is what lies past the first MiB.
+ * An attempt's usage file (one JSON object a line, docs/agent-contract.md), read while the agent
+ * runs and once more at its end: each read reports the calls appended since the last (`report`,
+ * with how many lines were reported before them, which names the report), so that they count,
+ * and budgets stop, as they are made. While the agent runs only whole lines are read (the last
+ * may be half-written). Lines that are not such objects are left out (a usage report does not
+ * fail a job), and so is what lies past the first MiB.
  */
-export async function readUsageFile(sandbox: Sandbox): Promise<Usage | undefined> {
-  const body = await sandbox.readFile(AgentPaths.usage);
-  if (!body) return undefined;
-  const text = new TextDecoder().decode(await readAtMost(body, MAX_USAGE_BYTES, AgentPaths.usage, true));
-  const lines: UsageLine[] = [];
-  for (const line of text.split("\n")) {
-    if (line.trim() === "") continue;
-    try {
-      const parsed = UsageLine.safeParse(JSON.parse(line));
-      if (parsed.success) lines.push(parsed.data);
-    } catch {
-      // not JSON: left out
-    }
+export class UsageFile {
+  private reported = 0;
+  private reading: Promise<UsageLine[]> | undefined;
+
+  constructor(
+    private readonly sandbox: Sandbox,
+    private readonly report: (usage: Usage, from: number) => Promise<void>,
+  ) {}
+
+  /** Reports what was appended since the last read (one read at a time: a read under way is waited for, not repeated). */
+  async read(): Promise<void> {
+    if (!this.reading) this.reading = this.next(false).finally(() => (this.reading = undefined));
+    await this.reading;
   }
-  return lines.length > 0 ? usageOf(lines) : undefined;
+
+  /**
+   * Reports the rest, once the agent ended; the attempt's whole usage, or undefined when it
+   * reported none. A report that fails is `onError`'s: the usage is still the attempt's.
+   */
+  async end(onError: (err: unknown) => void): Promise<Usage | undefined> {
+    await this.reading?.catch(() => {});
+    const lines = await this.lines(true);
+    await this.reportFrom(lines).catch(onError);
+    return lines.length > 0 ? usageOf(lines) : undefined;
+  }
+
+  private async next(ended: boolean): Promise<UsageLine[]> {
+    const lines = await this.lines(ended);
+    await this.reportFrom(lines);
+    return lines;
+  }
+
+  /** Reports the lines past those reported before (the same lines again, after a report that failed). */
+  private async reportFrom(lines: UsageLine[]): Promise<void> {
+    const fresh = lines.slice(this.reported);
+    if (fresh.length === 0) return;
+    await this.report(usageOf(fresh), this.reported);
+    this.reported = lines.length;
+  }
+
+  private async lines(ended: boolean): Promise<UsageLine[]> {
+    const body = await this.sandbox.readFile(AgentPaths.usage);
+    if (!body) return [];
+    let text = new TextDecoder().decode(await readAtMost(body, MAX_USAGE_BYTES, AgentPaths.usage, true));
+    if (!ended) text = text.slice(0, text.lastIndexOf("\n") + 1);
+    const lines: UsageLine[] = [];
+    for (const line of text.split("\n")) {
+      if (line.trim() === "") continue;
+      try {
+        const parsed = UsageLine.safeParse(JSON.parse(line));
+        if (parsed.success) lines.push(parsed.data);
+      } catch {
+        // not JSON: left out
+      }
+    }
+    return lines;
+  }
 }
 
 /** A file's first `limit` bytes: past them, an error (`bad_result`), or with `truncate` the bytes up to the last whole line. */

@@ -27,13 +27,14 @@ import {
   type SandboxInfo,
   TOKEN_PATTERN,
   toErrorInfo,
+  type Usage,
   WorkerInfo,
   type WorkItem,
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
 import { AgentPaths, agentEnv, collectSecrets } from "./agent-contract.js";
-import { prepareWorkspace, readResultFile, readUsageFile, storeArtifacts } from "./agent-workspace.js";
+import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
@@ -103,6 +104,8 @@ export class JobRun {
   private secretValues: string[] = [];
   /** The sandbox from when it is ready until the agent ends: where signals are written. */
   private agentSandbox: Sandbox | undefined;
+  /** The agent's usage file, read while it runs and at its end. */
+  private usageFile: UsageFile | undefined;
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
@@ -453,10 +456,11 @@ export class JobRun {
       });
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
-      if (exec.aborted) return this.stopped(exec);
+      // Stopped, its calls count all the same.
+      if (exec.aborted) return withUsage(this.stopped(exec), await this.endUsage());
       const outcome = await this.conclude(sandbox, exec);
       // A timeout or cancel that came while the results were read still decides how it ends.
-      return this.stopReason ? this.stopped(exec) : outcome;
+      return this.stopReason ? withUsage(this.stopped(exec), outcome.kind === "final" ? outcome.usage : undefined) : outcome;
     } catch (err) {
       const closed = this.lease?.closedWith;
       if (closed !== undefined) {
@@ -529,6 +533,14 @@ export class JobRun {
     });
     void this.events.sandbox("exec_started", ref);
     const timeout = setTimeout(() => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"), stopInMs);
+    // Its calls count as it makes them: its usage file is read every so often while it runs.
+    const usage = new UsageFile(sandbox, (used, from) => this.reportUsage(used, from));
+    this.usageFile = usage;
+    const reading = setInterval(() => {
+      usage
+        .read()
+        .catch((err: unknown) => this.log.warn({ err }, "could not read or report the agent's usage file; reading it again later"));
+    }, options.usageReadMs);
     let exec: ExecResult;
     try {
       exec = await sandbox.exec(this.item.agent.command, {
@@ -538,6 +550,7 @@ export class JobRun {
       });
     } finally {
       clearTimeout(timeout);
+      clearInterval(reading);
       await output.close();
     }
     void this.events.sandbox("exec_exited", ref, {
@@ -556,10 +569,7 @@ export class JobRun {
     const artifacts =
       exec.breach === undefined ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts) : [];
     // What its calls used counts however it ended; a usage file that cannot be read counts nothing.
-    const usage = await readUsageFile(sandbox).catch((err: unknown) => {
-      this.log.warn({ err }, "could not read the agent's usage file");
-      return undefined;
-    });
+    const usage = await this.endUsage();
     const reported = usage ? { usage } : {};
     let file: AgentResultFile | undefined;
     try {
@@ -568,6 +578,16 @@ export class JobRun {
       return { ...this.failed(err, exec), artifacts, ...reported };
     }
     return { ...outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory), ...reported };
+  }
+
+  /** What the attempt's calls used, all told, once the agent ended (the rest reported); a usage file that cannot be read counts nothing more. */
+  private async endUsage(): Promise<Usage | undefined> {
+    return this.usageFile
+      ?.end((err) => this.log.error({ err }, "could not report the attempt's usage"))
+      .catch((err: unknown) => {
+        this.log.warn({ err }, "could not read the agent's usage file");
+        return undefined;
+      });
   }
 
   /** The outcome of a run stopped from outside. */
@@ -626,7 +646,6 @@ export class JobRun {
     if (!update) return this.leave();
 
     this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
-    if (outcome.kind === "final") await this.reportUsage(update, outcome);
     if (outcome.kind === "requeue") {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
@@ -645,15 +664,17 @@ export class JobRun {
   }
 
   /**
-   * Publishes what the attempt's calls used, as a `usage` event of its own (never folded into
-   * another: the dispatchers' usage consumer takes these alone and sums them per day).
+   * Publishes what the attempt's calls used since its report before (the first `from` lines of its
+   * usage file), as a `usage` event of its own (never folded into another: the dispatchers' usage
+   * consumer takes these alone and sums them per day), deduplicated by attempt and `from`.
    */
-  private async reportUsage(record: JobRecord, outcome: FinalOutcome): Promise<void> {
-    const { usage } = outcome;
-    if (!usage) return;
+  private async reportUsage(usage: Usage, from: number): Promise<void> {
+    const record = this.handle?.record;
+    if (!record) return;
     const message = `${usage.calls} calls: ${usage.tokensIn} tokens in, ${usage.tokensOut} out, cost ${usage.cost}`;
-    const event = { ...jobEvent(record, "usage", { usage, message }), attempt: this.events.attempt, workerId: this.ctx.options.workerId };
-    await publishEvent(this.topology, event).catch((err: unknown) => this.log.error({ err }, "could not publish the attempt's usage"));
+    const attempt = this.events.attempt;
+    const event = { ...jobEvent(record, "usage", { usage, message }), attempt, workerId: this.ctx.options.workerId };
+    await publishEvent(this.topology, event, `${this.jobId}:${attempt}:usage:${from}`);
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
@@ -688,7 +709,6 @@ export class JobRun {
     );
     if (!update) return this.leave();
     this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
-    await this.reportUsage(update, outcome);
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {
@@ -776,4 +796,9 @@ export class JobRun {
       this.log.warn({ err }, "could not acknowledge the work item");
     }
   }
+}
+
+/** `outcome` with the attempt's usage, when it reported some. */
+function withUsage(outcome: Outcome, usage: Usage | undefined): Outcome {
+  return usage && outcome.kind === "final" ? { ...outcome, usage } : outcome;
 }

@@ -55,6 +55,8 @@ export interface WorkerOptions {
   workRoot?: string;
   /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
   reapIntervalMs?: number;
+  /** How often a running agent's usage file is read, so that its calls count (and budgets stop) as it makes them; default 10000 ms. */
+  usageReadMs?: number;
   /** OpenTelemetry variables (where this worker's traces go) given to every agent, so its own spans can follow. */
   agentTracing?: Readonly<Record<string, string>>;
   /**
@@ -95,6 +97,7 @@ export interface ResolvedWorkerOptions {
   maxLogBytes: number;
   workRoot: string;
   reapIntervalMs: number;
+  usageReadMs: number;
   eventHoldMs: number;
   /** Checks work items' signatures; undefined: items are not checked. */
   verifier: WorkVerifier | undefined;
@@ -120,6 +123,7 @@ const Settings = z.strictObject({
   maxLogBytes: z.number().int().min(1024),
   workRoot: z.string().min(1),
   reapIntervalMs: z.number().int().min(100),
+  usageReadMs: z.number().int().min(100),
   eventHoldMs: z.number().int().min(0).max(60_000),
 });
 
@@ -142,6 +146,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
       workRoot: opts.workRoot ?? defaultWorkRoot(),
       reapIntervalMs: opts.reapIntervalMs ?? 60_000,
+      usageReadMs: opts.usageReadMs ?? 10_000,
       eventHoldMs: opts.eventHoldMs ?? DEFAULT_EVENT_HOLD_MS,
     },
     "worker options",
@@ -206,6 +211,7 @@ export function workerOptionsFromConfig(
     ...(config.heartbeat !== undefined ? { heartbeatMs: config.heartbeat } : {}),
     ...(config.drainGrace !== undefined ? { drainGraceMs: config.drainGrace } : {}),
     ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
+    ...(config.usageRead !== undefined ? { usageReadMs: config.usageRead } : {}),
     ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),
     ...(config.dispatcherKeys ? { dispatcherKeys: config.dispatcherKeys } : {}),
     ...(config.secrets?.allow ? { allowSecrets: config.secrets.allow } : {}),
