@@ -114,6 +114,12 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   // A job in a session runs on the worker that holds it; any other waits for a worker of its pool.
   const session = spec.session === undefined ? undefined : await ctx.sessions.forJob(spec.session, opts.owner, agent);
   if (!session) ctx.workers.checkServable(agent, spec.pool ?? agent.pool);
+  // It runs in its session's pool, and counts there (under the pool's concurrency limit, say).
+  if (session && spec.pool !== undefined && spec.pool !== session.pool) {
+    throw new BoxcarError(ErrorCode.invalid, `a job in session ${session.id} runs in its session's pool, ${session.pool}: leave pool out`, {
+      issues: [{ path: "pool", message: `not the session's pool (${session.pool})` }],
+    });
+  }
   await checkInputFiles(topology, spec);
 
   // A caller's own key is scoped to its owner: another user's equal key is another job.
@@ -142,7 +148,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     v: PROTOCOL_VERSION,
     id,
     agent: agent.name,
-    pool: spec.pool ?? agent.pool,
+    pool: session?.pool ?? spec.pool ?? agent.pool,
     owner: opts.owner,
     priority: spec.priority ?? agent.priority ?? "normal",
     state: "queued",
@@ -154,7 +160,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     history: [],
     attemptsAllowed: (spec.retry ?? agent.retry)?.maxAttempts ?? 1,
   };
-  if (session) record.session = session;
+  if (session) record.session = { id: session.id, workerId: session.workerId };
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
   if (opts.schedule) record.schedule = opts.schedule;
@@ -174,17 +180,19 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   const runAt = asked ?? (turn !== undefined && turn > Date.parse(now) ? turn : undefined);
   if (runAt !== undefined) record.runAt = new Date(runAt).toISOString();
   if (runAt !== undefined && asked === undefined) record.rateLimited = true;
-  // One that may start now takes a place under its agent's concurrency limit, or waits for one; a
+  // One that may start now takes its places under its concurrency limits, or waits for one; a
   // delayed one does when its time comes (holding a place until then would hold up everyone's).
-  const places = runAt === undefined ? await ctx.limits.enter(agent, { id, spec, owner: opts.owner }, record.pool) : undefined;
-  if (places) record.concurrency = places;
+  const entered = runAt === undefined ? await ctx.limits.enter(agent, { id, spec, owner: opts.owner }, record.pool) : undefined;
+  if (entered) record.concurrency = entered.concurrency;
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
-  const created = await topology.jobStore.create(record).catch((err: unknown) => {
+  const created = await topology.jobStore.create(record).catch(async (err: unknown) => {
+    await ctx.limits.leave(entered?.taken ?? [], id).catch(() => {}); // else the sweep frees them
     throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
   });
   if (!created) {
+    // (The places its twin took, with one job id, are the twin's: they stay.)
     // Two submissions with one key raced past the key's claim: the other one wrote the record.
     const other = await topology.jobStore.read(id);
     if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);

@@ -8,9 +8,11 @@ import {
   type JobRecord,
   JobTransitions,
   limitNamed,
+  ownerOf,
   POOL_PLACE_PREFIX,
   placesOf,
   type SystemPolicy,
+  TOTAL_PLACE,
   toErrorInfo,
 } from "@boxcar/protocol";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
@@ -22,6 +24,12 @@ import { SeenOnce } from "./seen-once.js";
 
 /** A job's places under concurrency limits, as its record keeps them. */
 export type Place = NonNullable<JobRecord["concurrency"]>;
+
+/** A job's places as it entered its limits: its record's `concurrency`, and the places this entry took (not those it held already). */
+export interface Entered {
+  concurrency: Place;
+  taken: string[];
+}
 
 /**
  * One limit's state (one agent's, or one value's of its key): the jobs holding its places (since
@@ -93,28 +101,38 @@ export class ConcurrencyLimits {
   /**
    * The places a new job of `agent` in `pool` needs (none: undefined), taken in order while they
    * are free and nobody waits for them; at the first that is not, it waits. `drop-new` refuses
-   * the job instead (`conflict`) when its agent's limit has no place, and lets go what it took.
+   * the job instead (`conflict`) when its agent's limit has no place, and lets go what it took;
+   * so does any failure half-way (a limit too busy, say).
    */
-  async enter(agent: AgentDefinition, job: KeyedJob & { id: string }, pool: string): Promise<Place | undefined> {
+  async enter(agent: AgentDefinition, job: KeyedJob & { id: string }, pool: string): Promise<Entered | undefined> {
     const places = this.placesFor(agent, job, pool);
     const last = places.at(-1);
     if (last === undefined) return undefined;
     const chain = places.length > 1 ? { places } : {};
-    for (const [i, place] of places.entries()) {
-      if (await this.take(place, job.id, this.limitIn(place, agent))) continue;
-      if (agent.concurrency?.strategy === "drop-new" && !place.startsWith(POOL_PLACE_PREFIX)) {
-        await Promise.all(places.slice(0, i).map((held) => this.free(held, job.id)));
-        const limit = agent.concurrency;
-        const most =
-          i === 0 ? `${limit.limit} jobs at once${limit.key ? ` for each ${limit.key}` : ""}` : `${limit.total} jobs at once in all`;
-        throw new BoxcarError(
-          ErrorCode.conflict,
-          `agent ${agent.name} runs at most ${most} and has no place free; its concurrency strategy drops new jobs: submit again later`,
-        );
+    const taken: string[] = [];
+    try {
+      for (const [i, place] of places.entries()) {
+        const outcome = await this.take(place, job.id, this.limitIn(place, agent));
+        if (outcome === "taken") taken.push(place);
+        if (outcome) continue;
+        if (agent.concurrency?.strategy === "drop-new" && !place.startsWith(POOL_PLACE_PREFIX)) {
+          const limit = agent.concurrency;
+          const most =
+            i === 0 ? `${limit.limit} jobs at once${limit.key ? ` for each ${limit.key}` : ""}` : `${limit.total} jobs at once in all`;
+          throw new BoxcarError(
+            ErrorCode.conflict,
+            `agent ${agent.name} runs at most ${most} and has no place free; its concurrency strategy drops new jobs: submit again later`,
+          );
+        }
+        return { concurrency: { place, ...chain, waiting: true }, taken };
       }
-      return { place, ...chain, waiting: true };
+    } catch (err) {
+      await this.leave(taken, job.id).catch((freeErr: unknown) =>
+        this.log.warn({ err: freeErr, jobId: job.id }, "could not let go of the places taken for a refused job; the sweep will"),
+      );
+      throw err;
     }
-    return { place: last, ...chain };
+    return { concurrency: { place: last, ...chain }, taken };
   }
 
   /** The limits a job of `agent` in `pool` takes a place under, in the order it takes them. */
@@ -122,7 +140,7 @@ export class ConcurrencyLimits {
     const places: string[] = [];
     const limit = agent.concurrency;
     if (limit) places.push(`${agent.name}.${valueDigest(limit.key, job) ?? "all"}`);
-    if (limit?.key !== undefined && limit.total !== undefined) places.push(`${agent.name}.all`);
+    if (limit?.key !== undefined && limit.total !== undefined) places.push(`${agent.name}.${TOTAL_PLACE}`);
     if (this.policy().pools[pool]?.concurrency !== undefined) places.push(POOL_PLACE_PREFIX + pool);
     return places;
   }
@@ -131,8 +149,8 @@ export class ConcurrencyLimits {
   private limitIn(place: string, agent: AgentDefinition | undefined): number {
     const most = place.startsWith(POOL_PLACE_PREFIX)
       ? this.policy().pools[place.slice(POOL_PLACE_PREFIX.length)]?.concurrency
-      : place.endsWith(".all") && agent?.concurrency?.key !== undefined
-        ? agent.concurrency.total
+      : place.endsWith(`.${TOTAL_PLACE}`)
+        ? agent?.concurrency?.total
         : agent?.concurrency?.limit;
     return most ?? Number.POSITIVE_INFINITY;
   }
@@ -142,14 +160,14 @@ export class ConcurrencyLimits {
     return this.limitIn(place, place.startsWith(POOL_PLACE_PREFIX) ? undefined : await this.agentOf(agentName(place)));
   }
 
-  /** Takes a place under `place` for `jobId` when one is free and nobody waits for one (or it holds one already). */
-  private take(place: string, jobId: string, limit: number): Promise<boolean> {
+  /** Takes a place under `place` for `jobId` when one is free and nobody waits for one (`taken`), or says it holds one already (`held`). */
+  private take(place: string, jobId: string, limit: number): Promise<"taken" | "held" | false> {
     return this.change(place, (places): "taken" | "held" | false => {
       if (places.holding[jobId] !== undefined) return "held";
       if (count(places) >= limit || places.cursor < places.tail) return false;
       places.holding[jobId] = Date.now();
       return "taken";
-    }).then((outcome) => outcome !== false);
+    });
   }
 
   /**
@@ -163,13 +181,16 @@ export class ConcurrencyLimits {
     if (concurrency === undefined) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no concurrency place`);
     const { place } = concurrency;
     const { js, names } = this.topology;
-    const { seq } = await js.publish(names.subjects.heldWork(place, record.id), JSON.stringify({ jobId: record.id }), { msgID });
+    const stored = await js.publish(names.subjects.heldWork(place, record.id), JSON.stringify({ jobId: record.id }), { msgID });
     await this.change(place, (places) => {
-      if (places.tail >= seq) return false;
-      places.tail = seq;
+      if (places.tail >= stored.seq) return false;
+      places.tail = stored.seq;
       return true;
     });
-    if (agent.concurrency?.strategy === "cancel-in-progress" && placesOf(concurrency)[0] === place) {
+    // The strategy cancels under its agent's own limit only (its key's, as the agent is now), once.
+    const keyed = { spec: record.spec ?? { input: null, labels: {} }, owner: ownerOf(record) };
+    const own = place === this.placesFor(agent, keyed, record.pool)[0] && !place.startsWith(POOL_PLACE_PREFIX);
+    if (agent.concurrency?.strategy === "cancel-in-progress" && own && !stored.duplicate) {
       await this.cancelOlder(place, agent.concurrency.limit);
     }
     this.kick(place);
@@ -265,13 +286,7 @@ export class ConcurrencyLimits {
     const jobId = record.id;
     const places = record.concurrency ? placesOf(record.concurrency) : [place];
     const agent = await this.agentOf(record.agent);
-    if (!agent) {
-      const error = toErrorInfo(new BoxcarError(ErrorCode.unknownAgent, `agent ${record.agent} was removed while the job waited`));
-      const refused = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, error, nowIso()));
-      if (refused.written) await publishEvent(topology, jobEvent(refused.handle.record, "failed", { error, message: error.message }));
-      await this.leave(places, jobId);
-      return;
-    }
+    if (!agent) return this.agentRemoved(found, places);
     for (const next of places.slice(places.indexOf(place) + 1)) {
       if (await this.take(next, jobId, await this.limitOf(next))) continue;
       const moved = await topology.jobStore.change(found, (job) => JobTransitions.waitFor(job, place, next));
@@ -290,6 +305,16 @@ export class ConcurrencyLimits {
     await publishEvent(topology, jobEvent(released, "released", { message }));
     // A job given a place again after `boxcar retry` is on a later attempt: its item is not a duplicate.
     await publishWorkItem(topology, released, agent, this.publishing, `${jobId}:placed:${released.attempt}`);
+  }
+
+  /** A job whose agent was removed while it waited: it fails (`unknown_agent`) and lets go of its places. */
+  private async agentRemoved(found: JobHandle, places: readonly string[]): Promise<void> {
+    const { topology } = this;
+    const { record } = found;
+    const error = toErrorInfo(new BoxcarError(ErrorCode.unknownAgent, `agent ${record.agent} was removed while the job waited`));
+    const refused = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, error, nowIso()));
+    if (refused.written) await publishEvent(topology, jobEvent(refused.handle.record, "failed", { error, message: error.message }));
+    await this.leave(places, record.id);
   }
 
   /** Cancels a limit's jobs older than its newest `limit`, the running and the waiting, oldest first. */
@@ -339,9 +364,13 @@ export class ConcurrencyLimits {
         const found = await topology.jobStore.read(jobId);
         const stale = Date.now() - since > GRACE_MS;
         const concurrency = found?.record.concurrency;
-        const ended = found && (isTerminal(found.record.state) || !concurrency || !placesOf(concurrency).includes(place));
-        if (found ? ended : stale) await this.free(place, jobId);
-        else if (found && concurrency?.waiting && stale) await this.finish(found, place);
+        // A record that does not name the place yet (a delayed job's places are taken just before
+        // its record says so) is given the same grace as no record.
+        const named = concurrency !== undefined && placesOf(concurrency).includes(place);
+        if (found && isTerminal(found.record.state)) await this.free(place, jobId);
+        else if (!named) {
+          if (stale) await this.free(place, jobId);
+        } else if (found && concurrency?.waiting && stale) await this.finish(found, place);
       }
       // A limit nobody has held or waited for since a minute ago goes, so that one per key value
       // does not pile up (the next job of its key makes it again).
@@ -369,8 +398,10 @@ export class ConcurrencyLimits {
     const marker = await jsm.streams.getMessage(names.streams.work, {
       last_by_subj: names.subjects.heldWork(concurrency.place, found.record.id),
     });
-    const agent = marker ? undefined : await this.agentOf(found.record.agent);
-    if (agent) await this.wait(found.record, agent, `${found.record.id}:${concurrency.place}:${found.record.attempt}:${Date.now()}`);
+    if (marker) return;
+    const agent = await this.agentOf(found.record.agent);
+    if (!agent) return this.agentRemoved(found, placesOf(concurrency));
+    await this.wait(found.record, agent, `${found.record.id}:${concurrency.place}:${found.record.attempt}:${Date.now()}`);
   }
 
   /** Removes the markers a limit's queue is past (a dispatcher died before it removed them). */

@@ -204,7 +204,7 @@ export async function retryJob(
     job.spec && job.state === "dead" ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
   const change = await topology.jobStore.change(found, (current) => {
     const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
-    return requeued && place ? { ...requeued, concurrency: place } : requeued;
+    return requeued && place ? { ...requeued, concurrency: place.concurrency } : requeued;
   });
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const next = change.handle.record;

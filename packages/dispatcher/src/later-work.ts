@@ -1,11 +1,11 @@
 import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, placesOf, toErrorInfo } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "./admission.js";
 import type { AgentCatalog } from "./agent-catalog.js";
-import type { Place } from "./concurrency.js";
+import type { Entered } from "./concurrency.js";
 import { LimitBusy } from "./limit-state.js";
 import { pausedUntil, reserveFor } from "./rate-limit.js";
 
@@ -83,7 +83,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   }
   let agent: AgentDefinition;
   let turn: number | undefined;
-  let place: Place | undefined;
+  let entered: Entered | undefined;
   const { spec } = found.record;
   const job = { id: jobId, spec: spec ?? { input: null, labels: {} }, owner: ownerOf(found.record) };
   try {
@@ -96,7 +96,7 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
       turn = await reserveFor(ctx.limits.entries, agent, job, Date.now(), deadlineAt);
     }
     // and when it may start, its places under its concurrency limits (or waits for one).
-    if (turn === undefined || turn - Date.now() <= EARLY_MS) place = await ctx.limits.enter(agent, job, found.record.pool);
+    if (turn === undefined || turn - Date.now() <= EARLY_MS) entered = await ctx.limits.enter(agent, job, found.record.pool);
   } catch (err) {
     const never = [ErrorCode.unknownAgent, ErrorCode.unavailable, ErrorCode.conflict] as string[];
     // A limit too busy for now is tried again (the marker handed back).
@@ -119,15 +119,16 @@ async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<Agen
   }
   // Released before its item goes: a marker delivered again finds it released, and a dispatcher
   // that dies in between leaves a queued job with no item, which `WorkRecovery` enqueues.
-  const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, place));
+  const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, entered?.concurrency));
   if (released.written) {
     const record = released.handle.record;
     // Released to its pool now, or once it is given a place (the limits say so then).
     if (!record.concurrency?.waiting) await publishEvent(topology, jobEvent(record, "released", { message: "its time came" }));
     await publishWorkItem(topology, record, agent, ctx, `${jobId}:due`);
-  } else if (place && (!released.current || isTerminal(released.current.record.state))) {
-    // It ended meanwhile, with the places just taken for it.
-    await ctx.limits.leave(placesOf(place), jobId);
+  } else if (entered) {
+    // It ended meanwhile, or a delivery of its marker before this one released it (and it may
+    // wait for a place this one took): the places this one took are not its to hold.
+    await ctx.limits.leave(entered.taken, jobId);
   }
   msg.ack();
 }

@@ -216,7 +216,7 @@ export class SessionDesk {
    * the agent to be the session's or one that allows sessions. Another user's is as not found,
    * as for its other operations.
    */
-  async forJob(id: string, owner: string, agent: AgentDefinition): Promise<{ id: string; workerId: string }> {
+  async forJob(id: string, owner: string, agent: AgentDefinition): Promise<{ id: string; workerId: string; pool: string }> {
     const session = await this.usable(id, { role: "submitter", user: owner });
     // The job runs with the session's sandbox as it is (its image, limits, network and secrets):
     // another agent's job may run there only if that agent allows sessions too.
@@ -239,7 +239,7 @@ export class SessionDesk {
         `the worker holding session ${id} (${session.workerId}) is of a release that runs no jobs in sessions: open one on a newer worker`,
       );
     }
-    return { id, workerId: session.workerId };
+    return { id, workerId: session.workerId, pool: session.pool };
   }
 
   /** Asks the session's worker; one that no longer holds it (it restarted) makes the record say so. */

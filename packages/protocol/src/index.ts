@@ -130,6 +130,7 @@ export {
   ResourceUsage,
   SandboxInfo,
   TERMINAL_STATES,
+  TOTAL_PLACE,
   WORK_ITEM_VERSION,
   WorkItem,
   WorkspacePath,

@@ -1,5 +1,5 @@
 import { BoxcarError, ErrorCode, type ErrorInfo } from "./errors.js";
-import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type JobResult, type SandboxInfo } from "./job.js";
+import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type JobResult, limitNamed, type SandboxInfo } from "./job.js";
 import { addUsage, NO_USAGE, type Usage } from "./usage.js";
 
 /**
@@ -55,7 +55,7 @@ export function expire(job: JobRecord, now: string): JobRecord | null {
       : {
           code: ErrorCode.expired,
           message: job.concurrency?.waiting
-            ? `not started before ${job.expiresAt}: it waited for a place under its agent's concurrency limit`
+            ? `not started before ${job.expiresAt}: it waited for a place under ${limitNamed(job.concurrency)}`
             : `not started before ${job.expiresAt}: no worker of pool ${job.pool} took it in time`,
         },
   };

@@ -112,11 +112,13 @@ export function placesOf(concurrency: { place: string; places?: string[] }): str
   return concurrency.places ?? [concurrency.place];
 }
 
+/** How an agent's limit over all the values of its key (`total`) is named among a job's places: `<agent>.=total`. */
+export const TOTAL_PLACE = "=total";
+
 /** Which limit a job waiting at `place` waits for, in words. */
-export function limitNamed(concurrency: { place: string; places?: string[] }): string {
-  const { place } = concurrency;
+export function limitNamed({ place }: { place: string }): string {
   if (place.startsWith(POOL_PLACE_PREFIX)) return `pool ${place.slice(POOL_PLACE_PREFIX.length)}'s concurrency limit`;
-  return placesOf(concurrency).indexOf(place) > 0 ? "its agent's concurrency limit over all keys" : "its agent's concurrency limit";
+  return place.endsWith(`.${TOTAL_PLACE}`) ? "its agent's concurrency limit over all keys" : "its agent's concurrency limit";
 }
 
 export const Artifact = z.strictObject({
