@@ -367,11 +367,40 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
       copier = createWorker({
         ...nats.workerRole,
         pools: ["copy"],
+        usageReadMs: 300,
         providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId, workspace: "copy" })],
       });
       void copier.run();
     });
     afterAll(() => copier?.close());
+
+    test("while the agent runs with its workspace copied into the container, its usage is read and its signals written there", async () => {
+      await client.applyAgent({
+        name: "copied-live",
+        pool: "copy",
+        // A call reported at once; then it waits for a signal, and returns what it got.
+        command: [
+          "bash",
+          "-c",
+          'boxcar-usage --model m --in 5 --cost 0.5; for i in $(seq 200); do f=$(ls "$BOXCAR_SIGNALS_DIR" 2>/dev/null | head -1); [ -n "$f" ] && break; sleep 0.1; done; printf \'{"output":%s}\' "$(cat "$BOXCAR_SIGNALS_DIR/$f")" > "$BOXCAR_RESULT_FILE"',
+        ],
+        runtime: { sandbox: "docker", timeout: "60s" },
+      });
+      const { job } = await client.submit({ agent: "copied-live" });
+      // Summed while it still waits for its signal: read from the container, not the staged folder.
+      await eventually(
+        async () => ((await client.getUsage()).agents["copied-live"]?.calls === 1 ? true : undefined),
+        "its call summed",
+        30_000,
+      );
+      expect(await client.getJob(job.id)).toMatchObject({ state: "running" });
+      const sent = await client.signalJob(job.id, "go", { n: 7 });
+      expect(sent.file).toBe(".boxcar/signals/0001-go.json");
+      const final = await client.waitForJob(job.id);
+      expect(final).toMatchObject({ state: "succeeded", usage: { calls: 1, tokensIn: 5, cost: 0.5 } });
+      expect(stdout(final)).toMatchObject({ name: "go", payload: { n: 7 } });
+      expect((await client.getUsage()).agents["copied-live"]).toMatchObject({ calls: 1, cost: 0.5 });
+    });
 
     test("a timeout ends the job timed_out at once, not succeeded after the copy", async () => {
       // The agent ends on its own (exit 0) 3 s before the worker's stop, whenever that is on this

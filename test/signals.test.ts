@@ -4,9 +4,13 @@
  * dispatcher and a host worker, with a principal per user.
  */
 
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { boxcar, eventually } from "./helpers/cli.js";
+import { natsFixture } from "./helpers/nats.js";
 import { securedSystem } from "./helpers/secured.js";
 
 test("a signal reaches the running agent as a file and an event; one to a job not running, another user's, or too large is refused", async () => {
@@ -87,3 +91,28 @@ test("a signal reaches the running agent as a file and an event; one to a job no
   await expect(alice.client.signalRun(run.id, "late")).rejects.toMatchObject({ code: ErrorCode.conflict });
   await expect(bob.client.signalRun(run.id, "go")).rejects.toMatchObject({ code: ErrorCode.notFound });
 });
+
+test("workers sharing one connection (as boxcar up runs them) on a server with authentication: the one running the job answers its signal", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  // Each worker once subscribed on its own: the server then delivered the request once per
+  // subscription to the one connection, and let it answer none of them.
+  const workers = [0, 1].map(() => createWorker({ ...nats.workerRole, concurrency: 1, providers: [createHostSandboxProvider()] }));
+  for (const w of workers) void w.run();
+  try {
+    const client = createClient(nats.topology);
+    await client.applyAgent({ name: "waiter", command: "sleep 2", trusted: true, runtime: { sandbox: "host" } });
+    const jobs = [(await client.submit({ agent: "waiter" })).job, (await client.submit({ agent: "waiter" })).job];
+    for (const job of jobs) {
+      await eventually(async () => ((await client.getJob(job.id)).state === "running" ? true : undefined), "the job to run");
+      expect((await client.signalJob(job.id, "go")).file).toBe(".boxcar/signals/0001-go.json");
+    }
+    // One worker stopped, the other still takes its signals.
+    await workers[0]?.close();
+    const last = (await client.submit({ agent: "waiter" })).job;
+    await eventually(async () => ((await client.getJob(last.id)).state === "running" ? true : undefined), "the last job to run");
+    expect((await client.signalJob(last.id, "go")).file).toBe(".boxcar/signals/0001-go.json");
+  } finally {
+    for (const w of workers) await w.close();
+  }
+}, 30_000);

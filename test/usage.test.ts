@@ -154,3 +154,21 @@ test("a running agent's calls count as it makes them: its usage is summed before
   ]);
   await expect(client.submit({ agent: "spender" })).rejects.toMatchObject({ code: ErrorCode.budgetExceeded });
 }, 30_000);
+
+test("an attempt that fails after its agent ended (too many files to keep) keeps what its calls used, in its record and the sums", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, concurrency: 1, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({
+    name: "hoarder",
+    command: `echo '{"cost":0.5}' >> "$BOXCAR_USAGE_FILE"; mkdir -p out; for i in $(seq 1001); do : > out/$i; done`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  const { job } = await client.submit({ agent: "hoarder" });
+  const final = await client.waitForJob(job.id);
+  expect(final).toMatchObject({ state: "failed", error: { code: ErrorCode.tooLarge }, usage: { calls: 1, cost: 0.5 } });
+  await eventually(async () => ((await client.getUsage()).agents.hoarder?.cost === 0.5 ? true : undefined), "its call summed");
+});

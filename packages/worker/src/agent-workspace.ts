@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import {
   AgentResultFile,
   type Artifact,
+  addUsage,
   BoxcarError,
   ErrorCode,
   type Usage,
@@ -105,20 +106,32 @@ export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: rea
 /** The most of an agent's usage file read: 10 000 lines of 100 bytes. */
 const MAX_USAGE_BYTES = 1024 * 1024;
 
+/** One report of a usage file: its lines `from` (the report's id) up to `to`, and what they used. */
+interface Batch {
+  from: number;
+  to: number;
+  usage: Usage;
+}
+
 /**
  * An attempt's usage file (one JSON object a line, docs/agent-contract.md), read while the agent
  * runs and once more at its end: each read reports the calls appended since the last (`report`,
  * with how many lines were reported before them, which names the report), so that they count,
  * and budgets stop, as they are made. While the agent runs only whole lines are read (the last
  * may be half-written). Lines that are not such objects are left out (a usage report does not
- * fail a job), and so is what lies past the first MiB.
+ * fail a job), and so is what lies past the first MiB. A report that fails is sent again as it
+ * was (same lines, same id), so that the stream drops it if it was stored after all.
  */
 export class UsageFile {
+  /** How many of its lines are reported, and what they used. */
   private reported = 0;
-  private reading: Promise<UsageLine[]> | undefined;
+  private used: Usage | undefined;
+  /** A report that failed: sent again as it was (same lines, same id) before anything newer. */
+  private pending: Batch | undefined;
+  private reading: Promise<void> | undefined;
 
   constructor(
-    private readonly sandbox: Sandbox,
+    private readonly sandbox: Pick<Sandbox, "readFile">,
     private readonly report: (usage: Usage, from: number) => Promise<void>,
   ) {}
 
@@ -129,28 +142,45 @@ export class UsageFile {
   }
 
   /**
-   * Reports the rest, once the agent ended; the attempt's whole usage, or undefined when it
-   * reported none. A report that fails is `onError`'s: the usage is still the attempt's.
+   * Reports the rest, once the agent ended; the attempt's whole usage as reported (what a file
+   * cut shorter or rewritten meanwhile no longer holds included), or undefined when it reported
+   * none. A report that fails is `onError`'s, and counts in the attempt's usage all the same.
    */
   async end(onError: (err: unknown) => void): Promise<Usage | undefined> {
     await this.reading?.catch(() => {});
-    const lines = await this.lines(true);
-    await this.reportFrom(lines).catch(onError);
-    return lines.length > 0 ? usageOf(lines) : undefined;
+    const unsent: Batch[] = this.pending ? [this.pending] : [];
+    try {
+      const fresh = this.fresh(await this.lines(true));
+      if (fresh) unsent.push(fresh);
+      for (let batch = unsent[0]; batch; batch = unsent[0]) {
+        await this.send(batch);
+        unsent.shift();
+      }
+    } catch (err) {
+      onError(err);
+    }
+    return unsent.reduce<Usage | undefined>((total, batch) => (total ? addUsage(total, batch.usage) : batch.usage), this.used);
   }
 
-  private async next(ended: boolean): Promise<UsageLine[]> {
-    const lines = await this.lines(ended);
-    await this.reportFrom(lines);
-    return lines;
+  private async next(ended: boolean): Promise<void> {
+    if (this.pending) await this.send(this.pending);
+    const fresh = this.fresh(await this.lines(ended));
+    if (fresh) await this.send(fresh);
   }
 
-  /** Reports the lines past those reported before (the same lines again, after a report that failed). */
-  private async reportFrom(lines: UsageLine[]): Promise<void> {
+  /** The lines past those reported, as a report (an agent that cut its file shorter reports nothing until it is longer again). */
+  private fresh(lines: UsageLine[]): Batch | undefined {
     const fresh = lines.slice(this.reported);
-    if (fresh.length === 0) return;
-    await this.report(usageOf(fresh), this.reported);
-    this.reported = lines.length;
+    return fresh.length > 0 ? { from: this.reported, to: lines.length, usage: usageOf(fresh) } : undefined;
+  }
+
+  /** Sends one report; failed, it stays pending (and its lines counted as read). */
+  private async send(batch: Batch): Promise<void> {
+    this.pending = batch;
+    this.reported = batch.to;
+    await this.report(batch.usage, batch.from);
+    this.pending = undefined;
+    this.used = this.used ? addUsage(this.used, batch.usage) : batch.usage;
   }
 
   private async lines(ended: boolean): Promise<UsageLine[]> {

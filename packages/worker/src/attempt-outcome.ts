@@ -32,8 +32,8 @@ export type Outcome =
       /** What its calls to its provider used, as it reported them (its usage file). */
       usage?: Usage;
     }
-  /** The worker stops: the job goes back to the queue. */
-  | { kind: "requeue" }
+  /** The worker stops: the job goes back to the queue (what its calls used is in the usage sums, not its record). */
+  | { kind: "requeue"; usage?: Usage }
   /** Another attempt owns the job now: this one must change nothing. */
   | { kind: "fenced" };
 

@@ -2,16 +2,17 @@ import { randomBytes } from "node:crypto";
 import { lchown, readdir } from "node:fs/promises";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import { PassThrough } from "node:stream";
+import { PassThrough, Readable } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
+import tar from "tar-stream";
 import { raceAbort } from "./abort.js";
 import { DockerSession } from "./docker-session.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
 import { defaultWorkRoot } from "./work-root.js";
-import { packFolder, unpackInto } from "./workspace-archive.js";
+import { type ArchiveOwner, packFolder, unpackInto } from "./workspace-archive.js";
 import { WorkspaceQuota } from "./workspace-quota.js";
 
 export interface DockerSandboxOptions {
@@ -425,6 +426,12 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
   /** The container being created: an abort stops waiting for it, and destroy() removes it once made. */
   private creating: Promise<Docker.Container> | undefined;
   private destroyed: Promise<void> | undefined;
+  /**
+   * The container whose workspace is a copy (not the staged folder), from when the agent starts
+   * until its workspace is copied back out: the agent's files are read and written there
+   * meanwhile (its usage file, its signals). Undefined otherwise; a promise while it starts.
+   */
+  private inContainer: Promise<Docker.Container | undefined> = Promise.resolve(undefined);
 
   constructor(
     private readonly docker: Docker,
@@ -452,7 +459,13 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     const notRun: ExecResult = { exitCode: null, signal: null, aborted: true, durationMs: 0 };
     const { owner } = this.settings;
     if ((this.warm || this.settings.mounting === "bind") && process.getuid?.() !== owner.uid) await giveTo(this.files.dir, owner);
-    const started = await (this.warm ? this.startWarm(this.warm, argv, opts) : this.startCold(argv, opts));
+    let begun: (container: Docker.Container | undefined) => void = () => {};
+    this.inContainer = new Promise((resolve) => (begun = resolve));
+    const started = await (this.warm ? this.startWarm(this.warm, argv, opts) : this.startCold(argv, opts)).catch((err: unknown) => {
+      begun(undefined);
+      throw err;
+    });
+    begun(started && !started.bind ? started.container : undefined);
     if (!started) return notRun;
     // Whether the staged folder is the container's workspace: a refused bind mount copies instead.
     const { container, exited, startedAt, bind } = started;
@@ -501,6 +514,9 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       await this.copyOut(container, opts.signal).catch((err: unknown) => {
         if (!opts.signal.aborted) throw err;
       });
+      // Copied out: the staged folder is the workspace again. (A stopped run's is not copied, and
+      // stays the container's: its usage file is read from there.)
+      if (!opts.signal.aborted) this.inContainer = Promise.resolve(undefined);
     }
     return {
       exitCode: killed ? null : exit.code,
@@ -628,6 +644,17 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     return { ended };
   }
 
+  override async readFile(path: string): Promise<ReadableStream<Uint8Array> | null> {
+    const container = await this.inContainer;
+    return container ? readInContainer(container, `${CONTAINER_WORKSPACE}/${path}`) : super.readFile(path);
+  }
+
+  override async writeFile(path: string, data: Uint8Array | ReadableStream<Uint8Array>): Promise<void> {
+    const container = await this.inContainer;
+    if (!container) return super.writeFile(path, data);
+    await writeInContainer(container, path, data, this.settings.owner);
+  }
+
   /** Replaces the staged workspace with the container's, for reading results and artifacts; `signal` stops it. */
   private async copyOut(container: Docker.Container, signal: AbortSignal): Promise<void> {
     const fresh = await this.settings.root.create({ workerId: this.spec.workerId, sandboxId: this.id });
@@ -655,6 +682,55 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     })();
     return this.destroyed;
   }
+}
+
+/** A file of a container's, as a stream (null when there is none, or it is no file). */
+async function readInContainer(container: Docker.Container, path: string): Promise<ReadableStream<Uint8Array> | null> {
+  let archive: NodeJS.ReadableStream;
+  try {
+    archive = await container.getArchive({ path });
+  } catch (err) {
+    if (statusOf(err) === 404) return null;
+    throw err;
+  }
+  const extract = tar.extract();
+  const file = new PassThrough();
+  let found = false;
+  extract.on("entry", (header, entry, next) => {
+    entry.on("end", next);
+    if (found || header.type !== "file") return entry.resume();
+    found = true;
+    entry.pipe(file);
+  });
+  extract.on("finish", () => file.end());
+  extract.on("error", (err) => file.destroy(err));
+  // A reader that stops early (past its limit) stops the archive too.
+  file.on("close", () => (archive as NodeJS.ReadableStream & { destroy?: () => void }).destroy?.());
+  archive.pipe(extract);
+  const head = await new Promise<boolean>((resolve) => {
+    extract.once("entry", (header) => resolve(header.type === "file"));
+    extract.once("finish", () => resolve(false));
+    extract.once("error", () => resolve(true));
+  });
+  return head ? (Readable.toWeb(file) as ReadableStream<Uint8Array>) : null;
+}
+
+/** Writes a file into a container's workspace (its folders made), owned by the agent's user. */
+async function writeInContainer(
+  container: Docker.Container,
+  path: string,
+  data: Uint8Array | ReadableStream<Uint8Array>,
+  owner: ArchiveOwner,
+): Promise<void> {
+  const body = data instanceof Uint8Array ? data : new Uint8Array(await new Response(data).arrayBuffer());
+  const pack = tar.pack();
+  const parts = path.split("/");
+  for (let i = 1; i < parts.length; i++) {
+    pack.entry({ name: `${parts.slice(0, i).join("/")}/`, type: "directory", mode: 0o755, uid: owner.uid, gid: owner.gid });
+  }
+  pack.entry({ name: path, type: "file", mode: 0o644, uid: owner.uid, gid: owner.gid }, Buffer.from(body));
+  pack.finalize();
+  await container.putArchive(pack, { path: CONTAINER_WORKSPACE });
 }
 
 /** A started agent: its container, how it ended once it has, and when it started. */

@@ -445,6 +445,8 @@ export class JobRun {
     const ref: SandboxRef = { backend: runtime.kind, sandboxId: this.sandboxInfo?.id ?? `sbx-${randomBytes(6).toString("hex")}` };
     let sandbox: Sandbox | undefined;
     let exec: ExecResult | undefined;
+    /** What the agent's calls used, once it ended: they count however the attempt ends. */
+    let usage: Usage | undefined;
     try {
       sandbox = this.lease ? this.lease.sandbox : await this.createSandbox(ref);
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
@@ -454,26 +456,28 @@ export class JobRun {
         this.agentSandbox = undefined;
         this.agentEnded = true;
       });
+      // Read before anything else can fail (its artifacts, its result).
+      usage = await this.endUsage();
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
-      // Stopped, its calls count all the same.
-      if (exec.aborted) return withUsage(this.stopped(exec), await this.endUsage());
+      if (exec.aborted) return withUsage(this.stopped(exec), usage);
       const outcome = await this.conclude(sandbox, exec);
       // A timeout or cancel that came while the results were read still decides how it ends.
-      return this.stopReason ? withUsage(this.stopped(exec), outcome.kind === "final" ? outcome.usage : undefined) : outcome;
+      return withUsage(this.stopReason ? this.stopped(exec) : outcome, usage);
     } catch (err) {
+      usage ??= await this.endUsage();
       const closed = this.lease?.closedWith;
       if (closed !== undefined) {
-        return this.failed(
-          new BoxcarError(ErrorCode.sessionLost, `session ${this.item.session} closed while the job ran (${closed})`),
-          exec,
+        return withUsage(
+          this.failed(new BoxcarError(ErrorCode.sessionLost, `session ${this.item.session} closed while the job ran (${closed})`), exec),
+          usage,
         );
       }
-      if (this.stopReason && !exec) return this.stopped(undefined);
+      if (this.stopReason && !exec) return withUsage(this.stopped(undefined), usage);
       // NATS out of reach, or a cluster without leaders for a moment (storing the artifacts, say),
       // says nothing about the job: hand it back (the caller naks) for another try.
       if (isTransientJetStreamError(err)) throw err;
-      return this.failed(err, exec);
+      return withUsage(this.failed(err, exec), usage);
     } finally {
       if (sandbox && !this.lease) await this.destroySandbox(sandbox, ref);
     }
@@ -568,16 +572,13 @@ export class JobRun {
     // A workspace past its quota is not stored: its files are what the quota keeps out.
     const artifacts =
       exec.breach === undefined ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts) : [];
-    // What its calls used counts however it ended; a usage file that cannot be read counts nothing.
-    const usage = await this.endUsage();
-    const reported = usage ? { usage } : {};
     let file: AgentResultFile | undefined;
     try {
       file = redactJson(await readResultFile(sandbox), this.secretValues);
     } catch (err) {
-      return { ...this.failed(err, exec), artifacts, ...reported };
+      return { ...this.failed(err, exec), artifacts };
     }
-    return { ...outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory), ...reported };
+    return outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
   }
 
   /** What the attempt's calls used, all told, once the agent ended (the rest reported); a usage file that cannot be read counts nothing more. */
@@ -620,7 +621,7 @@ export class JobRun {
         ErrorCode.sessionLost,
         `worker ${this.ctx.options.workerId} stopped while the job ran; session ${this.item.session} closes with it`,
       );
-      outcome = failedOutcome(this.errorInfo(error), undefined);
+      outcome = withUsage(failedOutcome(this.errorInfo(error), undefined), outcome.usage);
     }
     if (outcome.kind === "fenced") {
       this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
@@ -800,5 +801,5 @@ export class JobRun {
 
 /** `outcome` with the attempt's usage, when it reported some. */
 function withUsage(outcome: Outcome, usage: Usage | undefined): Outcome {
-  return usage && outcome.kind === "final" ? { ...outcome, usage } : outcome;
+  return usage && outcome.kind !== "fenced" ? { ...outcome, usage } : outcome;
 }

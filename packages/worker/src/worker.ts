@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/client";
-import { nowIso, patiently, publishEvent } from "@boxcar/fabric";
+import { nowIso, patiently, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   decodeMessage,
@@ -14,7 +14,7 @@ import {
   type WorkerInfo,
   WorkItem,
 } from "@boxcar/protocol";
-import type { Subscription } from "@nats-io/transport-node";
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import { JobRun } from "./job-run.js";
 import { WorkspaceRoot } from "./local-workspace.js";
 import { PoolPuller } from "./pool-puller.js";
@@ -115,7 +115,7 @@ class BoxcarWorker implements Worker {
   private presenceClosed = false;
   private reaper: NodeJS.Timeout | undefined;
   private cancelSub: Subscription | undefined;
-  private signalSub: Subscription | undefined;
+  private stopSignals: (() => void) | undefined;
   private sessions: SessionHost | undefined;
 
   constructor(private readonly options: ResolvedWorkerOptions) {
@@ -183,10 +183,10 @@ class BoxcarWorker implements Worker {
     });
     // A signal is answered by the worker running its job; the others let it pass.
     const signalPrefix = topology.names.subjects.signal("");
-    this.signalSub = topology.nc.subscribe(topology.names.subjects.signalAll, {
-      callback: (err, msg) => {
-        if (!refused("signals")(err)) void this.runs.get(msg.subject.slice(signalPrefix.length))?.run.signal(msg);
-      },
+    this.stopSignals = listenForSignals(topology, refused("signals"), (msg) => {
+      const run = this.runs.get(msg.subject.slice(signalPrefix.length))?.run;
+      if (run) void run.signal(msg);
+      return run !== undefined;
     });
     this.sessions = new SessionHost({
       topology,
@@ -421,7 +421,7 @@ class BoxcarWorker implements Worker {
       if (provider.close) await this.step(`remove warm ${provider.kind} sandboxes`, () => provider.close?.() ?? Promise.resolve());
     }
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
-    await this.step("stop listening for signals", async () => this.signalSub?.unsubscribe());
+    await this.step("stop listening for signals", async () => this.stopSignals?.());
     await this.step("close the sessions", async () => this.sessions?.stop());
     // A heartbeat still in flight must land before the delete, or it would bring back a
     // presence that readers then see as gone.
@@ -549,4 +549,36 @@ function deferred(): { promise: Promise<void>; resolve: () => void; reject: (err
     reject = rej;
   });
   return { promise, resolve, reject };
+}
+
+/** The workers taking signals on each connection, and the one subscription they share. */
+const signalListeners = new WeakMap<NatsConnection, { sub: Subscription; takers: Set<(msg: Msg) => boolean> }>();
+
+/**
+ * Hands the signals of `topology`'s system to `take` (true: its worker runs the job, and answers),
+ * through one subscription per connection, whatever the number of workers on it: a request
+ * delivered once per worker's subscription could be answered by none of them on a server with
+ * authentication, which lets a client answer a request once. Returns how to stop.
+ */
+function listenForSignals(topology: Topology, refused: (err: Error | null) => boolean, take: (msg: Msg) => boolean): () => void {
+  let listening = signalListeners.get(topology.nc);
+  if (!listening) {
+    const takers = new Set<(msg: Msg) => boolean>();
+    const sub = topology.nc.subscribe(topology.names.subjects.signalAll, {
+      callback: (err, msg) => {
+        if (refused(err)) return;
+        for (const taker of takers) if (taker(msg)) return;
+      },
+    });
+    listening = { sub, takers };
+    signalListeners.set(topology.nc, listening);
+  }
+  const { sub, takers } = listening;
+  takers.add(take);
+  return () => {
+    takers.delete(take);
+    if (takers.size > 0 || signalListeners.get(topology.nc)?.sub !== sub) return;
+    signalListeners.delete(topology.nc);
+    sub.unsubscribe();
+  };
 }
