@@ -186,7 +186,7 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     await context.close();
   }, 60_000);
 
-  test("an approval on a run's page: its approver's page decides it, its owner's and a viewer's pages show no buttons", async () => {
+  test("an approval on a run's page: its approver's page decides it (a run of another user's too), its owner's and a viewer's pages show no buttons", async () => {
     const steps = (approvers: string[]) => [
       { name: "sign-off", approval: { timeout: "10m", approvers } },
       { name: "after", agent: "sleeper", needs: ["sign-off"] },
@@ -220,6 +220,16 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     expect(rejected.steps.after?.instances ?? []).toEqual([]);
     expect((await alice.client.getRun(forBob.id)).steps["sign-off"]?.approval?.decision).toBeUndefined();
     await alice.client.cancelRun(forBob.id);
+    // Bob's run, with alice its approver: her page reads it (not its events: it reads it again
+    // every few seconds) and approves it.
+    const bobs = (await bob.client.startRun({ workflow: { name: "bobs", steps: steps(["alice"]) } })).run;
+    await expect(alice.client.cancelRun(bobs.id)).rejects.toMatchObject({ code: "not_found" });
+    await page.goto(`${asAlice.url}/#/run/${bobs.id}`);
+    await approval.and(page.locator('[data-decision="waiting"]')).waitFor({ timeout: 10_000 });
+    await approval.locator('[data-action="approve"]').click();
+    await approval.and(page.locator('[data-decision="approved"]')).waitFor({ timeout: 10_000 });
+    expect((await bob.client.getRun(bobs.id)).steps["sign-off"]?.approval).toMatchObject({ decision: "approved", by: "alice" });
+    await bob.client.cancelRun(bobs.id);
     await context.close();
   }, 60_000);
 

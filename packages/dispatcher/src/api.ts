@@ -215,7 +215,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       ctx.load.checkRoom(ctx.policy.policy);
       return runs.start(body, caller.user, traceparent);
     },
-    [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.require(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
+    [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.read(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),
     [ApiEndpoint.workflowsSignal]: (body, caller) => runs.signal(requestOf(ApiEndpoint.workflowsSignal, body), caller),
     [ApiEndpoint.jobsSignal]: (body, caller) => signalJob(topology, requestOf(ApiEndpoint.jobsSignal, body), caller),

@@ -83,6 +83,12 @@ export class Api {
     return role === "admin" || (role === "submitter" && (owner ?? "local") === user);
   }
 
+  /** Whether the page's principal may follow the events of `owner`'s jobs and runs live (a submitter only its own). */
+  mayFollow(owner: string | undefined): boolean {
+    const { role, user } = this.session;
+    return role !== "submitter" || (owner ?? "local") === user;
+  }
+
   /** Whether the page's principal may decide an approval step (docs/workflows.md#approvals): an admin, an approver, or with none named the run's owner. */
   mayDecide(approvers: readonly string[], owner: string | undefined): boolean {
     const { role, user } = this.session;

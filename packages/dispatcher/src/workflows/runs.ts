@@ -111,6 +111,19 @@ export class Runs {
   }
 
   /**
+   * The run as `workflows.get` reads it: to whoever may see it, and to a user its owner named an
+   * approver of one of its steps (who decides from its page); to no one else.
+   */
+  async read(id: string, caller: Identity): Promise<WorkflowRun> {
+    const run = await this.get(id);
+    const approver = run?.workflow.steps.some((step) => step.approval?.approvers.includes(caller.user)) ?? false;
+    if (!run || !(mayAccess(caller, ownerOf(run)) || (caller.role === "submitter" && approver))) {
+      throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
+    }
+    return run;
+  }
+
+  /**
    * Runs `caller` may see, newest first, a page at a time: the index says which match, and only
    * the page's records are read (each checked again, as the index trails the bucket). A page
    * ends at the limit, or before the reply would pass the byte budget (as `jobs.list`).

@@ -25,8 +25,11 @@ export function RunView({ api, id }: { api: Api; id: string }) {
       setOwner(run.owner ?? "local");
       return run;
     },
-    // The owner is known after the first read; then the run's own events drive the page.
-    { subjects: owner ? [api.names.subjects.runEvents(owner, id)] : [], deps: [id, owner] },
+    // The owner is known after the first read; then the run's own events drive the page (an
+    // approver who is not its owner may not follow them: the page reads the run every 3 s).
+    owner === undefined || api.mayFollow(owner)
+      ? { subjects: owner ? [api.names.subjects.runEvents(owner, id)] : [], deps: [id, owner] }
+      : { subjects: [], everyMs: 3_000, deps: [id, owner] },
   );
   const run = live.value;
   if (!run) return html`<section><h1>Run ${id}</h1><${Failure} error=${live.error} /></section>`;
@@ -84,16 +87,21 @@ export function RunView({ api, id }: { api: Api; id: string }) {
 function Approvals({ api, run, onDecided }: { api: Api; run: WorkflowRun; onDecided: () => void }) {
   const [comments, setComments] = useState<Record<string, string>>({});
   const [error, setError] = useState<Error | undefined>(undefined);
+  /** The step whose decision is being sent: its buttons wait. */
+  const [sending, setSending] = useState<string | undefined>(undefined);
   const asked = run.workflow.steps.filter((step) => step.approval && run.steps[step.name]?.approval);
   if (asked.length === 0) return null;
   const decide = async (step: string, decision: "approve" | "reject") => {
     setError(undefined);
+    setSending(step);
     const comment = comments[step]?.trim();
     try {
       await api.request("workflows.approve", { id: run.id, step, decision, ...(comment ? { comment } : {}) });
       onDecided();
     } catch (err) {
       setError(err as Error);
+    } finally {
+      setSending(undefined);
     }
   };
   return html`
@@ -104,7 +112,8 @@ function Approvals({ api, run, onDecided }: { api: Api; run: WorkflowRun; onDeci
       const state = run.steps[step.name];
       const approval = state?.approval as NonNullable<NonNullable<typeof state>["approval"]>;
       const who = wanted.approvers.length > 0 ? wanted.approvers.join(", ") : `${run.owner ?? "local"} (the run's owner)`;
-      const waits = state?.state === "running" && approval.decision === undefined;
+      // Past its deadline it waits only for the dispatcher to say it timed out: nothing to press.
+      const waits = state?.state === "running" && approval.decision === undefined && Date.parse(approval.deadline) > Date.now();
       return html`<div class="approval" data-approval=${step.name} data-decision=${approval.decision ?? (waits ? "waiting" : "none")}>
         <p><strong>${step.name}</strong>${wanted.message ? html`: ${wanted.message}` : ""}</p>
         <p class="detail">asked of ${who} at ${when(approval.requestedAt)}; ${waits ? "waits until" : "deadline"} ${when(approval.deadline)}</p>
@@ -119,8 +128,8 @@ function Approvals({ api, run, onDecided }: { api: Api; run: WorkflowRun; onDeci
           html`<div class="actions">
             <input data-comment placeholder="comment (optional)" maxlength="4096" value=${comments[step.name] ?? ""}
               onInput=${(e: Event) => setComments({ ...comments, [step.name]: (e.target as HTMLInputElement).value })} />
-            <button data-action="approve" onClick=${() => decide(step.name, "approve")}>Approve</button>
-            <button data-action="reject" onClick=${() => decide(step.name, "reject")}>Reject</button>
+            <button data-action="approve" disabled=${sending !== undefined} onClick=${() => decide(step.name, "approve")}>Approve</button>
+            <button data-action="reject" disabled=${sending !== undefined} onClick=${() => decide(step.name, "reject")}>Reject</button>
           </div>`
         }
       </div>`;
