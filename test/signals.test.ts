@@ -48,20 +48,31 @@ test("a signal reaches the running agent as a file and an event; one to a job no
   for await (const e of alice.client.events(job.id)) if (e.kind === "job" && e.type === "signal") signals.push(e.message ?? "");
   expect(signals).toEqual(["signal approve in .boxcar/signals/0001-approve.json", "signal stop in .boxcar/signals/0002-stop.json"]);
 
-  // Refusals: a job that ended, one not started, another user's, a payload too large, a bad name.
+  // Refusals: a job that ended, another user's, a payload too large, a bad name. One not started
+  // keeps it.
   await expect(alice.client.signalJob(job.id, "late")).rejects.toMatchObject({
     code: ErrorCode.conflict,
     message: expect.stringContaining("it is succeeded"),
   });
   const queued = (await alice.client.submit({ agent: "idle" })).job;
-  await expect(alice.client.signalJob(queued.id, "go")).rejects.toMatchObject({
-    code: ErrorCode.conflict,
-    message: expect.stringContaining("it is queued"),
-  });
+  expect(await alice.client.signalJob(queued.id, "go")).toMatchObject({ kept: true, file: ".boxcar/signals/0001-go.json" });
   await expect(bob.client.signalJob(queued.id, "go")).rejects.toMatchObject({ code: ErrorCode.notFound });
   await expect(alice.client.signalJob(queued.id, "go", "x".repeat(70_000))).rejects.toMatchObject({ code: ErrorCode.invalid });
   await expect(alice.client.signalJob(queued.id, "no/slash")).rejects.toMatchObject({ code: ErrorCode.invalid });
   await alice.client.cancelJob(queued.id);
+  await expect(alice.client.signalJob(queued.id, "go")).rejects.toMatchObject({ code: ErrorCode.conflict });
+
+  // Signals to a job not yet started wait for it: its agent finds them when it starts, in order.
+  const later = (await alice.client.submit({ agent: "listener", delay: "3s" })).job;
+  const kept = await boxcar(system.url, system.prefix, ["signal", later.id, "first", "--payload", "1"], { NATS_CREDS: alice.creds });
+  expect(kept.stdout).toContain(`${later.id}: signal first kept until it starts, for .boxcar/signals/0001-first.json`);
+  expect(await alice.client.signalJob(later.id, "second", 2)).toMatchObject({ kept: true, file: ".boxcar/signals/0002-second.json" });
+  expect((await alice.client.getJob(later.id)).state).toBe("queued");
+  const started = await admin.client.waitForJob(later.id);
+  expect(started.result?.output).toEqual([
+    { name: "first", payload: 1, at: expect.any(String) },
+    { name: "second", payload: 2, at: expect.any(String) },
+  ]);
 
   // To a workflow run: each of its jobs running gets it.
   const { run } = await alice.client.startRun({
@@ -116,3 +127,26 @@ test("workers sharing one connection (as boxcar up runs them) on a server with a
     for (const w of workers) await w.close();
   }
 }, 30_000);
+
+test("a signal kept for a job before it started reaches each of its attempts", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({
+    name: "twice",
+    // The first attempt fails once it has looked; the second returns what it found.
+    command: `[ "$BOXCAR_ATTEMPT" = 1 ] && { ls "$BOXCAR_SIGNALS_DIR"; exit 1; }; printf '{"output":"%s"}' "$(ls "$BOXCAR_SIGNALS_DIR")" > "$BOXCAR_RESULT_FILE"`,
+    trusted: true,
+    runtime: { sandbox: "host" },
+    retry: { maxAttempts: 2, delay: 0, backoff: "fixed", jitter: false },
+  });
+  const { job } = await client.submit({ agent: "twice", delay: "2s" });
+  expect(await client.signalJob(job.id, "go")).toMatchObject({ kept: true });
+  const done = await client.waitForJob(job.id);
+  expect(done).toMatchObject({ state: "succeeded", attempt: 2, result: { output: "0001-go.json" } });
+  let firstSaw = "";
+  for await (const chunk of client.logs(job.id)) firstSaw += new TextDecoder().decode(chunk.data);
+  expect(firstSaw).toContain("0001-go.json");
+});

@@ -120,9 +120,9 @@ export interface BoxcarClient {
   cancelJob(id: string): Promise<JobRecord>;
   /** Runs a dead job again, with a fresh budget of attempts. */
   retryJob(id: string): Promise<JobRecord>;
-  /** Sends a signal to a running job: a file in its workspace and an event; where it was written (docs/flow-control.md#signals). */
-  signalJob(id: string, name: string, payload?: unknown): Promise<{ job: JobRecord; file: string }>;
-  /** Sends a signal to each job of a workflow run running now. */
+  /** Sends a signal to a job: a file in its workspace and an event, now or (queued: `kept`) when it starts; where (docs/flow-control.md#signals). */
+  signalJob(id: string, name: string, payload?: unknown): Promise<{ job: JobRecord; file: string; kept?: true }>;
+  /** Sends a signal to each job of a workflow run running or queued now. */
   signalRun(id: string, name: string, payload?: unknown): Promise<RunSignalReply>;
   /** Deletes now the ended jobs that match, as retention would (admins only); ask again while `more`. */
   cleanJobs(request: CleanJobsRequest): Promise<CleanJobsReply>;

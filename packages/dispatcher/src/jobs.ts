@@ -7,13 +7,16 @@ import {
   CountJobsRequest,
   ErrorCode,
   type Identity,
+  type JobEvent,
   JobRecord,
   JobTransitions,
   type ListJobsReply,
   ListJobsRequest,
+  MAX_SIGNALS,
   mayAccess,
   ownerOf,
   parseWith,
+  signalFile,
 } from "@boxcar/protocol";
 import { type AdmissionContext, getRecord, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
@@ -164,8 +167,13 @@ export async function signalJob(
   topology: Topology,
   request: { id: string; name: string; payload: unknown },
   caller: Identity,
-): Promise<{ job: JobRecord; file: string }> {
-  const job = await getRecord(topology, request.id, caller);
+): Promise<{ job: JobRecord; file: string; kept?: true }> {
+  let job = await getRecord(topology, request.id, caller);
+  if (job.state === "queued") {
+    const kept = await keepSignal(topology, job.id, request);
+    if (kept) return kept;
+    job = await getRecord(topology, request.id, caller); // it started meanwhile
+  }
   const notRunning = (why: string) => new BoxcarError(ErrorCode.conflict, `job ${job.id} cannot take a signal: ${why}`);
   if (job.state !== "running") throw notRunning(`it is ${job.state}`);
   let reply: { file?: unknown; error?: unknown };
@@ -178,6 +186,32 @@ export async function signalJob(
   }
   if (typeof reply.file !== "string") throw notRunning(typeof reply.error === "string" ? reply.error : "its worker refused it");
   return { job, file: reply.file };
+}
+
+/**
+ * Keeps a signal for a job that has not started (or waits for its next attempt): its record
+ * counts it, then a `signal` event holds it, which the worker that claims the job reads and
+ * writes before its agent starts (each attempt's agent gets them). Undefined when the job
+ * started meanwhile.
+ */
+async function keepSignal(
+  topology: Topology,
+  id: string,
+  request: { name: string; payload: unknown },
+): Promise<{ job: JobRecord; file: string; kept: true } | undefined> {
+  const found = await topology.jobStore.read(id);
+  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  if ((found.record.signalsKept ?? 0) >= MAX_SIGNALS) {
+    throw new BoxcarError(ErrorCode.conflict, `job ${id} cannot take a signal: it has had ${MAX_SIGNALS} signals, the most a job takes`);
+  }
+  const counted = await topology.jobStore.change(found, JobTransitions.keepSignal);
+  if (!counted.written) return undefined;
+  const job = counted.handle.record;
+  const file = signalFile(job.signalsKept ?? 1, request.name);
+  // The payload was checked to be JSON (and its size) with the request.
+  const signal = { name: request.name, payload: (request.payload ?? null) as NonNullable<JobEvent["kept"]>["payload"] };
+  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${request.name} kept until it starts (${file})`, kept: signal }));
+  return { job, file, kept: true };
 }
 
 /**

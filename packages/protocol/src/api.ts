@@ -115,8 +115,15 @@ export type StartRunRequest = z.input<typeof StartRunRequest>;
 export const RunRef = z.strictObject({ id: z.string().regex(TOKEN_PATTERN, "a run id is 1-64 letters, digits, '-' or '_'") });
 /** The most a signal's payload may hold, as JSON. */
 export const MAX_SIGNAL_BYTES = 64 * 1024;
+/** The most signals a job takes: those kept before it started, then those of each attempt. */
+export const MAX_SIGNALS = 1_000;
 
-/** A signal to a running job: a file in its workspace and an event (docs/flow-control.md#signals). */
+/** Where in a job's workspace its signals are written (`$BOXCAR_SIGNALS_DIR`). */
+export const SIGNALS_DIR = ".boxcar/signals";
+/** Where a job's `n`th signal (from 1) is written in its workspace. */
+export const signalFile = (n: number, name: string): string => `${SIGNALS_DIR}/${String(n).padStart(4, "0")}-${name}.json`;
+
+/** A signal to a job: a file in its workspace and an event, now or (queued) when it starts (docs/flow-control.md#signals). */
 export const SignalRequest = z.strictObject({
   id: z.string().regex(TOKEN_PATTERN, "a job id is 1-64 letters, digits, '-' or '_'"),
   name: z.string().regex(TOKEN_PATTERN, "a signal name is 1-64 letters, digits, '-' or '_'"),
@@ -128,13 +135,16 @@ export const SignalRequest = z.strictObject({
 export type SignalRequest = z.input<typeof SignalRequest>;
 export const SignalReply = z.strictObject({
   job: JobRecord,
-  file: z.string().describe("where in the job's workspace the signal was written"),
+  file: z.string().describe("where in the job's workspace the signal was written, or (kept) will be"),
+  kept: z.literal(true).optional().describe("the job has not started: the signal is kept, and written before its agent starts"),
 });
 
-/** A signal to a run: to each of its jobs running (`id` is the run's). */
+/** A signal to a run: to each of its jobs running or queued (`id` is the run's). */
 export const RunSignalReply = z.strictObject({
   run: WorkflowRun,
-  delivered: z.array(z.strictObject({ jobId: z.string(), file: z.string() })).describe("the jobs it reached, and where"),
+  delivered: z
+    .array(z.strictObject({ jobId: z.string(), file: z.string(), kept: z.literal(true).optional() }))
+    .describe("the jobs it reached (or, `kept`, will when they start), and where"),
   missed: z.array(z.strictObject({ jobId: z.string(), error: ErrorInfo })).describe("running jobs it could not reach, and why"),
 });
 export type RunSignalReply = z.infer<typeof RunSignalReply>;

@@ -241,6 +241,15 @@ export function givePlace(job: JobRecord): JobRecord | null {
 }
 
 /**
+ * A signal to a job that has not started: kept (counted here, the signal itself in its `signal`
+ * event) for its worker to write before its agent starts. Null once it started or ended.
+ */
+export function keepSignal(job: JobRecord): JobRecord | null {
+  if (job.state !== "queued") return null;
+  return { ...job, signalsKept: (job.signalsKept ?? 0) + 1 };
+}
+
+/**
  * A job given its place under one limit (`from`) that finds none free under the next of its
  * places (`next`): it waits there. Null when it no longer waits at `from` (it ended, or a
  * dispatcher moved it on already).

@@ -260,6 +260,12 @@ export const JobRecord = z.looseObject({
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
     .describe("the session the job runs in (`spec.session`) and the worker that holds it"),
+  signalsKept: z
+    .number()
+    .int()
+    .positive()
+    .optional()
+    .describe("how many signals came before it started: its worker writes them (from their `signal` events) before its agent starts"),
   usage: Usage.optional().describe(
     "what its attempts' calls to their provider used, as its agent reported them (docs/flow-control.md#usage-and-budgets)",
   ),

@@ -1,4 +1,4 @@
-import { type AgentDefinition, BoxcarError, ErrorCode, type ErrorIssue, type WorkItem } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type ErrorIssue, SIGNALS_DIR, type WorkItem } from "@boxcar/protocol";
 
 /**
  * What every agent finds in its workspace, whatever the sandbox (see the package README).
@@ -12,7 +12,7 @@ export const AgentPaths = {
   /** Where the agent may report what its calls to its provider used, one JSON object a line: `{ model?, tokensIn?, tokensOut?, cost? }`. */
   usage: ".boxcar/usage.jsonl",
   /** Where signals sent to the running job arrive, one file each: `<n>-<name>.json`, `{ name, payload, at }`. */
-  signals: ".boxcar/signals",
+  signals: SIGNALS_DIR,
   /** The handoff chain so far: `{ root, depth, history: [{ jobId, agent, summary }], run?, step? }`. */
   chain: ".boxcar/chain.json",
   /** The agent's TMPDIR. */

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
+import { setTimeout as sleep } from "node:timers/promises";
+import { failSpan, jsonOf, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
 import {
   inputDigest,
   isTransientJetStreamError,
@@ -8,6 +9,7 @@ import {
   listJson,
   nowIso,
   publishEvent,
+  storedMessages,
   type Topology,
 } from "@boxcar/fabric";
 import {
@@ -18,13 +20,16 @@ import {
   type ErrorInfo,
   isLive,
   isTerminal,
+  JobEvent,
   type JobEventType,
   type JobRecord,
   JobTransitions,
+  MAX_SIGNALS,
   ownerOf,
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
+  signalFile,
   TOKEN_PATTERN,
   toErrorInfo,
   type Usage,
@@ -33,7 +38,7 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
-import { AgentPaths, agentEnv, collectSecrets } from "./agent-contract.js";
+import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
@@ -47,9 +52,10 @@ import type { WorkerMetrics } from "./worker-metrics.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** The most signals one job takes (each is a file of up to 64 KiB in its workspace). */
-const MAX_SIGNALS = 1_000;
 /** How long a signal that comes before the job's sandbox is ready waits for it. */
 const SIGNAL_WAIT_MS = 4_000;
+/** How long a kept signal's event is waited for when the record counts it but the stream does not hold it yet. */
+const KEPT_SIGNALS_WAIT_MS = 2_000;
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
 /**
@@ -178,7 +184,7 @@ export class JobRun {
       answer({ error: "its agent is not running (it is starting, or ending)" });
       return;
     }
-    const file = `${AgentPaths.signals}/${String(++this.signals).padStart(4, "0")}-${signal.name}.json`;
+    const file = signalFile(++this.signals, signal.name);
     try {
       await sandbox.writeFile(file, Buffer.from(JSON.stringify({ name: signal.name, payload: signal.payload ?? null, at: nowIso() })));
     } catch (err) {
@@ -187,6 +193,33 @@ export class JobRun {
     }
     void this.events.job("signal", "running", { message: `signal ${signal.name} in ${file}` });
     answer({ file });
+  }
+
+  /**
+   * Writes the signals kept for the job before this attempt began (`signalsKept` in its record,
+   * each in its `signal` event), in the order they came, before its agent starts: every attempt's
+   * agent finds them. One whose event is not stored yet (its dispatcher counted it a moment ago)
+   * is waited for a little.
+   */
+  private async writeKeptSignals(sandbox: Sandbox): Promise<void> {
+    const count = this.handle?.record.signalsKept ?? 0;
+    if (count === 0) return;
+    const { jsm, names } = this.topology;
+    const subject = names.subjects.event("job", this.jobId, "signal", ownerOf(this.item));
+    const giveUpAt = Date.now() + KEPT_SIGNALS_WAIT_MS;
+    let kept: { name: string; payload: unknown; at: string }[] = [];
+    for (;;) {
+      kept = [];
+      for await (const stored of storedMessages(jsm, names.streams.events, subject)) {
+        const event = JobEvent.safeParse(jsonOf(stored));
+        if (event.success && event.data.kept) kept.push({ ...event.data.kept, at: event.data.at });
+        if (kept.length >= count) break;
+      }
+      if (kept.length >= count || Date.now() > giveUpAt) break;
+      await sleep(100);
+    }
+    if (kept.length < count) this.log.warn({ count, found: kept.length }, "some signals kept for the job are gone from the events stream");
+    for (const signal of kept) await sandbox.writeFile(signalFile(++this.signals, signal.name), Buffer.from(JSON.stringify(signal)));
   }
 
   /** Stops the run; the first reason decides how the job ends. */
@@ -450,6 +483,7 @@ export class JobRun {
     try {
       sandbox = this.lease ? this.lease.sandbox : await this.createSandbox(ref);
       await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
+      await this.writeKeptSignals(sandbox);
       this.agentSandbox = sandbox;
       for (const ready of this.sandboxReady) ready();
       exec = await this.runAgent(sandbox, ref, secrets).finally(() => {

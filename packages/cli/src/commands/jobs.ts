@@ -319,7 +319,9 @@ export const signal: Command = {
     const payload = jsonPayload(ctx.values);
     await using session = await ctx.session("boxcar-signal");
     const reply = await session.client.signalJob(id, name, payload);
-    ctx.print(ctx.values.json ? json(reply) : `${id}: signal ${name} written to ${reply.file}`);
+    ctx.print(
+      ctx.values.json ? json(reply) : `${id}: signal ${name} ${reply.kept ? "kept until it starts, for" : "written to"} ${reply.file}`,
+    );
     return ExitCode.ok;
   },
 };

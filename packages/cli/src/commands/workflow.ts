@@ -204,7 +204,8 @@ export const workflow: Command = {
         const reply = await session.client.signalRun(id, name, payload);
         if (ctx.values.json) ctx.print(json(reply));
         else {
-          for (const d of reply.delivered) ctx.print(`${d.jobId}: signal ${name} written to ${d.file}`);
+          for (const d of reply.delivered)
+            ctx.print(`${d.jobId}: signal ${name} ${d.kept ? "kept until it starts, for" : "written to"} ${d.file}`);
           for (const m of reply.missed) ctx.print(`${m.jobId}: not reached: ${m.error.message}`);
         }
         return reply.delivered.length > 0 ? ExitCode.ok : ExitCode.jobFailed;

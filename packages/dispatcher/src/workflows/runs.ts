@@ -255,12 +255,13 @@ export class Runs {
       step.instances.flatMap((inst) => (inst.state === "running" && inst.jobs.length > 0 ? [inst.jobs.at(-1) as string] : [])),
     );
     if (running.length === 0)
-      throw new BoxcarError(ErrorCode.conflict, `workflow run ${run.id} has no job running to signal (it is ${run.state})`);
-    const delivered: { jobId: string; file: string }[] = [];
+      throw new BoxcarError(ErrorCode.conflict, `workflow run ${run.id} has no job running or queued to signal (it is ${run.state})`);
+    const delivered: { jobId: string; file: string; kept?: true }[] = [];
     const missed: { jobId: string; error: ReturnType<typeof toErrorInfo> }[] = [];
     for (const jobId of running) {
       try {
-        delivered.push({ jobId, file: (await signalJob(this.topology, { ...request, id: jobId }, caller)).file });
+        const { file, kept } = await signalJob(this.topology, { ...request, id: jobId }, caller);
+        delivered.push({ jobId, file, ...(kept ? { kept } : {}) });
       } catch (err) {
         missed.push({ jobId, error: toErrorInfo(err) });
       }
