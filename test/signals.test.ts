@@ -150,3 +150,19 @@ test("a signal kept for a job before it started reaches each of its attempts", a
   for await (const chunk of client.logs(job.id)) firstSaw += new TextDecoder().decode(chunk.data);
   expect(firstSaw).toContain("0001-go.json");
 });
+
+test("a job not started keeps at most 16 signals and 64 KiB of payload, in its record; past that the signal is refused and nothing is kept", async () => {
+  await using nats = await natsFixture();
+  await using _d = await startDispatcher({ ...nats.dispatcherRole });
+  const client = createClient(nats.topology);
+  await client.applyAgent({ name: "unserved", command: "true", trusted: true, runtime: { sandbox: "host" }, pool: "nobody" });
+  const many = (await client.submit({ agent: "unserved" })).job;
+  for (let i = 1; i <= 16; i++) expect((await client.signalJob(many.id, `s${i}`, i)).file).toBe(`.boxcar/signals/${String(i).padStart(4, "0")}-s${i}.json`);
+  await expect(client.signalJob(many.id, "s17")).rejects.toMatchObject({ code: ErrorCode.conflict, message: expect.stringContaining("at most 16") });
+  expect((await client.getJob(many.id)).signals?.map((s) => s.payload)).toEqual(Array.from({ length: 16 }, (_, i) => i + 1));
+
+  const big = (await client.submit({ agent: "unserved" })).job;
+  await client.signalJob(big.id, "a", "x".repeat(60_000));
+  await expect(client.signalJob(big.id, "b", "y".repeat(10_000))).rejects.toMatchObject({ code: ErrorCode.conflict });
+  expect((await client.getJob(big.id)).signals?.map((s) => s.name)).toEqual(["a"]);
+});

@@ -7,12 +7,10 @@ import {
   CountJobsRequest,
   ErrorCode,
   type Identity,
-  type JobEvent,
   JobRecord,
   JobTransitions,
   type ListJobsReply,
   ListJobsRequest,
-  MAX_SIGNALS,
   mayAccess,
   ownerOf,
   parseWith,
@@ -189,10 +187,9 @@ export async function signalJob(
 }
 
 /**
- * Keeps a signal for a job that has not started (or waits for its next attempt): its record
- * counts it, then a `signal` event holds it, which the worker that claims the job reads and
- * writes before its agent starts (each attempt's agent gets them). Undefined when the job
- * started meanwhile.
+ * Keeps a signal for a job that has not started (or waits for its next attempt) in its record,
+ * which the worker that claims it writes before its agent starts (each attempt's agent gets
+ * them), and says so in a `signal` event. Undefined when the job started meanwhile.
  */
 async function keepSignal(
   topology: Topology,
@@ -201,18 +198,17 @@ async function keepSignal(
 ): Promise<{ job: JobRecord; file: string; kept: true } | undefined> {
   const found = await topology.jobStore.read(id);
   if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  if ((found.record.signalsKept ?? 0) >= MAX_SIGNALS) {
-    throw new BoxcarError(ErrorCode.conflict, `job ${id} cannot take a signal: it has had ${MAX_SIGNALS} signals, the most a job takes`);
-  }
-  const counted = await topology.jobStore.change(found, JobTransitions.keepSignal);
-  if (!counted.written) return undefined;
-  const job = counted.handle.record;
-  const file = signalFile(job.signalsKept ?? 1, request.name);
   // The payload was checked to be JSON (and its size) with the request.
-  const signal = { name: request.name, payload: (request.payload ?? null) as NonNullable<JobEvent["kept"]>["payload"] };
-  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${request.name} kept until it starts (${file})`, kept: signal }));
+  const signal = { name: request.name, payload: (request.payload ?? null) as Kept["payload"], at: nowIso() };
+  const kept = await topology.jobStore.change(found, (job) => JobTransitions.keepSignal(job, signal));
+  if (!kept.written) return undefined;
+  const job = kept.handle.record;
+  const file = signalFile(job.signals?.length ?? 1, request.name);
+  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${request.name} kept until it starts (${file})` }));
   return { job, file, kept: true };
 }
+
+type Kept = NonNullable<JobRecord["signals"]>[number];
 
 /**
  * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry

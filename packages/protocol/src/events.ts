@@ -64,8 +64,6 @@ const jobEventFields = {
   seq,
   /** On `usage`: what the attempt's calls to its provider used, as its agent reported them. */
   usage: Usage.optional(),
-  /** On `signal` to a job that had not started: the signal, kept here until its worker writes it. */
-  kept: z.strictObject({ name: z.string(), payload: z.json() }).optional(),
 };
 
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);

@@ -1,5 +1,15 @@
 import { BoxcarError, ErrorCode, type ErrorInfo } from "./errors.js";
-import { type Artifact, type AttemptOutcome, isTerminal, type JobRecord, type JobResult, limitNamed, type SandboxInfo } from "./job.js";
+import {
+  type Artifact,
+  type AttemptOutcome,
+  isTerminal,
+  type JobRecord,
+  type JobResult,
+  limitNamed,
+  MAX_KEPT_SIGNAL_BYTES,
+  MAX_KEPT_SIGNALS,
+  type SandboxInfo,
+} from "./job.js";
 import { addUsage, NO_USAGE, type Usage } from "./usage.js";
 
 /**
@@ -241,12 +251,20 @@ export function givePlace(job: JobRecord): JobRecord | null {
 }
 
 /**
- * A signal to a job that has not started: kept (counted here, the signal itself in its `signal`
- * event) for its worker to write before its agent starts. Null once it started or ended.
+ * A signal to a job that has not started: kept in its record for its worker to write before its
+ * agent starts. Null once it started or ended; a `conflict` past 16 signals or 64 KiB of payload.
  */
-export function keepSignal(job: JobRecord): JobRecord | null {
+export function keepSignal(job: JobRecord, signal: NonNullable<JobRecord["signals"]>[number]): JobRecord | null {
   if (job.state !== "queued") return null;
-  return { ...job, signalsKept: (job.signalsKept ?? 0) + 1 };
+  const signals = [...(job.signals ?? []), signal];
+  const bytes = signals.reduce((sum, s) => sum + Buffer.byteLength(JSON.stringify(s.payload)), 0);
+  if (signals.length > MAX_KEPT_SIGNALS || bytes > MAX_KEPT_SIGNAL_BYTES) {
+    throw new BoxcarError(
+      ErrorCode.conflict,
+      `job ${job.id} has not started and keeps at most ${MAX_KEPT_SIGNALS} signals, ${MAX_KEPT_SIGNAL_BYTES / 1024} KiB of payload in all, until it does: send again once it runs`,
+    );
+  }
+  return { ...job, signals };
 }
 
 /**

@@ -104,6 +104,10 @@ export const AttemptOutcome = z.strictObject({
 export type AttemptOutcome = z.infer<typeof AttemptOutcome>;
 export const isTerminal = (state: JobState): boolean => TERMINAL_STATES.has(state);
 
+/** The most signals a job keeps for when it starts, and the most payload they hold in all (JSON bytes). */
+export const MAX_KEPT_SIGNALS = 16;
+export const MAX_KEPT_SIGNAL_BYTES = 64 * 1024;
+
 /** How a pool's concurrency limit is named among a job's places: `=` is in no agent's name. */
 export const POOL_PLACE_PREFIX = "=pool.";
 
@@ -260,12 +264,13 @@ export const JobRecord = z.looseObject({
     .strictObject({ id: SessionId, workerId: z.string() })
     .optional()
     .describe("the session the job runs in (`spec.session`) and the worker that holds it"),
-  signalsKept: z
-    .number()
-    .int()
-    .positive()
+  signals: z
+    .array(z.strictObject({ name: z.string(), payload: z.json(), at: z.iso.datetime() }))
+    .max(MAX_KEPT_SIGNALS)
     .optional()
-    .describe("how many signals came before it started: its worker writes them (from their `signal` events) before its agent starts"),
+    .describe(
+      "the signals sent to it before it started, in the order they came (at most 16, 64 KiB of payload in all): its worker writes them before its agent starts, at every attempt",
+    ),
   usage: Usage.optional().describe(
     "what its attempts' calls to their provider used, as its agent reported them (docs/flow-control.md#usage-and-budgets)",
   ),

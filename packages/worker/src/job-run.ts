@@ -1,6 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { setTimeout as sleep } from "node:timers/promises";
-import { failSpan, jsonOf, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
+import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
 import {
   inputDigest,
   isTransientJetStreamError,
@@ -9,7 +8,6 @@ import {
   listJson,
   nowIso,
   publishEvent,
-  storedMessages,
   type Topology,
 } from "@boxcar/fabric";
 import {
@@ -20,7 +18,6 @@ import {
   type ErrorInfo,
   isLive,
   isTerminal,
-  JobEvent,
   type JobEventType,
   type JobRecord,
   JobTransitions,
@@ -54,8 +51,6 @@ import type { ResolvedWorkerOptions } from "./worker-options.js";
 /** The most signals one job takes (each is a file of up to 64 KiB in its workspace). */
 /** How long a signal that comes before the job's sandbox is ready waits for it. */
 const SIGNAL_WAIT_MS = 4_000;
-/** How long a kept signal's event is waited for when the record counts it but the stream does not hold it yet. */
-const KEPT_SIGNALS_WAIT_MS = 2_000;
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
 /**
@@ -196,30 +191,13 @@ export class JobRun {
   }
 
   /**
-   * Writes the signals kept for the job before this attempt began (`signalsKept` in its record,
-   * each in its `signal` event), in the order they came, before its agent starts: every attempt's
-   * agent finds them. One whose event is not stored yet (its dispatcher counted it a moment ago)
-   * is waited for a little.
+   * Writes the signals sent to the job before this attempt began (kept in its record, as it was
+   * claimed), in the order they came, before its agent starts: every attempt's agent finds them.
    */
   private async writeKeptSignals(sandbox: Sandbox): Promise<void> {
-    const count = this.handle?.record.signalsKept ?? 0;
-    if (count === 0) return;
-    const { jsm, names } = this.topology;
-    const subject = names.subjects.event("job", this.jobId, "signal", ownerOf(this.item));
-    const giveUpAt = Date.now() + KEPT_SIGNALS_WAIT_MS;
-    let kept: { name: string; payload: unknown; at: string }[] = [];
-    for (;;) {
-      kept = [];
-      for await (const stored of storedMessages(jsm, names.streams.events, subject)) {
-        const event = JobEvent.safeParse(jsonOf(stored));
-        if (event.success && event.data.kept) kept.push({ ...event.data.kept, at: event.data.at });
-        if (kept.length >= count) break;
-      }
-      if (kept.length >= count || Date.now() > giveUpAt) break;
-      await sleep(100);
+    for (const signal of this.handle?.record.signals ?? []) {
+      await sandbox.writeFile(signalFile(++this.signals, signal.name), Buffer.from(JSON.stringify(signal)));
     }
-    if (kept.length < count) this.log.warn({ count, found: kept.length }, "some signals kept for the job are gone from the events stream");
-    for (const signal of kept) await sandbox.writeFile(signalFile(++this.signals, signal.name), Buffer.from(JSON.stringify(signal)));
   }
 
   /** Stops the run; the first reason decides how the job ends. */
