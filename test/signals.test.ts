@@ -68,6 +68,8 @@ test("a signal reaches the running agent as a file and an event; one to a job no
   expect(kept.stdout).toContain(`${later.id}: signal first kept until it starts, for .boxcar/signals/0001-first.json`);
   expect(await alice.client.signalJob(later.id, "second", 2)).toMatchObject({ kept: true, file: ".boxcar/signals/0002-second.json" });
   expect((await alice.client.getJob(later.id)).state).toBe("queued");
+  const status = await boxcar(system.url, system.prefix, ["status", later.id], { NATS_CREDS: alice.creds });
+  expect(status.stdout).toContain("signals   first, second (sent before it started");
   const started = await admin.client.waitForJob(later.id);
   expect(started.result?.output).toEqual([
     { name: "first", payload: 1, at: expect.any(String) },
@@ -157,8 +159,12 @@ test("a job not started keeps at most 16 signals and 64 KiB of payload, in its r
   const client = createClient(nats.topology);
   await client.applyAgent({ name: "unserved", command: "true", trusted: true, runtime: { sandbox: "host" }, pool: "nobody" });
   const many = (await client.submit({ agent: "unserved" })).job;
-  for (let i = 1; i <= 16; i++) expect((await client.signalJob(many.id, `s${i}`, i)).file).toBe(`.boxcar/signals/${String(i).padStart(4, "0")}-s${i}.json`);
-  await expect(client.signalJob(many.id, "s17")).rejects.toMatchObject({ code: ErrorCode.conflict, message: expect.stringContaining("at most 16") });
+  for (let i = 1; i <= 16; i++)
+    expect((await client.signalJob(many.id, `s${i}`, i)).file).toBe(`.boxcar/signals/${String(i).padStart(4, "0")}-s${i}.json`);
+  await expect(client.signalJob(many.id, "s17")).rejects.toMatchObject({
+    code: ErrorCode.conflict,
+    message: expect.stringContaining("at most 16"),
+  });
   expect((await client.getJob(many.id)).signals?.map((s) => s.payload)).toEqual(Array.from({ length: 16 }, (_, i) => i + 1));
 
   const big = (await client.submit({ agent: "unserved" })).job;

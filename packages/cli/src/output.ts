@@ -49,6 +49,8 @@ export function describeJob(job: JobRecord): string {
   if (job.workerId) lines.push(`worker    ${job.workerId}`);
   if (job.runAt && job.state === "queued" && Date.parse(job.runAt) > Date.now()) lines.push(`runs at   ${job.runAt}`);
   if (job.concurrency?.waiting && job.state === "queued") lines.push(`waits     for a place under ${limitNamed(job.concurrency)}`);
+  if (job.signals?.length)
+    lines.push(`signals   ${job.signals.map((s) => s.name).join(", ")} (sent before it started; written at each attempt)`);
   if (job.session) lines.push(`session   ${job.session.id} (worker ${job.session.workerId})`);
   if (job.schedule) lines.push(`schedule  ${job.schedule.name} (tick ${job.schedule.tick})`);
   if (job.usage) {

@@ -310,7 +310,7 @@ export const cancel: Command = {
 export const signal: Command = {
   name: "signal",
   usage: "boxcar signal JOB NAME [--payload JSON]",
-  summary: "send a running job a signal: a file in its workspace ($BOXCAR_SIGNALS_DIR) and an event",
+  summary: "send a job a signal: a file in its workspace ($BOXCAR_SIGNALS_DIR) and an event (a job not started keeps it until it starts)",
   maxArgs: 2,
   options: { payload: { type: "string" } },
   async run(ctx) {
