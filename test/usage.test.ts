@@ -119,7 +119,7 @@ test("with two dispatchers each report counts once; a spent budget refuses the n
   }
 });
 
-test("a running agent's calls count as it makes them: its usage is summed before it ends, and a stop budget cancels the job that spends it", async () => {
+test("a running agent's calls count as it makes them: its usage is summed before it ends, and a stop budget cancels the job that spends it and those queued to start today", async () => {
   await using nats = await natsFixture();
   await using _d = await startDispatcher({ ...nats.dispatcherRole });
   await using worker = createWorker({ ...nats.workerRole, concurrency: 2, usageReadMs: 200, providers: [createHostSandboxProvider()] });
@@ -134,6 +134,11 @@ test("a running agent's calls count as it makes them: its usage is summed before
     runtime: { sandbox: "host" },
   });
   await client.setPolicy({ budgets: { agents: { spender: { cost: 1, onExceeded: "stop" } } } });
+  // Two more that wait (no worker serves pool "nobody"): one that could start today, one delayed
+  // past midnight UTC, when the budget renews.
+  const queuedToday = (await client.submit({ agent: "spender", pool: "nobody" })).job;
+  const tomorrow = new Date(Date.now() + 86_400_000).toISOString().slice(0, 10);
+  const queuedTomorrow = (await client.submit({ agent: "spender", pool: "nobody", runAt: `${tomorrow}T01:00:00.000Z` })).job;
   const { job } = await client.submit({ agent: "spender" });
   // The first call is summed while the job runs; the half-written line is not read as one.
   await eventually(async () => ((await client.getUsage()).agents.spender?.cost === 0.4 ? true : undefined), "the first call summed");
@@ -141,6 +146,9 @@ test("a running agent's calls count as it makes them: its usage is summed before
   expect((await client.getUsage()).agents.spender).toMatchObject({ calls: 1, tokensIn: 7 });
   // The second takes the agent past its budget: the job that spent it is stopped, long before its minute.
   expect(await client.waitForJob(job.id)).toMatchObject({ state: "cancelled" });
+  // The job queued to start today is stopped too; the one for tomorrow waits for it.
+  expect(await client.waitForJob(queuedToday.id)).toMatchObject({ state: "cancelled" });
+  expect((await client.getJob(queuedTomorrow.id)).state).toBe("queued");
   // Stopped, it keeps what it used in its record too.
   expect((await client.getJob(job.id)).usage).toMatchObject({ calls: 2, tokensIn: 7 });
   expect((await client.getUsage()).agents.spender).toMatchObject({ calls: 2, tokensIn: 7 });

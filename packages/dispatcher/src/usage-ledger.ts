@@ -32,7 +32,8 @@ type Entry = Usage & { seq: number };
  * sequence of the last event summed into it, so an event delivered again (its dispatcher died
  * before its ack) is not counted twice. Budgets (the system policy's) are read from there: a job
  * whose agent or user has spent its day's budget is refused (`budget_exceeded`), and a budget
- * that says `stop` cancels their running jobs once an event spends it.
+ * that says `stop` cancels their running jobs, and those queued to start that day, once an event
+ * spends it.
  */
 export class UsageLedger {
   private made = false;
@@ -95,10 +96,17 @@ export class UsageLedger {
       [budgets.agents[event.agent], agentTotal, (job) => job.agent === event.agent],
       [budgets.users[owner], userTotal, (job) => job.owner === owner],
     ];
+    // Its jobs queued to start today are stopped too (not those delayed past midnight UTC, when
+    // the budget renews).
+    const renews = Date.parse(`${day}T00:00:00.000Z`) + 24 * 3_600_000;
     for (const [budget, total, covers] of stops) {
       if (budget?.onExceeded !== "stop" || !total || !spent(budget, total)) continue;
       for (const [id, job] of parts.index.newestFirst()) {
-        if (job.state !== "running" || !covers(job)) continue;
+        if ((job.state !== "running" && job.state !== "queued") || !covers(job)) continue;
+        if (job.state === "queued") {
+          const runAt = (await this.topology.jobStore.read(id))?.record.runAt;
+          if (runAt !== undefined && Date.parse(runAt) >= renews) continue;
+        }
         await cancelJob(this.topology, id).catch((err: unknown) =>
           this.log.warn({ err, jobId: id }, "could not stop a job past its budget"),
         );
