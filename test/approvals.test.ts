@@ -57,6 +57,13 @@ test("an approval step waits, times out, and on another run is approved from the
   });
   await expect(alice.client.decideStep(run.id, "draft", "approve")).rejects.toMatchObject({ code: ErrorCode.invalid });
 
+  // bob finds it among the runs waiting for his decision (it is alice's); alice and carol do not.
+  const awaitingBob = await boxcar(system.url, system.prefix, ["workflow", "ls", "--awaiting"], { NATS_CREDS: bob.creds });
+  expect(awaitingBob.stdout).toContain(run.id);
+  expect((await alice.client.listRunsPage({ awaiting: true, after: "" })).runs.map((r) => r.id)).not.toContain(run.id);
+  expect((await carol.client.listRunsPage({ awaiting: true, after: "" })).runs).toEqual([]);
+  expect((await admin.client.listRunsPage({ awaiting: true, after: "" })).runs.map((r) => r.id)).toContain(run.id);
+
   // bob approves from the command line; the run goes on and the next step sees who approved.
   const approved = await boxcar(system.url, system.prefix, ["workflow", "approve", run.id, "sign-off", "--comment", "lgtm"], {
     NATS_CREDS: bob.creds,
@@ -67,6 +74,7 @@ test("an approval step waits, times out, and on another run is approved from the
   expect(done.steps["sign-off"]?.approval).toMatchObject({ decision: "approved", by: "bob", comment: "lgtm" });
   expect(done.output).toEqual({ approvedBy: "bob" });
   await expect(bob.client.decideStep(run.id, "sign-off", "reject")).rejects.toMatchObject({ code: ErrorCode.conflict });
+  expect((await bob.client.listRunsPage({ awaiting: true, after: "" })).runs.map((r) => r.id)).not.toContain(run.id);
 
   // A rejection fails the run, saying who and why.
   const rejected = (await alice.client.startRun({ workflow: release("1h") })).run;

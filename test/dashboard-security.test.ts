@@ -224,7 +224,14 @@ describe.skipIf(!chromiumPath)("the dashboard with authentication, attacked", ()
     // every few seconds) and approves it.
     const bobs = (await bob.client.startRun({ workflow: { name: "bobs", steps: steps(["alice"]) } })).run;
     await expect(alice.client.cancelRun(bobs.id)).rejects.toMatchObject({ code: "not_found" });
-    await page.goto(`${asAlice.url}/#/run/${bobs.id}`);
+    // She finds it among the runs awaiting her decision, and opens it from there.
+    await page.goto(`${asAlice.url}/#/runs`);
+    await page.locator('input[name="awaiting"]').check();
+    await page.locator(`tr[data-run="${bobs.id}"]`).waitFor({ timeout: 10_000 });
+    // Not hers to decide (forBob), or decided (forAlice): not listed.
+    expect(await page.locator("tr[data-run]").count()).toBe(1);
+    await page.locator(`tr[data-run="${bobs.id}"] a`).click();
+    expect(page.url()).toContain(`#/run/${bobs.id}`);
     await approval.and(page.locator('[data-decision="waiting"]')).waitFor({ timeout: 10_000 });
     await approval.locator('[data-action="approve"]').click();
     await approval.and(page.locator('[data-decision="approved"]')).waitFor({ timeout: 10_000 });

@@ -164,6 +164,8 @@ export type StartRunReply = z.infer<typeof StartRunReply>;
 export const ListRunsRequest = z.strictObject({
   state: RunState.optional(),
   workflow: z.string().optional(),
+  /** Only the runs with an approval step that waits for the caller's decision (docs/workflows.md#approvals). */
+  awaiting: z.literal(true).optional(),
   limit: z.number().int().min(1).max(1000).default(50),
   /**
    * Pages: `""` for the first page, then the previous reply's `next`, an opaque cursor. Without

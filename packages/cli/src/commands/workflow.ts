@@ -8,7 +8,7 @@ import { ago, describeEvent, duration, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | approve RUN STEP [--comment TEXT] | reject RUN STEP [--comment TEXT] | signal RUN NAME [--payload JSON] | ls [--state STATE] [--workflow NAME] [--limit N] [--after CURSOR]";
+  "boxcar workflow status RUN | events RUN [--follow] | cancel RUN | approve RUN STEP [--comment TEXT] | reject RUN STEP [--comment TEXT] | signal RUN NAME [--payload JSON] | ls [--state STATE] [--workflow NAME] [--awaiting] [--limit N] [--after CURSOR]";
 
 /** Exit code of a command that waited for a run: 0 when it succeeded. */
 export const exitForRun = (run: WorkflowRun): number => (run.state === "succeeded" ? ExitCode.ok : ExitCode.jobFailed);
@@ -157,6 +157,7 @@ export const workflow: Command = {
     follow: { type: "boolean", short: "f", default: false },
     state: { type: "string" },
     workflow: { type: "string" },
+    awaiting: { type: "boolean", default: false },
     limit: { type: "string" },
     after: { type: "string" },
     comment: { type: "string" },
@@ -223,12 +224,15 @@ export const workflow: Command = {
         const { runs, next } = await session.client.listRunsPage({
           ...(state ? { state: state as RunState } : {}),
           ...(ctx.values.workflow ? { workflow: ctx.values.workflow as string } : {}),
+          // Only the runs waiting for this caller's approval.
+          ...(ctx.values.awaiting ? { awaiting: true as const } : {}),
           ...(limit ? { limit } : {}),
           after: (ctx.values.after as string | undefined) ?? "",
         });
         // How to get the next page, on stderr: stdout stays the runs (a JSON array with --json).
         if (next) {
           const filters = ["state", "workflow", "limit"].flatMap((f) => (ctx.values[f] === undefined ? [] : [`--${f} ${ctx.values[f]}`]));
+          if (ctx.values.awaiting) filters.push("--awaiting");
           ctx.io.stderr.write(`more: boxcar workflow ls ${[...filters, `--after '${next}'`].join(" ")}\n`);
         }
         if (ctx.values.json) {

@@ -1,12 +1,29 @@
 import { ownerOf, type WorkflowRun } from "@boxcar/protocol";
 
-/** What the index keeps of a run: what `workflows.list` filters on. */
-interface IndexedRun {
+/** What a list filters a run on. */
+export interface RunFacts {
   state: string;
   owner: string;
   workflow: string;
+  /** Who may decide one of its approval steps that waits now (its approvers, or its owner); none waiting: empty. */
+  deciders: string[];
+}
+
+/** What the index keeps of a run: what `workflows.list` filters on, and where it sorts. */
+interface IndexedRun extends RunFacts {
   /** Where it sorts: its creation time, then its id (a run started with a key has a hashed id). */
   order: string;
+}
+
+/** What a list filters `run` on. */
+export function factsOf(run: WorkflowRun): RunFacts {
+  const owner = ownerOf(run);
+  const deciders = run.workflow.steps.flatMap(({ name, approval }) => {
+    const state = run.steps[name];
+    if (!approval || state?.state !== "running" || !state.approval || state.approval.decision !== undefined) return [];
+    return approval.approvers.length > 0 ? approval.approvers : [owner];
+  });
+  return { state: run.state, owner, workflow: run.workflow.name, deciders };
 }
 
 /**
@@ -25,7 +42,7 @@ export class RunIndex {
 
   /** Notes a run's latest value (undefined: deleted). */
   observe(id: string, run: WorkflowRun | undefined): void {
-    if (run) this.runs.set(id, { state: run.state, owner: ownerOf(run), workflow: run.workflow.name, order: `${run.createdAt} ${id}` });
+    if (run) this.runs.set(id, { ...factsOf(run), order: `${run.createdAt} ${id}` });
     else this.runs.delete(id);
   }
 
@@ -38,7 +55,7 @@ export class RunIndex {
    * The runs `matches` accepts, newest first, each with its place in that order (`order`, a
    * list's `next`), from just after the place `after` (if given).
    */
-  newestFirst(matches: (run: IndexedRun) => boolean, after?: string): { id: string; order: string }[] {
+  newestFirst(matches: (run: RunFacts) => boolean, after?: string): { id: string; order: string }[] {
     const found: { id: string; order: string }[] = [];
     for (const [id, run] of this.runs) {
       if ((after === undefined || run.order < after) && matches(run)) found.push({ id, order: run.order });

@@ -23,7 +23,7 @@ import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
 import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
-import type { RunIndex } from "./run-index.js";
+import { factsOf, type RunFacts, type RunIndex } from "./run-index.js";
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
 const MAX_ROUNDS = 50;
@@ -131,8 +131,13 @@ export class Runs {
   async list(raw: unknown, caller: Identity): Promise<ListRunsReply> {
     const req = parseWith(ListRunsRequest, raw, "request");
     await caughtUp(this.index);
-    const matches = (run: { state: string; owner: string; workflow: string }) =>
-      mayAccess(caller, run.owner) && (!req.state || run.state === req.state) && (!req.workflow || run.workflow === req.workflow);
+    // Awaiting: the runs a step of which waits for the caller's decision (which it may read).
+    const whose = req.awaiting
+      ? (run: RunFacts) =>
+          run.deciders.length > 0 && (caller.role === "admin" || (caller.role === "submitter" && run.deciders.includes(caller.user)))
+      : (run: RunFacts) => mayAccess(caller, run.owner);
+    const matches = (run: RunFacts) =>
+      whose(run) && (!req.state || run.state === req.state) && (!req.workflow || run.workflow === req.workflow);
     const candidates = this.index.newestFirst(matches, req.after || undefined);
     const runs: WorkflowRun[] = [];
     let bytes = 0;
@@ -141,7 +146,7 @@ export class Runs {
     while (!full && runs.length < req.limit && last < candidates.length - 1) {
       const slice = candidates.slice(last + 1, last + 1 + req.limit - runs.length);
       for (const run of await Promise.all(slice.map((c) => this.get(c.id)))) {
-        if (run && matches({ state: run.state, owner: ownerOf(run), workflow: run.workflow.name })) {
+        if (run && matches(factsOf(run))) {
           const size = Buffer.byteLength(JSON.stringify(run));
           if (runs.length > 0 && bytes + size > LIST_REPLY_BUDGET) {
             full = true;

@@ -10,13 +10,17 @@ const PAGE = 25;
 
 export function RunsView({ api, route }: { api: Api; route: Route }) {
   const state = route.params.get("state") ?? "";
+  // Only the runs an approval step of which waits for this page's principal (docs/workflows.md#approvals).
+  const awaiting = route.params.get("awaiting") === "1" ? "1" : "";
   const after = route.params.get("after") ?? "";
   const go = (changes: Record<string, string>) => navigate("runs", { ...Object.fromEntries(route.params), ...changes });
   const live = useLive(
     api,
     // `after: ""` asks for the first page with a cursor to the next.
-    () => api.request<ListRunsReply>("workflows.list", { limit: PAGE, after, ...(state && { state }) }),
-    { subjects: [jobEventsSubject(api, "workflow")], deps: [state, after] },
+    () =>
+      api.request<ListRunsReply>("workflows.list", { limit: PAGE, after, ...(state && { state }), ...(awaiting && { awaiting: true }) }),
+    // Runs awaiting a decision may be other users' (whose events this page may not follow): read every 3 s too.
+    { subjects: [jobEventsSubject(api, "workflow")], deps: [state, awaiting, after], ...(awaiting && { everyMs: 3_000 }) },
   );
   const runs = live.value?.runs ?? [];
   return html`
@@ -29,6 +33,8 @@ export function RunsView({ api, route }: { api: Api; route: Route }) {
             ${RUN_STATES.map((s) => html`<option value=${s}>${s}</option>`)}
           </select>
         </label>
+        <label><input type="checkbox" name="awaiting" checked=${awaiting === "1"}
+          onChange=${(e: Event) => go({ awaiting: (e.target as HTMLInputElement).checked ? "1" : "", after: "" })} /> awaiting my decision</label>
       </form>
       <${Failure} error=${live.error} />
       ${live.value && runs.length === 0 && html`<p class="empty">No workflow runs.</p>`}
@@ -54,8 +60,8 @@ export function RunsView({ api, route }: { api: Api; route: Route }) {
       </table>`
       }
       <nav class="pages">
-        ${after && html`<a href=${hrefOf("runs", { state })}>first page</a>`}
-        ${live.value?.next && html`<a data-next href=${hrefOf("runs", { state, after: live.value.next })}>next page</a>`}
+        ${after && html`<a href=${hrefOf("runs", { state, awaiting })}>first page</a>`}
+        ${live.value?.next && html`<a data-next href=${hrefOf("runs", { state, awaiting, after: live.value.next })}>next page</a>`}
       </nav>
     </section>
   `;
