@@ -235,7 +235,7 @@ export class ConcurrencyLimits {
   }
 
   private kick(place: string): void {
-    this.promotions.run(place);
+    void this.promotions.run(place);
   }
 
   /** Gives free places to the oldest waiting jobs, passing over the markers of jobs that ended while they waited. */

@@ -11,12 +11,13 @@ export class PassPerKey {
     private readonly onError: (err: unknown, key: string) => void,
   ) {}
 
-  run(key: string): void {
-    if (this.stopped) return;
+  /** Runs a pass for `key` (or one more after the one under way); resolves once the key's passes are done. */
+  run(key: string): Promise<void> {
+    if (this.stopped) return Promise.resolve();
     const running = this.passes.get(key);
     if (running) {
       running.again = true;
-      return;
+      return running.done;
     }
     const entry = { again: false, done: Promise.resolve() };
     entry.done = (async () => {
@@ -27,6 +28,7 @@ export class PassPerKey {
       this.passes.delete(key);
     })();
     this.passes.set(key, entry);
+    return entry.done;
   }
 
   /** Starts no more passes, and waits for those under way. */

@@ -223,7 +223,7 @@ export class Schedules {
   }
 
   private look(key: string): void {
-    this.looks.run(key);
+    void this.looks.run(key);
   }
 
   private async lookOnce(key: string): Promise<void> {

@@ -22,6 +22,7 @@ import {
 import { type AdmissionContext, admit } from "../admission.js";
 import { newJobId } from "../job-id.js";
 import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs.js";
+import { PassPerKey } from "../periodic.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 import { factsOf, type RunFacts, type RunIndex } from "./run-index.js";
 
@@ -40,7 +41,13 @@ export type RunsContext = AdmissionContext;
  */
 export class Runs {
   /** Advances in flight, one per run, so a burst of job updates makes one more pass, not many. */
-  private readonly advancing = new Map<string, { again: boolean; done: Promise<void> }>();
+  private readonly advancing = new PassPerKey(
+    (id) => this.advanceOnce(id),
+    (err, id) => {
+      this.ctx.log.error({ err, runId: id }, "could not advance a workflow run; trying again");
+      this.retryLater(id);
+    },
+  );
   private readonly retries = new Map<string, NodeJS.Timeout>();
   private closed = false;
 
@@ -276,27 +283,7 @@ export class Runs {
 
   /** Moves a run on as far as its jobs allow; concurrent calls for one run collapse into one more pass. */
   advance(id: string): Promise<void> {
-    const inFlight = this.advancing.get(id);
-    if (inFlight) {
-      inFlight.again = true;
-      return inFlight.done;
-    }
-    const entry = { again: false, done: Promise.resolve() };
-    entry.done = (async () => {
-      try {
-        do {
-          entry.again = false;
-          await this.advanceOnce(id);
-        } while (entry.again);
-      } catch (err) {
-        this.ctx.log.error({ err, runId: id }, "could not advance a workflow run; trying again");
-        this.retryLater(id);
-      } finally {
-        this.advancing.delete(id);
-      }
-    })();
-    this.advancing.set(id, entry);
-    return entry.done;
+    return this.advancing.run(id);
   }
 
   /** After a failure (NATS trouble), advances the run again a little later, unless closed. */
