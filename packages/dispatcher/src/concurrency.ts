@@ -188,12 +188,17 @@ export class ConcurrencyLimits {
       return true;
     });
     // The strategy cancels under its agent's own limit only (its key's, as the agent is now), once.
-    const keyed = { spec: record.spec ?? { input: null, labels: {} }, owner: ownerOf(record) };
-    const own = place === this.placesFor(agent, keyed, record.pool)[0] && !place.startsWith(POOL_PLACE_PREFIX);
-    if (agent.concurrency?.strategy === "cancel-in-progress" && own && !stored.duplicate) {
+    if (agent.concurrency?.strategy === "cancel-in-progress" && !stored.duplicate && this.isKeyPlace(place, agent, record)) {
       await this.cancelOlder(place, agent.concurrency.limit);
     }
     this.kick(place);
+  }
+
+  /** Whether `place` is the limit of `record`'s key under `agent` as it is now (the first of its places, never a pool's). */
+  private isKeyPlace(place: string, agent: AgentDefinition, record: JobRecord): boolean {
+    if (place.startsWith(POOL_PLACE_PREFIX)) return false;
+    const keyed = { spec: record.spec ?? { input: null, labels: {} }, owner: ownerOf(record) };
+    return place === this.placesFor(agent, keyed, record.pool)[0];
   }
 
   /** Shown each job record by the dispatcher's watch: a job that held a place and ended frees it. */

@@ -16,7 +16,7 @@ import {
   parseWith,
   signalFile,
 } from "@boxcar/protocol";
-import { type AdmissionContext, getRecord, publishWorkItem } from "./admission.js";
+import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */
@@ -166,11 +166,16 @@ export async function signalJob(
   request: { id: string; name: string; payload: unknown },
   caller: Identity,
 ): Promise<{ job: JobRecord; file: string; kept?: true }> {
-  let job = await getRecord(topology, request.id, caller);
+  const found = await topology.jobStore.read(request.id);
+  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${request.id}`);
+  let job = found.record;
   if (job.state === "queued") {
-    const kept = await keepSignal(topology, job.id, request);
-    if (kept) return kept;
-    job = await getRecord(topology, request.id, caller); // it started meanwhile
+    // Kept in its record, or (it started meanwhile) sent to its worker as it runs now.
+    const signal = { name: request.name, payload: (request.payload ?? null) as Kept["payload"], at: nowIso() };
+    const kept = await topology.jobStore.change(found, (current) => JobTransitions.keepSignal(current, signal));
+    if (kept.written) return keptSignal(topology, kept.handle.record, request.name);
+    if (!kept.current) throw new BoxcarError(ErrorCode.notFound, `no job ${request.id}`);
+    job = kept.current.record;
   }
   const notRunning = (why: string) => new BoxcarError(ErrorCode.conflict, `job ${job.id} cannot take a signal: ${why}`);
   if (job.state !== "running") throw notRunning(`it is ${job.state}`);
@@ -187,24 +192,13 @@ export async function signalJob(
 }
 
 /**
- * Keeps a signal for a job that has not started (or waits for its next attempt) in its record,
+ * A signal kept in the record of a job that has not started (or waits for its next attempt),
  * which the worker that claims it writes before its agent starts (each attempt's agent gets
- * them), and says so in a `signal` event. Undefined when the job started meanwhile.
+ * them): a `signal` event says so, and the reply names the file it will be.
  */
-async function keepSignal(
-  topology: Topology,
-  id: string,
-  request: { name: string; payload: unknown },
-): Promise<{ job: JobRecord; file: string; kept: true } | undefined> {
-  const found = await topology.jobStore.read(id);
-  if (!found) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  // The payload was checked to be JSON (and its size) with the request.
-  const signal = { name: request.name, payload: (request.payload ?? null) as Kept["payload"], at: nowIso() };
-  const kept = await topology.jobStore.change(found, (job) => JobTransitions.keepSignal(job, signal));
-  if (!kept.written) return undefined;
-  const job = kept.handle.record;
-  const file = signalFile(job.signals?.length ?? 1, request.name);
-  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${request.name} kept until it starts (${file})` }));
+async function keptSignal(topology: Topology, job: JobRecord, name: string): Promise<{ job: JobRecord; file: string; kept: true }> {
+  const file = signalFile(job.signals?.length ?? 1, name);
+  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${name} kept until it starts (${file})` }));
   return { job, file, kept: true };
 }
 
