@@ -9,39 +9,18 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { type BoxcarEvent, ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
+import { ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
-import type { NatsConnection } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { runningSet } from "./helpers/running-set.js";
 
-/**
- * Follows every job event of a system as it is published, keeping which jobs run (started, not
- * yet ended) under each key a job's input names, and the most that ever ran at once per key.
- */
-function runningSet(nc: NatsConnection, prefix: string, keyOf: (jobId: string) => string | undefined) {
-  const running = new Map<string, Set<string>>();
-  const most = new Map<string, number>();
-  const ended: string[] = [];
-  const sub = nc.subscribe(`${prefix}.evt.job.>`);
-  void (async () => {
-    for await (const msg of sub) {
-      const event = msg.json<BoxcarEvent>();
-      if (event.kind !== "job") continue;
-      const key = keyOf(event.jobId);
-      if (key === undefined) continue;
-      const now = running.get(key) ?? new Set<string>();
-      running.set(key, now);
-      if (event.type === "started") now.add(event.jobId);
-      else if (isTerminal(event.state) || event.type === "requeued" || event.type === "retrying") {
-        if (now.delete(event.jobId) && isTerminal(event.state)) ended.push(key);
-      }
-      most.set(key, Math.max(most.get(key) ?? 0, now.size));
-    }
-  })();
-  return { most, ended, stop: () => sub.unsubscribe() };
-}
+/** A job's key, as the one group the running set keeps it in (none: a job of another test). */
+const keysOf = (keyOfJob: Map<string, string>, id: string): string[] => {
+  const key = keyOfJob.get(id);
+  return key === undefined ? [] : [key];
+};
 
 /** A nats-server with a short lease (redelivery after a crash comes in 1.5 s), two dispatchers, and a client. */
 async function twoDispatchers(): Promise<{ nats: NatsFixture; client: BoxcarClient } & AsyncDisposable> {
@@ -70,7 +49,7 @@ test("3 worker processes of 4 slots, 300 jobs over 10 keys limited to 2 at once 
     concurrency: { limit: 2, key: "input.customerId" },
   });
   const keyOfJob = new Map<string, string>();
-  const seen = runningSet(nats.nc, prefix, (id) => keyOfJob.get(id));
+  const seen = runningSet(nats.nc, prefix, (id) => keysOf(keyOfJob, id));
   const workers = [0, 1, 2].map(() => spawnBoxcar(nats.url, prefix, ["worker", "--concurrency", "4"]));
   try {
     await eventually(async () => ((await client.listWorkers()).length === 3 ? true : undefined), "three live workers");
@@ -132,7 +111,7 @@ test("one limit for all an agent's jobs: the waiting ones say so in status, jobs
     concurrency: { limit: 1 },
   });
   const keyOfJob = new Map<string, string>();
-  const seen = runningSet(nats.nc, nats.topology.names.prefix, (id) => keyOfJob.get(id));
+  const seen = runningSet(nats.nc, nats.topology.names.prefix, (id) => keysOf(keyOfJob, id));
   try {
     const jobs: JobRecord[] = [];
     for (let i = 0; i < 4; i++) {

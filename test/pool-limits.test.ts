@@ -7,33 +7,12 @@
 
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { type BoxcarEvent, ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
+import { ErrorCode, type JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
-import type { NatsConnection } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { boxcar, eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-
-/** The most jobs that ever ran at once (started, not yet ended) in each group `groupOf` puts a job in, from every job event as it is published. */
-function mostAtOnce(nc: NatsConnection, prefix: string, groupOf: (jobId: string) => string[]) {
-  const running = new Map<string, Set<string>>();
-  const most = new Map<string, number>();
-  const sub = nc.subscribe(`${prefix}.evt.job.>`);
-  void (async () => {
-    for await (const msg of sub) {
-      const event = msg.json<BoxcarEvent>();
-      if (event.kind !== "job") continue;
-      for (const group of groupOf(event.jobId)) {
-        const now = running.get(group) ?? new Set<string>();
-        running.set(group, now);
-        if (event.type === "started") now.add(event.jobId);
-        else if (isTerminal(event.state) || event.type === "requeued" || event.type === "retrying") now.delete(event.jobId);
-        most.set(group, Math.max(most.get(group) ?? 0, now.size));
-      }
-    }
-  })();
-  return { most, stop: () => sub.unsubscribe() };
-}
+import { runningSet } from "./helpers/running-set.js";
 
 /** A nats-server, two dispatchers (sweeping every half second), a client, and two host workers of 4 slots. */
 async function system(): Promise<{ nats: NatsFixture; client: BoxcarClient } & AsyncDisposable> {
@@ -67,7 +46,7 @@ test("a pool limited to 3 runs at most 3 of its jobs whatever their agent, and a
     concurrency: { limit: 1, key: "input.k", total: 2 },
   });
   const groups = new Map<string, string[]>();
-  const seen = mostAtOnce(nats.nc, prefix, (id) => groups.get(id) ?? []);
+  const seen = runningSet(nats.nc, prefix, (id) => groups.get(id) ?? []);
   try {
     const jobs: JobRecord[] = [];
     for (let i = 0; i < 24; i++) {
@@ -177,7 +156,7 @@ test("a key given to an agent whose jobs wait under its limit for all: they stil
   const { nats, client } = s;
   const agent = { name: "one", command: "sleep 0.5", trusted: true, runtime: { sandbox: "host" as const } };
   await client.applyAgent({ ...agent, concurrency: { limit: 1 } });
-  const seen = mostAtOnce(nats.nc, nats.topology.names.prefix, () => ["one"]);
+  const seen = runningSet(nats.nc, nats.topology.names.prefix, () => ["one"]);
   try {
     const jobs: JobRecord[] = [];
     for (let i = 0; i < 4; i++) jobs.push((await client.submit({ agent: "one" })).job);
@@ -204,7 +183,7 @@ test("a delayed job's places, taken at its time, are not freed by a sweep that r
     return change(found, edit);
   }) as typeof store.change;
   await client.applyAgent({ name: "later", command: "sleep 2", trusted: true, runtime: { sandbox: "host" }, concurrency: { limit: 1 } });
-  const seen = mostAtOnce(nats.nc, nats.topology.names.prefix, () => ["later"]);
+  const seen = runningSet(nats.nc, nats.topology.names.prefix, () => ["later"]);
   try {
     const runAt = new Date(Date.now() + 1_500).toISOString();
     const jobs: JobRecord[] = [];
