@@ -27,6 +27,7 @@ import {
   PROTOCOL_VERSION,
   parseWith,
   placesOf,
+  type Role,
   WORK_ITEM_VERSION,
   type WorkItem,
 } from "@boxcar/protocol";
@@ -71,10 +72,19 @@ export interface AdmissionContext {
   usage?: UsageLedger;
 }
 
+/** The session a job runs in: the worker that holds it, and its pool. */
+type SessionPlace = Awaited<ReturnType<SessionDesk["forJob"]>>;
+
 /** Who a job is for, and how it comes about other than by a plain submission. */
 export interface AdmitOptions {
   /** The user the job belongs to: the caller, or the owner of the chain or run it is part of. */
   owner: string;
+  /**
+   * The owner's role (as its request, run, chain or schedule has it): the job counts under that
+   * role's quota, as every job does however it comes about (admins have none). Absent: a
+   * submitter's (an intake message's subject names its owner, not a role).
+   */
+  ownerRole?: Role | undefined;
   /** Deduplicates a submission that carries no key of its own (an intake redelivery, a handoff, a workflow step). */
   implicitKey?: string;
   /** The job's place in a handoff chain or workflow run; `root` defaults to the job itself. */
@@ -97,7 +107,6 @@ export function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, o
 }
 
 async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
-  const { log } = ctx;
   // New work waits for room in the queue; a job that continues admitted work (a handoff, a
   // workflow step) does not, or the queue could strand what it already holds.
   if (!opts.chain) ctx.load.checkRoom(ctx.policy.policy);
@@ -143,6 +152,25 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     }
   }
 
+  // Counted against its owner's quota from here, before anything is taken for it.
+  const role = opts.ownerRole ?? "submitter";
+  const letGo = ctx.load.hold({ user: opts.owner, role }, id, ctx.policy.policy);
+  try {
+    return await createJob(topology, ctx, opts, { id, spec, agent, session, role });
+  } catch (err) {
+    letGo();
+    throw err;
+  }
+}
+
+/** The rest of an admission, once the job has its id and is counted: its record, its places and its work item. */
+async function createJob(
+  topology: Topology,
+  ctx: AdmissionContext,
+  opts: AdmitOptions,
+  { id, spec, agent, session, role }: { id: string; spec: JobSpec; agent: AgentDefinition; session: SessionPlace | undefined; role: Role },
+): Promise<Admitted> {
+  const { log } = ctx;
   const now = nowIso();
   const record: JobRecord = {
     v: PROTOCOL_VERSION,
@@ -150,6 +178,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
     agent: agent.name,
     pool: session?.pool ?? spec.pool ?? agent.pool,
     owner: opts.owner,
+    ...(role !== "submitter" ? { role } : {}),
     priority: spec.priority ?? agent.priority ?? "normal",
     state: "queued",
     spec,

@@ -134,9 +134,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       onlyAdminsChoosePools(caller, [body]);
       const files = inputFiles(body);
       checkInputOwnership(files, caller);
-      ctx.load.check(caller, ctx.policy.policy);
       try {
-        const reply = await admit(topology, body, ctx, { owner: caller.user, ...(traceparent ? { traceparent } : {}) });
+        const reply = await admit(topology, body, ctx, {
+          owner: caller.user,
+          ownerRole: caller.role,
+          ...(traceparent ? { traceparent } : {}),
+        });
         // An earlier job for the same key was returned: the files sent for this one are not used.
         if (reply.duplicate) {
           const used = new Set(reply.job.spec?.files.map((f) => f.object));
@@ -213,7 +216,9 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
       onlyAdminsChoosePools(caller, Array.isArray(steps) ? steps : []);
       ctx.load.checkRoom(ctx.policy.policy);
-      return runs.start(body, caller.user, traceparent);
+      // Its owner's quota, now and for each of its jobs as it is admitted (docs/security.md#quotas).
+      ctx.load.check(caller, ctx.policy.policy);
+      return runs.start(body, caller, traceparent);
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.read(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),
     [ApiEndpoint.workflowsList]: (body, caller) => runs.list(body, caller),

@@ -39,6 +39,7 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
     await checkHandoff(topology, job, request, link, from);
     const next = await admit(topology, nextSpec(job, request), ctx, {
       owner: ownerOf(job),
+      ownerRole: job.role,
       implicitKey: `handoff:${job.id}`,
       chain: {
         root: link.root,

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/client";
-import { getJson, isNoResponders, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, isNoResponders, type JobHandle, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   type CountJobsReply,
@@ -213,11 +213,29 @@ export async function retryJob(
   topology: Topology,
   id: string,
   caller: Identity,
-  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits" | "load" | "policy">,
 ): Promise<JobRecord> {
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
+  // A dead job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
+  const letGo =
+    job.state === "dead" ? ctx.load.hold({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy) : () => {};
+  try {
+    return await requeueDead(topology, found, ctx);
+  } catch (err) {
+    letGo();
+    throw err;
+  }
+}
+
+async function requeueDead(
+  topology: Topology,
+  found: JobHandle,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
+): Promise<JobRecord> {
+  const job = found.record;
+  const id = job.id;
   const agent = await ctx.agents.get(job.agent);
   // A job of a session runs there again only while the session is open, on the worker that holds it.
   if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);

@@ -143,6 +143,23 @@ export class JobLoad {
   }
 
   /**
+   * Refuses a new job of `holder` past its quota (as `check`), else counts it at once as waiting,
+   * under its id, before its record is written: admissions at once through one dispatcher (a
+   * workflow step's fan-out) cannot all pass the quota. Its record, observed, takes the hold's
+   * place; the function returned lets go of a hold whose record was not written.
+   */
+  hold(holder: Identity, id: string, policy: SystemPolicy): () => void {
+    this.check(holder, policy);
+    if (this.jobs.has(id)) return () => {};
+    const held: Counted = { owner: holder.user, state: "queued", bytes: 0 };
+    this.jobs.set(id, held);
+    this.add(held, 1);
+    return () => {
+      if (this.jobs.get(id) === held) this.observe(id, undefined);
+    };
+  }
+
+  /**
    * Refuses new work, admins' too, when the system holds as many jobs or bytes queued as its
    * policy allows: the store keeps room for the jobs already admitted to run and end.
    */

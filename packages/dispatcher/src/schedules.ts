@@ -10,7 +10,7 @@ import {
   mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
-  type Role,
+  Role,
   type ScheduleDefinition,
   ScheduleRecord,
   type ScheduleState,
@@ -353,9 +353,9 @@ export class Schedules {
     let refused: ErrorInfo | undefined;
     try {
       // Its owner's quota, as for a submit of its own (admins have none).
-      this.ctx.load.check({ user: record.owner, role: (record.role ?? "submitter") as Role }, this.ctx.policy.policy);
       const { job } = await admit(this.topology, record.definition.job, this.ctx, {
         owner: record.owner,
+        ownerRole: Role.safeParse(record.role).data,
         implicitKey,
         schedule: { name, tick },
       });

@@ -101,7 +101,10 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
     meaning: "the job's agent or user has spent its budget for the day (the system policy's `budgets`)",
     appears: "`jobs.submit` and `workflows.start` replies, `rejected` records of intake submissions; `cancelled` jobs stopped by a budget",
   },
-  quota_exceeded: { meaning: "the caller has as many jobs queued (or running) as its quota allows", appears: "API replies" },
+  quota_exceeded: {
+    meaning: "the job's owner has as many jobs queued (or running) as its quota allows",
+    appears: "API replies; `rejected` records of intake submissions and schedule ticks; a refused handoff's or workflow step's error",
+  },
   queue_full: {
     meaning:
       "the whole system has as many jobs (or bytes of job records) waiting to start as the system policy's `queue` limits allow (default 100000 jobs, 256 MiB); nothing was kept, submit again later (exit code 3)",

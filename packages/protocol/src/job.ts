@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { Role } from "./access.js";
 import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
@@ -198,6 +199,9 @@ export const JobRecord = z.looseObject({
     .describe(
       "the user the job belongs to: who submitted it; a handoff's or workflow step's job belongs to its chain's or run's owner; absent on records from before owners (`local`)",
     ),
+  role: Role.optional().describe(
+    "its owner's role when it was admitted: a job it leads to (a handoff, a retry) counts under that role's quota; absent: a submitter's",
+  ),
   priority: Priority.optional().describe("the priority it was queued with; absent on records from before priorities (`normal`)"),
   state: JobState.describe("the job's state"),
   spec: JobSpec.optional().describe("the validated spec; absent on `rejected` records (the spec is not kept, valid or not)"),

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { Role } from "./access.js";
 import { AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
@@ -299,6 +300,8 @@ export const WorkflowRun = z.looseObject({
   input: z.json(),
   /** The user who started it; absent on older runs: `local`. */
   owner: z.string().regex(TOKEN_PATTERN).optional(),
+  /** Its owner's role when it started it: its jobs count under that role's quota (absent: a submitter's). */
+  role: Role.optional(),
   state: RunState,
   createdAt: z.iso.datetime(),
   finishedAt: z.iso.datetime().optional(),

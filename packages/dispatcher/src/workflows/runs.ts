@@ -58,10 +58,11 @@ export class Runs {
     private readonly index: RunIndex,
   ) {}
 
-  /** Starts a run for `owner`; `traceparent`, the start request's span, is the trace its jobs join. */
-  async start(raw: unknown, owner: string, traceparent?: string): Promise<{ run: WorkflowRun; duplicate: boolean }> {
+  /** Starts a run for `caller`; `traceparent`, the start request's span, is the trace its jobs join. */
+  async start(raw: unknown, caller: Identity, traceparent?: string): Promise<{ run: WorkflowRun; duplicate: boolean }> {
     const req = parseWith(StartRunRequest, raw, "request");
     const { workflow } = req;
+    const owner = caller.user;
     for (const [i, step] of workflow.steps.entries()) {
       if (step.agent === undefined) continue; // an approval step
       try {
@@ -85,6 +86,7 @@ export class Runs {
       workflow,
       input: req.input,
       owner,
+      ...(caller.role !== "submitter" ? { role: caller.role } : {}),
       state: "running",
       createdAt: now,
       steps: Object.fromEntries(workflow.steps.map((s) => [s.name, { state: "pending", instances: [] } satisfies StepRun])),
@@ -335,6 +337,7 @@ export class Runs {
         try {
           const { job } = await admit(this.topology, start.spec, this.ctx, {
             owner: ownerOf(run),
+            ownerRole: run.role,
             implicitKey: `workflow:${id}:${start.step}:${start.index}`,
             chain: {
               depth: 0,
