@@ -17,3 +17,21 @@ test("attack: an agent that reports more than can be counted leaves a usage that
   expect(usage.cost).toBe(1e13);
   expect(Usage.safeParse(usage).success).toBe(true);
 });
+
+test("attack: a model name that is not one (a secret's carrier, a sentence, a path of dots) is left out and its call still counts", () => {
+  const lines = ["m-sk live key", "x".repeat(129), "../../etc", "", "gpt-4o-mini", "anthropic/claude-3.5-sonnet", "llama3:8b"].map(
+    (model) => UsageLine.parse({ model, tokensIn: 1 }),
+  );
+  expect(lines.map((l) => l.model)).toEqual([
+    undefined,
+    undefined,
+    undefined,
+    undefined,
+    "gpt-4o-mini",
+    "anthropic/claude-3.5-sonnet",
+    "llama3:8b",
+  ]);
+  const usage = usageOf(lines);
+  expect(usage.calls).toBe(7);
+  expect(Object.keys(usage.models ?? {})).toEqual(["gpt-4o-mini", "anthropic/claude-3.5-sonnet", "llama3:8b"]);
+});

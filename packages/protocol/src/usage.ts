@@ -1,8 +1,16 @@
 import { z } from "zod";
 
+/** What a model's name may be: letters, digits and `. _ : / @ + -`, up to 128 characters (`gpt-4o-mini`, `anthropic/claude-3.5-sonnet`, `llama3:8b`). */
+export const MODEL_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
+
 /** One line of an agent's usage file (`$BOXCAR_USAGE_FILE`): what one call to its provider used. */
 export const UsageLine = z.looseObject({
-  model: z.string().min(1).max(128).optional().describe("the model called"),
+  model: z
+    .string()
+    .regex(MODEL_NAME)
+    .optional()
+    .catch(undefined)
+    .describe("the model called; a name that is not a model's (see MODEL_NAME) is left out, and the call still counts"),
   tokensIn: z.number().int().min(0).max(1e12).default(0).describe("tokens sent (prompt)"),
   tokensOut: z.number().int().min(0).max(1e12).default(0).describe("tokens received (completion)"),
   cost: z.number().min(0).max(1e9).default(0).describe("what the call cost, in the currency the budgets are in"),

@@ -14,6 +14,7 @@ import {
 import type { ObjectStore } from "@nats-io/obj";
 import { AgentPaths, MAX_RESULT_BYTES } from "./agent-contract.js";
 import { globMatcher, globRoots } from "./glob.js";
+import type { Redactor } from "./redactor.js";
 import type { Sandbox } from "./sandbox.js";
 
 /** The most artifacts one job may keep: their list lives in the job record. */
@@ -57,7 +58,9 @@ export async function readResultFile(sandbox: Sandbox): Promise<AgentResultFile 
   try {
     json = JSON.parse(text);
   } catch (cause) {
-    throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is not valid JSON: ${(cause as Error).message}`, { cause });
+    // The parser's message quotes the file: only where it went wrong is kept (the file is the agent's, and may hold a secret).
+    const at = /position (\d+)/.exec((cause as Error).message)?.[1];
+    throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is not valid JSON${at === undefined ? "" : ` (at byte ${at})`}`);
   }
   const parsed = AgentResultFile.safeParse(json);
   if (parsed.success) return parsed.data;
@@ -70,7 +73,13 @@ export async function readResultFile(sandbox: Sandbox): Promise<AgentResultFile 
  * Streams the workspace files that match `globs` into the Object Store as `<jobId>/<path>`.
  * Files under `.boxcar/` are never artifacts.
  */
-export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: readonly string[], store: ObjectStore): Promise<Artifact[]> {
+export async function storeArtifacts(
+  sandbox: Sandbox,
+  jobId: string,
+  globs: readonly string[],
+  store: ObjectStore,
+  redactor: Pick<Redactor, "stream" | "text">,
+): Promise<Artifact[]> {
   const matches = globMatcher(globs);
   const files = (await sandbox.listFiles(globRoots(globs)))
     .filter((f) => !f.path.startsWith(`${AgentPaths.reserved}/`) && matches(f.path))
@@ -87,18 +96,23 @@ export async function storeArtifacts(sandbox: Sandbox, jobId: string, globs: rea
     if (!body) continue; // removed since it was listed
     const hash = createHash("sha256");
     let size = 0;
+    // Stored redacted, as the agent's output is: its size and digest are the stored bytes'.
+    const secrets = redactor.stream();
+    const keep = (chunk: Uint8Array, controller: TransformStreamDefaultController<Uint8Array>) => {
+      hash.update(chunk);
+      size += chunk.length;
+      if (chunk.length > 0) controller.enqueue(chunk);
+    };
     const measured = body.pipeThrough(
       new TransformStream<Uint8Array, Uint8Array>({
-        transform(chunk, controller) {
-          hash.update(chunk);
-          size += chunk.length;
-          controller.enqueue(chunk);
-        },
+        transform: (chunk, controller) => keep(secrets.push(chunk), controller),
+        flush: (controller) => keep(secrets.end(), controller),
       }),
     );
-    const object = `${jobId}/${path}`;
+    const stored = redactor.text(path);
+    const object = `${jobId}/${stored}`;
     await store.put({ name: object }, measured);
-    artifacts.push({ path, object, size, sha256: hash.digest("hex") });
+    artifacts.push({ path: stored, object, size, sha256: hash.digest("hex") });
   }
   return artifacts;
 }

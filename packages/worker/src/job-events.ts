@@ -11,6 +11,7 @@ import {
   type SandboxEventType,
   type SandboxInfo,
 } from "@boxcar/protocol";
+import type { Redactor } from "./redactor.js";
 import type { SandboxBackend } from "./sandbox.js";
 
 /** Progress events waiting beyond this many are dropped: a chatty agent cannot flood the stream. */
@@ -69,6 +70,8 @@ export class JobEvents {
     private readonly ids: { jobId: string; owner: string; agent: string; workerId: string; run?: string },
     private readonly log: Logger,
     private readonly holdMs: number,
+    /** Every event is redacted by it before it is published, whatever its fields. */
+    private readonly redactor: Pick<Redactor, "json">,
   ) {
     this.held = holdMs > 0 ? [] : null;
   }
@@ -142,8 +145,16 @@ export class JobEvents {
     return this.tail;
   }
 
+  /**
+   * Publishes an event of the job's outside the attempt's numbered sequence (a usage report),
+   * deduplicated by `msgID`; a failed publish rejects.
+   */
+  async publishApart(event: JobEvent, msgID: string): Promise<void> {
+    await publishEvent(this.topology, this.redactor.json(event), msgID);
+  }
+
   private enqueue(event: BoxcarEvent): Promise<void> {
-    const stored = publishEvent(this.topology, event).catch((err: unknown) => {
+    const stored = publishEvent(this.topology, this.redactor.json(event)).catch((err: unknown) => {
       this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
     });
     this.tail = Promise.all([this.tail, stored]).then(() => undefined);

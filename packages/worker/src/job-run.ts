@@ -40,7 +40,7 @@ import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./a
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
-import { redactJson } from "./redactor.js";
+import { Redactor } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
 import type { SessionHost, SessionLease } from "./session-host.js";
@@ -102,7 +102,8 @@ export class JobRun {
   /** When this attempt claimed the job (performance.now()). */
   private claimedAt = 0;
   private sandboxInfo: SandboxInfo | undefined;
-  private secretValues: string[] = [];
+  /** Takes the agent's secrets out of everything written of this attempt: its events, record, output, artifacts and log lines. */
+  private readonly redactor = new Redactor();
   /** The sandbox from when it is ready until the agent ends: where signals are written. */
   private agentSandbox: Sandbox | undefined;
   /** The agent's usage file, read while it runs and at its end. */
@@ -125,7 +126,7 @@ export class JobRun {
   ) {
     this.jobId = item.jobId;
     this.topology = ctx.options.topology;
-    this.log = ctx.log.child({ jobId: item.jobId });
+    this.log = this.redactor.logger(ctx.log.child({ jobId: item.jobId }));
     this.events = new JobEvents(
       this.topology,
       {
@@ -137,6 +138,7 @@ export class JobRun {
       },
       this.log,
       ctx.options.eventHoldMs,
+      this.redactor,
     );
   }
 
@@ -146,7 +148,7 @@ export class JobRun {
    * dispatcher is answered with the file, or why there is none (the agent is not running).
    */
   async signal(msg: Msg): Promise<void> {
-    const answer = (body: { file: string } | { error: string }) => msg.respond(JSON.stringify(body));
+    const answer = (body: { file: string } | { error: string }) => msg.respond(JSON.stringify(this.redactor.json(body)));
     let signal: { name?: unknown; payload?: unknown };
     try {
       signal = msg.json();
@@ -452,7 +454,7 @@ export class JobRun {
   }
 
   private async execute(runtime: ResolvedRuntime, secrets: Map<string, string>): Promise<Outcome> {
-    this.secretValues = [...secrets.values()].filter((v) => v.length > 0);
+    this.redactor.add(secrets.values());
     const ref: SandboxRef = { backend: runtime.kind, sandboxId: this.sandboxInfo?.id ?? `sbx-${randomBytes(6).toString("hex")}` };
     let sandbox: Sandbox | undefined;
     let exec: ExecResult | undefined;
@@ -518,7 +520,7 @@ export class JobRun {
         cause instanceof BoxcarError
           ? cause
           : new BoxcarError(ErrorCode.sandboxFailed, `could not create a ${ref.backend} sandbox: ${(cause as Error).message}`, { cause });
-      await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
+      await this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: toErrorInfo(error) });
       throw error;
     }
   }
@@ -543,7 +545,7 @@ export class JobRun {
         await this.topology.js.publish(this.topology.names.subjects.log(ownerOf(this.item), this.jobId, stream), data);
       },
       maxBytes: options.maxLogBytes,
-      secrets: this.secretValues,
+      redactor: this.redactor,
       onProgress: (message) => this.events.progress(message, this.sandboxInfo),
       onPublishError: (err) => this.log.warn({ err }, "could not store agent output"),
     });
@@ -583,10 +585,12 @@ export class JobRun {
   private async conclude(sandbox: Sandbox, exec: ExecResult): Promise<Outcome> {
     // A workspace past its quota is not stored: its files are what the quota keeps out.
     const artifacts =
-      exec.breach === undefined ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts) : [];
+      exec.breach === undefined
+        ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts, this.redactor)
+        : [];
     let file: AgentResultFile | undefined;
     try {
-      file = redactJson(await readResultFile(sandbox), this.secretValues);
+      file = await readResultFile(sandbox);
     } catch (err) {
       return { ...this.failed(err, exec), artifacts };
     }
@@ -610,7 +614,7 @@ export class JobRun {
 
   private failed(err: unknown, exec: ExecResult | undefined): FinalOutcome {
     if (!(err instanceof BoxcarError)) this.log.error({ err }, "job failed on an unexpected error");
-    return failedOutcome(this.errorInfo(err), exec);
+    return failedOutcome(toErrorInfo(err), exec);
   }
 
   private async destroySandbox(sandbox: Sandbox, ref: SandboxRef): Promise<void> {
@@ -622,18 +626,21 @@ export class JobRun {
     } catch (cause) {
       this.log.error({ err: cause, sandboxId: ref.sandboxId }, "could not destroy the sandbox");
       const error = new BoxcarError(ErrorCode.sandboxFailed, `could not destroy sandbox ${ref.sandboxId}: ${(cause as Error).message}`);
-      void this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: this.errorInfo(error) });
+      void this.events.sandbox("failed", ref, { durationMs: performance.now() - startedAt, error: toErrorInfo(error) });
     }
   }
 
-  private async finish(outcome: Outcome): Promise<void> {
+  private async finish(reported: Outcome): Promise<void> {
+    // Everything the attempt reports comes from here (its result, handoff, artifacts' names,
+    // error, usage): redacted once, whatever field it is in.
+    let outcome = this.redactor.json(reported);
     if (outcome.kind === "requeue" && this.lease) {
       // Nothing else can run it: the session closes with this worker.
       const error = new BoxcarError(
         ErrorCode.sessionLost,
         `worker ${this.ctx.options.workerId} stopped while the job ran; session ${this.item.session} closes with it`,
       );
-      outcome = withUsage(failedOutcome(this.errorInfo(error), undefined), outcome.usage);
+      outcome = withUsage(failedOutcome(toErrorInfo(error), undefined), outcome.usage);
     }
     if (outcome.kind === "fenced") {
       this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
@@ -687,7 +694,7 @@ export class JobRun {
     const message = `${usage.calls} calls: ${usage.tokensIn} tokens in, ${usage.tokensOut} out, cost ${usage.cost}`;
     const attempt = this.events.attempt;
     const event = { ...jobEvent(record, "usage", { usage, message }), attempt, workerId: this.ctx.options.workerId };
-    await publishEvent(this.topology, event, `${this.jobId}:${attempt}:usage:${from}`);
+    await this.events.publishApart(event, `${this.jobId}:${attempt}:usage:${from}`);
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
@@ -795,11 +802,6 @@ export class JobRun {
       },
       (err: unknown) => this.log.warn({ err }, "could not read the job record"),
     );
-  }
-
-  private errorInfo(err: unknown): ErrorInfo {
-    const info = toErrorInfo(err);
-    return redactJson(info, this.secretValues);
   }
 
   private async ack(): Promise<void> {

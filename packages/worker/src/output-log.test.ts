@@ -1,7 +1,7 @@
 import type { LogStream } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
 import { MAX_LOG_CHUNK, OutputLog } from "./output-log.js";
-import { REDACTED } from "./redactor.js";
+import { REDACTED, Redactor } from "./redactor.js";
 
 const bytes = (s: string) => new TextEncoder().encode(s);
 
@@ -14,7 +14,7 @@ function collect(opts: { maxBytes?: number; secrets?: string[] } = {}) {
       published.push({ stream, data: data.slice() });
     },
     maxBytes: opts.maxBytes ?? 1024 * 1024,
-    secrets: opts.secrets ?? [],
+    redactor: new Redactor(opts.secrets),
     onProgress: (m) => progress.push(m),
     onPublishError: (err) => {
       throw err;

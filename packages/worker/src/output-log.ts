@@ -1,6 +1,6 @@
 import type { LogStream } from "@boxcar/protocol";
 import { ProgressLines } from "./progress-lines.js";
-import { redactText, StreamRedactor } from "./redactor.js";
+import type { Redactor, StreamRedactor } from "./redactor.js";
 
 /** The largest log message published; bigger output is split. */
 export const MAX_LOG_CHUNK = 32 * 1024;
@@ -10,8 +10,8 @@ export interface OutputLogOptions {
   publish(stream: LogStream, data: Uint8Array): Promise<void>;
   /** Output kept per job, in bytes; the rest is dropped after one marker on stderr. */
   maxBytes: number;
-  /** Values replaced in the output before it is published. */
-  secrets: readonly string[];
+  /** Takes the agent's secrets out of the output before it is published. */
+  redactor: Pick<Redactor, "stream" | "text">;
   /** Called with the (redacted) message of each `::progress` line on stdout. */
   onProgress(message: string): void;
   onPublishError(err: unknown): void;
@@ -35,7 +35,7 @@ export class OutputLog {
   private truncated = false;
 
   constructor(private readonly opts: OutputLogOptions) {
-    this.redactors = { stdout: new StreamRedactor(opts.secrets), stderr: new StreamRedactor(opts.secrets) };
+    this.redactors = { stdout: opts.redactor.stream(), stderr: opts.redactor.stream() };
   }
 
   write(stream: LogStream, chunk: Uint8Array): void {
@@ -52,7 +52,7 @@ export class OutputLog {
   }
 
   private reportProgress(messages: string[]): void {
-    for (const message of messages) this.opts.onProgress(redactText(message, this.opts.secrets));
+    for (const message of messages) this.opts.onProgress(this.opts.redactor.text(message));
   }
 
   private keep(stream: LogStream, data: Uint8Array): void {

@@ -1,26 +1,112 @@
+import type { Logger } from "@boxcar/client";
+
 /** What a secret value is replaced with wherever the worker writes agent output or results. */
 export const REDACTED = "[redacted]";
 
 const REDACTED_BYTES = new TextEncoder().encode(REDACTED);
 
-/** Replaces every secret value in `text`. */
-export function redactText(text: string, secrets: readonly string[]): string {
-  let out = text;
-  for (const secret of secrets) out = out.replaceAll(secret, REDACTED);
-  return out;
-}
+/**
+ * The shortest piece of a secret that is redacted on its own in what an agent reports (a result,
+ * an error, a usage line, an event): a report cut short (a parser's message quoting the start of
+ * a bad file, a field cut at its limit) must not carry its first characters out.
+ */
+export const SECRET_PIECE = 8;
 
-/** Replaces every secret value in the strings (keys included) of a JSON value. */
-export function redactJson<T>(value: T, secrets: readonly string[]): T {
-  if (secrets.length === 0) return value;
-  const redact = (v: unknown): unknown => {
-    if (typeof v === "string") return redactText(v, secrets);
-    if (Array.isArray(v)) return v.map(redact);
-    if (v !== null && typeof v === "object")
-      return Object.fromEntries(Object.entries(v).map(([k, x]) => [redactText(k, secrets), redact(x)]));
-    return v;
-  };
-  return redact(value) as T;
+/**
+ * The one place where the secrets an attempt's agent was given are taken out of everything the
+ * worker writes of it: its record, its events (usage and progress included), its live output, its
+ * artifacts' names and contents, the answers to its signals, and the worker's own log lines about
+ * it. Objects are redacted whole, every string and key, so that a new field cannot be missed.
+ *
+ * In a string, a secret is replaced wherever it appears, and so is any piece of it of
+ * {@link SECRET_PIECE} characters or more. A byte stream (live output, an artifact) is cut
+ * into chunks anywhere, so only whole secrets are replaced there (a piece could straddle chunks).
+ * Redaction keeps out what an agent lets slip, not what it sets out to hide: an agent that
+ * encodes a secret (base64, say) carries it past any redactor. Keeping the secret out of the
+ * sandbox is the model gateway's work.
+ */
+export class Redactor {
+  private secrets: string[] = [];
+  /** Every piece of {@link SECRET_PIECE} characters of every secret that long. */
+  private pieces = new Set<string>();
+
+  constructor(secrets: Iterable<string> = []) {
+    this.add(secrets);
+  }
+
+  /** Redacts `secrets` too from now on (an attempt learns its secrets once it is claimed). */
+  add(secrets: Iterable<string>): void {
+    // Longest first, so a secret that contains another is replaced whole.
+    this.secrets = [...new Set([...this.secrets, ...secrets])].filter((s) => s.length > 0).sort((a, b) => b.length - a.length);
+    for (const secret of this.secrets) {
+      for (let i = 0; i + SECRET_PIECE <= secret.length; i++) this.pieces.add(secret.slice(i, i + SECRET_PIECE));
+    }
+  }
+
+  get active(): boolean {
+    return this.secrets.length > 0;
+  }
+
+  /** `text` with every secret, and every piece of one, replaced. */
+  text(text: string): string {
+    if (!this.active) return text;
+    let out = text;
+    for (const secret of this.secrets) out = out.replaceAll(secret, REDACTED);
+    return this.pieces.size > 0 ? this.withoutPieces(out) : out;
+  }
+
+  /** The strings (keys included) of a JSON-like value, redacted; the value itself when there is nothing to redact. */
+  json<T>(value: T): T {
+    if (!this.active) return value;
+    const redact = (v: unknown): unknown => {
+      if (typeof v === "string") return this.text(v);
+      if (Array.isArray(v)) return v.map(redact);
+      if (v instanceof Error) return redact({ name: v.name, message: v.message, stack: v.stack });
+      if (v !== null && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [this.text(k), redact(x)]));
+      return v;
+    };
+    return redact(value) as T;
+  }
+
+  /** A redactor of one byte stream (whole secrets only). */
+  stream(): StreamRedactor {
+    return new StreamRedactor(this.secrets);
+  }
+
+  /** `log` with every line it writes redacted (objects, errors and messages). */
+  logger(log: Logger): Logger {
+    const line =
+      (write: (obj: object, msg?: string) => void) =>
+      (obj: object, msg?: string): void =>
+        this.active ? write(this.json(obj), msg === undefined ? undefined : this.text(msg)) : write(obj, msg);
+    return {
+      debug: line((o, m) => log.debug(o, m)),
+      info: line((o, m) => log.info(o, m)),
+      warn: line((o, m) => log.warn(o, m)),
+      error: line((o, m) => log.error(o, m)),
+      child: (bindings) => this.logger(log.child(bindings)),
+    };
+  }
+
+  /** `text` with every run of characters covered by pieces of a secret replaced by one marker. */
+  private withoutPieces(text: string): string {
+    let out = "";
+    let from = 0;
+    let i = 0;
+    while (i + SECRET_PIECE <= text.length) {
+      if (!this.pieces.has(text.slice(i, i + SECRET_PIECE))) {
+        i++;
+        continue;
+      }
+      // A run of overlapping pieces is one stretch of a secret.
+      let end = i + SECRET_PIECE;
+      while (end < text.length && this.pieces.has(text.slice(end - SECRET_PIECE + 1, end + 1))) end++;
+      out += text.slice(from, i) + REDACTED;
+      from = end;
+      i = end;
+    }
+    return from === 0 ? text : out + text.slice(from);
+  }
 }
 
 /**
