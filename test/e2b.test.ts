@@ -6,6 +6,7 @@ import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, RuntimeWishes, SandboxEvent } from "@boxcar/protocol";
 import {
+  AttemptLease,
   createE2BSandboxProvider,
   createWorker,
   type E2BSandboxOptions,
@@ -146,8 +147,9 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
       boxcarSandbox: final.sandbox?.id,
     });
     expect(remote?.allowInternetAccess).toBe(false);
-    // The job's default 10 minute limit plus the 5 minute margin, set at creation and again when the agent starts.
-    expect(remote?.timeouts).toEqual([900, 900]);
+    // The job's default 10 minute limit plus the 5 minute margin, set at creation; when the agent
+    // starts, its lease's stop time less the most a renewal's beat may lag (22 s of the pool's 30 s lease), pushed on at each renewal.
+    expect(remote?.timeouts).toEqual([900, 22]);
     expect(remote?.state).toBe("killed");
     expect(remote?.killedBy).toBe("request");
     expect(await remote?.alive()).toEqual([]);
@@ -415,6 +417,38 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
         expect(sandboxOf("backstop")?.killedBy).toBe("timeout");
       } finally {
         await sandbox.destroy();
+      }
+    });
+
+    test("one attempt alive: a job's sandbox ends with its attempt's lease unless renewed, and a new attempt kills its job's earlier ones by id", async () => {
+      // A 3 s lease: E2B ends the sandbox 2 s after the last confirmed renewal (its stop time, 2.5 s, in
+      // whole seconds, cut down), and nothing renews this one.
+      const sandbox = await provider.create(spec({ jobId: "lapsing" }));
+      try {
+        const lease = new AttemptLease(3_000);
+        await expect(
+          sandbox.exec(["sleep", "300"], {
+            env: { PATH: "/usr/bin:/bin" },
+            signal: new AbortController().signal,
+            onOutput() {},
+            attemptLease: lease,
+          }),
+        ).rejects.toMatchObject({ code: "sandbox_failed" });
+        expect(sandboxOf("lapsing")).toMatchObject({ killedBy: "timeout", timeouts: [60 + 300, 2] });
+      } finally {
+        await sandbox.destroy();
+      }
+
+      // Attempt 1's sandbox (its worker frozen) and attempt 2's own: the second is left alone.
+      const first = await provider.create(spec({ jobId: "retried" }));
+      const second = await provider.create({ ...spec({ jobId: "retried" }), attempt: 2 });
+      try {
+        expect(await provider.removeEarlierAttempts?.("retried", 2)).toBe(1);
+        const [one, two] = standin.sandboxes().filter((s) => s.metadata.boxcarJob === "retried");
+        expect([one?.metadata.boxcarAttempt, one?.state, one?.killedBy]).toEqual(["1", "killed", "request"]);
+        expect([two?.metadata.boxcarAttempt, two?.state]).toEqual(["2", "running"]);
+      } finally {
+        await Promise.all([first.destroy(), second.destroy()]);
       }
     });
 

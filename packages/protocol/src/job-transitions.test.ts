@@ -117,6 +117,17 @@ describe("a worker's transitions", () => {
     expect(claim(job("queued"), { workerId: "w1", now: NOW, refusal })).toMatchObject({ state: "failed", attempt: 1, error: refusal });
   });
 
+  test("a claim of a job still running (its worker died, froze or lost NATS) records the takeover; a queued one's does not", () => {
+    const by = { workerId: "w2", now: NOW, sandbox: { kind: "host" as const, id: "sbx-2", reason: "trusted" } };
+    const stale = job("running", { attempt: 1, workerId: "w1", sandbox: { kind: "host", id: "sbx-1", reason: "trusted" } });
+    expect(claim(stale, by)).toMatchObject({
+      attempt: 2,
+      workerId: "w2",
+      takeover: { attempt: 1, workerId: "w1", sandbox: "sbx-1", stopped: "lease" },
+    });
+    expect(claim(job("queued", { attempt: 1 }), by)?.takeover).toBeUndefined();
+  });
+
   test("a claim ends instead a job cancelled meanwhile, past its deadline, or a first attempt past its queue timeout; a finished job is left alone", () => {
     const by = { workerId: "w1", now: NOW, sandbox };
     expect(claim(job("running", { cancelRequested: true }), by)?.state).toBe("cancelled");

@@ -128,8 +128,19 @@ export function claim(job: JobRecord, by: Claim): JobRecord | null {
     const message = `not started before ${job.expiresAt}: it waited longer than its queue timeout`;
     return { ...job, state: "expired", finishedAt: now, error: { code: ErrorCode.expired, message } };
   }
+  // A running job is taken over: its attempt never ended, and was offered again only once its lease lapsed.
+  const takeover: JobRecord["takeover"] =
+    job.state === "running" && job.attempt > 0
+      ? {
+          attempt: job.attempt,
+          ...(job.workerId ? { workerId: job.workerId } : {}),
+          ...(job.sandbox ? { sandbox: job.sandbox.id } : {}),
+          stopped: "lease",
+        }
+      : undefined;
   const claimed: JobRecord = {
     ...job,
+    takeover,
     attempt: job.attempt + 1,
     workerId: by.workerId,
     startedAt: undefined,

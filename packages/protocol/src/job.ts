@@ -215,6 +215,19 @@ export const JobRecord = z.looseObject({
   startedAt: z.iso.datetime().optional().describe("when a worker claimed it"),
   finishedAt: z.iso.datetime().optional().describe("when it reached a final state"),
   cancelRequested: z.boolean().optional().describe("a cancel was asked for while it ran"),
+  takeover: z
+    .strictObject({
+      attempt: z.number().int().positive().describe("the attempt it took over, which never ended"),
+      workerId: z.string().optional().describe("that attempt's worker"),
+      sandbox: z.string().optional().describe("that attempt's sandbox"),
+      stopped: z
+        .enum(["lease", "removed"])
+        .describe(
+          "how that attempt's agent is known to be gone: `lease`, its lease lapsed before this attempt was delivered (its lifeline or E2B timeout stopped it by then); `removed`, its sandbox was also found and removed before this attempt's agent started",
+        ),
+    })
+    .optional()
+    .describe("set when this attempt took over one whose worker died, froze or lost NATS (docs/reliability.md#one-attempt-alive)"),
   attemptsAllowed: z
     .number()
     .int()

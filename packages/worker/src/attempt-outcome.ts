@@ -9,8 +9,11 @@ import {
 } from "@boxcar/protocol";
 import type { ExecResult } from "./sandbox.js";
 
-/** Why a run was stopped before it ended on its own. */
-export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced";
+/**
+ * Why a run was stopped before it ended on its own. `fenced`: another attempt owns the job;
+ * `lease_lost`: this attempt's lease lapsed unconfirmed, so another may own it soon (lifeline.ts).
+ */
+export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stopped" | "fenced" | "lease_lost";
 
 /**
  * How an attempt ended, as its worker decides it from what happened, before anything is written:
@@ -107,7 +110,7 @@ export function outcomeOfExit(
   return { kind: "final", state: "succeeded", result, artifacts, ...(file?.summary !== undefined ? { message: file.summary } : {}) };
 }
 
-/** A run stopped from outside, by the first reason given; without one, another attempt took over. */
+/** A run stopped from outside, by the first reason given; without one, another attempt took over (or may have: its lease lapsed). */
 export function outcomeOfStop(
   reason: StopReason | undefined,
   exec: ExecResult | undefined,

@@ -8,6 +8,7 @@ import Docker from "dockerode";
 import tar from "tar-stream";
 import { raceAbort } from "./abort.js";
 import { DockerSession } from "./docker-session.js";
+import { LIFELINE_BEAT, underLifeline } from "./lifeline.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
@@ -537,7 +538,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     let imageLookedUp = false;
     const create = async (): Promise<Docker.Container> => {
       try {
-        return await this.createContainer(argv, opts.env, bind);
+        return await this.createContainer(underLifeline(argv, "stdin", opts.attemptLease?.beatWithinMs), opts.env, bind);
       } catch (err) {
         // Removed since this worker last saw it: looked up (or pulled) again, once.
         if (isMissingImage(err) && !imageLookedUp) {
@@ -598,7 +599,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     }
     if (opts.signal.aborted) return undefined;
     const startedAt = performance.now();
-    const run = warm.run(argv, opts.env, opts.onOutput);
+    const run = warm.run(argv, opts.env, opts.onOutput, opts.attemptLease);
     const exited = run.report.then(async (report): Promise<AgentExit> => {
       if (report) await container.kill({ signal: "SIGKILL" }).catch(ignoreGone);
       const status = (await container.wait()) as { StatusCode: number };
@@ -607,7 +608,11 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     return { container, exited, startedAt, bind: true };
   }
 
-  /** `bind`: the staged folder is the container's workspace; else an anonymous volume the workspace is copied into. */
+  /**
+   * `bind`: the staged folder is the container's workspace; else an anonymous volume the workspace
+   * is copied into. Its stdin is the lifeline (`argv` runs under one): this worker's attached
+   * stream, closed by the engine when the worker's connection ends (`StdinOnce`).
+   */
   private createContainer(argv: string[], env: Record<string, string>, bind: boolean): Promise<Docker.Container> {
     const { spec, settings } = this;
     return this.docker.createContainer({
@@ -620,6 +625,9 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       User: settings.user,
       AttachStdout: true,
       AttachStderr: true,
+      AttachStdin: true,
+      OpenStdin: true,
+      StdinOnce: true,
       Labels: containerLabels(settings, spec.workerId, spec.id, {
         [ContainerLabel.job]: spec.jobId,
         [ContainerLabel.attempt]: String(spec.attempt),
@@ -628,9 +636,19 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     });
   }
 
-  /** Streams the container's output to `onOutput`; `ended` resolves when the output ends. */
+  /**
+   * Streams the container's output to `onOutput`; `ended` resolves when the output ends. Its stdin
+   * is the agent's lifeline: it beats with the attempt's lease until then.
+   */
   private async attach(container: Docker.Container, opts: ExecOptions): Promise<{ ended: Promise<void> }> {
-    const stream = await container.attach({ stream: true, stdout: true, stderr: true });
+    const stream = (await container.attach({
+      stream: true,
+      stdin: true,
+      stdout: true,
+      stderr: true,
+      hijack: true,
+    })) as NodeJS.ReadWriteStream;
+    const stopBeating = opts.attemptLease?.onRenewed(() => stream.write(LIFELINE_BEAT));
     const stdout = new PassThrough();
     const stderr = new PassThrough();
     stdout.on("data", (chunk: Buffer) => opts.onOutput("stdout", chunk));
@@ -641,6 +659,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       stream.once("close", resolve);
       stream.once("error", () => resolve());
     });
+    void ended.then(() => stopBeating?.());
     return { ended };
   }
 

@@ -233,6 +233,28 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
   }
 
   const { prefix, system } = settings;
+  if (client) {
+    // A new attempt kills its job's earlier attempts' sandboxes by id before its agent starts (a
+    // frozen worker's, whose E2B timeout, the lease's stop time, has not come yet).
+    provider.removeEarlierAttempts = async (jobId, attempt) => {
+      let removed = 0;
+      try {
+        const query = { metadata: { [E2BMetadata.job]: jobId, ...(prefix ? { [E2BMetadata.prefix]: prefix } : {}) } };
+        const pages = client.Sandbox.list({ query: { ...query, state: ["running", "paused"] } });
+        while (pages.hasNext) {
+          for (const info of await pages.nextItems()) {
+            const theirs = info.metadata[E2BMetadata.system];
+            if (theirs !== undefined && system !== undefined && theirs !== system) continue;
+            if (Number(info.metadata[E2BMetadata.attempt]) >= attempt) continue;
+            if (await client.Sandbox.kill(info.sandboxId)) removed += 1;
+          }
+        }
+      } catch (err) {
+        throw e2bError(err, `could not look for E2B sandboxes of job ${jobId}'s earlier attempts`);
+      }
+      return removed;
+    };
+  }
   if (client && prefix) {
     provider.reap = async (isOrphan) => {
       let removed = 0;
@@ -275,6 +297,8 @@ class E2BSandbox implements Sandbox {
   private destroyed: Promise<void> | undefined;
   /** A session's: when E2B ends it (`keepUntil`); each command keeps it until then, no longer. */
   private endsAt: number | undefined;
+  /** A job's: stops pushing its end on with its attempt's lease. */
+  private stopRenewing: (() => void) | undefined;
 
   constructor(
     readonly id: string,
@@ -313,10 +337,25 @@ class E2BSandbox implements Sandbox {
     const removeFiles = () => {
       void Promise.allSettled(writes).then(() => Promise.allSettled(written.map((file) => this.remote.files.remove(file))));
     };
-    // The backstop counts again from the agent's start: its full time limit plus the margin (a
-    // session's: what is left of its lifetime).
+    // The backstop counts again from the agent's start. A job's: as long as its lease's lifeline
+    // waits for a beat, pushed on at each beat, so E2B ends the sandbox before JetStream can give the job to
+    // another attempt if this worker dies, freezes or loses NATS (lifeline.ts). A session's: what
+    // is left of its lifetime. Else the command's full time limit plus the margin.
     const { endsAt } = this;
-    const lifetimeMs = endsAt === undefined ? this.settings.lifetimeMs : Math.max(1_000, endsAt - Date.now());
+    const lease = opts.attemptLease;
+    // (E2B takes whole seconds, and rounds: cut down to one, so the sandbox never outlives the stop time.)
+    const leaseLifetimeMs = lease && Math.max(1_000, Math.floor(lease.beatWithinMs / 1_000) * 1_000);
+    const lifetimeMs = leaseLifetimeMs
+      ? leaseLifetimeMs
+      : endsAt === undefined
+        ? this.settings.lifetimeMs
+        : Math.max(1_000, endsAt - Date.now());
+    if (lease) {
+      this.stopRenewing?.();
+      this.stopRenewing = lease.onRenewed(() => {
+        this.remote.setTimeout(lifetimeMs).catch(() => {}); // missed: the sandbox ends at the last stop time, as the lease does
+      });
+    }
     const prepared = await raceAbort(
       Promise.all([this.remote.setTimeout(lifetimeMs), ...writes]).then(() => true),
       opts.signal,
@@ -469,6 +508,7 @@ class E2BSandbox implements Sandbox {
 
   /** Kills the E2B sandbox, which ends every process and removes its disk. Safe to call twice. */
   destroy(): Promise<void> {
+    this.stopRenewing?.();
     this.destroyed ??= this.remote.kill().then(
       () => {},
       (err: unknown) => {

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { BoxcarError, ErrorCode, RuntimeWishes } from "@boxcar/protocol";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
 import { createHostSandboxProvider } from "./host-sandbox.js";
+import { AttemptLease } from "./lifeline.js";
 import type { ExecResult, Sandbox } from "./sandbox.js";
 
 let root: string;
@@ -22,11 +23,15 @@ afterEach(async () => {
 });
 
 /** Runs `script` with sh, collecting stdout as text. */
-async function run(script: string, opts: { env?: Record<string, string>; signal?: AbortSignal; onStdout?: (text: string) => void } = {}) {
+async function run(
+  script: string,
+  opts: { env?: Record<string, string>; signal?: AbortSignal; onStdout?: (text: string) => void; attemptLease?: AttemptLease } = {},
+) {
   let stdout = "";
   const result: ExecResult = await sandbox.exec(["sh", "-c", script], {
     env: { PATH: process.env.PATH ?? "/usr/bin:/bin", ...opts.env },
     signal: opts.signal ?? new AbortController().signal,
+    ...(opts.attemptLease ? { attemptLease: opts.attemptLease } : {}),
     onOutput: (stream, chunk) => {
       if (stream !== "stdout") return;
       stdout += Buffer.from(chunk).toString();
@@ -102,6 +107,25 @@ describe("host sandbox", () => {
     expect(result.aborted).toBe(true);
     expect(result.exitCode).toBeNull();
     expect(grandchild).toBeGreaterThan(0);
+    expect(await waitGone(grandchild)).toBe(true);
+  });
+
+  test("a lease renewed in time keeps the agent; one left unconfirmed past its stop time takes its whole tree down, though nothing aborts it", async () => {
+    // A 1.2 s lease: the agent must be stopped 1 s after the last confirmed renewal.
+    const kept = new AttemptLease(1_200);
+    const renewing = setInterval(() => kept.renewed(Date.now()), 300);
+    const alive = await run("sleep 2; echo done", { attemptLease: kept }).finally(() => clearInterval(renewing));
+    expect(alive).toMatchObject({ result: { exitCode: 0, aborted: false }, stdout: "done\n" });
+
+    let grandchild = 0;
+    const lapsing = new AttemptLease(1_200);
+    const { result } = await run("(trap '' TERM; sleep 300) & echo $!; sleep 300", {
+      attemptLease: lapsing,
+      onStdout: (text) => {
+        grandchild = Number.parseInt(text, 10);
+      },
+    });
+    expect(result).toMatchObject({ exitCode: null, signal: "SIGKILL", aborted: false });
     expect(await waitGone(grandchild)).toBe(true);
   });
 

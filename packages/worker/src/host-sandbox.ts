@@ -1,8 +1,10 @@
 import { spawn } from "node:child_process";
-import { lchown, readdir } from "node:fs/promises";
-import { join } from "node:path";
-import type { Readable } from "node:stream";
+import { constants } from "node:fs";
+import { access, lchown, readdir, stat } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import type { Readable, Writable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { LIFELINE_BEAT, underLifeline } from "./lifeline.js";
 import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
@@ -94,15 +96,25 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
     if (this.user) await chownTree(this.workspace, this.user.uid, this.user.gid);
     const cwd = opts.cwd === undefined ? this.workspace : await workspaceDir(this.workspace, workspaceSegments(opts.cwd), opts.cwd, false);
     if (cwd === null) throw new BoxcarError(ErrorCode.invalid, `cwd ${JSON.stringify(opts.cwd)}: no such folder in the workspace`);
-    const child = spawn(command, args, {
+    // The shell that runs the lifeline would only say 127: a command that cannot start is told apart first.
+    if (!(await findCommand(command, opts.env.PATH, cwd))) {
+      throw new BoxcarError(ErrorCode.agentFailed, `cannot start agent command ${JSON.stringify(command)}: not found, or not executable`);
+    }
+    // Under a lifeline on fd 3: the agent's process group dies with this worker, however it dies,
+    // or once the attempt's lease goes unconfirmed (lifeline.ts).
+    const [shell, ...shellArgs] = underLifeline([command, ...args], "fd3", opts.attemptLease?.beatWithinMs);
+    const child = spawn(shell as string, shellArgs, {
       cwd,
       env: opts.env,
       detached: true,
-      stdio: ["pipe", "pipe", "pipe"],
+      stdio: ["pipe", "pipe", "pipe", "pipe"],
       ...(this.user ? { uid: this.user.uid, gid: this.user.gid } : {}),
     });
     const pgid = child.pid;
     if (pgid !== undefined) this.groups.add(pgid);
+    const lifeline = child.stdio[3] as Writable;
+    lifeline.on("error", () => {}); // the sentinel is gone: the group is going too
+    const stopBeating = opts.attemptLease?.onRenewed(() => lifeline.write(LIFELINE_BEAT));
     // Closed at once (a job's agent reads nothing), or after what a session's command is given.
     child.stdin.on("error", () => {}); // a command that does not read it all
     child.stdin.end(opts.stdin);
@@ -119,6 +131,8 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
         timers.push(setTimeout(() => kill("SIGKILL"), this.killGraceMs));
       };
       const settle = () => {
+        stopBeating?.();
+        lifeline.destroy();
         opts.signal.removeEventListener("abort", onAbort);
         for (const t of timers) clearTimeout(t);
         if (pgid !== undefined) this.groups.delete(pgid);
@@ -131,8 +145,10 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
         );
       });
       child.once("exit", () => {
-        // The run ends with the command: whatever it left running in its group goes too.
+        // The run ends with the command: whatever it left running in its group goes too (the
+        // sentinel included; the lifeline's end is let go, so nothing else waits on it).
         kill("SIGKILL");
+        lifeline.destroy();
         // A process that left the group may still hold the pipes open: stop waiting for it.
         timers.push(
           setTimeout(() => {
@@ -162,4 +178,22 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
 async function chownTree(dir: string, uid: number, gid: number): Promise<void> {
   await lchown(dir, uid, gid);
   for (const entry of await readdir(dir, { recursive: true })) await lchown(join(dir, entry), uid, gid);
+}
+
+/** Whether `command` names an executable file: a path (from `cwd`), or a name found on `path`, as a shell's `exec` looks it up. */
+async function findCommand(command: string, path: string | undefined, cwd: string): Promise<boolean> {
+  const candidates = command.includes("/")
+    ? [resolve(cwd, command)]
+    : (path ?? "")
+        .split(":")
+        .filter((dir) => dir !== "")
+        .map((dir) => resolve(cwd, dir, command));
+  for (const file of candidates) {
+    const ok = await access(file, constants.X_OK).then(
+      async () => (await stat(file)).isFile(),
+      () => false,
+    );
+    if (ok) return true;
+  }
+  return false;
 }

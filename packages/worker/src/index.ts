@@ -8,6 +8,7 @@ export { createE2BSandboxProvider, E2BMetadata, resolveE2BSandboxOptions } from 
 export { globMatcher, globToRegExp } from "./glob.js";
 export type { HostSandboxOptions } from "./host-sandbox.js";
 export { createHostSandboxProvider } from "./host-sandbox.js";
+export { AttemptLease } from "./lifeline.js";
 export { WorkspaceRoot, workspaceOwnerOf } from "./local-workspace.js";
 export { MAX_LOG_CHUNK } from "./output-log.js";
 export { MAX_PROGRESS_CHARS } from "./progress-lines.js";

@@ -39,6 +39,7 @@ import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
+import { AttemptLease } from "./lifeline.js";
 import { OutputLog } from "./output-log.js";
 import { Redactor } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
@@ -118,6 +119,12 @@ export class JobRun {
   private lease: SessionLease | undefined;
   /** How the attempt ended, once it has (its final state, or `requeue`, `fenced`). */
   private endedAs: string | undefined;
+  /**
+   * The attempt's hold on its job, from the delivery on (lifeline.ts): renewed at each confirmed
+   * keep-alive; once it lapses the agent is stopped and the attempt writes nothing more.
+   */
+  private readonly attemptLease: AttemptLease | undefined;
+  private lapseTimer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly ctx: JobRunContext,
@@ -126,6 +133,7 @@ export class JobRun {
   ) {
     this.jobId = item.jobId;
     this.topology = ctx.options.topology;
+    this.attemptLease = Number.isFinite(ctx.leaseMs) ? new AttemptLease(ctx.leaseMs) : undefined;
     this.log = this.redactor.logger(ctx.log.child({ jobId: item.jobId }));
     this.events = new JobEvents(
       this.topology,
@@ -214,6 +222,7 @@ export class JobRun {
   /** Handles the message to the end; never rejects. */
   async run(): Promise<void> {
     const keepAlive = setInterval(() => this.keepAlive(), this.ctx.leaseMs / 3);
+    this.watchLapse();
     try {
       await this.process();
     } catch (err) {
@@ -222,6 +231,7 @@ export class JobRun {
       this.msg.nak(delayMs);
     } finally {
       clearInterval(keepAlive);
+      clearTimeout(this.lapseTimer);
       this.lease?.release(this.endedAs ?? "handed back");
       // An attempt that ended without its last event (fenced, or handed back on an error) keeps the rest.
       this.events.goLive();
@@ -329,11 +339,17 @@ export class JobRun {
     decided: SandboxInfo | undefined,
   ): Promise<string> {
     this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
-    if (record.attempt > 1 && !this.lease) await this.removeEarlierAttempts(record.attempt);
+    const removed = record.attempt > 1 && !this.lease ? await this.removeEarlierAttempts(record.attempt) : 0;
+    const { takeover } = record;
+    // The record says how the attempt taken over is known to be gone: its lease, or its sandbox removed too.
+    if (takeover && removed > 0) await this.updateOwned((current) => ({ ...current, takeover: { ...takeover, stopped: "removed" } }));
     await this.lease?.begin();
     // Stored before the agent runs: an attempt that ran has its start in the history, even when
     // its worker dies right after (a chaos run in CI found one that ran with no `started`).
-    await this.events.job("started", "running", decided ? { sandbox: decided } : {});
+    const tookOver = takeover
+      ? `takes over attempt ${takeover.attempt}${takeover.workerId ? ` of worker ${takeover.workerId}` : ""}, whose lease lapsed${removed > 0 ? `; its sandbox was found and removed` : ""}`
+      : undefined;
+    await this.events.job("started", "running", { ...(decided ? { sandbox: decided } : {}), ...(tookOver ? { message: tookOver } : {}) });
     this.log.info({ sandbox: preflight.runtime.kind }, "job started");
     const outcome = await this.execute(preflight.runtime, preflight.secrets);
     this.finishing = true;
@@ -397,7 +413,8 @@ export class JobRun {
    * that this worker's backends can reach are removed before this one starts, so the agent does
    * not run twice at once (the reaper finds those on other engines once their worker is gone).
    */
-  private async removeEarlierAttempts(attempt: number): Promise<void> {
+  private async removeEarlierAttempts(attempt: number): Promise<number> {
+    let all = 0;
     for (const provider of this.ctx.providers.values()) {
       if (!provider.removeEarlierAttempts || !this.ctx.capabilities().has(provider.kind)) continue;
       const removed = await provider.removeEarlierAttempts(this.jobId, attempt).catch((err: unknown) => {
@@ -405,7 +422,9 @@ export class JobRun {
         return 0;
       });
       if (removed > 0) this.log.warn({ backend: provider.kind, removed }, "removed sandboxes of earlier attempts that were still there");
+      all += removed;
     }
+    return all;
   }
 
   /**
@@ -472,9 +491,12 @@ export class JobRun {
       });
       // Read before anything else can fail (its artifacts, its result).
       usage = await this.endUsage();
+      // Its lease lapsed while it ran (a worker frozen, or cut off from NATS): its agent was stopped
+      // for that, whatever its exit says, and the job may be another attempt's; nothing more is stored.
+      if (this.attemptLease?.lapsed()) this.stop("lease_lost");
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
-      if (exec.aborted) return withUsage(this.stopped(exec), usage);
+      if (exec.aborted || this.stopReason === "lease_lost") return withUsage(this.stopped(exec), usage);
       const outcome = await this.conclude(sandbox, exec);
       // A timeout or cancel that came while the results were read still decides how it ends.
       return withUsage(this.stopReason ? this.stopped(exec) : outcome, usage);
@@ -564,6 +586,7 @@ export class JobRun {
       exec = await sandbox.exec(this.item.agent.command, {
         env,
         signal: this.abort.signal,
+        ...(this.attemptLease ? { attemptLease: this.attemptLease } : {}),
         onOutput: (stream, chunk) => output.write(stream, chunk),
       });
     } finally {
@@ -634,6 +657,8 @@ export class JobRun {
     // Everything the attempt reports comes from here (its result, handoff, artifacts' names,
     // error, usage): redacted once, whatever field it is in.
     let outcome = this.redactor.json(reported);
+    // Past its lease, another attempt may own the job: this one writes nothing.
+    if (this.attemptLease?.lapsed()) outcome = { kind: "fenced" };
     if (outcome.kind === "requeue" && this.lease) {
       // Nothing else can run it: the session closes with this worker.
       const error = new BoxcarError(
@@ -643,7 +668,7 @@ export class JobRun {
       outcome = withUsage(failedOutcome(toErrorInfo(error), undefined), outcome.usage);
     }
     if (outcome.kind === "fenced") {
-      this.log.warn({}, "another attempt owns the job now; leaving its record and work item alone");
+      this.log.warn({ reason: this.stopReason }, "another attempt owns the job now, or may soon; leaving its record and work item alone");
       return;
     }
     if (outcome.kind === "final" && (outcome.state === "failed" || outcome.state === "timed_out")) {
@@ -790,14 +815,38 @@ export class JobRun {
     return JobTransitions.isOwnedBy(record, this.ctx.options.workerId, this.events.attempt);
   }
 
+  /** Stops the attempt when its lease lapses: at its stop time, unless renewed by then (then looks again at the new one). */
+  private watchLapse(): void {
+    const lease = this.attemptLease;
+    if (!lease) return;
+    this.lapseTimer = setTimeout(
+      () => {
+        if (!lease.lapsed()) return this.watchLapse();
+        this.log.warn(
+          { leaseMs: lease.leaseMs, stopAfterMs: lease.stopAfterMs },
+          "the job's lease was not confirmed in time; stopping its agent",
+        );
+        this.stop("lease_lost");
+      },
+      Math.max(0, lease.stopAt - Date.now()),
+    );
+  }
+
   /** Keeps the message from being redelivered, and notices a cancel or takeover in the record. */
   private keepAlive(): void {
+    // A lapsed attempt touches nothing: its work item may be another attempt's delivery by now.
+    if (this.attemptLease?.lapsed()) return;
+    const sentAt = Date.now();
     this.msg.working();
-    if (!this.handle || this.finishing) return;
     this.topology.jobStore.read(this.jobId).then(
       (found) => {
-        if (this.finishing || !found) return;
-        if (!this.owns(found.record)) this.stop("fenced");
+        // Not claimed yet (or no longer there): the answer confirms the renewal all the same.
+        if (!this.handle || !found) return this.attemptLease?.renewed(sentAt);
+        const owned = this.owns(found.record);
+        // The read came back: NATS took the renewal too (sent before it, on the same connection).
+        if (owned) this.attemptLease?.renewed(sentAt);
+        if (this.finishing) return;
+        if (!owned) this.stop("fenced");
         else if (found.record.cancelRequested) this.stop("cancelled");
       },
       (err: unknown) => this.log.warn({ err }, "could not read the job record"),

@@ -1,5 +1,6 @@
 import type { Readable } from "node:stream";
 import type { ResourceLimits, ResourceUsage, RuntimeWishes, SandboxBackend } from "@boxcar/protocol";
+import type { AttemptLease } from "./lifeline.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 
 export type { SandboxBackend };
@@ -75,6 +76,12 @@ export interface ExecOptions {
   cwd?: string;
   /** What the command reads on stdin; default: nothing. Sessions only. */
   stdin?: Uint8Array;
+  /**
+   * The attempt's hold on its job (a job's agent): the command's lifeline beats with its
+   * confirmed renewals, and the command is killed once they stop coming. Absent (a session's
+   * command): the command dies with the worker only.
+   */
+  attemptLease?: AttemptLease;
 }
 
 export interface ExecResult {

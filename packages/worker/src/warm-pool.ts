@@ -2,14 +2,25 @@ import { randomBytes } from "node:crypto";
 import { PassThrough } from "node:stream";
 import type Docker from "dockerode";
 import { createAttached } from "./attached-container.js";
+import { type AttemptLease, LIFELINE_BEAT, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "./lifeline.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 
 /**
- * A warm container's command: it waits for its job's script on stdin and runs it when stdin
- * closes. Nothing of the job (command, environment, secrets) is in the container's
- * configuration, so `docker inspect` shows none of it.
+ * A warm container's command: it waits for its job's script on stdin, up to a line that is `end`
+ * (a random word of the container's), and runs it; the rest of stdin is then the agent's lifeline
+ * (lifeline.ts). A stdin that ends first runs nothing (its worker is gone). Nothing of the job
+ * (command, environment, secrets) is in the container's configuration, so `docker inspect` shows
+ * none of it.
  */
-export const WARM_COMMAND = ["/bin/sh", "-c", 'eval "$(cat)"'];
+export function warmCommand(end: string): string[] {
+  const read = [
+    "boxcar_script=; boxcar_ready=",
+    'while IFS= read -r boxcar_line; do if [ "$boxcar_line" = "$0" ]; then boxcar_ready=1; break; fi; boxcar_script="$boxcar_script$boxcar_line',
+    '"; done',
+    '[ -n "$boxcar_ready" ] && eval "$boxcar_script"',
+  ].join("\n");
+  return ["/bin/sh", "-c", read, end];
+}
 
 /**
  * What the helper says when the agent has ended: its exit code. It is the agent's own word (it
@@ -35,20 +46,24 @@ const MAX_REPORT_BYTES = 16;
 const REPORT_START = "\u001e";
 
 /**
- * The script a warm container runs for one job: the environment, then the agent with an empty
- * stdin (as in a cold container), run by `exec` in a subshell so its name is looked up on PATH
- * as in a cold container (never a shell built-in), then, on both output streams, a report:
+ * The script a warm container runs for one job: the environment, the sentinel of the agent's
+ * lifeline (the rest of stdin; `beatWithinMs`: the most between beats), then the agent with an
+ * empty stdin (as in a cold container), run by `exec` in a subshell so its name is looked up on
+ * PATH as in a cold container (never a shell built-in), then, on both output streams, a report:
  * `REPORT_START`, `nonce`, the agent's exit code. Both streams carry it so each is known to be
  * complete: the engine reads them apart and may pass on one before the other.
  */
-export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string): string {
+export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string, beatWithinMs?: number): string {
   const exports = Object.entries(env).map(([name, value]) => {
     if (!SHELL_NAME.test(name)) throw new Error(`environment variable name ${JSON.stringify(name)} is not a shell name`);
     return `export ${name}=${quote(value)}`;
   });
   return [
     ...exports,
-    `(exec ${argv.map(quote).join(" ")}) </dev/null`,
+    `boxcar_stop_s=${quote(stopSeconds(beatWithinMs))}`,
+    LIFELINE_FROM_STDIN,
+    SENTINEL,
+    `(exec ${argv.map(quote).join(" ")}) 3<&-`,
     "boxcar_code=$?",
     `printf '\\036%s %s\\n' ${nonce} "$boxcar_code"`,
     `printf '\\036%s %s\\n' ${nonce} "$boxcar_code" >&2`,
@@ -123,7 +138,7 @@ export interface WarmRun {
 }
 
 /**
- * A hardened container, created and started before its job is known, running {@link WARM_COMMAND}
+ * A hardened container, created and started before its job is known, running {@link warmCommand}
  * with its workspace folder bind-mounted and its output attached. It takes one job and is then
  * destroyed: never reused.
  */
@@ -146,6 +161,8 @@ export class WarmContainer {
     readonly agentPath: string,
     private readonly stream: NodeJS.ReadWriteStream,
     docker: Docker,
+    /** The line that ends a job's script on its stdin. */
+    private readonly scriptEnd: string,
   ) {
     docker.modem.demuxStream(stream, this.stdout, this.stderr);
     this.stdout.on("data", (chunk: Buffer) => this.output("stdout", chunk));
@@ -166,9 +183,10 @@ export class WarmContainer {
     limits: { cpus: number; memory: number; pids: number },
     agentPath: string,
   ): Promise<WarmContainer> {
-    const { container, stream } = await createAttached(docker, { ...options, Cmd: WARM_COMMAND }, true);
+    const end = `boxcar-script-end-${randomBytes(12).toString("hex")}`;
+    const { container, stream } = await createAttached(docker, { ...options, Cmd: warmCommand(end) }, true);
     try {
-      const warm = new WarmContainer(sandboxId, container, files, limits, agentPath, stream, docker);
+      const warm = new WarmContainer(sandboxId, container, files, limits, agentPath, stream, docker, end);
       await container.start();
       return warm;
     } catch (err) {
@@ -177,8 +195,16 @@ export class WarmContainer {
     }
   }
 
-  /** Hands the job to the helper: its output goes to `onOutput`, then comes the report. */
-  run(argv: string[], env: Readonly<Record<string, string>>, onOutput: (stream: "stdout" | "stderr", chunk: Uint8Array) => void): WarmRun {
+  /**
+   * Hands the job to the helper: its output goes to `onOutput`, then comes the report. Its stdin
+   * stays open as the agent's lifeline, beating with `lease` while the container runs.
+   */
+  run(
+    argv: string[],
+    env: Readonly<Record<string, string>>,
+    onOutput: (stream: "stdout" | "stderr", chunk: Uint8Array) => void,
+    lease?: AttemptLease,
+  ): WarmRun {
     const nonce = `boxcar-exit-${randomBytes(12).toString("hex")}`;
     this.scanners.stdout = new ReportScanner(nonce);
     this.scanners.stderr = new ReportScanner(nonce);
@@ -196,8 +222,10 @@ export class WarmContainer {
         resolve(this.scanners.stderr?.report);
       });
     });
-    // Closing stdin starts the job: the helper reads the script up to its end.
-    this.stream.end(jobScript(argv, env, nonce));
+    // The end line starts the job: the helper reads the script up to it.
+    this.stream.write(`${jobScript(argv, env, nonce, lease?.beatWithinMs)}${this.scriptEnd}\n`);
+    const stopBeating = lease?.onRenewed(() => this.stream.write(LIFELINE_BEAT));
+    void this.ended.then(() => stopBeating?.());
     return { report };
   }
 
