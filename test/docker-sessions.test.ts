@@ -525,9 +525,34 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     try {
       await alice.client.writeSessionFile(session.id, "note.txt", "kept until the end");
       const snapshot = await alice.client.snapshotSession(session.id);
+      // Paused while the snapshot was read; running again after.
+      const running = await eventually(
+        async () => ((await containerOf(session.id))?.State === "running" ? await containerOf(session.id) : undefined),
+        "the container to run again",
+      );
+      const since = Math.floor(Date.now() / 1000) - 1;
       doomed.kill("SIGKILL");
       await exited(doomed);
-      // Its stdin closed, the helper ends and so does the container; the system's worker reaps it once the presence is gone.
+      // Its stdin closed (StdinOnce), the helper ends and so does the container, with the commands in
+      // it, at once: it dies of its own (exit code 0), not of the reaper's SIGKILL (137) later.
+      await eventually(
+        async () => ((await containerOf(session.id))?.State === "running" ? undefined : true),
+        "the container stopped",
+        2_000,
+      );
+      const died = await eventually(async () => {
+        const stream = await engine.getEvents({
+          since,
+          until: Math.ceil(Date.now() / 1000),
+          filters: { container: [running?.Id ?? ""], event: ["die"] },
+        });
+        const text = await new Response(stream as unknown as ReadableStream).text();
+        return text.trim()
+          ? (JSON.parse(text.trim().split("\n")[0] as string) as { Actor: { Attributes: Record<string, string> } })
+          : undefined;
+      }, "the container's death");
+      expect(died.Actor.Attributes.exitCode).toBe("0");
+      // The system's worker reaps it once the presence is gone.
       await eventually(async () => ((await containerOf(session.id)) ? undefined : true), "the container removed", 30_000);
       const lost = await eventually(async () => {
         const s = await alice.client.getSession(session.id);

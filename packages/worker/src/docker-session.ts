@@ -126,7 +126,9 @@ export class DockerSession implements SessionSandbox {
     const { container, stream } = await createAttached(
       docker,
       { ...spec.create, Cmd: ["node", "-e", "eval(process.env.BOXCAR_HELPER)"], Env: [`BOXCAR_HELPER=${HELPER_SOURCE}`] },
-      false,
+      // Its stdin ends when this worker's connection does: the helper then kills what runs and
+      // exits, and the container stops with it (one attempt alive: docs/reliability.md).
+      true,
     );
     let session: DockerSession | undefined;
     try {
