@@ -8,6 +8,10 @@ bash scripts/setup.sh
 # docker.io) and build the agent image. In CI they must not be skipped.
 bash scripts/start-docker.sh
 bash scripts/build-images.sh
+# The lifeline's tests run its sentinel under busybox's sh and timeout too, as in an image of busybox.
+if [ ! -x /bin/busybox ]; then
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q busybox >/dev/null
+fi
 # The TLS tests make their certificates with openssl.
 if ! command -v openssl >/dev/null; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssl >/dev/null

@@ -148,8 +148,12 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
     });
     expect(remote?.allowInternetAccess).toBe(false);
     // The job's default 10 minute limit plus the 5 minute margin, set at creation; when the agent
-    // starts, its lease's stop time less the most a renewal's beat may lag (22 s of the pool's 30 s lease), pushed on at each renewal.
-    expect(remote?.timeouts).toEqual([900, 22]);
+    // starts, what is left until its lease's stop time (at most 25 s of the pool's 30 s lease, in
+    // whole seconds), pushed on at each renewal; once the agent ended, the limit and margin again.
+    const [created, atStart, afterAgent] = remote?.timeouts ?? [];
+    expect([created, afterAgent, remote?.timeouts.length]).toEqual([900, 900, 3]);
+    expect(atStart).toBeGreaterThanOrEqual(15);
+    expect(atStart).toBeLessThanOrEqual(25);
     expect(remote?.state).toBe("killed");
     expect(remote?.killedBy).toBe("request");
     expect(await remote?.alive()).toEqual([]);
@@ -437,6 +441,22 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
         expect(sandboxOf("lapsing")).toMatchObject({ killedBy: "timeout", timeouts: [60 + 300, 2] });
       } finally {
         await sandbox.destroy();
+      }
+
+      // A job run in a session's sandbox leaves the session's lifetime as it was: the session holds it, not the job's lease.
+      const session = await provider.createSession?.(spec({ jobId: "a-session" }));
+      try {
+        const ran = await session?.exec(["true"], {
+          env: { PATH: "/usr/bin:/bin" },
+          signal: new AbortController().signal,
+          onOutput() {},
+          attemptLease: new AttemptLease(3_000),
+        });
+        expect(ran?.exitCode).toBe(0);
+        const timeouts = standin.sandboxes().find((s) => s.metadata.boxcarSession === "a-session")?.timeouts ?? [];
+        expect(Math.min(...timeouts)).toBeGreaterThan(60);
+      } finally {
+        await session?.destroy();
       }
 
       // Attempt 1's sandbox (its worker frozen) and attempt 2's own: the second is left alone.

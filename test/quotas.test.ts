@@ -25,7 +25,9 @@ test("with a quota of no jobs waiting, every way a user's job comes into being i
     handoffs: ["quick"],
   });
 
-  // Made before the quota: a dead job, and a running job that will hand off.
+  // Made before the quota: a run with an idempotency key, a dead job, and a running job that will hand off.
+  const keyed = { workflow: { name: "keyed", steps: [{ name: "one", agent: "quick" }] }, input: null, idempotencyKey: "once" };
+  const first = await alice.client.startRun(keyed);
   const dead = await alice.client.waitForJob((await alice.client.submit({ agent: "dies" })).job.id);
   expect(dead.state).toBe("dead");
   const handing = (await alice.client.submit({ agent: "hands" })).job;
@@ -41,6 +43,8 @@ test("with a quota of no jobs waiting, every way a user's job comes into being i
   // A workflow start, with a step fanning out.
   const fanOut = { name: "fan", steps: [{ name: "each", agent: "quick", forEach: "{{ input }}", input: "{{ item }}" }] };
   await expect(alice.client.startRun({ workflow: fanOut, input: [1, 2, 3] })).rejects.toMatchObject(refused);
+  // The same start sent again (its key's run exists) gets that run back: no new job comes of it.
+  expect(await alice.client.startRun(keyed)).toMatchObject({ duplicate: true, run: { id: first.run.id } });
   // A retry of a dead job.
   await expect(alice.client.retryJob(dead.id)).rejects.toMatchObject(refused);
   expect((await alice.client.getJob(dead.id)).state).toBe("dead");

@@ -216,8 +216,6 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       const steps = (body as { workflow?: { steps?: unknown } } | null)?.workflow?.steps;
       onlyAdminsChoosePools(caller, Array.isArray(steps) ? steps : []);
       ctx.load.checkRoom(ctx.policy.policy);
-      // Its owner's quota, now and for each of its jobs as it is admitted (docs/security.md#quotas).
-      ctx.load.check(caller, ctx.policy.policy);
       return runs.start(body, caller, traceparent);
     },
     [ApiEndpoint.workflowsGet]: async (body, caller) => ({ run: await runs.read(requestOf(ApiEndpoint.workflowsGet, body).id, caller) }),

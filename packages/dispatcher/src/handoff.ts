@@ -17,6 +17,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import { type AdmissionContext, admit } from "./admission.js";
+import { cancelJob } from "./jobs.js";
 
 /**
  * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the
@@ -65,7 +66,17 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
     span.end();
   }
   const decided = await recordDecision(topology, job.id, decision);
-  if (!decided) return; // another dispatcher decided first
+  if (!decided) {
+    // Another dispatcher decided first (each counts quotas from its own watch, so it may have
+    // refused): a next job this one admitted that the decision does not name is nobody's.
+    const standing = decision.jobId ? (await topology.jobStore.read(job.id))?.record.handoff : undefined;
+    if (decision.jobId && standing?.jobId !== decision.jobId) {
+      await cancelJob(topology, decision.jobId).catch((err: unknown) =>
+        ctx.log.warn({ err, jobId: decision.jobId }, "could not cancel a handoff's job another dispatcher's decision left out"),
+      );
+    }
+    return;
+  }
   const event = decision.jobId
     ? jobEvent(decided, "handoff", {
         to: decision.to,

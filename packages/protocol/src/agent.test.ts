@@ -1,5 +1,5 @@
 import { expect, test } from "vitest";
-import { credentialLikeEnv } from "./agent.js";
+import { AgentDefinition, credentialLikeEnv } from "./agent.js";
 
 test("env values that look like credentials are named, with the fix; ordinary settings pass", () => {
   const flagged = credentialLikeEnv({
@@ -16,4 +16,11 @@ test("env values that look like credentials are named, with the fix; ordinary se
   expect(flagged.map((i) => i.path)).toEqual(["env.OPENAI_API_KEY", "env.GITHUB", "env.AWS", "env.DB_PASSWORD", "env.SESSION"]);
   expect(flagged[0]?.message).toContain("secrets: [OPENAI_API_KEY]");
   expect(credentialLikeEnv({})).toEqual([]);
+});
+
+test("a command whose program starts with '-' is refused: the lifeline's shell would read it as an option to exec", () => {
+  const refused = AgentDefinition.safeParse({ name: "dash", command: ["-agent", "x"] });
+  expect(refused.success).toBe(false);
+  expect(refused.error?.issues[0]).toMatchObject({ path: ["command"], message: expect.stringContaining("may not start with '-'") });
+  expect(AgentDefinition.safeParse({ name: "ok", command: ["agent", "-x"] }).success).toBe(true);
 });

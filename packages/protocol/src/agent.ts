@@ -93,13 +93,19 @@ export const AgentDefinition = z.strictObject({
           .string()
           .min(1)
           .transform((s) => ["sh", "-c", s]),
-        z.array(z.string()).min(1),
+        z
+          .array(z.string())
+          .min(1)
+          .refine(
+            (argv) => !argv[0]?.startsWith("-"),
+            "the program (the first argument) may not start with '-': a shell would read it as an option",
+          ),
       ],
       {
         error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
       },
     )
-    .describe("what to run: a string run with sh -c, or a list of arguments"),
+    .describe("what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`)"),
   pool: PoolName.default("default").describe("the work pool whose workers run this agent; a job can override it"),
   // No default filled in: a definition that does not set it stays readable by releases before priorities.
   priority: Priority.optional().describe("priority of its jobs in the pool; a job can override it"),

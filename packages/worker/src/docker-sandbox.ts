@@ -8,7 +8,7 @@ import Docker from "dockerode";
 import tar from "tar-stream";
 import { raceAbort } from "./abort.js";
 import { DockerSession } from "./docker-session.js";
-import { LIFELINE_BEAT, underLifeline } from "./lifeline.js";
+import { beatLine, underLifeline } from "./lifeline.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
@@ -538,7 +538,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
     let imageLookedUp = false;
     const create = async (): Promise<Docker.Container> => {
       try {
-        return await this.createContainer(underLifeline(argv, "stdin", opts.attemptLease?.beatWithinMs), opts.env, bind);
+        return await this.createContainer(underLifeline(argv, "stdin", opts.attemptLease?.msLeft()), opts.env, bind);
       } catch (err) {
         // Removed since this worker last saw it: looked up (or pulled) again, once.
         if (isMissingImage(err) && !imageLookedUp) {
@@ -648,7 +648,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
       stderr: true,
       hijack: true,
     })) as NodeJS.ReadWriteStream;
-    const stopBeating = opts.attemptLease?.onRenewed(() => stream.write(LIFELINE_BEAT));
+    const stopBeating = opts.attemptLease?.onRenewed((msLeft) => stream.write(beatLine(msLeft)));
     const stdout = new PassThrough();
     const stderr = new PassThrough();
     stdout.on("data", (chunk: Buffer) => opts.onOutput("stdout", chunk));

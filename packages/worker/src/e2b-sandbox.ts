@@ -337,23 +337,23 @@ class E2BSandbox implements Sandbox {
     const removeFiles = () => {
       void Promise.allSettled(writes).then(() => Promise.allSettled(written.map((file) => this.remote.files.remove(file))));
     };
-    // The backstop counts again from the agent's start. A job's: as long as its lease's lifeline
-    // waits for a beat, pushed on at each beat, so E2B ends the sandbox before JetStream can give the job to
-    // another attempt if this worker dies, freezes or loses NATS (lifeline.ts). A session's: what
-    // is left of its lifetime. Else the command's full time limit plus the margin.
+    // The backstop counts again from the agent's start. A session's: what is left of its lifetime
+    // (a job in the session is held by the session, whose sandbox dies with its worker's presence).
+    // A job's own sandbox: until its lease's stop time, pushed on at each confirmed renewal, so
+    // E2B ends it before JetStream can give the job to another attempt if this worker dies,
+    // freezes or loses NATS (lifeline.ts); once the agent has ended, the full time limit plus the
+    // margin again, for its files to be read. Else the command's full time limit plus the margin.
     const { endsAt } = this;
-    const lease = opts.attemptLease;
-    // (E2B takes whole seconds, and rounds: cut down to one, so the sandbox never outlives the stop time.)
-    const leaseLifetimeMs = lease && Math.max(1_000, Math.floor(lease.beatWithinMs / 1_000) * 1_000);
-    const lifetimeMs = leaseLifetimeMs
-      ? leaseLifetimeMs
+    const lease = endsAt === undefined ? opts.attemptLease : undefined;
+    const lifetimeMs = lease
+      ? e2bSeconds(lease.msLeft())
       : endsAt === undefined
         ? this.settings.lifetimeMs
         : Math.max(1_000, endsAt - Date.now());
     if (lease) {
       this.stopRenewing?.();
-      this.stopRenewing = lease.onRenewed(() => {
-        this.remote.setTimeout(lifetimeMs).catch(() => {}); // missed: the sandbox ends at the last stop time, as the lease does
+      this.stopRenewing = lease.onRenewed((msLeft) => {
+        this.remote.setTimeout(e2bSeconds(msLeft)).catch(() => {}); // missed: the sandbox ends at the last stop time, as the lease does
       });
     }
     const prepared = await raceAbort(
@@ -424,6 +424,12 @@ class E2BSandbox implements Sandbox {
     // Whatever the agent left running in its process group goes too, and the files it was started
     // with, if it was stopped before its command line removed them.
     await this.run(`kill -KILL -- -${handle.pid} 2>/dev/null; rm -f ${written.map(shellQuote).join(" ")}; true`);
+    if (lease) {
+      // No agent runs any more: its files are read with the full time (the job's end destroys it).
+      this.stopRenewing?.();
+      this.stopRenewing = undefined;
+      await this.remote.setTimeout(this.settings.lifetimeMs).catch(() => {});
+    }
     if (!("exitCode" in ended)) return { exitCode: null, signal: "SIGKILL", aborted, durationMs };
     const signal = ended.exitCode === -1 ? signalOf(ended.error) : null;
     return signal === null
@@ -611,4 +617,9 @@ export function signalOf(status: string | undefined): string | null {
   const name = status?.startsWith("signal: ") ? status.slice("signal: ".length) : undefined;
   if (name === undefined) return null;
   return GO_SIGNALS[name] ?? name;
+}
+
+/** A stop time as E2B takes it: whole seconds, which it rounds, so cut down to one (at least one). */
+function e2bSeconds(ms: number): number {
+  return Math.max(1_000, Math.floor(ms / 1_000) * 1_000);
 }

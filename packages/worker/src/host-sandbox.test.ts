@@ -113,7 +113,7 @@ describe("host sandbox", () => {
   test("a lease renewed in time keeps the agent; one left unconfirmed past its stop time takes its whole tree down, though nothing aborts it", async () => {
     // A 1.2 s lease: the agent must be stopped 1 s after the last confirmed renewal.
     const kept = new AttemptLease(1_200);
-    const renewing = setInterval(() => kept.renewed(Date.now()), 300);
+    const renewing = setInterval(() => kept.renewed(performance.now()), 300);
     const alive = await run("sleep 2; echo done", { attemptLease: kept }).finally(() => clearInterval(renewing));
     expect(alive).toMatchObject({ result: { exitCode: 0, aborted: false }, stdout: "done\n" });
 
@@ -127,6 +127,17 @@ describe("host sandbox", () => {
     });
     expect(result).toMatchObject({ exitCode: null, signal: "SIGKILL", aborted: false });
     expect(await waitGone(grandchild)).toBe(true);
+  });
+
+  test("an abort that comes while the command is being started stops it too (it does not run on unheard)", async () => {
+    const abort = new AbortController();
+    const running = sandbox.exec(["sleep", "30"], {
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
+      signal: abort.signal,
+      onOutput: () => {},
+    });
+    abort.abort(); // the exec is still looking the command up
+    expect(await running).toMatchObject({ aborted: true, exitCode: null });
   });
 
   test("processes the command leaves behind end with it", async () => {

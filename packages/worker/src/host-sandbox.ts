@@ -4,7 +4,7 @@ import { access, lchown, readdir, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import type { Readable, Writable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { LIFELINE_BEAT, underLifeline } from "./lifeline.js";
+import { beatLine, underLifeline } from "./lifeline.js";
 import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
 import { signalGroup } from "./process-group.js";
 import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
@@ -102,7 +102,7 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
     }
     // Under a lifeline on fd 3: the agent's process group dies with this worker, however it dies,
     // or once the attempt's lease goes unconfirmed (lifeline.ts).
-    const [shell, ...shellArgs] = underLifeline([command, ...args], "fd3", opts.attemptLease?.beatWithinMs);
+    const [shell, ...shellArgs] = underLifeline([command, ...args], "fd3", opts.attemptLease?.msLeft());
     const child = spawn(shell as string, shellArgs, {
       cwd,
       env: opts.env,
@@ -114,7 +114,7 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
     if (pgid !== undefined) this.groups.add(pgid);
     const lifeline = child.stdio[3] as Writable;
     lifeline.on("error", () => {}); // the sentinel is gone: the group is going too
-    const stopBeating = opts.attemptLease?.onRenewed(() => lifeline.write(LIFELINE_BEAT));
+    const stopBeating = opts.attemptLease?.onRenewed((msLeft) => lifeline.write(beatLine(msLeft)));
     // Closed at once (a job's agent reads nothing), or after what a session's command is given.
     child.stdin.on("error", () => {}); // a command that does not read it all
     child.stdin.end(opts.stdin);
@@ -138,6 +138,8 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
         if (pgid !== undefined) this.groups.delete(pgid);
       };
       opts.signal.addEventListener("abort", onAbort, { once: true });
+      // Aborted while the command was looked up: it stops at once (a listener added now never hears it).
+      if (opts.signal.aborted) onAbort();
       child.once("error", (err) => {
         settle();
         reject(

@@ -14,6 +14,24 @@ import {
 import type { Redactor } from "./redactor.js";
 import type { SandboxBackend } from "./sandbox.js";
 
+/** The fields of an event that say what it is and whose: never redacted (see `JobEvents.redacted`). */
+const IDENTITY = [
+  "v",
+  "at",
+  "kind",
+  "type",
+  "jobId",
+  "owner",
+  "agent",
+  "state",
+  "attempt",
+  "workerId",
+  "run",
+  "seq",
+  "backend",
+  "sandboxId",
+];
+
 /** Progress events waiting beyond this many are dropped: a chatty agent cannot flood the stream. */
 const MAX_QUEUED_PROGRESS = 64;
 /** Events held back beyond this many go out one by one at once: a folded event stays small. */
@@ -150,11 +168,23 @@ export class JobEvents {
    * deduplicated by `msgID`; a failed publish rejects.
    */
   async publishApart(event: JobEvent, msgID: string): Promise<void> {
-    await publishEvent(this.topology, this.redactor.json(event), msgID);
+    await publishEvent(this.topology, this.redacted(event), msgID);
+  }
+
+  /**
+   * The event with every string an agent could have put in it redacted; its identity (who, which
+   * job, attempt and worker, what kind: the system's words, which its subject is made of) kept as
+   * it was, whatever a piece of a secret might look like.
+   */
+  private redacted<E extends BoxcarEvent>(event: E): E {
+    const identity = Object.fromEntries(IDENTITY.filter((k) => k in event).map((k) => [k, (event as Record<string, unknown>)[k]]));
+    const folded =
+      "folded" in event && Array.isArray(event.folded) ? { folded: event.folded.map((e: BoxcarEvent) => this.redacted(e)) } : {};
+    return { ...this.redactor.json(event), ...identity, ...folded };
   }
 
   private enqueue(event: BoxcarEvent): Promise<void> {
-    const stored = publishEvent(this.topology, this.redactor.json(event)).catch((err: unknown) => {
+    const stored = publishEvent(this.topology, this.redacted(event)).catch((err: unknown) => {
       this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
     });
     this.tail = Promise.all([this.tail, stored]).then(() => undefined);

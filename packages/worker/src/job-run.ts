@@ -39,7 +39,7 @@ import { agentEnv, collectSecrets } from "./agent-contract.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
-import { AttemptLease } from "./lifeline.js";
+import { AttemptLease, SENTINEL_EARLY_MS } from "./lifeline.js";
 import { OutputLog } from "./output-log.js";
 import { Redactor } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
@@ -228,7 +228,7 @@ export class JobRun {
     } catch (err) {
       const delayMs = failedHandlingDelayMs(this.msg.deliveryCount);
       this.log.error({ err, delayMs }, "job handling failed; handing the work item back");
-      this.msg.nak(delayMs);
+      this.nak(delayMs);
     } finally {
       clearInterval(keepAlive);
       clearTimeout(this.lapseTimer);
@@ -245,12 +245,12 @@ export class JobRun {
       // early (or a job deleted since): look a few more times before dropping the item.
       if (this.msg.deliveryCount < MISSING_RECORD_LOOKS) {
         this.log.warn({}, "no job record for this work item yet; looking again shortly");
-        return this.msg.nak(HAND_BACK_DELAY_MS);
+        return this.nak(HAND_BACK_DELAY_MS);
       }
       this.log.warn({}, "no job record for this work item; dropping it");
       return this.ack();
     }
-    if (this.stopReason === "worker_stopped") return this.msg.nak();
+    if (this.stopReason === "worker_stopped") return this.nak();
 
     const wrongInput = this.takeInput(found.record);
     let preflight: Preflight;
@@ -258,7 +258,7 @@ export class JobRun {
     else if (this.item.session === undefined || isTerminal(found.record.state)) preflight = this.preflight();
     else {
       const lent = await this.borrowSession(this.item.session);
-      if (lent === "busy") return this.msg.nak(SESSION_BUSY_DELAY_MS);
+      if (lent === "busy") return this.nak(SESSION_BUSY_DELAY_MS);
       preflight = lent;
     }
     // Handed back for another worker of the pool, unless it is a job of a session here (none other can run it).
@@ -267,7 +267,7 @@ export class JobRun {
       if (other) {
         // Not for this worker: hand it back (after a pause) for one that can run it.
         this.log.info({ capableWorker: other, reason: preflight.error.message }, "cannot run this job here; handing it back");
-        this.msg.nak(HAND_BACK_DELAY_MS);
+        this.nak(HAND_BACK_DELAY_MS);
         return;
       }
     }
@@ -278,6 +278,8 @@ export class JobRun {
       : this.lease
         ? { ...this.lease.info, reason: preflight.runtime.reason }
         : { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason };
+    // A delivery whose lease lapsed meanwhile (its worker frozen) is another's by now: no claim.
+    if (this.attemptLease?.lapsed()) return;
     const claim = await this.topology.jobStore.change(found, (current) =>
       JobTransitions.claim(current, {
         workerId: this.ctx.options.workerId,
@@ -491,9 +493,13 @@ export class JobRun {
       });
       // Read before anything else can fail (its artifacts, its result).
       usage = await this.endUsage();
-      // Its lease lapsed while it ran (a worker frozen, or cut off from NATS): its agent was stopped
-      // for that, whatever its exit says, and the job may be another attempt's; nothing more is stored.
-      if (this.attemptLease?.lapsed()) this.stop("lease_lost");
+      // Its lease lapsed while it ran (a worker frozen, or cut off from NATS), or its lifeline killed
+      // it at the stop time (which a sentinel may reach a little sooner): it was stopped for that,
+      // whatever its exit says, and the job may be another attempt's; nothing more is stored.
+      const lease = this.attemptLease;
+      if (lease && (lease.lapsed() || (exec.signal === "SIGKILL" && !exec.aborted && lease.msLeft() <= SENTINEL_EARLY_MS))) {
+        this.stop("lease_lost");
+      }
       // A session that closed under the job ended it, whatever its exit says.
       if (this.lease?.closedWith !== undefined) throw new BoxcarError(ErrorCode.sessionLost, "the session closed");
       if (exec.aborted || this.stopReason === "lease_lost") return withUsage(this.stopped(exec), usage);
@@ -695,7 +701,7 @@ export class JobRun {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
       this.log.info({}, "job handed back to the queue");
-      this.msg.nak();
+      this.nak();
       return;
     }
     const sandbox = this.sandboxInfo;
@@ -760,7 +766,7 @@ export class JobRun {
       const message = `attempt ${attempt} of ${allowed} ${state === "timed_out" ? "timed out" : "failed"} (${why}); retrying in ${plan.delayMs} ms`;
       await this.events.job("retrying", "queued", { message, ...(outcome.error ? { error: outcome.error } : {}) });
       this.log.info({ delayMs: plan.delayMs, error: outcome.error }, "attempt failed; retrying");
-      this.msg.nak(plan.delayMs);
+      this.nak(plan.delayMs);
       return;
     }
     const message = `all ${allowed} attempts failed; the last: ${why}`;
@@ -828,7 +834,7 @@ export class JobRun {
         );
         this.stop("lease_lost");
       },
-      Math.max(0, lease.stopAt - Date.now()),
+      Math.max(0, lease.msLeft()),
     );
   }
 
@@ -836,7 +842,7 @@ export class JobRun {
   private keepAlive(): void {
     // A lapsed attempt touches nothing: its work item may be another attempt's delivery by now.
     if (this.attemptLease?.lapsed()) return;
-    const sentAt = Date.now();
+    const sentAt = performance.now();
     this.msg.working();
     this.topology.jobStore.read(this.jobId).then(
       (found) => {
@@ -853,7 +859,21 @@ export class JobRun {
     );
   }
 
+  /**
+   * Hands the work item back (after `delayMs`). Not once the lease lapsed: JetStream settles a
+   * message by its stream sequence, so a stale attempt's nak or ack would settle the delivery of
+   * the attempt that took over.
+   */
+  private nak(delayMs?: number): void {
+    if (this.attemptLease?.lapsed()) {
+      this.log.warn({}, "the lease lapsed: leaving the work item to JetStream");
+      return;
+    }
+    this.msg.nak(delayMs);
+  }
+
   private async ack(): Promise<void> {
+    if (this.attemptLease?.lapsed()) return this.log.warn({}, "the lease lapsed: leaving the work item to JetStream");
     try {
       this.msg.ack();
     } catch (err) {

@@ -6,24 +6,23 @@
  * pool's ack wait (`leaseMs`) passes without a renewal. The worker renews at a third of it, and
  * counts a renewal as confirmed when a read of the job's record right after comes back: NATS was
  * reachable. An {@link AttemptLease} keeps the last confirmed renewal, and says the attempt must
- * stop once none came for `leaseMs - marginMs` (the margin a sixth of the lease).
+ * stop once none came for `leaseMs - marginMs` (the margin a sixth of the lease): its stop time.
  *
  * The agent runs under a lifeline: a sentinel in the agent's process group reads a pipe from the
- * worker (fd 3 on the host; the container's attached stdin in Docker). The worker writes a beat on
- * it at each confirmed renewal. When the pipe ends (the worker died, however: the kernel closes its
- * end) or no beat comes within the lease's stop time (the worker is frozen, or cut off from NATS),
- * the sentinel SIGKILLs the agent's process group, itself with it. So the agent is gone before
- * JetStream can hand the job to another attempt, whatever becomes of the worker.
+ * worker (fd 3 on the host; the container's attached stdin in Docker). At each confirmed renewal
+ * the worker writes a beat on it: the seconds left until the stop time. When the pipe ends (the
+ * worker died, however: the kernel closes its end) or no beat comes before the last one's time is
+ * up (the worker is frozen, or cut off from NATS), the sentinel SIGKILLs the agent's process
+ * group, itself with it. So the agent is gone by the stop time, a margin before JetStream can hand
+ * the job to another attempt, whatever becomes of the worker.
  */
 
-/** What the worker writes on a lifeline at each confirmed renewal. */
-export const LIFELINE_BEAT = ".\n";
-
 /**
- * The shell script that runs an agent under a lifeline: `sh -c SCRIPT boxcar-agent STOP_S ARGV...`.
- * `lifeline`: the pipe is fd 3 (the host: the agent's stdin stays its own) or stdin (a
- * container's attached stdin, moved to fd 3: the agent gets an empty one). Then the shell becomes
- * the agent (`exec`), so the agent's pid, exit code and signals are the process's own.
+ * The shell script that runs an agent under a lifeline: `sh -c SCRIPT boxcar-agent WAIT_S ARGV...`
+ * (`WAIT_S`: the seconds left until the stop time; empty: none). `lifeline`: the pipe is fd 3 (the
+ * host: the agent's stdin stays its own) or stdin (a container's attached stdin, moved to fd 3:
+ * the agent gets an empty one). Then the shell becomes the agent (`exec`), so the agent's pid,
+ * exit code and signals are the process's own.
  */
 export function lifelineScript(lifeline: "fd3" | "stdin"): string {
   return ["boxcar_stop_s=$1; shift", ...(lifeline === "stdin" ? [LIFELINE_FROM_STDIN] : []), SENTINEL, 'exec "$@" 3<&-'].join("\n");
@@ -33,87 +32,93 @@ export function lifelineScript(lifeline: "fd3" | "stdin"): string {
 export const LIFELINE_FROM_STDIN = "exec 3<&0 </dev/null";
 
 /**
- * The shell line that starts the sentinel on the lifeline at fd 3, its stop time in
- * `$boxcar_stop_s` (empty: none). It reads beats: with `timeout` (coreutils or busybox) and a
- * stop time, one must come within it; without, only the pipe's end counts. Then it SIGKILLs its
- * process group, the agent's. It is forked twice (so it is no child of the agent's, which may
- * wait for any child), keeps the pipe to itself (the agent's commands are run with `3<&-`), and
- * shrugs off the SIGTERM a stop sends the group first (so the lifeline holds through the grace
- * period). Its stdin is named outright: a background command's would otherwise be /dev/null.
+ * The shell line that starts the sentinel on the lifeline at fd 3, the seconds it first waits in
+ * `$boxcar_stop_s` (empty: no stop time). With `timeout` and `head` (coreutils or busybox) and a
+ * stop time, each beat must come before the time the one before gave (`timeout -s KILL`: the
+ * sentinel ignores SIGTERM, and `head` would inherit that); without, only the pipe's end counts.
+ * Then it SIGKILLs its process group, the agent's. It is forked twice (so it is no child of the
+ * agent's, which may wait for any child), keeps the pipe to itself (the agent's commands are run
+ * with `3<&-`), and shrugs off the SIGTERM a stop sends the group first (so the lifeline holds
+ * through the grace period). Its stdin is named outright: a background command's would otherwise
+ * be /dev/null.
  */
-export const SENTINEL = `( ( trap '' HUP INT TERM; if [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1; then while boxcar_beat=$(timeout "$boxcar_stop_s" head -n 1) && [ -n "$boxcar_beat" ]; do :; done; else while read -r boxcar_beat; do :; done; fi; kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )`;
+export const SENTINEL = `( ( trap '' HUP INT TERM; if [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1 && command -v head >/dev/null 2>&1; then boxcar_wait=$boxcar_stop_s; while boxcar_beat=$(timeout -s KILL "$boxcar_wait" head -n 1) && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done; else while read -r boxcar_beat; do :; done; fi; kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )`;
 
-/** A lifeline's stop time as the sentinel's `timeout` takes it (seconds, to a tenth); none: "". */
+/**
+ * Seconds as the sentinel's `timeout` takes them: to a tenth, cut down, at least one (busybox
+ * drops the tenths, so it may stop up to a second sooner; below a second `timeout` would read 0 as
+ * no limit). None: "".
+ */
 export function stopSeconds(ms: number | undefined): string {
   return ms === undefined ? "" : String(Math.max(1, Math.floor(ms / 100) / 10));
 }
 
-/** The argv that runs `argv` under a lifeline whose beats must come within `beatWithinMs` (none: only the pipe's end counts). */
-export function underLifeline(argv: readonly string[], lifeline: "fd3" | "stdin", beatWithinMs: number | undefined): string[] {
-  return ["/bin/sh", "-c", lifelineScript(lifeline), "boxcar-agent", stopSeconds(beatWithinMs), ...argv];
+/** The argv that runs `argv` under a lifeline whose first beat must come within `waitMs` (none: only the pipe's end counts). */
+export function underLifeline(argv: readonly string[], lifeline: "fd3" | "stdin", waitMs: number | undefined): string[] {
+  return ["/bin/sh", "-c", lifelineScript(lifeline), "boxcar-agent", stopSeconds(waitMs), ...argv];
 }
+
+/** How much sooner than its stop time a sentinel may have killed an agent: `stopSeconds` cuts to whole seconds on busybox. */
+export const SENTINEL_EARLY_MS = 1_000;
 
 /**
  * An attempt's hold on its job, as its worker knows it: renewed at each confirmed keep-alive, and
- * to be let go (its agent stopped) once none came for `stopAfterMs`.
+ * to be let go (its agent stopped) once none came for `stopAfterMs`. Its times are the worker's
+ * monotonic clock (`performance.now()`), so a step of the wall clock moves nothing.
  */
 export class AttemptLease {
   /** How long after the last confirmed renewal the attempt's agent must be stopped. */
   readonly stopAfterMs: number;
   private confirmedAt: number;
-  private readonly beats = new Set<() => void>();
+  private ended = false;
+  private readonly beats = new Set<(msLeft: number) => void>();
 
   constructor(
     /** The pool's ack wait: JetStream offers the job again this long after the last renewal it received. */
     readonly leaseMs: number,
-    now = Date.now(),
+    now = performance.now(),
   ) {
     this.stopAfterMs = leaseMs - lapseMarginMs(leaseMs);
     this.confirmedAt = now;
   }
 
   /**
-   * A renewal sent at `sentAt` was confirmed: the lease holds until `sentAt + stopAfterMs`. The
-   * lifelines beat only for a confirmation that came quickly: a sentinel counts its stop time
-   * from the beat, and a late one would stretch it past the lease.
+   * A renewal sent at `sentAt` was confirmed (at `now`): the lease holds until `sentAt +
+   * stopAfterMs`, and each lifeline hears how long that is from now. Once lapsed, it stays
+   * lapsed: a renewal confirmed too late (a thawed worker's) counts for nothing.
    */
-  renewed(sentAt: number, now = Date.now()): void {
-    // Once lapsed, it stays lapsed: a thawed worker's renewal comes too late to count.
-    if (sentAt <= this.confirmedAt || this.lapsed(sentAt)) return;
+  renewed(sentAt: number, now = performance.now()): void {
+    if (this.lapsed(now) || sentAt <= this.confirmedAt) return;
     this.confirmedAt = sentAt;
-    if (now - sentAt > this.maxBeatDelayMs) return;
-    for (const beat of this.beats) beat();
+    const left = this.msLeft(now);
+    for (const beat of this.beats) beat(left);
   }
 
-  /** The longest after a renewal was sent that its beat goes out: half the margin. */
-  private get maxBeatDelayMs(): number {
-    return lapseMarginMs(this.leaseMs) / 2;
-  }
-
-  /**
-   * How long a lifeline's sentinel waits for the next beat: the stop time less the most a beat
-   * may come after its renewal, so the sentinel too has killed the agent by the stop time.
-   */
-  get beatWithinMs(): number {
-    return this.stopAfterMs - this.maxBeatDelayMs;
-  }
-
-  /** When the attempt must have stopped, unless renewed before (ms since the epoch). */
+  /** When the attempt must have stopped, unless renewed before (`performance.now()` time). */
   get stopAt(): number {
     return this.confirmedAt + this.stopAfterMs;
   }
 
-  /** Whether the lease lapsed: the attempt must stop and write nothing. */
-  lapsed(now = Date.now()): boolean {
-    return now >= this.stopAt;
+  /** How long until the stop time. */
+  msLeft(now = performance.now()): number {
+    return this.stopAt - now;
   }
 
-  /** Calls `beat` at each confirmed renewal, until the returned function is called. */
-  onRenewed(beat: () => void): () => void {
+  /** Whether the lease lapsed: the attempt must stop and write nothing. Once true, always true. */
+  lapsed(now = performance.now()): boolean {
+    if (!this.ended && now >= this.stopAt) this.ended = true;
+    return this.ended;
+  }
+
+  /** Calls `beat` with the time left at each confirmed renewal, until the returned function is called. */
+  onRenewed(beat: (msLeft: number) => void): () => void {
     this.beats.add(beat);
     return () => this.beats.delete(beat);
   }
 }
+
+/** What a lifeline beat says: the seconds left until the stop time, as the sentinel's `timeout` reads them. */
+export const beatLine = (msLeft: number): string => `${stopSeconds(msLeft)}\n`;
 
 /** How long before the lease runs out an unconfirmed attempt stops: a sixth of the lease (5 s of the default 30 s). */
 export function lapseMarginMs(leaseMs: number): number {

@@ -61,7 +61,15 @@ export class Redactor {
     const redact = (v: unknown): unknown => {
       if (typeof v === "string") return this.text(v);
       if (Array.isArray(v)) return v.map(redact);
-      if (v instanceof Error) return redact({ name: v.name, message: v.message, stack: v.stack });
+      // An error's own fields too (its code, say), and its cause.
+      if (v instanceof Error)
+        return redact({
+          ...Object.fromEntries(Object.entries(v)),
+          name: v.name,
+          message: v.message,
+          stack: v.stack,
+          ...(v.cause !== undefined ? { cause: v.cause } : {}),
+        });
       if (v !== null && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [this.text(k), redact(x)]));
       return v;
     };

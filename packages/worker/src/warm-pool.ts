@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { PassThrough } from "node:stream";
 import type Docker from "dockerode";
 import { createAttached } from "./attached-container.js";
-import { type AttemptLease, LIFELINE_BEAT, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "./lifeline.js";
+import { type AttemptLease, beatLine, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "./lifeline.js";
 import type { LocalWorkspace } from "./local-workspace.js";
 
 /**
@@ -47,20 +47,20 @@ const REPORT_START = "\u001e";
 
 /**
  * The script a warm container runs for one job: the environment, the sentinel of the agent's
- * lifeline (the rest of stdin; `beatWithinMs`: the most between beats), then the agent with an
+ * lifeline (the rest of stdin; `waitMs`: how long its first beat may take), then the agent with an
  * empty stdin (as in a cold container), run by `exec` in a subshell so its name is looked up on
  * PATH as in a cold container (never a shell built-in), then, on both output streams, a report:
  * `REPORT_START`, `nonce`, the agent's exit code. Both streams carry it so each is known to be
  * complete: the engine reads them apart and may pass on one before the other.
  */
-export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string, beatWithinMs?: number): string {
+export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string, waitMs?: number): string {
   const exports = Object.entries(env).map(([name, value]) => {
     if (!SHELL_NAME.test(name)) throw new Error(`environment variable name ${JSON.stringify(name)} is not a shell name`);
     return `export ${name}=${quote(value)}`;
   });
   return [
     ...exports,
-    `boxcar_stop_s=${quote(stopSeconds(beatWithinMs))}`,
+    `boxcar_stop_s=${quote(stopSeconds(waitMs))}`,
     LIFELINE_FROM_STDIN,
     SENTINEL,
     `(exec ${argv.map(quote).join(" ")}) 3<&-`,
@@ -223,8 +223,8 @@ export class WarmContainer {
       });
     });
     // The end line starts the job: the helper reads the script up to it.
-    this.stream.write(`${jobScript(argv, env, nonce, lease?.beatWithinMs)}${this.scriptEnd}\n`);
-    const stopBeating = lease?.onRenewed(() => this.stream.write(LIFELINE_BEAT));
+    this.stream.write(`${jobScript(argv, env, nonce, lease?.msLeft())}${this.scriptEnd}\n`);
+    const stopBeating = lease?.onRenewed((msLeft) => this.stream.write(beatLine(msLeft)));
     void this.ended.then(() => stopBeating?.());
     return { report };
   }

@@ -79,6 +79,13 @@ export class Runs {
 
     // A caller's key is scoped to its owner: another user's equal key starts another run.
     const id = req.idempotencyKey ? runIdForKey(`owner:${owner}:${req.idempotencyKey}`) : `wf-${newJobId()}`;
+    // A start sent again (its key's run exists) gets that run back, whatever its owner's quota now.
+    if (req.idempotencyKey) {
+      const existing = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
+      if (existing) return { run: existing.value, duplicate: true };
+    }
+    // Its owner's quota, now and for each of its jobs as it is admitted (docs/security.md#admin-policy-and-quotas).
+    this.ctx.load.check(caller, this.ctx.policy.policy);
     const now = nowIso();
     const run: WorkflowRun = {
       v: PROTOCOL_VERSION,
