@@ -132,6 +132,59 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     expect(await upgrade("http://evil.example")).toBe(403);
   }, 90_000);
 
+  test("each container holds only its role's credential, and the plain-text client port is published on this machine only", async () => {
+    const docker = new Docker();
+    const containers = await docker.listContainers({ filters: { label: [`com.docker.compose.project=${project}`] } });
+    const readable: Record<string, string[]> = {};
+    for (const c of containers) {
+      const service = c.Labels["com.docker.compose.service"] as string;
+      if (readable[service]) continue;
+      // Every file under the places an auth folder could be mounted, as the container's own user sees them.
+      const { stdout } = await run("docker", ["exec", c.Id, "sh", "-c", "find /auth /etc/nats/auth -type f 2>/dev/null; true"]);
+      readable[service] = stdout.split("\n").filter(Boolean).sort();
+    }
+    expect(readable).toEqual({
+      nats1: ["/etc/nats/auth/auth.conf"],
+      nats2: ["/etc/nats/auth/auth.conf"],
+      nats3: ["/etc/nats/auth/auth.conf"],
+      dispatcher: ["/auth/dispatcher.creds"],
+      worker: ["/auth/dispatchers.pub", "/auth/worker.creds"],
+      "worker-e2b": ["/auth/dispatchers.pub", "/auth/worker.creds"],
+      ui: ["/auth/auth.json", "/auth/keys/role-viewer.nk"],
+    });
+    const nats1 = await docker.getContainer(`${project}_nats1_1`).inspect();
+    expect(nats1.HostConfig.PortBindings?.["4222/tcp"]).toEqual([{ HostIp: "127.0.0.1", HostPort: env.BOXCAR_NATS_PORT }]);
+  });
+
+  test("a worker stopped mid-job (docker-compose stop) drains: a job longer than the 30 s default grace ends as attempt 1", async () => {
+    const auth = await AuthDir.open(join(dir.path, "auth"));
+    const nc = await connectNats(
+      resolveConnection({ flags: { nats: `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`, creds: auth.credsFile("admin") }, env: {} }),
+      "compose-drain",
+    );
+    try {
+      const client = createClient({ nc, names: names(prefix) });
+      await eventually(
+        async () => ((await client.listWorkers().catch(() => [])).filter((w) => w.state === "running").length === 3 ? true : undefined),
+        "three workers",
+        90_000,
+      );
+      await client.applyAgent({ name: "long", command: "sleep 35; echo done", runtime: { sandbox: "docker" } });
+      const { job } = await client.submit({ agent: "long" });
+      await eventually(async () => ((await client.getJob(job.id)).state === "running" ? true : undefined), "the long job to run", 60_000);
+      // With the Compose file's own stop_grace_period (75 s) and the workers' --drain-grace (60 s).
+      await compose("stop", "worker");
+      const ended = await client.getJob(job.id);
+      expect(ended).toMatchObject({ state: "succeeded", attempt: 1 });
+      const types: string[] = [];
+      for await (const e of client.events(job.id)) if (e.kind === "job") types.push(e.type);
+      expect(types).not.toContain("requeued");
+    } finally {
+      await nc.close();
+    }
+    await compose("up", "-d", "--scale", "worker=2", "--scale", "worker-e2b=1");
+  }, 240_000);
+
   test(`${JOBS} jobs all succeed once while a NATS server and a worker are killed; down -v leaves nothing`, async () => {
     const auth = await AuthDir.open(join(dir.path, "auth"));
     const url = `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`;
@@ -165,7 +218,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       }
       // The E2B-only worker has no way to the engine: no socket is mounted into it.
       const e2bWorker = await docker.getContainer(`${project}_worker-e2b_1`).inspect();
-      expect(e2bWorker.Mounts.map((m) => m.Destination)).toEqual(["/auth"]);
+      expect(e2bWorker.Mounts.map((m) => m.Destination).sort()).toEqual(["/auth/dispatchers.pub", "/auth/worker.creds"]);
       await client.applyAgent({
         name: "echo-e2b",
         pool: "e2b",
