@@ -37,6 +37,12 @@ const leaks: Record<string, string> = {
   "bad-fields": `printf '{"summary":{"%s":1},"retry":"%s","handoff":{"to":"%s"}}' "$VICTIM_TOKEN" "$VICTIM_TOKEN" "$VICTIM_TOKEN" > "$BOXCAR_RESULT_FILE"`,
   // Its own error, and a failing exit (retried once, then dead: the dead-letter stream has it too).
   "own-error": `printf '{"error":"failed on %s","retry":true}' "$VICTIM_TOKEN" > "$BOXCAR_RESULT_FILE"; echo "$VICTIM_TOKEN" >&2; exit 3`,
+  // The secret encoded as people and tools print it: base64 (after other text too), hex, URL-encoded.
+  encoded: [
+    'printf %s "$VICTIM_TOKEN" | base64; printf "x%s" "$VICTIM_TOKEN" | base64 >&2',
+    'printf %s "$VICTIM_TOKEN" | od -An -tx1 | tr -d " \\n"; echo',
+    `printf '{"summary":"%s"}' "$(printf %s "$VICTIM_TOKEN" | base64)" > "$BOXCAR_RESULT_FILE"`,
+  ].join("\n"),
   // Half the secret (a cut a field's limit could make), then the rest: pieces of 8 and more are kept out.
   pieces: `printf '{"summary":"%s","output":"%s"}' "$(printf %s "$VICTIM_TOKEN" | cut -c1-12)" "$(printf %s "$VICTIM_TOKEN" | cut -c13-)" > "$BOXCAR_RESULT_FILE"`,
 };
@@ -77,6 +83,7 @@ test("an agent given a secret finds no channel that carries it, or any 8-charact
   expect(byAgent["bad-fields"]).toMatchObject({ state: "failed", error: { code: "bad_result" } });
   expect(byAgent["own-error"]).toMatchObject({ state: "dead", error: { message: `failed on ${REDACTED}` } });
   expect(byAgent.pieces?.result).toMatchObject({ summary: REDACTED, output: REDACTED });
+  expect(byAgent.encoded).toMatchObject({ state: "succeeded", result: { summary: expect.stringContaining(REDACTED) } });
 
   // What the API answers: records, events, logs, usage, artifacts downloaded.
   const answers: unknown[] = [await admin.client.listJobs({ limit: 1000 }), await admin.client.getUsage()];
@@ -105,4 +112,9 @@ test("an agent given a secret finds no channel that carries it, or any 8-charact
   expect(everything.includes(secret), "the whole secret").toBe(false);
   const pieces = Array.from({ length: secret.length - 7 }, (_, i) => secret.slice(i, i + 8));
   expect(pieces.filter((piece) => everything.includes(piece))).toEqual([]);
+  // Nor encoded: its hex, and its base64 at each alignment (what 8 bytes of it make, 12 characters).
+  const bytes = Buffer.from(secret);
+  const encoded = [bytes.toString("hex")];
+  for (const before of ["", "x", "xy"]) encoded.push(Buffer.from(before + secret).toString("base64").slice(before ? 4 : 0, before ? 16 : 12));
+  expect(encoded.filter((form) => everything.includes(form))).toEqual([]);
 });

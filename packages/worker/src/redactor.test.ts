@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/client";
 import { expect, test } from "vitest";
-import { REDACTED, Redactor } from "./redactor.js";
+import { encodingsOf, REDACTED, Redactor } from "./redactor.js";
 
 const secret = "sk-0123456789abcdefXYZ";
 
@@ -45,4 +45,30 @@ test("a byte stream loses whole secrets however it is cut", () => {
   for (let i = 0; i < text.length; i += 5) out += Buffer.from(stream.push(Buffer.from(text.slice(i, i + 5)))).toString();
   out += Buffer.from(stream.end()).toString();
   expect(out).toBe(`a ${REDACTED} b ${REDACTED}`);
+});
+
+test("a secret printed encoded is redacted too: base64 and base64url at any alignment, hex in either case, URL-encoded", () => {
+  const secret = "sk-live+key/with=odd chars&more";
+  const r = new Redactor([secret]);
+  const leaks = [
+    ...["", "a", "ab"].map((before) => Buffer.from(`${before}${secret}\n`).toString("base64")),
+    Buffer.from(`x${secret}`).toString("base64url"),
+    Buffer.from(secret).toString("hex"),
+    Buffer.from(secret).toString("hex").toUpperCase(),
+    encodeURIComponent(secret),
+  ];
+  for (const leak of leaks) {
+    const out = r.text(`said: ${leak}`);
+    expect(out, leak).toContain(REDACTED);
+    // What is left of the encoded form carries at most a few of the secret's bytes at its edges.
+    expect(out.length, leak).toBeLessThan(`said: ${leak}`.length - 8);
+  }
+  // And in a byte stream, however it is cut.
+  const stream = r.stream();
+  const b64 = Buffer.from(secret).toString("base64");
+  let out = "";
+  for (let i = 0; i < b64.length; i += 7) out += Buffer.from(stream.push(Buffer.from(b64.slice(i, i + 7)))).toString();
+  out += Buffer.from(stream.end()).toString();
+  expect(out).toContain(REDACTED);
+  expect(encodingsOf("abc")).toEqual([]); // too short to tell apart from anything else
 });

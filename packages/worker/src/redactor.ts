@@ -19,7 +19,7 @@ export const SECRET_PIECE = 8;
  * it. Objects are redacted whole, every string and key, so that a new field cannot be missed.
  *
  * In a string, a secret is replaced wherever it appears, and so is any piece of it of
- * {@link SECRET_PIECE} characters or more. A byte stream (live output, an artifact) is cut
+ * {@link SECRET_PIECE} characters or more, and its common encodings ({@link encodingsOf}). A byte stream (live output, an artifact) is cut
  * into chunks anywhere, so only whole secrets are replaced there (a piece could straddle chunks).
  * Redaction keeps out what an agent lets slip, not what it sets out to hide: an agent that
  * encodes a secret (base64, say) carries it past any redactor. Keeping the secret out of the
@@ -34,11 +34,12 @@ export class Redactor {
     this.add(secrets);
   }
 
-  /** Redacts `secrets` too from now on (an attempt learns its secrets once it is claimed). */
+  /** Redacts `secrets` too from now on, and their common encodings (an attempt learns its secrets once it is claimed). */
   add(secrets: Iterable<string>): void {
+    const plain = [...secrets].filter((s) => s.length > 0);
     // Longest first, so a secret that contains another is replaced whole.
-    this.secrets = [...new Set([...this.secrets, ...secrets])].filter((s) => s.length > 0).sort((a, b) => b.length - a.length);
-    for (const secret of this.secrets) {
+    this.secrets = [...new Set([...this.secrets, ...plain, ...plain.flatMap(encodingsOf)])].sort((a, b) => b.length - a.length);
+    for (const secret of plain) {
       for (let i = 0; i + SECRET_PIECE <= secret.length; i++) this.pieces.add(secret.slice(i, i + SECRET_PIECE));
     }
   }
@@ -115,6 +116,32 @@ export class Redactor {
     }
     return from === 0 ? text : out + text.slice(from);
   }
+}
+
+/**
+ * The forms a secret is commonly printed in besides its own (`base64`, `xxd -p`, a URL): its
+ * base64 and base64url, as the part every encoding of a text holding it shares whatever bytes
+ * come before it (three, one for each alignment: the 4-character groups made of its bytes alone),
+ * its hex in either case, and its URL-encoding. Forms shorter than {@link SECRET_PIECE} are left
+ * out: they would match too much else. An encoding wrapped across lines (`base64` wraps at 76
+ * columns) is not recognised where the wrap falls inside it.
+ */
+export function encodingsOf(secret: string): string[] {
+  const bytes = Buffer.from(secret);
+  const forms = new Set<string>();
+  for (let before = 0; before < 3; before++) {
+    const b64 = Buffer.concat([Buffer.alloc(before), bytes]).toString("base64");
+    // The groups of three bytes wholly within the secret: the first is shared with the bytes
+    // before it unless there are none, the last with those after it unless it is whole.
+    const core = b64.slice(before > 0 ? 4 : 0, Math.floor((before + bytes.length) / 3) * 4);
+    forms.add(core);
+    forms.add(core.replaceAll("+", "-").replaceAll("/", "_"));
+  }
+  forms.add(bytes.toString("hex"));
+  forms.add(bytes.toString("hex").toUpperCase());
+  forms.add(encodeURIComponent(secret));
+  forms.delete(secret);
+  return [...forms].filter((form) => form.length >= SECRET_PIECE);
 }
 
 /**
