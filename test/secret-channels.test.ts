@@ -115,6 +115,11 @@ test("an agent given a secret finds no channel that carries it, or any 8-charact
   // Nor encoded: its hex, and its base64 at each alignment (what 8 bytes of it make, 12 characters).
   const bytes = Buffer.from(secret);
   const encoded = [bytes.toString("hex")];
-  for (const before of ["", "x", "xy"]) encoded.push(Buffer.from(before + secret).toString("base64").slice(before ? 4 : 0, before ? 16 : 12));
+  for (const before of ["", "x", "xy"])
+    encoded.push(
+      Buffer.from(before + secret)
+        .toString("base64")
+        .slice(before ? 4 : 0, before ? 16 : 12),
+    );
   expect(encoded.filter((form) => everything.includes(form))).toEqual([]);
 });
