@@ -13,6 +13,7 @@ import { ERROR_CODE_DOCS, ERROR_STATUS, type ErrorCode } from "./errors.js";
 import { JOB_STATE_DOCS, type JobRecord, type JobSpecInput, type JobState, TERMINAL_STATES } from "./job.js";
 import { jsonSchemas } from "./json-schemas.js";
 import { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, type Names, names } from "./names.js";
+import { DURATION_UNIT_MS, SIZE_UNIT } from "./units.js";
 import { DEFAULT_CHAIN_LIMITS } from "./workflow.js";
 
 /** One generated table: where it goes, and its Markdown. */
@@ -66,6 +67,8 @@ export function docTables(): DocTable[] {
       markdown: markdownTable(["field", "type", "meaning"], storedRows(schemas["job-record.schema.json"] as JsonSchema, RECORD_DOCS)),
     },
     { doc: "nats-api.md", id: "job-states", markdown: jobStatesTable() },
+    { doc: "nats-api.md", id: "units", markdown: unitsTable() },
+    { doc: "agent-contract.md", id: "units", markdown: unitsTable() },
     { doc: "nats-api.md", id: "error-codes", markdown: errorCodesTable() },
     { doc: "nats-api.md", id: "names", markdown: namesTable() },
     { doc: "architecture.md", id: "names", markdown: namesKindTable() },
@@ -407,6 +410,14 @@ function namesTable(): string {
     `\`${row.name(names(other), example)}\``,
   ]);
   return markdownTable(["what", "pattern", "with the default prefix", `with prefix \`${other}\``], rows);
+}
+
+/** The units durations and sizes are written in, as the parser reads them (units.ts). */
+function unitsTable(): string {
+  const count = (n: number) => n.toLocaleString("en-US").replaceAll(",", " ");
+  const durations = Object.entries(DURATION_UNIT_MS).map(([unit, ms]) => [`duration`, `\`${unit}\``, `${count(ms)} ms`]);
+  const sizes = Object.entries(SIZE_UNIT).map(([unit, bytes]) => [`size`, `\`${unit}\``, `${count(bytes)} byte${bytes === 1 ? "" : "s"}`]);
+  return markdownTable(["of a", "unit", "is"], [...durations, ...sizes]);
 }
 
 /** For architecture.md: each name with the default prefix, and what kind of thing it names. */

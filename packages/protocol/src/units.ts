@@ -1,7 +1,8 @@
 import { z } from "zod";
 
-const DURATION = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)$/;
-const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+/** The units a duration may be written in, and their milliseconds: the docs' table of them is made from this. */
+export const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+const DURATION = new RegExp(`^(\\d+(?:\\.\\d+)?)(${Object.keys(DURATION_UNIT_MS).join("|")})$`);
 
 /** Parses `500ms`, `30s`, `10m`, `2h`, `7d` (or a number of milliseconds) into milliseconds. */
 export function parseDurationMs(value: string | number): number | undefined {
@@ -11,8 +12,9 @@ export function parseDurationMs(value: string | number): number | undefined {
   return Math.round(Number(m[1]) * DURATION_UNIT_MS[m[2] as keyof typeof DURATION_UNIT_MS]);
 }
 
-const SIZE = /^(\d+(?:\.\d+)?)(B|K|Ki|M|Mi|G|Gi)?$/;
-const SIZE_UNIT = { B: 1, K: 1e3, Ki: 1024, M: 1e6, Mi: 1024 ** 2, G: 1e9, Gi: 1024 ** 3 } as const;
+/** The units a size may be written in, and their bytes: the docs' table of them is made from this. */
+export const SIZE_UNIT = { B: 1, K: 1e3, Ki: 1024, M: 1e6, Mi: 1024 ** 2, G: 1e9, Gi: 1024 ** 3 } as const;
+const SIZE = new RegExp(`^(\\d+(?:\\.\\d+)?)(${Object.keys(SIZE_UNIT).join("|")})?$`);
 
 /** Parses `512Mi`, `1Gi`, `100M`, `4096` (bytes) into bytes. */
 export function parseSizeBytes(value: string | number): number | undefined {
