@@ -55,20 +55,25 @@ function help(): string {
     "",
     ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
     "",
-    "flags for every command:",
-    "  --nats URLS            NATS server, or several comma-separated (default $BOXCAR_NATS_URL, $NATS_URL, then nats://127.0.0.1:4222)",
-    "  --creds FILE           NATS credentials file, as `boxcar auth` writes them ($NATS_CREDS)",
-    "  --context NAME         use a `nats` CLI context ($NATS_CONTEXT)",
-    "  --nkey FILE            nkey seed file ($NATS_NKEY)",
-    "  --user U --password P  user and password ($NATS_USER, $NATS_PASSWORD); --token T ($NATS_TOKEN)",
-    "  --tls-cert FILE --tls-key FILE --tls-ca FILE [--tls-first]   TLS and mutual TLS ($NATS_CERT, $NATS_KEY, $NATS_CA)",
-    "  --prefix P             subject and bucket prefix (default boxcar)",
-    "  --json                 machine-readable output",
-    "  -h, --help             help for a command",
-    "",
-    "exit codes: 0 ok, 1 job or run did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
+    ...EVERY_COMMAND,
   ].join("\n");
 }
+
+/** The flags every command takes, and the exit codes: under `boxcar --help` and each command's own. */
+const EVERY_COMMAND = [
+  "flags for every command:",
+  "  --nats URLS            NATS server, or several comma-separated (default $BOXCAR_NATS_URL, $NATS_URL, then nats://127.0.0.1:4222)",
+  "  --creds FILE           NATS credentials file, as `boxcar auth` writes them ($NATS_CREDS)",
+  "  --context NAME         use a `nats` CLI context ($NATS_CONTEXT)",
+  "  --nkey FILE            nkey seed file ($NATS_NKEY)",
+  "  --user U --password P  user and password ($NATS_USER, $NATS_PASSWORD); --token T ($NATS_TOKEN)",
+  "  --tls-cert FILE --tls-key FILE --tls-ca FILE [--tls-first]   TLS and mutual TLS ($NATS_CERT, $NATS_KEY, $NATS_CA)",
+  "  --prefix P             subject and bucket prefix (default boxcar)",
+  "  --json                 machine-readable output",
+  "  -h, --help             help for a command",
+  "",
+  "exit codes: 0 ok, 1 job or run did not succeed, 2 usage, 3 refused, 4 unavailable, 5 internal",
+];
 
 /**
  * NATS refusing a publish or subscription, as a clear `forbidden` error: the credential lacks
@@ -110,7 +115,7 @@ export async function main(argv: string[], io: Io): Promise<number> {
       throw new UsageError(`unexpected argument ${JSON.stringify(positionals[command.maxArgs])}\n\nusage: ${command.usage}`);
     }
     if (values.help) {
-      io.stdout.write(`usage: ${command.usage}\n\n${command.summary}\n`);
+      io.stdout.write(`usage: ${command.usage}\n\n${command.summary}\n\n${EVERY_COMMAND.join("\n")}\n`);
       return ExitCode.ok;
     }
     const ctx: CommandContext<Values> = {

@@ -24,3 +24,10 @@ test("a command whose program starts with '-' is refused: the lifeline's shell w
   expect(refused.error?.issues[0]).toMatchObject({ path: ["command"], message: expect.stringContaining("may not start with '-'") });
   expect(AgentDefinition.safeParse({ name: "ok", command: ["agent", "-x"] }).success).toBe(true);
 });
+
+test("a wrong rateLimit.starts is the one error: burst, which the user did not set, is not blamed for it", () => {
+  const refused = AgentDefinition.safeParse({ name: "a", command: "true", rateLimit: { starts: 0, per: "1m" } });
+  expect(refused.error?.issues.map((i) => i.path.join("."))).toEqual(["rateLimit.starts"]);
+  const tooBig = AgentDefinition.safeParse({ name: "a", command: "true", rateLimit: { starts: 2, per: "1m", burst: 3 } });
+  expect(tooBig.error?.issues.map((i) => `${i.path.join(".")}: ${i.message}`)).toEqual(["rateLimit.burst: burst cannot be more than starts"]);
+});

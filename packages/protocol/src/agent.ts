@@ -141,7 +141,11 @@ export const AgentDefinition = z.strictObject({
         "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
       ),
     })
-    .refine((limit) => limit.burst <= limit.starts, { message: "burst cannot be more than starts", path: ["burst"] })
+    // Compared only with a starts that is itself right: a wrong one has its own error, and burst none.
+    .refine((limit) => !(Number.isInteger(limit.starts) && limit.starts >= 1) || limit.burst <= limit.starts, {
+      message: "burst cannot be more than starts",
+      path: ["burst"],
+    })
     .optional()
     .describe(
       "its jobs start `per / starts` apart (up to `burst` at once after a quiet spell), across every dispatcher and worker (docs/flow-control.md#rate-limits)",
