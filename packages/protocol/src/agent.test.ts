@@ -29,5 +29,7 @@ test("a wrong rateLimit.starts is the one error: burst, which the user did not s
   const refused = AgentDefinition.safeParse({ name: "a", command: "true", rateLimit: { starts: 0, per: "1m" } });
   expect(refused.error?.issues.map((i) => i.path.join("."))).toEqual(["rateLimit.starts"]);
   const tooBig = AgentDefinition.safeParse({ name: "a", command: "true", rateLimit: { starts: 2, per: "1m", burst: 3 } });
-  expect(tooBig.error?.issues.map((i) => `${i.path.join(".")}: ${i.message}`)).toEqual(["rateLimit.burst: burst cannot be more than starts"]);
+  expect(tooBig.error?.issues.map((i) => `${i.path.join(".")}: ${i.message}`)).toEqual([
+    "rateLimit.burst: burst cannot be more than starts",
+  ]);
 });
