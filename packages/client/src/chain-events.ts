@@ -58,12 +58,30 @@ async function waitUntil<T>(
     return event !== undefined && matters(event);
   });
   // Read again now that the subscription stands: the record may have changed in between.
-  for (let value = await read(); ; value = await read()) {
+  let unanswered: number | undefined;
+  for (;;) {
+    let value: T;
+    try {
+      value = await read();
+      unanswered = undefined;
+    } catch (err) {
+      // No dispatcher answers (one restarting, a cluster electing leaders): the job or run goes on
+      // without them; ask again for a while before giving up.
+      if (!(err instanceof BoxcarError && err.code === ErrorCode.unavailable)) throw err;
+      unanswered ??= Date.now();
+      if (Date.now() - unanswered > RIDE_OUT_MS) throw err;
+      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
+      await wake.wait(RECHECK_MS, signal);
+      continue;
+    }
     if (done(value)) return value;
     if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
     await wake.wait(RECHECK_MS, signal);
   }
 }
+
+/** How long waiting for a job or run rides out dispatchers that do not answer before it gives up. */
+const RIDE_OUT_MS = 60_000;
 
 /** The live subjects of a job's own events (`job` kind), and of all its events. */
 export const jobEventSubjects = (names: Names, owner: string, jobId: string) => names.subjects.event("job", jobId, "*", owner);

@@ -1,0 +1,46 @@
+/**
+ * `boxcar run --wait` rides out a dispatcher restart (issue 45, item 8): the run goes on while no
+ * dispatcher answers, and the wait asks again instead of giving up (exit 4). Against a real
+ * nats-server, a dispatcher stopped and started again mid-run, and a host worker.
+ */
+
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { expect, test } from "vitest";
+import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
+
+test("run --wait outlasts a dispatcher that stops mid-run and starts again: it ends with the run, exit 0", async () => {
+  await using nats = await natsFixture();
+  let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({ name: "nap", command: "sleep 3; echo rested", trusted: true, runtime: { sandbox: "host" } });
+  await using dir = await scratch("boxcar-run-wait-");
+  const file = join(dir.path, "nap.yaml");
+  await writeFile(file, "name: nap-run\nsteps:\n  - name: nap\n    agent: nap\n");
+
+  const waiting = spawnBoxcar(nats.url, nats.topology.names.prefix, ["run", file, "--wait"]);
+  try {
+    await eventually(async () => {
+      const [run] = await client.listRuns({ workflow: "nap-run" });
+      return run?.steps.nap?.instances[0]?.state === "running" ? run : undefined;
+    }, "the run's step to run");
+    // No dispatcher while the step ends: the wait's reads meet nobody for a while.
+    await dispatcher.close();
+    await new Promise((r) => setTimeout(r, 6_000));
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const { code } = await exited(waiting);
+    expect(code, waiting.output()).toBe(0);
+    const [run] = await client.listRuns({ workflow: "nap-run" });
+    expect(run?.state).toBe("succeeded");
+  } finally {
+    waiting.kill("SIGKILL");
+    await dispatcher.close();
+  }
+});
