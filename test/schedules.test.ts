@@ -9,7 +9,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord, type ScheduleDefinitionInput } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { natsFixture } from "./helpers/nats.js";
 import { securedSystem } from "./helpers/secured.js";
 
@@ -250,4 +250,45 @@ test("schedules through the API: time zones, refusals naming the field, pause an
   await expect(bob.client.deleteSchedule("morning", "alice")).rejects.toMatchObject({ code: ErrorCode.notFound });
   await alice.client.deleteSchedule("morning");
   await expect(alice.client.getSchedule("morning")).rejects.toMatchObject({ code: ErrorCode.notFound });
+});
+
+test("a schedule updated in place keeps its history and its name; its new cron rules from then on; another user's is not found", async () => {
+  await using system = await securedSystem();
+  const admin = await system.as("boss", "admin");
+  const alice = await system.as("alice");
+  const bob = await system.as("bob");
+  await admin.client.applyAgent({ name: "tick", ...quick });
+  await alice.client.createSchedule({ name: "often", cron: "* * * * * *", job: { agent: "tick" } });
+  const fired = await eventually(async () => {
+    const s = await alice.client.getSchedule("often");
+    return s.state.fired >= 2 ? s : undefined;
+  }, "two ticks fired");
+
+  // Through the CLI, as a user would: the whole definition again, with a yearly cron.
+  const updated = await boxcar(system.url, system.prefix, ["schedule", "update", "often", "--agent", "tick", "--cron", "0 0 1 1 *"], {
+    NATS_CREDS: alice.creds,
+  });
+  expect(updated.code, updated.stderr).toBe(0);
+  expect(updated.stdout).toMatch(/^schedule often updated; it fires next at \d{4}-01-01T00:00:00\.000Z$/m);
+  const after = await alice.client.getSchedule("often");
+  expect(after.definition.cron).toBe("0 0 1 1 *");
+  expect(after.createdAt).toBe(fired.createdAt);
+  expect(after.resumedAt).toBeDefined();
+  expect(after.state.fired).toBeGreaterThanOrEqual(fired.state.fired);
+  // Its every-second ticks are over: no job comes of it in the next two seconds.
+  const jobs = (await jobsOf(alice.client, "often")).length;
+  await new Promise((r) => setTimeout(r, 2_000));
+  expect((await jobsOf(alice.client, "often")).length).toBe(jobs);
+
+  await expect(bob.client.updateSchedule({ name: "often", cron: "* * * * *", job: { agent: "tick" } })).rejects.toMatchObject({
+    code: ErrorCode.notFound,
+  });
+  await expect(alice.client.updateSchedule({ name: "never-made", cron: "* * * * *", job: { agent: "tick" } })).rejects.toMatchObject({
+    code: ErrorCode.notFound,
+  });
+  await expect(alice.client.updateSchedule({ name: "often", cron: "61 * * * *", job: { agent: "tick" } })).rejects.toMatchObject({
+    code: ErrorCode.invalid,
+    issues: [expect.objectContaining({ path: "definition.cron" })],
+  });
+  await alice.client.deleteSchedule("often");
 });

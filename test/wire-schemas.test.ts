@@ -160,6 +160,7 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.logs", { id: session.id });
   await call("sessions.close", { id: session.id });
   await call("schedules.create", { definition: { name: "nightly", cron: "0 2 * * *", timezone: "Europe/Paris", job: { agent: "echo" } } });
+  await call("schedules.update", { definition: { name: "nightly", cron: "0 3 * * *", job: { agent: "echo" } } });
   await call("schedules.get", { name: "nightly" });
   await call("schedules.list", {});
   await call("schedules.pause", { name: "nightly" });

@@ -194,6 +194,8 @@ export interface BoxcarClient {
   setPolicy(policy: SystemPolicyInput): Promise<SetPolicyReply>;
   /** Creates a schedule (docs/flow-control.md#schedules): its job is submitted, as yours, at each tick of its cron. */
   createSchedule(definition: ScheduleDefinitionInput): Promise<ScheduleRecord>;
+  /** Replaces the definition of your schedule of that name, keeping its history; it catches up no tick from before. */
+  updateSchedule(definition: ScheduleDefinitionInput): Promise<ScheduleRecord>;
   /** One of your schedules, with when it fires next; an admin may name another user's (`owner`). */
   getSchedule(name: string, owner?: string): Promise<ScheduleRecord>;
   /** The schedules you may see. */
@@ -537,6 +539,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   async createSchedule(definition: ScheduleDefinitionInput) {
     return (await this.request(ApiEndpoint.schedulesCreate, { definition })).schedule;
+  }
+
+  async updateSchedule(definition: ScheduleDefinitionInput) {
+    return (await this.request(ApiEndpoint.schedulesUpdate, { definition })).schedule;
   }
 
   async getSchedule(name: string, owner?: string) {

@@ -86,6 +86,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       onlyAdminsChoosePools(caller, [(body as { definition?: { job?: unknown } }).definition?.job]);
       return { schedule: await schedules.create(definition, caller) };
     },
+    [ApiEndpoint.schedulesUpdate]: async (body, caller) => {
+      const { definition } = requestOf(ApiEndpoint.schedulesUpdate, body);
+      onlyAdminsChoosePools(caller, [(body as { definition?: { job?: unknown } }).definition?.job]);
+      return { schedule: await schedules.update(definition, caller) };
+    },
     [ApiEndpoint.schedulesGet]: async (body, caller) => ({
       schedule: await schedules.get(requestOf(ApiEndpoint.schedulesGet, body), caller),
     }),

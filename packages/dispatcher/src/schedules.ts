@@ -141,6 +141,28 @@ export class Schedules {
     return withNext(record);
   }
 
+  /**
+   * Replaces the definition of the caller's schedule of that name, keeping its history (counts,
+   * last tick) and its ticks' keys. Like a resume, it catches up no tick from before the change
+   * (not one queued under the old definition either); a tick being fired as it changes fires
+   * with the definition it was claimed under.
+   */
+  async update(definition: ScheduleDefinition, caller: Identity): Promise<ScheduleRecord> {
+    cronOf(definition, "definition.");
+    await this.ctx.agents.get(definition.job.agent);
+    for (;;) {
+      const { key, record, revision } = await this.read({ name: definition.name }, caller);
+      const { pending: _queued, ...state } = record.state;
+      const next: ScheduleRecord = { ...record, definition, resumedAt: nowIso(), state };
+      try {
+        await (await this.bucket()).update(key, JSON.stringify(next), revision);
+        return withNext(next);
+      } catch (err) {
+        if (!isRevisionConflict(err)) throw err; // changed meanwhile (a tick): read it again
+      }
+    }
+  }
+
   async get(ref: { name: string; owner?: string | undefined }, caller: Identity): Promise<ScheduleRecord> {
     return withNext((await this.read(ref, caller)).record);
   }

@@ -102,6 +102,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsSnapshot,
     ApiEndpoint.snapshotsRemove,
     ApiEndpoint.schedulesCreate,
+    ApiEndpoint.schedulesUpdate,
     ApiEndpoint.schedulesPause,
     ApiEndpoint.schedulesResume,
     ApiEndpoint.schedulesDelete,

@@ -295,6 +295,7 @@ export const API_CONTRACT = {
   "snapshots.list": { request: NoFields, reply: ListSnapshotsReply },
   "snapshots.remove": { request: SnapshotRef, reply: SnapshotReply },
   "schedules.create": { request: z.strictObject({ definition: ScheduleDefinition }), reply: ScheduleReply },
+  "schedules.update": { request: z.strictObject({ definition: ScheduleDefinition }), reply: ScheduleReply },
   "schedules.get": { request: ScheduleRef, reply: ScheduleReply },
   "schedules.list": { request: NoFields, reply: ListSchedulesReply },
   "schedules.pause": { request: ScheduleRef, reply: ScheduleReply },

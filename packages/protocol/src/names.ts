@@ -193,6 +193,7 @@ export const ApiEndpoint = {
   snapshotsList: "snapshots.list",
   snapshotsRemove: "snapshots.remove",
   schedulesCreate: "schedules.create",
+  schedulesUpdate: "schedules.update",
   schedulesGet: "schedules.get",
   schedulesList: "schedules.list",
   schedulesPause: "schedules.pause",

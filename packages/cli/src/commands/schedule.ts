@@ -16,11 +16,12 @@ import { runLabels } from "./run.js";
 
 const usage = `boxcar schedule create NAME --agent AGENT --cron "EXPR" [--timezone TZ] [--input JSON | --input-file FILE | --prompt TEXT] [--label KEY=VALUE]... [--priority high|normal|low] [--pool POOL] [--timeout 10m] [--overlap skip|queue-one|allow] [--catch-up none|last|all] [--catch-up-window 1d]
        boxcar schedule create -f FILE
+       boxcar schedule update NAME ... | update -f FILE      (the whole definition, as create's; its history stays)
        boxcar schedule list
        boxcar schedule get NAME [--owner USER]
        boxcar schedule pause NAME | resume NAME | delete NAME [--owner USER]`;
 
-/** The flags that write a schedule's definition, with `create` only (and not with `-f FILE`). */
+/** The flags that write a schedule's definition, with `create` and `update` only (and not with `-f FILE`). */
 const DEFINITION_FLAGS = [
   "agent",
   "cron",
@@ -63,12 +64,12 @@ function oneOf<T extends string>(values: Values, flag: string, options: readonly
 }
 
 /** The definition `create NAME --agent ... --cron ...` writes, checked before anything is sent (errors name the flag). */
-async function definitionFromFlags(name: string | undefined, values: Values): Promise<ScheduleDefinitionInput> {
-  if (!name) throw new UsageError(`schedule create needs a NAME (or -f FILE)\n\nusage: ${usage}`);
+async function definitionFromFlags(verb: string, name: string | undefined, values: Values): Promise<ScheduleDefinitionInput> {
+  if (!name) throw new UsageError(`schedule ${verb} needs a NAME (or -f FILE)\n\nusage: ${usage}`);
   const agent = values.agent as string | undefined;
   const cron = values.cron as string | undefined;
-  if (agent === undefined) throw new UsageError(`schedule create needs --agent AGENT\n\nusage: ${usage}`);
-  if (cron === undefined) throw new UsageError(`schedule create needs --cron "EXPR", such as "0 3 * * *"\n\nusage: ${usage}`);
+  if (agent === undefined) throw new UsageError(`schedule ${verb} needs --agent AGENT\n\nusage: ${usage}`);
+  if (cron === undefined) throw new UsageError(`schedule ${verb} needs --cron "EXPR", such as "0 3 * * *"\n\nusage: ${usage}`);
   const { shape } = ScheduleDefinition;
   const overlap = oneOf(values, "overlap", shape.overlap.unwrap().options);
   const catchUp = oneOf(values, "catch-up", shape.catchUp.unwrap().options);
@@ -101,7 +102,7 @@ async function readScheduleFile(file: string): Promise<ScheduleDefinition> {
 export const schedule: Command = {
   name: "schedule",
   usage,
-  summary: "create, list, show, pause, resume or delete schedules: a job submitted at each tick of a cron",
+  summary: "create, update, list, show, pause, resume or delete schedules: a job submitted at each tick of a cron",
   maxArgs: 2,
   options: {
     ...jobSpecOptions,
@@ -122,9 +123,9 @@ export const schedule: Command = {
     // Flags of another verb are mistakes, not to be dropped silently.
     if (verb === "list" || verb === "get" || verb === "pause" || verb === "resume" || verb === "delete") {
       const stray = [...DEFINITION_FLAGS, "file"].find((flag) => given(ctx.values, flag));
-      if (stray) throw new UsageError(`--${stray} goes with schedule create\n\nusage: ${usage}`);
+      if (stray) throw new UsageError(`--${stray} goes with schedule create or update\n\nusage: ${usage}`);
     }
-    if (owner !== undefined && (verb === "create" || verb === "list")) {
+    if (owner !== undefined && (verb === "create" || verb === "update" || verb === "list")) {
       throw new UsageError(`--owner goes with schedule get, pause, resume and delete\n\nusage: ${usage}`);
     }
     /** The schedule NAME (and `--owner`) names, checked. */
@@ -140,7 +141,8 @@ export const schedule: Command = {
     /** The schedule as a line names it: another user's with its owner. */
     const named = (s: ScheduleRecord) => (owner !== undefined ? `${s.definition.name} of ${s.owner}` : s.definition.name);
     switch (verb) {
-      case "create": {
+      case "create":
+      case "update": {
         let definition: ScheduleDefinitionInput;
         if (file !== undefined) {
           const stray = DEFINITION_FLAGS.find((flag) => given(ctx.values, flag));
@@ -149,14 +151,14 @@ export const schedule: Command = {
           }
           definition = await readScheduleFile(file);
         } else {
-          definition = await definitionFromFlags(name, ctx.values);
+          definition = await definitionFromFlags(verb, name, ctx.values);
         }
         await using s = await ctx.session("boxcar-schedule");
-        const created = await s.client.createSchedule(definition);
+        const written = verb === "create" ? await s.client.createSchedule(definition) : await s.client.updateSchedule(definition);
         ctx.print(
           ctx.values.json
-            ? json(created)
-            : `schedule ${created.definition.name} created${created.next ? `; it fires next at ${created.next}` : ""}`,
+            ? json(written)
+            : `schedule ${written.definition.name} ${verb}d${written.next ? `; it fires next at ${written.next}` : ""}`,
         );
         return ExitCode.ok;
       }
