@@ -77,6 +77,35 @@ test("a worker killed mid-job (SIGKILL): the job is picked up again, runs again,
   expect(types.filter((t) => /^(succeeded|failed|timed_out|cancelled|dead):/.test(t))).toHaveLength(1);
 });
 
+test("a job whose first attempt was cut short by a crashed worker and whose second failed ends dead, saying which was which; the takeover is recorded", async () => {
+  await using s = await system();
+  await s.client.applyAgent({
+    name: "crash-then-fail",
+    command: 'if [ "$BOXCAR_ATTEMPT" = 1 ]; then sleep 300; fi; echo "no luck" >&2; exit 3',
+    trusted: true,
+    runtime: { sandbox: "host" },
+    retry: { maxAttempts: 2, delay: "10ms" },
+  });
+  const doomed = spawnBoxcar(s.nats.url, s.nats.topology.names.prefix, ["worker"]);
+  const { job } = await s.client.submit({ agent: "crash-then-fail" });
+  await eventually(async () => ((await jobTypes(s.client, job.id)).includes("started:1") ? true : undefined), "the first attempt to start");
+  const first = await s.client.getJob(job.id);
+  doomed.kill("SIGKILL");
+  await exited(doomed);
+
+  await using survivor = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
+  void survivor.run();
+  const final = await s.client.waitForJob(job.id);
+  expect(final).toMatchObject({
+    state: "dead",
+    attempt: 2,
+    takeover: { attempt: 1, workerId: first.workerId, sandbox: first.sandbox?.id, stopped: "lease" },
+  });
+  const events: string[] = [];
+  for await (const e of s.client.events(job.id)) if (e.kind === "job" && e.type === "dead") events.push(e.message ?? "");
+  expect(events).toEqual([expect.stringContaining("all 2 attempts ended without success: 1 failed, 1 cut short")]);
+});
+
 test("a zombie attempt that finishes late cannot overwrite the outcome of a newer attempt", async () => {
   await using s = await system();
   await s.client.applyAgent({

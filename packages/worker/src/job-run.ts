@@ -769,7 +769,13 @@ export class JobRun {
       this.nak(plan.delayMs);
       return;
     }
-    const message = `all ${allowed} attempts failed; the last: ${why}`;
+    // Attempts taken over (their worker died, froze or lost NATS) left no outcome in the history.
+    const failed = update.history.filter((h) => h.state === "failed" || h.state === "timed_out").length;
+    const cutShort = Math.max(0, attempt - failed);
+    const message =
+      cutShort > 0
+        ? `all ${attempt} attempts ended without success: ${failed} failed, ${cutShort} cut short (their worker died, froze or lost NATS); the last: ${why}`
+        : `all ${allowed} attempts failed; the last: ${why}`;
     await this.events.job("dead", "dead", { message, ...(outcome.error ? { error: outcome.error } : {}) });
     await this.topology.js
       .publish(this.topology.names.subjects.dead(update.agent), JSON.stringify(update))
