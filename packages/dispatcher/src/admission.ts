@@ -89,7 +89,7 @@ export interface AdmitOptions {
   implicitKey?: string;
   /** The job's place in a handoff chain or workflow run; `root` defaults to the job itself. */
   chain?: Pick<ChainLink, "depth" | "history" | "limits"> &
-    Partial<Pick<ChainLink, "root" | "parent" | "deadline" | "run" | "step" | "index">>;
+    Partial<Pick<ChainLink, "root" | "parent" | "deadline" | "run" | "step" | "index" | "stepLimits">>;
   /** The trace the job joins (W3C `traceparent`): the submit request's span, or the job that handed off's. */
   traceparent?: string;
   /** The schedule (of `owner`'s) that submits it, and the tick it is submitted for. */

@@ -18,6 +18,7 @@ import {
 } from "@boxcar/protocol";
 import { type AdmissionContext, admit } from "./admission.js";
 import { cancelJob } from "./jobs.js";
+import { withinStep } from "./workflows/step-limits.js";
 
 /**
  * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the
@@ -38,7 +39,9 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
   try {
     const from = await ctx.agents.get(job.agent).catch(() => undefined);
     await checkHandoff(topology, job, request, link, from);
-    const next = await admit(topology, nextSpec(job, request), ctx, {
+    // A hop of a workflow step's chain runs within the step's limits (step-limits.ts).
+    const bounds = link.stepLimits ? withinStep(link.stepLimits, await ctx.agents.get(request.to)) : {};
+    const next = await admit(topology, { ...nextSpec(job, request), ...bounds }, ctx, {
       owner: ownerOf(job),
       ownerRole: job.role,
       implicitKey: `handoff:${job.id}`,
@@ -52,6 +55,7 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
         ...(link.run ? { run: link.run } : {}),
         ...(link.step ? { step: link.step } : {}),
         ...(link.index !== undefined ? { index: link.index } : {}),
+        ...(link.stepLimits ? { stepLimits: link.stepLimits } : {}),
       },
       ...(traceparent ? { traceparent } : {}),
     });

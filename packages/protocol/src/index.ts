@@ -242,6 +242,7 @@ export {
   MAX_FAN_OUT,
   RunState,
   StepInstance,
+  StepLimits,
   StepName,
   StepRun,
   StepState,

@@ -40,6 +40,19 @@ export const ChainEntry = z.strictObject({
 export type ChainEntry = z.infer<typeof ChainEntry>;
 
 /** Where a job sits in a handoff chain, and (for a workflow step) in which run and step. */
+/**
+ * A workflow step's limits, which bound every job of the step's handoff chain (docs/workflows.md):
+ * each hop runs within the step's `timeout` (or its agent's own, if shorter), under the step's
+ * `retry`, `queueTimeout` and `pool`.
+ */
+export const StepLimits = z.strictObject({
+  retry: RetryPolicy.optional(),
+  timeout: z.number().int().positive().optional().describe("ms"),
+  queueTimeout: z.number().int().positive().optional().describe("ms"),
+  pool: PoolName.optional(),
+});
+export type StepLimits = z.infer<typeof StepLimits>;
+
 export const ChainLink = z.looseObject({
   root: z.string().describe("the chain's first job"),
   parent: z.string().optional().describe("the job that handed off to this one"),
@@ -51,6 +64,8 @@ export const ChainLink = z.looseObject({
   run: z.string().optional(),
   step: z.string().optional(),
   index: z.number().int().nonnegative().optional(),
+  /** The limits of the workflow step the chain is, for every hop of it. */
+  stepLimits: StepLimits.optional(),
 });
 export type ChainLink = z.infer<typeof ChainLink>;
 

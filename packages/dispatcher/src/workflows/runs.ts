@@ -25,6 +25,7 @@ import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs.js";
 import { PassPerKey } from "../periodic.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 import { factsOf, type RunFacts, type RunIndex } from "./run-index.js";
+import { stepLimitsOf, withinStep } from "./step-limits.js";
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
 const MAX_ROUNDS = 50;
@@ -342,7 +343,10 @@ export class Runs {
     const admitted = await Promise.all(
       starts.map(async (start) => {
         try {
-          const { job } = await admit(this.topology, start.spec, this.ctx, {
+          // The step's limits bound its job, and every job its chain hands off to (step-limits.ts).
+          const limits = stepLimitsOf(run.workflow.steps.find((s) => s.name === start.step));
+          const spec = limits ? { ...start.spec, ...withinStep(limits, await this.ctx.agents.get(start.spec.agent)) } : start.spec;
+          const { job } = await admit(this.topology, spec, this.ctx, {
             owner: ownerOf(run),
             ownerRole: run.role,
             implicitKey: `workflow:${id}:${start.step}:${start.index}`,
@@ -354,6 +358,7 @@ export class Runs {
               step: start.step,
               ...(run.workflow.steps.find((s) => s.name === start.step)?.forEach !== undefined ? { index: start.index } : {}),
               ...(run.deadline ? { deadline: run.deadline } : {}),
+              ...(limits ? { stepLimits: limits } : {}),
             },
             ...(run.traceparent ? { traceparent: run.traceparent } : {}),
           });
