@@ -24,7 +24,9 @@ function startWorkerContainer(
   pool: string,
   place: { natsUrl?: string; network?: StartedNetwork; mounts?: { source: string; target: string }[]; flags?: string[] } = {},
 ): Promise<StartedTestContainer> {
-  const container = new GenericContainer(WORKER_IMAGE);
+  // As root, as deploy/compose runs it: the image's own user (10001) can read neither the auth
+  // folder's owner-only files nor the engine's socket without its group.
+  const container = new GenericContainer(WORKER_IMAGE).withUser("0:0");
   return (place.network ? container.withNetwork(place.network) : container.withNetworkMode("host"))
     .withBindMounts([
       { source: "/var/run/docker.sock", target: "/var/run/docker.sock" },
