@@ -121,6 +121,11 @@ export class AuthDir {
     return this.state.prefix;
   }
 
+  /** The Boxcar account's public key: its id and its name on the servers (KEDA's `account`). */
+  get accountKey(): string {
+    return this.state.account;
+  }
+
   users(): readonly AuthUser[] {
     return this.state.users;
   }
@@ -224,7 +229,19 @@ export class AuthDir {
     this.state.revoked[key.publicKey] = Math.floor(Date.now() / 1000);
   }
 
-  /** The Boxcar account's JWT as it stands: scoped signing keys per role, and revocations. */
+  /**
+   * The Boxcar account's JWT as it stands: scoped signing keys per role, and revocations.
+   *
+   * Its name is the account's public key, as its id is. nats-server's monitoring endpoint reports
+   * an account's JWT name as `name` in `/jsz` (its key as `id`) and selects accounts with
+   * `/jsz?acc=` by key only, while KEDA's nats-jetstream scaler asks `acc=<account>` and, before
+   * KEDA 2.17, keeps only the entry whose `name` equals that same `account`: a name other than the
+   * key (it was the prefix, `boxcar`) left no value of `account` that matched, so workers never
+   * scaled up from zero. Named by its key, `account: <public key>` works in every KEDA (2.17 and
+   * later also match `id`). Folders made before keep working; the new name reaches the servers with
+   * the next `revoke`, `rotate` or `boxcar auth push`, and on a cluster a server's `/jsz` may keep
+   * the old one until that server restarts (test/keda-auth.test.ts).
+   */
   async accountJwt(): Promise<string> {
     const operator = await this.seed("operator");
     const account = await this.seed("account");
@@ -243,7 +260,7 @@ export class AuthDir {
       signingKeys.push(scoped);
     }
     return await encodeAccount(
-      this.state.prefix,
+      account.getPublicKey(),
       account,
       {
         limits: {

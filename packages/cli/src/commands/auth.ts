@@ -50,13 +50,14 @@ export const auth: Command = {
           ...(ctx.values.store ? { storeDir: ctx.values.store as string } : {}),
         });
         if (ctx.values.json) {
-          ctx.print(json({ dir: a.dir, users: a.users() }));
+          ctx.print(json({ dir: a.dir, account: a.accountKey, users: a.users() }));
           return ExitCode.ok;
         }
         ctx.print(`auth folder ${a.dir} (prefix ${a.prefix}):`);
         ctx.print(`  nats-server -c ${a.dir}/nats-server.conf      # or include ${a.dir}/auth.conf in your own config`);
         for (const role of ROLES) ctx.print(`  ${a.credsFile(role)}  (${role})`);
         ctx.print(`  ${a.dir}/dispatchers.pub  (give workers --dispatcher-keys this file)`);
+        ctx.print(`  account ${a.accountKey}  (its public key, and its name: KEDA's account)`);
         return ExitCode.ok;
       }
       case "add": {
