@@ -5,26 +5,13 @@ import { type BoxcarEvent, type JobRecord, JobSpec, PROTOCOL_VERSION } from "@bo
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { leasedSystem } from "./helpers/leased.js";
 import { natsFixture } from "./helpers/nats.js";
 
 /** A short lease (ack wait) on the pool, so redelivery after a crash comes quickly. */
 const LEASE_MS = 1_500;
 
-async function system() {
-  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
-  // The pool's consumer is made here, with the short lease; workers read it from the consumer.
-  await nats.topology.ensurePoolConsumer("default");
-  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-  return {
-    nats,
-    dispatcher,
-    client: createClient(nats.topology),
-    [Symbol.asyncDispose]: async () => {
-      await dispatcher.close();
-      await nats[Symbol.asyncDispose]();
-    },
-  };
-}
+const system = () => leasedSystem(LEASE_MS);
 
 async function jobTypes(client: ReturnType<typeof createClient>, jobId: string): Promise<string[]> {
   const types: string[] = [];

@@ -16,16 +16,16 @@ import { randomBytes } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { type BoxcarClient, createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
+import type { BoxcarClient } from "@boxcar/client";
 import { isTerminal, type JobEvent, type JobRecord } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
 import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { leasedSystem } from "./helpers/leased.js";
 import { tcpProxy } from "./helpers/lifeline-proxy.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import type { NatsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 
 /** The pool's lease (JetStream ack wait): an attempt whose lease is not confirmed loses its agent 2.5 s after the last renewal. */
@@ -33,21 +33,7 @@ const LEASE_MS = 3_000;
 /** The variable that marks an agent's processes (its value is unique to one test). */
 const MARK = "ONE_ATTEMPT_MARK";
 
-async function system() {
-  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
-  // The pool's consumer is made here, with the short lease; workers read it from the consumer.
-  await nats.topology.ensurePoolConsumer("default");
-  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-  return {
-    nats,
-    prefix: nats.topology.names.prefix,
-    client: createClient(nats.topology),
-    [Symbol.asyncDispose]: async () => {
-      await dispatcher.close();
-      await nats[Symbol.asyncDispose]();
-    },
-  };
-}
+const system = () => leasedSystem(LEASE_MS);
 
 const newMark = () => `m${randomBytes(8).toString("hex")}`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

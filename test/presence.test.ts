@@ -1,9 +1,9 @@
-import { type BoxcarClient, createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
+import type { BoxcarClient } from "@boxcar/client";
 import { MISSED_HEARTBEATS, TERMINAL_STATES, WorkerInfo, type WorkerView, workerStatus } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker, type SandboxProvider } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { leasedSystem } from "./helpers/leased.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /** Workers heartbeat every 300 ms here, so one silent for 900 ms is gone. */
@@ -14,19 +14,7 @@ const SLACK_MS = 10_000;
 /** A short lease, so a killed worker's job is delivered again soon. */
 const LEASE_MS = 1_500;
 
-async function system() {
-  const nats = await natsFixture({ ackWaitMs: LEASE_MS });
-  await nats.topology.ensurePoolConsumer("default");
-  const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-  return {
-    nats,
-    client: createClient(nats.topology),
-    [Symbol.asyncDispose]: async () => {
-      await dispatcher.close();
-      await nats[Symbol.asyncDispose]();
-    },
-  };
-}
+const system = () => leasedSystem(LEASE_MS);
 
 function spawnWorker(nats: NatsFixture, ...flags: string[]) {
   return spawnBoxcar(nats.url, nats.topology.names.prefix, ["worker", "--heartbeat", `${HEARTBEAT_MS}ms`, ...flags]);

@@ -21,16 +21,14 @@ export async function createAttached(
     AttachStderr: true,
   });
   try {
-    const stream = (await container.attach({
-      stream: true,
-      stdin: true,
-      stdout: true,
-      stderr: true,
-      hijack: true,
-    })) as NodeJS.ReadWriteStream;
-    return { container, stream };
+    return { container, stream: await attachWhole(container) };
   } catch (err) {
     await container.remove({ force: true, v: true }).catch(() => undefined);
     throw err;
   }
+}
+
+/** The container's stdin, stdout and stderr as one stream (output multiplexed, as the engine sends it). */
+export async function attachWhole(container: Docker.Container): Promise<NodeJS.ReadWriteStream> {
+  return (await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true })) as NodeJS.ReadWriteStream;
 }

@@ -7,6 +7,7 @@ import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from 
 import Docker from "dockerode";
 import tar from "tar-stream";
 import { raceAbort } from "./abort.js";
+import { attachWhole } from "./attached-container.js";
 import { DockerSession } from "./docker-session.js";
 import { beatLine, underLifeline } from "./lifeline.js";
 import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
@@ -641,13 +642,7 @@ class DockerSandbox extends LocalFilesSandbox implements Sandbox {
    * is the agent's lifeline: it beats with the attempt's lease until then.
    */
   private async attach(container: Docker.Container, opts: ExecOptions): Promise<{ ended: Promise<void> }> {
-    const stream = (await container.attach({
-      stream: true,
-      stdin: true,
-      stdout: true,
-      stderr: true,
-      hijack: true,
-    })) as NodeJS.ReadWriteStream;
+    const stream = await attachWhole(container);
     const stopBeating = opts.attemptLease?.onRenewed((msLeft) => stream.write(beatLine(msLeft)));
     const stdout = new PassThrough();
     const stderr = new PassThrough();
