@@ -154,13 +154,9 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
 
   // Counted against its owner's quota from here, before anything is taken for it.
   const role = opts.ownerRole ?? "submitter";
-  const letGo = ctx.load.hold({ user: opts.owner, role }, id, ctx.policy.policy);
-  try {
-    return await createJob(topology, ctx, opts, { id, spec, agent, session, role });
-  } catch (err) {
-    letGo();
-    throw err;
-  }
+  return ctx.load.counted({ user: opts.owner, role }, id, ctx.policy.policy, () =>
+    createJob(topology, ctx, opts, { id, spec, agent, session, role }),
+  );
 }
 
 /** The rest of an admission, once the job has its id and is counted: its record, its places and its work item. */

@@ -219,14 +219,10 @@ export async function retryJob(
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
   // A dead job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
-  const letGo =
-    job.state === "dead" ? ctx.load.hold({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy) : () => {};
-  try {
-    return await requeueDead(topology, found, ctx);
-  } catch (err) {
-    letGo();
-    throw err;
-  }
+  if (job.state !== "dead") return requeueDead(topology, found, ctx);
+  return ctx.load.counted({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy, () =>
+    requeueDead(topology, found, ctx),
+  );
 }
 
 async function requeueDead(

@@ -144,19 +144,22 @@ export class JobLoad {
 
   /**
    * Refuses a new job of `holder` past its quota (as `check`), else counts it at once as waiting,
-   * under its id, before its record is written: admissions at once through one dispatcher (a
+   * under its id, while `write` writes its record: admissions at once through one dispatcher (a
    * workflow step's fan-out) cannot all pass the quota. Its record, observed, takes the hold's
-   * place; the function returned lets go of a hold whose record was not written.
+   * place; a `write` that fails lets go of it.
    */
-  hold(holder: Identity, id: string, policy: SystemPolicy): () => void {
+  async counted<T>(holder: Identity, id: string, policy: SystemPolicy, write: () => Promise<T>): Promise<T> {
     this.check(holder, policy);
-    if (this.jobs.has(id)) return () => {};
+    if (this.jobs.has(id)) return write();
     const held: Counted = { owner: holder.user, state: "queued", bytes: 0 };
     this.jobs.set(id, held);
     this.add(held, 1);
-    return () => {
+    try {
+      return await write();
+    } catch (err) {
       if (this.jobs.get(id) === held) this.observe(id, undefined);
-    };
+      throw err;
+    }
   }
 
   /**

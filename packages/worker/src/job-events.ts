@@ -89,7 +89,7 @@ export class JobEvents {
     private readonly log: Logger,
     private readonly holdMs: number,
     /** Every event is redacted by it before it is published, whatever its fields. */
-    private readonly redactor: Pick<Redactor, "json">,
+    private readonly redactor: Pick<Redactor, "json" | "active">,
   ) {
     this.held = holdMs > 0 ? [] : null;
   }
@@ -177,6 +177,7 @@ export class JobEvents {
    * it was, whatever a piece of a secret might look like.
    */
   private redacted<E extends BoxcarEvent>(event: E): E {
+    if (!this.redactor.active) return event; // an agent with no secrets: nothing to take out
     const identity = Object.fromEntries(IDENTITY.filter((k) => k in event).map((k) => [k, (event as Record<string, unknown>)[k]]));
     const folded =
       "folded" in event && Array.isArray(event.folded) ? { folded: event.folded.map((e: BoxcarEvent) => this.redacted(e)) } : {};

@@ -121,6 +121,6 @@ export class AttemptLease {
 export const beatLine = (msLeft: number): string => `${stopSeconds(msLeft)}\n`;
 
 /** How long before the lease runs out an unconfirmed attempt stops: a sixth of the lease (5 s of the default 30 s). */
-export function lapseMarginMs(leaseMs: number): number {
+function lapseMarginMs(leaseMs: number): number {
   return Math.ceil(leaseMs / 6);
 }

@@ -10,7 +10,7 @@ const REDACTED_BYTES = new TextEncoder().encode(REDACTED);
  * an error, a usage line, an event): a report cut short (a parser's message quoting the start of
  * a bad file, a field cut at its limit) must not carry its first characters out.
  */
-export const SECRET_PIECE = 8;
+const SECRET_PIECE = 8;
 
 /**
  * The one place where the secrets an attempt's agent was given are taken out of everything the

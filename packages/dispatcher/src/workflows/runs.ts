@@ -344,7 +344,8 @@ export class Runs {
       starts.map(async (start) => {
         try {
           // The step's limits bound its job, and every job its chain hands off to (step-limits.ts).
-          const limits = stepLimitsOf(run.workflow.steps.find((s) => s.name === start.step));
+          const step = run.workflow.steps.find((s) => s.name === start.step);
+          const limits = stepLimitsOf(step);
           const spec = limits ? { ...start.spec, ...withinStep(limits, await this.ctx.agents.get(start.spec.agent)) } : start.spec;
           const { job } = await admit(this.topology, spec, this.ctx, {
             owner: ownerOf(run),
@@ -356,7 +357,7 @@ export class Runs {
               limits: run.workflow.limits,
               run: id,
               step: start.step,
-              ...(run.workflow.steps.find((s) => s.name === start.step)?.forEach !== undefined ? { index: start.index } : {}),
+              ...(step?.forEach !== undefined ? { index: start.index } : {}),
               ...(run.deadline ? { deadline: run.deadline } : {}),
               ...(limits ? { stepLimits: limits } : {}),
             },
