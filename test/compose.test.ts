@@ -1,5 +1,7 @@
 import { execFile } from "node:child_process";
+import { readFile } from "node:fs/promises";
 import { request } from "node:http";
+import { request as httpsRequest } from "node:https";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -18,6 +20,8 @@ import { uniquePrefix } from "./helpers/nats.js";
 import { type Scratch, scratch } from "./helpers/scratch.js";
 
 const run = promisify(execFile);
+/** What a NATS server's container holds of the auth folder: no seed, not the CA's key. */
+const NATS_FILES = ["/etc/nats/auth/auth.conf", "/etc/nats/tls/ca.pem", "/etc/nats/tls/server-key.pem", "/etc/nats/tls/server.pem"];
 const COMPOSE_FILE = fileURLToPath(new URL("../deploy/compose/docker-compose.yml", import.meta.url));
 const NATS_IMAGE = process.env.BOXCAR_NATS_IMAGE ?? "boxcar-nats:latest";
 const ready =
@@ -81,7 +85,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     const lines: string[] = [];
     for (const server of ["nats1", "nats2", "nats3"]) {
       const jsz =
-        "fetch('http://127.0.0.1:8222/jsz').then((r) => r.json()).then((j) => console.log(JSON.stringify(j.meta_cluster ?? null)))";
+        "fetch('https://127.0.0.1:8222/jsz').then((r) => r.json()).then((j) => console.log(JSON.stringify(j.meta_cluster ?? null)))";
       const out = await compose("exec", "-T", server, "node", "-e", jsz).then(
         (r) => r.stdout.trim(),
         (e: unknown) => String(e),
@@ -91,6 +95,13 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     const logs = await compose("logs", "--no-color", "--tail", "60", "nats1", "nats2", "nats3").catch((e) => ({ stdout: String(e) }));
     return `${lines.join("\n")}\n${logs.stdout}`;
   };
+
+  /** The admin's connection to the published client port: TLS, verified against the system's CA. */
+  const adminFlags = (auth: AuthDir) => ({
+    nats: `tls://127.0.0.1:${env.BOXCAR_NATS_PORT}`,
+    creds: auth.credsFile("admin"),
+    tlsCa: auth.caFile as string,
+  });
 
   /** Waits for the three workers to run; if they do not, says what the roles and servers logged. */
   const threeWorkers = async (client: BoxcarClient) => {
@@ -144,12 +155,14 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
     expect(page.headers.get("content-security-policy")).toContain("script-src 'self'");
     const session = await fetch(`${ui}/session`, { method: "POST", headers: { authorization: `Bearer ${link}` } });
     expect(session.status).toBe(200);
-    expect(await session.json()).toMatchObject({ role: "viewer", user: "viewer", ws: `ws://127.0.0.1:${env.BOXCAR_WS_PORT}` });
+    expect(await session.json()).toMatchObject({ role: "viewer", user: "viewer", ws: `wss://127.0.0.1:${env.BOXCAR_WS_PORT}` });
+    const ca = await readFile(join(dir.path, "auth", "tls", "ca.pem"));
     const upgrade = (origin: string) =>
       new Promise<number>((resolve, reject) => {
-        const req = request({
+        const req = httpsRequest({
           host: "127.0.0.1",
           port: Number(env.BOXCAR_WS_PORT),
+          ca,
           headers: {
             origin,
             connection: "Upgrade",
@@ -168,9 +181,17 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       });
     expect(await upgrade(ui)).toBe(101);
     expect(await upgrade("http://evil.example")).toBe(403);
+    // No plain-text WebSocket: the port speaks TLS only.
+    const plain = await new Promise<string>((resolve) => {
+      const req = request({ host: "127.0.0.1", port: Number(env.BOXCAR_WS_PORT), headers: { origin: ui } });
+      req.on("response", (res) => resolve(`answered ${res.statusCode}`));
+      req.on("error", (err) => resolve(`refused: ${err.message}`));
+      req.end();
+    });
+    expect(plain).toMatch(/^refused|answered 400/);
   }, 90_000);
 
-  test("each container holds only its role's credential, and the plain-text client port is published on this machine only", async () => {
+  test("each container holds only its role's credential, and the client port, TLS only, is published on this machine only", async () => {
     const docker = new Docker();
     const containers = await docker.listContainers({ filters: { label: [`com.docker.compose.project=${project}`] } });
     const readable: Record<string, string[]> = {};
@@ -178,28 +199,38 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       const service = c.Labels["com.docker.compose.service"] as string;
       if (readable[service]) continue;
       // Every file under the places an auth folder could be mounted, as the container's own user sees them.
-      const { stdout } = await run("docker", ["exec", c.Id, "sh", "-c", "find /auth /etc/nats/auth -type f 2>/dev/null; true"]);
+      const { stdout } = await run("docker", [
+        "exec",
+        c.Id,
+        "sh",
+        "-c",
+        "find /auth /etc/nats/auth /etc/nats/tls -type f 2>/dev/null; true",
+      ]);
       readable[service] = stdout.split("\n").filter(Boolean).sort();
     }
     expect(readable).toEqual({
-      nats1: ["/etc/nats/auth/auth.conf"],
-      nats2: ["/etc/nats/auth/auth.conf"],
-      nats3: ["/etc/nats/auth/auth.conf"],
-      dispatcher: ["/auth/dispatcher.creds"],
-      worker: ["/auth/dispatchers.pub", "/auth/worker.creds"],
-      "worker-e2b": ["/auth/dispatchers.pub", "/auth/worker.creds"],
+      nats1: NATS_FILES,
+      nats2: NATS_FILES,
+      nats3: NATS_FILES,
+      dispatcher: ["/auth/ca.pem", "/auth/dispatcher.creds"],
+      worker: ["/auth/ca.pem", "/auth/dispatchers.pub", "/auth/worker.creds"],
+      "worker-e2b": ["/auth/ca.pem", "/auth/dispatchers.pub", "/auth/worker.creds"],
       ui: ["/auth/auth.json", "/auth/keys/role-viewer.nk"],
     });
     const nats1 = await docker.getContainer(`${project}_nats1_1`).inspect();
     expect(nats1.HostConfig.PortBindings?.["4222/tcp"]).toEqual([{ HostIp: "127.0.0.1", HostPort: env.BOXCAR_NATS_PORT }]);
+    // The client port speaks TLS only: a plain connection is refused, one that verifies the CA is let in.
+    const auth = await AuthDir.open(join(dir.path, "auth"));
+    const plain = { ...adminFlags(auth), nats: `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`, tlsCa: undefined };
+    await expect(connectNats(resolveConnection({ flags: plain, env: {} }), "compose-plain")).rejects.toThrow(/certificate/);
+    const nc = await connectNats(resolveConnection({ flags: adminFlags(auth), env: {} }), "compose-tls");
+    expect(nc.info?.tls_required).toBe(true);
+    await nc.close();
   });
 
   test("a worker stopped mid-job (docker-compose stop) drains: a job longer than the 30 s default grace ends as attempt 1", async () => {
     const auth = await AuthDir.open(join(dir.path, "auth"));
-    const nc = await connectNats(
-      resolveConnection({ flags: { nats: `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`, creds: auth.credsFile("admin") }, env: {} }),
-      "compose-drain",
-    );
+    const nc = await connectNats(resolveConnection({ flags: adminFlags(auth), env: {} }), "compose-drain");
     try {
       const client = createClient({ nc, names: names(prefix) });
       await threeWorkers(client);
@@ -221,8 +252,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
 
   test(`${JOBS} jobs all succeed once while a NATS server and a worker are killed; down -v leaves nothing`, async () => {
     const auth = await AuthDir.open(join(dir.path, "auth"));
-    const url = `nats://127.0.0.1:${env.BOXCAR_NATS_PORT}`;
-    const nc = await connectNats(resolveConnection({ flags: { nats: url, creds: auth.credsFile("admin") }, env: {} }), "compose-test");
+    const nc = await connectNats(resolveConnection({ flags: adminFlags(auth), env: {} }), "compose-test");
     try {
       const client = createClient({ nc, names: names(prefix) });
       await threeWorkers(client);
@@ -241,7 +271,7 @@ describe.skipIf(!ready)("the Compose cluster (deploy/compose)", () => {
       }
       // The E2B-only worker has no way to the engine: no socket is mounted into it.
       const e2bWorker = await docker.getContainer(`${project}_worker-e2b_1`).inspect();
-      expect(e2bWorker.Mounts.map((m) => m.Destination).sort()).toEqual(["/auth/dispatchers.pub", "/auth/worker.creds"]);
+      expect(e2bWorker.Mounts.map((m) => m.Destination).sort()).toEqual(["/auth/ca.pem", "/auth/dispatchers.pub", "/auth/worker.creds"]);
       await client.applyAgent({
         name: "echo-e2b",
         pool: "e2b",

@@ -1,8 +1,10 @@
 import { execFile } from "node:child_process";
+import { X509Certificate } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { AuthDir } from "@boxcar/auth";
 import { names, PRIORITIES, type Priority } from "@boxcar/protocol";
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1";
 import { Deployment } from "kubernetes-models/apps/v1";
@@ -111,6 +113,13 @@ async function rolesEnv(name: string): Promise<Record<string, string>> {
 }
 
 /** The NATS chart values for an overlay: base/nats-values.yaml, then the overlay's own (helm's -f order). */
+/** The chart's TLS block of one link. */
+interface NatsTls {
+  enabled: boolean;
+  secretName?: string;
+  merge?: Record<string, unknown>;
+}
+
 async function natsValues(name: string) {
   const merge = (a: unknown, b: unknown): unknown =>
     a && b && typeof a === "object" && typeof b === "object" && !Array.isArray(a) && !Array.isArray(b)
@@ -123,11 +132,13 @@ async function natsValues(name: string) {
       : (b ?? a);
   return merge(parse(await text("base/nats-values.yaml")), parse(await text(`${NATS_VALUES[name]}/nats-values.yaml`))) as {
     config: {
-      cluster?: { enabled: boolean; replicas: number };
+      nats?: { tls?: NatsTls };
+      cluster?: { enabled: boolean; replicas: number; tls?: NatsTls };
       jetstream: { enabled: boolean };
-      monitor: { enabled: boolean; port: number };
-      websocket: { enabled: boolean; port: number; merge: { allowed_origins: string[] } };
+      monitor: { enabled: boolean; port: number; tls?: NatsTls };
+      websocket: { enabled: boolean; port: number; merge: { allowed_origins: string[] }; tls?: NatsTls };
     };
+    tlsCA?: { enabled: boolean; secretName: string; key: string };
   };
 }
 
@@ -150,6 +161,33 @@ describe("deploy/kubernetes: the NATS chart values", () => {
     }
     expect((await natsValues("overlays/trial")).config.cluster?.enabled).toBe(false);
     expect((await natsValues("overlays/ha")).config.cluster).toMatchObject({ enabled: true, replicas: 3 });
+  });
+
+  test("every link is TLS (clients, routes verified both ways, WebSocket, monitoring) from one Secret, and the certificate `auth init` makes names the hosts the roles and KEDA ask", async () => {
+    for (const name of OVERLAYS) {
+      const { config, tlsCA } = await natsValues(name);
+      for (const link of [config.nats, config.cluster, config.websocket]) {
+        expect(link?.tls, name).toMatchObject({ enabled: true, secretName: "boxcar-nats-tls" });
+      }
+      expect(config.cluster?.tls?.merge, name).toEqual({ verify: true });
+      expect(config.monitor?.tls, name).toEqual({ enabled: true });
+      expect(tlsCA, name).toEqual({ enabled: true, secretName: "boxcar-nats-tls", key: "ca.crt" });
+    }
+    const header = await text("base/kustomization.yaml");
+    for (const key of ["tls.crt=DIR/tls/server.pem", "tls.key=DIR/tls/server-key.pem", "ca.crt=DIR/tls/ca.pem"]) {
+      expect(header).toContain(`--from-file=${key}`);
+    }
+    await using dir = await scratch("boxcar-k8s-tls-");
+    const auth = await AuthDir.init(join(dir.path, "auth"));
+    const cert = new X509Certificate(await readFile(join(auth.dir, "tls", "server.pem")));
+    // The roles' URL, KEDA's endpoint and the servers it then asks by name, the routes between them.
+    const hosts = [
+      "nats",
+      "nats-headless.boxcar.svc.cluster.local",
+      "nats-1.nats-headless.boxcar.svc.cluster.local",
+      "nats-1.nats-headless",
+    ];
+    for (const host of hosts) expect(cert.checkHost(host), host).toBeDefined();
   });
 
   test("the servers run unprivileged, and the chart's nats-box (which holds none of Boxcar's credentials) is off", async () => {
@@ -239,7 +277,11 @@ describe.skipIf(!kustomizeReady)("deploy/kubernetes, rendered with kubectl kusto
     for (const name of OVERLAYS) {
       const cluster = (await natsValues(name)).config.cluster;
       const servers = cluster?.enabled ? cluster.replicas : 1;
-      expect(await rolesEnv(name), name).toEqual({ BOXCAR_NATS_URL: "nats://nats:4222", BOXCAR_REPLICAS: String(servers) });
+      expect(await rolesEnv(name), name).toEqual({
+        BOXCAR_NATS_URL: "tls://nats:4222",
+        NATS_CA: "/auth/ca.pem",
+        BOXCAR_REPLICAS: String(servers),
+      });
     }
     const replicas = async (name: string) =>
       Object.fromEntries((await deployments(name)).map((d) => [d.metadata?.name, d.spec?.replicas ?? "KEDA"]));
@@ -334,6 +376,7 @@ describe.skipIf(!kustomizeReady)("deploy/kubernetes, rendered with kubectl kusto
           expect(t.metadata.consumer).toBe(n.poolConsumer(pool, t.name as Priority));
           // The chart's headless service in the overlay's namespace, on the monitoring port.
           expect(t.metadata.natsServerMonitoringEndpoint).toBe(`nats-headless.${namespace}.svc.cluster.local:8222`);
+          expect(t.metadata.useHttps).toBe("true");
         }
         const formula = scaled.spec?.advanced?.scalingModifiers?.formula ?? "";
         for (const p of PRIORITIES) expect(formula).toContain(p);
@@ -385,7 +428,9 @@ describe.skipIf(!kustomizeReady)("deploy/kubernetes, rendered with kubectl kusto
         }
         // The files its arguments name under /auth are exactly the Secret's items.
         const items = pod.volumes?.find((v) => v.name === "auth")?.secret?.items ?? [];
-        const read = args.filter((a) => a.startsWith("/auth/")).map((a) => a.slice("/auth/".length));
+        const read = [...args, ...Object.values(await rolesEnv(name))]
+          .filter((a) => a.startsWith("/auth/"))
+          .map((a) => a.slice("/auth/".length));
         expect(items.map((i) => i.path).sort(), where).toEqual(read.sort());
         for (const i of items) expect(header, where).toContain(`--from-file=${i.key}=`);
       }

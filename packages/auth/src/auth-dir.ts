@@ -4,6 +4,7 @@ import { BoxcarError, ErrorCode, LOCAL_OWNER, names, ROLE_TAG, ROLES, type Role,
 import { Algorithms, encodeAccount, encodeOperator, encodeUser, fmtCreds, newScopedSigner } from "@nats-io/jwt";
 import { createAccount, createOperator, createUser, fromSeed, type KeyPair } from "@nats-io/nkeys";
 import { z } from "zod";
+import { DEFAULT_SERVER_HOSTS, newAuthority, newServerCertificate } from "./tls.js";
 
 /**
  * An auth folder: the keys and credentials of one Boxcar system under NATS decentralised
@@ -18,7 +19,10 @@ import { z } from "zod";
  * - `auth.conf`: operator, system account, resolver and the accounts' JWTs;
  * - `<user>.creds`: one credentials file per user; `boxcar auth init` makes one per role;
  * - `dispatchers.pub`: the public keys workers accept work items from (`--dispatcher-keys`);
- * - `auth.json`: the users and public keys; `keys/`: the operator, account and role seeds.
+ * - `auth.json`: the users and public keys; `keys/`: the operator, account and role seeds, and
+ *   the private key of the system's certificate authority (`ca.key`);
+ * - `tls/`: the CA's certificate (`ca.pem`, what roles and clients verify servers with) and the
+ *   servers' certificate and key (`server.pem`, `server-key.pem`), unless made without TLS.
  */
 
 const User = z.strictObject({
@@ -38,6 +42,8 @@ const AuthState = z.strictObject({
   operator: z.string(),
   systemAccount: z.string(),
   account: z.string(),
+  /** The names and addresses the servers' certificate is issued for; absent: made without TLS. */
+  tlsHosts: z.array(z.string()).optional(),
   /** Public keys of users revoked and then re-minted under the same name (rotations). */
   revoked: z.record(z.string(), z.number()).default({}),
   users: z.array(User),
@@ -51,6 +57,11 @@ export interface InitAuthOptions {
   listen?: string;
   /** JetStream's store in `nats-server.conf`; default `DIR/jetstream`. */
   storeDir?: string;
+  /**
+   * TLS: a certificate authority, and a certificate for the servers issued for
+   * `DEFAULT_SERVER_HOSTS` and these names or addresses (default: none more); false: no TLS.
+   */
+  tls?: false | { hosts?: readonly string[] };
 }
 
 const STATE_FILE = "auth.json";
@@ -99,6 +110,13 @@ export class AuthDir {
     const sysJwt = await encodeUser(SYSTEM_USER, sysUser, system, {}, { algorithm: Algorithms.v2 });
     await writePrivate(join(root, "keys", `${SYSTEM_USER}.creds`), fmtCreds(sysJwt, sysUser));
     for (const role of ROLES) await auth.mint(role, role);
+    if (opts.tls !== false) {
+      await mkdir(join(root, "tls"), { recursive: true, mode: 0o700 });
+      const authority = newAuthority(`Boxcar ${prefix} CA`);
+      await writePrivate(join(root, "keys", "ca.key"), authority.key);
+      await writePrivate(join(root, "tls", "ca.pem"), authority.cert);
+      await auth.issueServerCertificate(opts.tls?.hosts ?? []);
+    }
     await auth.writeServerConfig(opts.listen ?? "127.0.0.1:4222", resolve(opts.storeDir ?? join(root, "jetstream")));
     return auth;
   }
@@ -132,6 +150,34 @@ export class AuthDir {
 
   credsFile(user: string): string {
     return join(this.dir, `${user}.creds`);
+  }
+
+  /** The CA file that verifies the servers (`--tls-ca`), or undefined for a folder made without TLS. */
+  get caFile(): string | undefined {
+    return this.state.tlsHosts ? join(this.dir, "tls", "ca.pem") : undefined;
+  }
+
+  /** The names and addresses the servers' certificate is issued for (none without TLS). */
+  get tlsHosts(): readonly string[] {
+    return this.state.tlsHosts ?? [];
+  }
+
+  /**
+   * Issues the servers a new certificate (`tls/server.pem` and `server-key.pem`) from the folder's
+   * CA, for `DEFAULT_SERVER_HOSTS` and `hosts`: to add a name the servers are reached by, or to
+   * renew it. Servers take it on a restart or reload; clients need nothing new.
+   */
+  async issueServerCertificate(hosts: readonly string[]): Promise<void> {
+    const caKey = await readFile(join(this.dir, "keys", "ca.key"), "utf8").catch(() => {
+      throw new BoxcarError(ErrorCode.notFound, `${this.dir} was made without TLS (no keys/ca.key): make a new folder with TLS`);
+    });
+    const caCert = await readFile(join(this.dir, "tls", "ca.pem"), "utf8");
+    const all = [...new Set([...DEFAULT_SERVER_HOSTS, ...hosts])];
+    const server = newServerCertificate({ cert: caCert, key: caKey }, all);
+    await writePrivate(join(this.dir, "tls", "server-key.pem"), server.key);
+    await writePrivate(join(this.dir, "tls", "server.pem"), server.cert);
+    this.state.tlsHosts = all;
+    await this.save();
   }
 
   get systemCredsFile(): string {
@@ -348,6 +394,12 @@ export class AuthDir {
       [
         "# Written by `boxcar auth init`: a single nats-server with JetStream and Boxcar's roles.",
         `listen: ${JSON.stringify(listen)}`,
+        ...(this.state.tlsHosts
+          ? [
+              "# Clients connect with TLS only, and verify this server with tls/ca.pem (--tls-ca).",
+              `tls { cert_file: ${JSON.stringify(join(this.dir, "tls", "server.pem"))}, key_file: ${JSON.stringify(join(this.dir, "tls", "server-key.pem"))} }`,
+            ]
+          : []),
         `jetstream { store_dir: ${JSON.stringify(storeDir)} }`,
         "max_payload: 1MB",
         'include "auth.conf"',

@@ -161,7 +161,9 @@ export async function connectNats(resolved: ResolvedConnection, name: string): P
     const hint =
       tls && !s.tlsCert && /timeout/i.test(reason)
         ? "if the server wants a client certificate, give --tls-cert and --tls-key"
-        : "set --nats or BOXCAR_NATS_URL, and --creds or another credential if the server wants one; `boxcar up` starts a local server";
+        : /certificate|self.signed/i.test(reason)
+          ? "the server's certificate is not signed by a CA this process trusts: give --tls-ca FILE or NATS_CA (for a system `boxcar auth init` set up, its tls/ca.pem)"
+          : "set --nats or BOXCAR_NATS_URL, and --creds or another credential if the server wants one; `boxcar up` starts a local server";
     throw new BoxcarError(
       ErrorCode.unavailable,
       `cannot connect to NATS at ${resolved.servers.map(maskUrl).join(", ")}: ${reason} (${hint})`,

@@ -1,4 +1,4 @@
-import { AuthDir, pushAccount } from "@boxcar/auth";
+import { AuthDir, checkHost, pushAccount } from "@boxcar/auth";
 import type { ResolvedConnection } from "@boxcar/client";
 import { ROLES, Role } from "@boxcar/protocol";
 import type { Command } from "../command.js";
@@ -8,7 +8,17 @@ import { json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
 const usage =
-  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] | add USER [--role] ROLE | ls | revoke USER | rotate USER [--now|--finish] | push  [--dir DIR]";
+  "boxcar auth init DIR [--listen 127.0.0.1:4222] [--store DIR] [--tls-host NAME]... [--no-tls] | add USER [--role] ROLE | ls | revoke USER | rotate USER [--now|--finish] | push | tls [--tls-host NAME]...  [--dir DIR]";
+
+/** `--tls-host` values, checked: names or addresses a server certificate may carry. */
+function tlsHosts(values: Record<string, unknown>): string[] {
+  const hosts = (values["tls-host"] as string[] | undefined) ?? [];
+  for (const host of hosts) {
+    const problem = checkHost(host);
+    if (problem) throw new UsageError(`--tls-host: ${problem}`);
+  }
+  return hosts;
+}
 
 /** Where the auth folder is for every verb but `init`: `--dir`, else `$BOXCAR_AUTH_DIR`, else `.boxcar/auth`. */
 function authDir(values: Record<string, unknown>, env: NodeJS.ProcessEnv): string {
@@ -32,6 +42,8 @@ export const auth: Command = {
     store: { type: "string" },
     now: { type: "boolean" },
     finish: { type: "boolean" },
+    "tls-host": { type: "string", multiple: true, default: [] },
+    "no-tls": { type: "boolean" },
   },
   async run(ctx) {
     const [verb, arg] = ctx.positionals;
@@ -44,20 +56,42 @@ export const auth: Command = {
     switch (verb) {
       case "init": {
         const dir = needArg("DIR");
+        const hosts = tlsHosts(ctx.values);
+        if (ctx.values["no-tls"] && hosts.length > 0) throw new UsageError("--tls-host names the servers' certificate: not with --no-tls");
         const a = await AuthDir.init(dir, {
           ...(ctx.values.prefix ? { prefix: ctx.values.prefix } : {}),
           ...(ctx.values.listen ? { listen: ctx.values.listen as string } : {}),
           ...(ctx.values.store ? { storeDir: ctx.values.store as string } : {}),
+          tls: ctx.values["no-tls"] ? false : { hosts },
         });
         if (ctx.values.json) {
-          ctx.print(json({ dir: a.dir, account: a.accountKey, users: a.users() }));
+          ctx.print(
+            json({ dir: a.dir, account: a.accountKey, users: a.users(), tls: a.caFile ? { ca: a.caFile, hosts: a.tlsHosts } : null }),
+          );
           return ExitCode.ok;
         }
         ctx.print(`auth folder ${a.dir} (prefix ${a.prefix}):`);
         ctx.print(`  nats-server -c ${a.dir}/nats-server.conf      # or include ${a.dir}/auth.conf in your own config`);
+        if (a.caFile) {
+          ctx.print(`  ${a.caFile}  (the CA: give clients --tls-ca this file; connect with tls://)`);
+          ctx.print(
+            `  ${a.dir}/tls/server.pem, server-key.pem  (the servers' certificate, for ${a.tlsHosts.length} names: boxcar auth tls --tls-host NAME adds one)`,
+          );
+        }
         for (const role of ROLES) ctx.print(`  ${a.credsFile(role)}  (${role})`);
         ctx.print(`  ${a.dir}/dispatchers.pub  (give workers --dispatcher-keys this file)`);
         ctx.print(`  account ${a.accountKey}  (its public key, and its name: KEDA's account)`);
+        return ExitCode.ok;
+      }
+      case "tls": {
+        if (arg) throw new UsageError(`unexpected argument "${arg}"\n\nusage: ${usage}`);
+        const a = await AuthDir.open(authDir(ctx.values, ctx.io.env));
+        await a.issueServerCertificate([...a.tlsHosts, ...tlsHosts(ctx.values)]);
+        ctx.print(
+          ctx.values.json
+            ? json({ cert: `${a.dir}/tls/server.pem`, hosts: a.tlsHosts })
+            : `a new server certificate in ${a.dir}/tls/server.pem for ${a.tlsHosts.join(", ")}: restart or reload (nats-server --signal reload) the servers`,
+        );
         return ExitCode.ok;
       }
       case "add": {
