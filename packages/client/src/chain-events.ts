@@ -11,8 +11,7 @@ import {
   type WorkflowRun as Run,
 } from "@boxcar/protocol";
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
-import type { FollowOptions } from "./client.js";
-import { followPages, type HistoryPage, RECHECK_MS, Wake } from "./follow.js";
+import { type FollowOptions, followPages, type HistoryPage, RECHECK_MS, Wake } from "./follow.js";
 import { jsonOf } from "./json.js";
 
 /** How a client reaches a Boxcar system: one NATS connection and the system's names. */

@@ -63,7 +63,7 @@ import {
   waitForJobRecord,
   waitForRunEnd,
 } from "./chain-events.js";
-import { followPages, type HistoryPage } from "./follow.js";
+import { type FollowOptions, followPages, type HistoryPage } from "./follow.js";
 import { TRACEPARENT, traceparentOf } from "./trace.js";
 
 export interface ClientOptions {
@@ -94,11 +94,6 @@ export interface SubmitOptions {
    * the submission is refused or returns an earlier job for the same idempotency key.
    */
   upload?: readonly LocalInputFile[];
-}
-
-export interface FollowOptions {
-  follow?: boolean;
-  signal?: AbortSignal;
 }
 
 export interface JobEventsOptions extends FollowOptions {

@@ -1,5 +1,11 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 
+/** How a reader of a history follows it: on past its end as new entries come (`follow`), until `signal` aborts. */
+export interface FollowOptions {
+  follow?: boolean;
+  signal?: AbortSignal;
+}
+
 /**
  * How a client follows what is stored: it reads pages of history through the dispatchers' API
  * and, while following, asks for the next page when a message arrives on the live subjects it

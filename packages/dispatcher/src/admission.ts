@@ -2,8 +2,8 @@ import { type Logger, TRACEPARENT } from "@boxcar/client";
 import {
   DUPLICATE_WINDOW_MS,
   getJson,
-  inputDigest,
   isStorageFull,
+  type JobHandle,
   jobEvent,
   nowIso,
   publishEvent,
@@ -20,6 +20,7 @@ import {
   type Identity,
   JobRecord,
   JobSpec,
+  JobTransitions,
   limitNamed,
   MAX_DELAY_MS,
   mayAccess,
@@ -41,6 +42,7 @@ import type { JobLoad, PolicyBook } from "./policy.js";
 import { reserveFor } from "./rate-limit.js";
 import type { SessionDesk } from "./sessions.js";
 import type { UsageLedger } from "./usage-ledger.js";
+import { publishWorkItem } from "./work-items.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
@@ -275,81 +277,6 @@ function startOf(spec: JobSpec, now: string): number | undefined {
   return at;
 }
 
-/** What publishing a work item needs: the signer, and the workers (which item version they read). */
-export type WorkPublishing = Pick<AdmissionContext, "signer" | "workers" | "limits">;
-
-/**
- * Publishes the job's work item, signed when there is a signer, deduplicated by job id (or
- * `msgID`, for a retry); a delayed job's marker instead, while it waits. The input stays in
- * the record (a version 2 item names it by digest) once every live worker reads such items;
- * until then the item carries it.
- */
-export async function publishWorkItem(
-  topology: Topology,
-  record: JobRecord,
-  agent: AgentDefinition,
-  { signer, workers, limits }: WorkPublishing,
-  msgID = record.id,
-): Promise<void> {
-  const spec = record.spec;
-  if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
-  // A delayed job waits as a marker until its time; `LaterWork` releases its record (its `runAt`
-  // goes) and publishes its item then.
-  if (record.runAt !== undefined && Date.parse(record.runAt) > Date.now()) {
-    const marker = JSON.stringify({ jobId: record.id, runAt: record.runAt });
-    await topology.js.publish(topology.names.subjects.laterWork(record.id), marker, { msgID });
-    return;
-  }
-  // One waiting for a place under its agent's concurrency limit waits as a marker too.
-  if (record.concurrency?.waiting) {
-    await limits.wait(record, agent, msgID);
-    return;
-  }
-  // The priority is the subject's business and the limits the dispatchers', not the worker's:
-  // leaving them out keeps the item runnable by workers of releases before them.
-  const { priority: _queuedWith, rateLimit: _limitedBy, concurrency: _placedBy, ...runnable } = agent;
-  const input = workers.allRead(WORK_ITEM_VERSION)
-    ? { v: WORK_ITEM_VERSION, inputDigest: inputDigest(spec.input) }
-    : { v: PROTOCOL_VERSION, input: spec.input };
-  const item: WorkItem = {
-    ...input,
-    jobId: record.id,
-    owner: ownerOf(record),
-    agent: runnable,
-    files: spec.files,
-    timeoutMs: spec.timeout ?? agent.runtime.timeout,
-  };
-  const retry = spec.retry ?? agent.retry;
-  if (retry) item.retry = retry;
-  if (record.chain) item.chain = record.chain;
-  let subject: string;
-  if (record.session) {
-    // Taken by that worker alone, from the consumer it made for its sessions' jobs.
-    item.session = record.session.id;
-    subject = topology.names.subjects.sessionWork(record.session.workerId);
-  } else {
-    await topology.ensurePoolConsumer(record.pool);
-    subject = topology.names.subjects.work(record.pool, record.priority);
-  }
-  await publishWork(topology, subject, JSON.stringify(item), signer, msgID, record.traceparent);
-}
-
-/** Publishes a work item on `subject`, signed when there is a signer, with the job's trace context when it has one. */
-export async function publishWork(
-  topology: Topology,
-  subject: string,
-  item: string | Uint8Array,
-  signer: WorkSigner | undefined,
-  msgID: string,
-  traceparent?: string,
-): Promise<void> {
-  const body = typeof item === "string" ? new TextEncoder().encode(item) : item;
-  const hdrs = headers();
-  if (traceparent) hdrs.set(TRACEPARENT, traceparent);
-  signer?.sign(subject, body, hdrs);
-  await topology.js.publish(subject, body, { msgID, headers: hdrs });
-}
-
 /**
  * Records a submission that cannot be admitted as a `rejected` job with the reason, so a
  * fire-and-forget submitter can find out why. Nothing is enqueued.
@@ -419,13 +346,6 @@ async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void>
   }
 }
 
-/** The job's record; one that `caller` may not see is not found, as one that does not exist. */
-export async function getRecord(topology: Topology, id: string, caller: Identity): Promise<JobRecord> {
-  const found = await getJson(topology.jobs, id, JobRecord, "job record");
-  if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  return found.value;
-}
-
 /**
  * A policy refusal of the agent a spec runs, with paths into the spec (an issue's path is
  * relative to the request): the spec's own `timeout` where it asked for too much, else the
@@ -439,4 +359,51 @@ function inSpecTerms(err: unknown, spec: JobSpec): unknown {
       : { ...issue, path: "", message: `agent ${spec.agent}'s ${issue.path}: ${issue.message}` },
   );
   return new BoxcarError(err.code, err.message, { issues, cause: err.cause });
+}
+
+/**
+ * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
+ * policy's maxAttempts), its history kept. Only a dead job can be retried; a job of a session,
+ * only while its session is open.
+ */
+export async function retryJob(
+  topology: Topology,
+  id: string,
+  caller: Identity,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits" | "load" | "policy">,
+): Promise<JobRecord> {
+  const found = await topology.jobStore.read(id);
+  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const job = found.record;
+  // A dead job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
+  if (job.state !== "dead") return requeueDead(topology, found, ctx);
+  return ctx.load.counted({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy, () =>
+    requeueDead(topology, found, ctx),
+  );
+}
+
+async function requeueDead(
+  topology: Topology,
+  found: JobHandle,
+  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
+): Promise<JobRecord> {
+  const job = found.record;
+  const id = job.id;
+  const agent = await ctx.agents.get(job.agent);
+  // A job of a session runs there again only while the session is open, on the worker that holds it.
+  if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
+  const retry = job.spec?.retry ?? agent.retry;
+  // It takes its places under its concurrency limits again, or waits for one (a place taken for
+  // it that a racing retry leaves unused is the sweep's to free or finish).
+  const place =
+    job.spec && job.state === "dead" ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
+  const change = await topology.jobStore.change(found, (current) => {
+    const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
+    return requeued && place ? { ...requeued, concurrency: place.concurrency } : requeued;
+  });
+  if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const next = change.handle.record;
+  await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
+  await publishWorkItem(topology, next, agent, ctx, `${id}:retry:${job.attempt}`);
+  return next;
 }

@@ -28,11 +28,11 @@ import {
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
-import { type AdmissionContext, admit, getRecord } from "./admission.js";
+import { type AdmissionContext, admit, retryJob } from "./admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
 import type { JobIndex } from "./job-index.js";
-import { cancelJob, countJobs, listJobs, retryJob, signalJob } from "./jobs.js";
+import { cancelJob, countJobs, getRecord, listJobs, signalJob } from "./jobs.js";
 import { forgetLimit } from "./rate-limit.js";
 import type { RetentionSweeper } from "./retention.js";
 import type { Schedules } from "./schedules.js";

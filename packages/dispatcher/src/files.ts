@@ -17,7 +17,7 @@ import {
   UploadRequest,
 } from "@boxcar/protocol";
 import type { Msg, Subscription } from "@nats-io/transport-node";
-import { getRecord } from "./admission.js";
+import { getRecord } from "./jobs.js";
 
 /**
  * Files in and out of the Object Store for callers without JetStream access (see `access.ts`):

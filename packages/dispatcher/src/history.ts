@@ -14,7 +14,7 @@ import {
   type WorkflowRun,
 } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
-import { getRecord } from "./admission.js";
+import { getRecord } from "./jobs.js";
 import type { Runs } from "./workflows/runs.js";
 
 /**

@@ -16,7 +16,6 @@ import {
   parseWith,
   signalFile,
 } from "@boxcar/protocol";
-import { type AdmissionContext, publishWorkItem } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */
@@ -204,49 +203,9 @@ async function keptSignal(topology: Topology, job: JobRecord, name: string): Pro
 
 type Kept = NonNullable<JobRecord["signals"]>[number];
 
-/**
- * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
- * policy's maxAttempts), its history kept. Only a dead job can be retried; a job of a session,
- * only while its session is open.
- */
-export async function retryJob(
-  topology: Topology,
-  id: string,
-  caller: Identity,
-  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits" | "load" | "policy">,
-): Promise<JobRecord> {
-  const found = await topology.jobStore.read(id);
-  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  const job = found.record;
-  // A dead job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
-  if (job.state !== "dead") return requeueDead(topology, found, ctx);
-  return ctx.load.counted({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy, () =>
-    requeueDead(topology, found, ctx),
-  );
-}
-
-async function requeueDead(
-  topology: Topology,
-  found: JobHandle,
-  ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
-): Promise<JobRecord> {
-  const job = found.record;
-  const id = job.id;
-  const agent = await ctx.agents.get(job.agent);
-  // A job of a session runs there again only while the session is open, on the worker that holds it.
-  if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
-  const retry = job.spec?.retry ?? agent.retry;
-  // It takes its places under its concurrency limits again, or waits for one (a place taken for
-  // it that a racing retry leaves unused is the sweep's to free or finish).
-  const place =
-    job.spec && job.state === "dead" ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
-  const change = await topology.jobStore.change(found, (current) => {
-    const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
-    return requeued && place ? { ...requeued, concurrency: place.concurrency } : requeued;
-  });
-  if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-  const next = change.handle.record;
-  await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
-  await publishWorkItem(topology, next, agent, ctx, `${id}:retry:${job.attempt}`);
-  return next;
+/** The job's record; one that `caller` may not see is not found, as one that does not exist. */
+export async function getRecord(topology: Topology, id: string, caller: Identity): Promise<JobRecord> {
+  const found = await getJson(topology.jobs, id, JobRecord, "job record");
+  if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  return found.value;
 }

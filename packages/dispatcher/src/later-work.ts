@@ -3,7 +3,12 @@ import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import { publishWorkItem, type WorkPublishing } from "./admission.js";
+import type { ConcurrencyLimits } from "./concurrency.js";
+import { publishWorkItem, type WorkPublishing } from "./work-items.js";
+
+/** What releasing a delayed job needs: its agent, and its places under the agent's concurrency limits. */
+type LaterWorkContext = WorkPublishing & { agents: Pick<AgentCatalog, "get">; limits: ConcurrencyLimits };
+
 import type { AgentCatalog } from "./agent-catalog.js";
 import type { Entered } from "./concurrency.js";
 import { LimitBusy } from "./limit-state.js";
@@ -31,7 +36,7 @@ export class LaterWork {
     private readonly done: Promise<void>,
   ) {}
 
-  static async start(topology: Topology, ctx: WorkPublishing & { agents: Pick<AgentCatalog, "get"> }, log: Logger): Promise<LaterWork> {
+  static async start(topology: Topology, ctx: LaterWorkContext, log: Logger): Promise<LaterWork> {
     const { jsm, js, names } = topology;
     await jsm.consumers.info(names.streams.work, names.laterConsumer).catch(async () => {
       await jsm.consumers.add(names.streams.work, {
@@ -63,7 +68,7 @@ export class LaterWork {
 }
 
 /** Handles one marker: back until its time, or its job's work item published (or nothing, for a job that ended meanwhile). */
-async function due(topology: Topology, ctx: WorkPublishing & { agents: Pick<AgentCatalog, "get"> }, msg: JsMsg): Promise<void> {
+async function due(topology: Topology, ctx: LaterWorkContext, msg: JsMsg): Promise<void> {
   const parsed = LaterMarker.safeParse(safeJson(msg));
   if (!parsed.success) {
     msg.term("not a delayed job's marker");

@@ -26,7 +26,7 @@ import {
   WorkerReply,
 } from "@boxcar/protocol";
 import type { ObjectInfo } from "@nats-io/obj";
-import { getRecord } from "./admission.js";
+import { getRecord } from "./jobs.js";
 import type { WorkerDirectory } from "./worker-directory.js";
 
 /** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */

@@ -1,9 +1,10 @@
 import type { Logger } from "@boxcar/client";
 import { DUPLICATE_WINDOW_MS, getJson, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
-import { type AdmissionContext, publishWorkItem } from "./admission.js";
+import type { AdmissionContext } from "./admission.js";
 import type { JobIndex } from "./job-index.js";
 import { Periodic } from "./periodic.js";
+import { publishWorkItem } from "./work-items.js";
 
 /** How long one look at the work stream's size answers `workMissing`. */
 const CHECK_REUSE_MS = 500;

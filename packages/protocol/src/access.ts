@@ -16,19 +16,10 @@
 
 import { z } from "zod";
 import { ApiEndpoint, LOCAL_OWNER, type Names, TOKEN_PATTERN } from "./names.js";
-
-export const Role = z.enum(["admin", "dispatcher", "worker", "submitter", "viewer"]);
-export type Role = z.infer<typeof Role>;
-export const ROLES: readonly Role[] = Role.options;
+import { type Identity, ROLES, Role } from "./principal.js";
 
 /** A user name: a subject token, so it can sit in subjects and permission templates. */
 export const UserName = z.string().regex(TOKEN_PATTERN, "a user name is 1-64 letters, digits, '-' or '_'");
-
-/** The principal a request comes from. */
-export interface Identity {
-  readonly role: Role;
-  readonly user: string;
-}
 
 /**
  * The principal of a connection to a NATS server without authentication (`boxcar up` on

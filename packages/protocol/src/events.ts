@@ -197,5 +197,3 @@ export type SessionEvent = z.infer<typeof SessionEvent>;
 
 export const BoxcarEvent = z.discriminatedUnion("kind", [JobEvent, SandboxEvent, WorkerEvent, WorkflowEvent, SessionEvent]);
 export type BoxcarEvent = z.infer<typeof BoxcarEvent>;
-
-export { unfoldEvents } from "./event-fold.js";

@@ -1,4 +1,4 @@
-export type { Identity, SubjectPermissions } from "./access.js";
+export type { SubjectPermissions } from "./access.js";
 export {
   callerOf,
   intakeSubjectParts,
@@ -10,8 +10,6 @@ export {
   permissionsTable,
   ROLE_ENDPOINTS,
   ROLE_TAG,
-  ROLES,
-  Role,
   rolePermissions,
   seesAll,
   USER_TEMPLATE,
@@ -97,6 +95,7 @@ export {
   ValidationError,
   zodIssues,
 } from "./errors.js";
+export { unfoldEvents } from "./event-fold.js";
 export {
   BoxcarEvent,
   JobEvent,
@@ -105,7 +104,6 @@ export {
   SandboxEventType,
   SessionEvent,
   SessionEventType,
-  unfoldEvents,
   WorkerEvent,
   WorkerEventType,
   WorkflowEvent,
@@ -156,6 +154,8 @@ export {
   retentionOf,
   SystemPolicy,
 } from "./policy.js";
+export type { Identity } from "./principal.js";
+export { ROLES, Role } from "./principal.js";
 export { PRIORITIES, Priority } from "./priority.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
@@ -216,20 +216,17 @@ export {
 } from "./usage.js";
 export { WorkerConfig } from "./worker-config.js";
 export {
-  goneAfterMs,
   InFlightFate,
   InFlightJob,
   inFlightFate,
-  isLive,
-  MISSED_HEARTBEATS,
   WorkerInfo,
   WorkerState,
   WorkerStatus,
   WorkerView,
   whyCannotServe,
-  workerStatus,
   workerViews,
 } from "./worker-info.js";
+export { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus } from "./worker-status.js";
 export type { WorkflowDefinitionInput } from "./workflow.js";
 export {
   ChainEntry,

@@ -1,8 +1,8 @@
 import { z } from "zod";
-import { Role } from "./access.js";
 import { AgentDefinition, AgentName, MAX_TIMEOUT_MS, PoolName, PROTOCOL_VERSION, RetryPolicy } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { TOKEN_PATTERN } from "./names.js";
+import { Role } from "./principal.js";
 import { Priority } from "./priority.js";
 import { SessionId } from "./session-id.js";
 import { Traceparent } from "./trace-context.js";

@@ -3,7 +3,7 @@
  * NATS account. The default prefix is `boxcar`.
  */
 
-import type { Identity } from "./access.js";
+import type { Identity } from "./principal.js";
 import type { Priority } from "./priority.js";
 
 export const DEFAULT_PREFIX = "boxcar";

@@ -2,7 +2,8 @@ import { describe, expect, test } from "vitest";
 import { PROTOCOL_VERSION } from "./agent.js";
 import { JobRecord } from "./job.js";
 import { RuntimePolicy } from "./runtime.js";
-import { inFlightFate, isLive, WorkerInfo, WorkerView, workerStatus, workerViews } from "./worker-info.js";
+import { inFlightFate, WorkerInfo, WorkerView, workerViews } from "./worker-info.js";
+import { isLive, workerStatus } from "./worker-status.js";
 
 const NOW = Date.parse("2030-01-01T00:00:10.000Z");
 const at = (msAgo: number) => new Date(NOW - msAgo).toISOString();

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { type AgentDefinition, PoolName, PROTOCOL_VERSION } from "./agent.js";
 import { isTerminal, type JobRecord, JobState } from "./job.js";
 import { RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
-import { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus } from "./worker-status.js";
+import { goneAfterMs, WORKER_STATUSES, workerStatus } from "./worker-status.js";
 
 export const WorkerState = z.enum(["running", "draining", "stopped"]);
 export type WorkerState = z.infer<typeof WorkerState>;
@@ -35,15 +35,9 @@ export const WorkerInfo = z.looseObject({
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 
-/**
- * What a reader makes of a presence entry: `live` (heartbeating), `draining` (heartbeating, but
- * finishing its jobs and taking no more), `stopped` (its entry says it stopped cleanly) or `gone`
- * (no heartbeat for `MISSED_HEARTBEATS` of its heartbeat intervals: killed, frozen or cut off).
- */
-export const WorkerStatus = z.enum(["live", "draining", "stopped", "gone"]);
+/** A worker's status as its presence says (`worker-status.ts` derives it). */
+export const WorkerStatus = z.enum(WORKER_STATUSES);
 export type WorkerStatus = z.infer<typeof WorkerStatus>;
-
-export { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus };
 
 /** What became of a job a worker had in hand when it went. */
 export const InFlightFate = z.enum([

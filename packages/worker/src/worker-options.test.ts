@@ -1,7 +1,7 @@
 import type { Topology } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, names } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
-import { createHostSandboxProvider } from "./host-sandbox.js";
+import { createHostSandboxProvider } from "./sandbox/host/host-sandbox.js";
 import { resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
 
 // Resolving options reads only the topology's names (the Docker provider labels with the prefix).

@@ -16,9 +16,9 @@ import {
 } from "@boxcar/protocol";
 import type { Registry } from "prom-client";
 import { z } from "zod";
-import { sandboxProviders } from "./providers.js";
-import type { SandboxProvider } from "./sandbox.js";
-import { defaultWorkRoot } from "./work-root.js";
+import { sandboxProviders } from "./sandbox/providers.js";
+import type { SandboxProvider } from "./sandbox/sandbox.js";
+import { defaultWorkRoot } from "./workspace/work-root.js";
 
 export interface WorkerOptions {
   /** The Boxcar system to work for. */

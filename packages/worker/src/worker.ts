@@ -15,16 +15,16 @@ import {
   WorkItem,
 } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
-import { JobRun } from "./job-run.js";
-import { WorkspaceRoot } from "./local-workspace.js";
-import { PoolPuller } from "./pool-puller.js";
-import type { SandboxBackend, SandboxProvider } from "./sandbox.js";
-import { orphanCheck } from "./sandbox-reaper.js";
-import { SessionHost } from "./session-host.js";
-import { Slots } from "./slots.js";
-import type { WorkDelivery } from "./work-delivery.js";
+import { PoolPuller } from "./intake/pool-puller.js";
+import { Slots } from "./intake/slots.js";
+import type { WorkDelivery } from "./intake/work-delivery.js";
+import { JobRun } from "./run/job-run.js";
+import type { SandboxBackend, SandboxProvider } from "./sandbox/sandbox.js";
+import { orphanCheck } from "./sandbox/sandbox-reaper.js";
+import { SessionHost } from "./sessions/session-host.js";
 import { WorkerMetrics } from "./worker-metrics.js";
 import { type ResolvedWorkerOptions, resolveWorkerOptions, type WorkerOptions } from "./worker-options.js";
+import { WorkspaceRoot } from "./workspace/local-workspace.js";
 
 /** `idle` until `run()`, `draining` after `drain()` or `close()`, `stopped` at the end. */
 export type WorkerLifecycleState = "idle" | "running" | "draining" | "stopped";

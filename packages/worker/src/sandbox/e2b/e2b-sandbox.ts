@@ -2,13 +2,14 @@ import { randomBytes } from "node:crypto";
 import { posix } from "node:path";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import { CommandExitError, type CommandHandle, E2B, type Sandbox as E2BRemoteSandbox, FileNotFoundError, InvalidArgumentError } from "e2b";
-import { raceAbort } from "./abort.js";
-import { AgentPaths } from "./agent-contract.js";
+import { AgentPaths } from "../../workspace/agent-contract.js";
+import type { WorkspaceFile } from "../../workspace/files.js";
+import { workspaceSegments } from "../../workspace/workspace-path.js";
+import { raceAbort } from "../abort.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "../sandbox.js";
 import { agentCommand, environmentFile, shellQuote } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
 import { E2BSession, seedRemote } from "./e2b-session.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec, WorkspaceFile } from "./sandbox.js";
-import { workspaceSegments } from "./workspace-path.js";
 
 export interface E2BSandboxOptions {
   /**

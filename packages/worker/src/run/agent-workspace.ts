@@ -12,10 +12,10 @@ import {
   zodIssues,
 } from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
-import { AgentPaths, MAX_RESULT_BYTES } from "./agent-contract.js";
-import { globMatcher, globRoots } from "./glob.js";
-import type { Redactor } from "./redactor.js";
-import type { Sandbox } from "./sandbox.js";
+import type { Sandbox } from "../sandbox/sandbox.js";
+import { AgentPaths, MAX_RESULT_BYTES } from "../workspace/agent-contract.js";
+import { globMatcher, globRoots } from "../workspace/glob.js";
+import type { Redactor } from "../workspace/redactor.js";
 
 /** The most artifacts one job may keep: their list lives in the job record. */
 export const MAX_ARTIFACTS = 1000;

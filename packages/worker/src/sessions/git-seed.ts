@@ -3,8 +3,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type AgentDefinition, BoxcarError, ErrorCode, type GitSeed } from "@boxcar/protocol";
-import { signalGroup } from "./process-group.js";
-import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
+import { signalGroup } from "../sandbox/process-group.js";
+import { type WorkspaceLimits, WorkspaceQuota } from "../workspace/workspace-quota.js";
 
 /** How long a clone may take: within the 120 s a dispatcher waits for a session to open. */
 const CLONE_TIMEOUT_MS = 90_000;

@@ -6,16 +6,16 @@ import { PassThrough, Readable } from "node:stream";
 import { BoxcarError, ErrorCode, type ResourceLimits, type ResourceUsage } from "@boxcar/protocol";
 import Docker from "dockerode";
 import tar from "tar-stream";
-import { raceAbort } from "./abort.js";
+import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "../../workspace/local-workspace.js";
+import { defaultWorkRoot } from "../../workspace/work-root.js";
+import { type ArchiveOwner, packFolder, unpackInto } from "../../workspace/workspace-archive.js";
+import { WorkspaceQuota } from "../../workspace/workspace-quota.js";
+import { raceAbort } from "../abort.js";
+import { beatLine, underLifeline } from "../lifeline.js";
+import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "../sandbox.js";
 import { attachWhole } from "./attached-container.js";
 import { DockerSession } from "./docker-session.js";
-import { beatLine, underLifeline } from "./lifeline.js";
-import { LocalFilesSandbox, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
-import type { ExecOptions, ExecResult, Sandbox, SandboxOwner, SandboxProvider, SandboxSpec } from "./sandbox.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
-import { defaultWorkRoot } from "./work-root.js";
-import { type ArchiveOwner, packFolder, unpackInto } from "./workspace-archive.js";
-import { WorkspaceQuota } from "./workspace-quota.js";
 
 export interface DockerSandboxOptions {
   /** Labels name this system's containers, so several Boxcar systems can share one engine. */

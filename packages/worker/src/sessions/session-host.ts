@@ -41,16 +41,17 @@ import {
 import type { ObjectStore } from "@nats-io/obj";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
 import type { z } from "zod";
-import { AgentPaths, collectSecrets } from "./agent-contract.js";
+import type { Slots } from "../intake/slots.js";
+import type { Sandbox, SandboxBackend, SandboxProvider, SessionSandbox } from "../sandbox/sandbox.js";
+import { sessionJobSandbox } from "../sandbox/session-job-sandbox.js";
+import type { ResolvedWorkerOptions } from "../worker-options.js";
+import { AgentPaths, collectSecrets } from "../workspace/agent-contract.js";
+import type { SessionFiles } from "../workspace/files.js";
+import type { LocalWorkspace } from "../workspace/local-workspace.js";
+import { StreamRedactor } from "../workspace/redactor.js";
+import { unpackInto } from "../workspace/workspace-archive.js";
+import { workspaceCwd } from "../workspace/workspace-path.js";
 import { cloneInto } from "./git-seed.js";
-import type { LocalWorkspace } from "./local-workspace.js";
-import { StreamRedactor } from "./redactor.js";
-import type { Sandbox, SandboxBackend, SandboxProvider, SessionFiles, SessionSandbox } from "./sandbox.js";
-import { sessionJobSandbox } from "./session-job-sandbox.js";
-import type { Slots } from "./slots.js";
-import type { ResolvedWorkerOptions } from "./worker-options.js";
-import { unpackInto } from "./workspace-archive.js";
-import { workspaceCwd } from "./workspace-path.js";
 
 /** The most a snapshot or a clone may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
 const SEED_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };

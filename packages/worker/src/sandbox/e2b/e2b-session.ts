@@ -5,13 +5,14 @@ import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { CommandExitError, type Sandbox as E2BRemoteSandbox, FileNotFoundError, InvalidArgumentError } from "e2b";
+import type { SessionFiles, WorkspaceFile } from "../../workspace/files.js";
+import { LocalWorkspace } from "../../workspace/local-workspace.js";
+import { packFolder } from "../../workspace/workspace-archive.js";
+import { workspaceSegments } from "../../workspace/workspace-path.js";
+import type { ExecOptions, ExecResult, JobFiles, Sandbox, SessionSandbox } from "../sandbox.js";
+import { listBounded } from "../session-job-sandbox.js";
 import { shellQuote } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
-import { LocalWorkspace } from "./local-workspace.js";
-import type { ExecOptions, ExecResult, JobFiles, Sandbox, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
-import { listBounded } from "./session-job-sandbox.js";
-import { packFolder } from "./workspace-archive.js";
-import { workspaceSegments } from "./workspace-path.js";
 
 /** How long Boxcar's own commands in a session's sandbox (packing or unpacking a workspace, a chmod) may take. */
 const OWN_COMMAND_MS = 300_000;

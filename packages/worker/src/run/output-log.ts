@@ -1,6 +1,6 @@
 import type { LogStream } from "@boxcar/protocol";
+import type { Redactor, StreamRedactor } from "../workspace/redactor.js";
 import { ProgressLines } from "./progress-lines.js";
-import type { Redactor, StreamRedactor } from "./redactor.js";
 
 /** The largest log message published; bigger output is split. */
 export const MAX_LOG_CHUNK = 32 * 1024;

@@ -4,9 +4,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BoxcarError, ErrorCode, RuntimeWishes } from "@boxcar/protocol";
 import { afterEach, beforeEach, describe, expect, test } from "vitest";
+import { AttemptLease } from "../lifeline.js";
+import type { ExecResult, Sandbox } from "../sandbox.js";
 import { createHostSandboxProvider } from "./host-sandbox.js";
-import { AttemptLease } from "./lifeline.js";
-import type { ExecResult, Sandbox } from "./sandbox.js";
 
 let root: string;
 let sandbox: Sandbox;

@@ -1,9 +1,9 @@
 import { randomBytes } from "node:crypto";
 import { PassThrough } from "node:stream";
 import type Docker from "dockerode";
+import type { LocalWorkspace } from "../../workspace/local-workspace.js";
+import { type AttemptLease, beatLine, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "../lifeline.js";
 import { createAttached } from "./attached-container.js";
-import { type AttemptLease, beatLine, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "./lifeline.js";
-import type { LocalWorkspace } from "./local-workspace.js";
 
 /**
  * A warm container's command: it waits for its job's script on stdin, up to a line that is `end`

@@ -35,19 +35,19 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
-import { agentEnv, collectSecrets } from "./agent-contract.js";
+import type { WorkDelivery } from "../intake/work-delivery.js";
+import { AttemptLease, SENTINEL_EARLY_MS } from "../sandbox/lifeline.js";
+import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
+import type { SessionHost, SessionLease } from "../sessions/session-host.js";
+import type { WorkerMetrics } from "../worker-metrics.js";
+import type { ResolvedWorkerOptions } from "../worker-options.js";
+import { agentEnv, collectSecrets } from "../workspace/agent-contract.js";
+import { Redactor } from "../workspace/redactor.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
-import { AttemptLease, SENTINEL_EARLY_MS } from "./lifeline.js";
 import { OutputLog } from "./output-log.js";
-import { Redactor } from "./redactor.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
-import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "./sandbox.js";
-import type { SessionHost, SessionLease } from "./session-host.js";
-import type { WorkDelivery } from "./work-delivery.js";
-import type { WorkerMetrics } from "./worker-metrics.js";
-import type { ResolvedWorkerOptions } from "./worker-options.js";
 
 /** The most signals one job takes (each is a file of up to 64 KiB in its workspace). */
 /** How long a signal that comes before the job's sandbox is ready waits for it. */

@@ -1,7 +1,7 @@
 import type { LogStream } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
+import { REDACTED, Redactor } from "../workspace/redactor.js";
 import { MAX_LOG_CHUNK, OutputLog } from "./output-log.js";
-import { REDACTED, Redactor } from "./redactor.js";
 
 const bytes = (s: string) => new TextEncoder().encode(s);
 

@@ -4,13 +4,13 @@ import { access, lchown, readdir, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import type { Readable, Writable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import { beatLine, underLifeline } from "./lifeline.js";
-import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "./local-workspace.js";
-import { signalGroup } from "./process-group.js";
-import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "./sandbox.js";
-import { defaultWorkRoot } from "./work-root.js";
-import { packFolder } from "./workspace-archive.js";
-import { workspaceDir, workspaceSegments } from "./workspace-path.js";
+import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "../../workspace/local-workspace.js";
+import { defaultWorkRoot } from "../../workspace/work-root.js";
+import { packFolder } from "../../workspace/workspace-archive.js";
+import { workspaceDir, workspaceSegments } from "../../workspace/workspace-path.js";
+import { beatLine, underLifeline } from "../lifeline.js";
+import { signalGroup } from "../process-group.js";
+import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "../sandbox.js";
 
 export interface HostSandboxOptions {
   /** Folder under which workspaces are created; default {@link defaultWorkRoot}. */

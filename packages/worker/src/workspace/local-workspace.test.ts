@@ -10,7 +10,7 @@ const NOBODY = 65534;
 
 describe.skipIf(!asRoot)("LocalWorkspace.remove for a worker that runs as the agent's user", () => {
   test("removes folders the agent made unreadable and unwritable (chmod 000), and what is in them", async () => {
-    const module = fileURLToPath(new URL("../dist/local-workspace.js", import.meta.url));
+    const module = fileURLToPath(new URL("../../dist/workspace/local-workspace.js", import.meta.url));
     // What an agent running as the worker's user can leave behind, then the worker's clean-up.
     const script = `
       import { chmod, mkdir, stat, writeFile } from "node:fs/promises";

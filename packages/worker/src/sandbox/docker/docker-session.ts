@@ -4,16 +4,17 @@ import { PassThrough, type Readable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import type Docker from "dockerode";
+import type { SessionFiles, WorkspaceFile } from "../../workspace/files.js";
+import type { LocalWorkspace } from "../../workspace/local-workspace.js";
+import { packFolder } from "../../workspace/workspace-archive.js";
+import { workspaceSegments } from "../../workspace/workspace-path.js";
+import { type WorkspaceLimits, WorkspaceQuota } from "../../workspace/workspace-quota.js";
+import type { ExecOptions, ExecResult, JobFiles, SessionSandbox } from "../sandbox.js";
+import { filesInParts, type PartFiles } from "../session-job-sandbox.js";
 import { createAttached } from "./attached-container.js";
-import type { LocalWorkspace } from "./local-workspace.js";
-import type { ExecOptions, ExecResult, JobFiles, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
-import { filesInParts, type PartFiles } from "./session-job-sandbox.js";
-import { packFolder } from "./workspace-archive.js";
-import { workspaceSegments } from "./workspace-path.js";
-import { type WorkspaceLimits, WorkspaceQuota } from "./workspace-quota.js";
 
 /** The resident helper's source (helper/session-helper.cjs), run by the image's `node`. */
-const HELPER_SOURCE = readFileSync(new URL("../helper/session-helper.cjs", import.meta.url), "utf8");
+const HELPER_SOURCE = readFileSync(new URL("../../../helper/session-helper.cjs", import.meta.url), "utf8");
 
 /** How long a helper has to say it is ready once its container has started. */
 const READY_TIMEOUT_MS = 30_000;

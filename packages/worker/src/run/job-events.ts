@@ -11,8 +11,8 @@ import {
   type SandboxEventType,
   type SandboxInfo,
 } from "@boxcar/protocol";
-import type { Redactor } from "./redactor.js";
-import type { SandboxBackend } from "./sandbox.js";
+import type { SandboxBackend } from "../sandbox/sandbox.js";
+import type { Redactor } from "../workspace/redactor.js";
 
 /** The fields of an event that say what it is and whose: never redacted (see `JobEvents.redacted`). */
 const IDENTITY = [

@@ -1,7 +1,7 @@
 import { ErrorCode } from "@boxcar/protocol";
 import { describe, expect, test } from "vitest";
+import type { ExecResult } from "../sandbox/sandbox.js";
 import { failedOutcome, outcomeOfExit, outcomeOfStop } from "./attempt-outcome.js";
-import type { ExecResult } from "./sandbox.js";
 
 const exit = (exitCode: number | null, extra: Partial<ExecResult> = {}): ExecResult => ({
   exitCode,

@@ -4,7 +4,7 @@ import { chmod, type FileHandle, lstat, mkdir, mkdtemp, open, readdir, realpath,
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import type { SessionFiles, WorkspaceFile } from "./sandbox.js";
+import type { SessionFiles, WorkspaceFile } from "./files.js";
 import { escapeError, workspaceDir, workspaceSegments } from "./workspace-path.js";
 
 const WRITE_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;

@@ -1,7 +1,7 @@
 import type { WorkerConfig } from "@boxcar/protocol";
-import { createDockerSandboxProvider } from "./docker-sandbox.js";
-import { createE2BSandboxProvider } from "./e2b-sandbox.js";
-import { createHostSandboxProvider } from "./host-sandbox.js";
+import { createDockerSandboxProvider } from "./docker/docker-sandbox.js";
+import { createE2BSandboxProvider } from "./e2b/e2b-sandbox.js";
+import { createHostSandboxProvider } from "./host/host-sandbox.js";
 import type { SandboxProvider } from "./sandbox.js";
 
 export type SandboxConfig = NonNullable<WorkerConfig["sandbox"]>;

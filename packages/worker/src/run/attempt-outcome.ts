@@ -7,7 +7,7 @@ import {
   type JobTransitions,
   type Usage,
 } from "@boxcar/protocol";
-import type { ExecResult } from "./sandbox.js";
+import type { ExecResult } from "../sandbox/sandbox.js";
 
 /**
  * Why a run was stopped before it ended on its own. `fenced`: another attempt owns the job;

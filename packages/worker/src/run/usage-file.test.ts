@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { Readable } from "node:stream";
 import type { Usage } from "@boxcar/protocol";
 import { afterEach, beforeEach, expect, test } from "vitest";
-import { AgentPaths } from "./agent-contract.js";
+import { AgentPaths } from "../workspace/agent-contract.js";
 import { UsageFile } from "./agent-workspace.js";
 
 let dir: string;

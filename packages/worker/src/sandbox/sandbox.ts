@@ -1,7 +1,8 @@
 import type { Readable } from "node:stream";
 import type { ResourceLimits, ResourceUsage, RuntimeWishes, SandboxBackend } from "@boxcar/protocol";
+import type { SessionFiles, WorkspaceFile } from "../workspace/files.js";
+import type { LocalWorkspace } from "../workspace/local-workspace.js";
 import type { AttemptLease } from "./lifeline.js";
-import type { LocalWorkspace } from "./local-workspace.js";
 
 export type { SandboxBackend };
 
@@ -99,12 +100,6 @@ export interface ExecResult {
   breach?: string;
 }
 
-export interface WorkspaceFile {
-  /** Workspace-relative, `/`-separated. */
-  path: string;
-  size: number;
-}
-
 /**
  * One isolated place to run one attempt of one job. Paths are relative to the workspace and
  * may not leave it (no `..`, no absolute paths, no symlinks pointing outside).
@@ -138,18 +133,6 @@ export interface Sandbox {
 
 /** What a job does with its sandbox's files: lay out its input, read its result and artifacts. */
 export type JobFiles = Pick<Sandbox, "mkdir" | "writeFile" | "readFile" | "listFiles">;
-
-/** A session's files, read and written while its commands may be running. Paths as a sandbox's. */
-export interface SessionFiles {
-  /** The file's bytes, or null when there is no such regular file; one of more than `max` bytes is refused (`too_large`). */
-  read(path: string, max: number): Promise<Uint8Array | null>;
-  /** Writes a file, creating its parent folders and replacing what was there; `executable`: mode 0755. */
-  write(path: string, data: Uint8Array, executable?: boolean): Promise<void>;
-  /** The regular files under `path` (default: all), by path; `truncated` when there were more than `limit` (or too many bytes of them); a missing folder is `not_found`. */
-  list(path: string | undefined, limit: number): Promise<{ files: WorkspaceFile[]; truncated: boolean }>;
-  /** Removes a file or a folder with what it holds; false when there was none. */
-  remove(path: string): Promise<boolean>;
-}
 
 /** A sandbox kept for a session: commands run in it one after another, and its files are reached between and during them. */
 export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace" | "agentPath" | "description" | "exec" | "destroy"> {

@@ -1,5 +1,6 @@
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
-import type { JobFiles, Sandbox, SessionFiles, SessionSandbox, WorkspaceFile } from "./sandbox.js";
+import type { SessionFiles, WorkspaceFile } from "../workspace/files.js";
+import type { JobFiles, Sandbox, SessionSandbox } from "./sandbox.js";
 
 /** A file moves to and from a session's helper in parts of this size: a helper's line holds one in base64 with room to spare. */
 const PART_BYTES = 256 * 1024;
