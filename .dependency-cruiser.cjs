@@ -1,15 +1,35 @@
 /**
  * The import rules of Boxcar's packages, checked by `pnpm lint` (dependency-cruiser): no cycle
- * anywhere, no package importing one above it, and inside the worker each folder importing only
- * the folders below it. docs/architecture.md draws the same layers.
+ * anywhere, no package importing one above it, and inside the dispatcher and the worker each
+ * folder importing only the folders below it. docs/architecture.md draws the same layers.
  */
-const worker = (folder) => `^packages/worker/src/${folder}/`;
+const folderOf = (pkg) => (folder) => `^packages/${pkg}/src/${folder}/`;
 
 /**
- * The worker's folders, lowest first: each may import those before it, never those after, and
- * the worker's settings and meters (worker-options.ts, worker-metrics.ts), which every part reads.
+ * Each role's folders, lowest first: a folder may import those before it, never those after,
+ * and the role's own settings and meters at its root, which every part reads.
  */
-const WORKER_LAYERS = ["workspace", "sandbox", "intake", "sessions", "run"];
+const LAYERS = {
+  worker: { folders: ["workspace", "sandbox", "intake", "sessions", "run"], shared: "worker-(options|metrics)" },
+  dispatcher: {
+    folders: ["loops", "catalog", "jobs", "limits", "sessions", "intake", "retention", "sweeps", "schedules", "workflows", "api"],
+    shared: "dispatcher-metrics",
+  },
+};
+
+const layerRules = Object.entries(LAYERS).flatMap(([pkg, { folders, shared }]) => {
+  const folder = folderOf(pkg);
+  return folders.map((name, i) => ({
+    name: `${pkg}-${name}-imports-down`,
+    severity: "error",
+    comment: `packages/${pkg}/src/${name} imports only ${folders.slice(0, i).join(", ") || "no other folder"} of the ${pkg} (and other packages).`,
+    from: { path: folder(name) },
+    to: {
+      path: `^packages/${pkg}/src/`,
+      pathNot: [folder(name), ...folders.slice(0, i).map(folder), `^packages/${pkg}/src/${shared}\\.ts$`],
+    },
+  }));
+});
 
 module.exports = {
   forbidden: [
@@ -34,16 +54,7 @@ module.exports = {
       from: { path: "^packages/(dispatcher|worker)/" },
       to: { path: "^packages/(dispatcher|worker)/", pathNot: "^packages/$1/" },
     },
-    ...WORKER_LAYERS.map((folder, i) => ({
-      name: `worker-${folder}-imports-down`,
-      severity: "error",
-      comment: `packages/worker/src/${folder} imports only ${WORKER_LAYERS.slice(0, i).join(", ") || "no other folder"} of the worker (and other packages).`,
-      from: { path: worker(folder) },
-      to: {
-        path: "^packages/worker/src/",
-        pathNot: [worker(folder), ...WORKER_LAYERS.slice(0, i).map(worker), "^packages/worker/src/worker-(options|metrics)\\.ts$"],
-      },
-    })),
+    ...layerRules,
   ],
   options: {
     doNotFollow: { path: "node_modules" },

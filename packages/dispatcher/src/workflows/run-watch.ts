@@ -1,9 +1,9 @@
 import { jsonOf } from "@boxcar/client";
 import { getJson, type Topology } from "@boxcar/fabric";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
-import type { AdmissionContext } from "../admission.js";
-import { replayBucket } from "../bucket-replay.js";
-import { continueChain } from "../handoff.js";
+import type { AdmissionContext } from "../intake/admission.js";
+import { replayBucket } from "../jobs/bucket-replay.js";
+import { continueChain } from "./handoff.js";
 import type { Runs } from "./runs.js";
 
 /** How long a run may stay unchanged with work left before a dispatcher looks at it again. */

@@ -19,10 +19,10 @@ import {
   type WorkflowEvent,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { type AdmissionContext, admit } from "../admission.js";
-import { newJobId } from "../job-id.js";
-import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs.js";
-import { PassPerKey } from "../periodic.js";
+import { type AdmissionContext, admit } from "../intake/admission.js";
+import { newJobId } from "../jobs/job-id.js";
+import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs/jobs.js";
+import { PassPerKey } from "../loops/periodic.js";
 import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
 import { factsOf, type RunFacts, type RunIndex } from "./run-index.js";
 import { stepLimitsOf, withinStep } from "./step-limits.js";

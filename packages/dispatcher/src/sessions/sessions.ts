@@ -26,8 +26,8 @@ import {
   WorkerReply,
 } from "@boxcar/protocol";
 import type { ObjectInfo } from "@nats-io/obj";
-import { getRecord } from "./jobs.js";
-import type { WorkerDirectory } from "./worker-directory.js";
+import type { WorkerDirectory } from "../catalog/worker-directory.js";
+import { getRecord } from "../jobs/jobs.js";
 
 /** How long a dispatcher waits for a worker to open a sandbox (a Docker image may be pulled). */
 const OPEN_TIMEOUT_MS = 120_000;

@@ -17,9 +17,9 @@ import {
 } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
-import type { DispatcherMetrics } from "./dispatcher-metrics.js";
-import type { JobIndex } from "./job-index.js";
-import { cancelJob } from "./jobs.js";
+import type { DispatcherMetrics } from "../dispatcher-metrics.js";
+import type { JobIndex } from "../jobs/job-index.js";
+import { cancelJob } from "../jobs/jobs.js";
 
 /** An entry of the usage bucket: a day's usage of one agent or user, and the last usage event summed into it. */
 type Entry = Usage & { seq: number };

@@ -15,12 +15,12 @@ import {
   TOTAL_PLACE,
   toErrorInfo,
 } from "@boxcar/protocol";
-import type { AgentCatalog } from "./agent-catalog.js";
-import { cancelJob } from "./jobs.js";
+import type { AgentCatalog } from "../catalog/agent-catalog.js";
+import { cancelJob } from "../jobs/jobs.js";
+import { publishWorkItem, type WorkPublishing } from "../jobs/work-items.js";
+import { PassPerKey, Periodic } from "../loops/periodic.js";
 import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
-import { PassPerKey, Periodic } from "./periodic.js";
 import { SeenOnce } from "./seen-once.js";
-import { publishWorkItem, type WorkPublishing } from "./work-items.js";
 
 /** A job's places under concurrency limits, as its record keeps them. */
 export type Place = NonNullable<JobRecord["concurrency"]>;

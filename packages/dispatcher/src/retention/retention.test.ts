@@ -3,7 +3,7 @@ import { openTopology, startNatsServer } from "@boxcar/fabric";
 import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
-import { PolicyBook } from "./policy.js";
+import { PolicyBook } from "../limits/policy.js";
 import { RetentionSweeper } from "./retention.js";
 
 // Against a real nats-server. The job-level behaviour (events, output, files) is in test/retention.test.ts.

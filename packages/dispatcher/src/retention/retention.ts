@@ -11,7 +11,7 @@ import {
   retentionOf,
   WorkflowRun,
 } from "@boxcar/protocol";
-import type { PolicyBook } from "./policy.js";
+import type { PolicyBook } from "../limits/policy.js";
 
 /** Jobs deleted per batch (a `clean` request is one): a reply comes in time, a sweep takes batch after batch. */
 const MAX_PER_BATCH = 500;

@@ -16,9 +16,9 @@ import {
   toErrorInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
-import { type AdmissionContext, admit } from "./admission.js";
-import { cancelJob } from "./jobs.js";
-import { withinStep } from "./workflows/step-limits.js";
+import { type AdmissionContext, admit } from "../intake/admission.js";
+import { cancelJob } from "../jobs/jobs.js";
+import { withinStep } from "./step-limits.js";
 
 /**
  * Turns a succeeded job's handoff request into the next job of its chain, or refuses it with the

@@ -3,16 +3,16 @@ import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import type { ConcurrencyLimits } from "./concurrency.js";
-import { publishWorkItem, type WorkPublishing } from "./work-items.js";
+import { publishWorkItem, type WorkPublishing } from "../jobs/work-items.js";
+import type { ConcurrencyLimits } from "../limits/concurrency.js";
 
 /** What releasing a delayed job needs: its agent, and its places under the agent's concurrency limits. */
 type LaterWorkContext = WorkPublishing & { agents: Pick<AgentCatalog, "get">; limits: ConcurrencyLimits };
 
-import type { AgentCatalog } from "./agent-catalog.js";
-import type { Entered } from "./concurrency.js";
-import { LimitBusy } from "./limit-state.js";
-import { pausedUntil, reserveFor } from "./rate-limit.js";
+import type { AgentCatalog } from "../catalog/agent-catalog.js";
+import type { Entered } from "../limits/concurrency.js";
+import { LimitBusy } from "../limits/limit-state.js";
+import { pausedUntil, reserveFor } from "../limits/rate-limit.js";
 
 /** What a delayed job waits as, on `<prefix>.work.~later.<jobId>`. */
 export const LaterMarker = z.looseObject({ jobId: z.string(), runAt: z.iso.datetime() });

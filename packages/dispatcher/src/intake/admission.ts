@@ -33,17 +33,17 @@ import {
   type WorkItem,
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
-import type { AgentCatalog } from "./agent-catalog.js";
-import type { ConcurrencyLimits } from "./concurrency.js";
-import type { DispatcherMetrics } from "./dispatcher-metrics.js";
+import type { AgentCatalog } from "../catalog/agent-catalog.js";
+import type { WorkerDirectory } from "../catalog/worker-directory.js";
+import type { DispatcherMetrics } from "../dispatcher-metrics.js";
+import { newJobId } from "../jobs/job-id.js";
+import { publishWorkItem } from "../jobs/work-items.js";
+import type { ConcurrencyLimits } from "../limits/concurrency.js";
+import type { JobLoad, PolicyBook } from "../limits/policy.js";
+import { reserveFor } from "../limits/rate-limit.js";
+import type { UsageLedger } from "../limits/usage-ledger.js";
+import type { SessionDesk } from "../sessions/sessions.js";
 import { claimKey } from "./idempotency.js";
-import { newJobId } from "./job-id.js";
-import type { JobLoad, PolicyBook } from "./policy.js";
-import { reserveFor } from "./rate-limit.js";
-import type { SessionDesk } from "./sessions.js";
-import type { UsageLedger } from "./usage-ledger.js";
-import { publishWorkItem } from "./work-items.js";
-import type { WorkerDirectory } from "./worker-directory.js";
 
 export interface Admitted {
   job: JobRecord;

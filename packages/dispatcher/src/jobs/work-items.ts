@@ -11,7 +11,7 @@ import {
   type WorkItem,
 } from "@boxcar/protocol";
 import { headers } from "@nats-io/transport-node";
-import type { WorkerDirectory } from "./worker-directory.js";
+import type { WorkerDirectory } from "../catalog/worker-directory.js";
 
 /**
  * A job's work item, as the dispatchers publish it for workers: at admission, on a retry of a

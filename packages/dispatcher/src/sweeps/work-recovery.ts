@@ -1,10 +1,10 @@
 import type { Logger } from "@boxcar/client";
 import { DUPLICATE_WINDOW_MS, getJson, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
-import type { AdmissionContext } from "./admission.js";
-import type { JobIndex } from "./job-index.js";
-import { Periodic } from "./periodic.js";
-import { publishWorkItem } from "./work-items.js";
+import type { AdmissionContext } from "../intake/admission.js";
+import type { JobIndex } from "../jobs/job-index.js";
+import { publishWorkItem } from "../jobs/work-items.js";
+import { Periodic } from "../loops/periodic.js";
 
 /** How long one look at the work stream's size answers `workMissing`. */
 const CHECK_REUSE_MS = 500;

@@ -19,8 +19,8 @@ import {
 } from "@boxcar/protocol";
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
-import { type AdmissionContext, admit, recordRejection } from "./admission.js";
-import { PassPerKey, Periodic } from "./periodic.js";
+import { type AdmissionContext, admit, recordRejection } from "../intake/admission.js";
+import { PassPerKey, Periodic } from "../loops/periodic.js";
 
 /** A tick evaluated later than this (or than half its period, if shorter) after its time was missed. */
 const ON_TIME_MS = 10_000;

@@ -14,8 +14,8 @@ import {
   type WorkflowRun,
 } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";
-import { getRecord } from "./jobs.js";
-import type { Runs } from "./workflows/runs.js";
+import { getRecord } from "../jobs/jobs.js";
+import type { Runs } from "../workflows/runs.js";
 
 /**
  * A job's or run's stored events and output, read a page at a time for callers that may see

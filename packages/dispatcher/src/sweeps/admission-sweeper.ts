@@ -1,9 +1,9 @@
 import type { Logger } from "@boxcar/client";
 import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
-import type { AdmissionContext } from "./admission.js";
-import { JobTimers } from "./job-timers.js";
-import { publishWorkItem } from "./work-items.js";
+import type { AdmissionContext } from "../intake/admission.js";
+import { publishWorkItem } from "../jobs/work-items.js";
+import { JobTimers } from "../loops/job-timers.js";
 import type { WorkRecovery } from "./work-recovery.js";
 
 /** How long a new job may wait before its work item is published again, in case it never was. */

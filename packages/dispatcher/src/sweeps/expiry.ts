@@ -1,8 +1,8 @@
 import type { Logger } from "@boxcar/client";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type JobRecord, JobTransitions } from "@boxcar/protocol";
-import { JobTimers } from "./job-timers.js";
-import { removeWaitingMarker } from "./jobs.js";
+import { removeWaitingMarker } from "../jobs/jobs.js";
+import { JobTimers } from "../loops/job-timers.js";
 
 /**
  * Ends `expired` the jobs that were not started within their queue timeout, even when no

@@ -1,7 +1,7 @@
 import type { Logger } from "@boxcar/client";
 import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
-import type { AgentCatalog } from "./agent-catalog.js";
+import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
 import { SeenOnce } from "./seen-once.js";
 

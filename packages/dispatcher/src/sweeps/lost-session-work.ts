@@ -2,8 +2,8 @@ import type { Logger } from "@boxcar/client";
 import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
-import { Periodic } from "./periodic.js";
-import type { WorkerDirectory } from "./worker-directory.js";
+import type { WorkerDirectory } from "../catalog/worker-directory.js";
+import { Periodic } from "../loops/periodic.js";
 
 /**
  * How old a worker's consumer must be before a worker with no presence at all counts as gone: a

@@ -3,8 +3,8 @@ import { jobEvent, nowIso, publishEvent, storedMessages, type Topology, type Wor
 import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import { Periodic } from "./periodic.js";
-import { publishWork } from "./work-items.js";
+import { publishWork } from "../jobs/work-items.js";
+import { Periodic } from "../loops/periodic.js";
 
 /** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
 const MaxDeliveriesAdvisory = z.looseObject({

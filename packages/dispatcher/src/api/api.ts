@@ -28,16 +28,16 @@ import {
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
-import { type AdmissionContext, admit, retryJob } from "./admission.js";
-import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "./files.js";
+import { type AdmissionContext, admit, retryJob } from "../intake/admission.js";
+import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "../jobs/files.js";
+import type { JobIndex } from "../jobs/job-index.js";
+import { cancelJob, countJobs, getRecord, listJobs, signalJob } from "../jobs/jobs.js";
+import { forgetLimit } from "../limits/rate-limit.js";
+import type { UsageLedger } from "../limits/usage-ledger.js";
+import type { RetentionSweeper } from "../retention/retention.js";
+import type { Schedules } from "../schedules/schedules.js";
+import type { Runs } from "../workflows/runs.js";
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
-import type { JobIndex } from "./job-index.js";
-import { cancelJob, countJobs, getRecord, listJobs, signalJob } from "./jobs.js";
-import { forgetLimit } from "./rate-limit.js";
-import type { RetentionSweeper } from "./retention.js";
-import type { Schedules } from "./schedules.js";
-import type { UsageLedger } from "./usage-ledger.js";
-import type { Runs } from "./workflows/runs.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
 type Handler<E extends ApiEndpoint = ApiEndpoint> = (
