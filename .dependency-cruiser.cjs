@@ -48,6 +48,20 @@ module.exports = {
       to: { path: "^packages/(dispatcher|worker|cli|ui|auth)/" },
     },
     {
+      name: "roles-not-from-sdk",
+      severity: "error",
+      comment: "The roles share a kernel (@boxcar/common) with the SDK; they do not use the SDK users import.",
+      from: { path: "^packages/(dispatcher|worker|fabric)/" },
+      to: { path: "^packages/client/" },
+    },
+    {
+      name: "common-is-the-kernel",
+      severity: "error",
+      comment: "@boxcar/common is below every other package: it imports none of them.",
+      from: { path: "^packages/common/" },
+      to: { path: "^packages/", pathNot: "^packages/common/" },
+    },
+    {
       name: "roles-apart",
       severity: "error",
       comment: "The dispatcher and the worker never import each other: they meet only on NATS subjects.",

@@ -1,4 +1,4 @@
-import { TRACEPARENT, traceparentOf } from "@boxcar/client";
+import { TRACEPARENT, traceparentOf } from "@boxcar/common";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import { context, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";

@@ -2,7 +2,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { inputDigest, nowIso, readStream, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,

@@ -33,7 +33,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 // The CLI's own endpoint behind `--metrics` (not exported by @boxcar/cli: reached by its path).
 import { MetricsEndpoint } from "@boxcar/cli";
-import { type Logger, silentLogger } from "@boxcar/client";
+import { type Logger, silentLogger } from "@boxcar/common";
 import { startNatsServer } from "@boxcar/fabric";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";

@@ -10,7 +10,8 @@
  * sandbox, which spawns the agent's command).
  */
 import { tmpdir } from "node:os";
-import { connectNats, type Logger, resolveConnection } from "@boxcar/client";
+import { connectNats, resolveConnection } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { openTopology } from "@boxcar/fabric";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";

@@ -1,5 +1,6 @@
 import type { AuthDir } from "@boxcar/auth";
-import { type BoxcarClient, connectNats, createClient, type Logger, resolveConnection } from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { NatsServer } from "@boxcar/fabric";
 import { type Names, names as namesOf, type Role } from "@boxcar/protocol";

@@ -1,7 +1,8 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type ParseArgsConfig, parseArgs } from "node:util";
-import { type BoxcarClient, connectNats, createClient, type Logger, type ResolvedConnection, resolveConnection } from "@boxcar/client";
+import { type BoxcarClient, connectNats, createClient, type ResolvedConnection, resolveConnection } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { DEFAULT_STREAM_LIMITS, openTopology, patiently, type StreamLimits, type Topology } from "@boxcar/fabric";
 import { BoxcarError, type NatsConnectionSettings, names, parseSizeBytes } from "@boxcar/protocol";
 import type { NatsConnection } from "@nats-io/transport-node";

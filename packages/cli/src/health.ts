@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { type ListenAddress, RoleEndpoint } from "./role-endpoint.js";
 

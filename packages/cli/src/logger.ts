@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { pino } from "pino";
 import pretty from "pino-pretty";
 

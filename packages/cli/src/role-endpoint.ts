@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { UsageError } from "./usage-error.js";
 
 /** The small HTTP endpoints a role may open beside its work. */

@@ -1,3 +1,4 @@
+import { jsonOf } from "@boxcar/common";
 import {
   BoxcarError,
   BoxcarEvent,
@@ -12,7 +13,6 @@ import {
 } from "@boxcar/protocol";
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { type FollowOptions, followPages, type HistoryPage, RECHECK_MS, Wake } from "./follow.js";
-import { jsonOf } from "./json.js";
 
 /** How a client reaches a Boxcar system: one NATS connection and the system's names. */
 export interface ClientLink {

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { mkdir, open, rm } from "node:fs/promises";
 import { dirname, join, resolve, sep } from "node:path";
+import { TRACEPARENT, traceparentOf } from "@boxcar/common";
 import {
   type AgentDefinition,
   API_CONTRACT,
@@ -64,7 +65,6 @@ import {
   waitForRunEnd,
 } from "./chain-events.js";
 import { type FollowOptions, followPages, type HistoryPage } from "./follow.js";
-import { TRACEPARENT, traceparentOf } from "./trace.js";
 
 export interface ClientOptions {
   /** How long to wait for a dispatcher's reply; default 10 s. */

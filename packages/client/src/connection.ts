@@ -15,7 +15,7 @@ import {
   UserName,
   zodIssues,
 } from "@boxcar/protocol";
-import { connect, createInbox, credsAuthenticator, type NatsConnection, nkeyAuthenticator } from "@nats-io/transport-node";
+import { connect, credsAuthenticator, type NatsConnection, nkeyAuthenticator } from "@nats-io/transport-node";
 
 export const DEFAULT_NATS_URL = "nats://127.0.0.1:4222";
 /** How long the first connection may take (nats.js waits 20 s by default). */
@@ -113,14 +113,6 @@ export function identityOf(creds: string | undefined, env: NodeJS.ProcessEnv = p
     );
   }
   return { role: role.data, user: claims.name };
-}
-
-/**
- * A new inbox subject under the connection's inbox prefix (`_INBOX.<user>`), the only inboxes
- * its credential may subscribe to. nats.js keeps the prefix in the connection's options.
- */
-export function newInbox(nc: NatsConnection): string {
-  return createInbox((nc as NatsConnection & { options?: { inboxPrefix?: string } }).options?.inboxPrefix);
 }
 
 /** Connects with the resolved settings. A failure names the servers with any password masked. */

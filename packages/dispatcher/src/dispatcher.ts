@@ -1,5 +1,5 @@
 import { hostname } from "node:os";
-import { type Logger, silentLogger } from "@boxcar/client";
+import { type Logger, silentLogger } from "@boxcar/common";
 import { isTransientJetStreamError, patiently, type Topology, type WorkSigner } from "@boxcar/fabric";
 import { type ApiEndpoint, apiEndpointMetadata, BoxcarError, checkAgentPolicy, ErrorCode } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages } from "@nats-io/jetstream";

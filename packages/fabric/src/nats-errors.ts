@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
-import { type Logger, silentLogger } from "@boxcar/client";
+import { type Logger, silentLogger } from "@boxcar/common";
 import { type Topology, WorkVerifier } from "@boxcar/fabric";
 import {
   AgentPolicy,

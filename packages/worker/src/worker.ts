@@ -1,6 +1,6 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { nowIso, patiently, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,

@@ -1,5 +1,5 @@
 import { readFile } from "node:fs/promises";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { WorkVerifier } from "@boxcar/fabric";
 import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";

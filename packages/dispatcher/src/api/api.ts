@@ -1,4 +1,4 @@
-import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
+import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,

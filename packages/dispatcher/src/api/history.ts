@@ -1,4 +1,4 @@
-import { jsonOf } from "@boxcar/client";
+import { jsonOf } from "@boxcar/common";
 import { readStream, type Topology } from "@boxcar/fabric";
 import {
   BoxcarEvent,

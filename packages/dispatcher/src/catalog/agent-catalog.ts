@@ -1,4 +1,4 @@
-import { jsonOf, type Logger } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/common";
 import { followKv, getJson, type Topology } from "@boxcar/fabric";
 import { AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";

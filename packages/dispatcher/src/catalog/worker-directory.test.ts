@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import { silentLogger } from "@boxcar/client";
+import { silentLogger } from "@boxcar/common";
 import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
 import { PROTOCOL_VERSION, RuntimePolicy, type WorkerInfo } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";

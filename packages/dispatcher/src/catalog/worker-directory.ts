@@ -1,4 +1,4 @@
-import { jsonOf, type Logger } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/common";
 import { followKv, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe, workerStatus } from "@boxcar/protocol";
 

@@ -1,4 +1,4 @@
-import { type Logger, TRACEPARENT } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import {
   DUPLICATE_WINDOW_MS,
   getJson,
@@ -29,10 +29,7 @@ import {
   parseWith,
   placesOf,
   type Role,
-  WORK_ITEM_VERSION,
-  type WorkItem,
 } from "@boxcar/protocol";
-import { headers } from "@nats-io/transport-node";
 import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
 import type { DispatcherMetrics } from "../dispatcher-metrics.js";

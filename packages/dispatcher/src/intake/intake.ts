@@ -1,4 +1,4 @@
-import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
+import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import { BoxcarError, decodeMessage, ErrorCode, intakeSubjectParts, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
 import type { JsMsg } from "@nats-io/jetstream";

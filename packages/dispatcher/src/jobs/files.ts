@@ -1,5 +1,5 @@
 import { randomBytes, randomUUID } from "node:crypto";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import {
   type ArtifactChunk,

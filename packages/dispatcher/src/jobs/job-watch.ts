@@ -1,4 +1,4 @@
-import { jsonOf, type Logger } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 import { type BucketReplay, replayBucket } from "./bucket-replay.js";

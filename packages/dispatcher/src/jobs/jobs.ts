@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Logger } from "@boxcar/client";
-import { getJson, isNoResponders, type JobHandle, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import type { Logger } from "@boxcar/common";
+import { getJson, isNoResponders, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   type CountJobsReply,

@@ -1,4 +1,4 @@
-import { TRACEPARENT } from "@boxcar/client";
+import { TRACEPARENT } from "@boxcar/common";
 import { inputDigest, type Topology, type WorkSigner } from "@boxcar/fabric";
 import {
   type AgentDefinition,

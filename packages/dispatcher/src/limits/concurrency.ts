@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { type JobHandle, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,

@@ -1,4 +1,4 @@
-import { jsonOf, type Logger } from "@boxcar/client";
+import { jsonOf, type Logger } from "@boxcar/common";
 import { followKv, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
 import type { AgentCatalog } from "../catalog/agent-catalog.js";

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { isRevisionConflict, type Topology } from "@boxcar/fabric";
 import {
   addUsage,

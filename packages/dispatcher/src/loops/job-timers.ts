@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 
 /**
  * Jobs with a time at which something is to be done about them, and a timer that does it: the

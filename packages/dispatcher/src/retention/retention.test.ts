@@ -1,4 +1,4 @@
-import { silentLogger } from "@boxcar/client";
+import { silentLogger } from "@boxcar/common";
 import { openTopology, startNatsServer } from "@boxcar/fabric";
 import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { connect } from "@nats-io/transport-node";

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { getJson, isRevisionConflict, removeObject, type Topology } from "@boxcar/fabric";
 import {
   type CleanJobsReply,

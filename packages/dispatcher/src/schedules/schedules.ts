@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { isRevisionConflict, nowIso, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,

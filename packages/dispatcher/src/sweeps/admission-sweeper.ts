@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { DUPLICATE_WINDOW_MS, getJson, type Topology } from "@boxcar/fabric";
 import { JobRecord } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type JobRecord, JobTransitions } from "@boxcar/protocol";
 import { removeWaitingMarker } from "../jobs/jobs.js";

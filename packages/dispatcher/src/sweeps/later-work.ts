@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";

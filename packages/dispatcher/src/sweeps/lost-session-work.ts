@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";

@@ -1,4 +1,4 @@
-import { failSpan, SpanKind, startSpan } from "@boxcar/client";
+import { failSpan, SpanKind, startSpan } from "@boxcar/common";
 import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,

@@ -1,4 +1,4 @@
-import { jsonOf } from "@boxcar/client";
+import { jsonOf } from "@boxcar/common";
 import { getJson, type Topology } from "@boxcar/fabric";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";

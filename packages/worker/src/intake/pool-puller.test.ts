@@ -1,6 +1,6 @@
 import { rm } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
-import { silentLogger } from "@boxcar/client";
+import { silentLogger } from "@boxcar/common";
 import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
 import type { Priority } from "@boxcar/protocol";
 import { connect, type NatsConnection } from "@nats-io/transport-node";

@@ -1,4 +1,4 @@
-import { type Logger, newInbox } from "@boxcar/client";
+import { type Logger, newInbox } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Status } from "@nats-io/transport-node";

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/client";
+import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import {
   inputDigest,
   isTransientJetStreamError,

@@ -10,7 +10,7 @@
 
 import { randomBytes } from "node:crypto";
 import { Readable } from "node:stream";
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 import { expect, test } from "vitest";
 import { encodingsOf, REDACTED, Redactor } from "./redactor.js";
 

@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
 
 /** What a secret value is replaced with wherever the worker writes agent output or results. */
 export const REDACTED = "[redacted]";
