@@ -101,3 +101,8 @@ export function isRevisionConflict(err: unknown): boolean {
     (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
   );
 }
+
+/** JetStream's answer for a stream, consumer or message that does not exist. */
+export function isNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && (err.status === 404 || err.code === 10014 || err.code === 10059);
+}

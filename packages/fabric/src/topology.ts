@@ -1,108 +1,42 @@
+/**
+ * A Boxcar system's topology: the handles on its streams, KV buckets and Object Stores
+ * (`Topology`), opened (created where missing) by `openTopology`, which decides the replica
+ * count of a new system, makes the buckets used only by some features on first use, and creates
+ * the pools' and workers' durable consumers of work. Its options are in topology-options.ts,
+ * where JetStream places the streams in stream-placement.ts, publishing that rides out a
+ * restart in publish-retry.ts.
+ */
+
 import { BoxcarError, ErrorCode, type Names, names as namesFor, PRIORITIES, type Priority } from "@boxcar/protocol";
 import {
   AckPolicy,
   DiscardPolicy,
-  JetStreamApiError,
   type JetStreamClient,
   type JetStreamManager,
   jetstream,
   jetstreamManager,
   RetentionPolicy,
   StorageType,
-  type StreamConfig,
 } from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
-import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/transport-node";
 import { JobStore } from "./job-store.js";
-import { isNoResponders } from "./nats-errors.js";
+import { isNotFound } from "./nats-errors.js";
+import { retryingPublish } from "./publish-retry.js";
+import {
+  ASKED_PLACEMENT_PATIENCE_MS,
+  createIfPlaceable,
+  ensureStream,
+  inJetStreamCluster,
+  placementPatienceMs,
+  replicaError,
+  type StreamSpec,
+  storageError,
+  workStreamReplicas,
+} from "./stream-placement.js";
+import { type ResolvedTopologyOptions, resolveTopologyOptions, type TopologyOptions } from "./topology-options.js";
 
-export interface TopologyOptions {
-  /** Subject and bucket prefix; default `boxcar`. */
-  prefix?: string;
-  /**
-   * Replicas of every stream, bucket and object store: 1, 3 or 5. Default: what the existing
-   * system uses (its work stream's replicas); for a new system, 3 when the server this
-   * connection is on is in a cluster of at least 3 servers with JetStream, else 1.
-   */
-  replicas?: number;
-  /** How long a worker may stay silent on a job before JetStream redelivers it; default 30 s. */
-  ackWaitMs?: number;
-  /**
-   * How many times JetStream delivers a work item before it gives up on it (`max_deliver` of
-   * each pool consumer, when the consumer is created); default 20. Dispatchers then end the job
-   * `dead` (see `GivenUpWork` in the dispatcher).
-   */
-  maxDeliveries?: number;
-  /** How long an idempotency key is remembered; default 24 h. */
-  idempotencyWindowMs?: number;
-  /**
-   * How long a worker's presence entry is kept after its last write; default 1 h. A worker that
-   * misses 3 heartbeats is gone long before (`workerStatus`); the entry stays so `boxcar workers`
-   * can show it and account for the jobs it had in hand.
-   */
-  workerTtlMs?: number;
-  /**
-   * The most the history streams and the durable intake keep, in bytes, when they are created
-   * (an existing stream keeps its own): events (default 1 GiB), agent output logs (512 MiB),
-   * dead letters (256 MiB), submissions waiting to be admitted (64 MiB; past it a new one is
-   * refused, none dropped). JetStream reserves these up front, so a small server or account
-   * needs smaller ones.
-   */
-  streamLimits?: StreamLimits;
-}
-
-/** Sizes of the streams JetStream reserves storage for, in bytes. */
-export interface StreamLimits {
-  events?: number;
-  logs?: number;
-  dead?: number;
-  submit?: number;
-}
-
-/** What each limited stream reserves by default. */
-export const DEFAULT_STREAM_LIMITS: Required<StreamLimits> = {
-  events: 1024 * 1024 ** 2,
-  logs: 512 * 1024 ** 2,
-  dead: 256 * 1024 ** 2,
-  submit: 64 * 1024 ** 2,
-};
-
-export interface ResolvedTopologyOptions {
-  prefix: string;
-  replicas: number;
-  ackWaitMs: number;
-  maxDeliveries: number;
-  idempotencyWindowMs: number;
-  workerTtlMs: number;
-  streamLimits: Required<StreamLimits>;
-}
-
-/**
- * Fills defaults and checks ranges. Without `replicas` it uses `defaultReplicas` (1): only
- * `openTopology` can look at the NATS system to choose.
- */
-export function resolveTopologyOptions(opts: TopologyOptions = {}, defaultReplicas = 1): ResolvedTopologyOptions {
-  const resolved = {
-    prefix: opts.prefix ?? "boxcar",
-    replicas: opts.replicas ?? defaultReplicas,
-    ackWaitMs: opts.ackWaitMs ?? 30_000,
-    maxDeliveries: opts.maxDeliveries ?? 20,
-    idempotencyWindowMs: opts.idempotencyWindowMs ?? 24 * 3_600_000,
-    workerTtlMs: opts.workerTtlMs ?? 3_600_000,
-    streamLimits: { ...DEFAULT_STREAM_LIMITS, ...opts.streamLimits },
-  };
-  for (const [stream, bytes] of Object.entries(resolved.streamLimits)) {
-    if (!Number.isInteger(bytes) || bytes < 1024 ** 2)
-      throw new RangeError(`the ${stream} stream's limit must be at least 1 MiB, got ${bytes} bytes`);
-  }
-  if (![1, 3, 5].includes(resolved.replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${resolved.replicas}`);
-  if (resolved.ackWaitMs < 1_000) throw new RangeError(`ackWaitMs must be at least 1000, got ${resolved.ackWaitMs}`);
-  if (!Number.isInteger(resolved.maxDeliveries) || resolved.maxDeliveries < 1) {
-    throw new RangeError(`maxDeliveries must be a whole number of at least 1, got ${resolved.maxDeliveries}`);
-  }
-  return resolved;
-}
 
 /** Handles on every stream, bucket and store of one Boxcar system. */
 export interface Topology {
@@ -379,144 +313,4 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       return info.config.ack_wait ?? nanos(options.ackWaitMs);
     }
   }
-}
-
-type StreamSpec = Partial<StreamConfig> & { name: string };
-
-/**
- * How long a JetStream publish is tried again when it may not have been stored:
- * - no stream answered ("no responders"): a server that has just restarted takes clients before
- *   its streams are back. Nothing was stored, so sending again is always safe.
- * - no acknowledgement in time (a timeout, e.g. the client's server died with the request in
- *   flight): the message may have been stored, so it is sent again only when it carries a
- *   message id (`msgID`), which makes the stream drop a second copy. A compare-and-swap write
- *   (KV update) has none and is not repeated.
- */
-const PUBLISH_RETRY_MS = 10_000;
-
-/** Makes `js.publish` (and so KV and Object Store writes through `js`) ride out a server restart. */
-function retryingPublish(js: JetStreamClient): JetStreamClient {
-  const publish = js.publish.bind(js);
-  js.publish = async (subject, payload, options) => {
-    const deadline = Date.now() + PUBLISH_RETRY_MS;
-    for (let delayMs = 25; ; delayMs = Math.min(delayMs * 2, 1_000)) {
-      try {
-        return await publish(subject, payload, options);
-      } catch (err) {
-        const again = isNoResponders(err) || (err instanceof natsErrors.TimeoutError && options?.msgID !== undefined);
-        if (!again || Date.now() + delayMs > deadline) throw err;
-        await new Promise((r) => setTimeout(r, delayMs));
-      }
-    }
-  };
-  return js;
-}
-
-/** The replica count of the system's work stream; undefined when the system does not exist. */
-async function workStreamReplicas(jsm: JetStreamManager, names: Names): Promise<number | undefined> {
-  try {
-    return (await jsm.streams.info(names.streams.work)).config.num_replicas || 1;
-  } catch (err) {
-    if (!isNotFound(err)) throw err;
-    return undefined;
-  }
-}
-
-/**
- * Whether the server this connection is on is part of a cluster (its INFO names one) and has
- * JetStream. How many servers of that cluster have JetStream is JetStream's to say: creating a
- * stream with 3 replicas succeeds only when it can place them. (The client's INFO lists the
- * cluster's servers too, but only those whose routes are up yet.)
- */
-function inJetStreamCluster(nc: NatsConnection): boolean {
-  return Boolean(nc.info?.cluster && nc.info.jetstream);
-}
-
-/** JetStream's refusals of a replica count this NATS system cannot hold. */
-const REPLICA_REFUSALS: readonly number[] = [
-  10005, // no suitable peers for placement
-  10023, // insufficient resources
-  10074, // replicas > 1 not supported in non-clustered mode
-];
-
-const isReplicaRefusal = (err: unknown): err is JetStreamApiError =>
-  err instanceof JetStreamApiError && REPLICA_REFUSALS.includes(err.code);
-
-/**
- * How long a refused replica count is tried again: the servers of a cluster that has just
- * started join its JetStream one by one. 5 s, or 60 s when the server advertises 3 or more
- * client URLs for its cluster (`connect_urls`; a server with several addresses counts each): a
- * busy machine has been seen to take longer than 5 s to bring the third in, and a new system
- * there must not settle for 1 replica (a Compose cluster did, in CI, and lost its streams with
- * the server they were on).
- */
-function placementPatienceMs(nc: NatsConnection): number {
-  return (nc.info?.connect_urls?.length ?? 0) >= 3 ? ASKED_PLACEMENT_PATIENCE_MS : 5_000;
-}
-
-/** How long a replica count that was asked for (`--replicas`) is tried before it is refused. */
-const ASKED_PLACEMENT_PATIENCE_MS = 60_000;
-
-/**
- * Creates the stream (or finds it made by another process); false when JetStream keeps refusing
- * its replica count for `patienceMs`.
- */
-async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpec, patienceMs: number): Promise<boolean> {
-  const deadline = Date.now() + patienceMs;
-  for (;;) {
-    try {
-      await ensureStream(jsm, config);
-      return true;
-    } catch (err) {
-      if (!isReplicaRefusal(err)) throw err;
-      if (Date.now() + 500 > deadline) return false;
-      await new Promise((r) => setTimeout(r, 500));
-    }
-  }
-}
-
-/** JetStream's answer when the storage a stream or bucket asks for is more than the server or account has free. */
-const INSUFFICIENT_STORAGE = 10047;
-
-/** A refusal for want of storage, said in one line with what Boxcar asked for and how to ask for less; undefined for other errors. */
-function storageError(err: unknown, limits: Required<StreamLimits>): BoxcarError | undefined {
-  if (!(err instanceof JetStreamApiError && err.code === INSUFFICIENT_STORAGE)) return undefined;
-  const size = (bytes: number) => (bytes % 1024 ** 3 === 0 ? `${bytes / 1024 ** 3}Gi` : `${Math.round(bytes / 1024 ** 2)}Mi`);
-  const asked = Object.entries(limits)
-    .map(([stream, bytes]) => `${stream}=${size(bytes)}`)
-    .join(",");
-  const total = Object.values(limits).reduce((a, b) => a + b, 0);
-  return new BoxcarError(
-    ErrorCode.storageFull,
-    `JetStream has less file storage free than Boxcar's streams reserve (${asked}, ${size(total)} in all, plus room for jobs): ` +
-      "give the server or account more (jetstream max_file_store, account limits) or reserve less with --stream-limits / BOXCAR_STREAM_LIMITS, e.g. events=64Mi,logs=32Mi,dead=16Mi,submit=8Mi",
-    { cause: err },
-  );
-}
-
-function replicaError(err: unknown, replicas: number): unknown {
-  if (!isReplicaRefusal(err)) return err;
-  return new BoxcarError(
-    ErrorCode.unavailable,
-    `JetStream cannot keep ${replicas} replicas here (${err.message}): it needs as many servers with JetStream up in one cluster; use --replicas / BOXCAR_REPLICAS 1 on a single server`,
-    { cause: err },
-  );
-}
-
-async function ensureStream(jsm: JetStreamManager, config: StreamSpec): Promise<void> {
-  try {
-    await jsm.streams.info(config.name);
-  } catch (err) {
-    if (!isNotFound(err)) throw err;
-    try {
-      await jsm.streams.add(config);
-    } catch (addErr) {
-      // Another process created it between our info and add.
-      if (!(addErr instanceof JetStreamApiError && addErr.code === 10058)) throw addErr;
-    }
-  }
-}
-
-export function isNotFound(err: unknown): boolean {
-  return err instanceof JetStreamApiError && (err.status === 404 || err.code === 10014 || err.code === 10059);
 }

@@ -1,10 +1,13 @@
 export { MAX_ARTIFACTS } from "./run/agent-workspace.js";
 export { MAX_LOG_CHUNK } from "./run/output-log.js";
 export { MAX_PROGRESS_CHARS } from "./run/progress-lines.js";
-export type { Confinement, DockerSandboxOptions } from "./sandbox/docker/docker-sandbox.js";
-export { CONTAINER_WORKSPACE, ContainerLabel, createDockerSandboxProvider, hardenedHostConfig } from "./sandbox/docker/docker-sandbox.js";
-export type { E2BSandboxOptions, ResolvedE2BSandboxOptions } from "./sandbox/e2b/e2b-sandbox.js";
-export { createE2BSandboxProvider, E2BMetadata, resolveE2BSandboxOptions } from "./sandbox/e2b/e2b-sandbox.js";
+export type { Confinement } from "./sandbox/docker/container-config.js";
+export { CONTAINER_WORKSPACE, ContainerLabel, hardenedHostConfig } from "./sandbox/docker/container-config.js";
+export type { DockerSandboxOptions } from "./sandbox/docker/docker-sandbox.js";
+export { createDockerSandboxProvider } from "./sandbox/docker/docker-sandbox.js";
+export type { E2BSandboxOptions, ResolvedE2BSandboxOptions } from "./sandbox/e2b/e2b-options.js";
+export { resolveE2BSandboxOptions } from "./sandbox/e2b/e2b-options.js";
+export { createE2BSandboxProvider, E2BMetadata } from "./sandbox/e2b/e2b-sandbox.js";
 export type { HostSandboxOptions } from "./sandbox/host/host-sandbox.js";
 export { createHostSandboxProvider } from "./sandbox/host/host-sandbox.js";
 export { AttemptLease } from "./sandbox/lifeline.js";

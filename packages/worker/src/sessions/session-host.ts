@@ -6,6 +6,11 @@
  *
  * Host and Docker sandboxes (a backend's `createSession`); an E2B agent's session is refused,
  * saying so.
+ *
+ * This file is the host: the requests it answers and the jobs it lends sessions to. A held
+ * session and its lock are in held-session.ts, a command's environment and output in
+ * session-commands.ts, the file requests in file-requests.ts, what a new workspace starts with
+ * in session-seed.ts (and git-seed.ts).
  */
 
 import { randomBytes } from "node:crypto";
@@ -14,92 +19,39 @@ import type { Logger } from "@boxcar/common";
 import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
-  type Artifact,
   BoxcarError,
   checkAgentPolicy,
   ErrorCode,
   type ExecReply,
   ExecRequest,
-  type GitSeed,
-  ListSessionFiles,
-  MAX_EXEC_REPLY_OUTPUT,
-  MAX_SESSION_FILE_BYTES,
   PROTOCOL_VERSION,
   parseWith,
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
   type SessionEvent,
-  SessionFileRef,
   type SessionRecord,
   SessionRef,
   type SnapshotInfo,
   toErrorInfo,
   WorkerOpenSession,
-  WriteSessionFile,
 } from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
 import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
-import type { z } from "zod";
 import type { Slots } from "../intake/slots.js";
 import type { Sandbox, SandboxBackend, SandboxProvider, SessionSandbox } from "../sandbox/sandbox.js";
 import { sessionJobSandbox } from "../sandbox/session-job-sandbox.js";
 import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { AgentPaths, collectSecrets } from "../workspace/agent-contract.js";
 import type { SessionFiles } from "../workspace/files.js";
-import type { LocalWorkspace } from "../workspace/local-workspace.js";
-import { StreamRedactor } from "../workspace/redactor.js";
-import { unpackInto } from "../workspace/workspace-archive.js";
 import { workspaceCwd } from "../workspace/workspace-path.js";
-import { cloneInto } from "./git-seed.js";
-
-/** The most a snapshot or a clone may put in a new session's workspace (a Docker session's quota then holds it to the worker's own). */
-const SEED_LIMITS = { maxBytes: 1024 ** 3, maxEntries: 100_000 };
+import { fileRequests } from "./file-requests.js";
+import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
+import { CommandOutput, commandEnv } from "./session-commands.js";
+import { seedOf } from "./session-seed.js";
 
 /** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
 const SLOT_WAIT_MS = 2_000;
-
-/** The most of a command's output published live (as a job's); the reply carries the end of it all. */
-const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;
-
-interface HeldSession {
-  record: SessionRecord;
-  sandbox: SessionSandbox;
-  secrets: Map<string, string>;
-  /** The agent's own environment variables. */
-  env: Record<string, string>;
-  /** A snapshot is being taken (one at a time; the idle clock waits). */
-  snapshotting?: boolean;
-  /** The command or job running now, if any: its id, how to stop it, and whether its owner cancelled it. */
-  running?: Running;
-  /** Jobs waiting for the lock, first come first served: each takes it as the one before it lets go. */
-  waiting: Waiter[];
-  idle?: NodeJS.Timeout;
-  lifetime?: NodeJS.Timeout;
-}
-
-/** What holds a session's lock: one command, or one job. */
-interface Running {
-  /** The command's id (`<session>.<n>`), or the job's. */
-  execId: string;
-  stop: AbortController;
-  /** Its owner cancelled it (`sessions.cancel`). */
-  cancelled: boolean;
-  /** Why the session closed under it, if it did. */
-  closedWith?: string;
-}
-
-/** A job waiting for a session's lock. */
-interface Waiter {
-  running: Running;
-  /** The lock is its own now. */
-  take(): void;
-  /** It will not get it (the session closed). */
-  fail(err: Error): void;
-}
-
-/** How many jobs may wait for one session's lock on its worker; more are handed back to wait in the stream. */
-const MAX_WAITING_JOBS = 64;
 
 /** A session's sandbox lent to a job for its run (`SessionHost.lend`). */
 export interface SessionLease {
@@ -168,26 +120,7 @@ export class SessionHost {
     cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
     snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
-    read: async (body) => {
-      const { id, path } = parseWith(SessionFileRef, body, "request");
-      const data = await this.withFiles(id, (files) => files.read(path, MAX_SESSION_FILE_BYTES));
-      if (!data) throw new BoxcarError(ErrorCode.notFound, `no file ${path} in session ${id}`);
-      return { path, size: data.length, data: Buffer.from(data).toString("base64") };
-    },
-    write: async (body) => {
-      const { id, path, data, executable } = parseWith(WriteSessionFile, body, "request");
-      const bytes = Buffer.from(data, "base64");
-      await this.withFiles(id, (files) => files.write(path, bytes, executable));
-      return { path, size: bytes.length };
-    },
-    list: async (body) => {
-      const { id, path, limit } = parseWith(ListSessionFiles, body, "request");
-      return this.withFiles(id, (files) => files.list(path, limit));
-    },
-    remove: async (body) => {
-      const { id, path } = parseWith(SessionFileRef, body, "request");
-      return { path, removed: await this.withFiles(id, (files) => files.remove(path)) };
-    },
+    ...fileRequests(this.withFiles.bind(this)),
   };
 
   /** The session this worker holds; one it is closing is refused, saying so. */
@@ -257,7 +190,7 @@ export class SessionHost {
     }
     // What the workspace starts with: a snapshot's files, or a clone made here, outside the sandbox.
     const seeded: { source?: SessionRecord["source"] } = {};
-    const seed = this.seedOf({ from, git: request.git, artifacts }, agent, seeded);
+    const seed = seedOf(this.ctx, { from, git: request.git, artifacts }, agent, seeded);
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
@@ -321,22 +254,13 @@ export class SessionHost {
       timedOut = true;
       stop.abort();
     }, request.timeout);
-    const tails = { stdout: new OutputTail(), stderr: new OutputTail() };
-    const redactors = { stdout: new StreamRedactor([...held.secrets.values()]), stderr: new StreamRedactor([...held.secrets.values()]) };
     const { names, nc } = this.ctx.topology;
     const hdrs = natsHeaders();
     hdrs.set("Boxcar-Exec", execId);
-    // The live copy stops at MAX_LIVE_OUTPUT a command, as a job's output does, so that one
-    // command cannot push everyone's output out of the size-capped logs stream.
-    let published = 0;
-    const emit = (stream: "stdout" | "stderr", clean: Uint8Array) => {
-      if (clean.length === 0) return;
-      tails[stream].push(clean);
-      if (published >= MAX_LIVE_OUTPUT) return;
-      const part = clean.subarray(0, MAX_LIVE_OUTPUT - published);
-      published += part.length;
-      nc.publish(names.subjects.log(held.record.owner, request.id, stream), part, { headers: hdrs });
-    };
+    const output = new CommandOutput(held.secrets, (stream, part) =>
+      nc.publish(names.subjects.log(held.record.owner, request.id, stream), part, { headers: hdrs }),
+    );
+    const { tails } = output;
     // The events and the record are stored while the command runs and as the reply goes, not
     // one after another before it: a command's round trip waits for them once (published on one
     // connection, they are stored in order).
@@ -344,26 +268,13 @@ export class SessionHost {
     let exited: Promise<void> | undefined;
     try {
       const result = await held.sandbox.exec(request.argv, {
-        // As a job's environment, less what only a job has (input, result, chain files).
-        env: {
-          PATH: held.sandbox.agentPath ?? process.env.PATH ?? "/usr/bin:/bin",
-          HOME: held.sandbox.workspace,
-          LANG: "C.UTF-8",
-          TMPDIR: `${held.sandbox.workspace}/${AgentPaths.tmp}`,
-          ...held.env,
-          ...request.env,
-          ...Object.fromEntries(held.secrets),
-          BOXCAR_SESSION: request.id,
-          BOXCAR_AGENT: held.record.agent,
-          BOXCAR_WORKSPACE: held.sandbox.workspace,
-        },
+        env: commandEnv(held, request),
         signal: stop.signal,
-        onOutput: (stream, chunk) => emit(stream, redactors[stream].push(chunk)),
+        onOutput: (stream, chunk) => output.push(stream, chunk),
         ...(cwd !== undefined ? { cwd } : {}),
         ...(request.stdin !== undefined ? { stdin: Buffer.from(request.stdin, "base64") } : {}),
       });
-      // What a redactor held back, in case it was the start of a secret.
-      for (const stream of ["stdout", "stderr"] as const) emit(stream, redactors[stream].end());
+      output.end();
       const reply: ExecReply = {
         execId,
         exitCode: result.exitCode,
@@ -393,7 +304,7 @@ export class SessionHost {
       let saved: Promise<void> | undefined;
       if (this.held.has(request.id)) {
         this.idleFrom(held);
-        this.handOn(held);
+        handOn(held);
         saved = this.save(held).catch((err: unknown) =>
           this.ctx.log.warn({ err, session: request.id }, "could not save a session's record"),
         );
@@ -434,7 +345,7 @@ export class SessionHost {
       );
     }
     const running: Running = { execId: job.jobId, stop: new AbortController(), cancelled: false };
-    if (held.running || held.waiting.length > 0) await this.waitFor(held, running, signal);
+    if (held.running || held.waiting.length > 0) await waitFor(held, running, signal);
     else held.running = running;
     clearTimeout(held.idle);
     let released = false;
@@ -447,7 +358,7 @@ export class SessionHost {
       if (this.held.get(id) !== held) return;
       held.record = { ...held.record, lastUsedAt: nowIso() };
       this.idleFrom(held);
-      this.handOn(held);
+      handOn(held);
       void this.save(held).catch((err: unknown) => this.ctx.log.warn({ err, session: id }, "could not save a session's record"));
     };
     try {
@@ -475,47 +386,6 @@ export class SessionHost {
       },
       release,
     };
-  }
-
-  /**
-   * Waits, in line, until the session's lock is `running`'s (`handOn` gives it). Throws
-   * `conflict` when too many jobs wait already or `signal` aborts first (the job is handed back),
-   * and `session_lost` when the session closes meanwhile.
-   */
-  private waitFor(held: HeldSession, running: Running, signal: AbortSignal): Promise<void> {
-    if (held.waiting.length >= MAX_WAITING_JOBS) {
-      throw new BoxcarError(ErrorCode.conflict, `session ${held.record.id} has ${held.waiting.length} jobs waiting already`);
-    }
-    return new Promise<void>((resolve, reject) => {
-      const onAbort = () => {
-        held.waiting = held.waiting.filter((w) => w !== waiter);
-        reject(new BoxcarError(ErrorCode.conflict, `stopped waiting for session ${held.record.id}`));
-      };
-      const waiter: Waiter = {
-        running,
-        take: () => {
-          signal.removeEventListener("abort", onAbort);
-          resolve();
-        },
-        fail: (err) => {
-          signal.removeEventListener("abort", onAbort);
-          reject(err);
-        },
-      };
-      held.waiting.push(waiter);
-      signal.addEventListener("abort", onAbort, { once: true });
-      if (signal.aborted) onAbort();
-    });
-  }
-
-  /** Gives the free lock to the first job waiting for it, if any (it holds the session from now: its idle clock stops). */
-  private handOn(held: HeldSession): void {
-    if (held.running) return;
-    const next = held.waiting.shift();
-    if (!next) return;
-    held.running = next.running;
-    clearTimeout(held.idle);
-    next.take();
   }
 
   /**
@@ -561,64 +431,6 @@ export class SessionHost {
     };
     await this.event(held, "snapshot", { snapshot: snapshotId });
     return snapshot;
-  }
-
-  /**
-   * What fills a new session's workspace before anything runs in it: a snapshot's files, a clone
-   * made here (outside the sandbox), or a job's artifacts; none for an empty one. Once it has
-   * run, `seeded.source` says what the workspace started from, for the record.
-   */
-  private seedOf(
-    { from, git, artifacts }: Pick<z.infer<typeof WorkerOpenSession>, "from" | "artifacts"> & { git?: GitSeed | undefined },
-    agent: AgentDefinition,
-    seeded: { source?: SessionRecord["source"] },
-  ): ((workspace: LocalWorkspace) => Promise<void>) | undefined {
-    if (from !== undefined) {
-      return async (workspace) => {
-        await this.restore(from, workspace);
-        seeded.source = { snapshot: from };
-      };
-    }
-    if (git !== undefined) {
-      return async (workspace) => {
-        const { commit } = await cloneInto(git, workspace.dir, agent, this.ctx.options.secretsEnv, SEED_LIMITS);
-        seeded.source = { git: { url: git.url, ...(git.ref !== undefined ? { ref: git.ref } : {}), commit } };
-      };
-    }
-    if (artifacts !== undefined) {
-      return async (workspace) => {
-        await this.copyArtifacts(artifacts.files, workspace);
-        seeded.source = { artifactsOf: artifacts.job };
-      };
-    }
-    return undefined;
-  }
-
-  /** Fills a new session's workspace with a snapshot's files, checked against the store's digest. */
-  private async restore(snapshotId: string, workspace: LocalWorkspace): Promise<void> {
-    const found = await (await this.ctx.topology.snapshots()).get(snapshotId);
-    if (!found) throw new BoxcarError(ErrorCode.notFound, `no snapshot ${snapshotId}`);
-    await unpackInto(Readable.fromWeb(found.data as never), workspace, SEED_LIMITS);
-    const corrupt = await found.error;
-    if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `snapshot ${snapshotId} does not match its digest: ${corrupt.message}`);
-  }
-
-  /** Copies a job's stored artifacts into a new session's workspace, at their paths, each checked against the store's digest. */
-  private async copyArtifacts(files: readonly Artifact[], workspace: LocalWorkspace): Promise<void> {
-    const total = files.reduce((sum, f) => sum + f.size, 0);
-    if (total > SEED_LIMITS.maxBytes || files.length > SEED_LIMITS.maxEntries) {
-      throw new BoxcarError(
-        ErrorCode.tooLarge,
-        `the job's artifacts hold ${total} bytes in ${files.length} files: more than a workspace may start with`,
-      );
-    }
-    for (const file of files) {
-      const found = await this.ctx.topology.artifacts.get(file.object);
-      if (!found) throw new BoxcarError(ErrorCode.notFound, `artifact ${file.path} is no longer stored (its job's retention is over)`);
-      await workspace.writeFile(file.path, found.data);
-      const corrupt = await found.error;
-      if (corrupt) throw new BoxcarError(ErrorCode.sandboxFailed, `artifact ${file.path} does not match its digest: ${corrupt.message}`);
-    }
   }
 
   /** Stops the command running in the session (as a timeout does); its exec's reply says `cancelled`. */
@@ -679,34 +491,5 @@ export class SessionHost {
       workerId: this.ctx.workerId,
       ...extra,
     }).catch((err: unknown) => this.ctx.log.warn({ err, session: held.record.id, type }, "could not publish a session event"));
-  }
-}
-
-/** The session is not held by this worker (any more). */
-class NotHeld extends BoxcarError {
-  constructor(workerId: string, id: string) {
-    super(ErrorCode.notFound, `worker ${workerId} holds no session ${id}`);
-  }
-}
-
-/** The last `MAX_EXEC_REPLY_OUTPUT` bytes of a stream, for an exec's reply. */
-class OutputTail {
-  private chunks: Uint8Array[] = [];
-  private size = 0;
-  truncated = false;
-
-  push(chunk: Uint8Array): void {
-    this.chunks.push(chunk);
-    this.size += chunk.length;
-    while (this.size - (this.chunks[0]?.length ?? 0) >= MAX_EXEC_REPLY_OUTPUT) {
-      this.size -= (this.chunks.shift() as Uint8Array).length;
-      this.truncated = true;
-    }
-  }
-
-  base64(): string {
-    const all = Buffer.concat(this.chunks);
-    if (all.length > MAX_EXEC_REPLY_OUTPUT) this.truncated = true;
-    return all.subarray(Math.max(0, all.length - MAX_EXEC_REPLY_OUTPUT)).toString("base64");
   }
 }

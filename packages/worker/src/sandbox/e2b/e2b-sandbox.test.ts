@@ -7,7 +7,9 @@ import { AuthenticationError, RateLimitError, SandboxError, ServiceBusyError, Ti
 import { afterAll, describe, expect, test } from "vitest";
 import { agentCommand, environmentFile } from "./e2b-command.js";
 import { e2bError } from "./e2b-errors.js";
-import { createE2BSandboxProvider, resolveE2BSandboxOptions, signalOf } from "./e2b-sandbox.js";
+import { signalOf } from "./e2b-job-sandbox.js";
+import { resolveE2BSandboxOptions } from "./e2b-options.js";
+import { createE2BSandboxProvider } from "./e2b-sandbox.js";
 
 describe("agentCommand and environmentFile", () => {
   const folders: string[] = [];

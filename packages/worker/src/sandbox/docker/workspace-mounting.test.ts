@@ -1,6 +1,6 @@
 import type Docker from "dockerode";
 import { expect, test } from "vitest";
-import { sharesFolder } from "./docker-sandbox.js";
+import { sharesFolder } from "./workspace-mounting.js";
 
 type Mount = Docker.ContainerInspectInfo["Mounts"][number];
 const mounts = (...list: Pick<Mount, "Type" | "Source" | "Destination">[]) => ({ Mounts: list as Mount[] });
