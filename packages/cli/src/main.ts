@@ -3,6 +3,7 @@ import { errors as natsErrors } from "@nats-io/transport-node";
 import type { Command, Values } from "./command.js";
 import { agent } from "./commands/agent.js";
 import { auth } from "./commands/auth.js";
+import { backup, restore } from "./commands/backup.js";
 import { artifacts, cancel, clean, events, jobs, logs, retry, signal, status, submit } from "./commands/jobs.js";
 import { policy } from "./commands/policy.js";
 import { dispatcher, workers } from "./commands/roles.js";
@@ -40,6 +41,8 @@ const COMMANDS: readonly Command[] = [
   workers,
   policy,
   auth,
+  backup,
+  restore,
   session,
   sessions,
   snapshots,

@@ -1,3 +1,15 @@
+export {
+  BackupFileError,
+  type BackupSummary,
+  backupSystem,
+  type RestoredStream,
+  RestoreError,
+  type RestoreSummary,
+  readBackupPlan,
+  restoreSystem,
+  type StreamSummary,
+  systemStreams,
+} from "./backup.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { JobChange, JobHandle } from "./job-store.js";
 export { JobStore } from "./job-store.js";
