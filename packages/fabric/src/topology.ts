@@ -37,7 +37,6 @@ import {
 } from "./stream-placement.js";
 import { type ResolvedTopologyOptions, resolveTopologyOptions, type TopologyOptions } from "./topology-options.js";
 
-
 /** Handles on every stream, bucket and store of one Boxcar system. */
 export interface Topology {
   readonly names: Names;
