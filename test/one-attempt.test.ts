@@ -490,9 +490,12 @@ describe.skipIf(!dockerOk)("Docker: a worker SIGKILLed mid-job leaves no running
         }, "the job's container to run");
         if (warm) expect(running.map((c) => c.Labels["boxcar.warm"])).toEqual(["1"]);
         else expect(running.map((c) => c.Labels["boxcar.job"])).toEqual([job.id]);
-        // The agent runs in it.
-        const top: { Processes?: string[][] } = await new Docker().getContainer(running[0]?.Id as string).top();
-        expect(top.Processes?.some((p) => p.join(" ").includes("sleep 300"))).toBe(true);
+        // The agent runs in it (a warm container is labelled as the job's before its script is
+        // read: on a loaded machine the agent may start a moment after its container shows up).
+        await eventually(async () => {
+          const top: { Processes?: string[][] } = await new Docker().getContainer(running[0]?.Id as string).top();
+          return top.Processes?.some((p) => p.join(" ").includes("sleep 300")) ? true : undefined;
+        }, "the agent to run in the job's container");
 
         worker.kill("SIGKILL");
         const killedAt = Date.now();

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { AgentModels } from "./models.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
 import { durationMs, sizeBytes } from "./units.js";
@@ -121,6 +122,9 @@ export const AgentDefinition = z.strictObject({
   outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
   handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
   retry: RetryPolicy.optional().describe("how failed attempts are retried; none: not at all"),
+  models: AgentModels.optional().describe(
+    "the model providers it calls through its worker's gateway, which holds their keys and meters each call (docs/models.md)",
+  ),
   sessions: z
     .boolean()
     .default(false)

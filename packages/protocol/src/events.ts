@@ -2,6 +2,7 @@ import { z } from "zod";
 import { PROTOCOL_VERSION, ResourceLimits } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { JobState, ResourceUsage, SandboxInfo } from "./job.js";
+import { ModelCall } from "./models.js";
 import { Usage } from "./usage.js";
 import { RunState, StepState } from "./workflow.js";
 
@@ -30,6 +31,7 @@ export const JobEventType = z.enum([
   "handoff_refused",
   "usage",
   "signal",
+  "model_call",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
@@ -62,8 +64,12 @@ const jobEventFields = {
   /** The workflow run the job belongs to, if any. */
   run: z.string().optional(),
   seq,
-  /** On `usage`: what the attempt's calls to its provider used, as its agent reported them. */
+  /** On `usage`: what the attempt's calls to its provider used, as its agent reported them or its worker's gateway metered them. */
   usage: Usage.optional(),
+  /** On `usage`: who counted it: the worker's model gateway, or the agent's own usage file (its word). */
+  usageBy: z.enum(["gateway", "agent"]).optional(),
+  /** On `model_call`: one call through the worker's model gateway. */
+  call: ModelCall.optional(),
 };
 
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);

@@ -289,7 +289,7 @@ export const JobRecord = z.looseObject({
       "the signals sent to it before it started, in the order they came (at most 16, 64 KiB of payload in all): its worker writes them before its agent starts, at every attempt",
     ),
   usage: Usage.optional().describe(
-    "what its attempts' calls to their provider used, as its agent reported them (docs/flow-control.md#usage-and-budgets)",
+    "what its attempts' calls to their providers used, as its worker's model gateway metered them or, for an agent that does not call through it, as the agent reported them (docs/flow-control.md#usage-and-budgets)",
   ),
   schedule: z
     .strictObject({ name: z.string(), tick: z.iso.datetime() })

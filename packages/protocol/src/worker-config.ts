@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { PoolName } from "./agent.js";
 import { NatsConnectionSettings } from "./connection.js";
+import { ModelProvider } from "./models.js";
 import { AgentPolicy } from "./policy.js";
 import { SandboxBackend } from "./runtime.js";
 import { durationMs, sizeBytes } from "./units.js";
@@ -24,6 +25,19 @@ export const WorkerConfig = z.strictObject({
         .describe("variables of the worker's environment agents may be given as secrets; others are refused"),
     })
     .optional(),
+  models: z
+    .strictObject({
+      keys: z
+        .partialRecord(ModelProvider, z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, "must be an environment variable name"))
+        .describe("for each provider, the variable of the worker's environment that holds its key (never the key itself)"),
+      urls: z
+        .partialRecord(ModelProvider, z.url({ protocol: /^https?$/ }))
+        .optional()
+        .describe("where a provider's API is, in place of its own (a proxy, a stand-in); OpenAI's with its /v1"),
+      listen: z.string().min(1).optional().describe("HOST:PORT the gateway listens on; default 127.0.0.1 and a free port"),
+    })
+    .optional()
+    .describe("the model gateway: the providers' keys this worker holds for its agents' calls (docs/models.md)"),
   dispatcherKeys: z
     .array(z.string().min(1))
     .min(1)

@@ -1,3 +1,5 @@
+export type { AttemptAccess, GatewayOptions, GatewayPass, ProviderAccess } from "./gateway/gateway.js";
+export { ModelGateway } from "./gateway/gateway.js";
 export { MAX_ARTIFACTS } from "./run/agent-workspace.js";
 export { MAX_LOG_CHUNK } from "./run/output-log.js";
 export { MAX_PROGRESS_CHARS } from "./run/progress-lines.js";

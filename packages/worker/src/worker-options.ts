@@ -7,6 +7,7 @@ import {
   type AgentPolicyInput,
   BoxcarError,
   ErrorCode,
+  type ModelProvider,
   PoolName,
   parseWith,
   RuntimePolicy,
@@ -16,6 +17,7 @@ import {
 } from "@boxcar/protocol";
 import type { Registry } from "prom-client";
 import { z } from "zod";
+import type { GatewayOptions } from "./gateway/gateway.js";
 import { sandboxProviders } from "./sandbox/providers.js";
 import type { SandboxProvider } from "./sandbox/sandbox.js";
 import { defaultWorkRoot } from "./workspace/work-root.js";
@@ -80,6 +82,12 @@ export interface WorkerOptions {
   agentPolicy?: AgentPolicyInput;
   /** A Prometheus registry to put this worker's metrics in (docs/observability.md); absent: none are kept. */
   metrics?: Registry;
+  /**
+   * The model gateway (docs/models.md): the providers' keys this worker holds for its agents'
+   * model calls, and where it listens (default 127.0.0.1, a free port). Absent or no providers:
+   * no gateway, and agents that list `models` cannot run here.
+   */
+  modelGateway?: GatewayOptions;
 }
 
 export interface ResolvedWorkerOptions {
@@ -108,6 +116,7 @@ export interface ResolvedWorkerOptions {
   /** PATH given to agents: the worker's own. */
   agentPath: string;
   agentTracing: Readonly<Record<string, string>>;
+  modelGateway: GatewayOptions | undefined;
 }
 
 const Settings = z.strictObject({
@@ -173,6 +182,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
     metrics: opts.metrics,
     agentPath: env.PATH ?? DEFAULT_PATH,
     agentTracing: opts.agentTracing ?? {},
+    modelGateway: opts.modelGateway && Object.keys(opts.modelGateway.providers).length > 0 ? opts.modelGateway : undefined,
   };
 }
 
@@ -216,5 +226,28 @@ export function workerOptionsFromConfig(
     ...(config.dispatcherKeys ? { dispatcherKeys: config.dispatcherKeys } : {}),
     ...(config.secrets?.allow ? { allowSecrets: config.secrets.allow } : {}),
     ...(config.policy ? { agentPolicy: config.policy } : {}),
+    ...(config.models ? { modelGateway: gatewayFromConfig(config.models, env) } : {}),
   };
+}
+
+/** The gateway's options from the config's `models`: each key read from the variable it names, which must be set. */
+function gatewayFromConfig(models: NonNullable<WorkerConfig["models"]>, env: Readonly<Record<string, string | undefined>>): GatewayOptions {
+  const providers: GatewayOptions["providers"] = {};
+  for (const [provider, variable] of Object.entries(models.keys) as [ModelProvider, string][]) {
+    const key = env[variable];
+    if (!key) {
+      throw new BoxcarError(ErrorCode.invalid, `models.keys.${provider}: ${variable} is not set in the worker's environment`);
+    }
+    const baseUrl = models.urls?.[provider];
+    providers[provider] = { key, ...(baseUrl ? { baseUrl } : {}) };
+  }
+  const listen = models.listen ? parseListen(models.listen) : undefined;
+  return { providers, ...(listen ? { host: listen.host, port: listen.port } : {}) };
+}
+
+function parseListen(listen: string): { host: string; port: number } {
+  const match = /^(.+):(\d{1,5})$/.exec(listen);
+  const port = Number(match?.[2]);
+  if (!match || port > 65_535) throw new BoxcarError(ErrorCode.invalid, `models.listen must be HOST:PORT, got ${JSON.stringify(listen)}`);
+  return { host: (match[1] as string).replace(/^\[(.*)\]$/, "$1"), port };
 }

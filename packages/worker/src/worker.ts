@@ -15,6 +15,7 @@ import {
   WorkItem,
 } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import { ModelGateway } from "./gateway/gateway.js";
 import { PoolPuller } from "./intake/pool-puller.js";
 import { Slots } from "./intake/slots.js";
 import type { WorkDelivery } from "./intake/work-delivery.js";
@@ -117,6 +118,8 @@ class BoxcarWorker implements Worker {
   private cancelSub: Subscription | undefined;
   private stopSignals: (() => void) | undefined;
   private sessions: SessionHost | undefined;
+  /** The model gateway its agents call their providers through, when it holds any key. */
+  private gateway: ModelGateway | undefined;
 
   constructor(private readonly options: ResolvedWorkerOptions) {
     this.id = options.workerId;
@@ -188,6 +191,10 @@ class BoxcarWorker implements Worker {
       if (run) void run.signal(msg);
       return run !== undefined;
     });
+    if (this.options.modelGateway) {
+      this.gateway = await ModelGateway.start(this.options.modelGateway, this.log);
+      this.log.info({ url: this.gateway.url, providers: this.gateway.providers }, "model gateway listening");
+    }
     this.sessions = new SessionHost({
       topology,
       workerId: this.id,
@@ -363,6 +370,7 @@ class BoxcarWorker implements Worker {
         leaseMs: this.leaseMs,
         metrics: this.metrics,
         sessions: this.sessions,
+        gateway: this.gateway,
       },
       msg,
       item,
@@ -423,6 +431,7 @@ class BoxcarWorker implements Worker {
     await this.step("stop listening for cancels", async () => this.cancelSub?.unsubscribe());
     await this.step("stop listening for signals", async () => this.stopSignals?.());
     await this.step("close the sessions", async () => this.sessions?.stop());
+    await this.step("close the model gateway", async () => this.gateway?.close());
     // A heartbeat still in flight must land before the delete, or it would bring back a
     // presence that readers then see as gone.
     await this.beating;

@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import type { Logger } from "@boxcar/common";
 import { WorkVerifier } from "@boxcar/fabric";
-import { parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
+import { MODEL_PROVIDERS, ModelProvider, parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
 import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
 import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
@@ -16,7 +16,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } 
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -37,6 +37,9 @@ export const worker: Command = {
     "drain-grace": { type: "string" },
     "dispatcher-keys": { type: "string" },
     "allow-secret": { type: "string", multiple: true, default: [] },
+    "model-key": { type: "string", multiple: true, default: [] },
+    "model-url": { type: "string", multiple: true, default: [] },
+    "model-gateway": { type: "string" },
     heartbeat: { type: "string" },
     health: { type: "string" },
     metrics: { type: "string" },
@@ -136,7 +139,22 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const keys = (values["dispatcher-keys"] as string | undefined) ?? env.BOXCAR_DISPATCHER_KEYS;
   const allowSecrets = values["allow-secret"] as string[];
   const warm = values["docker-warm"] !== undefined ? wholeNumber(values["docker-warm"], "--docker-warm", 0, 64) : undefined;
+  const modelKeys = providerPairs(values["model-key"] as string[], "--model-key", "VARIABLE");
+  const modelUrls = providerPairs(values["model-url"] as string[], "--model-url", "URL");
+  const gatewayListen = values["model-gateway"] as string | undefined;
+  if ((Object.keys(modelUrls).length > 0 || gatewayListen) && Object.keys(modelKeys).length === 0) {
+    throw new UsageError("--model-url and --model-gateway configure the model gateway: give --model-key PROVIDER=VARIABLE too");
+  }
   return {
+    ...(Object.keys(modelKeys).length > 0
+      ? {
+          models: {
+            keys: modelKeys,
+            ...(Object.keys(modelUrls).length > 0 ? { urls: modelUrls } : {}),
+            ...(gatewayListen ? { listen: gatewayListen } : {}),
+          },
+        }
+      : {}),
     ...(allowSecrets.length > 0 ? { secrets: { allow: allowSecrets } } : {}),
     ...(keys ? { dispatcherKeys: keys.split(",").map((k) => k.trim()) } : {}),
     ...(pools.length > 0 ? { pools } : {}),
@@ -159,6 +177,34 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
     },
     ...(values["work-root"] ? { workRoot: values["work-root"] as string } : {}),
   };
+}
+
+/** `PROVIDER=VALUE` flags as a record; a provider that is not one, or a pair without `=`, is a usage error naming it. */
+function providerPairs(pairs: readonly string[], flag: string, what: string): Partial<Record<ModelProvider, string>> {
+  const out: Partial<Record<ModelProvider, string>> = {};
+  for (const pair of pairs) {
+    const at = pair.indexOf("=");
+    const provider = ModelProvider.safeParse(pair.slice(0, at));
+    if (at < 1 || !provider.success || at === pair.length - 1) {
+      throw new UsageError(
+        `${flag} takes PROVIDER=${what} with PROVIDER one of ${MODEL_PROVIDERS.join(", ")}, got ${JSON.stringify(pair)}`,
+      );
+    }
+    const value = pair.slice(at + 1);
+    const problem = what === "URL" ? urlProblem(value) : /^[A-Za-z_][A-Za-z0-9_]{0,127}$/.test(value) ? undefined : "not a variable name";
+    if (problem) throw new UsageError(`${flag} ${pair}: ${problem}`);
+    out[provider.data] = value;
+  }
+  return out;
+}
+
+function urlProblem(value: string): string | undefined {
+  try {
+    const url = new URL(value);
+    return url.protocol === "http:" || url.protocol === "https:" ? undefined : "not an http(s) URL";
+  } catch {
+    return "not a URL";
+  }
 }
 
 /** How often `--dispatcher-keys` files are read again. */

@@ -22,6 +22,7 @@ import {
   type JobRecord,
   JobTransitions,
   MAX_SIGNALS,
+  type ModelCall,
   ownerOf,
   type ResolvedRuntime,
   resolveRuntime,
@@ -35,6 +36,8 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
+import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
+import { checkModels } from "../gateway/models-check.js";
 import type { WorkDelivery } from "../intake/work-delivery.js";
 import { AttemptLease, SENTINEL_EARLY_MS } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
@@ -81,6 +84,8 @@ export interface JobRunContext {
   metrics: WorkerMetrics | undefined;
   /** The sessions this worker holds: a job in one (`submit --session`) runs in its sandbox. */
   sessions: Pick<SessionHost, "lend"> | undefined;
+  /** The model gateway, when the worker holds providers' keys: agents that list `models` call them through it. */
+  gateway: Pick<ModelGateway, "open" | "providers"> | undefined;
 }
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
@@ -107,8 +112,12 @@ export class JobRun {
   private readonly redactor = new Redactor();
   /** The sandbox from when it is ready until the agent ends: where signals are written. */
   private agentSandbox: Sandbox | undefined;
-  /** The agent's usage file, read while it runs and at its end. */
+  /** The agent's usage file, read while it runs and at its end (not for an agent whose calls the gateway meters). */
   private usageFile: UsageFile | undefined;
+  /** The attempt's way through the model gateway, for an agent that lists `models`. */
+  private gatewayPass: GatewayPass | undefined;
+  /** The calls it made through the gateway so far. */
+  private modelCalls = 0;
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
@@ -468,6 +477,7 @@ export class JobRun {
     try {
       checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
       const runtime = resolveRuntime(this.item.agent.runtime, this.item.agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
+      checkModels(this.item.agent.models, runtime.kind, this.ctx.gateway?.providers ?? []);
       return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
     } catch (err) {
       return { ok: false, error: toErrorInfo(err) };
@@ -568,6 +578,18 @@ export class JobRun {
       ...(this.traceparent ? { traceparent: this.traceparent } : {}),
       tracing: options.agentTracing,
     });
+    // An agent that calls its models through the gateway gets its base URLs and a token for this
+    // attempt (never a key), and the gateway meters its calls: its usage file is not read.
+    const models = this.item.agent.models;
+    if (models && this.ctx.gateway) {
+      this.gatewayPass = this.ctx.gateway.open({
+        jobId: this.jobId,
+        attempt: this.events.attempt,
+        providers: models.providers,
+        onCall: (call) => void this.reportCall(call),
+      });
+      Object.assign(env, this.gatewayPass.env());
+    }
     const output = new OutputLog({
       publish: async (stream, data) => {
         await this.topology.js.publish(this.topology.names.subjects.log(ownerOf(this.item), this.jobId, stream), data);
@@ -580,11 +602,11 @@ export class JobRun {
     void this.events.sandbox("exec_started", ref);
     const timeout = setTimeout(() => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"), stopInMs);
     // Its calls count as it makes them: its usage file is read every so often while it runs.
-    const usage = new UsageFile(sandbox, (used, from) => this.reportUsage(used, from));
+    const usage = this.gatewayPass ? undefined : new UsageFile(sandbox, (used, from) => this.reportUsage(used, from));
     this.usageFile = usage;
     const reading = setInterval(() => {
       usage
-        .read()
+        ?.read()
         .catch((err: unknown) => this.log.warn({ err }, "could not read or report the agent's usage file; reading it again later"));
     }, options.usageReadMs);
     let exec: ExecResult;
@@ -626,8 +648,17 @@ export class JobRun {
     return outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
   }
 
-  /** What the attempt's calls used, all told, once the agent ended (the rest reported); a usage file that cannot be read counts nothing more. */
+  /**
+   * What the attempt's calls used, all told, once the agent ended (the rest reported): as the
+   * gateway metered them (its pass ends here, and its token with it), else as its usage file
+   * says; a usage file that cannot be read counts nothing more.
+   */
   private async endUsage(): Promise<Usage | undefined> {
+    const pass = this.gatewayPass;
+    if (pass) {
+      pass.close();
+      return pass.calls > 0 ? pass.usage : undefined;
+    }
     return this.usageFile
       ?.end((err) => this.log.error({ err }, "could not report the attempt's usage"))
       .catch((err: unknown) => {
@@ -724,8 +755,36 @@ export class JobRun {
     if (!record) return;
     const message = `${usage.calls} calls: ${usage.tokensIn} tokens in, ${usage.tokensOut} out, cost ${usage.cost}`;
     const attempt = this.events.attempt;
-    const event = { ...jobEvent(record, "usage", { usage, message }), attempt, workerId: this.ctx.options.workerId };
+    const event = { ...jobEvent(record, "usage", { usage, message, usageBy: "agent" }), attempt, workerId: this.ctx.options.workerId };
     await this.events.publishApart(event, `${this.jobId}:${attempt}:usage:${from}`);
+  }
+
+  /**
+   * One call through the gateway, as it ended: a `model_call` event (what was called, its status,
+   * tokens and timings; never its text), and a `usage` event the dispatchers sum against budgets
+   * as they do an agent's own reports, each stored apart and deduplicated by the call's number.
+   */
+  private async reportCall(call: ModelCall): Promise<void> {
+    const record = this.handle?.record;
+    if (!record) return;
+    const attempt = this.events.attempt;
+    const n = ++this.modelCalls;
+    const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
+    const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
+    const who = { attempt, workerId: this.ctx.options.workerId };
+    const message = `${call.provider} ${call.model ?? "?"} ${call.status}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
+    try {
+      await this.events.publishApart(
+        { ...jobEvent(record, "model_call", { call, message }), ...who },
+        `${this.jobId}:${attempt}:model_call:${n}`,
+      );
+      await this.events.publishApart(
+        { ...jobEvent(record, "usage", { usage, usageBy: "gateway", message }), ...who },
+        `${this.jobId}:${attempt}:gateway_usage:${n}`,
+      );
+    } catch (err) {
+      this.log.warn({ err }, "could not report a model call");
+    }
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {

@@ -1,0 +1,367 @@
+import { randomBytes } from "node:crypto";
+import {
+  createServer,
+  Agent as HttpAgent,
+  request as httpRequest,
+  type IncomingMessage,
+  type Server,
+  type ServerResponse,
+} from "node:http";
+import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
+import type { AddressInfo } from "node:net";
+import type { Logger } from "@boxcar/common";
+import { addUsage, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
+import { type Metered, meterJson, SseMeter } from "./meter.js";
+import { PROVIDER_WIRES, type ProviderWire, routeOf } from "./providers.js";
+
+/**
+ * The model gateway (docs/models.md): an HTTP server in the worker that agents call in place of
+ * their model providers. It speaks each provider's own API (it forwards requests and answers as
+ * they are, streams included), so the official SDKs work against it unchanged, pointed at it by
+ * their base-URL variables. The agent holds a token valid for its attempt only; the gateway holds
+ * the providers' keys, puts the right one on each forwarded request, and meters every call from
+ * the provider's answer (its usage, whether the answer is one JSON body or a stream of events).
+ */
+
+/** A provider's key and, for a stand-in or a proxy, where its API is (default: the provider's own). */
+export interface ProviderAccess {
+  key: string;
+  baseUrl?: string;
+}
+
+export interface GatewayOptions {
+  /** Where it listens: host agents reach it there. Default 127.0.0.1, a free port. */
+  host?: string;
+  port?: number;
+  providers: Partial<Record<ModelProvider, ProviderAccess>>;
+  /** The largest request body forwarded, in bytes (default 32 MiB). */
+  maxRequestBytes?: number;
+}
+
+/** What the gateway knows of one attempt: the job, the providers its agent may call, and where its calls are reported. */
+export interface AttemptAccess {
+  jobId: string;
+  attempt: number;
+  providers: readonly ModelProvider[];
+  /** Told of each call once its answer ended (or broke off). */
+  onCall(call: ModelCall): void;
+}
+
+/** One attempt's way through the gateway: the variables its agent gets, and what its calls used. */
+export interface GatewayPass {
+  /** The SDKs' base URLs and the token, plus BOXCAR_MODEL_GATEWAY and BOXCAR_MODEL_TOKEN. */
+  env(gatewayUrl?: string): Record<string, string>;
+  readonly usage: Usage;
+  readonly calls: number;
+  /** Ends the pass: its token is refused from now on, and calls still under way are cut off. */
+  close(): void;
+}
+
+const DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024;
+/** Request headers not passed on: the hop's own, the caller's credential, and compression (the gateway reads answers). */
+const DROPPED_REQUEST_HEADERS = new Set([
+  "host",
+  "connection",
+  "keep-alive",
+  "content-length",
+  "transfer-encoding",
+  "authorization",
+  "x-api-key",
+  "accept-encoding",
+  "proxy-authorization",
+]);
+const DROPPED_RESPONSE_HEADERS = new Set(["connection", "keep-alive", "transfer-encoding"]);
+
+interface Pass extends AttemptAccess {
+  token: string;
+  usage: Usage;
+  calls: number;
+  inFlight: Set<AbortController>;
+}
+
+export class ModelGateway {
+  private readonly passes = new Map<string, Pass>();
+  private readonly httpAgent = new HttpAgent({ keepAlive: true });
+  private readonly httpsAgent = new HttpsAgent({ keepAlive: true });
+
+  private constructor(
+    private readonly server: Server,
+    private readonly options: GatewayOptions,
+    private readonly log: Logger,
+  ) {}
+
+  static async start(options: GatewayOptions, log: Logger): Promise<ModelGateway> {
+    const server = createServer();
+    const gateway = new ModelGateway(server, options, log);
+    server.on("request", (req, res) => {
+      gateway.handle(req, res).catch((err: unknown) => {
+        log.error({ err }, "model gateway: a request failed");
+        if (!res.headersSent) res.writeHead(500).end();
+        else res.destroy();
+      });
+    });
+    await new Promise<void>((ready, fail) => {
+      server.once("error", fail);
+      server.listen(options.port ?? 0, options.host ?? "127.0.0.1", () => ready());
+    });
+    return gateway;
+  }
+
+  /** Its address, as host agents reach it. */
+  get url(): string {
+    const { address, port } = this.server.address() as AddressInfo;
+    return `http://${address.includes(":") ? `[${address}]` : address}:${port}`;
+  }
+
+  /** The providers it holds a key for. */
+  get providers(): ModelProvider[] {
+    return Object.keys(this.options.providers) as ModelProvider[];
+  }
+
+  /** Opens a pass for one attempt: a new token, valid until `close`. */
+  open(access: AttemptAccess): GatewayPass {
+    const token = `bxm_${randomBytes(24).toString("base64url")}`;
+    const pass: Pass = { ...access, token, usage: NO_USAGE, calls: 0, inFlight: new Set() };
+    this.passes.set(token, pass);
+    return {
+      env: (gatewayUrl = this.url) => ({
+        ...Object.assign({}, ...access.providers.map((p) => PROVIDER_WIRES[p].env(`${gatewayUrl}${PROVIDER_WIRES[p].basePath}`, token))),
+        BOXCAR_MODEL_GATEWAY: gatewayUrl,
+        BOXCAR_MODEL_TOKEN: token,
+      }),
+      get usage() {
+        return pass.usage;
+      },
+      get calls() {
+        return pass.calls;
+      },
+      close: () => {
+        this.passes.delete(token);
+        for (const call of pass.inFlight) call.abort();
+      },
+    };
+  }
+
+  async close(): Promise<void> {
+    for (const pass of this.passes.values()) for (const call of pass.inFlight) call.abort();
+    this.passes.clear();
+    await new Promise<void>((done) => this.server.close(() => done()));
+    this.server.closeAllConnections();
+    this.httpAgent.destroy();
+    this.httpsAgent.destroy();
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const started = performance.now();
+    const url = new URL(req.url ?? "/", "http://gateway");
+    const route = routeOf(url.pathname);
+    if (!route) {
+      res.writeHead(404, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { message: `no provider at ${url.pathname}: use /anthropic or /openai/v1`, type: "not_found" } }));
+      return;
+    }
+    const { wire, rest } = route;
+    const refuse = (status: number, message: string) => {
+      req.resume();
+      res.writeHead(status, { "content-type": "application/json" });
+      res.end(wire.errorBody(status, message));
+    };
+    const token = wire.tokenOf(req.headers);
+    const pass = token === undefined ? undefined : this.passes.get(token);
+    if (!pass) return refuse(401, "Boxcar's model gateway: no such token, or its attempt has ended");
+    if (!pass.providers.includes(wire.name)) {
+      return refuse(403, `Boxcar's model gateway: this agent may not call ${wire.name} (its definition's models.providers)`);
+    }
+    const access = this.options.providers[wire.name];
+    if (!access) return refuse(503, `Boxcar's model gateway: this worker holds no ${wire.name} key`);
+    const body = await readBody(req, this.options.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES);
+    if (body === undefined) return refuse(413, "Boxcar's model gateway: the request body is too large");
+    const asked = parseRequest(wire, rest, body);
+
+    const upstream = new URL(`${(access.baseUrl ?? wire.defaultUpstream).replace(/\/+$/, "")}${rest}${url.search}`);
+    const headers: Record<string, string | string[]> = {};
+    for (const [name, value] of Object.entries(req.headers)) {
+      if (value !== undefined && !DROPPED_REQUEST_HEADERS.has(name)) headers[name] = value;
+    }
+    Object.assign(headers, wire.authHeaders(access.key), { "accept-encoding": "identity" });
+    if (asked.body.length > 0) headers["content-length"] = String(asked.body.length);
+
+    const abort = new AbortController();
+    pass.inFlight.add(abort);
+    req.on("close", () => {
+      if (!res.writableEnded) abort.abort();
+    });
+    const report = (status: number, metered: Metered, firstByteMs?: number) => {
+      pass.inFlight.delete(abort);
+      const call: ModelCall = {
+        provider: wire.name,
+        endpoint: rest.slice(0, 256),
+        status,
+        stream: asked.stream,
+        latencyMs: Math.round(performance.now() - started),
+        tokensIn: metered.tokensIn,
+        tokensOut: metered.tokensOut,
+        ...(firstByteMs !== undefined ? { firstByteMs: Math.round(firstByteMs) } : {}),
+        ...((metered.model ?? asked.model) ? { model: metered.model ?? asked.model } : {}),
+        ...(metered.cacheReadTokens ? { cacheReadTokens: metered.cacheReadTokens } : {}),
+        ...(metered.cacheWriteTokens ? { cacheWriteTokens: metered.cacheWriteTokens } : {}),
+      };
+      pass.calls += 1;
+      const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
+      pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);
+      pass.onCall(call);
+    };
+
+    const send = upstream.protocol === "https:" ? httpsRequest : httpRequest;
+    const forward = send(upstream, {
+      method: req.method ?? "POST",
+      headers,
+      agent: upstream.protocol === "https:" ? this.httpsAgent : this.httpAgent,
+      signal: abort.signal,
+    });
+    forward.on("error", (err) => {
+      if (res.headersSent) {
+        res.destroy();
+        report(res.statusCode, { tokensIn: 0, tokensOut: 0 });
+        return;
+      }
+      const cut = abort.signal.aborted;
+      this.log.warn({ err, provider: wire.name, jobId: pass.jobId }, "model gateway: the provider could not be reached");
+      res.writeHead(502, { "content-type": "application/json" });
+      res.end(
+        wire.errorBody(
+          502,
+          cut
+            ? "Boxcar's model gateway: the call was cut off"
+            : `Boxcar's model gateway: ${wire.name} could not be reached (${(err as Error).message})`,
+        ),
+      );
+      report(502, { tokensIn: 0, tokensOut: 0 });
+    });
+    forward.on("response", (answer) => {
+      const firstByteMs = performance.now() - started;
+      const out: Record<string, string | string[]> = {};
+      for (const [name, value] of Object.entries(answer.headers)) {
+        if (value !== undefined && !DROPPED_RESPONSE_HEADERS.has(name)) out[name] = value;
+      }
+      res.writeHead(answer.statusCode ?? 502, out);
+      const streamed = String(answer.headers["content-type"] ?? "").includes("text/event-stream");
+      const sse = streamed ? new SseMeter(wire.name) : undefined;
+      // The usage chunk the gateway asked for on the agent's behalf is read, not passed on: code
+      // written for a stream without it need not expect a chunk with no choices.
+      const unasked = streamed && asked.usageAsked ? new UsageChunkFilter() : undefined;
+      const whole: Buffer[] = [];
+      let wholeBytes = 0;
+      answer.on("data", (chunk: Buffer) => {
+        const passed = unasked ? unasked.push(chunk) : chunk;
+        if (passed.length > 0) res.write(passed);
+        if (sse) sse.push(chunk);
+        else if (wholeBytes < MAX_METERED_BODY) {
+          whole.push(chunk);
+          wholeBytes += chunk.length;
+        }
+      });
+      answer.on("end", () => {
+        res.end(unasked?.end());
+        report(answer.statusCode ?? 0, sse ? sse.end() : meterJson(wire.name, Buffer.concat(whole).toString("utf8")), firstByteMs);
+      });
+      answer.on("error", () => {
+        res.destroy();
+        report(answer.statusCode ?? 0, sse ? sse.end() : { tokensIn: 0, tokensOut: 0 }, firstByteMs);
+      });
+    });
+    forward.end(asked.body);
+  }
+}
+
+/**
+ * Passes a Chat Completions stream on event by event, leaving out the chunk that carries only
+ * the usage (no choices): an event is held until its blank line has come.
+ */
+class UsageChunkFilter {
+  private held = "";
+  private readonly decoder = new TextDecoder();
+
+  push(chunk: Buffer): Buffer {
+    this.held += this.decoder.decode(chunk, { stream: true });
+    const end = this.held.lastIndexOf("\n\n");
+    if (end < 0) return EMPTY;
+    const events = this.held.slice(0, end + 2);
+    this.held = this.held.slice(end + 2);
+    return Buffer.from(
+      events
+        .split(/(?<=\n\n)/)
+        .filter((event) => !isUsageOnly(event))
+        .join(""),
+    );
+  }
+
+  end(): Buffer {
+    const rest = this.held + this.decoder.decode();
+    this.held = "";
+    return Buffer.from(isUsageOnly(rest) ? "" : rest);
+  }
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function isUsageOnly(event: string): boolean {
+  const data = event
+    .split("\n")
+    .find((line) => line.startsWith("data:"))
+    ?.slice(5)
+    .trim();
+  if (!data?.startsWith("{")) return false;
+  try {
+    const chunk = JSON.parse(data) as { choices?: unknown[]; usage?: unknown };
+    return Array.isArray(chunk.choices) && chunk.choices.length === 0 && chunk.usage != null;
+  } catch {
+    return false;
+  }
+}
+
+/** The most of a JSON answer kept to read its usage (usage comes at its end, so all of it up to this). */
+const MAX_METERED_BODY = 64 * 1024 * 1024;
+
+/** The whole request body, or undefined past `max` bytes. */
+async function readBody(req: IncomingMessage, max: number): Promise<Buffer | undefined> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > max) return undefined;
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
+/**
+ * What the gateway reads of a request: the model asked for and whether the answer streams. A
+ * streamed Chat Completions request is asked to report its usage at its end
+ * (`stream_options.include_usage`), else OpenAI sends none; the rest of the body goes as it came.
+ */
+function parseRequest(
+  wire: ProviderWire,
+  rest: string,
+  body: Buffer,
+): { body: Buffer; model?: string; stream: boolean; usageAsked?: boolean } {
+  let parsed: Record<string, unknown>;
+  try {
+    const value: unknown = JSON.parse(body.toString("utf8"));
+    if (value === null || typeof value !== "object" || Array.isArray(value)) return { body, stream: false };
+    parsed = value as Record<string, unknown>;
+  } catch {
+    return { body, stream: false }; // not JSON: the provider answers it
+  }
+  const stream = parsed.stream === true;
+  const model = typeof parsed.model === "string" ? parsed.model : undefined;
+  const base = { stream, ...(model ? { model } : {}) };
+  if (wire.name === "openai" && stream && rest.startsWith("/chat/completions")) {
+    const options = (parsed.stream_options ?? {}) as Record<string, unknown>;
+    if (options.include_usage !== true) {
+      const asked = Buffer.from(JSON.stringify({ ...parsed, stream_options: { ...options, include_usage: true } }));
+      return { ...base, body: asked, usageAsked: true };
+    }
+  }
+  return { ...base, body };
+}

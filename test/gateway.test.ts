@@ -1,0 +1,313 @@
+import { randomBytes } from "node:crypto";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import Anthropic from "@anthropic-ai/sdk";
+import { createClient } from "@boxcar/client";
+import { silentLogger } from "@boxcar/common";
+import { startDispatcher } from "@boxcar/dispatcher";
+import type { ModelCall } from "@boxcar/protocol";
+import { ModelGateway } from "@boxcar/worker";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { spawnBoxcar } from "./helpers/cli.js";
+import { type ModelStandIn, STANDIN_USAGE, startModelStandIn } from "./helpers/model-standin.js";
+import { natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
+import { localSystem } from "./helpers/system.js";
+
+/**
+ * The model gateway (docs/models.md), with the official SDKs (`openai`, `@anthropic-ai/sdk`)
+ * as its clients, unchanged, and a stand-in provider speaking the real wire formats behind it.
+ */
+
+const KEYS = { anthropic: "sk-ant-real-provider-key-0123456789", openai: "sk-proj-real-provider-key-0123456789" };
+
+let standIn: ModelStandIn;
+let gateway: ModelGateway;
+beforeAll(async () => {
+  standIn = await startModelStandIn();
+  gateway = await ModelGateway.start(
+    {
+      providers: {
+        anthropic: { key: KEYS.anthropic, baseUrl: standIn.anthropicUrl },
+        openai: { key: KEYS.openai, baseUrl: standIn.openaiUrl },
+      },
+    },
+    silentLogger,
+  );
+});
+afterAll(async () => {
+  await gateway?.close();
+  await standIn?.close();
+});
+
+/** A pass for one attempt, the calls it reported, and SDK clients configured only from its variables. */
+function attempt(providers: ("anthropic" | "openai")[] = ["anthropic", "openai"]) {
+  const calls: ModelCall[] = [];
+  const pass = gateway.open({ jobId: "j-gw", attempt: 1, providers, onCall: (call) => calls.push(call) });
+  const env = pass.env();
+  const openai = new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "none", maxRetries: 0 });
+  const anthropic = new Anthropic({ baseURL: env.ANTHROPIC_BASE_URL, apiKey: env.ANTHROPIC_API_KEY ?? "none", maxRetries: 0 });
+  return { pass, env, calls, openai, anthropic };
+}
+
+const lastRequest = () => standIn.requests[standIn.requests.length - 1];
+
+describe("the model gateway, with the official SDKs as clients", () => {
+  test("OpenAI Chat Completions, plain and streamed: answers pass unchanged, the provider gets the key and never the token, each call is metered", async () => {
+    const { pass, env, calls, openai } = attempt();
+    try {
+      expect(env.OPENAI_API_KEY).toMatch(/^bxm_/);
+      const plain = await openai.chat.completions.create({ model: "gpt-test", messages: [{ role: "user", content: "hi" }] });
+      expect(plain.choices[0]?.message.content).toBe("hello from the stand-in");
+      expect(lastRequest()?.headers.authorization).toBe(`Bearer ${KEYS.openai}`);
+      const stream = await openai.chat.completions.create({ model: "gpt-test", messages: [{ role: "user", content: "hi" }], stream: true });
+      const chunks = [];
+      for await (const chunk of stream) chunks.push(chunk);
+      expect(chunks.map((c) => c.choices[0]?.delta.content ?? "").join("")).toBe("hello from the stand-in");
+      // The usage the gateway asked for on the agent's behalf reached the gateway, not the agent.
+      expect(lastRequest()?.body.stream_options).toEqual({ include_usage: true });
+      expect(chunks.every((c) => c.choices.length > 0)).toBe(true);
+      expect(calls.map((c) => [c.provider, c.endpoint, c.status, c.stream, c.model, c.tokensIn, c.tokensOut, c.cacheReadTokens])).toEqual([
+        ["openai", "/chat/completions", 200, false, "gpt-test", STANDIN_USAGE.in, STANDIN_USAGE.out, STANDIN_USAGE.cacheRead],
+        ["openai", "/chat/completions", 200, true, "gpt-test", STANDIN_USAGE.in, STANDIN_USAGE.out, STANDIN_USAGE.cacheRead],
+      ]);
+      expect(calls[1]?.firstByteMs).toBeGreaterThanOrEqual(0);
+      expect(pass.usage).toMatchObject({ calls: 2, tokensIn: 2 * STANDIN_USAGE.in, tokensOut: 2 * STANDIN_USAGE.out });
+      expect(standIn.requests.every((r) => !JSON.stringify(r.headers).includes(env.OPENAI_API_KEY as string))).toBe(true);
+    } finally {
+      pass.close();
+    }
+  });
+
+  test("an agent that asked for the stream's usage itself gets it", async () => {
+    const { pass, calls, openai } = attempt(["openai"]);
+    try {
+      const stream = await openai.chat.completions.create({
+        model: "gpt-test",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+        stream_options: { include_usage: true },
+      });
+      const chunks = [];
+      for await (const chunk of stream) chunks.push(chunk);
+      expect(chunks.at(-1)?.usage?.prompt_tokens).toBe(STANDIN_USAGE.in);
+      expect(calls[0]?.tokensOut).toBe(STANDIN_USAGE.out);
+    } finally {
+      pass.close();
+    }
+  });
+
+  test("OpenAI Responses, plain and streamed", async () => {
+    const { pass, calls, openai } = attempt(["openai"]);
+    try {
+      const plain = await openai.responses.create({ model: "gpt-test", input: "hi" });
+      expect(plain.output_text).toBe("hello from the stand-in");
+      const stream = await openai.responses.create({ model: "gpt-test", input: "hi", stream: true });
+      const types: string[] = [];
+      for await (const event of stream) types.push(event.type);
+      expect(types).toEqual(["response.created", "response.output_text.delta", "response.completed"]);
+      expect(calls.map((c) => [c.endpoint, c.stream, c.tokensIn, c.tokensOut])).toEqual([
+        ["/responses", false, STANDIN_USAGE.in, STANDIN_USAGE.out],
+        ["/responses", true, STANDIN_USAGE.in, STANDIN_USAGE.out],
+      ]);
+    } finally {
+      pass.close();
+    }
+  });
+
+  test("Anthropic Messages, plain, streamed and with a tool call: cache tokens counted in and kept apart", async () => {
+    const { pass, calls, anthropic } = attempt(["anthropic"]);
+    try {
+      const plain = await anthropic.messages.create({ model: "claude-test", max_tokens: 64, messages: [{ role: "user", content: "hi" }] });
+      expect(plain.content[0]).toMatchObject({ type: "text", text: "hello from the stand-in" });
+      expect(lastRequest()?.headers["x-api-key"]).toBe(KEYS.anthropic);
+      expect(lastRequest()?.headers["anthropic-version"]).toBeDefined();
+      const streamed = await anthropic.messages
+        .stream({ model: "claude-test", max_tokens: 64, messages: [{ role: "user", content: "hi" }] })
+        .finalMessage();
+      expect(streamed.content[0]).toMatchObject({ type: "text", text: "hello from the stand-in" });
+      standIn.script({ kind: "answer", tool: "read_file" });
+      const tool = await anthropic.messages.create({
+        model: "claude-test",
+        max_tokens: 64,
+        tools: [
+          { name: "read_file", description: "reads a file", input_schema: { type: "object", properties: { path: { type: "string" } } } },
+        ],
+        messages: [{ role: "user", content: "read the readme" }],
+      });
+      expect(tool.content[0]).toMatchObject({ type: "tool_use", name: "read_file", input: { path: "README.md" } });
+      const all = STANDIN_USAGE.in + STANDIN_USAGE.cacheRead + STANDIN_USAGE.cacheWrite;
+      expect(calls.map((c) => [c.endpoint, c.stream, c.model, c.tokensIn, c.tokensOut, c.cacheReadTokens, c.cacheWriteTokens])).toEqual([
+        ["/v1/messages", false, "claude-test", all, STANDIN_USAGE.out, STANDIN_USAGE.cacheRead, STANDIN_USAGE.cacheWrite],
+        ["/v1/messages", true, "claude-test", all, STANDIN_USAGE.out, STANDIN_USAGE.cacheRead, STANDIN_USAGE.cacheWrite],
+        ["/v1/messages", false, "claude-test", all, STANDIN_USAGE.out, STANDIN_USAGE.cacheRead, STANDIN_USAGE.cacheWrite],
+      ]);
+    } finally {
+      pass.close();
+    }
+  });
+
+  test("refusals come in the provider's own shape, which the SDKs read: an ended attempt's token, a provider not allowed, a 429 with retry-after, a provider down", async () => {
+    const { pass, env, calls, openai } = attempt(["openai"]);
+    // Not on this agent's list (its variables name no Anthropic base): refused before anything is sent.
+    expect(env.ANTHROPIC_BASE_URL).toBeUndefined();
+    const anthropic = new Anthropic({ baseURL: `${env.BOXCAR_MODEL_GATEWAY}/anthropic`, apiKey: env.BOXCAR_MODEL_TOKEN, maxRetries: 0 });
+    const before = standIn.requests.length;
+    const forbidden = await anthropic.messages
+      .create({ model: "claude-test", max_tokens: 8, messages: [{ role: "user", content: "hi" }] })
+      .catch((e: unknown) => e);
+    expect(forbidden).toBeInstanceOf(Anthropic.PermissionDeniedError);
+    expect(standIn.requests.length).toBe(before);
+    // The provider's 429 passes through, retry-after and all.
+    standIn.script({ kind: "error", status: 429, retryAfter: 7 });
+    const limited = (await openai.chat.completions.create({ model: "gpt-test", messages: [] }).catch((e: unknown) => e)) as InstanceType<
+      typeof OpenAI.RateLimitError
+    >;
+    expect(limited).toBeInstanceOf(OpenAI.RateLimitError);
+    expect(limited.headers?.get("retry-after")).toBe("7");
+    expect(calls.at(-1)).toMatchObject({ status: 429, tokensIn: 0, tokensOut: 0 });
+    // The attempt ended: its token is refused from now on.
+    pass.close();
+    const replayed = await openai.chat.completions.create({ model: "gpt-test", messages: [] }).catch((e: unknown) => e);
+    expect(replayed).toBeInstanceOf(OpenAI.AuthenticationError);
+    expect((replayed as Error).message).toContain("its attempt has ended");
+    // A provider that cannot be reached: a 502 in its shape.
+    const down = await ModelGateway.start({ providers: { openai: { key: "k", baseUrl: "http://127.0.0.1:9/v1" } } }, silentLogger);
+    try {
+      const p = down.open({ jobId: "j", attempt: 1, providers: ["openai"], onCall: () => {} });
+      const env = p.env();
+      const client = new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+      const err = await client.chat.completions.create({ model: "m", messages: [] }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.InternalServerError);
+      expect((err as Error).message).toContain("could not be reached");
+      p.close();
+    } finally {
+      await down.close();
+    }
+  });
+});
+
+const AGENT = fileURLToPath(new URL("./fixtures/gateway-agent.mjs", import.meta.url));
+const HUNTER = fileURLToPath(new URL("./fixtures/key-hunter.mjs", import.meta.url));
+
+describe("an agent's model calls through its worker", () => {
+  test("a host agent calls both providers with the SDKs: it holds no key, each call is a model_call event and a usage event the gateway counted, and its token dies with its attempt", async () => {
+    await using standInE2e = await startModelStandIn();
+    const keyVars = { BOXCAR_TEST_ANTHROPIC: KEYS.anthropic, BOXCAR_TEST_OPENAI: KEYS.openai };
+    await using system = await localSystem({
+      worker: {
+        modelGateway: {
+          providers: {
+            anthropic: { key: keyVars.BOXCAR_TEST_ANTHROPIC, baseUrl: standInE2e.anthropicUrl },
+            openai: { key: keyVars.BOXCAR_TEST_OPENAI, baseUrl: standInE2e.openaiUrl },
+          },
+        },
+      },
+    });
+    const { client } = system;
+    await client.applyAgent({
+      name: "caller",
+      command: ["node", AGENT],
+      runtime: { sandbox: "host" },
+      trusted: true,
+      models: { providers: ["anthropic", "openai"] },
+    });
+    const { job } = await client.submit({ agent: "caller", input: {} });
+    const done = await client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    const seen = done.result?.output as { env: Record<string, string>; texts: string[] };
+    expect(seen.texts).toEqual(["hello from the stand-in", "hello from the stand-in"]);
+    // The agent's whole environment holds neither key; its variables point at the gateway.
+    const envText = JSON.stringify(seen.env);
+    expect(envText).not.toContain(KEYS.anthropic);
+    expect(envText).not.toContain(KEYS.openai);
+    expect(seen.env.ANTHROPIC_BASE_URL).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/anthropic$/);
+    expect(seen.env.OPENAI_API_KEY).toBe(seen.env.BOXCAR_MODEL_TOKEN);
+    // Each call: a model_call event, and a usage event counted by the gateway.
+    const events = [];
+    for await (const e of client.events(job.id)) if (e.kind === "job") events.push(e);
+    const modelCalls = events.filter((e) => e.type === "model_call");
+    expect(modelCalls.map((e) => [e.call?.provider, e.call?.status, e.call?.tokensOut])).toEqual([
+      ["anthropic", 200, STANDIN_USAGE.out],
+      ["openai", 200, STANDIN_USAGE.out],
+    ]);
+    const usage = events.filter((e) => e.type === "usage");
+    expect(usage.map((e) => e.usageBy)).toEqual(["gateway", "gateway"]);
+    expect(JSON.stringify(events)).not.toContain("hi from the agent"); // no prompt text in any event
+    expect(done.usage).toMatchObject({ calls: 2, tokensOut: 2 * STANDIN_USAGE.out });
+    // The token, replayed after the attempt ended, is refused.
+    const replay = new OpenAI({ baseURL: seen.env.OPENAI_BASE_URL, apiKey: seen.env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+    expect(await replay.chat.completions.create({ model: "m", messages: [] }).catch((e: unknown) => e)).toBeInstanceOf(
+      OpenAI.AuthenticationError,
+    );
+    expect(standInE2e.requests.length).toBe(2);
+  }, 60_000);
+
+  test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {
+    await using system = await localSystem();
+    await system.client.applyAgent({
+      name: "keyless",
+      command: "true",
+      runtime: { sandbox: "host" },
+      trusted: true,
+      models: { providers: ["anthropic"] },
+    });
+    const { job } = await system.client.submit({ agent: "keyless" });
+    const done = await system.client.waitForJob(job.id);
+    expect(done.state).toBe("failed");
+    expect(done.error).toMatchObject({ code: "missing_secret" });
+    expect(done.error?.message).toContain("--model-key anthropic=VARIABLE");
+  }, 30_000);
+
+  test("attack: an agent hunting for the key (its environment, every process's environment and command line, its files) finds none when host agents run as their own user; run as the worker's user, it finds it in the worker's environment", async () => {
+    await using standInE2e = await startModelStandIn();
+    await using dir = await scratch("boxcar-gw-");
+    const key = `sk-hunted-${randomBytes(12).toString("hex")}`;
+    const nats = await natsFixture();
+    await using _nats = nats;
+    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const client = createClient(nats.topology);
+    /** Runs the hunter on a CLI worker holding the key in its own environment, as an operator starts one. */
+    const hunt = async (hostUser: string | undefined) => {
+      const config = join(dir.path, `worker-${hostUser ? "own-user" : "same-user"}.yaml`);
+      await writeFile(config, `sandbox:\n  host: trusted\n${hostUser ? `  hostUser: "${hostUser}"\n` : ""}`);
+      const worker = spawnBoxcar(
+        nats.url,
+        nats.topology.names.prefix,
+        ["worker", "--config", config, "--model-key", "openai=BOXCAR_HUNTED_KEY", "--model-url", `openai=${standInE2e.openaiUrl}`],
+        { BOXCAR_HUNTED_KEY: key },
+      );
+      try {
+        const { job } = await client.submit({ agent: "hunter", input: { huntFor: key } });
+        const done = await client.waitForJob(job.id);
+        expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+        return done.result?.output as { found: string[]; status: number; uid: number };
+      } finally {
+        worker.kill("SIGTERM");
+        await new Promise((r) => worker.once("exit", r));
+      }
+    };
+    try {
+      await client.applyAgent({
+        name: "hunter",
+        command: ["node", HUNTER],
+        runtime: { sandbox: "host" },
+        trusted: true,
+        models: { providers: ["openai"] },
+      });
+      const apart = await hunt("65534:65534");
+      expect(apart).toEqual({ found: [], status: 200, uid: 65534 });
+      // The control: the same hunt as the worker's own user reads the worker's environment. The
+      // host sandbox is for trusted agents; run them as their own user (hostUser), or use Docker.
+      const together = await hunt(undefined);
+      expect(together.status).toBe(200);
+      expect(together.found.some((where) => /^\/proc\/\d+\/environ$/.test(where))).toBe(true);
+      expect(together.found).not.toContain("own environment");
+      expect(standInE2e.requests.map((r) => r.headers.authorization)).toEqual([`Bearer ${key}`, `Bearer ${key}`]);
+    } finally {
+      await dispatcher.close();
+    }
+  }, 90_000);
+});
