@@ -1,15 +1,8 @@
-export {
-  BackupFileError,
-  type BackupSummary,
-  backupSystem,
-  type RestoredStream,
-  RestoreError,
-  type RestoreSummary,
-  readBackupPlan,
-  restoreSystem,
-  type StreamSummary,
-  systemStreams,
-} from "./backup.js";
+export { BackupFileError } from "./backup/format.js";
+export { readBackupPlan } from "./backup/plan.js";
+export { type RestoredStream, RestoreError, type RestoreSummary, restoreSystem } from "./backup/restore.js";
+export { type StreamSummary, systemStreams } from "./backup/streams.js";
+export { type BackupSummary, backupSystem } from "./backup/write.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { JobChange, JobHandle } from "./job-store.js";
 export { JobStore } from "./job-store.js";
