@@ -7,10 +7,11 @@ import { createClient } from "@boxcar/client";
 import { silentLogger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
 import type { ModelCall } from "@boxcar/protocol";
-import { ModelGateway } from "@boxcar/worker";
+import { createDockerSandboxProvider, createWorker, ModelGateway } from "@boxcar/worker";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { spawnBoxcar } from "./helpers/cli.js";
+import { eventually, spawnBoxcar } from "./helpers/cli.js";
+import { dockerReady } from "./helpers/docker.js";
 import { type ModelStandIn, STANDIN_USAGE, startModelStandIn } from "./helpers/model-standin.js";
 import { natsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
@@ -310,4 +311,117 @@ describe("an agent's model calls through its worker", () => {
       await dispatcher.close();
     }
   }, 90_000);
+});
+
+const dockerOk = await dockerReady();
+
+describe.skipIf(!dockerOk)("an agent in a Docker container with no network", () => {
+  test.each(["cold", "warm"] as const)(
+    "%s container: reaches both providers through the gateway's socket in its workspace and the forwarder beside it; it holds no key, and its calls are metered",
+    async (start) => {
+      await using standInE2e = await startModelStandIn();
+      const nats = await natsFixture();
+      await using _nats = nats;
+      const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+      const worker = createWorker({
+        ...nats.workerRole,
+        providers: [
+          createDockerSandboxProvider({
+            prefix: nats.topology.names.prefix,
+            system: nats.topology.systemId,
+            warm: start === "warm" ? 1 : 0,
+          }),
+        ],
+        modelGateway: {
+          providers: {
+            anthropic: { key: KEYS.anthropic, baseUrl: standInE2e.anthropicUrl },
+            openai: { key: KEYS.openai, baseUrl: standInE2e.openaiUrl },
+          },
+        },
+      });
+      void worker.run();
+      try {
+        const client = createClient(nats.topology);
+        // Plain fetch in the agent image's Node.js: the SDKs' requests, by hand.
+        const agent = `
+        const call = (url, headers, body) => fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) }).then(async (r) => [r.status, await r.json()]);
+        const [as, a] = await call(process.env.ANTHROPIC_BASE_URL + "/v1/messages", { "x-api-key": process.env.ANTHROPIC_API_KEY, "anthropic-version": "2023-06-01" }, { model: "claude-test", max_tokens: 8, messages: [{ role: "user", content: "hi" }] });
+        const [os, o] = await call(process.env.OPENAI_BASE_URL + "/chat/completions", { authorization: "Bearer " + process.env.OPENAI_API_KEY }, { model: "gpt-test", messages: [{ role: "user", content: "hi" }] });
+        let outside = "refused";
+        try { await fetch("http://" + "1.1.1.1/", { signal: AbortSignal.timeout(2000) }); outside = "reached"; } catch {}
+        require("node:fs").writeFileSync(process.env.BOXCAR_RESULT_FILE, JSON.stringify({ output: { statuses: [as, os], texts: [a.content[0].text, o.choices[0].message.content], env: process.env, outside } }));
+      `;
+        await client.applyAgent({
+          name: "boxed-caller",
+          command: ["node", "-e", `(async () => { ${agent} })().catch((e) => { console.error(e); process.exit(1); })`],
+          runtime: { sandbox: "docker", ...(start === "warm" ? { warm: true } : {}) },
+          models: { providers: ["anthropic", "openai"] },
+        });
+        if (start === "warm") {
+          await eventually(
+            async () => ((await client.listWorkers()).some((w) => (w.warm ?? 0) >= 1) ? true : undefined),
+            "a warm container",
+            60_000,
+          );
+        }
+        const { job } = await client.submit({ agent: "boxed-caller", input: {} });
+        const done = await client.waitForJob(job.id);
+        const events = [];
+        for await (const e of client.events(job.id)) if (e.kind === "sandbox" && e.type === "ready") events.push(e.start);
+        expect(events).toEqual([start === "warm" ? "warm_hit" : "cold"]);
+        expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+        const seen = done.result?.output as { statuses: number[]; texts: string[]; env: Record<string, string>; outside: string };
+        expect(seen.statuses).toEqual([200, 200]);
+        expect(seen.texts).toEqual(["hello from the stand-in", "hello from the stand-in"]);
+        expect(seen.outside).toBe("refused"); // no network: only the gateway is reachable
+        expect(seen.env.OPENAI_BASE_URL).toBe("http://127.0.0.1:4317/openai/v1");
+        expect(JSON.stringify(seen.env)).not.toContain(KEYS.openai);
+        expect(JSON.stringify(seen.env)).not.toContain(KEYS.anthropic);
+        expect(done.usage).toMatchObject({ calls: 2 });
+        expect(standInE2e.requests.map((r) => r.headers["x-api-key"] ?? r.headers.authorization)).toEqual([
+          KEYS.anthropic,
+          `Bearer ${KEYS.openai}`,
+        ]);
+      } finally {
+        await worker.close();
+        await dispatcher.close();
+      }
+    },
+    120_000,
+  );
+});
+
+// Live: the real providers, when their keys are set (never here: no model API is reachable).
+const LIVE = { anthropic: process.env.ANTHROPIC_API_KEY, openai: process.env.OPENAI_API_KEY };
+
+describe.skipIf(!LIVE.anthropic && !LIVE.openai)("live: the real providers through the gateway", () => {
+  test("a short answer from each provider whose key is set, metered", async () => {
+    const providers = Object.fromEntries(Object.entries(LIVE).flatMap(([p, key]) => (key ? [[p, { key }]] : [])));
+    const live = await ModelGateway.start({ providers }, silentLogger);
+    try {
+      const calls: ModelCall[] = [];
+      const pass = live.open({ jobId: "j-live", attempt: 1, providers: live.providers, onCall: (c) => calls.push(c) });
+      const env = pass.env();
+      if (LIVE.anthropic) {
+        const client = new Anthropic({ baseURL: env.ANTHROPIC_BASE_URL, apiKey: env.ANTHROPIC_API_KEY ?? "", maxRetries: 0 });
+        const model = process.env.BOXCAR_LIVE_ANTHROPIC_MODEL ?? "claude-3-5-haiku-latest";
+        const answer = await client.messages.create({ model, max_tokens: 16, messages: [{ role: "user", content: "Say ok." }] });
+        expect(answer.content.length).toBeGreaterThan(0);
+      }
+      if (LIVE.openai) {
+        const client = new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+        const model = process.env.BOXCAR_LIVE_OPENAI_MODEL ?? "gpt-4o-mini";
+        const stream = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Say ok." }], stream: true });
+        for await (const _ of stream) {
+          // read to the end
+        }
+      }
+      expect(calls.length).toBe(Object.keys(providers).length);
+      for (const call of calls) expect(call).toMatchObject({ status: 200, tokensIn: expect.any(Number), tokensOut: expect.any(Number) });
+      expect(calls.every((c) => c.tokensIn > 0 && c.tokensOut > 0)).toBe(true);
+      pass.close();
+    } finally {
+      await live.close();
+    }
+  }, 60_000);
 });

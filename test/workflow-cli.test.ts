@@ -383,12 +383,14 @@ describe("workflow status, events and cancel on a running run", () => {
   });
 });
 
-test("the Claude Code variant's agent files are valid (they are not run here: they need a key and a network)", async () => {
+test("the Claude Code variant's agent files are valid, and call the model through the gateway with no network and no key (they are not run here: they need Claude Code and a key)", async () => {
   const folder = join(REPO, "examples/workflows/claude-code");
   for (const name of ["claude-planner.yaml", "claude-coder.yaml", "claude-reviewer.yaml"]) {
     const agent = parseAgentFile(await readFile(join(folder, name), "utf8"), name);
-    expect(agent.secrets).toEqual([{ name: "ANTHROPIC_API_KEY", from: "ANTHROPIC_API_KEY" }]);
-    expect(agent.runtime).toMatchObject({ sandbox: "docker", network: "bridge" });
+    expect(agent.secrets).toEqual([]);
+    expect(agent.models).toEqual({ providers: ["anthropic"] });
+    expect(agent.pool).toBe("claude");
+    expect(agent.runtime).toMatchObject({ sandbox: "docker", network: "none" });
   }
 });
 

@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { chmod, rm } from "node:fs/promises";
 import {
   createServer,
   Agent as HttpAgent,
@@ -81,6 +82,8 @@ interface Pass extends AttemptAccess {
 
 export class ModelGateway {
   private readonly passes = new Map<string, Pass>();
+  /** Unix sockets it listens on too, for sandboxes with no network. */
+  private readonly extra = new Set<Server>();
   private readonly httpAgent = new HttpAgent({ keepAlive: true });
   private readonly httpsAgent = new HttpsAgent({ keepAlive: true });
 
@@ -93,18 +96,45 @@ export class ModelGateway {
   static async start(options: GatewayOptions, log: Logger): Promise<ModelGateway> {
     const server = createServer();
     const gateway = new ModelGateway(server, options, log);
-    server.on("request", (req, res) => {
-      gateway.handle(req, res).catch((err: unknown) => {
-        log.error({ err }, "model gateway: a request failed");
-        if (!res.headersSent) res.writeHead(500).end();
-        else res.destroy();
-      });
-    });
+    gateway.serve(server);
     await new Promise<void>((ready, fail) => {
       server.once("error", fail);
       server.listen(options.port ?? 0, options.host ?? "127.0.0.1", () => ready());
     });
     return gateway;
+  }
+
+  /**
+   * Listens on a Unix socket as well, until the returned function is called: a sandbox with no
+   * network reaches the gateway through it (a socket in its bind-mounted workspace). Anyone who
+   * can reach the file may connect (mode 0666); the token is what lets a call through.
+   */
+  async listenUnix(path: string): Promise<() => Promise<void>> {
+    const server = createServer();
+    this.serve(server);
+    await rm(path, { force: true });
+    await new Promise<void>((ready, fail) => {
+      server.once("error", fail);
+      server.listen(path, () => ready());
+    });
+    await chmod(path, 0o666);
+    this.extra.add(server);
+    return async () => {
+      this.extra.delete(server);
+      await new Promise<void>((done) => server.close(() => done()));
+      server.closeAllConnections();
+      await rm(path, { force: true });
+    };
+  }
+
+  private serve(server: Server): void {
+    server.on("request", (req, res) => {
+      this.handle(req, res).catch((err: unknown) => {
+        this.log.error({ err }, "model gateway: a request failed");
+        if (!res.headersSent) res.writeHead(500).end();
+        else res.destroy();
+      });
+    });
   }
 
   /** Its address, as host agents reach it. */
@@ -145,6 +175,10 @@ export class ModelGateway {
   async close(): Promise<void> {
     for (const pass of this.passes.values()) for (const call of pass.inFlight) call.abort();
     this.passes.clear();
+    for (const server of this.extra) {
+      server.close();
+      server.closeAllConnections();
+    }
     await new Promise<void>((done) => this.server.close(() => done()));
     this.server.closeAllConnections();
     this.httpAgent.destroy();

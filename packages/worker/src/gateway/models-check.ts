@@ -13,10 +13,10 @@ export function checkModels(models: AgentModels | undefined, sandbox: SandboxBac
       `this worker holds no key for ${missing.join(", ")} (models.providers): start it with ${missing.map((p) => `--model-key ${p}=VARIABLE`).join(" ")}`,
     );
   }
-  if (sandbox !== "host") {
+  if (sandbox === "e2b") {
     throw new BoxcarError(
       ErrorCode.noSandbox,
-      `the model gateway reaches host agents only in this release; a ${sandbox} agent cannot call it yet (docs/models.md)`,
+      "the model gateway reaches host and Docker agents in this release; an E2B agent cannot call it yet (docs/models.md)",
     );
   }
 }

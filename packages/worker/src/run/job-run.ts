@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { join } from "node:path";
 import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import {
   inputDigest,
@@ -36,6 +37,7 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
+import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
 import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
 import { checkModels } from "../gateway/models-check.js";
 import type { WorkDelivery } from "../intake/work-delivery.js";
@@ -85,7 +87,7 @@ export interface JobRunContext {
   /** The sessions this worker holds: a job in one (`submit --session`) runs in its sandbox. */
   sessions: Pick<SessionHost, "lend"> | undefined;
   /** The model gateway, when the worker holds providers' keys: agents that list `models` call them through it. */
-  gateway: Pick<ModelGateway, "open" | "providers"> | undefined;
+  gateway: Pick<ModelGateway, "open" | "providers" | "listenUnix"> | undefined;
 }
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
@@ -118,6 +120,8 @@ export class JobRun {
   private gatewayPass: GatewayPass | undefined;
   /** The calls it made through the gateway so far. */
   private modelCalls = 0;
+  /** Stops the gateway's socket in a sandbox with no network, once the attempt ends. */
+  private closeGatewaySocket: (() => Promise<void>) | undefined;
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
@@ -580,6 +584,7 @@ export class JobRun {
     });
     // An agent that calls its models through the gateway gets its base URLs and a token for this
     // attempt (never a key), and the gateway meters its calls: its usage file is not read.
+    let argv = this.item.agent.command;
     const models = this.item.agent.models;
     if (models && this.ctx.gateway) {
       this.gatewayPass = this.ctx.gateway.open({
@@ -588,7 +593,22 @@ export class JobRun {
         providers: models.providers,
         onCall: (call) => void this.reportCall(call),
       });
-      Object.assign(env, this.gatewayPass.env());
+      if (sandbox.kind === "host") {
+        Object.assign(env, this.gatewayPass.env());
+      } else {
+        // No network needed: a socket in its bind-mounted workspace, and a forwarder beside it.
+        const folder = sandbox.localFolder;
+        if (!folder) {
+          throw new BoxcarError(
+            ErrorCode.noSandbox,
+            `the model gateway cannot reach this ${sandbox.kind} sandbox: its workspace is not a folder of this worker's machine`,
+          );
+        }
+        await sandbox.writeFile(FORWARDER_SCRIPT, new TextEncoder().encode(FORWARDER_SOURCE));
+        this.closeGatewaySocket = await this.ctx.gateway.listenUnix(join(folder, GATEWAY_SOCKET));
+        Object.assign(env, this.gatewayPass.env(`http://127.0.0.1:${FORWARD_PORT}`));
+        argv = withForwarder(argv, sandbox.workspace);
+      }
     }
     const output = new OutputLog({
       publish: async (stream, data) => {
@@ -611,7 +631,7 @@ export class JobRun {
     }, options.usageReadMs);
     let exec: ExecResult;
     try {
-      exec = await sandbox.exec(this.item.agent.command, {
+      exec = await sandbox.exec(argv, {
         env,
         signal: this.abort.signal,
         ...(this.attemptLease ? { attemptLease: this.attemptLease } : {}),
@@ -657,6 +677,7 @@ export class JobRun {
     const pass = this.gatewayPass;
     if (pass) {
       pass.close();
+      await this.closeGatewaySocket?.().catch((err: unknown) => this.log.warn({ err }, "could not close the model gateway's socket"));
       return pass.calls > 0 ? pass.usage : undefined;
     }
     return this.usageFile

@@ -111,6 +111,12 @@ export interface Sandbox {
   readonly workspace: string;
   /** The PATH agents get here; absent: the worker's own (host). */
   readonly agentPath?: string;
+  /**
+   * The workspace as a folder of this machine that the sandbox sees as its own (the host's own
+   * folder, or a bind mount): a Unix socket made there reaches the sandbox. Absent: the sandbox
+   * has a copy, or is elsewhere.
+   */
+  readonly localFolder?: string;
   /** What the sandbox runs with, for its events: image or template, network, limits. */
   readonly description?: { image?: string; network?: string; limits?: ResourceLimits; start?: "warm_hit" | "cold" };
   /** Runs `argv` in the workspace; resolves when it and everything it started have ended. */

@@ -62,6 +62,11 @@ export class DockerSandbox extends LocalFilesSandbox implements Sandbox {
    */
   private inContainer: Promise<Docker.Container | undefined> = Promise.resolve(undefined);
 
+  /** The staged folder, when it is the container's workspace (bind-mounted): not when it is copied in. */
+  get localFolder(): string | undefined {
+    return this.warm || this.settings.mounting === "bind" ? this.files.dir : undefined;
+  }
+
   constructor(
     private readonly docker: Docker,
     private readonly spec: SandboxSpec,
