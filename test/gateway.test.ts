@@ -8,9 +8,12 @@ import { silentLogger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
 import type { ModelCall } from "@boxcar/protocol";
 import { createDockerSandboxProvider, createWorker, ModelGateway } from "@boxcar/worker";
+import { trace } from "@opentelemetry/api";
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import OpenAI from "openai";
+import { Registry } from "prom-client";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, eventually, spawnBoxcar } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
 import { type ModelStandIn, STANDIN_USAGE, startModelStandIn } from "./helpers/model-standin.js";
 import { natsFixture } from "./helpers/nats.js";
@@ -26,6 +29,14 @@ const KEYS = { anthropic: "sk-ant-real-provider-key-0123456789", openai: "sk-pro
 
 let standIn: ModelStandIn;
 let gateway: ModelGateway;
+// An application's tracing SDK in this process: the worker's spans, the gateway's included, go to it.
+const spans = new InMemorySpanExporter();
+beforeAll(() => {
+  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] }));
+});
+afterAll(() => {
+  trace.disable();
+});
 beforeAll(async () => {
   standIn = await startModelStandIn();
   gateway = await ModelGateway.start(
@@ -197,8 +208,10 @@ describe("an agent's model calls through its worker", () => {
   test("a host agent calls both providers with the SDKs: it holds no key, each call is a model_call event and a usage event the gateway counted, and its token dies with its attempt", async () => {
     await using standInE2e = await startModelStandIn();
     const keyVars = { BOXCAR_TEST_ANTHROPIC: KEYS.anthropic, BOXCAR_TEST_OPENAI: KEYS.openai };
+    const registry = new Registry();
     await using system = await localSystem({
       worker: {
+        metrics: registry,
         modelGateway: {
           providers: {
             anthropic: { key: keyVars.BOXCAR_TEST_ANTHROPIC, baseUrl: standInE2e.anthropicUrl },
@@ -244,6 +257,24 @@ describe("an agent's model calls through its worker", () => {
       OpenAI.AuthenticationError,
     );
     expect(standInE2e.requests.length).toBe(2);
+    // boxcar status lists the calls.
+    const status = await boxcar(system.nats.url, system.nats.topology.names.prefix, ["status", job.id]);
+    expect(status.code, status.stderr).toBe(0);
+    expect(status.stdout).toContain("model calls (2):");
+    expect(status.stdout).toMatch(/anthropic\s+claude-test\s+200\s+16\s+7/);
+    expect(status.stdout).toMatch(/openai\s+gpt-test\s+200\s+11\s+7/);
+    // Metrics per provider, model and status.
+    const metrics = await registry.getSingleMetricAsString("boxcar_worker_model_calls_total");
+    expect(metrics).toContain('boxcar_worker_model_calls_total{provider="anthropic",model="claude-test",status="200"} 1');
+    expect(metrics).toContain('boxcar_worker_model_calls_total{provider="openai",model="gpt-test",status="200"} 1');
+    // A span per call, a child of the attempt's.
+    const attempt = spans.getFinishedSpans().find((s) => s.name === "job.attempt" && s.attributes["boxcar.job.id"] === job.id);
+    const calls = spans.getFinishedSpans().filter((s) => s.name.startsWith("model.call") && s.attributes["boxcar.job.id"] === job.id);
+    expect(calls.map((s) => s.name).sort()).toEqual(["model.call anthropic", "model.call openai"]);
+    for (const s of calls) {
+      expect(s.parentSpanContext?.spanId).toBe(attempt?.spanContext().spanId);
+      expect(s.attributes["gen_ai.usage.output_tokens"]).toBe(STANDIN_USAGE.out);
+    }
   }, 60_000);
 
   test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {

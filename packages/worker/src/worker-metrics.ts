@@ -1,3 +1,4 @@
+import type { ModelCall } from "@boxcar/protocol";
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 
 /** Seconds, from a no-op job's milliseconds to an agent's hours. */
@@ -24,6 +25,9 @@ export class WorkerMetrics {
   private readonly sandboxStarts: Counter<"kind" | "start">;
   private readonly cpuSeconds: Counter<"agent">;
   private readonly artifactBytes: Counter<"agent">;
+  private readonly modelCalls: Counter<"provider" | "model" | "status">;
+  private readonly modelTokens: Counter<"provider" | "model" | "direction">;
+  private readonly modelSeconds: Histogram<"provider" | "model">;
 
   constructor(registry: Registry, load: () => WorkerLoad) {
     const registers = [registry];
@@ -72,6 +76,25 @@ export class WorkerMetrics {
       labelNames: ["agent"],
       registers,
     });
+    this.modelCalls = new Counter({
+      name: "boxcar_worker_model_calls_total",
+      help: "Calls agents made through this worker's model gateway, by provider, model and HTTP status",
+      labelNames: ["provider", "model", "status"],
+      registers,
+    });
+    this.modelTokens = new Counter({
+      name: "boxcar_worker_model_tokens_total",
+      help: "Tokens of the calls through this worker's model gateway, by provider, model and direction (in, out)",
+      labelNames: ["provider", "model", "direction"],
+      registers,
+    });
+    this.modelSeconds = new Histogram({
+      name: "boxcar_worker_model_call_seconds",
+      help: "How long calls through this worker's model gateway took, request to the answer's end",
+      labelNames: ["provider", "model"],
+      buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+      registers,
+    });
     new Gauge({
       name: "boxcar_worker_jobs_running",
       help: "Jobs this worker is running now",
@@ -106,6 +129,14 @@ export class WorkerMetrics {
   sandboxCreated(kind: string, ms: number, start: string | undefined): void {
     this.sandboxCreate.observe({ kind }, ms / 1000);
     if (start) this.sandboxStarts.inc({ kind, start });
+  }
+
+  modelCall(call: ModelCall): void {
+    const labels = { provider: call.provider, model: call.model ?? "unknown" };
+    this.modelCalls.inc({ ...labels, status: String(call.status) });
+    this.modelTokens.inc({ ...labels, direction: "in" }, call.tokensIn);
+    this.modelTokens.inc({ ...labels, direction: "out" }, call.tokensOut);
+    this.modelSeconds.observe(labels, call.latencyMs / 1000);
   }
 
   attemptEnded(

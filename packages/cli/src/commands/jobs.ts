@@ -1,7 +1,16 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { type BoxcarEvent, isTerminal, type JobRecord, type JobSpecInput, JobState, Priority, parseDurationMs } from "@boxcar/protocol";
+import {
+  type BoxcarEvent,
+  isTerminal,
+  type JobRecord,
+  type JobSpecInput,
+  JobState,
+  type ModelCall,
+  Priority,
+  parseDurationMs,
+} from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { CommandContext, OptionsConfig } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
@@ -219,7 +228,35 @@ export const status: Command = {
     await using session = await ctx.session("boxcar-status");
     let job = await session.client.getJob(id);
     if (ctx.values.wait && !isTerminal(job.state)) job = await session.client.waitForJob(id, ctx.io.signal);
-    ctx.print(ctx.values.json ? json(job) : describeJobInChain(job));
+    if (ctx.values.json) {
+      ctx.print(json(job));
+      return ctx.values.wait ? exitFor(job) : ExitCode.ok;
+    }
+    ctx.print(describeJobInChain(job));
+    // The calls its agent made through its worker's model gateway, one line each.
+    if (job.usage && job.usage.calls > 0) {
+      const calls: ModelCall[] = [];
+      for await (const e of session.client.events(id, { chain: false, signal: ctx.io.signal })) {
+        if (e.kind === "job" && e.type === "model_call" && e.call) calls.push(e.call);
+      }
+      if (calls.length > 0) {
+        ctx.print(`\nmodel calls (${calls.length}):`);
+        ctx.print(
+          table(
+            ["PROVIDER", "MODEL", "STATUS", "TOKENS IN", "OUT", "MS", "STREAM"],
+            calls.map((c) => [
+              c.provider,
+              c.model ?? "-",
+              String(c.status),
+              String(c.tokensIn),
+              String(c.tokensOut),
+              String(c.latencyMs),
+              c.stream ? "yes" : "no",
+            ]),
+          ),
+        );
+      }
+    }
     return ctx.values.wait ? exitFor(job) : ExitCode.ok;
   },
 };

@@ -10,7 +10,7 @@ import {
 } from "node:http";
 import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
 import type { AddressInfo } from "node:net";
-import type { Logger } from "@boxcar/common";
+import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
 import { addUsage, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
 import { type Metered, meterJson, SseMeter } from "./meter.js";
 import { PROVIDER_WIRES, type ProviderWire, routeOf } from "./providers.js";
@@ -44,6 +44,8 @@ export interface AttemptAccess {
   jobId: string;
   attempt: number;
   providers: readonly ModelProvider[];
+  /** The attempt's trace context: each call is a span of its trace. */
+  traceparent?: string;
   /** Told of each call once its answer ended (or broke off). */
   onCall(call: ModelCall): void;
 }
@@ -222,10 +224,24 @@ export class ModelGateway {
 
     const abort = new AbortController();
     pass.inFlight.add(abort);
+    const { span } = startSpan(`model.call ${wire.name}`, pass.traceparent, {
+      kind: SpanKind.CLIENT,
+      attributes: {
+        "gen_ai.system": wire.name,
+        "gen_ai.operation.name": rest.includes("messages") ? "chat" : rest.replace(/^\//, ""),
+        ...(asked.model ? { "gen_ai.request.model": asked.model } : {}),
+        "boxcar.job.id": pass.jobId,
+        "boxcar.attempt": pass.attempt,
+      },
+    });
     req.on("close", () => {
       if (!res.writableEnded) abort.abort();
     });
+    let reported = false;
+    /** Reports the call once, however it ended (an answer's end, or its connection breaking). */
     const report = (status: number, metered: Metered, firstByteMs?: number) => {
+      if (reported) return;
+      reported = true;
       pass.inFlight.delete(abort);
       const call: ModelCall = {
         provider: wire.name,
@@ -240,6 +256,14 @@ export class ModelGateway {
         ...(metered.cacheReadTokens ? { cacheReadTokens: metered.cacheReadTokens } : {}),
         ...(metered.cacheWriteTokens ? { cacheWriteTokens: metered.cacheWriteTokens } : {}),
       };
+      span.setAttributes({
+        "http.response.status_code": status,
+        "gen_ai.usage.input_tokens": call.tokensIn,
+        "gen_ai.usage.output_tokens": call.tokensOut,
+        ...(call.model ? { "gen_ai.response.model": call.model } : {}),
+      });
+      if (status >= 400 || status === 0) failSpan(span, { message: `${wire.name} answered ${status}` });
+      span.end();
       pass.calls += 1;
       const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
       pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);

@@ -591,6 +591,7 @@ export class JobRun {
         jobId: this.jobId,
         attempt: this.events.attempt,
         providers: models.providers,
+        ...(this.traceparent ? { traceparent: this.traceparent } : {}),
         onCall: (call) => void this.reportCall(call),
       });
       if (sandbox.kind === "host") {
@@ -790,6 +791,7 @@ export class JobRun {
     if (!record) return;
     const attempt = this.events.attempt;
     const n = ++this.modelCalls;
+    this.ctx.metrics?.modelCall(call);
     const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
     const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
     const who = { attempt, workerId: this.ctx.options.workerId };
