@@ -6,8 +6,8 @@ import Anthropic from "@anthropic-ai/sdk";
 import { createClient } from "@boxcar/client";
 import { silentLogger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
-import type { ModelCall } from "@boxcar/protocol";
-import { createDockerSandboxProvider, createWorker, ModelGateway } from "@boxcar/worker";
+import { type ModelCall, recordedCallObject } from "@boxcar/protocol";
+import { type CallRecorder, createDockerSandboxProvider, createWorker, ModelGateway, type RecordedAnswer } from "@boxcar/worker";
 import { trace } from "@opentelemetry/api";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import OpenAI from "openai";
@@ -161,6 +161,37 @@ describe("the model gateway, with the official SDKs as clients", () => {
     }
   });
 
+  test("a recorded streamed answer is given again to the same request at the same place, read by the SDK as a stream; a different request there goes to the provider", async () => {
+    const store = new Map<string, RecordedAnswer & { hash: string }>();
+    const recorder: CallRecorder = {
+      replay: async (position, hash) => {
+        const found = store.get(String(position));
+        return found?.hash === hash ? found : undefined;
+      },
+      record: async (position, hash, answer) => void store.set(String(position), { ...answer, hash }),
+    };
+    const ask = async (content: string) => {
+      const calls: ModelCall[] = [];
+      const pass = gateway.open({ jobId: "j-rec", attempt: 1, providers: ["openai"], onCall: (c) => calls.push(c), recorder });
+      const env = pass.env();
+      const openai = new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+      const stream = await openai.chat.completions.create({ model: "gpt-test", messages: [{ role: "user", content }], stream: true });
+      let text = "";
+      for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
+      await new Promise((r) => setTimeout(r, 50)); // the recording is written as the answer ends
+      pass.close();
+      return { text, call: calls[0] };
+    };
+    const before = standIn.requests.length;
+    const first = await ask("same");
+    const again = await ask("same");
+    expect(again).toMatchObject({ text: first.text, call: { replayed: true, tokensOut: STANDIN_USAGE.out } });
+    expect(standIn.requests.length).toBe(before + 1);
+    const other = await ask("different");
+    expect(other.call?.replayed).toBeUndefined();
+    expect(standIn.requests.length).toBe(before + 2);
+  });
+
   test("refusals come in the provider's own shape, which the SDKs read: an ended attempt's token, a provider not allowed, a 429 with retry-after, a provider down", async () => {
     const { pass, env, calls, openai } = attempt(["openai"]);
     // Not on this agent's list (its variables name no Anthropic base): refused before anything is sent.
@@ -203,6 +234,7 @@ describe("the model gateway, with the official SDKs as clients", () => {
 
 const AGENT = fileURLToPath(new URL("./fixtures/gateway-agent.mjs", import.meta.url));
 const HUNTER = fileURLToPath(new URL("./fixtures/key-hunter.mjs", import.meta.url));
+const FIVE_CALLS = fileURLToPath(new URL("./fixtures/five-calls.mjs", import.meta.url));
 
 describe("an agent's model calls through its worker", () => {
   test("a host agent calls both providers with the SDKs: it holds no key, each call is a model_call event and a usage event the gateway counted, and its token dies with its attempt", async () => {
@@ -275,6 +307,61 @@ describe("an agent's model calls through its worker", () => {
       expect(s.parentSpanContext?.spanId).toBe(attempt?.spanContext().spanId);
       expect(s.attributes["gen_ai.usage.output_tokens"]).toBe(STANDIN_USAGE.out);
     }
+  }, 60_000);
+
+  test("recorded calls: a job cut short after 3 of its 5 calls runs again with 2 provider calls, the first 3 answered from its recording; cleaning the job removes the recording", async () => {
+    await using standInE2e = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { openai: { key: KEYS.openai, baseUrl: standInE2e.openaiUrl } } } },
+    });
+    const { client } = system;
+    await client.applyAgent({
+      name: "five-calls",
+      command: ["node", FIVE_CALLS],
+      runtime: { sandbox: "host" },
+      trusted: true,
+      retry: { maxAttempts: 2, delay: "100ms" },
+      models: { providers: ["openai"], record: true },
+    });
+    const { job } = await client.submit({ agent: "five-calls", input: {} });
+    const done = await client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    expect(done.attempt).toBe(2);
+    expect((done.result?.output as { texts: string[] } | undefined)?.texts).toHaveLength(5);
+    // 3 calls in the first attempt, then only the last 2 of the second reach the provider.
+    expect(standInE2e.requests.map((r) => (r.body.messages as { content: string }[])[0]?.content)).toEqual([
+      "step 1",
+      "step 2",
+      "step 3",
+      "step 4",
+      "step 5",
+    ]);
+    const calls = [];
+    for await (const e of client.events(job.id))
+      if (e.kind === "job" && e.type === "model_call") calls.push([e.attempt, e.call?.replayed ?? false]);
+    expect(calls).toEqual([
+      [1, false],
+      [1, false],
+      [1, false],
+      [2, true],
+      [2, true],
+      [2, true],
+      [2, false],
+      [2, false],
+    ]);
+    // The provider's tokens count once: 5 calls' worth, over 8 calls.
+    expect(done.usage).toMatchObject({ calls: 8, tokensOut: 5 * STANDIN_USAGE.out });
+    const recorded = async () => {
+      const found = [];
+      for (let n = 1; n <= 5; n++) {
+        const info = await system.nats.topology.artifacts.info(recordedCallObject(job.id, n));
+        if (info && !info.deleted) found.push(n);
+      }
+      return found;
+    };
+    expect(await recorded()).toEqual([1, 2, 3, 4, 5]);
+    expect(await client.cleanJobs({ olderThan: 0, agent: "five-calls" })).toMatchObject({ deleted: 1 });
+    expect(await recorded()).toEqual([]);
   }, 60_000);
 
   test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {

@@ -138,7 +138,7 @@ export {
 } from "./job.js";
 export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
-export { AgentModels, MODEL_PROVIDERS, ModelCall, ModelProvider } from "./models.js";
+export { AgentModels, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";

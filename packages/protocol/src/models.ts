@@ -16,6 +16,12 @@ export const AgentModels = z.strictObject({
     .min(1)
     .refine((list) => new Set(list).size === list.length, "a provider is listed twice")
     .describe("the providers it may call through the worker's gateway: anthropic, openai"),
+  record: z
+    .boolean()
+    .optional()
+    .describe(
+      "keep each call's answer with the job, so that a later attempt sending the same request at the same place in its sequence gets it again without calling the provider (docs/models.md#recorded-calls)",
+    ),
 });
 export type AgentModels = z.infer<typeof AgentModels>;
 
@@ -37,5 +43,12 @@ export const ModelCall = z.strictObject({
   /** Of the tokens in: read from the provider's prompt cache, and written to it (as the provider reports them). */
   cacheReadTokens: z.number().int().nonnegative().optional(),
   cacheWriteTokens: z.number().int().nonnegative().optional(),
+  /** Answered from the job's recording of an earlier attempt: the provider was not called (its tokens are the recorded call's, and count for nothing new). */
+  replayed: z.boolean().optional(),
 });
 export type ModelCall = z.infer<typeof ModelCall>;
+
+/** The Object Store object a job's recorded model call at `position` (from 1) is kept in (docs/models.md#recorded-calls). */
+export function recordedCallObject(jobId: string, position: number): string {
+  return `modelcalls/${jobId}/${position}`;
+}

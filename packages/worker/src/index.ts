@@ -1,4 +1,4 @@
-export type { AttemptAccess, GatewayOptions, GatewayPass, ProviderAccess } from "./gateway/gateway.js";
+export type { AttemptAccess, CallRecorder, GatewayOptions, GatewayPass, ProviderAccess, RecordedAnswer } from "./gateway/gateway.js";
 export { ModelGateway } from "./gateway/gateway.js";
 export { MAX_ARTIFACTS } from "./run/agent-workspace.js";
 export { MAX_LOG_CHUNK } from "./run/output-log.js";

@@ -8,6 +8,7 @@ import {
   type JobState,
   ownerOf,
   parseWith,
+  recordedCallObject,
   retentionOf,
   WorkflowRun,
 } from "@boxcar/protocol";
@@ -174,6 +175,7 @@ export class RetentionSweeper {
     await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.jobEvents(ownerOf(job), id) });
     await topology.jsm.streams.purge(names.streams.logs, { filter: names.subjects.jobLogs(ownerOf(job), id) });
     for (const object of new Set(objects)) await removeObject(topology, object);
+    await removeRecordedCalls(topology, job);
     if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
     this.ended.delete(id);
     return "deleted";
@@ -223,5 +225,19 @@ export class RetentionSweeper {
     this.closed = true;
     clearInterval(this.timer);
     await this.sweeping;
+  }
+}
+
+/**
+ * Removes the job's recorded model calls (`models.record`), one object per place in its
+ * attempts' sequence: at most as many as the calls it made, and any past those still found.
+ */
+async function removeRecordedCalls(topology: Topology, job: JobRecord): Promise<void> {
+  const made = job.usage?.calls ?? 0;
+  for (let position = 1; ; position++) {
+    const name = recordedCallObject(job.id, position);
+    const info = await topology.artifacts.info(name);
+    if (info && !info.deleted) await removeObject(topology, name);
+    else if (position > made) return;
   }
 }

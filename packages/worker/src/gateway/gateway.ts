@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { chmod, rm } from "node:fs/promises";
 import {
   createServer,
@@ -48,6 +48,30 @@ export interface AttemptAccess {
   traceparent?: string;
   /** Told of each call once its answer ended (or broke off). */
   onCall(call: ModelCall): void;
+  /** Where the job's calls are recorded, for an agent that asks (`models.record`); absent: none. */
+  recorder?: CallRecorder;
+}
+
+/** A provider's answer as recorded: enough to give it again. */
+export interface RecordedAnswer {
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer;
+}
+
+/**
+ * A job's recorded calls, by their place in an attempt's sequence (from 1) and the hash of what
+ * was asked (`requestHash`): the gateway asks it before it calls the provider, and records a
+ * provider's successful answer.
+ */
+export interface CallRecorder {
+  replay(position: number, hash: string): Promise<RecordedAnswer | undefined>;
+  record(position: number, hash: string, answer: RecordedAnswer): Promise<void>;
+}
+
+/** What makes two requests the same: the provider, the endpoint and the body as forwarded, byte for byte. */
+export function requestHash(provider: ModelProvider, endpoint: string, body: Buffer): string {
+  return createHash("sha256").update(`${provider}\n${endpoint}\n`).update(body).digest("hex");
 }
 
 /** One attempt's way through the gateway: the variables its agent gets, and what its calls used. */
@@ -79,6 +103,8 @@ interface Pass extends AttemptAccess {
   token: string;
   usage: Usage;
   calls: number;
+  /** Calls begun, in order: a call's place in the sequence. */
+  begun: number;
   inFlight: Set<AbortController>;
 }
 
@@ -153,7 +179,7 @@ export class ModelGateway {
   /** Opens a pass for one attempt: a new token, valid until `close`. */
   open(access: AttemptAccess): GatewayPass {
     const token = `bxm_${randomBytes(24).toString("base64url")}`;
-    const pass: Pass = { ...access, token, usage: NO_USAGE, calls: 0, inFlight: new Set() };
+    const pass: Pass = { ...access, token, usage: NO_USAGE, calls: 0, begun: 0, inFlight: new Set() };
     this.passes.set(token, pass);
     return {
       env: (gatewayUrl = this.url) => ({
@@ -213,6 +239,8 @@ export class ModelGateway {
     const body = await readBody(req, this.options.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES);
     if (body === undefined) return refuse(413, "Boxcar's model gateway: the request body is too large");
     const asked = parseRequest(wire, rest, body);
+    const position = ++pass.begun;
+    const hash = pass.recorder ? requestHash(wire.name, rest, asked.body) : "";
 
     const upstream = new URL(`${(access.baseUrl ?? wire.defaultUpstream).replace(/\/+$/, "")}${rest}${url.search}`);
     const headers: Record<string, string | string[]> = {};
@@ -238,6 +266,7 @@ export class ModelGateway {
       if (!res.writableEnded) abort.abort();
     });
     let reported = false;
+    let replayed = false;
     /** Reports the call once, however it ended (an answer's end, or its connection breaking). */
     const report = (status: number, metered: Metered, firstByteMs?: number) => {
       if (reported) return;
@@ -255,6 +284,7 @@ export class ModelGateway {
         ...((metered.model ?? asked.model) ? { model: metered.model ?? asked.model } : {}),
         ...(metered.cacheReadTokens ? { cacheReadTokens: metered.cacheReadTokens } : {}),
         ...(metered.cacheWriteTokens ? { cacheWriteTokens: metered.cacheWriteTokens } : {}),
+        ...(replayed ? { replayed: true } : {}),
       };
       span.setAttributes({
         "http.response.status_code": status,
@@ -265,10 +295,29 @@ export class ModelGateway {
       if (status >= 400 || status === 0) failSpan(span, { message: `${wire.name} answered ${status}` });
       span.end();
       pass.calls += 1;
-      const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
+      // A replayed call used nothing of the provider's this time: it counts as a call, not its tokens.
+      const used = { calls: 1, tokensIn: replayed ? 0 : call.tokensIn, tokensOut: replayed ? 0 : call.tokensOut, cost: 0 };
       pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);
       pass.onCall(call);
     };
+
+    // A recorded answer to the same request at the same place: given again, the provider not called.
+    const recorded = await pass.recorder?.replay(position, hash).catch((err: unknown) => {
+      this.log.warn({ err, jobId: pass.jobId }, "model gateway: could not read a recorded call; calling the provider");
+      return undefined;
+    });
+    if (recorded) {
+      const streamedAnswer = String(recorded.headers["content-type"] ?? "").includes("text/event-stream");
+      res.writeHead(recorded.status, recorded.headers);
+      // Recorded as the provider sent it: the usage chunk asked for on the agent's behalf is left out again.
+      const filter = streamedAnswer && asked.usageAsked ? new UsageChunkFilter() : undefined;
+      res.end(filter ? Buffer.concat([filter.push(recorded.body), filter.end()]) : recorded.body);
+      const meter = streamedAnswer ? new SseMeter(wire.name) : undefined;
+      meter?.push(recorded.body);
+      replayed = true;
+      report(recorded.status, meter ? meter.end() : meterJson(wire.name, recorded.body.toString("utf8")), 0);
+      return;
+    }
 
     const send = upstream.protocol === "https:" ? httpsRequest : httpRequest;
     const forward = send(upstream, {
@@ -310,9 +359,16 @@ export class ModelGateway {
       const unasked = streamed && asked.usageAsked ? new UsageChunkFilter() : undefined;
       const whole: Buffer[] = [];
       let wholeBytes = 0;
+      // The answer as the provider sent it, kept to be recorded (up to MAX_RECORDED_BODY; a longer one is not).
+      const sent: Buffer[] = [];
+      let sentBytes = 0;
       answer.on("data", (chunk: Buffer) => {
         const passed = unasked ? unasked.push(chunk) : chunk;
         if (passed.length > 0) res.write(passed);
+        if (pass.recorder && sentBytes <= MAX_RECORDED_BODY) {
+          sent.push(chunk);
+          sentBytes += chunk.length;
+        }
         if (sse) sse.push(chunk);
         else if (wholeBytes < MAX_METERED_BODY) {
           whole.push(chunk);
@@ -320,8 +376,17 @@ export class ModelGateway {
         }
       });
       answer.on("end", () => {
-        res.end(unasked?.end());
-        report(answer.statusCode ?? 0, sse ? sse.end() : meterJson(wire.name, Buffer.concat(whole).toString("utf8")), firstByteMs);
+        const rest = unasked?.end();
+        res.end(rest);
+        const status = answer.statusCode ?? 0;
+        if (pass.recorder && status >= 200 && status < 300 && sentBytes <= MAX_RECORDED_BODY) {
+          const kept: Record<string, string> = {};
+          for (const [name, value] of Object.entries(out)) if (typeof value === "string" && name !== "content-length") kept[name] = value;
+          pass.recorder.record(position, hash, { status, headers: kept, body: Buffer.concat(sent) }).catch((err: unknown) => {
+            this.log.warn({ err, jobId: pass.jobId }, "model gateway: could not record a call");
+          });
+        }
+        report(status, sse ? sse.end() : meterJson(wire.name, Buffer.concat(whole).toString("utf8")), firstByteMs);
       });
       answer.on("error", () => {
         res.destroy();
@@ -377,6 +442,9 @@ function isUsageOnly(event: string): boolean {
     return false;
   }
 }
+
+/** The largest answer recorded for replay; a longer one is passed on but not recorded. */
+const MAX_RECORDED_BODY = 16 * 1024 * 1024;
 
 /** The most of a JSON answer kept to read its usage (usage comes at its end, so all of it up to this). */
 const MAX_METERED_BODY = 64 * 1024 * 1024;

@@ -40,6 +40,7 @@ import type { Msg } from "@nats-io/transport-node";
 import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
 import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
 import { checkModels } from "../gateway/models-check.js";
+import { recordedCalls } from "../gateway/recorded-calls.js";
 import type { WorkDelivery } from "../intake/work-delivery.js";
 import { AttemptLease, SENTINEL_EARLY_MS } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
@@ -592,6 +593,7 @@ export class JobRun {
         attempt: this.events.attempt,
         providers: models.providers,
         ...(this.traceparent ? { traceparent: this.traceparent } : {}),
+        ...(models.record ? { recorder: recordedCalls(this.topology, this.jobId) } : {}),
         onCall: (call) => void this.reportCall(call),
       });
       if (sandbox.kind === "host") {
@@ -792,10 +794,11 @@ export class JobRun {
     const attempt = this.events.attempt;
     const n = ++this.modelCalls;
     this.ctx.metrics?.modelCall(call);
-    const used = { calls: 1, tokensIn: call.tokensIn, tokensOut: call.tokensOut, cost: 0 };
+    // A replayed call cost nothing of the provider's this time: it counts as a call, not its tokens.
+    const used = { calls: 1, tokensIn: call.replayed ? 0 : call.tokensIn, tokensOut: call.replayed ? 0 : call.tokensOut, cost: 0 };
     const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
     const who = { attempt, workerId: this.ctx.options.workerId };
-    const message = `${call.provider} ${call.model ?? "?"} ${call.status}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
+    const message = `${call.provider} ${call.model ?? "?"} ${call.status}${call.replayed ? " (replayed from the job's recording)" : ""}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
     try {
       await this.events.publishApart(
         { ...jobEvent(record, "model_call", { call, message }), ...who },
