@@ -253,6 +253,10 @@ describe("an agent's model calls through its worker", () => {
       },
     });
     const { client } = system;
+    // Prices per million tokens: Anthropic's cache tokens at their own price, OpenAI's as plain input.
+    await client.setPolicy({
+      prices: { "claude-test": { in: 3, out: 15, cacheRead: 0.3, cacheWrite: 3.75 }, "gpt-test": { in: 1, out: 2 } },
+    });
     await client.applyAgent({
       name: "caller",
       command: ["node", AGENT],
@@ -279,10 +283,17 @@ describe("an agent's model calls through its worker", () => {
       ["anthropic", 200, STANDIN_USAGE.out],
       ["openai", 200, STANDIN_USAGE.out],
     ]);
+    // Priced by the system policy: (11 x 3 + 3 x 0.3 + 2 x 3.75 + 7 x 15) / 1e6, and (11 x 1 + 7 x 2) / 1e6.
+    const anthropicCost =
+      (STANDIN_USAGE.in * 3 + STANDIN_USAGE.cacheRead * 0.3 + STANDIN_USAGE.cacheWrite * 3.75 + STANDIN_USAGE.out * 15) / 1e6;
+    const openaiCost = (STANDIN_USAGE.in * 1 + STANDIN_USAGE.out * 2) / 1e6;
+    expect(modelCalls[0]?.call?.cost).toBeCloseTo(anthropicCost, 12);
+    expect(modelCalls[1]?.call?.cost).toBeCloseTo(openaiCost, 12);
     const usage = events.filter((e) => e.type === "usage");
     expect(usage.map((e) => e.usageBy)).toEqual(["gateway", "gateway"]);
     expect(JSON.stringify(events)).not.toContain("hi from the agent"); // no prompt text in any event
     expect(done.usage).toMatchObject({ calls: 2, tokensOut: 2 * STANDIN_USAGE.out });
+    expect(done.usage?.cost).toBeCloseTo(anthropicCost + openaiCost, 12);
     // The token, replayed after the attempt ended, is refused.
     const replay = new OpenAI({ baseURL: seen.env.OPENAI_BASE_URL, apiKey: seen.env.OPENAI_API_KEY ?? "", maxRetries: 0 });
     expect(await replay.chat.completions.create({ model: "m", messages: [] }).catch((e: unknown) => e)).toBeInstanceOf(

@@ -43,6 +43,8 @@ export const ModelCall = z.strictObject({
   /** Of the tokens in: read from the provider's prompt cache, and written to it (as the provider reports them). */
   cacheReadTokens: z.number().int().nonnegative().optional(),
   cacheWriteTokens: z.number().int().nonnegative().optional(),
+  /** What it cost by the system policy's prices (0 for a model with none, and for a replayed call). */
+  cost: z.number().min(0).optional(),
   /** Answered from the job's recording of an earlier attempt: the provider was not called (its tokens are the recorded call's, and count for nothing new). */
   replayed: z.boolean().optional(),
 });

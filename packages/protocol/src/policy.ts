@@ -3,7 +3,7 @@ import { UserName } from "./access.js";
 import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
 import { durationMs, sizeBytes } from "./units.js";
-import { Budget } from "./usage.js";
+import { Budget, MODEL_NAME } from "./usage.js";
 
 const DAY_MS = 24 * 3_600_000;
 
@@ -136,6 +136,15 @@ export function retentionOf(policy: SystemPolicy, state: string, agent?: string)
 }
 
 /** An admin's policy for the whole system, kept in the policy bucket (`boxcar policy set -f FILE`). */
+/** What a model's tokens cost, per million, in the currency budgets are written in. */
+export const ModelPrice = z.strictObject({
+  in: z.number().min(0).max(1e6).describe("per million tokens sent (the prompt)"),
+  out: z.number().min(0).max(1e6).describe("per million tokens received"),
+  cacheRead: z.number().min(0).max(1e6).optional().describe("per million prompt tokens read from the provider's cache (default: as `in`)"),
+  cacheWrite: z.number().min(0).max(1e6).optional().describe("per million prompt tokens written to it (default: as `in`)"),
+});
+export type ModelPrice = z.infer<typeof ModelPrice>;
+
 export const SystemPolicy = z.strictObject({
   agents: AgentPolicy.default({}).describe("what agents may ask for"),
   quotas: z
@@ -169,12 +178,42 @@ export const SystemPolicy = z.strictObject({
     )
     .default({})
     .describe("limits per work pool (docs/flow-control.md#pool-limits)"),
+  prices: z
+    .record(z.string().regex(MODEL_NAME, "a model's name"), ModelPrice)
+    .default({})
+    .describe(
+      "what a model's tokens cost, per million, in the budgets' currency: the model gateway prices each call by it (docs/models.md#prices)",
+    ),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",
   ),
 });
 export type SystemPolicy = z.infer<typeof SystemPolicy>;
+
+/** The key of the system policy in the policy bucket. */
+export const POLICY_KEY = "system";
+
+/** What a call to `call.model` cost by `prices` (0 for a model with no price); tokens read from the prompt cache at their own price when it has one. */
+export function priceOf(
+  prices: SystemPolicy["prices"],
+  call: {
+    model?: string | undefined;
+    tokensIn: number;
+    tokensOut: number;
+    cacheReadTokens?: number | undefined;
+    cacheWriteTokens?: number | undefined;
+  },
+): number {
+  const price = call.model === undefined ? undefined : prices[call.model];
+  if (!price) return 0;
+  const cacheRead = price.cacheRead === undefined ? 0 : (call.cacheReadTokens ?? 0);
+  const cacheWrite = price.cacheWrite === undefined ? 0 : (call.cacheWriteTokens ?? 0);
+  const plainIn = call.tokensIn - cacheRead - cacheWrite;
+  const perMillion =
+    plainIn * price.in + call.tokensOut * price.out + cacheRead * (price.cacheRead ?? 0) + cacheWrite * (price.cacheWrite ?? 0);
+  return perMillion / 1_000_000;
+}
 export type SystemPolicyInput = z.input<typeof SystemPolicy>;
 
 /** The quota that applies to `user`. Admins and the system's own roles have none. */

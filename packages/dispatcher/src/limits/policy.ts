@@ -11,15 +11,13 @@ import {
   type Identity,
   type JobRecord,
   ownerOf,
+  POLICY_KEY,
   parseWith,
   policyViolations,
   quotaOf,
   SystemPolicy,
 } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";
-
-/** The key of the system policy in the policy bucket. */
-const POLICY_KEY = "system";
 
 /**
  * The admin's system policy as this dispatcher knows it: read at start, then kept current by a

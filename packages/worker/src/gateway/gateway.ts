@@ -50,6 +50,8 @@ export interface AttemptAccess {
   onCall(call: ModelCall): void;
   /** Where the job's calls are recorded, for an agent that asks (`models.record`); absent: none. */
   recorder?: CallRecorder;
+  /** What a call cost (the system policy's prices); absent: nothing. */
+  price?(call: ModelCall): number;
 }
 
 /** A provider's answer as recorded: enough to give it again. */
@@ -295,8 +297,10 @@ export class ModelGateway {
       if (status >= 400 || status === 0) failSpan(span, { message: `${wire.name} answered ${status}` });
       span.end();
       pass.calls += 1;
+      const cost = replayed ? 0 : (pass.price?.(call) ?? 0);
+      if (cost > 0) call.cost = cost;
       // A replayed call used nothing of the provider's this time: it counts as a call, not its tokens.
-      const used = { calls: 1, tokensIn: replayed ? 0 : call.tokensIn, tokensOut: replayed ? 0 : call.tokensOut, cost: 0 };
+      const used = { calls: 1, tokensIn: replayed ? 0 : call.tokensIn, tokensOut: replayed ? 0 : call.tokensOut, cost };
       pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);
       pass.onCall(call);
     };

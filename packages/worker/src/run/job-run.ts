@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import {
+  getJson,
   inputDigest,
   isTransientJetStreamError,
   type JobHandle,
@@ -25,9 +26,12 @@ import {
   MAX_SIGNALS,
   type ModelCall,
   ownerOf,
+  POLICY_KEY,
+  priceOf,
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
+  SystemPolicy,
   signalFile,
   TOKEN_PATTERN,
   toErrorInfo,
@@ -594,6 +598,7 @@ export class JobRun {
         providers: models.providers,
         ...(this.traceparent ? { traceparent: this.traceparent } : {}),
         ...(models.record ? { recorder: recordedCalls(this.topology, this.jobId) } : {}),
+        price: await this.modelPrices(),
         onCall: (call) => void this.reportCall(call),
       });
       if (sandbox.kind === "host") {
@@ -783,6 +788,18 @@ export class JobRun {
     await this.events.publishApart(event, `${this.jobId}:${attempt}:usage:${from}`);
   }
 
+  /** The system policy's prices, read as the agent starts (a policy that cannot be read prices nothing, and says so). */
+  private async modelPrices(): Promise<(call: ModelCall) => number> {
+    try {
+      const found = await getJson(this.topology.policy, POLICY_KEY, SystemPolicy, "system policy");
+      const prices = found?.value.prices ?? {};
+      return (call) => priceOf(prices, call);
+    } catch (err) {
+      this.log.warn({ err }, "could not read the system policy's prices: model calls cost nothing");
+      return () => 0;
+    }
+  }
+
   /**
    * One call through the gateway, as it ended: a `model_call` event (what was called, its status,
    * tokens and timings; never its text), and a `usage` event the dispatchers sum against budgets
@@ -795,7 +812,12 @@ export class JobRun {
     const n = ++this.modelCalls;
     this.ctx.metrics?.modelCall(call);
     // A replayed call cost nothing of the provider's this time: it counts as a call, not its tokens.
-    const used = { calls: 1, tokensIn: call.replayed ? 0 : call.tokensIn, tokensOut: call.replayed ? 0 : call.tokensOut, cost: 0 };
+    const used = {
+      calls: 1,
+      tokensIn: call.replayed ? 0 : call.tokensIn,
+      tokensOut: call.replayed ? 0 : call.tokensOut,
+      cost: call.cost ?? 0,
+    };
     const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
     const who = { attempt, workerId: this.ctx.options.workerId };
     const message = `${call.provider} ${call.model ?? "?"} ${call.status}${call.replayed ? " (replayed from the job's recording)" : ""}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
