@@ -1,8 +1,6 @@
 import { randomBytes } from "node:crypto";
-import { join } from "node:path";
 import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import {
-  getJson,
   inputDigest,
   isTransientJetStreamError,
   type JobHandle,
@@ -24,14 +22,10 @@ import {
   type JobRecord,
   JobTransitions,
   MAX_SIGNALS,
-  type ModelCall,
   ownerOf,
-  POLICY_KEY,
-  priceOf,
   type ResolvedRuntime,
   resolveRuntime,
   type SandboxInfo,
-  SystemPolicy,
   signalFile,
   TOKEN_PATTERN,
   toErrorInfo,
@@ -41,10 +35,8 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
-import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
-import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
+import type { ModelGateway } from "../gateway/gateway.js";
 import { checkModels } from "../gateway/models-check.js";
-import { recordedCalls } from "../gateway/recorded-calls.js";
 import type { WorkDelivery } from "../intake/work-delivery.js";
 import { AttemptLease, SENTINEL_EARLY_MS } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
@@ -54,6 +46,7 @@ import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { agentEnv, collectSecrets } from "../workspace/agent-contract.js";
 import { Redactor } from "../workspace/redactor.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
+import { AttemptModels } from "./attempt-models.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
@@ -121,12 +114,8 @@ export class JobRun {
   private agentSandbox: Sandbox | undefined;
   /** The agent's usage file, read while it runs and at its end (not for an agent whose calls the gateway meters). */
   private usageFile: UsageFile | undefined;
-  /** The attempt's way through the model gateway, for an agent that lists `models`. */
-  private gatewayPass: GatewayPass | undefined;
-  /** The calls it made through the gateway so far. */
-  private modelCalls = 0;
-  /** Stops the gateway's socket in a sandbox with no network, once the attempt ends. */
-  private closeGatewaySocket: (() => Promise<void>) | undefined;
+  /** The attempt's way to its models through the gateway, for an agent that lists `models`. */
+  private models: AttemptModels | undefined;
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
@@ -592,31 +581,19 @@ export class JobRun {
     let argv = this.item.agent.command;
     const models = this.item.agent.models;
     if (models && this.ctx.gateway) {
-      this.gatewayPass = this.ctx.gateway.open({
+      this.models = new AttemptModels(models, {
+        gateway: this.ctx.gateway,
+        topology: this.topology,
         jobId: this.jobId,
         attempt: this.events.attempt,
-        providers: models.providers,
-        ...(this.traceparent ? { traceparent: this.traceparent } : {}),
-        ...(models.record ? { recorder: recordedCalls(this.topology, this.jobId) } : {}),
-        price: await this.modelPrices(),
-        onCall: (call) => void this.reportCall(call),
+        workerId: this.ctx.options.workerId,
+        traceparent: this.traceparent,
+        log: this.log,
+        metrics: this.ctx.metrics,
+        record: () => this.handle?.record,
+        publishApart: (event, msgID) => this.events.publishApart(event, msgID),
       });
-      if (sandbox.kind === "host") {
-        Object.assign(env, this.gatewayPass.env());
-      } else {
-        // No network needed: a socket in its bind-mounted workspace, and a forwarder beside it.
-        const folder = sandbox.localFolder;
-        if (!folder) {
-          throw new BoxcarError(
-            ErrorCode.noSandbox,
-            `the model gateway cannot reach this ${sandbox.kind} sandbox: its workspace is not a folder of this worker's machine`,
-          );
-        }
-        await sandbox.writeFile(FORWARDER_SCRIPT, new TextEncoder().encode(FORWARDER_SOURCE));
-        this.closeGatewaySocket = await this.ctx.gateway.listenUnix(join(folder, GATEWAY_SOCKET));
-        Object.assign(env, this.gatewayPass.env(`http://127.0.0.1:${FORWARD_PORT}`));
-        argv = withForwarder(argv, sandbox.workspace);
-      }
+      argv = await this.models.prepare(sandbox, env, argv);
     }
     const output = new OutputLog({
       publish: async (stream, data) => {
@@ -630,7 +607,7 @@ export class JobRun {
     void this.events.sandbox("exec_started", ref);
     const timeout = setTimeout(() => this.stop(msLeft < this.item.timeoutMs ? "deadline" : "timed_out"), stopInMs);
     // Its calls count as it makes them: its usage file is read every so often while it runs.
-    const usage = this.gatewayPass ? undefined : new UsageFile(sandbox, (used, from) => this.reportUsage(used, from));
+    const usage = this.models ? undefined : new UsageFile(sandbox, (used, from) => this.reportUsage(used, from));
     this.usageFile = usage;
     const reading = setInterval(() => {
       usage
@@ -682,12 +659,7 @@ export class JobRun {
    * says; a usage file that cannot be read counts nothing more.
    */
   private async endUsage(): Promise<Usage | undefined> {
-    const pass = this.gatewayPass;
-    if (pass) {
-      pass.close();
-      await this.closeGatewaySocket?.().catch((err: unknown) => this.log.warn({ err }, "could not close the model gateway's socket"));
-      return pass.calls > 0 ? pass.usage : undefined;
-    }
+    if (this.models) return this.models.end();
     return this.usageFile
       ?.end((err) => this.log.error({ err }, "could not report the attempt's usage"))
       .catch((err: unknown) => {
@@ -786,53 +758,6 @@ export class JobRun {
     const attempt = this.events.attempt;
     const event = { ...jobEvent(record, "usage", { usage, message, usageBy: "agent" }), attempt, workerId: this.ctx.options.workerId };
     await this.events.publishApart(event, `${this.jobId}:${attempt}:usage:${from}`);
-  }
-
-  /** The system policy's prices, read as the agent starts (a policy that cannot be read prices nothing, and says so). */
-  private async modelPrices(): Promise<(call: ModelCall) => number> {
-    try {
-      const found = await getJson(this.topology.policy, POLICY_KEY, SystemPolicy, "system policy");
-      const prices = found?.value.prices ?? {};
-      return (call) => priceOf(prices, call);
-    } catch (err) {
-      this.log.warn({ err }, "could not read the system policy's prices: model calls cost nothing");
-      return () => 0;
-    }
-  }
-
-  /**
-   * One call through the gateway, as it ended: a `model_call` event (what was called, its status,
-   * tokens and timings; never its text), and a `usage` event the dispatchers sum against budgets
-   * as they do an agent's own reports, each stored apart and deduplicated by the call's number.
-   */
-  private async reportCall(call: ModelCall): Promise<void> {
-    const record = this.handle?.record;
-    if (!record) return;
-    const attempt = this.events.attempt;
-    const n = ++this.modelCalls;
-    this.ctx.metrics?.modelCall(call);
-    // A replayed call cost nothing of the provider's this time: it counts as a call, not its tokens.
-    const used = {
-      calls: 1,
-      tokensIn: call.replayed ? 0 : call.tokensIn,
-      tokensOut: call.replayed ? 0 : call.tokensOut,
-      cost: call.cost ?? 0,
-    };
-    const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
-    const who = { attempt, workerId: this.ctx.options.workerId };
-    const message = `${call.provider} ${call.model ?? "?"} ${call.status}${call.replayed ? " (replayed from the job's recording)" : ""}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
-    try {
-      await this.events.publishApart(
-        { ...jobEvent(record, "model_call", { call, message }), ...who },
-        `${this.jobId}:${attempt}:model_call:${n}`,
-      );
-      await this.events.publishApart(
-        { ...jobEvent(record, "usage", { usage, usageBy: "gateway", message }), ...who },
-        `${this.jobId}:${attempt}:gateway_usage:${n}`,
-      );
-    } catch (err) {
-      this.log.warn({ err }, "could not report a model call");
-    }
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
