@@ -6,8 +6,15 @@ import Anthropic from "@anthropic-ai/sdk";
 import { createClient } from "@boxcar/client";
 import { silentLogger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { type ModelCall, recordedCallObject } from "@boxcar/protocol";
-import { type CallRecorder, createDockerSandboxProvider, createWorker, ModelGateway, type RecordedAnswer } from "@boxcar/worker";
+import { type ModelCall, type ModelLimit, recordedCallObject } from "@boxcar/protocol";
+import {
+  type CallRecorder,
+  createDockerSandboxProvider,
+  createWorker,
+  kvCallLimiter,
+  ModelGateway,
+  type RecordedAnswer,
+} from "@boxcar/worker";
 import { trace } from "@opentelemetry/api";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import OpenAI from "openai";
@@ -232,6 +239,61 @@ describe("the model gateway, with the official SDKs as clients", () => {
   });
 });
 
+describe("the fleet's model limits, counted in NATS by every gateway together", () => {
+  test("3 requests per window across two workers' gateways: 3 reach the provider, the rest get the provider's 429 with retry-after; a call that may wait gets the next window", async () => {
+    await using standInL = await startModelStandIn();
+    const nats = await natsFixture();
+    await using _nats = nats;
+    const { topology } = nats;
+    const providers = { openai: { key: KEYS.openai, baseUrl: standInL.openaiUrl } };
+    const gateways = [await ModelGateway.start({ providers }, silentLogger), await ModelGateway.start({ providers }, silentLogger)];
+    try {
+      const limits: ModelLimit[] = [{ provider: "openai", model: "gpt-test", requests: 3, per: 3_600_000, wait: 0 }];
+      const limiter = kvCallLimiter(() => topology.modelUse(), limits);
+      const clients = gateways.map((g) => {
+        const env = g.open({ jobId: "j-limits", attempt: 1, providers: ["openai"], onCall: () => {}, limiter }).env();
+        return new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+      });
+      const results = await Promise.all(
+        Array.from({ length: 6 }, (_, i) =>
+          (clients[i % 2] as OpenAI).chat.completions.create({ model: "gpt-test", messages: [{ role: "user", content: `${i}` }] }).then(
+            () => 200,
+            (e: unknown) => e,
+          ),
+        ),
+      );
+      expect(results.filter((r) => r === 200)).toHaveLength(3);
+      const refused = results.filter((r) => r !== 200) as InstanceType<typeof OpenAI.RateLimitError>[];
+      expect(refused).toHaveLength(3);
+      for (const r of refused) {
+        expect(r).toBeInstanceOf(OpenAI.RateLimitError);
+        expect(Number(r.headers?.get("retry-after"))).toBeGreaterThan(0);
+        expect(r.message).toContain("the fleet's limit on openai gpt-test calls is reached");
+      }
+      expect(standInL.requests).toHaveLength(3);
+      // Another model of the provider is not under that limit.
+      await (clients[0] as OpenAI).chat.completions.create({ model: "gpt-other", messages: [] });
+      expect(standInL.requests).toHaveLength(4);
+
+      // One call per 2 s window, and a wait of 5 s: the second call waits for the next window.
+      const waiting = kvCallLimiter(() => topology.modelUse(), [{ provider: "openai", requests: 1, per: 2_000, wait: 5_000 }]);
+      const env = (gateways[1] as ModelGateway)
+        .open({ jobId: "j-wait", attempt: 1, providers: ["openai"], onCall: () => {}, limiter: waiting })
+        .env();
+      const patient = new OpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "", maxRetries: 0 });
+      const windows: number[] = [];
+      for (let i = 0; i < 2; i++) {
+        await patient.chat.completions.create({ model: "gpt-test", messages: [] });
+        windows.push(Math.floor(Date.now() / 2_000));
+      }
+      expect(windows[1]).toBeGreaterThan(windows[0] as number);
+      expect(standInL.requests).toHaveLength(6);
+    } finally {
+      for (const g of gateways) await g.close();
+    }
+  }, 30_000);
+});
+
 const AGENT = fileURLToPath(new URL("./fixtures/gateway-agent.mjs", import.meta.url));
 const HUNTER = fileURLToPath(new URL("./fixtures/key-hunter.mjs", import.meta.url));
 const FIVE_CALLS = fileURLToPath(new URL("./fixtures/five-calls.mjs", import.meta.url));
@@ -373,6 +435,29 @@ describe("an agent's model calls through its worker", () => {
     expect(await recorded()).toEqual([1, 2, 3, 4, 5]);
     expect(await client.cleanJobs({ olderThan: 0, agent: "five-calls" })).toMatchObject({ deleted: 1 });
     expect(await recorded()).toEqual([]);
+  }, 60_000);
+
+  test("the policy's model limits hold for an agent's calls through its worker (a worker's own credential counts them)", async () => {
+    await using standInE2e = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { openai: { key: KEYS.openai, baseUrl: standInE2e.openaiUrl } } } },
+    });
+    const { client } = system;
+    await client.setPolicy({ modelLimits: [{ provider: "openai", requests: 1, per: "1h", wait: 0 }] });
+    await client.applyAgent({
+      name: "limited-caller",
+      command: ["node", FIVE_CALLS],
+      runtime: { sandbox: "host" },
+      trusted: true,
+      models: { providers: ["openai"] },
+    });
+    const { job } = await client.submit({ agent: "limited-caller", input: {} });
+    const done = await client.waitForJob(job.id);
+    expect(done.state).toBe("failed"); // its second call was refused, and the agent gave up
+    const statuses = [];
+    for await (const e of client.events(job.id)) if (e.kind === "job" && e.type === "model_call") statuses.push(e.call?.status);
+    expect(statuses).toEqual([200, 429]);
+    expect(standInE2e.requests).toHaveLength(1);
   }, 60_000);
 
   test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {

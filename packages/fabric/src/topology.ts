@@ -65,6 +65,8 @@ export interface Topology {
   sessions(): Promise<KV>;
   /** Rate limits' state (docs/flow-control.md#rate-limits), made on first use as the sessions bucket is. */
   limits(): Promise<KV>;
+  /** The model gateways' count of calls per model limit and window (docs/models.md#limits), made on first use. */
+  modelUse(): Promise<KV>;
   /** Schedules (docs/flow-control.md#schedules), made on first use as the sessions bucket is. */
   schedules(): Promise<KV>;
   /** Usage per day, agent and user (docs/flow-control.md#usage-and-budgets), made on first use; a day's goes after 400 days. */
@@ -254,6 +256,8 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     limits: kvOnFirstUse("limits bucket", names.buckets.limits, { ttl: 31 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
     schedules: kvOnFirstUse("schedules bucket", names.buckets.schedules, { max_bytes: 256 * 1024 * 1024 }),
     usage: kvOnFirstUse("usage bucket", names.buckets.usage, { ttl: 400 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
+    // A window's count is of no use once the window is over (a window is at most a day).
+    modelUse: kvOnFirstUse("model use bucket", names.buckets.modelUse, { ttl: 2 * 24 * 3_600_000, max_bytes: 64 * 1024 * 1024 }),
     snapshots: () => {
       snapshots ??= onFirstUse(
         "snapshots store",

@@ -213,6 +213,10 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             kvSubjects(b.jobs),
             kvSubjects(b.workers),
             kvSubjects(b.sessions),
+            // The model gateways' shared count of calls against the policy's model limits: the workers' alone.
+            `$JS.API.STREAM.INFO.${kv(b.modelUse)}`,
+            ...streamApi(kv(b.modelUse), "manage"),
+            kvSubjects(b.modelUse),
             objSubjects(b.artifacts),
             objSubjects(b.snapshots),
             `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,

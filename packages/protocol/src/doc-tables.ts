@@ -387,6 +387,12 @@ const NAME_ROWS: readonly NameRow[] = [
   },
   { what: "schedules", name: (n) => n.buckets.schedules, kind: () => "KV bucket, key = `<owner>.<name>`" },
   { what: "usage per day", name: (n) => n.buckets.usage, kind: () => "KV bucket, key = `<day>.agent.<name>` or `<day>.user.<name>`" },
+  {
+    what: "model calls per limit and window",
+    name: (n) => n.buckets.modelUse,
+    kind: () =>
+      "KV bucket, key = `<provider>.<model>.<per>.<window>` (the model in base64url, `_` for a whole provider), written by workers' model gateways",
+  },
   { what: "session snapshots", name: (n) => n.buckets.snapshots, kind: () => "Object Store, name = snapshot id" },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },
   { what: "reply inboxes", name: (n, x) => n.inboxPrefix(x("user", LOCAL_OWNER)), kind: () => "inbox prefix of every connection" },

@@ -147,6 +147,7 @@ export {
   checkAgentPolicy,
   DEFAULT_QUEUE_LIMITS,
   DEFAULT_RETENTION_MS,
+  ModelLimit,
   ModelPrice,
   POLICY_KEY,
   policyViolations,

@@ -54,6 +54,8 @@ export interface Names {
     readonly schedules: string;
     /** Usage per day, agent and user (`<day>.agent.<name>`, `<day>.user.<name>`), summed by dispatchers. */
     readonly usage: string;
+    /** Model calls per window and limit (`<limit>.<window>`), counted by the workers' model gateways against the policy's model limits. */
+    readonly modelUse: string;
     /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
     readonly snapshots: string;
   };
@@ -233,6 +235,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       limits: `${bucket}_limits`,
       schedules: `${bucket}_schedules`,
       usage: `${bucket}_usage`,
+      modelUse: `${bucket}_model_use`,
       snapshots: `${bucket}_snapshots`,
     },
     intakeConsumer: "dispatcher",

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { UserName } from "./access.js";
 import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
+import { ModelProvider } from "./models.js";
 import { durationMs, sizeBytes } from "./units.js";
 import { Budget, MODEL_NAME } from "./usage.js";
 
@@ -145,6 +146,27 @@ export const ModelPrice = z.strictObject({
 });
 export type ModelPrice = z.infer<typeof ModelPrice>;
 
+/**
+ * A fleet-wide limit on model calls through the workers' gateways (docs/models.md#limits): at most
+ * `requests` calls and `tokens` tokens (in and out) per window of `per`, for one provider, or one
+ * of its models. Windows are fixed (the minute, hour, ... from the epoch), counted in NATS KV by
+ * every gateway together. A call past it waits up to `wait` for the next window, else gets the
+ * provider's own 429 with `retry-after`.
+ */
+export const ModelLimit = z
+  .strictObject({
+    provider: ModelProvider,
+    model: z.string().regex(MODEL_NAME, "a model's name").optional().describe("one model of the provider; absent: all of them together"),
+    requests: z.number().int().min(1).max(1e9).optional().describe("the most calls per window"),
+    tokens: z.number().int().min(1).max(1e12).optional().describe("the most tokens, in and out, per window"),
+    per: durationMs({ min: 1_000, max: 86_400_000 }).default(60_000).describe("the window; default 1m"),
+    wait: durationMs({ min: 0, max: 600_000 })
+      .default(30_000)
+      .describe("how long a call past the limit waits for the next window before it is refused (429)"),
+  })
+  .refine((l) => l.requests !== undefined || l.tokens !== undefined, "give requests, tokens or both");
+export type ModelLimit = z.infer<typeof ModelLimit>;
+
 export const SystemPolicy = z.strictObject({
   agents: AgentPolicy.default({}).describe("what agents may ask for"),
   quotas: z
@@ -184,6 +206,11 @@ export const SystemPolicy = z.strictObject({
     .describe(
       "what a model's tokens cost, per million, in the budgets' currency: the model gateway prices each call by it (docs/models.md#prices)",
     ),
+  modelLimits: z
+    .array(ModelLimit)
+    .max(256)
+    .default([])
+    .describe("fleet-wide limits on model calls through the workers' gateways (docs/models.md#limits)"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",

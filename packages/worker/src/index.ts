@@ -1,3 +1,5 @@
+export type { CallLimiter } from "./gateway/call-limits.js";
+export { kvCallLimiter } from "./gateway/call-limits.js";
 export type { AttemptAccess, CallRecorder, GatewayOptions, GatewayPass, ProviderAccess, RecordedAnswer } from "./gateway/gateway.js";
 export { ModelGateway } from "./gateway/gateway.js";
 export { MAX_ARTIFACTS } from "./run/agent-workspace.js";

@@ -12,6 +12,7 @@ import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
 import type { AddressInfo } from "node:net";
 import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
 import { addUsage, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
+import type { CallLimiter } from "./call-limits.js";
 import { type Metered, meterJson, SseMeter } from "./meter.js";
 import { PROVIDER_WIRES, type ProviderWire, routeOf } from "./providers.js";
 
@@ -52,6 +53,8 @@ export interface AttemptAccess {
   recorder?: CallRecorder;
   /** What a call cost (the system policy's prices); absent: nothing. */
   price?(call: ModelCall): number;
+  /** The fleet's limits on model calls (the system policy's `modelLimits`); absent: none. */
+  limiter?: CallLimiter;
 }
 
 /** A provider's answer as recorded: enough to give it again. */
@@ -269,6 +272,8 @@ export class ModelGateway {
     });
     let reported = false;
     let replayed = false;
+    /** The limits' windows the call was let through in: its tokens are added there once it ended. */
+    let ticket: string[] = [];
     /** Reports the call once, however it ended (an answer's end, or its connection breaking). */
     const report = (status: number, metered: Metered, firstByteMs?: number) => {
       if (reported) return;
@@ -297,6 +302,11 @@ export class ModelGateway {
       if (status >= 400 || status === 0) failSpan(span, { message: `${wire.name} answered ${status}` });
       span.end();
       pass.calls += 1;
+      if (ticket.length > 0) {
+        pass.limiter?.spend(ticket, call.tokensIn + call.tokensOut).catch((err: unknown) => {
+          this.log.warn({ err, jobId: pass.jobId }, "model gateway: could not count a call's tokens against the model limits");
+        });
+      }
       const cost = replayed ? 0 : (pass.price?.(call) ?? 0);
       if (cost > 0) call.cost = cost;
       // A replayed call used nothing of the provider's this time: it counts as a call, not its tokens.
@@ -321,6 +331,29 @@ export class ModelGateway {
       replayed = true;
       report(recorded.status, meter ? meter.end() : meterJson(wire.name, recorded.body.toString("utf8")), 0);
       return;
+    }
+
+    // The fleet's limits: the call waits for room (up to the limit's wait), else is refused as the
+    // provider refuses one over its own rate limit. Limits that cannot be read let it through.
+    if (pass.limiter) {
+      const admitted = await pass.limiter.admit(wire.name, asked.model, abort.signal).catch((err: unknown) => {
+        if (abort.signal.aborted) return { retryAfterS: 0 };
+        this.log.warn({ err, jobId: pass.jobId }, "model gateway: could not count a call against the model limits; letting it through");
+        return { ticket: [] };
+      });
+      if ("retryAfterS" in admitted) {
+        if (abort.signal.aborted) return report(499, { tokensIn: 0, tokensOut: 0 });
+        res.writeHead(429, { "content-type": "application/json", "retry-after": String(admitted.retryAfterS) });
+        res.end(
+          wire.errorBody(
+            429,
+            `Boxcar's model gateway: the fleet's limit on ${wire.name}${asked.model ? ` ${asked.model}` : ""} calls is reached (the system policy's modelLimits); retry after ${admitted.retryAfterS} s`,
+          ),
+        );
+        report(429, { tokensIn: 0, tokensOut: 0 });
+        return;
+      }
+      ticket = admitted.ticket;
     }
 
     const send = upstream.protocol === "https:" ? httpsRequest : httpRequest;

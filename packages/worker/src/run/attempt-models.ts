@@ -13,6 +13,7 @@ import {
   SystemPolicy,
   type Usage,
 } from "@boxcar/protocol";
+import { type CallLimiter, kvCallLimiter } from "../gateway/call-limits.js";
 import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
 import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
 import { recordedCalls } from "../gateway/recorded-calls.js";
@@ -59,7 +60,7 @@ export class AttemptModels {
       providers: this.models.providers,
       ...(this.ctx.traceparent ? { traceparent: this.ctx.traceparent } : {}),
       ...(this.models.record ? { recorder: recordedCalls(topology, jobId) } : {}),
-      price: await this.prices(),
+      ...(await this.fromPolicy()),
       onCall: (call) => void this.report(call),
     });
     if (sandbox.kind === "host") {
@@ -89,15 +90,25 @@ export class AttemptModels {
     return pass.calls > 0 ? pass.usage : undefined;
   }
 
-  /** The system policy's prices, read as the agent starts (a policy that cannot be read prices nothing, and says so). */
-  private async prices(): Promise<(call: ModelCall) => number> {
+  /**
+   * The system policy's prices and model limits, read as the agent starts (a policy that cannot be
+   * read prices nothing and limits nothing, and says so).
+   */
+  private async fromPolicy(): Promise<{ price: (call: ModelCall) => number; limiter?: CallLimiter }> {
     try {
       const found = await getJson(this.ctx.topology.policy, POLICY_KEY, SystemPolicy, "system policy");
-      const prices = found?.value.prices ?? {};
-      return (call) => priceOf(prices, call);
+      const { prices = {}, modelLimits = [] } = found?.value ?? {};
+      const topology = this.ctx.topology;
+      return {
+        price: (call) => priceOf(prices, call),
+        ...(modelLimits.length > 0 ? { limiter: kvCallLimiter(() => topology.modelUse(), modelLimits) } : {}),
+      };
     } catch (err) {
-      this.ctx.log.warn({ err }, "could not read the system policy's prices: model calls cost nothing");
-      return () => 0;
+      this.ctx.log.warn(
+        { err },
+        "could not read the system policy's prices and model limits: model calls cost nothing and are not limited",
+      );
+      return { price: () => 0 };
     }
   }
 
