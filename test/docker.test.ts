@@ -285,9 +285,15 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
         const { final, sandboxEvents } = await runIn("forkbomb", "bomb() { bomb | bomb & }; bomb; sleep 4; echo survived", {
           runtime: { timeout: "8s", limits: { pids: 48 } },
         });
-        expect(["failed", "timed_out", "succeeded"]).toContain(final.state);
+        // Seen once in CI (warm containers): the job over in 123 ms with no usage; say what happened if again.
+        const seen = JSON.stringify({
+          state: final.state,
+          error: final.error,
+          sandbox: sandboxEvents.map((e) => [e.type, e.error?.message]),
+        });
+        expect(["failed", "timed_out", "succeeded"], seen).toContain(final.state);
         const exited = sandboxEvents.find((e) => e.type === "exec_exited");
-        expect(exited?.usage?.pidsPeak).toBeGreaterThanOrEqual(24);
+        expect(exited?.usage?.pidsPeak, seen).toBeGreaterThanOrEqual(24);
         expect(exited?.usage?.pidsPeak).toBeLessThanOrEqual(48);
         expect(exited?.usage?.memoryPeakBytes).toBeGreaterThan(0);
         expect(final.result?.usage?.pidsPeak).toBe(exited?.usage?.pidsPeak);
