@@ -110,7 +110,7 @@ const replicasOption = { replicas: { type: "string" } } as const satisfies Parse
  * set: the topology then follows the NATS system (the existing system's count, else 3 on a
  * cluster of three or more servers, else 1).
  */
-function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
+export function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
   const [source, value] = flag !== undefined ? ["--replicas", String(flag)] : ["BOXCAR_REPLICAS", env.BOXCAR_REPLICAS];
   if (value === undefined || value.trim() === "") return undefined;
   const n = Number(value);

@@ -3,7 +3,7 @@ import { BackupFileError, backupSystem, restoreSystem, type StreamSummary } from
 import { BoxcarError, DEFAULT_PREFIX, ErrorCode } from "@boxcar/protocol";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command, Values } from "../command.js";
-import { type CommandContext, connectionFrom } from "../context.js";
+import { type CommandContext, connectionFrom, replicasFrom } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { json } from "../output.js";
 import { UsageError } from "../usage-error.js";
@@ -124,15 +124,6 @@ async function withNats(ctx: CommandContext<Values>, name: string, body: (nc: Na
   } finally {
     await nc.close().catch(() => {});
   }
-}
-
-/** `--replicas`, else `$BOXCAR_REPLICAS`, as the roles that create a system read them; undefined when neither is set. */
-function replicasFrom(flag: unknown, env: NodeJS.ProcessEnv): number | undefined {
-  const [source, value] = flag !== undefined ? ["--replicas", String(flag)] : ["BOXCAR_REPLICAS", env.BOXCAR_REPLICAS];
-  if (value === undefined || value.trim() === "") return undefined;
-  const n = Number(value);
-  if (n !== 1 && n !== 3 && n !== 5) throw new UsageError(`${source} must be 1, 3 or 5, got ${JSON.stringify(value)}`);
-  return n;
 }
 
 function streamLine(s: StreamSummary): string {
