@@ -7,14 +7,16 @@
 // it as a server without JetStream and settle for a group of 2. The server left out then stays
 // out, every server answers /healthz, and every stream of 3 replicas is refused with "no suitable
 // peers for placement". A server that finds itself outside the leader's group for 20 s stops
-// (SIGTERM to the server, its container's first process); Compose starts it again, and on its
-// return the leader adds it (seen: a group of 3 within 8 s).
+// (SIGTERM to the server, whose pid it wrote to /tmp/nats-server.pid); the loop it runs under
+// (nats-run.sh) starts it again, the container staying up, and on its return the leader adds it
+// (seen: a group of 3 within 8 s).
 import { readFile, rm, writeFile } from "node:fs/promises";
 
 const SELF = process.env.SERVER_NAME;
 const SERVERS = 3;
 const LEFT_OUT_GRACE_MS = 20_000;
 const MARK = "/tmp/boxcar-left-out-since";
+const PID_FILE = "/tmp/nats-server.pid";
 
 const get = async (url) => {
   const res = await fetch(url, { signal: AbortSignal.timeout(2_000) });
@@ -38,7 +40,7 @@ try {
       if (Date.now() - since > LEFT_OUT_GRACE_MS) {
         await rm(MARK, { force: true });
         process.stdout.write(`${SELF} is outside the JetStream group of ${members.join(", ")}: restarting\n`);
-        process.kill(1, "SIGTERM");
+        process.kill(Number(await readFile(PID_FILE, "utf8")), "SIGTERM");
       }
     }
   }
