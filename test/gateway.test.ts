@@ -297,6 +297,7 @@ describe("the fleet's model limits, counted in NATS by every gateway together", 
 const AGENT = fileURLToPath(new URL("./fixtures/gateway-agent.mjs", import.meta.url));
 const HUNTER = fileURLToPath(new URL("./fixtures/key-hunter.mjs", import.meta.url));
 const FIVE_CALLS = fileURLToPath(new URL("./fixtures/five-calls.mjs", import.meta.url));
+const BUDGET_CALLER = fileURLToPath(new URL("./fixtures/budget-caller.mjs", import.meta.url));
 
 describe("an agent's model calls through its worker", () => {
   test("a host agent calls both providers with the SDKs: it holds no key, each call is a model_call event and a usage event the gateway counted, and its token dies with its attempt", async () => {
@@ -458,6 +459,47 @@ describe("an agent's model calls through its worker", () => {
     for await (const e of client.events(job.id)) if (e.kind === "job" && e.type === "model_call") statuses.push(e.call?.status);
     expect(statuses).toEqual([200, 429]);
     expect(standInE2e.requests).toHaveLength(1);
+  }, 60_000);
+
+  test("a budget that stops, once spent, refuses the agent's next call as a provider refuses a key with no quota: the SDK does not try again", async () => {
+    await using standInE2e = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { openai: { key: KEYS.openai, baseUrl: standInE2e.openaiUrl } } } },
+    });
+    const { client } = system;
+    await client.setPolicy({ budgets: { agents: { "budget-caller": { tokens: 100, onExceeded: "stop" } } } });
+    await client.applyAgent({
+      name: "budget-caller",
+      command: ["node", BUDGET_CALLER],
+      runtime: { sandbox: "host" },
+      trusted: true,
+      models: { providers: ["openai"] },
+    });
+    await using dir = await scratch("budget-");
+    const go = join(dir.path, "go");
+    const { job } = await client.submit({ agent: "budget-caller", input: { go } });
+    await eventually(async () => ((await client.getJob(job.id)).state === "running" ? true : undefined), "the job to run");
+    // Another job's calls spent the budget: the dispatchers summed them (written here as they
+    // write it, so no usage event of this job's makes the dispatcher stop it first).
+    const day = new Date().toISOString().slice(0, 10);
+    await (await system.nats.topology.usage()).put(
+      `${day}.agent.budget-caller`,
+      JSON.stringify({ calls: 3, tokensIn: 90, tokensOut: 30, cost: 0, seq: 1 }),
+    );
+    await writeFile(go, "");
+    const done = await client.waitForJob(job.id);
+    const seen = [];
+    for await (const e of client.events(job.id)) seen.push(`${e.type}: ${e.message ?? ""}`);
+    expect(done.state, seen.join("\n")).toBe("succeeded");
+    expect(done.result?.output).toMatchObject({ status: 429, code: "insufficient_quota" });
+    expect((done.result?.output as { message?: string } | undefined)?.message).toContain(
+      `agent budget-caller has spent its budget for ${day} (UTC), which stops its calls (onExceeded: stop): cost 0, 120 tokens of 100`,
+    );
+    expect(standInE2e.requests).toHaveLength(0);
+    const calls = [];
+    for await (const e of client.events(job.id)) if (e.kind === "job" && (e.type === "model_call" || e.type === "usage")) calls.push(e);
+    // Once (x-should-retry told the SDK not to try again), and no usage: the provider was not called.
+    expect(calls.map((e) => [e.type, e.call?.status, e.call?.refused])).toEqual([["model_call", 429, "budget"]]);
   }, 60_000);
 
   test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {

@@ -410,6 +410,16 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
       await expectDenied("a role deletes the work stream", () => jsm.streams.delete(names.streams.work));
       await expectDenied("a role deletes the events stream", () => jsm.streams.delete(names.streams.events));
     }
+    // The usage the dispatchers summed: a worker's gateway reads it (budgets that stop a call) and cannot change it.
+    const day = new Date().toISOString().slice(0, 10);
+    const usageBucket = { ttl: 400 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }; // as the dispatchers make it
+    await (await new Kvm(jetstream(admin.nc)).create(names.buckets.usage, usageBucket)).put(
+      `${day}.agent.hello`,
+      JSON.stringify({ calls: 1, tokensIn: 5, tokensOut: 1, cost: 0, seq: 1 }),
+    );
+    const workerUsage = await new Kvm(jetstream(worker.nc)).open(names.buckets.usage);
+    expect((await workerUsage.get(`${day}.agent.hello`))?.json()).toMatchObject({ tokensIn: 5 });
+    await expectDenied("a worker writes the usage bucket", () => workerUsage.put(`${day}.agent.hello`, "{}"));
   });
 
   it("work items without a trusted dispatcher's signature are terminated unrun, each with a work_rejected event", async () => {

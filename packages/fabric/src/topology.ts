@@ -7,7 +7,18 @@
  * restart in publish-retry.ts.
  */
 
-import { BoxcarError, ErrorCode, type Names, names as namesFor, PRIORITIES, type Priority } from "@boxcar/protocol";
+import {
+  BoxcarError,
+  ErrorCode,
+  type Names,
+  NO_USAGE,
+  names as namesFor,
+  PRIORITIES,
+  type Priority,
+  parseUsageEntry,
+  type Usage,
+  usageKey,
+} from "@boxcar/protocol";
 import {
   AckPolicy,
   DiscardPolicy,
@@ -71,6 +82,11 @@ export interface Topology {
   schedules(): Promise<KV>;
   /** Usage per day, agent and user (docs/flow-control.md#usage-and-budgets), made on first use; a day's goes after 400 days. */
   usage(): Promise<KV>;
+  /**
+   * A day's usage of one agent or user as the dispatchers summed it, read without making the
+   * bucket (a worker may read it, not make it): nothing when there is none, or no bucket yet.
+   */
+  usageOf(day: string, kind: "agent" | "user", name: string): Promise<Usage>;
   /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
   snapshots(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
@@ -208,6 +224,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const systemId = (await jsm.streams.info(names.streams.work)).created;
 
   let snapshots: Promise<ObjectStore> | undefined;
+  let usageView: Promise<KV> | undefined;
   /** A bucket made on first use; one its credentials cannot open names the fix. */
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
     open().catch((err: unknown) => {
@@ -256,6 +273,14 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     limits: kvOnFirstUse("limits bucket", names.buckets.limits, { ttl: 31 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
     schedules: kvOnFirstUse("schedules bucket", names.buckets.schedules, { max_bytes: 256 * 1024 * 1024 }),
     usage: kvOnFirstUse("usage bucket", names.buckets.usage, { ttl: 400 * 24 * 3_600_000, max_bytes: 256 * 1024 * 1024 }),
+    async usageOf(day, kind, name) {
+      usageView ??= new Kvm(js).open(names.buckets.usage);
+      const entry = await (await usageView).get(usageKey(day, kind, name)).catch((err: unknown) => {
+        if (isNotFound(err)) return null; // no usage summed yet
+        throw err;
+      });
+      return (entry?.operation === "PUT" ? parseUsageEntry(entry.string()) : undefined)?.usage ?? NO_USAGE;
+    },
     // A window's count is of no use once the window is over (a window is at most a day).
     modelUse: kvOnFirstUse("model use bucket", names.buckets.modelUse, { ttl: 2 * 24 * 3_600_000, max_bytes: 64 * 1024 * 1024 }),
     snapshots: () => {

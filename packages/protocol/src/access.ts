@@ -217,6 +217,9 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             `$JS.API.STREAM.INFO.${kv(b.modelUse)}`,
             ...streamApi(kv(b.modelUse), "manage"),
             kvSubjects(b.modelUse),
+            // The day's usage the dispatchers summed, read (never written) by the gateways, which
+            // refuse a call once a budget that stops is spent.
+            `$JS.API.STREAM.MSG.GET.${kv(b.usage)}`,
             objSubjects(b.artifacts),
             objSubjects(b.snapshots),
             `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,

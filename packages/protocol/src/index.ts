@@ -212,12 +212,14 @@ export {
   Budget,
   MODEL_NAME,
   NO_USAGE,
+  parseUsageEntry,
   spent,
   Usage,
   UsageLine,
   UsageReply,
   UsageRequest,
   usageDay,
+  usageKey,
   usageOf,
 } from "./usage.js";
 export { WorkerConfig } from "./worker-config.js";

@@ -47,6 +47,11 @@ export const ModelCall = z.strictObject({
   cost: z.number().min(0).optional(),
   /** Answered from the job's recording of an earlier attempt: the provider was not called (its tokens are the recorded call's, and count for nothing new). */
   replayed: z.boolean().optional(),
+  /**
+   * The gateway answered it itself, the provider not called: `budget` (a budget that stops is
+   * spent) or `limit` (the fleet's model limit is reached). Such a call counts for no usage.
+   */
+  refused: z.enum(["budget", "limit"]).optional(),
 });
 export type ModelCall = z.infer<typeof ModelCall>;
 

@@ -84,6 +84,20 @@ export function spent(budget: Budget, used: Usage): boolean {
   );
 }
 
+/** The usage bucket's key of a day's usage of one agent or user. */
+export const usageKey = (day: string, kind: "agent" | "user", name: string): string => `${day}.${kind}.${name}`;
+
+/** An entry of the usage bucket: the usage summed, and the stream sequence of the last usage event summed into it. */
+export function parseUsageEntry(text: string): { usage: Usage; seq: number } | undefined {
+  try {
+    const { seq, ...rest } = JSON.parse(text) as Record<string, unknown>;
+    const usage = Usage.safeParse(rest);
+    return usage.success && typeof seq === "number" ? { usage: usage.data, seq } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** The day (UTC, `YYYY-MM-DD`) a time falls on: usage is summed per day. */
 export const usageDay = (at: Date | string | number): string => new Date(at).toISOString().slice(0, 10);
 

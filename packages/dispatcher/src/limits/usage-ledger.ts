@@ -8,21 +8,20 @@ import {
   type Identity,
   JobEvent,
   NO_USAGE,
+  parseUsageEntry,
   type SystemPolicy,
   seesAll,
   spent,
-  Usage,
+  type Usage,
   type UsageReply,
   usageDay,
+  usageKey,
 } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { DispatcherMetrics } from "../dispatcher-metrics.js";
 import type { JobIndex } from "../jobs/job-index.js";
 import { cancelJob } from "../jobs/jobs.js";
-
-/** An entry of the usage bucket: a day's usage of one agent or user, and the last usage event summed into it. */
-type Entry = Usage & { seq: number };
 
 /**
  * Usage and budgets (docs/flow-control.md#usage-and-budgets). A worker publishes what each
@@ -87,8 +86,8 @@ export class UsageLedger {
     const usage = event.usage as Usage;
     const owner = event.owner ?? "local";
     const day = usageDay(event.at);
-    const agentTotal = await this.add(`${day}.agent.${event.agent}`, usage, msg.seq);
-    const userTotal = await this.add(`${day}.user.${owner}`, usage, msg.seq);
+    const agentTotal = await this.add(usageKey(day, "agent", event.agent), usage, msg.seq);
+    const userTotal = await this.add(usageKey(day, "user", owner), usage, msg.seq);
     if (agentTotal) parts.metrics?.usage(event.agent, usage);
     // A budget spent by this event that says `stop` cancels what runs under it.
     const { budgets } = parts.policy();
@@ -121,10 +120,9 @@ export class UsageLedger {
       const bucket = await this.topology.usage();
       this.made = true;
       const entry = await bucket.get(key);
-      const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
+      const held = entry?.operation === "PUT" ? parseUsageEntry(entry.string()) : undefined;
       if (held && held.seq >= seq) return undefined;
-      const { seq: _seq, ...before } = held ?? { ...NO_USAGE, seq: 0 };
-      const total = addUsage(before, usage);
+      const total = addUsage(held?.usage ?? NO_USAGE, usage);
       try {
         const next = JSON.stringify({ ...total, seq });
         if (entry?.operation === "PUT") await bucket.update(key, next, entry.revision);
@@ -139,11 +137,8 @@ export class UsageLedger {
   /** A day's usage of one agent or user (`kind`), nothing when it has none. */
   async of(day: string, kind: "agent" | "user", name: string): Promise<Usage> {
     const bucket = await this.existing();
-    const entry = bucket ? await bucket.get(`${day}.${kind}.${name}`) : undefined;
-    const held = entry?.operation === "PUT" ? parseEntry(entry.string()) : undefined;
-    if (!held) return NO_USAGE;
-    const { seq: _seq, ...usage } = held;
-    return usage;
+    const entry = bucket ? await bucket.get(usageKey(day, kind, name)) : undefined;
+    return (entry?.operation === "PUT" ? parseUsageEntry(entry.string()) : undefined)?.usage ?? NO_USAGE;
   }
 
   /** Refuses a job of `agent` for `owner` when either has spent its budget for today (`budget_exceeded`). */
@@ -201,17 +196,6 @@ export class UsageLedger {
   async close(): Promise<void> {
     await this.messages?.close();
     await this.done;
-  }
-}
-
-function parseEntry(text: string): Entry | undefined {
-  try {
-    const value = JSON.parse(text) as Record<string, unknown>;
-    const { seq, ...rest } = value;
-    const usage = Usage.safeParse(rest);
-    return usage.success && typeof seq === "number" ? { ...usage.data, seq } : undefined;
-  } catch {
-    return undefined;
   }
 }
 

@@ -55,6 +55,8 @@ export interface AttemptAccess {
   price?(call: ModelCall): number;
   /** The fleet's limits on model calls (the system policy's `modelLimits`); absent: none. */
   limiter?: CallLimiter;
+  /** Why a call may not be made (a budget that stops is spent), or undefined when it may; absent: no such budget. */
+  spentBudget?(): Promise<string | undefined>;
 }
 
 /** A provider's answer as recorded: enough to give it again. */
@@ -275,7 +277,7 @@ export class ModelGateway {
     /** The limits' windows the call was let through in: its tokens are added there once it ended. */
     let ticket: string[] = [];
     /** Reports the call once, however it ended (an answer's end, or its connection breaking). */
-    const report = (status: number, metered: Metered, firstByteMs?: number) => {
+    const report = (status: number, metered: Metered, firstByteMs?: number, refused?: ModelCall["refused"]) => {
       if (reported) return;
       reported = true;
       pass.inFlight.delete(abort);
@@ -292,6 +294,7 @@ export class ModelGateway {
         ...(metered.cacheReadTokens ? { cacheReadTokens: metered.cacheReadTokens } : {}),
         ...(metered.cacheWriteTokens ? { cacheWriteTokens: metered.cacheWriteTokens } : {}),
         ...(replayed ? { replayed: true } : {}),
+        ...(refused ? { refused } : {}),
       };
       span.setAttributes({
         "http.response.status_code": status,
@@ -309,9 +312,12 @@ export class ModelGateway {
       }
       const cost = replayed ? 0 : (pass.price?.(call) ?? 0);
       if (cost > 0) call.cost = cost;
-      // A replayed call used nothing of the provider's this time: it counts as a call, not its tokens.
-      const used = { calls: 1, tokensIn: replayed ? 0 : call.tokensIn, tokensOut: replayed ? 0 : call.tokensOut, cost };
-      pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);
+      // A replayed call used nothing of the provider's this time: it counts as a call, not its
+      // tokens; one the gateway refused counts for nothing.
+      if (!refused) {
+        const used = { calls: 1, tokensIn: replayed ? 0 : call.tokensIn, tokensOut: replayed ? 0 : call.tokensOut, cost };
+        pass.usage = addUsage(pass.usage, call.model ? { ...used, models: { [call.model]: used } } : used);
+      }
       pass.onCall(call);
     };
 
@@ -333,6 +339,19 @@ export class ModelGateway {
       return;
     }
 
+    // A budget that stops, once spent, stops every call after: refused as a provider refuses a
+    // key with no quota left, which the SDKs do not try again (`x-should-retry: false`).
+    const spentBudget = await pass.spentBudget?.().catch((err: unknown) => {
+      this.log.warn({ err, jobId: pass.jobId }, "model gateway: could not read the budgets' spending; letting the call through");
+      return undefined;
+    });
+    if (spentBudget) {
+      res.writeHead(429, { "content-type": "application/json", "x-should-retry": "false" });
+      res.end(wire.errorBody(429, `Boxcar's model gateway: ${spentBudget}`, "insufficient_quota"));
+      report(429, { tokensIn: 0, tokensOut: 0 }, undefined, "budget");
+      return;
+    }
+
     // The fleet's limits: the call waits for room (up to the limit's wait), else is refused as the
     // provider refuses one over its own rate limit. Limits that cannot be read let it through.
     if (pass.limiter) {
@@ -350,7 +369,7 @@ export class ModelGateway {
             `Boxcar's model gateway: the fleet's limit on ${wire.name}${asked.model ? ` ${asked.model}` : ""} calls is reached (the system policy's modelLimits); retry after ${admitted.retryAfterS} s`,
           ),
         );
-        report(429, { tokensIn: 0, tokensOut: 0 });
+        report(429, { tokensIn: 0, tokensOut: 0 }, undefined, "limit");
         return;
       }
       ticket = admitted.ticket;

@@ -17,8 +17,8 @@ export interface ProviderWire {
   tokenOf(headers: IncomingHttpHeaders): string | undefined;
   /** The headers that carry the real key upstream. */
   authHeaders(key: string): Record<string, string>;
-  /** An error in the provider's own shape. */
-  errorBody(status: number, message: string): string;
+  /** An error in the provider's own shape (`code`: OpenAI's error code, where it has one for the case). */
+  errorBody(status: number, message: string, code?: string): string;
   /** The variables its official SDK (and CLIs built on it) read: base URL and key. */
   env(baseUrl: string, token: string): Record<string, string>;
 }
@@ -66,12 +66,12 @@ const openai: ProviderWire = {
   defaultUpstream: "https://api.openai.com/v1",
   tokenOf: bearer,
   authHeaders: (key) => ({ authorization: `Bearer ${key}` }),
-  errorBody: (status, message) =>
+  errorBody: (status, message, code) =>
     JSON.stringify({
       error: {
         message,
-        type: status === 429 ? "rate_limit_exceeded" : status >= 500 ? "server_error" : "invalid_request_error",
-        code: status === 401 ? "invalid_api_key" : null,
+        type: code ?? (status === 429 ? "rate_limit_exceeded" : status >= 500 ? "server_error" : "invalid_request_error"),
+        code: code ?? (status === 401 ? "invalid_api_key" : null),
         param: null,
       },
     }),

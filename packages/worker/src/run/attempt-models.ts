@@ -8,6 +8,7 @@ import {
   type JobEvent,
   type JobRecord,
   type ModelCall,
+  ownerOf,
   POLICY_KEY,
   priceOf,
   SystemPolicy,
@@ -17,6 +18,7 @@ import { type CallLimiter, kvCallLimiter } from "../gateway/call-limits.js";
 import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
 import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";
 import { recordedCalls } from "../gateway/recorded-calls.js";
+import { spentBudgets } from "../gateway/spent-budgets.js";
 import type { Sandbox } from "../sandbox/sandbox.js";
 import type { WorkerMetrics } from "../worker-metrics.js";
 
@@ -91,17 +93,25 @@ export class AttemptModels {
   }
 
   /**
-   * The system policy's prices and model limits, read as the agent starts (a policy that cannot be
-   * read prices nothing and limits nothing, and says so).
+   * The system policy's prices, model limits and budgets that stop, read as the agent starts (a
+   * policy that cannot be read prices nothing and limits nothing, and says so).
    */
-  private async fromPolicy(): Promise<{ price: (call: ModelCall) => number; limiter?: CallLimiter }> {
+  private async fromPolicy(): Promise<{
+    price: (call: ModelCall) => number;
+    limiter?: CallLimiter;
+    spentBudget?: () => Promise<string | undefined>;
+  }> {
     try {
       const found = await getJson(this.ctx.topology.policy, POLICY_KEY, SystemPolicy, "system policy");
-      const { prices = {}, modelLimits = [] } = found?.value ?? {};
       const topology = this.ctx.topology;
+      const record = this.ctx.record();
+      const policy = found?.value;
+      const { prices = {}, modelLimits = [] } = policy ?? {};
+      const budgets = policy && record ? spentBudgets(policy, record.agent, ownerOf(record), topology.usageOf) : undefined;
       return {
         price: (call) => priceOf(prices, call),
         ...(modelLimits.length > 0 ? { limiter: kvCallLimiter(() => topology.modelUse(), modelLimits) } : {}),
+        ...(budgets ? { spentBudget: budgets } : {}),
       };
     } catch (err) {
       this.ctx.log.warn(
@@ -132,9 +142,15 @@ export class AttemptModels {
     };
     const usage = call.model ? { ...used, models: { [call.model]: used } } : used;
     const who = { attempt, workerId };
-    const message = `${call.provider} ${call.model ?? "?"} ${call.status}${call.replayed ? " (replayed from the job's recording)" : ""}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
+    const how = call.replayed
+      ? " (replayed from the job's recording)"
+      : call.refused
+        ? ` (refused by the gateway: ${call.refused === "budget" ? "a budget that stops is spent" : "the fleet's model limit"})`
+        : "";
+    const message = `${call.provider} ${call.model ?? "?"} ${call.status}${how}: ${call.tokensIn} tokens in, ${call.tokensOut} out, ${call.latencyMs} ms`;
     try {
       await this.ctx.publishApart({ ...jobEvent(record, "model_call", { call, message }), ...who }, `${jobId}:${attempt}:model_call:${n}`);
+      if (call.refused) return; // the provider was not called: nothing used
       await this.ctx.publishApart(
         { ...jobEvent(record, "usage", { usage, usageBy: "gateway", message }), ...who },
         `${jobId}:${attempt}:gateway_usage:${n}`,
