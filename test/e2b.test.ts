@@ -18,6 +18,7 @@ import {
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, type StandInSandbox, startE2BStandIn } from "./e2b-standin/index.js";
 import { eventually } from "./helpers/cli.js";
+import { startModelStandIn } from "./helpers/model-standin.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 
@@ -310,6 +311,36 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
       });
     });
   });
+
+  test("an agent calls its models through its worker's gateway at the gateway's public address, the one host its sandbox may reach", async () => {
+    await using models = await startModelStandIn();
+    const port = await closedPort();
+    const publicUrl = `http://127.0.0.1:${port}`;
+    await using modelWorker = createWorker({
+      ...nats.workerRole,
+      pools: ["models"],
+      providers: [createE2BSandboxProvider(standinOptions())],
+      modelGateway: { providers: { openai: { key: "sk-e2b-test-provider-key", baseUrl: models.openaiUrl } }, port, publicUrl },
+    });
+    void modelWorker.run();
+    // The agent calls OpenAI's API as its SDK would, from its variables alone.
+    const call = `fetch(process.env.OPENAI_BASE_URL + "/chat/completions", { method: "POST", headers: { authorization: "Bearer " + process.env.OPENAI_API_KEY, "content-type": "application/json" }, body: JSON.stringify({ model: "gpt-test", messages: [{ role: "user", content: "hi from E2B" }] }) }).then((r) => r.json()).then((a) => require("node:fs").writeFileSync(process.env.BOXCAR_RESULT_FILE, JSON.stringify({ output: { text: a.choices[0].message.content, base: process.env.OPENAI_BASE_URL, keys: Object.values(process.env).filter((v) => v.includes("provider" + "-key")).length } })))`;
+    const { final, events } = await run("e2b-models", 'node -e "$CALL"', {
+      pool: "models",
+      models: { providers: ["openai"] },
+      env: { CALL: call },
+    });
+    expect(final.state, JSON.stringify(final.error)).toBe("succeeded");
+    expect(output(final)).toMatchObject({ base: `${publicUrl}/openai/v1`, keys: 0 });
+    expect(typeof output(final).text).toBe("string");
+    expect(models.requests).toHaveLength(1);
+    expect(models.requests[0]?.headers.authorization).toBe("Bearer sk-e2b-test-provider-key");
+    expect(events.filter((e) => e.kind === "job" && e.type === "model_call").map((e) => e.kind === "job" && e.call?.status)).toEqual([200]);
+    // No internet, but the gateway's host.
+    const remote = sandboxOf(final.id);
+    expect(remote?.network).toEqual({ denyOut: ["0.0.0.0/0"], allowOut: ["127.0.0.1"] });
+    expect(remote?.allowInternetAccess).toBeUndefined();
+  }, 60_000);
 
   test("the reaper kills sandboxes whose worker is gone, and only this system's", async () => {
     const provider = createE2BSandboxProvider(standinOptions({ system: nats.topology.systemId }));

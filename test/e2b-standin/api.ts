@@ -15,7 +15,7 @@ export interface ControlPlane {
 }
 
 /** Fields of `POST /v2/sandboxes` the stand-in honours; any other field is refused. */
-const CREATE_FIELDS = new Set(["templateID", "metadata", "envVars", "timeout", "allow_internet_access"]);
+const CREATE_FIELDS = new Set(["templateID", "metadata", "envVars", "timeout", "allow_internet_access", "network"]);
 
 /**
  * The control-plane API calls Boxcar's E2B backend makes: create (`POST /v2/sandboxes`), list
@@ -57,13 +57,15 @@ export function createApiHandler(plane: ControlPlane) {
 async function create(plane: ControlPlane, body: Record<string, unknown>, res: ServerResponse): Promise<void> {
   const unknown = Object.keys(body).filter((k) => !CREATE_FIELDS.has(k));
   if (unknown.length > 0) return apiError(res, 400, `the stand-in does not implement ${unknown.join(", ")}`);
-  const { templateID, metadata = {}, envVars = {}, timeout = 300, allow_internet_access } = body;
+  const { templateID, metadata = {}, envVars = {}, timeout = 300, allow_internet_access, network } = body;
   if (typeof templateID !== "string") return apiError(res, 400, "templateID is required");
   if (!Number.isInteger(timeout) || (timeout as number) < 0) return apiError(res, 400, "timeout must be a whole number of seconds");
   if (!isStringRecord(metadata) || !isStringRecord(envVars)) return apiError(res, 400, "metadata and envVars map strings to strings");
   if (allow_internet_access !== undefined && typeof allow_internet_access !== "boolean") {
     return apiError(res, 400, "allow_internet_access must be a boolean");
   }
+  if (network !== undefined && !isNetworkConfig(network))
+    return apiError(res, 400, "network.allowOut and network.denyOut are lists of strings");
   const template = plane.templates.get(templateID);
   if (!template) return apiError(res, 404, `template '${templateID}' not found`);
   const running = [...plane.sandboxes.values()].filter((s) => s.state === "running").length;
@@ -77,6 +79,7 @@ async function create(plane: ControlPlane, body: Record<string, unknown>, res: S
     envVars,
     timeoutSeconds: timeout as number,
     allowInternetAccess: allow_internet_access,
+    ...(network !== undefined ? { network } : {}),
   });
   plane.sandboxes.set(sandbox.id, sandbox);
   sendJson(res, 201, {
@@ -144,6 +147,16 @@ async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> 
 
 function isStringRecord(value: unknown): value is Record<string, string> {
   return value !== null && typeof value === "object" && Object.values(value).every((v) => typeof v === "string");
+}
+
+function isNetworkConfig(value: unknown): value is { allowOut?: string[]; denyOut?: string[] } {
+  const list = (v: unknown) => v === undefined || (Array.isArray(v) && v.every((x) => typeof x === "string"));
+  return (
+    value !== null &&
+    typeof value === "object" &&
+    list((value as { allowOut?: unknown }).allowOut) &&
+    list((value as { denyOut?: unknown }).denyOut)
+  );
 }
 
 function sendJson(res: ServerResponse, status: number, value: unknown): void {

@@ -22,6 +22,8 @@ export interface SandboxCreation {
   envVars: Record<string, string>;
   timeoutSeconds: number;
   allowInternetAccess: boolean | undefined;
+  /** Its egress rules, as E2B's API takes them (kept, not enforced: the stand-in's processes are the test's own). */
+  network?: { allowOut?: string[]; denyOut?: string[] };
 }
 
 /** A process the daemon started; `stopOutput` ends its data events (envd does so on SIGKILL/SIGTERM). */
@@ -43,6 +45,7 @@ export class StandInSandbox {
   readonly metadata: Readonly<Record<string, string>>;
   readonly envVars: Readonly<Record<string, string>>;
   readonly allowInternetAccess: boolean | undefined;
+  readonly network: { allowOut?: string[]; denyOut?: string[] } | undefined;
   /** Every lifetime the API was given, in seconds: at creation, then each set-timeout call. */
   readonly timeouts: number[] = [];
   readonly processes = new Map<number, StandInProcess>();
@@ -68,6 +71,7 @@ export class StandInSandbox {
     this.metadata = { ...creation.metadata };
     this.envVars = { ...creation.envVars };
     this.allowInternetAccess = creation.allowInternetAccess;
+    this.network = creation.network;
     this.endAt = new Date();
     this.setTimeout(creation.timeoutSeconds);
   }

@@ -35,6 +35,12 @@ export const WorkerConfig = z.strictObject({
         .optional()
         .describe("where a provider's API is, in place of its own (a proxy, a stand-in); OpenAI's with its /v1"),
       listen: z.string().min(1).optional().describe("HOST:PORT the gateway listens on; default 127.0.0.1 and a free port"),
+      publicUrl: z
+        .url({ protocol: /^https?$/ })
+        .optional()
+        .describe(
+          "where sandboxes off this machine (E2B's) reach the gateway: an address of this worker's gateway that E2B's cloud can reach, TLS in front (docs/models.md#e2b-agents)",
+        ),
     })
     .optional()
     .describe("the model gateway: the providers' keys this worker holds for its agents' calls (docs/models.md)"),

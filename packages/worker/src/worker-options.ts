@@ -242,7 +242,11 @@ function gatewayFromConfig(models: NonNullable<WorkerConfig["models"]>, env: Rea
     providers[provider] = { key, ...(baseUrl ? { baseUrl } : {}) };
   }
   const listen = models.listen ? parseListen(models.listen) : undefined;
-  return { providers, ...(listen ? { host: listen.host, port: listen.port } : {}) };
+  return {
+    providers,
+    ...(listen ? { host: listen.host, port: listen.port } : {}),
+    ...(models.publicUrl ? { publicUrl: models.publicUrl } : {}),
+  };
 }
 
 function parseListen(listen: string): { host: string; port: number } {

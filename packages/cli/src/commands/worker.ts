@@ -16,7 +16,7 @@ import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } 
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--model-gateway-url URL] [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   name: "worker",
@@ -40,6 +40,7 @@ export const worker: Command = {
     "model-key": { type: "string", multiple: true, default: [] },
     "model-url": { type: "string", multiple: true, default: [] },
     "model-gateway": { type: "string" },
+    "model-gateway-url": { type: "string" },
     heartbeat: { type: "string" },
     health: { type: "string" },
     metrics: { type: "string" },
@@ -142,8 +143,11 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const modelKeys = providerPairs(values["model-key"] as string[], "--model-key", "VARIABLE");
   const modelUrls = providerPairs(values["model-url"] as string[], "--model-url", "URL");
   const gatewayListen = values["model-gateway"] as string | undefined;
-  if ((Object.keys(modelUrls).length > 0 || gatewayListen) && Object.keys(modelKeys).length === 0) {
-    throw new UsageError("--model-url and --model-gateway configure the model gateway: give --model-key PROVIDER=VARIABLE too");
+  const gatewayUrl = values["model-gateway-url"] as string | undefined;
+  if ((Object.keys(modelUrls).length > 0 || gatewayListen || gatewayUrl) && Object.keys(modelKeys).length === 0) {
+    throw new UsageError(
+      "--model-url, --model-gateway and --model-gateway-url configure the model gateway: give --model-key PROVIDER=VARIABLE too",
+    );
   }
   return {
     ...(Object.keys(modelKeys).length > 0
@@ -152,6 +156,7 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
             keys: modelKeys,
             ...(Object.keys(modelUrls).length > 0 ? { urls: modelUrls } : {}),
             ...(gatewayListen ? { listen: gatewayListen } : {}),
+            ...(gatewayUrl ? { publicUrl: gatewayUrl } : {}),
           },
         }
       : {}),

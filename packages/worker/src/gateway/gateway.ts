@@ -38,6 +38,11 @@ export interface GatewayOptions {
   providers: Partial<Record<ModelProvider, ProviderAccess>>;
   /** The largest request body forwarded, in bytes (default 32 MiB). */
   maxRequestBytes?: number;
+  /**
+   * Where sandboxes off this machine (E2B's) reach it: an address the operator exposes (TLS in
+   * front). Absent: such sandboxes cannot reach it.
+   */
+  publicUrl?: string;
 }
 
 /** What the gateway knows of one attempt: the job, the providers its agent may call, and where its calls are reported. */
@@ -176,6 +181,11 @@ export class ModelGateway {
   get url(): string {
     const { address, port } = this.server.address() as AddressInfo;
     return `http://${address.includes(":") ? `[${address}]` : address}:${port}`;
+  }
+
+  /** Where sandboxes off this machine reach it (`publicUrl`, without a trailing slash); undefined when nowhere. */
+  get publicUrl(): string | undefined {
+    return this.options.publicUrl?.replace(/\/+$/, "");
   }
 
   /** The providers it holds a key for. */

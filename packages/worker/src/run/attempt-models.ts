@@ -24,7 +24,7 @@ import type { WorkerMetrics } from "../worker-metrics.js";
 
 /** What the attempt's model access needs of its run. */
 export interface AttemptModelsContext {
-  gateway: Pick<ModelGateway, "open" | "listenUnix">;
+  gateway: Pick<ModelGateway, "open" | "listenUnix" | "publicUrl">;
   topology: Topology;
   jobId: string;
   attempt: number;
@@ -67,6 +67,11 @@ export class AttemptModels {
     });
     if (sandbox.kind === "host") {
       Object.assign(env, this.pass.env());
+      return argv;
+    }
+    if (sandbox.kind === "e2b") {
+      // Off this machine: the gateway's public address, which its network lets through (checkModels made sure there is one).
+      Object.assign(env, this.pass.env(gateway.publicUrl));
       return argv;
     }
     // No network needed: a socket in its bind-mounted workspace, and a forwarder beside it.

@@ -85,7 +85,7 @@ export interface JobRunContext {
   /** The sessions this worker holds: a job in one (`submit --session`) runs in its sandbox. */
   sessions: Pick<SessionHost, "lend"> | undefined;
   /** The model gateway, when the worker holds providers' keys: agents that list `models` call them through it. */
-  gateway: Pick<ModelGateway, "open" | "providers" | "listenUnix"> | undefined;
+  gateway: Pick<ModelGateway, "open" | "providers" | "listenUnix" | "publicUrl"> | undefined;
 }
 
 type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
@@ -475,7 +475,7 @@ export class JobRun {
     try {
       checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
       const runtime = resolveRuntime(this.item.agent.runtime, this.item.agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
-      checkModels(this.item.agent.models, runtime.kind, this.ctx.gateway?.providers ?? []);
+      checkModels(this.item.agent.models, runtime.kind, this.ctx.gateway);
       return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
     } catch (err) {
       return { ok: false, error: toErrorInfo(err) };
@@ -544,6 +544,7 @@ export class JobRun {
       attempt: this.events.attempt,
       workerId: this.ctx.options.workerId,
       runtime: this.item.agent.runtime,
+      ...(this.item.agent.models && this.ctx.gateway?.publicUrl ? { egress: [new URL(this.ctx.gateway.publicUrl).hostname] } : {}),
     };
     try {
       const sandbox = await provider.create(spec, this.abort.signal);

@@ -17,6 +17,11 @@ export interface SandboxSpec {
   attempt: number;
   workerId: string;
   runtime: RuntimeWishes;
+  /**
+   * Hosts the sandbox reaches even when its network is `none` (the model gateway's public
+   * address, for a sandbox off this machine); a backend that reaches the gateway another way ignores it.
+   */
+  egress?: string[];
   /** A session's: the longest its sandbox may live (default: a job's timeout); a backend whose sandboxes end by themselves (E2B) keeps it alive that long. */
   lifetimeMs?: number;
 }

@@ -8,7 +8,7 @@
 
 import { posix } from "node:path";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
-import { E2B, type Sandbox as E2BRemoteSandbox } from "e2b";
+import { ALL_TRAFFIC, E2B, type Sandbox as E2BRemoteSandbox } from "e2b";
 import { raceAbort } from "../abort.js";
 import type { SandboxOwner, SandboxProvider, SandboxSpec } from "../sandbox.js";
 import { e2bError } from "./e2b-errors.js";
@@ -103,7 +103,10 @@ export function createE2BSandboxProvider(opts: E2BSandboxOptions = {}): SandboxP
         [E2BMetadata.sandbox]: spec.id,
       },
       timeoutMs: lifetimeMs,
-      allowInternetAccess,
+      // No internet but the hosts it must reach (the model gateway's): all traffic denied but theirs.
+      ...(!allowInternetAccess && spec.egress?.length
+        ? { network: { denyOut: [ALL_TRAFFIC], allowOut: spec.egress } }
+        : { allowInternetAccess }),
     });
     let remote: E2BRemoteSandbox | undefined;
     try {
