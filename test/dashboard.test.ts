@@ -2,18 +2,23 @@
  * The web dashboard in a real browser (Debian's Chromium, headless, driven by playwright-core)
  * against a real system started as a new user would, `boxcar up`: jobs appear live, output
  * streams in, an artifact downloads, cancel stops a running job, a workflow's graph shows its
- * steps' states, dead letters are retried in bulk. Each main page is saved as a screenshot under
+ * steps' states, dead letters are retried in bulk, a job's model calls fill their table live. Each main page is saved as a screenshot under
  * `.boxcar/screenshots/` for a person to look at.
  */
 
-import { mkdir, readFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { openTopology } from "@boxcar/fabric";
 import { names } from "@boxcar/protocol";
+import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { type Browser, chromium, type Page } from "playwright-core";
+import { type Browser, chromium, type Locator, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
 import { eventually, exited } from "./helpers/cli.js";
+import { startModelStandIn } from "./helpers/model-standin.js";
+import { scratch } from "./helpers/scratch.js";
 import { spawnUp, type UpProcess } from "./helpers/up.js";
 
 const chromiumPath = browserPath();
@@ -119,6 +124,8 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await expect.poll(() => page.locator('[data-event="job.succeeded"]').count()).toBe(1);
     expect(await page.locator('[data-event="sandbox.exec_exited"]').count()).toBe(1);
     expect(await page.locator("[data-summary]").textContent()).toBe("40 ticks");
+    // A job that called no model has no table of model calls.
+    expect(await page.locator("[data-model-calls]").count()).toBe(0);
 
     const [download] = await Promise.all([page.waitForEvent("download"), page.locator('[data-artifact="out/numbers.txt"]').click()]);
     expect(download.suggestedFilename()).toBe("numbers.txt");
@@ -301,4 +308,121 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.screenshot({ path: `${SCREENSHOTS}/workers.png` });
     await page.close();
   }, 30_000);
+
+  // Last: its worker, stopped at the end, would be a third row on the workers page.
+  test("a job's model calls fill a table on its page live: attempt, provider, model, status, tokens, cost, ms, streamed, replayed, and their totals", async () => {
+    // `boxcar up`'s workers hold no provider key: a worker of this process, with a model gateway
+    // in front of the stand-in provider, serves a pool of its own (as gateway.test.ts's systems do).
+    await using standIn = await startModelStandIn();
+    await using folder = await scratch("boxcar-model-calls-");
+    const go = join(folder.path, "go");
+    const workerNc = await connectNats(
+      resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }),
+      "dashboard-test-models",
+    );
+    const worker = createWorker({
+      topology: await openTopology(workerNc),
+      pools: ["models"],
+      providers: [createHostSandboxProvider()],
+      modelGateway: {
+        providers: {
+          anthropic: { key: "sk-ant-dashboard-test", baseUrl: standIn.anthropicUrl },
+          openai: { key: "sk-proj-dashboard-test", baseUrl: standIn.openaiUrl },
+        },
+      },
+    });
+    void worker.run();
+    try {
+      await client.setPolicy({
+        prices: { "claude-test": { in: 3, out: 15, cacheRead: 0.3, cacheWrite: 3.75 }, "gpt-test": { in: 1, out: 2 } },
+      });
+      // One Anthropic call; then, once the test says so, two OpenAI calls (plain, streamed).
+      await client.applyAgent({
+        name: "caller",
+        description: "calls Anthropic once, waits for its go file, then calls OpenAI twice, through its worker's gateway",
+        pool: "models",
+        command: [
+          "node",
+          "-e",
+          `const fs = require("node:fs");
+           const { go } = JSON.parse(fs.readFileSync(process.env.BOXCAR_INPUT_FILE, "utf8"));
+           const post = async (url, headers, body) => {
+             const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+             const text = await res.text();
+             if (!res.ok) throw new Error(res.status + " " + text);
+           };
+           const openai = (body) => post(process.env.OPENAI_BASE_URL + "/chat/completions", { authorization: "Bearer " + process.env.OPENAI_API_KEY }, body);
+           (async () => {
+             await post(process.env.ANTHROPIC_BASE_URL + "/v1/messages", { "x-api-key": process.env.ANTHROPIC_API_KEY, "anthropic-version": "2023-06-01" },
+               { model: "claude-test", max_tokens: 16, messages: [{ role: "user", content: "hi" }] });
+             while (!fs.existsSync(go)) await new Promise((r) => setTimeout(r, 50));
+             await openai({ model: "gpt-test", messages: [{ role: "user", content: "hi" }] });
+             await openai({ model: "gpt-test", messages: [{ role: "user", content: "hi" }], stream: true });
+             fs.writeFileSync(process.env.BOXCAR_RESULT_FILE, JSON.stringify({ output: { calls: 3 } }));
+           })().catch((e) => { console.error(e); process.exit(1); });`,
+        ],
+        trusted: true,
+        runtime: { sandbox: "host", timeout: "1m" },
+        models: { providers: ["anthropic", "openai"] },
+      });
+      const { job } = await client.submit({ agent: "caller", input: { go } });
+      const page = await open(`#/job/${job.id}`);
+      const table = page.locator("table[data-model-calls]");
+      const rows = table.locator("tbody tr");
+      const cells = async (row: Locator) => (await row.locator("td, th").allTextContents()).map((t) => t.trim());
+      // The first call shows while the job runs (the agent waits for its go file).
+      await rows.first().waitFor({ timeout: 20_000 });
+      expect((await client.getJob(job.id)).state).toBe("running");
+      expect(await cells(table.locator("thead tr"))).toEqual([
+        "attempt",
+        "provider",
+        "model",
+        "status",
+        "tokens in",
+        "tokens out",
+        "cost",
+        "ms",
+        "streamed",
+        "replayed",
+      ]);
+      expect(await rows.count()).toBe(1);
+      // Anthropic's tokens in: 11 + 3 read from its cache + 2 written to it; its cost by the prices above,
+      // (11 x 3 + 3 x 0.3 + 2 x 3.75 + 7 x 15) / 1e6. OpenAI's: 11 (its cached 3 among them), (11 x 1 + 7 x 2) / 1e6.
+      const anthropicRow = ["1", "anthropic", "claude-test", "200", "16", "7", "0.0001464"];
+      const openaiRow = ["1", "openai", "gpt-test", "200", "11", "7", "0.000025"];
+      const first = await cells(rows.nth(0));
+      expect(first.slice(0, 7)).toEqual(anthropicRow);
+      expect(first[7]).toMatch(/^\d+$/);
+      expect(first.slice(8)).toEqual(["no", "no"]);
+      expect(await cells(table.locator("[data-model-calls-total]"))).toEqual(["1 call", "16", "7", "0.0001464", ""]);
+      // The next two arrive on the open page, without a reload.
+      await writeFile(go, "");
+      await expect.poll(() => rows.count(), { timeout: 20_000 }).toBe(3);
+      const all = await Promise.all([0, 1, 2].map((i) => cells(rows.nth(i))));
+      expect(all.map((row) => row.slice(0, 7))).toEqual([anthropicRow, openaiRow, openaiRow]);
+      expect(all.map((row) => row.slice(8))).toEqual([
+        ["no", "no"],
+        ["no", "no"],
+        ["yes", "no"],
+      ]);
+      await expect.poll(() => cells(table.locator("[data-model-calls-total]"))).toEqual(["3 calls", "38", "21", "0.0001964", ""]);
+      await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 20_000 });
+      // The job's usage, summed by the dispatchers, agrees (its cost as the table writes it, not 0.00019640000000000003).
+      await expect.poll(() => page.locator("dd[data-usage]").textContent()).toBe("3 calls: 38 tokens in, 21 out, cost 0.0001964");
+      // The table says what the job's events say.
+      const stored = [];
+      for await (const e of client.events(job.id)) {
+        if (e.kind === "job" && e.type === "model_call")
+          stored.push([e.call?.provider, e.call?.model, String(e.call?.tokensIn), String(e.call?.tokensOut)]);
+      }
+      expect(all.map((row) => row.slice(1, 3).concat(row.slice(4, 6)))).toEqual(stored);
+      expect(await rows.count()).toBe(3);
+      await page.screenshot({ path: `${SCREENSHOTS}/model-calls.png`, fullPage: true });
+      await page.close();
+    } finally {
+      await writeFile(go, "").catch(() => {});
+      await worker.close();
+      await workerNc.close();
+    }
+  }, 60_000);
 });

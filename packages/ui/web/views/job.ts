@@ -1,6 +1,7 @@
 /**
  * One job: its record, its event timeline and its output, both read from history and then
- * followed live on the job's own subjects, its result and artifacts (downloaded a chunk at a time
+ * followed live on the job's own subjects, the table of its model calls (drawn from those
+ * events, so it grows live too), its result and artifacts (downloaded a chunk at a time
  * through `jobs.artifact` and checked against their digest), and cancel or retry where the
  * page's principal may (an admin on any job, a submitter on its own; a viewer sees no button).
  */
@@ -10,6 +11,7 @@ import { unfoldEvents } from "@boxcar/protocol/event-fold";
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { Api } from "../api.js";
 import { Badge, duration, Failure, html, when } from "../html.js";
+import { ModelCalls, money } from "./model-calls.js";
 
 const ENDED = new Set(["succeeded", "failed", "timed_out", "cancelled", "dead", "expired", "rejected"]);
 /** The page keeps at most this much output (the newest); the CLI's `boxcar logs` has all. */
@@ -140,7 +142,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         <dt>created</dt><dd>${when(job.createdAt)}</dd>
         ${job.startedAt && html`<dt>ran</dt><dd>${duration(job.startedAt, job.finishedAt)}${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
         ${job.sandbox && html`<dt>sandbox</dt><dd>${job.sandbox.kind}: ${job.sandbox.reason}</dd>`}
-        ${job.usage && html`<dt>usage</dt><dd data-usage>${job.usage.calls} calls: ${job.usage.tokensIn} tokens in, ${job.usage.tokensOut} out, cost ${job.usage.cost}</dd>`}
+        ${job.usage && html`<dt>usage</dt><dd data-usage>${job.usage.calls} calls: ${job.usage.tokensIn} tokens in, ${job.usage.tokensOut} out, cost ${money(job.usage.cost)}</dd>`}
         ${job.chain?.run && html`<dt>workflow run</dt><dd><a href=${`#/run/${job.chain.run}`}>${job.chain.run}</a></dd>`}
         ${job.handoff?.jobId && html`<dt>handed off to</dt><dd><a href=${`#/job/${job.handoff.jobId}`}>${job.handoff.to} (${job.handoff.jobId})</a></dd>`}
       </dl>
@@ -156,6 +158,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         html`<h2>Artifacts</h2>
         <ul class="artifacts">${job.artifacts.map((a) => html`<li><${Download} api=${api} jobId=${job.id} path=${a.path} size=${a.size} /></li>`)}</ul>`
       }
+      <${ModelCalls} events=${events} />
       <h2>Events</h2>
       <ol class="timeline" data-timeline>
         ${events.map((e) => html`<li data-event=${`${e.kind}.${e.type}`}><time>${e.at.slice(11, 23)}</time> <b>${e.kind}</b> ${e.type} <span>${describe(e)}</span></li>`)}
