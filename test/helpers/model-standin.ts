@@ -14,9 +14,13 @@ export interface StandInRequest {
   body: Record<string, unknown>;
 }
 
-/** What to answer next: a normal answer, an error status (429 with retry-after, 5xx), a stall before the first byte, or a stream cut off midway. */
+/**
+ * What to answer next: a normal answer (text, or a call of `tool` with `input`, by default
+ * `{path: "README.md"}`), an error status (429 with retry-after, 5xx), a stall before the first
+ * byte, or a stream cut off midway.
+ */
 export type Scripted =
-  | { kind: "answer"; text?: string; tool?: string }
+  | { kind: "answer"; text?: string; tool?: string; input?: Record<string, unknown> }
   | { kind: "error"; status: number; retryAfter?: number }
   | { kind: "hang" };
 
@@ -75,7 +79,7 @@ export async function startModelStandIn(): Promise<ModelStandIn> {
     const model = typeof body.model === "string" ? body.model : "stand-in-model";
     const text = step.text ?? "hello from the stand-in";
     const stream = body.stream === true;
-    if (anthropic) return anthropicAnswer(res, model, text, stream, step.tool);
+    if (anthropic) return anthropicAnswer(res, model, text, stream, step.tool, step.input);
     if (path.startsWith("/openai/v1/chat/completions")) return chatAnswer(res, model, text, stream, body);
     if (path.startsWith("/openai/v1/responses")) return responsesAnswer(res, model, text, stream);
     res.writeHead(404, { "content-type": "application/json" });
@@ -108,14 +112,21 @@ function sse(res: Res, events: { event?: string; data: unknown }[]): void {
   res.end();
 }
 
-function anthropicAnswer(res: Res, model: string, text: string, stream: boolean, tool?: string): void {
+function anthropicAnswer(
+  res: Res,
+  model: string,
+  text: string,
+  stream: boolean,
+  tool?: string,
+  input: Record<string, unknown> = { path: "README.md" },
+): void {
   const usage = {
     input_tokens: STANDIN_USAGE.in,
     output_tokens: STANDIN_USAGE.out,
     cache_read_input_tokens: STANDIN_USAGE.cacheRead,
     cache_creation_input_tokens: STANDIN_USAGE.cacheWrite,
   };
-  const content = tool ? [{ type: "tool_use", id: "toolu_01", name: tool, input: { path: "README.md" } }] : [{ type: "text", text }];
+  const content = tool ? [{ type: "tool_use", id: "toolu_01", name: tool, input }] : [{ type: "text", text }];
   const message = {
     id: "msg_01",
     type: "message",
@@ -132,17 +143,37 @@ function anthropicAnswer(res: Res, model: string, text: string, stream: boolean,
     return;
   }
   const start = { ...message, content: [], stop_reason: null, usage: { ...usage, output_tokens: 1 } };
+  // A tool call streams as its block with an empty input, then the input's JSON in pieces.
+  const json = JSON.stringify(input);
+  const block = tool
+    ? [
+        {
+          event: "content_block_start",
+          data: { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "toolu_01", name: tool, input: {} } },
+        },
+        ...[json.slice(0, Math.ceil(json.length / 2)), json.slice(Math.ceil(json.length / 2))].map((partial) => ({
+          event: "content_block_delta",
+          data: { type: "content_block_delta", index: 0, delta: { type: "input_json_delta", partial_json: partial } },
+        })),
+      ]
+    : [
+        { event: "content_block_start", data: { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } } },
+        ...text.split(" ").map((word, i) => ({
+          event: "content_block_delta",
+          data: { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: i === 0 ? word : ` ${word}` } },
+        })),
+      ];
   sse(res, [
     { event: "message_start", data: { type: "message_start", message: start } },
-    { event: "content_block_start", data: { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } } },
-    ...text.split(" ").map((word, i) => ({
-      event: "content_block_delta",
-      data: { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: i === 0 ? word : ` ${word}` } },
-    })),
+    ...block,
     { event: "content_block_stop", data: { type: "content_block_stop", index: 0 } },
     {
       event: "message_delta",
-      data: { type: "message_delta", delta: { stop_reason: "end_turn", stop_sequence: null }, usage: { output_tokens: STANDIN_USAGE.out } },
+      data: {
+        type: "message_delta",
+        delta: { stop_reason: tool ? "tool_use" : "end_turn", stop_sequence: null },
+        usage: { output_tokens: STANDIN_USAGE.out },
+      },
     },
     { event: "message_stop", data: { type: "message_stop" } },
   ]);
