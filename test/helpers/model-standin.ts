@@ -20,7 +20,7 @@ export interface StandInRequest {
  * byte, or a stream cut off midway.
  */
 export type Scripted =
-  | { kind: "answer"; text?: string; tool?: string; input?: Record<string, unknown> }
+  | { kind: "answer"; text?: string; tool?: string; input?: Record<string, unknown>; id?: string }
   | { kind: "error"; status: number; retryAfter?: number }
   | { kind: "hang" };
 
@@ -79,7 +79,7 @@ export async function startModelStandIn(): Promise<ModelStandIn> {
     const model = typeof body.model === "string" ? body.model : "stand-in-model";
     const text = step.text ?? "hello from the stand-in";
     const stream = body.stream === true;
-    if (anthropic) return anthropicAnswer(res, model, text, stream, step.tool, step.input);
+    if (anthropic) return anthropicAnswer(res, model, text, stream, step.tool, step.input, step.id);
     if (path.startsWith("/openai/v1/chat/completions")) return chatAnswer(res, model, text, stream, body);
     if (path.startsWith("/openai/v1/responses")) return responsesAnswer(res, model, text, stream);
     res.writeHead(404, { "content-type": "application/json" });
@@ -119,6 +119,7 @@ function anthropicAnswer(
   stream: boolean,
   tool?: string,
   input: Record<string, unknown> = { path: "README.md" },
+  id = "toolu_01",
 ): void {
   const usage = {
     input_tokens: STANDIN_USAGE.in,
@@ -126,7 +127,7 @@ function anthropicAnswer(
     cache_read_input_tokens: STANDIN_USAGE.cacheRead,
     cache_creation_input_tokens: STANDIN_USAGE.cacheWrite,
   };
-  const content = tool ? [{ type: "tool_use", id: "toolu_01", name: tool, input }] : [{ type: "text", text }];
+  const content = tool ? [{ type: "tool_use", id, name: tool, input }] : [{ type: "text", text }];
   const message = {
     id: "msg_01",
     type: "message",
@@ -149,7 +150,7 @@ function anthropicAnswer(
     ? [
         {
           event: "content_block_start",
-          data: { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "toolu_01", name: tool, input: {} } },
+          data: { type: "content_block_start", index: 0, content_block: { type: "tool_use", id, name: tool, input: {} } },
         },
         ...[json.slice(0, Math.ceil(json.length / 2)), json.slice(Math.ceil(json.length / 2))].map((partial) => ({
           event: "content_block_delta",

@@ -15,12 +15,12 @@ function eventSubjectId(event: BoxcarEvent): string {
   }
 }
 
-/** Job events an attempt may have more than one of. */
-const REPEATED: ReadonlySet<string> = new Set(["progress", "signal"]);
+/** Job events an attempt may have more than one of (a prompt agent's loop has a step, tool call and result after another). */
+const REPEATED: ReadonlySet<string> = new Set(["progress", "signal", "step", "tool_call", "tool_result"]);
 
 /**
  * Publishes one event to the events stream and waits for the stream to store it. A job event
- * (but progress and signals) carries the message id `<job>:<attempt>:<type>`: whoever publishes it again,
+ * (but progress, signals and a prompt agent's steps) carries the message id `<job>:<attempt>:<type>`: whoever publishes it again,
  * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window);
  * `dedupeAs` gives one its own id instead (an attempt's usage reports, one per read).
  */

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AgentModels } from "./models.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
+import { modelOf, PromptAgent } from "./prompt-agent.js";
 import { durationMs, sizeBytes } from "./units.js";
 
 export const PROTOCOL_VERSION = 1 as const;
@@ -102,11 +103,15 @@ export const AgentDefinition = z.strictObject({
             "the program (the first argument) may not start with '-': a shell would read it as an option",
           ),
       ],
-      {
-        error: (issue) => (issue.input === undefined ? "required" : "expected a command string or a list of arguments"),
-      },
+      { error: () => "expected a command string or a list of arguments" },
     )
-    .describe("what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`)"),
+    .optional()
+    .describe(
+      "what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`); a prompt agent has `prompt` instead",
+    ),
+  prompt: PromptAgent.optional().describe(
+    "a prompt agent (docs/harness.md): its model, prompt and tools; the worker runs its loop and each tool call in its sandbox",
+  ),
   pool: PoolName.default("default").describe("the work pool whose workers run this agent; a job can override it"),
   // No default filled in: a definition that does not set it stays readable by releases before priorities.
   priority: Priority.optional().describe("priority of its jobs in the pool; a job can override it"),
@@ -200,7 +205,16 @@ export const AgentDefinition = z.strictObject({
     })
     .optional()
     .describe("where its sessions may clone their workspace from (docs/sessions.md#git)"),
-});
+})
+  // One way to run: a command, or a prompt the worker's harness runs.
+  .refine((agent) => (agent.command === undefined) !== (agent.prompt === undefined), {
+    message: "give the agent a command or a prompt (a .prompt file), one of the two",
+    path: ["command"],
+  })
+  .refine((agent) => !agent.prompt || !agent.models || agent.models.providers.includes(modelOf(agent.prompt.model).provider), {
+    message: "models.providers must include the provider of prompt.model",
+    path: ["models", "providers"],
+  });
 /** An agent definition as stored and run (defaults filled, units converted). */
 export type AgentDefinition = z.infer<typeof AgentDefinition>;
 /** An agent definition as written in a file. */

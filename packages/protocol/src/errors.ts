@@ -25,6 +25,9 @@ export const ErrorCode = {
   missingSecret: "missing_secret",
   workerStopped: "worker_stopped",
   sessionLost: "session_lost",
+  maxSteps: "max_steps",
+  maxTokens: "max_tokens",
+  doomLoop: "doom_loop",
   handoffRefused: "handoff_refused",
   workflowFailed: "workflow_failed",
   forbidden: "forbidden",
@@ -152,6 +155,19 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   sandbox_failed: { meaning: "the sandbox could not be created or failed", appears: "records and events; sandbox events" },
   missing_secret: { meaning: "a secret the agent needs is not in the worker's environment", appears: "records and events of the job" },
   worker_stopped: { meaning: "the worker stopped while the job ran and handed it back", appears: "job events" },
+  max_steps: {
+    meaning: "a prompt agent's loop made its `maxSteps` model calls without finishing (docs/harness.md#guards)",
+    appears: "`failed` records and events of prompt agents' jobs",
+  },
+  max_tokens: {
+    meaning: "a prompt agent's loop used its `maxTokens` (in and out, over the job) without finishing (docs/harness.md#guards)",
+    appears: "`failed` records and events of prompt agents' jobs",
+  },
+  doom_loop: {
+    meaning:
+      "a prompt agent's model asked for the same tool call with the same arguments too many times in a row, after it was told (docs/harness.md#guards)",
+    appears: "`failed` records and events of prompt agents' jobs",
+  },
   session_lost: {
     meaning: "the session a job was to run in (`submit --session`) closed, or its worker is gone, before or while the job ran",
     appears: "`failed` records and events of jobs in a session",

@@ -3,6 +3,7 @@ import { PROTOCOL_VERSION, ResourceLimits } from "./agent.js";
 import { ErrorInfo } from "./errors.js";
 import { JobState, ResourceUsage, SandboxInfo } from "./job.js";
 import { ModelCall } from "./models.js";
+import { HarnessStep } from "./prompt-agent.js";
 import { Usage } from "./usage.js";
 import { RunState, StepState } from "./workflow.js";
 
@@ -32,6 +33,9 @@ export const JobEventType = z.enum([
   "usage",
   "signal",
   "model_call",
+  "step",
+  "tool_call",
+  "tool_result",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
@@ -70,6 +74,8 @@ const jobEventFields = {
   usageBy: z.enum(["gateway", "agent"]).optional(),
   /** On `model_call`: one call through the worker's model gateway. */
   call: ModelCall.optional(),
+  /** On `step`, `tool_call` and `tool_result`: a prompt agent's loop (docs/harness.md#events). */
+  step: HarnessStep.optional(),
 };
 
 export const SandboxEventType = z.enum(["creating", "ready", "exec_started", "exec_exited", "destroyed", "failed"]);

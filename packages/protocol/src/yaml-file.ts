@@ -76,7 +76,7 @@ export function parseYamlFile<S extends z.ZodType>(text: string, file: string, s
       const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
       const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
       return paths.map((path) => {
-        const pos = lineCounter.linePos(locate(doc.contents, path));
+        const pos = lineCounter.linePos(locateIn(doc.contents, path));
         return { path: formatPath(path), message, line: pos.line, column: pos.col };
       });
     }),
@@ -96,12 +96,12 @@ export function locateYamlPath(text: string, path: string | readonly PropertyKey
     typeof path === "string"
       ? [...path.matchAll(/([^.[\]]+)|\[(\d+)\]/g)].map((m) => (m[2] !== undefined ? Number(m[2]) : (m[1] as string)))
       : path;
-  const pos = lineCounter.linePos(locate(doc.contents, segments));
+  const pos = lineCounter.linePos(locateIn(doc.contents, segments));
   return { line: pos.line, column: pos.col };
 }
 
 /** Offset of the deepest node on `path` that exists: the key of a bad field, or its parent. */
-function locate(root: unknown, path: readonly PropertyKey[]): number {
+export function locateIn(root: unknown, path: readonly PropertyKey[]): number {
   let node = root as Node | null | undefined;
   let offset = node?.range?.[0] ?? 0;
   for (const seg of path) {

@@ -2,6 +2,8 @@ export type { CallLimiter } from "./gateway/call-limits.js";
 export { kvCallLimiter } from "./gateway/call-limits.js";
 export type { AttemptAccess, CallRecorder, GatewayOptions, GatewayPass, ProviderAccess, RecordedAnswer } from "./gateway/gateway.js";
 export { ModelGateway } from "./gateway/gateway.js";
+export { Checkpoints, type LoopState } from "./harness/checkpoint.js";
+export { type PromptLoopContext, type PromptLoopEnd, runPromptLoop } from "./harness/prompt-loop.js";
 export { MAX_ARTIFACTS } from "./run/agent-workspace.js";
 export { MAX_LOG_CHUNK } from "./run/output-log.js";
 export { MAX_PROGRESS_CHARS } from "./run/progress-lines.js";

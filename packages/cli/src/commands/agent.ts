@@ -1,11 +1,12 @@
 import { readFile } from "node:fs/promises";
-import { parseAgentFile } from "@boxcar/protocol";
+import { FileError, parseAgentFile, parsePromptFile } from "@boxcar/protocol";
+import { Dotprompt } from "dotprompt";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
-const usage = "boxcar agent apply -f FILE [FILE...] | ls | get NAME | rm NAME";
+const usage = "boxcar agent apply -f FILE [FILE...] (an agent's YAML, or a .prompt file) | ls | get NAME | rm NAME";
 
 /** Reads and validates an agent file; errors name the file, line and field. */
 export async function readAgentFile(file: string) {
@@ -15,7 +16,24 @@ export async function readAgentFile(file: string) {
   } catch (err) {
     throw new UsageError(`cannot read agent file ${file}: ${(err as Error).message}`);
   }
-  return parseAgentFile(text, file);
+  if (!file.endsWith(".prompt")) return parseAgentFile(text, file);
+  const { definition, templateLine } = parsePromptFile(text, file);
+  await checkTemplate(definition.prompt?.template ?? "", file, templateLine);
+  return definition;
+}
+
+/** A prompt's template that is not Handlebars: refused at the file's line, as the frontmatter's errors are. */
+async function checkTemplate(template: string, file: string, firstLine: number): Promise<void> {
+  try {
+    await new Dotprompt().render(template, { input: {} });
+  } catch (err) {
+    const message = (err as Error).message;
+    const line = /line (\d+)/.exec(message)?.[1];
+    const at = firstLine + (line ? Number(line) - 1 : 0);
+    throw new FileError("prompt file", file, [
+      { path: "template", message: `the template does not parse (Handlebars): ${message.split("\n").filter(Boolean).at(-1) ?? message}`, line: at, column: 1 },
+    ]);
+  }
 }
 
 export const agent: Command = {
@@ -56,7 +74,7 @@ export const agent: Command = {
                 a.priority ?? "normal",
                 a.runtime.sandbox,
                 `${a.runtime.timeout / 1000}s`,
-                a.command.join(" ").replace(/\s+/g, " ").slice(0, 60),
+                (a.command?.join(" ") ?? `prompt: ${a.prompt?.model}`).replace(/\s+/g, " ").slice(0, 60),
               ]),
             ),
           );

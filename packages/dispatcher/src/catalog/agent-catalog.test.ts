@@ -26,7 +26,7 @@ beforeEach(async () => {
 
 const agent = (script: string) => AgentDefinition.parse({ name: "echo", command: script });
 /** The script an agent runs (`sh -c SCRIPT`). */
-const script = (a: AgentDefinition) => a.command.at(-1);
+const script = (a: AgentDefinition) => a.command?.at(-1);
 /** What another dispatcher does: writes the bucket directly. */
 const putElsewhere = (command: string) => topology.agents.put("echo", JSON.stringify(agent(command)));
 

@@ -18,4 +18,6 @@ test("an E2B agent needs the gateway's public address; host and Docker agents do
   );
   expect(() => checkModels(models, "e2b", { providers: ["openai"], publicUrl: "https://gw.example.org" })).not.toThrow();
   expect(() => checkModels(models, "docker", { providers: ["openai"] })).not.toThrow();
+  // A prompt agent's loop calls from the worker itself, whatever its sandbox.
+  expect(() => checkModels(models, undefined, { providers: ["openai"] })).not.toThrow();
 });

@@ -2,11 +2,12 @@ import { type AgentModels, BoxcarError, ErrorCode, type ModelProvider, type Sand
 
 /**
  * Whether an agent that lists `models` can run here, before anything starts: the worker must
- * hold a key for each of its providers, and its sandbox must reach the gateway. Throws the reason.
+ * hold a key for each of its providers, and its sandbox must reach the gateway (a prompt agent's
+ * calls are the worker's own: `sandbox` is then undefined). Throws the reason.
  */
 export function checkModels(
   models: AgentModels | undefined,
-  sandbox: SandboxBackend,
+  sandbox: SandboxBackend | undefined,
   gateway: { providers: readonly ModelProvider[]; publicUrl?: string | undefined } | undefined,
 ): void {
   if (!models) return;

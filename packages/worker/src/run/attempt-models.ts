@@ -55,16 +55,8 @@ export class AttemptModels {
 
   /** Opens the attempt's pass and gives the agent its variables; the command to run (with the forwarder beside it, where one is needed). */
   async prepare(sandbox: Sandbox, env: Record<string, string>, argv: string[]): Promise<string[]> {
-    const { gateway, topology, jobId } = this.ctx;
-    this.pass = gateway.open({
-      jobId,
-      attempt: this.ctx.attempt,
-      providers: this.models.providers,
-      ...(this.ctx.traceparent ? { traceparent: this.ctx.traceparent } : {}),
-      ...(this.models.record ? { recorder: recordedCalls(topology, jobId) } : {}),
-      ...(await this.fromPolicy()),
-      onCall: (call) => void this.report(call),
-    });
+    const { gateway } = this.ctx;
+    this.pass = await this.open();
     if (sandbox.kind === "host") {
       Object.assign(env, this.pass.env());
       return argv;
@@ -86,6 +78,25 @@ export class AttemptModels {
     this.closeSocket = await gateway.listenUnix(join(folder, GATEWAY_SOCKET));
     Object.assign(env, this.pass.env(`http://127.0.0.1:${FORWARD_PORT}`));
     return withForwarder(argv, sandbox.workspace);
+  }
+
+  /** Opens the attempt's pass for calls made by the worker itself (a prompt agent's loop): the variables, at the gateway's own address. */
+  async prepareHere(): Promise<Record<string, string>> {
+    this.pass = await this.open();
+    return this.pass.env();
+  }
+
+  private async open(): Promise<GatewayPass> {
+    const { gateway, topology, jobId } = this.ctx;
+    return gateway.open({
+      jobId,
+      attempt: this.ctx.attempt,
+      providers: this.models.providers,
+      ...(this.ctx.traceparent ? { traceparent: this.ctx.traceparent } : {}),
+      ...(this.models.record ? { recorder: recordedCalls(topology, jobId) } : {}),
+      ...(await this.fromPolicy()),
+      onCall: (call) => void this.report(call),
+    });
   }
 
   /** Ends the pass (its token is refused from now on) and its socket; what the calls used, or undefined for none. */

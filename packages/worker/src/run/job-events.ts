@@ -3,6 +3,7 @@ import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   type BoxcarEvent,
   type ErrorInfo,
+  type HarnessStep,
   type JobEvent,
   type JobEventType,
   type JobState,
@@ -57,6 +58,8 @@ export interface JobEventDetails {
   sandbox?: SandboxInfo;
   message?: string;
   error?: ErrorInfo;
+  /** A prompt agent's loop: its step, tool call or tool result. */
+  step?: HarnessStep;
 }
 
 export type SandboxEventDetails = Partial<

@@ -22,6 +22,7 @@ import {
   type JobRecord,
   JobTransitions,
   MAX_SIGNALS,
+  modelsOfAgent,
   ownerOf,
   type ResolvedRuntime,
   resolveRuntime,
@@ -48,6 +49,7 @@ import { Redactor } from "../workspace/redactor.js";
 import { prepareWorkspace, readResultFile, storeArtifacts, UsageFile } from "./agent-workspace.js";
 import { AttemptModels } from "./attempt-models.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
+import { runPromptAttempt } from "./attempt-prompt.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
 import { OutputLog } from "./output-log.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
@@ -116,6 +118,8 @@ export class JobRun {
   private usageFile: UsageFile | undefined;
   /** The attempt's way to its models through the gateway, for an agent that lists `models`. */
   private models: AttemptModels | undefined;
+  /** Why a prompt agent's loop ended without an answer (`max_steps`, `max_tokens`, `doom_loop`). */
+  private guard: ErrorInfo | undefined;
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
@@ -475,7 +479,7 @@ export class JobRun {
     try {
       checkAgentPolicy(this.item.agent, this.ctx.options.agentPolicy, "this worker's policy");
       const runtime = resolveRuntime(this.item.agent.runtime, this.item.agent.trusted, this.ctx.capabilities(), this.ctx.options.policy);
-      checkModels(this.item.agent.models, runtime.kind, this.ctx.gateway);
+      checkModels(modelsOfAgent(this.item.agent), this.item.agent.prompt ? undefined : runtime.kind, this.ctx.gateway);
       return { ok: true, runtime, secrets: collectSecrets(this.item.agent, this.ctx.options.secretsEnv) };
     } catch (err) {
       return { ok: false, error: toErrorInfo(err) };
@@ -579,8 +583,10 @@ export class JobRun {
     });
     // An agent that calls its models through the gateway gets its base URLs and a token for this
     // attempt (never a key), and the gateway meters its calls: its usage file is not read.
+    // A prompt agent has no command: its loop runs here, calling the gateway with the attempt's token.
     let argv = this.item.agent.command;
-    const models = this.item.agent.models;
+    let modelEnv: Record<string, string> = {};
+    const models = modelsOfAgent(this.item.agent);
     if (models && this.ctx.gateway) {
       this.models = new AttemptModels(models, {
         gateway: this.ctx.gateway,
@@ -594,7 +600,8 @@ export class JobRun {
         record: () => this.handle?.record,
         publishApart: (event, msgID) => this.events.publishApart(event, msgID),
       });
-      argv = await this.models.prepare(sandbox, env, argv);
+      if (argv) argv = await this.models.prepare(sandbox, env, argv);
+      else modelEnv = await this.models.prepareHere();
     }
     const output = new OutputLog({
       publish: async (stream, data) => {
@@ -617,12 +624,14 @@ export class JobRun {
     }, options.usageReadMs);
     let exec: ExecResult;
     try {
-      exec = await sandbox.exec(argv, {
-        env,
-        signal: this.abort.signal,
-        ...(this.attemptLease ? { attemptLease: this.attemptLease } : {}),
-        onOutput: (stream, chunk) => output.write(stream, chunk),
-      });
+      exec = argv
+        ? await sandbox.exec(argv, {
+            env,
+            signal: this.abort.signal,
+            ...(this.attemptLease ? { attemptLease: this.attemptLease } : {}),
+            onOutput: (stream, chunk) => output.write(stream, chunk),
+          })
+        : await this.runPrompt(sandbox, env, modelEnv, output);
     } finally {
       clearTimeout(timeout);
       clearInterval(reading);
@@ -635,6 +644,29 @@ export class JobRun {
       ...(exec.oomKilled !== undefined ? { oomKilled: exec.oomKilled } : {}),
       ...(exec.usage ? { usage: exec.usage } : {}),
     });
+    return exec;
+  }
+
+  /** A prompt agent's loop (docs/harness.md), in place of a command; a guard that ended it is kept for its outcome. */
+  private async runPrompt(sandbox: Sandbox, env: Record<string, string>, modelEnv: Record<string, string>, output: OutputLog) {
+    const agent = this.item.agent.prompt;
+    if (!agent) throw new BoxcarError(ErrorCode.internal, "the agent has neither a command nor a prompt");
+    const { exec, guard } = await runPromptAttempt(sandbox, {
+      agent,
+      input: this.item.input,
+      jobId: this.jobId,
+      attempt: this.events.attempt,
+      topology: this.topology,
+      env,
+      modelEnv,
+      signal: this.abort.signal,
+      attemptLease: this.attemptLease,
+      event: (type, step, message) => void this.events.job(type, "running", { step, message }),
+      onText: (text) => output.write("stdout", new TextEncoder().encode(text)),
+      progress: (message) => this.events.progress(message, this.sandboxInfo),
+      log: this.log,
+    });
+    this.guard = guard;
     return exec;
   }
 
@@ -651,7 +683,9 @@ export class JobRun {
     } catch (err) {
       return { ...this.failed(err, exec), artifacts };
     }
-    return outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
+    const outcome = outcomeOfExit(exec, file, artifacts, sandbox.description?.limits?.memory);
+    // A prompt agent's loop ended by a guard fails with the guard's own code.
+    return this.guard && outcome.state === "failed" ? { ...outcome, error: this.guard, message: this.guard.message } : outcome;
   }
 
   /**

@@ -1,0 +1,76 @@
+import { LineCounter, parseDocument } from "yaml";
+import { AgentDefinition } from "./agent.js";
+import { formatPath } from "./errors.js";
+import { FileError, locateIn } from "./yaml-file.js";
+
+/**
+ * A prompt agent's file (docs/harness.md#the-prompt-file), in the Dotprompt format: YAML
+ * frontmatter between `---` lines, then the template. The frontmatter holds the agent's fields
+ * (`name`, `runtime` or its other name `sandbox`, `pool`, `env`, `secrets`, `outputs`, ...) and
+ * the prompt's own (`model`, `tools`, `maxSteps`, `maxTokens`, `maxOutputTokens`, `temperature`,
+ * `doomLoop`); the template after it is the prompt. Errors name the file, line, column and field.
+ */
+
+/** The frontmatter fields that are the prompt's own (the rest are the agent's). */
+const PROMPT_FIELDS = new Set(["model", "tools", "maxSteps", "maxTokens", "maxOutputTokens", "temperature", "doomLoop"]);
+
+export interface PromptFile {
+  definition: AgentDefinition;
+  /** The file's line the template starts on (1-based): a template error's line is counted from it. */
+  templateLine: number;
+}
+
+export function parsePromptFile(text: string, file: string): PromptFile {
+  const what = "prompt file";
+  const fail = (line: number, message: string, path = ""): never => {
+    throw new FileError(what, file, [{ path, message, line, column: 1 }]);
+  };
+  const lines = text.split("\n");
+  if (lines[0]?.trim() !== "---") fail(1, "a prompt file starts with a --- line, then its YAML frontmatter, then --- and the template");
+  const close = lines.findIndex((line, i) => i > 0 && line.trim() === "---");
+  if (close < 0) fail(1, "its frontmatter has no closing --- line");
+  const frontmatter = lines.slice(1, close).join("\n");
+  const template = lines.slice(close + 1).join("\n");
+  const offset = 1; // the frontmatter's first line is the file's second
+
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(frontmatter, { lineCounter, prettyErrors: false, uniqueKeys: true });
+  if (doc.errors.length > 0) {
+    throw new FileError(
+      what,
+      file,
+      doc.errors.map((e) => {
+        const pos = lineCounter.linePos(e.pos[0]);
+        return { path: "", message: e.message.split("\n")[0] ?? e.message, line: pos.line + offset, column: pos.col };
+      }),
+    );
+  }
+  const value: unknown = doc.toJS() ?? {};
+  if (typeof value !== "object" || Array.isArray(value)) fail(2, "its frontmatter must be a mapping of fields");
+  const fields = value as Record<string, unknown>;
+  if ("sandbox" in fields && "runtime" in fields) fail(2, "give runtime or sandbox (its other name), not both", "sandbox");
+  const agent: Record<string, unknown> = {};
+  const prompt: Record<string, unknown> = { template };
+  for (const [key, field] of Object.entries(fields)) {
+    if (PROMPT_FIELDS.has(key)) prompt[key] = field;
+    else agent[key === "sandbox" ? "runtime" : key] = field;
+  }
+  if ("command" in agent) fail(2, "a prompt agent has no command: its prompt is what runs", "command");
+  const result = AgentDefinition.safeParse({ ...agent, prompt });
+  if (result.success) return { definition: result.data, templateLine: close + 2 };
+  throw new FileError(
+    what,
+    file,
+    result.error.issues.flatMap((issue) => {
+      const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
+      const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
+      return paths.map((path) => {
+        // In the file, the prompt's fields are at the top, and its template after the frontmatter.
+        if (path[0] === "prompt" && path[1] === "template") return { path: "template", message, line: close + 2, column: 1 };
+        const inFile = path[0] === "prompt" ? path.slice(1) : path[0] === "runtime" && "sandbox" in fields ? ["sandbox", ...path.slice(1)] : path;
+        const pos = lineCounter.linePos(locateIn(doc.contents, inFile));
+        return { path: formatPath(inFile), message, line: pos.line + offset, column: pos.col };
+      });
+    }),
+  );
+}

@@ -1,0 +1,236 @@
+import { createAnthropic } from "@ai-sdk/anthropic";
+import { createOpenAI } from "@ai-sdk/openai";
+import type { Logger } from "@boxcar/common";
+import { BoxcarError, type BuiltinTool, ErrorCode, type HarnessStep, modelOf, type PromptAgent, STEP_EXCERPT } from "@boxcar/protocol";
+import { jsonSchema, type LanguageModel, type ModelMessage, streamText, type ToolCallPart, type ToolSet, tool } from "ai";
+import type { AttemptLease } from "../sandbox/lifeline.js";
+import type { Sandbox } from "../sandbox/sandbox.js";
+import { type Checkpoints, type LoopState, restoreWorkspace } from "./checkpoint.js";
+import { renderPrompt } from "./render.js";
+import { runTool, TOOL_DESCRIPTIONS, toolSchema } from "./tools.js";
+
+/**
+ * A prompt agent's loop (docs/harness.md), run by the worker for one attempt: the model is called
+ * through the worker's gateway (its keys, limits, budgets and metering hold), one step at a time;
+ * each tool call it asks for runs in the job's sandbox; each step is checkpointed before the next.
+ * Its guards end it with their own codes: `max_steps`, `max_tokens`, `doom_loop`.
+ */
+
+export interface PromptLoopContext {
+  agent: PromptAgent;
+  input: unknown;
+  attempt: number;
+  sandbox: Sandbox;
+  /** The agent's environment, which tool commands get. */
+  env: Record<string, string>;
+  /** The gateway's base URLs and the attempt's token (AttemptModels). */
+  modelEnv: Record<string, string>;
+  signal: AbortSignal;
+  attemptLease?: AttemptLease | undefined;
+  checkpoints: Checkpoints;
+  /** Publishes a `step`, `tool_call` or `tool_result` event. */
+  event(type: "step" | "tool_call" | "tool_result", step: HarnessStep, message: string): void;
+  /** The model's text as it streams (the job's stdout, for followers). */
+  onText(text: string): void;
+  progress(message: string): void;
+  log: Logger;
+}
+
+export interface PromptLoopEnd {
+  /** The model's last answer, when it ended by answering. */
+  text?: string;
+  steps: number;
+  tokens: { in: number; out: number };
+  /** Why the loop ended without an answer (a guard). */
+  error?: { code: ErrorCode; message: string };
+}
+
+/** Tools that can change the workspace: after one, the workspace is kept with the checkpoint. */
+const CHANGES_FILES = new Set<string>(["bash", "write_file", "edit_file"]);
+
+export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopEnd> {
+  const { agent } = ctx;
+  const prompt = await renderPrompt(agent.template, ctx.input);
+  const model = languageModel(agent.model, ctx.modelEnv);
+  const tools: ToolSet = Object.fromEntries(
+    agent.tools.map((name: BuiltinTool) => [
+      name,
+      tool({ description: TOOL_DESCRIPTIONS[name], inputSchema: jsonSchema(toolSchema(name)) }),
+    ]),
+  );
+  const state = await resume(ctx);
+  const save = async () => {
+    if (ctx.attemptLease?.lapsed())
+      throw new BoxcarError(ErrorCode.cancelled, "the attempt's lease lapsed: another attempt may own the job");
+    await ctx.checkpoints.save(state);
+  };
+  for (;;) {
+    // The last answer's tool calls that have no result yet (on a resumed attempt: the one under way).
+    for (const call of unanswered(state.messages)) {
+      const ended = await runCall(ctx, state, call);
+      if (ended) return ended;
+      if (CHANGES_FILES.has(call.toolName) && !(await ctx.checkpoints.saveWorkspace(ctx.sandbox))) {
+        ctx.progress("the workspace is too large to keep with the checkpoint: a later attempt starts it from the job's input");
+      }
+      await save();
+    }
+    const last = state.messages.at(-1);
+    if (last?.role === "assistant") return { text: textOf(last), steps: state.steps, tokens: state.tokens };
+    if (state.steps >= agent.maxSteps) {
+      return end(state, ErrorCode.maxSteps, `the agent made its ${agent.maxSteps} model calls (maxSteps) without a final answer`);
+    }
+    if (agent.maxTokens !== undefined && state.tokens.in + state.tokens.out >= agent.maxTokens) {
+      return end(
+        state,
+        ErrorCode.maxTokens,
+        `the agent used ${state.tokens.in + state.tokens.out} tokens, its maxTokens of ${agent.maxTokens}, without a final answer`,
+      );
+    }
+    const n = state.steps + 1;
+    const result = streamText({
+      model,
+      ...(prompt.system ? { system: prompt.system } : {}),
+      messages: [...prompt.messages, ...state.messages],
+      ...(agent.tools.length > 0 ? { tools } : {}),
+      maxOutputTokens: agent.maxOutputTokens,
+      ...(agent.temperature !== undefined ? { temperature: agent.temperature } : {}),
+      abortSignal: ctx.signal,
+    });
+    let failure: unknown;
+    // Calls the SDK itself answers with an error (a tool that does not exist): the model is told so in the answer's messages.
+    const refused: { id: string; name: string; input: unknown; error: unknown }[] = [];
+    for await (const part of result.fullStream) {
+      if (part.type === "text-delta") ctx.onText(part.text);
+      else if (part.type === "error") failure = part.error;
+      else if (part.type === "tool-error") refused.push({ id: part.toolCallId, name: part.toolName, input: part.input, error: part.error });
+    }
+    if (failure) throw modelError(failure);
+    const [response, finish, usage] = await Promise.all([result.response, result.finishReason, result.usage]);
+    state.steps = n;
+    state.tokens = { in: state.tokens.in + (usage.inputTokens ?? 0), out: state.tokens.out + (usage.outputTokens ?? 0) };
+    state.messages.push(...(response.messages as ModelMessage[]));
+    const answer = state.messages.at(-1);
+    const text = answer?.role === "assistant" ? textOf(answer) : "";
+    ctx.event(
+      "step",
+      { n, finish, ...(text ? { text: excerpt(text) } : {}) },
+      `step ${n}: ${finish}${text ? `: ${excerpt(text, 200)}` : ""}`,
+    );
+    for (const call of refused) {
+      const tool = { id: call.id, name: call.name, input: excerpt(JSON.stringify(call.input ?? {})) };
+      const why = call.error instanceof Error ? call.error.message : String(call.error);
+      ctx.event("tool_call", { n, tool }, `step ${n}: ${call.name} ${excerpt(tool.input, 200)}`);
+      ctx.event(
+        "tool_result",
+        { n, tool: { ...tool, output: excerpt(why), error: true, durationMs: 0 } },
+        `step ${n}: ${call.name} failed: ${excerpt(why, 200)}`,
+      );
+    }
+    ctx.onText("\n");
+    await save();
+  }
+}
+
+/** The checkpoint of an earlier attempt, its workspace laid out again; or a new state. */
+async function resume(ctx: PromptLoopContext): Promise<LoopState> {
+  const kept = ctx.attempt > 1 ? await ctx.checkpoints.load() : undefined;
+  if (!kept) return { v: 1, attempt: ctx.attempt, steps: 0, messages: [], tokens: { in: 0, out: 0 }, repeated: { key: "", count: 0 } };
+  const restored = kept.workspace ? await restoreWorkspace(ctx.sandbox, kept.workspace) : 0;
+  ctx.progress(
+    `resumed at step ${kept.state.steps} from attempt ${kept.state.attempt}'s checkpoint (${kept.state.messages.length} messages, ${restored} files of its workspace)`,
+  );
+  return { ...kept.state, attempt: ctx.attempt };
+}
+
+/** Runs one tool call and adds its result; a doom loop ends the loop instead. */
+async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallPart): Promise<PromptLoopEnd | undefined> {
+  const n = state.steps;
+  const input = JSON.stringify(call.input ?? {});
+  const key = `${call.toolName} ${input}`;
+  state.repeated = key === state.repeated.key ? { key, count: state.repeated.count + 1 } : { key, count: 1 };
+  const limit = ctx.agent.doomLoop;
+  if (state.repeated.count > limit) {
+    return end(
+      state,
+      ErrorCode.doomLoop,
+      `the model asked for ${call.toolName} with the same arguments ${state.repeated.count} times in a row, after it was told at the ${limit}th (doomLoop)`,
+    );
+  }
+  const tool = { id: call.toolCallId, name: call.toolName, input: excerpt(input) };
+  ctx.event("tool_call", { n, tool }, `step ${n}: ${call.toolName} ${excerpt(input, 200)}`);
+  const started = performance.now();
+  const answer =
+    state.repeated.count === limit
+      ? {
+          output: `you have asked for ${call.toolName} with these same arguments ${limit} times in a row, and it was not run again: the result will not change. Try something else; asking once more ends the job.`,
+          error: true,
+        }
+      : await runTool(call.toolName, call.input, {
+          sandbox: ctx.sandbox,
+          env: ctx.env,
+          signal: ctx.signal,
+          callId: call.toolCallId,
+          ...(ctx.attemptLease ? { attemptLease: ctx.attemptLease } : {}),
+        });
+  const durationMs = Math.round(performance.now() - started);
+  ctx.event(
+    "tool_result",
+    { n, tool: { ...tool, output: excerpt(answer.output), ...(answer.error ? { error: true } : {}), durationMs } },
+    `step ${n}: ${call.toolName} ${answer.error ? "failed" : "done"} in ${durationMs} ms`,
+  );
+  state.messages.push({
+    role: "tool",
+    content: [
+      {
+        type: "tool-result",
+        toolCallId: call.toolCallId,
+        toolName: call.toolName,
+        output: answer.error ? { type: "error-text", value: answer.output } : { type: "text", value: answer.output },
+      },
+    ],
+  });
+  return undefined;
+}
+
+/** The tool calls of the last answer that no tool message after it answers. */
+function unanswered(messages: readonly ModelMessage[]): ToolCallPart[] {
+  const at = messages.findLastIndex((m) => m.role === "assistant");
+  const answer = messages[at];
+  if (!answer || typeof answer.content === "string") return [];
+  const answered = new Set(
+    messages
+      .slice(at + 1)
+      .flatMap((m) => (m.role === "tool" ? m.content : []))
+      .flatMap((p) => (p.type === "tool-result" ? [p.toolCallId] : [])),
+  );
+  return answer.content.filter((p): p is ToolCallPart => p.type === "tool-call" && !answered.has(p.toolCallId));
+}
+
+function textOf(message: ModelMessage): string {
+  if (typeof message.content === "string") return message.content;
+  return message.content.flatMap((p) => (p.type === "text" ? [p.text] : [])).join("");
+}
+
+function end(state: LoopState, code: ErrorCode, message: string): PromptLoopEnd {
+  return { steps: state.steps, tokens: state.tokens, error: { code, message } };
+}
+
+function excerpt(text: string, max = STEP_EXCERPT): string {
+  return text.length <= max ? text : `${text.slice(0, max)}... (${text.length - max} more characters)`;
+}
+
+/** The model, called through the worker's gateway with the attempt's token. */
+function languageModel(ref: string, env: Record<string, string>): LanguageModel {
+  const { provider, model } = modelOf(ref);
+  if (provider === "anthropic") {
+    return createAnthropic({ baseURL: `${env.ANTHROPIC_BASE_URL}/v1`, apiKey: env.ANTHROPIC_API_KEY ?? "" })(model);
+  }
+  return createOpenAI({ baseURL: env.OPENAI_BASE_URL, apiKey: env.OPENAI_API_KEY ?? "" }).chat(model);
+}
+
+/** A model call that failed (after the SDK's own retries): the attempt fails, and a retry resumes from the checkpoint. */
+function modelError(err: unknown): BoxcarError {
+  const status = (err as { statusCode?: number }).statusCode;
+  const message = (err as Error).message ?? String(err);
+  return new BoxcarError(ErrorCode.agentFailed, `the model call failed${status ? ` (${status})` : ""}: ${message}`);
+}

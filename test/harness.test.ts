@@ -1,0 +1,279 @@
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { type BoxcarClient, createClient } from "@boxcar/client";
+import { startDispatcher } from "@boxcar/dispatcher";
+import { type AgentDefinitionInput, type BoxcarEvent, harnessObjects } from "@boxcar/protocol";
+import { createDockerSandboxProvider, createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import { describe, expect, test } from "vitest";
+import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { dockerReady } from "./helpers/docker.js";
+import { leasedSystem } from "./helpers/leased.js";
+import { type ModelStandIn, type Scripted, startModelStandIn } from "./helpers/model-standin.js";
+import { natsFixture } from "./helpers/nats.js";
+import { scratch } from "./helpers/scratch.js";
+import { localSystem } from "./helpers/system.js";
+
+/**
+ * Prompt agents (docs/harness.md): the worker runs the loop, calling the model through its
+ * gateway (the stand-in provider behind it, speaking Anthropic's streamed Messages API), and runs
+ * each tool call in the job's sandbox.
+ */
+
+const KEY = "sk-ant-real-provider-key-0123456789";
+const dockerOk = await dockerReady();
+
+/** A tool call of the model's, then (with no tool) its answer. */
+const call = (id: string, tool: string, input: Record<string, unknown>): Scripted => ({ kind: "answer", tool, input, id });
+const answer = (text: string): Scripted => ({ kind: "answer", text });
+
+async function eventsOf(client: BoxcarClient, jobId: string): Promise<BoxcarEvent[]> {
+  const events: BoxcarEvent[] = [];
+  for await (const e of client.events(jobId)) events.push(e);
+  return events;
+}
+
+/** The loop's events, one line each: `step 1 tool-calls`, `tool_call 1 write_file`, `tool_result 1 write_file ok`. */
+function loopOf(events: BoxcarEvent[]): string[] {
+  return events.flatMap((e) => {
+    if (e.kind !== "job" || !e.step) return [];
+    const { n, tool, finish } = e.step;
+    if (e.type === "step") return [`step ${n} ${finish}`];
+    if (e.type === "tool_call") return [`tool_call ${n} ${tool?.name}`];
+    if (e.type === "tool_result") return [`tool_result ${n} ${tool?.name} ${tool?.error ? "error" : "ok"}`];
+    return [];
+  });
+}
+
+/** The text of the tool results the model was sent in a request (Anthropic's `tool_result` blocks). */
+function toolResultsSent(standIn: ModelStandIn, request: number): string[] {
+  const messages = (standIn.requests[request]?.body.messages ?? []) as { content: unknown }[];
+  return messages.flatMap((m) =>
+    Array.isArray(m.content)
+      ? m.content.flatMap((b: { type?: string; content?: unknown }) => (b.type === "tool_result" ? [JSON.stringify(b.content)] : []))
+      : [],
+  );
+}
+
+describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network", () => {
+  test("writes a script and runs it with its tools, each run in the container; its answer is the job's result", async () => {
+    await using standIn = await startModelStandIn();
+    const nats = await natsFixture();
+    await using _nats = nats;
+    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const worker = createWorker({
+      ...nats.workerRole,
+      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
+      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    });
+    void worker.run();
+    try {
+      const client = createClient(nats.topology);
+      await client.applyAgent({
+        name: "scripter",
+        prompt: {
+          model: "anthropic/claude-test",
+          template: '{{role "system"}}\nYou write small programs.\n{{role "user"}}\nWrite {{file}} and run it.',
+          tools: ["write_file", "bash"],
+        },
+        runtime: { sandbox: "docker" },
+      } satisfies AgentDefinitionInput);
+      standIn.script(
+        call("t1", "write_file", { path: "run.sh", content: 'echo "computed $((6 * 7)) in $(hostname) as $BOXCAR_TOOL_CALL_ID"\n' }),
+        call("t2", "bash", { command: "sh run.sh; wget -q -T 2 -O- http://1.1.1.1/ >/dev/null 2>&1 && echo online || echo offline" }),
+        answer("the script printed computed 42"),
+      );
+      const { job } = await client.submit({ agent: "scripter", input: { file: "run.sh" } });
+      const done = await client.waitForJob(job.id);
+      const events = await eventsOf(client, job.id);
+      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+      expect(done.result?.output).toMatchObject({ text: "the script printed computed 42", steps: 3 });
+      expect(done.sandbox?.kind).toBe("docker");
+      expect(loopOf(events), events.map((e) => `${e.kind}.${e.type} ${e.kind === "job" ? (e.message ?? "") : ""}`).join("\n")).toEqual([
+        "step 1 tool-calls",
+        "tool_call 1 write_file",
+        "tool_result 1 write_file ok",
+        "step 2 tool-calls",
+        "tool_call 2 bash",
+        "tool_result 2 bash ok",
+        "step 3 stop",
+      ]);
+      // The prompt, filled with the input, went to the model; the command ran in the container
+      // (its host name is the container's), with no network, and its output went back.
+      expect(standIn.requests).toHaveLength(3);
+      expect(standIn.requests[0]?.body.system).toEqual([expect.objectContaining({ text: "You write small programs." })]);
+      expect(JSON.stringify(standIn.requests[0]?.body.messages)).toContain("Write run.sh and run it.");
+      const ran = toolResultsSent(standIn, 2).join("\n");
+      expect(ran).toContain("computed 42 in ");
+      expect(ran).not.toContain(`computed 42 in ${(await import("node:os")).hostname()}`);
+      expect(ran).toContain("as t2");
+      expect(ran).toContain("offline");
+      expect(standIn.requests.every((r) => r.headers["x-api-key"] === KEY)).toBe(true);
+      expect(events.filter((e) => e.kind === "job" && e.type === "model_call")).toHaveLength(3);
+    } finally {
+      await worker.close();
+      await dispatcher.close();
+    }
+  }, 120_000);
+});
+
+describe("a prompt agent's loop on the host", () => {
+  const agent = (name: string, extra: Partial<NonNullable<AgentDefinitionInput["prompt"]>> = {}): AgentDefinitionInput => ({
+    name,
+    prompt: { model: "anthropic/claude-test", template: "Do the task: {{task}}", tools: ["bash", "read_file", "edit_file"], ...extra },
+    runtime: { sandbox: "host" },
+    trusted: true,
+  });
+
+  test("boxcar agent apply -f x.prompt: a prompt file from the docs runs, its steps in `boxcar events`; a bad template is refused at its line", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    const cli = (...args: string[]) => boxcar(system.nats.url, system.nats.topology.names.prefix, args);
+    await using dir = await scratch("prompt-");
+    const file = join(dir.path, "greeter.prompt");
+    await writeFile(
+      file,
+      '---\nname: greeter\nmodel: anthropic/claude-test\ntools: [bash]\nsandbox: { sandbox: host }\ntrusted: true\nmaxSteps: 4\n---\n{{role "system"}}\nYou greet people.\n{{role "user"}}\nGreet {{name}}.\n',
+    );
+    const applied = await cli("agent", "apply", "-f", file);
+    expect(applied.stdout, applied.stderr).toContain("agent greeter created");
+    standIn.script(call("g1", "bash", { command: "echo hello $USER_NAME" }), answer("Hello, Ada!"));
+    const run = await cli("submit", "greeter", "--input", '{"name":"Ada"}', "--wait", "--json");
+    expect(run.code, run.stderr).toBe(0);
+    const done = JSON.parse(run.stdout) as { id: string; state: string; result: { output: { text: string } } };
+    expect(done).toMatchObject({ state: "succeeded", result: { output: { text: "Hello, Ada!" } } });
+    const events = await cli("events", done.id);
+    expect(events.stdout).toContain("step 1: tool-calls");
+    expect(events.stdout).toContain('step 1: bash {"command":"echo hello $USER_NAME"}');
+    expect(events.stdout).toContain("step 2: stop: Hello, Ada!");
+
+    const bad = join(dir.path, "bad.prompt");
+    await writeFile(bad, "---\nname: bad\nmodel: anthropic/claude-test\n---\nfine line\nbroken {{#if}\n");
+    const refused = await cli("agent", "apply", "-f", bad);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toContain(`${bad}:6:1: template: the template does not parse (Handlebars)`);
+  }, 60_000);
+
+  test("bad tool calls are tool errors the model reads, never a failed job; a path outside the workspace is refused", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    await system.client.applyAgent(agent("careful"));
+    standIn.script(
+      call("a", "rm_everything", { path: "/" }),
+      call("b", "bash", { cmd: "ls" }),
+      call("c", "read_file", { path: "../../etc/passwd" }),
+      call("d", "read_file", { path: "/etc/passwd" }),
+      call("e", "edit_file", { path: "nothing.txt", old: "x", new: "y" }),
+      answer("gave up politely"),
+    );
+    const { job } = await system.client.submit({ agent: "careful", input: { task: "look around" } });
+    const done = await system.client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    expect(done.result?.output).toMatchObject({ text: "gave up politely", steps: 6 });
+    const results = (await eventsOf(system.client, job.id)).flatMap((e) =>
+      e.kind === "job" && e.type === "tool_result" ? [`${e.step?.tool?.name}: ${e.step?.tool?.output}`] : [],
+    );
+    expect(results, JSON.stringify(results, null, 1)).toHaveLength(5);
+    expect(results[0]).toContain("unavailable tool 'rm_everything'");
+    expect(results[1]).toContain("bad arguments to bash");
+    expect(results[2]).toMatch(/read_file failed: .*(outside|\.\.)/);
+    expect(results[3]).toMatch(/read_file failed/);
+    expect(results[3]).not.toContain("root:");
+    expect(results[4]).toContain("nothing.txt: no such file");
+    // Each error went back to the model as a tool result.
+    expect(toolResultsSent(standIn, 5)).toHaveLength(5);
+  }, 60_000);
+
+  test("the guards: a doom loop is told, then stopped; maxSteps ends a loop that never answers", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    await system.client.applyAgent(agent("stuck", { doomLoop: 3 }));
+    const same = { command: "echo again" };
+    standIn.script(call("1", "bash", same), call("2", "bash", same), call("3", "bash", same), call("4", "bash", same));
+    const { job } = await system.client.submit({ agent: "stuck", input: { task: "loop" } });
+    const stuck = await system.client.waitForJob(job.id);
+    expect(stuck.state).toBe("failed");
+    expect(stuck.error).toMatchObject({ code: "doom_loop" });
+    expect(stuck.error?.message).toContain("4 times in a row");
+    // The third time, the model was told instead of the command running again.
+    expect(toolResultsSent(standIn, 3).at(-1)).toContain("asked for bash with these same arguments 3 times in a row");
+
+    await system.client.applyAgent(agent("busy", { maxSteps: 2 }));
+    standIn.script(call("5", "bash", { command: "echo one" }), call("6", "bash", { command: "echo two" }));
+    const { job: busy } = await system.client.submit({ agent: "busy", input: { task: "never stop" } });
+    const ended = await system.client.waitForJob(busy.id);
+    expect(ended.error).toMatchObject({ code: "max_steps" });
+    expect(ended.attempt).toBe(1); // a guard is not retried
+  }, 60_000);
+});
+
+test("a worker killed in the middle of the loop: another resumes from its checkpoint, sending no completed model call again", async () => {
+  await using standIn = await startModelStandIn();
+  await using s = await leasedSystem(1_500);
+  await s.client.applyAgent({
+    name: "six-steps",
+    prompt: { model: "anthropic/claude-test", template: "Count to six.", tools: ["bash", "write_file"] },
+    runtime: { sandbox: "host" },
+    trusted: true,
+  });
+  standIn.script(
+    call("s1", "write_file", { path: "count.txt", content: "1\n" }),
+    call("s2", "bash", { command: "echo 2 >> count.txt" }),
+    // Step 3's command is under way when its worker is killed; it runs once more on the next.
+    call("s3", "bash", { command: 'echo 3 >> count.txt; if [ "$BOXCAR_ATTEMPT" = 1 ]; then sleep 30; fi' }),
+  );
+  const env = { BOXCAR_TEST_ANTHROPIC: KEY };
+  const flags = [
+    "--sandboxes",
+    "host",
+    "--host",
+    "trusted",
+    "--model-key",
+    "anthropic=BOXCAR_TEST_ANTHROPIC",
+    "--model-url",
+    `anthropic=${standIn.anthropicUrl}`,
+  ];
+  const doomed = spawnBoxcar(s.nats.url, s.prefix, ["worker", ...flags], env);
+  const { job } = await s.client.submit({ agent: "six-steps", input: {} });
+  await eventually(
+    async () =>
+      (await eventsOf(s.client, job.id)).some((e) => e.kind === "job" && e.type === "tool_call" && e.step?.n === 3) ? true : undefined,
+    "step 3's tool call",
+    30_000,
+  );
+  doomed.kill("SIGKILL");
+  await exited(doomed);
+  expect(standIn.requests).toHaveLength(3);
+  standIn.script(
+    call("s4", "bash", { command: "echo 4 >> count.txt" }),
+    call("s5", "bash", { command: "cat count.txt" }),
+    answer("counted to four"),
+  );
+  // The one tool call under way (step 3's) runs again on the next worker, as it was asked (quickly: its attempt is 2).
+  await using survivor = createWorker({
+    ...s.nats.workerRole,
+    providers: [createHostSandboxProvider()],
+    modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+  });
+  void survivor.run();
+  const done = await s.client.waitForJob(job.id);
+  expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+  expect(done.attempt).toBe(2);
+  expect(done.result?.output).toMatchObject({ text: "counted to four", steps: 6 });
+  // Six model calls in all: the three before the kill were not sent again.
+  expect(standIn.requests).toHaveLength(6);
+  const events = await eventsOf(s.client, job.id);
+  const calls = events.filter((e) => e.kind === "job" && e.type === "model_call");
+  expect(calls.map((e) => e.attempt)).toEqual([1, 1, 1, 2, 2, 2]);
+  // The workspace came back as it was after step 2 (the last tool call that ended), so step 3's
+  // command, run again, appended its line once.
+  const counted = toolResultsSent(standIn, 5).at(-1) ?? "";
+  expect(counted).toContain("exit code 0\\n1\\n2\\n3\\n4\\n");
+  expect(events.some((e) => e.kind === "job" && e.type === "progress" && e.message?.includes("resumed at step 3"))).toBe(true);
+  expect(await s.nats.topology.artifacts.info(harnessObjects(job.id).state)).not.toBeNull();
+}, 120_000);
