@@ -7,6 +7,8 @@
  * no gateway.
  */
 
+import { shellQuote } from "../sandbox/shell-word.js";
+
 /** Where the forwarder listens inside the sandbox. */
 export const FORWARD_PORT = 4317;
 
@@ -40,16 +42,12 @@ export function withForwarder(argv: readonly string[], workspace: string): strin
   const ready = `${workspace}/.boxcar/gateway-forward.ready`;
   const wrapper = [
     'if ! command -v node >/dev/null 2>&1; then echo "boxcar: the model gateway is reached through a forwarder that needs node in the image; this image has none" >&2; fi',
-    `if [ ! -S ${quote(socket)} ]; then echo "boxcar: the model gateway's socket is not in this sandbox (its workspace is a copy, not the worker's folder)" >&2; fi`,
-    `node ${quote(script)} ${FORWARD_PORT} ${quote(socket)} ${quote(ready)} & forwarder=$!`,
-    `i=0; while [ ! -e ${quote(ready)} ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i + 1)); done`,
+    `if [ ! -S ${shellQuote(socket)} ]; then echo "boxcar: the model gateway's socket is not in this sandbox (its workspace is a copy, not the worker's folder)" >&2; fi`,
+    `node ${shellQuote(script)} ${FORWARD_PORT} ${shellQuote(socket)} ${shellQuote(ready)} & forwarder=$!`,
+    `i=0; while [ ! -e ${shellQuote(ready)} ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i + 1)); done`,
     '"$@"; status=$?',
     'kill "$forwarder" 2>/dev/null',
     'exit "$status"',
   ].join("\n");
   return ["sh", "-c", wrapper, "sh", ...argv];
-}
-
-function quote(text: string): string {
-  return `'${text.replaceAll("'", "'\\''")}'`;
 }

@@ -19,7 +19,7 @@ const record = (value: unknown): Record<string, unknown> =>
   value !== null && typeof value === "object" ? (value as Record<string, unknown>) : {};
 
 /** Adds what one usage object says (any of the providers' shapes) to `into`. */
-function addUsage(into: Metered, usage: Record<string, unknown>): void {
+function readUsageInto(into: Metered, usage: Record<string, unknown>): void {
   // Anthropic: input_tokens (uncached), cache_read_input_tokens, cache_creation_input_tokens, output_tokens.
   // OpenAI Chat Completions: prompt_tokens (all), prompt_tokens_details.cached_tokens, completion_tokens.
   // OpenAI Responses: input_tokens (all), input_tokens_details.cached_tokens, output_tokens.
@@ -58,14 +58,14 @@ function read(provider: ModelProvider, into: Metered, data: Record<string, unkno
     // A whole message, or the stream's message_start (its message) and message_delta (usage at the top).
     const message = data.type === "message_start" ? record(data.message) : data;
     noteModel(into, message.model);
-    if (message.usage) addUsage(into, record(message.usage));
+    if (message.usage) readUsageInto(into, record(message.usage));
     return;
   }
   // OpenAI: a chat completion or chunk (model, usage on the last chunk), or a response or a
   // Responses stream event that carries one (response.completed).
   const response = data.response !== undefined ? record(data.response) : data;
   noteModel(into, response.model);
-  if (response.usage) addUsage(into, record(response.usage));
+  if (response.usage) readUsageInto(into, record(response.usage));
 }
 
 /** What a whole JSON answer says; a body that is not JSON says nothing. */

@@ -3,6 +3,7 @@ import { PassThrough } from "node:stream";
 import type Docker from "dockerode";
 import type { LocalWorkspace } from "../../workspace/local-workspace.js";
 import { type AttemptLease, beatLine, LIFELINE_FROM_STDIN, SENTINEL, stopSeconds } from "../lifeline.js";
+import { shellQuote } from "../shell-word.js";
 import { createAttached } from "./attached-container.js";
 
 /**
@@ -32,11 +33,6 @@ export interface HelperReport {
   exitCode: number;
 }
 
-/** A shell word for `text`: single-quoted, with any `'` closed, escaped and reopened. */
-function quote(text: string): string {
-  return `'${text.replaceAll("'", `'\\''`)}'`;
-}
-
 const SHELL_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** The most a report's exit code may take: past it the line is cut and read as it is. */
@@ -56,14 +52,14 @@ const REPORT_START = "\u001e";
 export function jobScript(argv: string[], env: Readonly<Record<string, string>>, nonce: string, waitMs?: number): string {
   const exports = Object.entries(env).map(([name, value]) => {
     if (!SHELL_NAME.test(name)) throw new Error(`environment variable name ${JSON.stringify(name)} is not a shell name`);
-    return `export ${name}=${quote(value)}`;
+    return `export ${name}=${shellQuote(value)}`;
   });
   return [
     ...exports,
-    `boxcar_stop_s=${quote(stopSeconds(waitMs))}`,
+    `boxcar_stop_s=${shellQuote(stopSeconds(waitMs))}`,
     LIFELINE_FROM_STDIN,
     SENTINEL,
-    `(exec ${argv.map(quote).join(" ")}) 3<&-`,
+    `(exec ${argv.map(shellQuote).join(" ")}) 3<&-`,
     "boxcar_code=$?",
     `printf '\\036%s %s\\n' ${nonce} "$boxcar_code"`,
     `printf '\\036%s %s\\n' ${nonce} "$boxcar_code" >&2`,

@@ -1,4 +1,5 @@
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
+import { shellQuote } from "../shell-word.js";
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
@@ -34,9 +35,4 @@ export function agentCommand(argv: readonly string[], envFile: string, stdinFile
   const open = stdin === undefined ? "" : ` exec 0< ${stdin} || ok=1;`;
   const remove = stdin === undefined ? env : `${env} ${stdin}`;
   return `mapfile -d '' -t BOXCAR_ENV < ${env}; ok=$?;${open} rm -f ${remove}; [ $ok -eq 0 ] && exec setsid env -i "\${BOXCAR_ENV[@]}" ${argv.map(shellQuote).join(" ")}`;
-}
-
-/** A single-quoted shell word. */
-export function shellQuote(word: string): string {
-  return `'${word.replaceAll("'", `'\\''`)}'`;
 }

@@ -15,7 +15,8 @@ import type { WorkspaceFile } from "../../workspace/files.js";
 import { workspaceSegments } from "../../workspace/workspace-path.js";
 import { raceAbort } from "../abort.js";
 import type { ExecOptions, ExecResult, Sandbox } from "../sandbox.js";
-import { agentCommand, environmentFile, shellQuote } from "./e2b-command.js";
+import { shellQuote } from "../shell-word.js";
+import { agentCommand, environmentFile } from "./e2b-command.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
 
 /** How deep a listing of a job's workspace goes (E2B's ListDir takes a depth). */

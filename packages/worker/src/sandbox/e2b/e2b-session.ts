@@ -11,7 +11,7 @@ import { packFolder } from "../../workspace/workspace-archive.js";
 import { workspaceSegments } from "../../workspace/workspace-path.js";
 import type { ExecOptions, ExecResult, JobFiles, Sandbox, SessionSandbox } from "../sandbox.js";
 import { listBounded } from "../session-job-sandbox.js";
-import { shellQuote } from "./e2b-command.js";
+import { shellQuote } from "../shell-word.js";
 import { e2bError, firstLine } from "./e2b-errors.js";
 
 /** How long Boxcar's own commands in a session's sandbox (packing or unpacking a workspace, a chmod) may take. */
