@@ -10,7 +10,7 @@ const folderOf = (pkg) => (folder) => `^packages/${pkg}/src/${folder}/`;
  * and the role's own settings and meters at its root, which every part reads.
  */
 const LAYERS = {
-  worker: { folders: ["workspace", "sandbox", "gateway", "intake", "sessions", "run"], shared: "worker-(options|metrics)" },
+  worker: { folders: ["workspace", "sandbox", "gateway", "harness", "intake", "sessions", "run"], shared: "worker-(options|metrics)" },
   dispatcher: {
     folders: ["loops", "catalog", "jobs", "limits", "sessions", "intake", "retention", "sweeps", "schedules", "workflows", "api"],
     shared: "dispatcher-metrics",

@@ -342,6 +342,37 @@ describe("E2B sandboxes (the real e2b SDK against the local stand-in)", () => {
     expect(remote?.allowInternetAccess).toBeUndefined();
   }, 60_000);
 
+  test("a prompt agent's tool calls run in its E2B sandbox; its model calls are the worker's own, so no public address is needed", async () => {
+    await using models = await startModelStandIn();
+    await using promptWorker = createWorker({
+      ...nats.workerRole,
+      pools: ["prompts"],
+      providers: [createE2BSandboxProvider(standinOptions())],
+      modelGateway: { providers: { anthropic: { key: "sk-e2b-test-provider-key", baseUrl: models.anthropicUrl } } },
+    });
+    void promptWorker.run();
+    await client.applyAgent({
+      name: "e2b-prompt",
+      prompt: { model: "anthropic/claude-test", template: "Compute.", tools: ["bash"] },
+      runtime: { sandbox: "e2b", timeout: "60s" },
+      pool: "prompts",
+    });
+    models.script(
+      { kind: "answer", tool: "bash", input: { command: "echo computed $((6 * 7)) in $PWD" }, id: "e1" },
+      { kind: "answer", text: "42" },
+    );
+    const { job } = await client.submit({ agent: "e2b-prompt" });
+    const { final } = await finish(job.id);
+    expect(final.state, JSON.stringify(final.error)).toBe("succeeded");
+    expect(output(final)).toMatchObject({ text: "42", steps: 2 });
+    const remote = sandboxOf(job.id);
+    const sent = JSON.stringify(models.requests[1]?.body.messages);
+    expect(sent).toContain(`computed 42 in ${remote?.home}/workspace`);
+    // The sandbox keeps its network closed: no egress rule was needed.
+    expect(remote?.network).toBeUndefined();
+    expect(remote?.allowInternetAccess).toBe(false);
+  }, 60_000);
+
   test("the reaper kills sandboxes whose worker is gone, and only this system's", async () => {
     const provider = createE2BSandboxProvider(standinOptions({ system: nats.topology.systemId }));
     const otherPrefix = createE2BSandboxProvider(standinOptions({ prefix: "another-system" }));

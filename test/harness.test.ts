@@ -116,6 +116,75 @@ describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network",
   }, 120_000);
 });
 
+describe.skipIf(!dockerOk)("tool calls in a Docker sandbox cannot reach the worker (the escape battery, as tool calls)", () => {
+  test("no network, no NATS, no worker files, not root, no way out of the workspace by path", async () => {
+    await using standIn = await startModelStandIn();
+    const nats = await natsFixture();
+    await using _nats = nats;
+    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const worker = createWorker({
+      ...nats.workerRole,
+      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
+      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    });
+    void worker.run();
+    await using canary = await scratch("canary-");
+    await writeFile(join(canary.path, "secret.txt"), "worker-side secret");
+    try {
+      const client = createClient(nats.topology);
+      await client.applyAgent({
+        name: "prober",
+        prompt: { model: "anthropic/claude-test", template: "Probe.", tools: ["bash", "read_file", "write_file", "list_files"] },
+        runtime: { sandbox: "docker" },
+      });
+      const battery = [
+        `cat ${join(canary.path, "secret.txt")} 2>/dev/null || echo no-canary`,
+        `ls ${process.cwd()} >/dev/null 2>&1 && echo worker-tree || echo no-worker-tree`,
+        `(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${nats.server.port}") 2>/dev/null && echo nats-reached || echo no-nats`,
+        "(getent hosts deb.debian.org >/dev/null && echo dns) || echo no-dns",
+        "for p in /etc/x /usr/x /x; do touch $p 2>/dev/null && echo wrote-$p || echo denied-$p; done",
+        'echo "uid=$(id -u)"; grep -E "^CapEff:" /proc/self/status',
+        "test -S /var/run/docker.sock && echo docker-socket || echo no-docker-socket",
+        "env | grep -c sk-ant || true",
+      ].join("; ");
+      standIn.script(
+        call("p1", "bash", { command: battery }),
+        call("p2", "read_file", { path: "../../../../etc/hostname" }),
+        call("p3", "write_file", { path: "../outside.txt", content: "x" }),
+        call("p4", "read_file", { path: join(canary.path, "secret.txt") }),
+        answer("probed"),
+      );
+      const { job } = await client.submit({ agent: "prober", input: {} });
+      const done = await client.waitForJob(job.id);
+      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+      const probed = toolResultsSent(standIn, 1).join("");
+      for (const held of [
+        "no-canary",
+        "no-worker-tree",
+        "no-nats",
+        "no-dns",
+        "denied-/etc/x",
+        "denied-/usr/x",
+        "denied-/x",
+        "uid=1000",
+        "no-docker-socket",
+      ]) {
+        expect(probed).toContain(held);
+      }
+      expect(probed).toMatch(/CapEff:\\t0000000000000000/);
+      expect(probed).not.toContain("worker-side secret");
+      expect(probed).toMatch(/\\n0\\n/); // no provider key in the environment
+      const refused = toolResultsSent(standIn, 4).slice(1).join("\n");
+      expect(refused).toContain("leaves the workspace");
+      expect(refused).not.toContain("worker-side secret");
+      expect(refused.match(/leaves the workspace/g)).toHaveLength(3);
+    } finally {
+      await worker.close();
+      await dispatcher.close();
+    }
+  }, 120_000);
+});
+
 describe("a prompt agent's loop on the host", () => {
   const agent = (name: string, extra: Partial<NonNullable<AgentDefinitionInput["prompt"]>> = {}): AgentDefinitionInput => ({
     name,
@@ -153,6 +222,103 @@ describe("a prompt agent's loop on the host", () => {
     const refused = await cli("agent", "apply", "-f", bad);
     expect(refused.code).toBe(2);
     expect(refused.stderr).toContain(`${bad}:6:1: template: the template does not parse (Handlebars)`);
+  }, 60_000);
+
+  test("a prompt agent hands off to another with its handoff tool; the next starts with its output files", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    const { client } = system;
+    await client.applyAgent({
+      ...agent("reviewer"),
+      prompt: { model: "anthropic/claude-test", template: "Review {{what}}.", tools: ["read_file"] },
+    });
+    await client.applyAgent({
+      ...agent("writer"),
+      prompt: { model: "anthropic/claude-test", template: "Write notes, then hand them to the reviewer.", tools: ["write_file"] },
+      handoffs: ["reviewer"],
+    });
+    standIn.script(
+      call("w1", "write_file", { path: "out/notes.txt", content: "the notes" }),
+      call("w2", "handoff", { to: "reviewer", input: { what: "out/notes.txt" }, summary: "wrote the notes" }),
+      call("r1", "read_file", { path: "out/notes.txt" }),
+      answer("the notes are fine"),
+    );
+    const { job } = await client.submit({ agent: "writer", input: {} });
+    const first = await client.waitForJob(job.id);
+    expect(first.state, JSON.stringify(first.error)).toBe("succeeded");
+    expect(first.result).toMatchObject({ summary: "wrote the notes", handoff: { to: "reviewer", input: { what: "out/notes.txt" } } });
+    // The handoff tool was offered with the agents it may name.
+    const offered = (standIn.requests[0]?.body.tools ?? []) as {
+      name: string;
+      input_schema: { properties: { to?: { enum: string[] } } };
+    }[];
+    expect(offered.find((t) => t.name === "handoff")?.input_schema.properties.to?.enum).toEqual(["reviewer"]);
+    const nextId = await eventually(async () => (await client.getJob(job.id)).handoff?.jobId, "the handoff's job");
+    const next = await client.waitForJob(nextId);
+    expect(next).toMatchObject({ agent: "reviewer", state: "succeeded", result: { output: { text: "the notes are fine" } } });
+    expect(JSON.stringify(standIn.requests[2]?.body.messages)).toContain("Review out/notes.txt.");
+    expect(toolResultsSent(standIn, 3).join("")).toContain("the notes");
+  }, 60_000);
+
+  test("a long conversation is compacted: older steps summarised through the model, the last ones kept whole, and the loop still ends", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    // The stand-in's prompts are 16 tokens: past compactAt 10 after every call.
+    await system.client.applyAgent(agent("long-talker", { compactAt: 10, keepSteps: 2 }));
+    standIn.script(
+      call("c1", "bash", { command: "echo first-result" }),
+      call("c2", "bash", { command: "echo second-result" }),
+      call("c3", "bash", { command: "echo third-result" }),
+      answer("so far: ran three commands, the first printed first-result"),
+      answer("all done"),
+    );
+    const { job } = await system.client.submit({ agent: "long-talker", input: { task: "talk long" } });
+    const done = await system.client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    expect(done.result?.output).toMatchObject({ text: "all done", steps: 4 });
+    expect(standIn.requests).toHaveLength(5);
+    // Before step 3 there were 2 steps, all kept; before step 4, 3: the first was summarised.
+    expect(JSON.stringify(standIn.requests[3]?.body.messages)).toContain("Summarise the work so far");
+    const last = JSON.stringify(standIn.requests[4]?.body.messages);
+    expect(last).toContain("A summary of the earlier steps, which were compacted");
+    expect(last).toContain("so far: ran three commands");
+    expect(last).not.toContain("first-result\\n"); // step 1's tool result is gone
+    expect(last).toContain("second-result");
+    expect(last).toContain("third-result");
+    const compacted = (await eventsOf(system.client, job.id)).filter((e) => e.kind === "job" && e.type === "compacted");
+    expect(compacted).toHaveLength(1);
+    expect(compacted[0]?.kind === "job" && compacted[0].message).toContain("keeping the last 2 steps whole");
+  }, 60_000);
+
+  test("a workflow's steps may be prompt agents: a step's output is the model's answer, which the next step's input names", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    const { client } = system;
+    await client.applyAgent(agent("planner", { tools: [] }));
+    await client.applyAgent(agent("doer", { tools: [] }));
+    standIn.script(answer("plan: two steps"), answer("did the plan"));
+    const { run } = await client.startRun({
+      workflow: {
+        name: "plan-then-do",
+        steps: [
+          { name: "plan", agent: "planner", input: { task: "{{ input.goal }}" } },
+          { name: "do", agent: "doer", needs: ["plan"], input: { task: "{{ steps.plan.output.text }}" } },
+        ],
+        output: { done: "{{ steps.do.output.text }}" },
+      },
+      input: { goal: "tidy up" },
+    });
+    const finished = await client.waitForRun(run.id);
+    expect(finished.state).toBe("succeeded");
+    expect(finished.output).toEqual({ done: "did the plan" });
+    expect(JSON.stringify(standIn.requests[0]?.body.messages)).toContain("Do the task: tidy up");
+    expect(JSON.stringify(standIn.requests[1]?.body.messages)).toContain("Do the task: plan: two steps");
   }, 60_000);
 
   test("bad tool calls are tool errors the model reads, never a failed job; a path outside the workspace is refused", async () => {

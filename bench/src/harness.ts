@@ -132,6 +132,7 @@ for (let loop = 0; loop < LOOPS + 3; loop++) {
   };
   const end = await runPromptLoop({
     agent,
+    handoffs: [],
     input: {},
     attempt: 1,
     sandbox,

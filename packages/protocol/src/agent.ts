@@ -84,128 +84,131 @@ export const OutputGlob = z
   .max(256)
   .refine((p) => !p.startsWith("/") && !p.split("/").includes(".."), "must be a relative path without '..'");
 
-export const AgentDefinition = z.strictObject({
-  v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("format version"),
-  name: AgentName.describe("the agent's name; jobs name it, and it is the intake subject's last token"),
-  description: z.string().max(1024).optional().describe("for people"),
-  command: z
-    .union(
-      [
-        z
-          .string()
+export const AgentDefinition = z
+  .strictObject({
+    v: z.literal(PROTOCOL_VERSION).default(PROTOCOL_VERSION).describe("format version"),
+    name: AgentName.describe("the agent's name; jobs name it, and it is the intake subject's last token"),
+    description: z.string().max(1024).optional().describe("for people"),
+    command: z
+      .union(
+        [
+          z
+            .string()
+            .min(1)
+            .transform((s) => ["sh", "-c", s]),
+          z
+            .array(z.string())
+            .min(1)
+            .refine(
+              (argv) => !argv[0]?.startsWith("-"),
+              "the program (the first argument) may not start with '-': a shell would read it as an option",
+            ),
+        ],
+        { error: () => "expected a command string or a list of arguments" },
+      )
+      .optional()
+      .describe(
+        "what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`); a prompt agent has `prompt` instead",
+      ),
+    prompt: PromptAgent.optional().describe(
+      "a prompt agent (docs/harness.md): its model, prompt and tools; the worker runs its loop and each tool call in its sandbox",
+    ),
+    pool: PoolName.default("default").describe("the work pool whose workers run this agent; a job can override it"),
+    // No default filled in: a definition that does not set it stays readable by releases before priorities.
+    priority: Priority.optional().describe("priority of its jobs in the pool; a job can override it"),
+    runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }).describe(
+      "where and how long it runs",
+    ),
+    trusted: z
+      .boolean()
+      .default(false)
+      .describe(
+        "safe to run without isolation: a worker whose policy lets the host sandbox run trusted agents may run it on the host; only an admin applies agents",
+      ),
+    env: z.record(EnvName, z.string().max(32_768)).default({}).describe("environment variables"),
+    secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
+    outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
+    handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
+    retry: RetryPolicy.optional().describe("how failed attempts are retried; none: not at all"),
+    models: AgentModels.optional().describe(
+      "the model providers it calls through its worker's gateway, which holds their keys and meters each call (docs/models.md)",
+    ),
+    sessions: z
+      .boolean()
+      .default(false)
+      .describe(
+        "callers may open sessions in its sandbox and run commands of their own there (docs/sessions.md); a host session is an admin's only",
+      ),
+    rateLimit: z
+      .strictObject({
+        starts: z.number().int().min(1).max(1_000_000).describe("how many of its jobs may start in each period"),
+        per: durationMs({ min: 1_000, max: 86_400_000 }).describe("the period"),
+        burst: z
+          .number()
+          .int()
           .min(1)
-          .transform((s) => ["sh", "-c", s]),
-        z
-          .array(z.string())
+          .default(1)
+          .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
+        key: LimitKey.optional().describe(
+          "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
+        ),
+      })
+      // Compared only with a starts that is itself right: a wrong one has its own error, and burst none.
+      .refine((limit) => !(Number.isInteger(limit.starts) && limit.starts >= 1) || limit.burst <= limit.starts, {
+        message: "burst cannot be more than starts",
+        path: ["burst"],
+      })
+      .optional()
+      .describe(
+        "its jobs start `per / starts` apart (up to `burst` at once after a quiet spell), across every dispatcher and worker (docs/flow-control.md#rate-limits)",
+      ),
+    concurrency: z
+      .strictObject({
+        limit: z
+          .number()
+          .int()
           .min(1)
-          .refine(
-            (argv) => !argv[0]?.startsWith("-"),
-            "the program (the first argument) may not start with '-': a shell would read it as an option",
+          .max(1_000)
+          .describe("how many of its jobs may hold a place at once: from when one is let go to the workers until it ends"),
+        key: LimitKey.optional().describe(
+          "a limit for each value of this: `owner`, a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
+        ),
+        total: z
+          .number()
+          .int()
+          .min(1)
+          .max(100_000)
+          .optional()
+          .describe("with a `key`: how many of its jobs may hold a place at once over all values of the key together"),
+        strategy: z
+          .enum(["queue", "cancel-in-progress", "drop-new"])
+          .default("queue")
+          .describe(
+            "a job that finds no free place: `queue` waits for one; `cancel-in-progress` cancels the oldest jobs so that the newest `limit` run; `drop-new` is refused (`conflict`)",
           ),
-      ],
-      { error: () => "expected a command string or a list of arguments" },
-    )
-    .optional()
-    .describe(
-      "what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`); a prompt agent has `prompt` instead",
-    ),
-  prompt: PromptAgent.optional().describe(
-    "a prompt agent (docs/harness.md): its model, prompt and tools; the worker runs its loop and each tool call in its sandbox",
-  ),
-  pool: PoolName.default("default").describe("the work pool whose workers run this agent; a job can override it"),
-  // No default filled in: a definition that does not set it stays readable by releases before priorities.
-  priority: Priority.optional().describe("priority of its jobs in the pool; a job can override it"),
-  runtime: RuntimeWishes.default({ sandbox: "auto", network: "none", timeout: 600_000, limits: {} }).describe("where and how long it runs"),
-  trusted: z
-    .boolean()
-    .default(false)
-    .describe(
-      "safe to run without isolation: a worker whose policy lets the host sandbox run trusted agents may run it on the host; only an admin applies agents",
-    ),
-  env: z.record(EnvName, z.string().max(32_768)).default({}).describe("environment variables"),
-  secrets: z.array(SecretRef).default([]).describe("variables copied from the worker's environment"),
-  outputs: z.array(OutputGlob).default(["out/**"]).describe("workspace files kept as artifacts"),
-  handoffs: z.array(AgentName).default([]).describe("agents this one may hand work to"),
-  retry: RetryPolicy.optional().describe("how failed attempts are retried; none: not at all"),
-  models: AgentModels.optional().describe(
-    "the model providers it calls through its worker's gateway, which holds their keys and meters each call (docs/models.md)",
-  ),
-  sessions: z
-    .boolean()
-    .default(false)
-    .describe(
-      "callers may open sessions in its sandbox and run commands of their own there (docs/sessions.md); a host session is an admin's only",
-    ),
-  rateLimit: z
-    .strictObject({
-      starts: z.number().int().min(1).max(1_000_000).describe("how many of its jobs may start in each period"),
-      per: durationMs({ min: 1_000, max: 86_400_000 }).describe("the period"),
-      burst: z
-        .number()
-        .int()
-        .min(1)
-        .default(1)
-        .describe("how many may start at once after a quiet spell (1: evenly spaced, `per / starts` apart)"),
-      key: LimitKey.optional().describe(
-        "limit each value of this on its own: `owner` (the job's user), a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
-      ),
-    })
-    // Compared only with a starts that is itself right: a wrong one has its own error, and burst none.
-    .refine((limit) => !(Number.isInteger(limit.starts) && limit.starts >= 1) || limit.burst <= limit.starts, {
-      message: "burst cannot be more than starts",
-      path: ["burst"],
-    })
-    .optional()
-    .describe(
-      "its jobs start `per / starts` apart (up to `burst` at once after a quiet spell), across every dispatcher and worker (docs/flow-control.md#rate-limits)",
-    ),
-  concurrency: z
-    .strictObject({
-      limit: z
-        .number()
-        .int()
-        .min(1)
-        .max(1_000)
-        .describe("how many of its jobs may hold a place at once: from when one is let go to the workers until it ends"),
-      key: LimitKey.optional().describe(
-        "a limit for each value of this: `owner`, a field of its input (`input.customerId`) or a label (`label.tenant`); absent: one limit for all the agent's jobs",
-      ),
-      total: z
-        .number()
-        .int()
-        .min(1)
-        .max(100_000)
-        .optional()
-        .describe("with a `key`: how many of its jobs may hold a place at once over all values of the key together"),
-      strategy: z
-        .enum(["queue", "cancel-in-progress", "drop-new"])
-        .default("queue")
-        .describe(
-          "a job that finds no free place: `queue` waits for one; `cancel-in-progress` cancels the oldest jobs so that the newest `limit` run; `drop-new` is refused (`conflict`)",
+      })
+      .refine((limit) => limit.total === undefined || limit.key !== undefined, {
+        message: "a total applies over the values of a key: give the limit a key, or no total",
+        path: ["total"],
+      })
+      .optional()
+      .describe("how many of its jobs may run at once, across every dispatcher and worker (docs/flow-control.md#concurrency-limits)"),
+    git: z
+      .strictObject({
+        hosts: z
+          .array(z.string().regex(/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/, "a host name, with :port where it is not the default"))
+          .min(1)
+          .max(64)
+          .describe(
+            "the hosts its sessions may clone from (https:// or git://), by name, with :port where it is not the scheme's own (a name alone allows that port only)",
+          ),
+        credential: EnvName.optional().describe(
+          "a variable of the worker's environment (on its secrets allow-list) sent as the HTTPS password to those hosts when cloning; never given to the session",
         ),
-    })
-    .refine((limit) => limit.total === undefined || limit.key !== undefined, {
-      message: "a total applies over the values of a key: give the limit a key, or no total",
-      path: ["total"],
-    })
-    .optional()
-    .describe("how many of its jobs may run at once, across every dispatcher and worker (docs/flow-control.md#concurrency-limits)"),
-  git: z
-    .strictObject({
-      hosts: z
-        .array(z.string().regex(/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/, "a host name, with :port where it is not the default"))
-        .min(1)
-        .max(64)
-        .describe(
-          "the hosts its sessions may clone from (https:// or git://), by name, with :port where it is not the scheme's own (a name alone allows that port only)",
-        ),
-      credential: EnvName.optional().describe(
-        "a variable of the worker's environment (on its secrets allow-list) sent as the HTTPS password to those hosts when cloning; never given to the session",
-      ),
-    })
-    .optional()
-    .describe("where its sessions may clone their workspace from (docs/sessions.md#git)"),
-})
+      })
+      .optional()
+      .describe("where its sessions may clone their workspace from (docs/sessions.md#git)"),
+  })
   // One way to run: a command, or a prompt the worker's harness runs.
   .refine((agent) => (agent.command === undefined) !== (agent.prompt === undefined), {
     message: "give the agent a command or a prompt (a .prompt file), one of the two",

@@ -36,6 +36,7 @@ export const JobEventType = z.enum([
   "step",
   "tool_call",
   "tool_result",
+  "compacted",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 
@@ -74,7 +75,7 @@ const jobEventFields = {
   usageBy: z.enum(["gateway", "agent"]).optional(),
   /** On `model_call`: one call through the worker's model gateway. */
   call: ModelCall.optional(),
-  /** On `step`, `tool_call` and `tool_result`: a prompt agent's loop (docs/harness.md#events). */
+  /** On `step`, `tool_call`, `tool_result` and `compacted`: a prompt agent's loop (docs/harness.md#events). */
   step: HarnessStep.optional(),
 };
 

@@ -139,18 +139,6 @@ export {
 export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
 export { AgentModels, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
-export {
-  BUILTIN_TOOLS,
-  BuiltinTool,
-  HarnessStep,
-  harnessObjects,
-  STEP_EXCERPT,
-  ModelRef,
-  modelOf,
-  modelsOfAgent,
-  PromptAgent,
-} from "./prompt-agent.js";
-export { type PromptFile, parsePromptFile } from "./prompt-file.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
@@ -174,6 +162,18 @@ export {
 export type { Identity } from "./principal.js";
 export { ROLES, Role } from "./principal.js";
 export { PRIORITIES, Priority } from "./priority.js";
+export {
+  BUILTIN_TOOLS,
+  BuiltinTool,
+  HarnessStep,
+  harnessObjects,
+  ModelRef,
+  modelOf,
+  modelsOfAgent,
+  PromptAgent,
+  STEP_EXCERPT,
+} from "./prompt-agent.js";
+export { type PromptFile, parsePromptFile } from "./prompt-file.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
 export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 export {

@@ -28,7 +28,7 @@ export const PromptAgent = z.strictObject({
     .string()
     .min(1, "the prompt's template is empty")
     .max(256 * 1024)
-    .describe("the prompt: a Dotprompt (Handlebars) template the job's input fills; `{{role \"system\"}}` starts a system part"),
+    .describe('the prompt: a Dotprompt (Handlebars) template the job\'s input fills; `{{role "system"}}` starts a system part'),
   tools: z.array(BuiltinTool).max(BUILTIN_TOOLS.length).default([]).describe("the built-in tools it may call, each run in its sandbox"),
   maxSteps: z.number().int().min(1).max(1_000).default(25).describe("the most model calls its loop makes; past them it ends `max_steps`"),
   maxTokens: z
@@ -39,13 +39,24 @@ export const PromptAgent = z.strictObject({
     .describe("the most tokens (in and out) its loop may use over the job; past them it ends `max_tokens`"),
   maxOutputTokens: z.number().int().min(1).max(200_000).default(4_096).describe("the most tokens of one model answer"),
   temperature: z.number().min(0).max(2).optional(),
+  compactAt: z
+    .number()
+    .int()
+    .min(1)
+    .optional()
+    .describe(
+      "when a model call's prompt reaches this many tokens, the steps before the last `keepSteps` are summarised through the model and replaced by the summary (a `compacted` event); absent: never",
+    ),
+  keepSteps: z.number().int().min(1).max(100).default(4).describe("the most recent steps a compaction keeps whole"),
   doomLoop: z
     .number()
     .int()
     .min(2)
     .max(20)
     .default(3)
-    .describe("the same tool call with the same arguments this many times in a row: the model is told; once more, the loop ends `doom_loop`"),
+    .describe(
+      "the same tool call with the same arguments this many times in a row: the model is told; once more, the loop ends `doom_loop`",
+    ),
 });
 export type PromptAgent = z.infer<typeof PromptAgent>;
 
@@ -73,13 +84,24 @@ export const STEP_EXCERPT = 4096;
 export const HarnessStep = z.strictObject({
   n: z.number().int().positive().describe("the step: its model call's number, from 1"),
   finish: z.string().max(64).optional().describe("on `step`: why the model's answer ended (`tool-calls`, `stop`, `length`, ...)"),
-  text: z.string().max(STEP_EXCERPT + 64).optional().describe("on `step`: the model's text, the first 4 KiB"),
+  text: z
+    .string()
+    .max(STEP_EXCERPT + 64)
+    .optional()
+    .describe("on `step`: the model's text, the first 4 KiB"),
   tool: z
     .strictObject({
       id: z.string().max(256),
       name: z.string().max(128),
-      input: z.string().max(STEP_EXCERPT + 64).describe("its arguments as JSON, the first 4 KiB"),
-      output: z.string().max(STEP_EXCERPT + 64).optional().describe("on `tool_result`: what the model was given, the first 4 KiB"),
+      input: z
+        .string()
+        .max(STEP_EXCERPT + 64)
+        .describe("its arguments as JSON, the first 4 KiB"),
+      output: z
+        .string()
+        .max(STEP_EXCERPT + 64)
+        .optional()
+        .describe("on `tool_result`: what the model was given, the first 4 KiB"),
       error: z.boolean().optional().describe("on `tool_result`: the tool failed (the model is told why)"),
       durationMs: z.number().nonnegative().optional(),
     })

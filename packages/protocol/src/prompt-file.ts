@@ -67,7 +67,8 @@ export function parsePromptFile(text: string, file: string): PromptFile {
       return paths.map((path) => {
         // In the file, the prompt's fields are at the top, and its template after the frontmatter.
         if (path[0] === "prompt" && path[1] === "template") return { path: "template", message, line: close + 2, column: 1 };
-        const inFile = path[0] === "prompt" ? path.slice(1) : path[0] === "runtime" && "sandbox" in fields ? ["sandbox", ...path.slice(1)] : path;
+        const inFile =
+          path[0] === "prompt" ? path.slice(1) : path[0] === "runtime" && "sandbox" in fields ? ["sandbox", ...path.slice(1)] : path;
         const pos = lineCounter.linePos(locateIn(doc.contents, inFile));
         return { path: formatPath(inFile), message, line: pos.line + offset, column: pos.col };
       });

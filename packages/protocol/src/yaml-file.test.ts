@@ -42,7 +42,11 @@ describe("parseAgentFile", () => {
   test("a missing field is reported at the mapping that lacks it", () => {
     const err = errorOf("name: only-a-name\n");
     expect(err.locations).toEqual([
-      expect.objectContaining({ path: "command", message: "give the agent a command or a prompt (a .prompt file), one of the two", line: 1 }),
+      expect.objectContaining({
+        path: "command",
+        message: "give the agent a command or a prompt (a .prompt file), one of the two",
+        line: 1,
+      }),
     ]);
   });
 

@@ -31,7 +31,12 @@ async function checkTemplate(template: string, file: string, firstLine: number):
     const line = /line (\d+)/.exec(message)?.[1];
     const at = firstLine + (line ? Number(line) - 1 : 0);
     throw new FileError("prompt file", file, [
-      { path: "template", message: `the template does not parse (Handlebars): ${message.split("\n").filter(Boolean).at(-1) ?? message}`, line: at, column: 1 },
+      {
+        path: "template",
+        message: `the template does not parse (Handlebars): ${message.split("\n").filter(Boolean).at(-1) ?? message}`,
+        line: at,
+        column: 1,
+      },
     ]);
   }
 }

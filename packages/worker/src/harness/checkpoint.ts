@@ -23,6 +23,8 @@ export interface LoopState {
   /** The conversation after the rendered prompt: the model's answers and the tools' results. */
   messages: ModelMessage[];
   tokens: { in: number; out: number };
+  /** The prompt's tokens of the last model call: past the agent's `compactAt`, the conversation is compacted. */
+  lastPromptTokens?: number;
   /** The last tool call (its name and arguments) and how many times in a row it was asked for. */
   repeated: { key: string; count: number };
 }

@@ -1,7 +1,16 @@
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
 import type { Logger } from "@boxcar/common";
-import { BoxcarError, type BuiltinTool, ErrorCode, type HarnessStep, modelOf, type PromptAgent, STEP_EXCERPT } from "@boxcar/protocol";
+import {
+  BoxcarError,
+  type BuiltinTool,
+  ErrorCode,
+  type HandoffRequest,
+  type HarnessStep,
+  modelOf,
+  type PromptAgent,
+  STEP_EXCERPT,
+} from "@boxcar/protocol";
 import { jsonSchema, type LanguageModel, type ModelMessage, streamText, type ToolCallPart, type ToolSet, tool } from "ai";
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { Sandbox } from "../sandbox/sandbox.js";
@@ -16,8 +25,13 @@ import { runTool, TOOL_DESCRIPTIONS, toolSchema } from "./tools.js";
  * Its guards end it with their own codes: `max_steps`, `max_tokens`, `doom_loop`.
  */
 
+/** The job events the loop publishes. */
+export type LoopEventType = "step" | "tool_call" | "tool_result" | "compacted";
+
 export interface PromptLoopContext {
   agent: PromptAgent;
+  /** The agents it may hand off to: with any, it has the `handoff` tool. */
+  handoffs: readonly string[];
   input: unknown;
   attempt: number;
   sandbox: Sandbox;
@@ -29,7 +43,7 @@ export interface PromptLoopContext {
   attemptLease?: AttemptLease | undefined;
   checkpoints: Checkpoints;
   /** Publishes a `step`, `tool_call` or `tool_result` event. */
-  event(type: "step" | "tool_call" | "tool_result", step: HarnessStep, message: string): void;
+  event(type: LoopEventType, step: HarnessStep, message: string): void;
   /** The model's text as it streams (the job's stdout, for followers). */
   onText(text: string): void;
   progress(message: string): void;
@@ -43,7 +57,12 @@ export interface PromptLoopEnd {
   tokens: { in: number; out: number };
   /** Why the loop ended without an answer (a guard). */
   error?: { code: ErrorCode; message: string };
+  /** The model handed the work on (its `handoff` tool): the job's handoff request. */
+  handoff?: HandoffRequest;
 }
+
+/** The tool an agent with handoffs has: it ends the loop, handing the work to another agent. */
+const HANDOFF = "handoff";
 
 /** Tools that can change the workspace: after one, the workspace is kept with the checkpoint. */
 const CHANGES_FILES = new Set<string>(["bash", "write_file", "edit_file"]);
@@ -58,6 +77,7 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
       tool({ description: TOOL_DESCRIPTIONS[name], inputSchema: jsonSchema(toolSchema(name)) }),
     ]),
   );
+  if (ctx.handoffs.length > 0) tools[HANDOFF] = handoffTool(ctx.handoffs);
   const state = await resume(ctx);
   const save = async () => {
     if (ctx.attemptLease?.lapsed())
@@ -67,7 +87,7 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
   for (;;) {
     // The last answer's tool calls that have no result yet (on a resumed attempt: the one under way).
     for (const call of unanswered(state.messages)) {
-      const ended = await runCall(ctx, state, call);
+      const ended = call.toolName === HANDOFF && ctx.handoffs.length > 0 ? handOff(ctx, state, call) : await runCall(ctx, state, call);
       if (ended) return ended;
       if (CHANGES_FILES.has(call.toolName) && !(await ctx.checkpoints.saveWorkspace(ctx.sandbox))) {
         ctx.progress("the workspace is too large to keep with the checkpoint: a later attempt starts it from the job's input");
@@ -86,12 +106,15 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
         `the agent used ${state.tokens.in + state.tokens.out} tokens, its maxTokens of ${agent.maxTokens}, without a final answer`,
       );
     }
+    if (agent.compactAt !== undefined && (state.lastPromptTokens ?? 0) >= agent.compactAt && (await compact(ctx, state, model, prompt))) {
+      await save();
+    }
     const n = state.steps + 1;
     const result = streamText({
       model,
       ...(prompt.system ? { system: prompt.system } : {}),
       messages: [...prompt.messages, ...state.messages],
-      ...(agent.tools.length > 0 ? { tools } : {}),
+      ...(Object.keys(tools).length > 0 ? { tools } : {}),
       maxOutputTokens: agent.maxOutputTokens,
       ...(agent.temperature !== undefined ? { temperature: agent.temperature } : {}),
       abortSignal: ctx.signal,
@@ -108,6 +131,7 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
     const [response, finish, usage] = await Promise.all([result.response, result.finishReason, result.usage]);
     state.steps = n;
     state.tokens = { in: state.tokens.in + (usage.inputTokens ?? 0), out: state.tokens.out + (usage.outputTokens ?? 0) };
+    state.lastPromptTokens = usage.inputTokens ?? 0;
     state.messages.push(...(response.messages as ModelMessage[]));
     const answer = state.messages.at(-1);
     const text = answer?.role === "assistant" ? textOf(answer) : "";
@@ -129,6 +153,49 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
     ctx.onText("\n");
     await save();
   }
+}
+
+/** What the model is asked when the conversation is compacted. */
+const COMPACT_ASK =
+  "Summarise the work so far for yourself, to go on from it: what was asked, what was done (files written, commands run and their results that matter), what was found, and what is left. Be complete but brief; the messages before this one will be replaced by your summary.";
+
+/**
+ * Replaces the steps before the last `keepSteps` with a summary the model writes of them (a model
+ * call through the gateway like any, not a step); false when there was nothing old enough.
+ */
+async function compact(
+  ctx: PromptLoopContext,
+  state: LoopState,
+  model: LanguageModel,
+  prompt: { system?: string; messages: ModelMessage[] },
+): Promise<boolean> {
+  const starts = state.messages.flatMap((m, i) => (m.role === "assistant" ? [i] : []));
+  const cut = starts[starts.length - ctx.agent.keepSteps];
+  if (cut === undefined || cut === 0) return false;
+  const older = state.messages.slice(0, cut);
+  const summary = streamText({
+    model,
+    ...(prompt.system ? { system: prompt.system } : {}),
+    messages: [...prompt.messages, ...older, { role: "user", content: COMPACT_ASK }],
+    maxOutputTokens: ctx.agent.maxOutputTokens,
+    abortSignal: ctx.signal,
+  });
+  let failure: unknown;
+  for await (const part of summary.fullStream) if (part.type === "error") failure = part.error;
+  if (failure) throw modelError(failure);
+  const [text, usage] = await Promise.all([summary.text, summary.usage]);
+  state.tokens = { in: state.tokens.in + (usage.inputTokens ?? 0), out: state.tokens.out + (usage.outputTokens ?? 0) };
+  state.messages = [
+    { role: "user", content: `A summary of the earlier steps, which were compacted:\n\n${text}` },
+    ...state.messages.slice(cut),
+  ];
+  state.lastPromptTokens = 0;
+  ctx.event(
+    "compacted",
+    { n: state.steps, text: excerpt(text) },
+    `compacted ${older.length} messages of the conversation into a summary of ${text.length} characters, keeping the last ${ctx.agent.keepSteps} steps whole`,
+  );
+  return true;
 }
 
 /** The checkpoint of an earlier attempt, its workspace laid out again; or a new state. */
@@ -178,7 +245,52 @@ async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallP
     { n, tool: { ...tool, output: excerpt(answer.output), ...(answer.error ? { error: true } : {}), durationMs } },
     `step ${n}: ${call.toolName} ${answer.error ? "failed" : "done"} in ${durationMs} ms`,
   );
-  state.messages.push({
+  state.messages.push(toolResult(call, answer));
+  return undefined;
+}
+
+function handoffTool(handoffs: readonly string[]) {
+  return tool({
+    description: `Hands the work on to another agent, which starts with this job's output files (out/) unless carryFiles is false, and ends this job: use it as your last step. The agents: ${handoffs.join(", ")}.`,
+    inputSchema: jsonSchema({
+      type: "object",
+      properties: {
+        to: { type: "string", enum: [...handoffs] },
+        input: { description: "the next job's input (JSON)" },
+        carryFiles: { type: "boolean" },
+        summary: { type: "string", description: "what this job did, for the next agent and for people" },
+      },
+      required: ["to"],
+      additionalProperties: false,
+    }),
+  });
+}
+
+/** The model's handoff: the loop ends, the job's result asks for it (the dispatcher checks it against the agent's handoffs). */
+function handOff(ctx: PromptLoopContext, state: LoopState, call: ToolCallPart): PromptLoopEnd | undefined {
+  const n = state.steps;
+  const asked = (call.input ?? {}) as { to?: unknown; input?: unknown; carryFiles?: unknown; summary?: unknown };
+  const tool = { id: call.toolCallId, name: HANDOFF, input: excerpt(JSON.stringify(asked)) };
+  ctx.event("tool_call", { n, tool }, `step ${n}: handoff ${excerpt(tool.input, 200)}`);
+  const to = typeof asked.to === "string" && ctx.handoffs.includes(asked.to) ? asked.to : undefined;
+  if (!to) {
+    const output = `handoff needs \`to\`, one of ${ctx.handoffs.join(", ")}`;
+    ctx.event("tool_result", { n, tool: { ...tool, output, error: true, durationMs: 0 } }, `step ${n}: handoff failed: ${output}`);
+    state.messages.push(toolResult(call, { output, error: true }));
+    return undefined;
+  }
+  const summary = typeof asked.summary === "string" ? asked.summary : `handed off to ${to}`;
+  ctx.event("tool_result", { n, tool: { ...tool, output: `handing off to ${to}`, durationMs: 0 } }, `step ${n}: handing off to ${to}`);
+  return {
+    text: summary,
+    steps: state.steps,
+    tokens: state.tokens,
+    handoff: { to, input: (asked.input ?? null) as HandoffRequest["input"], carryFiles: asked.carryFiles !== false, stayInSession: false },
+  };
+}
+
+function toolResult(call: ToolCallPart, answer: { output: string; error: boolean }): ModelMessage {
+  return {
     role: "tool",
     content: [
       {
@@ -188,8 +300,7 @@ async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallP
         output: answer.error ? { type: "error-text", value: answer.output } : { type: "text", value: answer.output },
       },
     ],
-  });
-  return undefined;
+  };
 }
 
 /** The tool calls of the last answer that no tool message after it answers. */

@@ -2,7 +2,7 @@ import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import type { ErrorInfo, HarnessStep, PromptAgent } from "@boxcar/protocol";
 import { Checkpoints } from "../harness/checkpoint.js";
-import { runPromptLoop } from "../harness/prompt-loop.js";
+import { type LoopEventType, runPromptLoop } from "../harness/prompt-loop.js";
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox } from "../sandbox/sandbox.js";
 import { AgentPaths } from "../workspace/agent-contract.js";
@@ -10,6 +10,7 @@ import { AgentPaths } from "../workspace/agent-contract.js";
 /** What a prompt agent's attempt needs of its run. */
 export interface PromptAttemptContext {
   agent: PromptAgent;
+  handoffs: readonly string[];
   input: unknown;
   jobId: string;
   attempt: number;
@@ -18,7 +19,7 @@ export interface PromptAttemptContext {
   modelEnv: Record<string, string>;
   signal: AbortSignal;
   attemptLease?: AttemptLease | undefined;
-  event(type: "step" | "tool_call" | "tool_result", step: HarnessStep, message: string): void;
+  event(type: LoopEventType, step: HarnessStep, message: string): void;
   onText(text: string): void;
   progress(message: string): void;
   log: Logger;
@@ -42,7 +43,11 @@ export async function runPromptAttempt(sandbox: Sandbox, ctx: PromptAttemptConte
     const end = await runPromptLoop({ ...ctx, sandbox, checkpoints: new Checkpoints(ctx.topology, ctx.jobId) });
     const result = end.error
       ? { error: end.error.message, retry: false, output: { steps: end.steps, tokens: end.tokens } }
-      : { output: { text: end.text ?? "", steps: end.steps, tokens: end.tokens }, summary: summaryOf(end.text ?? "") };
+      : {
+          output: { text: end.text ?? "", steps: end.steps, tokens: end.tokens },
+          summary: summaryOf(end.text ?? ""),
+          ...(end.handoff ? { handoff: end.handoff } : {}),
+        };
     await sandbox.writeFile(AgentPaths.result, new TextEncoder().encode(JSON.stringify(result)));
     return { exec: ran(end.error ? 1 : 0), ...(end.error ? { guard: end.error } : {}) };
   } catch (err) {

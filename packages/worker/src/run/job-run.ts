@@ -653,6 +653,7 @@ export class JobRun {
     if (!agent) throw new BoxcarError(ErrorCode.internal, "the agent has neither a command nor a prompt");
     const { exec, guard } = await runPromptAttempt(sandbox, {
       agent,
+      handoffs: this.item.agent.handoffs,
       input: this.item.input,
       jobId: this.jobId,
       attempt: this.events.attempt,
