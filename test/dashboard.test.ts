@@ -2,7 +2,9 @@
  * The web dashboard in a real browser (Debian's Chromium, headless, driven by playwright-core)
  * against a real system started as a new user would, `boxcar up`: jobs appear live, output
  * streams in, an artifact downloads, cancel stops a running job, a workflow's graph shows its
- * steps' states, dead letters are retried in bulk, a job's model calls fill their table live. Each main page is saved as a screenshot under
+ * steps' states, dead letters are retried in bulk, a job's model calls fill their table live, a
+ * prompt agent's conversation grows live, its tool calls opened to their arguments and results.
+ * Each main page is saved as a screenshot under
  * `.boxcar/screenshots/` for a person to look at.
  */
 
@@ -17,7 +19,7 @@ import { type Browser, chromium, type Locator, type Page } from "playwright-core
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
 import { eventually, exited } from "./helpers/cli.js";
-import { startModelStandIn } from "./helpers/model-standin.js";
+import { type ModelStandIn, startModelStandIn } from "./helpers/model-standin.js";
 import { scratch } from "./helpers/scratch.js";
 import { spawnUp, type UpProcess } from "./helpers/up.js";
 
@@ -91,6 +93,35 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.goto(`${dashboard}/${path}`);
     await page.locator("[data-who]").waitFor();
     return page;
+  }
+
+  /**
+   * A worker of this process serving the pool `models`, with a model gateway in front of the
+   * stand-in provider: `boxcar up`'s workers hold no provider key (as gateway.test.ts's systems do).
+   */
+  async function gatewayWorker(standIn: ModelStandIn): Promise<AsyncDisposable> {
+    const workerNc = await connectNats(
+      resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }),
+      "dashboard-test-models",
+    );
+    const worker = createWorker({
+      topology: await openTopology(workerNc),
+      pools: ["models"],
+      providers: [createHostSandboxProvider()],
+      modelGateway: {
+        providers: {
+          anthropic: { key: "sk-ant-dashboard-test", baseUrl: standIn.anthropicUrl },
+          openai: { key: "sk-proj-dashboard-test", baseUrl: standIn.openaiUrl },
+        },
+      },
+    });
+    void worker.run();
+    return {
+      [Symbol.asyncDispose]: async () => {
+        await worker.close();
+        await workerNc.close();
+      },
+    };
   }
 
   test("a submitted job appears on the jobs page live and reaches succeeded there", async () => {
@@ -309,29 +340,12 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
     await page.close();
   }, 30_000);
 
-  // Last: its worker, stopped at the end, would be a third row on the workers page.
+  // Last two: their workers, stopped at the end, would be more rows on the workers page.
   test("a job's model calls fill a table on its page live: attempt, provider, model, status, tokens, cost, ms, streamed, replayed, and their totals", async () => {
-    // `boxcar up`'s workers hold no provider key: a worker of this process, with a model gateway
-    // in front of the stand-in provider, serves a pool of its own (as gateway.test.ts's systems do).
     await using standIn = await startModelStandIn();
     await using folder = await scratch("boxcar-model-calls-");
     const go = join(folder.path, "go");
-    const workerNc = await connectNats(
-      resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }),
-      "dashboard-test-models",
-    );
-    const worker = createWorker({
-      topology: await openTopology(workerNc),
-      pools: ["models"],
-      providers: [createHostSandboxProvider()],
-      modelGateway: {
-        providers: {
-          anthropic: { key: "sk-ant-dashboard-test", baseUrl: standIn.anthropicUrl },
-          openai: { key: "sk-proj-dashboard-test", baseUrl: standIn.openaiUrl },
-        },
-      },
-    });
-    void worker.run();
+    await using _worker = await gatewayWorker(standIn);
     try {
       await client.setPolicy({
         prices: { "claude-test": { in: 3, out: 15, cacheRead: 0.3, cacheWrite: 3.75 }, "gpt-test": { in: 1, out: 2 } },
@@ -421,8 +435,66 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
       await page.close();
     } finally {
       await writeFile(go, "").catch(() => {});
-      await worker.close();
-      await workerNc.close();
+    }
+  }, 60_000);
+
+  test("a prompt agent's conversation shows on its job's page live: each step's model turn, its tool calls collapsed, opened to their arguments and results", async () => {
+    await using standIn = await startModelStandIn();
+    await using folder = await scratch("boxcar-conversation-");
+    const go = join(folder.path, "go");
+    await using _worker = await gatewayWorker(standIn);
+    try {
+      await client.applyAgent({
+        name: "talker",
+        description: "a prompt agent: one bash call, then its answer",
+        pool: "models",
+        prompt: { model: "anthropic/claude-test", template: "Say hi.", tools: ["bash"] },
+        runtime: { sandbox: "host" },
+        trusted: true,
+      });
+      // Its bash waits for the go file, so the page shows the call running before its result and
+      // the next step come; what it prints carries markup, which must stay text.
+      const command = `until [ -e '${go}' ]; do sleep 0.05; done; echo "hi <img src=x onerror=document.title='pwned'>"`;
+      standIn.script({ kind: "answer", tool: "bash", input: { command }, id: "t1" }, { kind: "answer", text: "done" });
+      const { job } = await client.submit({ agent: "talker" });
+      const page = await open(`#/job/${job.id}`);
+      const steps = page.locator("[data-conversation] [data-step]");
+      const call = steps.nth(0).locator('[data-tool-call="bash"]');
+      await call.locator("[data-tool-status]", { hasText: "running…" }).waitFor({ timeout: 20_000 });
+      expect(await steps.count()).toBe(1);
+      expect(await steps.nth(0).locator("[data-finish]").textContent()).toBe("tool-calls");
+      expect(await steps.nth(0).locator("[data-step-text]").count()).toBe(0);
+      // Collapsed: the tool's name and a line of its arguments, not the arguments in full.
+      expect(await call.locator("summary code").textContent()).toBe("bash");
+      const preview = (await call.locator("[data-tool-preview]").textContent()) ?? "";
+      expect(preview).toMatch(/^\{"command":"until \[ -e /);
+      expect(JSON.stringify({ command }).startsWith(preview.replace(/…$/, ""))).toBe(true);
+      expect(await call.locator("[data-tool-input]").isVisible()).toBe(false);
+      // The result and the second step arrive on the open page, without a reload.
+      await writeFile(go, "");
+      await expect.poll(() => steps.count(), { timeout: 20_000 }).toBe(2);
+      await expect.poll(() => call.locator("[data-tool-status]").textContent()).toMatch(/^done in \d+ ms$/);
+      await call.locator("summary").click();
+      const input = call.locator("[data-tool-input]");
+      await input.waitFor({ state: "visible" });
+      expect(await input.textContent()).toBe(JSON.stringify({ command }, null, 2));
+      const output = call.locator("[data-tool-output]");
+      expect(await output.isVisible()).toBe(true);
+      expect(await output.textContent()).toContain("hi <img src=x onerror=document.title='pwned'>");
+      expect(await output.getAttribute("data-tool-error")).toBeNull();
+      expect(await steps.nth(1).locator("[data-finish]").textContent()).toBe("stop");
+      expect(await steps.nth(1).locator("[data-step-text]").textContent()).toBe("done");
+      expect(await steps.nth(1).locator("[data-tool-call]").count()).toBe(0);
+      expect(await page.locator("[data-conversation] img").count()).toBe(0);
+      expect(await page.title()).not.toBe("pwned");
+      await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 20_000 });
+      expect((await client.getJob(job.id)).result?.output).toMatchObject({ text: "done", steps: 2 });
+      // The opened call stays open as the page goes on drawing the job's events.
+      expect(await input.isVisible()).toBe(true);
+      await page.screenshot({ path: `${SCREENSHOTS}/conversation.png`, fullPage: true });
+      await page.close();
+    } finally {
+      await writeFile(go, "").catch(() => {});
     }
   }, 60_000);
 });

@@ -1,9 +1,10 @@
 /**
  * One job: its record, its event timeline and its output, both read from history and then
- * followed live on the job's own subjects, the table of its model calls (drawn from those
- * events, so it grows live too), its result and artifacts (downloaded a chunk at a time
- * through `jobs.artifact` and checked against their digest), and cancel or retry where the
- * page's principal may (an admin on any job, a submitter on its own; a viewer sees no button).
+ * followed live on the job's own subjects, a prompt agent's conversation and the table of its
+ * model calls (both drawn from those events, so they grow live too), its result and artifacts
+ * (downloaded a chunk at a time through `jobs.artifact` and checked against their digest), and
+ * cancel or retry where the page's principal may (an admin on any job, a submitter on its own;
+ * a viewer sees no button).
  */
 
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
@@ -11,6 +12,7 @@ import { unfoldEvents } from "@boxcar/protocol/event-fold";
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { Api } from "../api.js";
 import { Badge, duration, Failure, html, when } from "../html.js";
+import { Conversation } from "./conversation.js";
 import { ModelCalls, money } from "./model-calls.js";
 
 const ENDED = new Set(["succeeded", "failed", "timed_out", "cancelled", "dead", "expired", "rejected"]);
@@ -158,6 +160,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         html`<h2>Artifacts</h2>
         <ul class="artifacts">${job.artifacts.map((a) => html`<li><${Download} api=${api} jobId=${job.id} path=${a.path} size=${a.size} /></li>`)}</ul>`
       }
+      <${Conversation} events=${events} />
       <${ModelCalls} events=${events} />
       <h2>Events</h2>
       <ol class="timeline" data-timeline>
