@@ -321,6 +321,42 @@ describe("a prompt agent's loop on the host", () => {
     expect(JSON.stringify(standIn.requests[1]?.body.messages)).toContain("Do the task: plan: two steps");
   }, 60_000);
 
+  test("a tool that needs approval waits for a person: a denial is a tool error the model reads, an approval runs the call", async () => {
+    await using standIn = await startModelStandIn();
+    await using system = await localSystem({
+      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
+    });
+    const { client } = system;
+    await client.applyAgent(agent("careful-deployer", { tools: ["bash"], approval: ["bash"] }));
+    standIn.script(
+      call("a1", "bash", { command: "echo first-ran" }),
+      call("a2", "bash", { command: "echo second-ran" }),
+      answer("deployed once"),
+    );
+    const { job } = await client.submit({ agent: "careful-deployer", input: { task: "deploy" } });
+    const asked = async (n: number) =>
+      eventually(
+        async () =>
+          (await eventsOf(client, job.id)).filter((e) => e.kind === "job" && e.type === "approval_requested").length >= n
+            ? true
+            : undefined,
+        `approval request ${n}`,
+      );
+    await asked(1);
+    expect((await client.getJob(job.id)).state).toBe("running");
+    await client.signalJob(job.id, "deny", { call: "a1", reason: "not on a Friday" });
+    await asked(2);
+    await client.signalJob(job.id, "approve"); // no call named: the one waiting
+    const done = await client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    const results = (await eventsOf(client, job.id)).flatMap((e) =>
+      e.kind === "job" && e.type === "tool_result" ? [`${e.step?.tool?.error ? "error" : "ok"}: ${e.step?.tool?.output}`] : [],
+    );
+    expect(results[0]).toBe("error: a person denied this call: not on a Friday; it did not run");
+    expect(results[1]).toMatch(/^ok: exit code 0\nsecond-ran/);
+    expect(results.join("")).not.toContain("first-ran");
+  }, 60_000);
+
   test("bad tool calls are tool errors the model reads, never a failed job; a path outside the workspace is refused", async () => {
     await using standIn = await startModelStandIn();
     await using system = await localSystem({

@@ -133,6 +133,7 @@ for (let loop = 0; loop < LOOPS + 3; loop++) {
   const end = await runPromptLoop({
     agent,
     handoffs: [],
+    signals: { count: () => 0, wait: () => new Promise(() => {}) },
     input: {},
     attempt: 1,
     sandbox,

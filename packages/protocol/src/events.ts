@@ -37,6 +37,7 @@ export const JobEventType = z.enum([
   "tool_call",
   "tool_result",
   "compacted",
+  "approval_requested",
 ]);
 export type JobEventType = z.infer<typeof JobEventType>;
 

@@ -22,42 +22,52 @@ export const ModelRef = z
     "must be provider/model, the provider anthropic or openai (e.g. anthropic/claude-sonnet-4-5, openai/gpt-4o-mini)",
   );
 
-export const PromptAgent = z.strictObject({
-  model: ModelRef.describe("the model its loop calls, as provider/model (anthropic/..., openai/...)"),
-  template: z
-    .string()
-    .min(1, "the prompt's template is empty")
-    .max(256 * 1024)
-    .describe('the prompt: a Dotprompt (Handlebars) template the job\'s input fills; `{{role "system"}}` starts a system part'),
-  tools: z.array(BuiltinTool).max(BUILTIN_TOOLS.length).default([]).describe("the built-in tools it may call, each run in its sandbox"),
-  maxSteps: z.number().int().min(1).max(1_000).default(25).describe("the most model calls its loop makes; past them it ends `max_steps`"),
-  maxTokens: z
-    .number()
-    .int()
-    .positive()
-    .optional()
-    .describe("the most tokens (in and out) its loop may use over the job; past them it ends `max_tokens`"),
-  maxOutputTokens: z.number().int().min(1).max(200_000).default(4_096).describe("the most tokens of one model answer"),
-  temperature: z.number().min(0).max(2).optional(),
-  compactAt: z
-    .number()
-    .int()
-    .min(1)
-    .optional()
-    .describe(
-      "when a model call's prompt reaches this many tokens, the steps before the last `keepSteps` are summarised through the model and replaced by the summary (a `compacted` event); absent: never",
-    ),
-  keepSteps: z.number().int().min(1).max(100).default(4).describe("the most recent steps a compaction keeps whole"),
-  doomLoop: z
-    .number()
-    .int()
-    .min(2)
-    .max(20)
-    .default(3)
-    .describe(
-      "the same tool call with the same arguments this many times in a row: the model is told; once more, the loop ends `doom_loop`",
-    ),
-});
+export const PromptAgent = z
+  .strictObject({
+    model: ModelRef.describe("the model its loop calls, as provider/model (anthropic/..., openai/...)"),
+    template: z
+      .string()
+      .min(1, "the prompt's template is empty")
+      .max(256 * 1024)
+      .describe('the prompt: a Dotprompt (Handlebars) template the job\'s input fills; `{{role "system"}}` starts a system part'),
+    tools: z.array(BuiltinTool).max(BUILTIN_TOOLS.length).default([]).describe("the built-in tools it may call, each run in its sandbox"),
+    approval: z
+      .array(BuiltinTool)
+      .max(BUILTIN_TOOLS.length)
+      .default([])
+      .describe("tools whose every call waits for a person's approval (a signal `approve` or `deny` to the job) before it runs"),
+    maxSteps: z.number().int().min(1).max(1_000).default(25).describe("the most model calls its loop makes; past them it ends `max_steps`"),
+    maxTokens: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .describe("the most tokens (in and out) its loop may use over the job; past them it ends `max_tokens`"),
+    maxOutputTokens: z.number().int().min(1).max(200_000).default(4_096).describe("the most tokens of one model answer"),
+    temperature: z.number().min(0).max(2).optional(),
+    compactAt: z
+      .number()
+      .int()
+      .min(1)
+      .optional()
+      .describe(
+        "when a model call's prompt reaches this many tokens, the steps before the last `keepSteps` are summarised through the model and replaced by the summary (a `compacted` event); absent: never",
+      ),
+    keepSteps: z.number().int().min(1).max(100).default(4).describe("the most recent steps a compaction keeps whole"),
+    doomLoop: z
+      .number()
+      .int()
+      .min(2)
+      .max(20)
+      .default(3)
+      .describe(
+        "the same tool call with the same arguments this many times in a row: the model is told; once more, the loop ends `doom_loop`",
+      ),
+  })
+  .refine((prompt) => prompt.approval.every((tool) => prompt.tools.includes(tool)), {
+    message: "a tool that waits for approval must be one of the agent's tools",
+    path: ["approval"],
+  });
 export type PromptAgent = z.infer<typeof PromptAgent>;
 
 /** The provider and model of a `provider/model` reference. */

@@ -48,6 +48,25 @@ describe("a prompt file", () => {
     expect(errorOf("---\nname: a\nmodel: openai/gpt-4o\nruntime: {}\nsandbox: {}\n---\nhi\n").message).toContain("not both");
   });
 
+  test("every prompt field may be in the frontmatter; a tool that needs approval must be one of the tools", () => {
+    const { definition } = parsePromptFile(
+      "---\nname: a\nmodel: openai/gpt-4o\ntools: [bash]\napproval: [bash]\nmaxTokens: 9000\nmaxOutputTokens: 100\ntemperature: 0\ncompactAt: 5000\nkeepSteps: 2\ndoomLoop: 4\n---\nhi\n",
+      "x.prompt",
+    );
+    expect(definition.prompt).toMatchObject({
+      approval: ["bash"],
+      maxTokens: 9000,
+      maxOutputTokens: 100,
+      temperature: 0,
+      compactAt: 5000,
+      keepSteps: 2,
+      doomLoop: 4,
+    });
+    expect(errorOf("---\nname: a\nmodel: openai/gpt-4o\ntools: [grep]\napproval: [bash]\n---\nhi\n").locations).toEqual([
+      expect.objectContaining({ path: "approval", line: 5, message: "a tool that waits for approval must be one of the agent's tools" }),
+    ]);
+  });
+
   test("models.providers, when given, must include the model's provider", () => {
     expect(errorOf("---\nname: a\nmodel: openai/gpt-4o\nmodels: { providers: [anthropic] }\n---\nhi\n").locations).toEqual([
       expect.objectContaining({ path: "models.providers", message: "models.providers must include the provider of prompt.model" }),

@@ -7,12 +7,22 @@ import { FileError, locateIn } from "./yaml-file.js";
  * A prompt agent's file (docs/harness.md#the-prompt-file), in the Dotprompt format: YAML
  * frontmatter between `---` lines, then the template. The frontmatter holds the agent's fields
  * (`name`, `runtime` or its other name `sandbox`, `pool`, `env`, `secrets`, `outputs`, ...) and
- * the prompt's own (`model`, `tools`, `maxSteps`, `maxTokens`, `maxOutputTokens`, `temperature`,
- * `doomLoop`); the template after it is the prompt. Errors name the file, line, column and field.
+ * the prompt's own (`PROMPT_FIELDS`); the template after it is the prompt. Errors name the file, line, column and field.
  */
 
 /** The frontmatter fields that are the prompt's own (the rest are the agent's). */
-const PROMPT_FIELDS = new Set(["model", "tools", "maxSteps", "maxTokens", "maxOutputTokens", "temperature", "doomLoop"]);
+const PROMPT_FIELDS = new Set([
+  "model",
+  "tools",
+  "approval",
+  "maxSteps",
+  "maxTokens",
+  "maxOutputTokens",
+  "temperature",
+  "compactAt",
+  "keepSteps",
+  "doomLoop",
+]);
 
 export interface PromptFile {
   definition: AgentDefinition;

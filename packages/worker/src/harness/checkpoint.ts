@@ -25,6 +25,8 @@ export interface LoopState {
   tokens: { in: number; out: number };
   /** The prompt's tokens of the last model call: past the agent's `compactAt`, the conversation is compacted. */
   lastPromptTokens?: number;
+  /** People's decisions on calls of tools that wait for approval, by call id. */
+  approvals?: Record<string, { approved: boolean; reason?: string }>;
   /** The last tool call (its name and arguments) and how many times in a row it was asked for. */
   repeated: { key: string; count: number };
 }

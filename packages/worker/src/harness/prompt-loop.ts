@@ -26,12 +26,26 @@ import { runTool, TOOL_DESCRIPTIONS, toolSchema } from "./tools.js";
  */
 
 /** The job events the loop publishes. */
-export type LoopEventType = "step" | "tool_call" | "tool_result" | "compacted";
+export type LoopEventType = "step" | "tool_call" | "tool_result" | "compacted" | "approval_requested";
+
+/** A signal sent to the job (`boxcar signal JOB NAME --payload JSON`), as the loop sees it. */
+export interface JobSignal {
+  name: string;
+  payload: unknown;
+}
+
+/** The job's signals: how many came so far, and a wait for the first (come or to come) that `match` takes, by its place. */
+export interface JobSignals {
+  count(): number;
+  wait(match: (signal: JobSignal, index: number) => boolean, abort: AbortSignal): Promise<JobSignal>;
+}
 
 export interface PromptLoopContext {
   agent: PromptAgent;
   /** The agents it may hand off to: with any, it has the `handoff` tool. */
   handoffs: readonly string[];
+  /** The job's signals: an approval is one (`approve` or `deny`). */
+  signals: JobSignals;
   input: unknown;
   attempt: number;
   sandbox: Sandbox;
@@ -225,9 +239,11 @@ async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallP
   }
   const tool = { id: call.toolCallId, name: call.toolName, input: excerpt(input) };
   ctx.event("tool_call", { n, tool }, `step ${n}: ${call.toolName} ${excerpt(input, 200)}`);
+  const denied = (ctx.agent.approval as readonly string[]).includes(call.toolName) ? await approval(ctx, state, call, tool) : undefined;
   const started = performance.now();
-  const answer =
-    state.repeated.count === limit
+  const answer = denied
+    ? { output: denied, error: true }
+    : state.repeated.count === limit
       ? {
           output: `you have asked for ${call.toolName} with these same arguments ${limit} times in a row, and it was not run again: the result will not change. Try something else; asking once more ends the job.`,
           error: true,
@@ -301,6 +317,42 @@ function toolResult(call: ToolCallPart, answer: { output: string; error: boolean
       },
     ],
   };
+}
+
+/**
+ * Waits for a person's decision on a call of a tool that needs one: a signal `approve` or `deny`
+ * whose payload names the call (`{"call": ID}`), or names none and came after the request. The
+ * decision is kept in the checkpoint, so a resumed attempt does not ask again. Returns why the
+ * call was denied, or undefined when it may run.
+ */
+async function approval(
+  ctx: PromptLoopContext,
+  state: LoopState,
+  call: ToolCallPart,
+  tool: { id: string; name: string; input: string },
+): Promise<string | undefined> {
+  state.approvals ??= {};
+  let decision = state.approvals[call.toolCallId];
+  if (!decision) {
+    const from = ctx.signals.count();
+    const n = state.steps;
+    ctx.event(
+      "approval_requested",
+      { n, tool },
+      `step ${n}: ${call.toolName} waits for approval: boxcar signal JOB approve --payload '{"call":"${call.toolCallId}"}' (or deny, with a "reason")`,
+    );
+    await ctx.checkpoints.save(state);
+    const signal = await ctx.signals.wait((s, index) => {
+      if (s.name !== "approve" && s.name !== "deny") return false;
+      const named = (s.payload as { call?: unknown } | null)?.call;
+      return named === call.toolCallId || (named === undefined && index >= from);
+    }, ctx.signal);
+    const reason = (signal.payload as { reason?: unknown } | null)?.reason;
+    decision = { approved: signal.name === "approve", ...(typeof reason === "string" ? { reason: reason.slice(0, 1024) } : {}) };
+    state.approvals[call.toolCallId] = decision;
+    await ctx.checkpoints.save(state);
+  }
+  return decision.approved ? undefined : `a person denied this call${decision.reason ? `: ${decision.reason}` : ""}; it did not run`;
 }
 
 /** The tool calls of the last answer that no tool message after it answers. */

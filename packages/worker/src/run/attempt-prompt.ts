@@ -2,7 +2,7 @@ import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import type { ErrorInfo, HarnessStep, PromptAgent } from "@boxcar/protocol";
 import { Checkpoints } from "../harness/checkpoint.js";
-import { type LoopEventType, runPromptLoop } from "../harness/prompt-loop.js";
+import { type JobSignals, type LoopEventType, runPromptLoop } from "../harness/prompt-loop.js";
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox } from "../sandbox/sandbox.js";
 import { AgentPaths } from "../workspace/agent-contract.js";
@@ -11,6 +11,7 @@ import { AgentPaths } from "../workspace/agent-contract.js";
 export interface PromptAttemptContext {
   agent: PromptAgent;
   handoffs: readonly string[];
+  signals: JobSignals;
   input: unknown;
   jobId: string;
   attempt: number;

@@ -51,6 +51,7 @@ import { AttemptModels } from "./attempt-models.js";
 import { type FinalOutcome, failedOutcome, type Outcome, outcomeOfExit, outcomeOfStop, type StopReason } from "./attempt-outcome.js";
 import { runPromptAttempt } from "./attempt-prompt.js";
 import { JobEvents, type SandboxRef } from "./job-events.js";
+import { SignalBox } from "./job-signals.js";
 import { OutputLog } from "./output-log.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
 
@@ -123,6 +124,8 @@ export class JobRun {
   /** Told when the sandbox is ready: a signal that comes before waits for it. */
   private readonly sandboxReady = new Set<() => void>();
   private signals = 0;
+  /** The signals so far, for a prompt agent's loop (an approval waits on one). */
+  private readonly signalBox = new SignalBox();
   private agentEnded = false;
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   private traceparent: string | undefined;
@@ -207,6 +210,7 @@ export class JobRun {
       answer({ error: `could not write the signal: ${(err as Error).message}` });
       return;
     }
+    this.signalBox.add({ name: signal.name, payload: signal.payload ?? null });
     void this.events.job("signal", "running", { message: `signal ${signal.name} in ${file}` });
     answer({ file });
   }
@@ -218,6 +222,7 @@ export class JobRun {
   private async writeKeptSignals(sandbox: Sandbox): Promise<void> {
     for (const signal of this.handle?.record.signals ?? []) {
       await sandbox.writeFile(signalFile(++this.signals, signal.name), Buffer.from(JSON.stringify(signal)));
+      this.signalBox.add({ name: signal.name, payload: signal.payload });
     }
   }
 
@@ -654,6 +659,7 @@ export class JobRun {
     const { exec, guard } = await runPromptAttempt(sandbox, {
       agent,
       handoffs: this.item.agent.handoffs,
+      signals: this.signalBox,
       input: this.item.input,
       jobId: this.jobId,
       attempt: this.events.attempt,
