@@ -16,7 +16,15 @@ function eventSubjectId(event: BoxcarEvent): string {
 }
 
 /** Job events an attempt may have more than one of (a prompt agent's loop has a step, tool call and result after another). */
-const REPEATED: ReadonlySet<string> = new Set(["progress", "signal", "step", "tool_call", "tool_result", "compacted", "approval_requested"]);
+const REPEATED: ReadonlySet<string> = new Set([
+  "progress",
+  "signal",
+  "step",
+  "tool_call",
+  "tool_result",
+  "compacted",
+  "approval_requested",
+]);
 
 /**
  * Publishes one event to the events stream and waits for the stream to store it. A job event
