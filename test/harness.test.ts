@@ -80,13 +80,14 @@ describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network",
       standIn.script(
         call("t1", "write_file", { path: "run.sh", content: 'echo "computed $((6 * 7)) in $(hostname) as $BOXCAR_TOOL_CALL_ID"\n' }),
         call("t2", "bash", { command: "sh run.sh; wget -q -T 2 -O- http://1.1.1.1/ >/dev/null 2>&1 && echo online || echo offline" }),
+        call("t3", "bash", { command: "sh run.sh; ls" }),
         answer("the script printed computed 42"),
       );
       const { job } = await client.submit({ agent: "scripter", input: { file: "run.sh" } });
       const done = await client.waitForJob(job.id);
       const events = await eventsOf(client, job.id);
       expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
-      expect(done.result?.output).toMatchObject({ text: "the script printed computed 42", steps: 3 });
+      expect(done.result?.output).toMatchObject({ text: "the script printed computed 42", steps: 4 });
       expect(done.sandbox?.kind).toBe("docker");
       expect(loopOf(events), events.map((e) => `${e.kind}.${e.type} ${e.kind === "job" ? (e.message ?? "") : ""}`).join("\n")).toEqual([
         "step 1 tool-calls",
@@ -95,11 +96,14 @@ describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network",
         "step 2 tool-calls",
         "tool_call 2 bash",
         "tool_result 2 bash ok",
-        "step 3 stop",
+        "step 3 tool-calls",
+        "tool_call 3 bash",
+        "tool_result 3 bash ok",
+        "step 4 stop",
       ]);
       // The prompt, filled with the input, went to the model; the command ran in the container
       // (its host name is the container's), with no network, and its output went back.
-      expect(standIn.requests).toHaveLength(3);
+      expect(standIn.requests).toHaveLength(4);
       expect(standIn.requests[0]?.body.system).toEqual([expect.objectContaining({ text: "You write small programs." })]);
       expect(JSON.stringify(standIn.requests[0]?.body.messages)).toContain("Write run.sh and run it.");
       const ran = toolResultsSent(standIn, 2).join("\n");
@@ -108,7 +112,10 @@ describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network",
       expect(ran).toContain("as t2");
       expect(ran).toContain("offline");
       expect(standIn.requests.every((r) => r.headers["x-api-key"] === KEY)).toBe(true);
-      expect(events.filter((e) => e.kind === "job" && e.type === "model_call")).toHaveLength(3);
+      // Many commands in one container: the third ran where the second did, the file still there.
+      expect(toolResultsSent(standIn, 3).at(-1)).toContain("as t3");
+      expect(toolResultsSent(standIn, 3).at(-1)).toContain("run.sh");
+      expect(events.filter((e) => e.kind === "job" && e.type === "model_call")).toHaveLength(4);
     } finally {
       await worker.close();
       await dispatcher.close();

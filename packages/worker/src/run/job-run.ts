@@ -553,6 +553,8 @@ export class JobRun {
       attempt: this.events.attempt,
       workerId: this.ctx.options.workerId,
       runtime: this.item.agent.runtime,
+      // A prompt agent's tool calls are many commands in one sandbox.
+      ...(this.item.agent.prompt ? { commands: "many" as const } : {}),
       ...(this.item.agent.models && this.ctx.gateway?.publicUrl ? { egress: [new URL(this.ctx.gateway.publicUrl).hostname] } : {}),
     };
     try {

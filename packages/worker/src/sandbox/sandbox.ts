@@ -22,6 +22,11 @@ export interface SandboxSpec {
    * address, for a sandbox off this machine); a backend that reaches the gateway another way ignores it.
    */
   egress?: string[];
+  /**
+   * `many`: it runs many commands one after another (a prompt agent's tool calls), not one agent;
+   * a backend whose job sandboxes run one command (Docker's) makes one that runs many. Default `one`.
+   */
+  commands?: "one" | "many";
   /** A session's: the longest its sandbox may live (default: a job's timeout); a backend whose sandboxes end by themselves (E2B) keeps it alive that long. */
   lifetimeMs?: number;
 }
@@ -158,4 +163,23 @@ export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace
   packWorkspace(): Promise<Readable>;
   /** Resolves, saying why, when the sandbox ended by itself (its container stopped, its quota was broken). */
   readonly ended?: Promise<string>;
+}
+
+/** A sandbox that runs commands one after another, as a session's does, seen as a job's `Sandbox`. */
+export function sandboxOfSession(session: SessionSandbox & { readonly localFolder?: string }): Sandbox {
+  const { jobFiles } = session;
+  return {
+    id: session.id,
+    kind: session.kind,
+    workspace: session.workspace,
+    ...(session.agentPath ? { agentPath: session.agentPath } : {}),
+    ...(session.localFolder ? { localFolder: session.localFolder } : {}),
+    ...(session.description ? { description: session.description } : {}),
+    exec: (argv, opts) => session.exec(argv, opts),
+    mkdir: (path) => jobFiles.mkdir(path),
+    writeFile: (path, data) => jobFiles.writeFile(path, data),
+    readFile: (path) => jobFiles.readFile(path),
+    listFiles: (under) => jobFiles.listFiles(under),
+    destroy: () => session.destroy(),
+  };
 }

@@ -8,9 +8,9 @@
 import { randomBytes } from "node:crypto";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import Docker from "dockerode";
-import { WorkspaceRoot } from "../../workspace/local-workspace.js";
+import { type LocalWorkspace, WorkspaceRoot } from "../../workspace/local-workspace.js";
 import { defaultWorkRoot } from "../../workspace/work-root.js";
-import type { SandboxOwner, SandboxProvider, SandboxSpec } from "../sandbox.js";
+import { type SandboxOwner, type SandboxProvider, type SandboxSpec, sandboxOfSession } from "../sandbox.js";
 import { CONTAINER_WORKSPACE, ContainerLabel, containerLabels, hardenedHostConfig, ownerOf, takenName } from "./container-config.js";
 import { DockerSandbox } from "./docker-job-sandbox.js";
 import { DockerSession } from "./docker-session.js";
@@ -228,6 +228,57 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     };
   };
 
+  /** A container that runs commands one after another through a helper: a session's, or a job's that runs many (labelled so). */
+  const startSession = async (
+    spec: SandboxSpec,
+    seed: ((workspace: LocalWorkspace) => Promise<void>) | undefined,
+    labels: Record<string, string>,
+  ) => {
+    const container = await settingsFor(spec.runtime);
+    if (container.mounting !== "bind") {
+      throw new BoxcarError(
+        ErrorCode.noSandbox,
+        "Docker sessions need the workspace bind-mounted, and this worker copies workspaces into containers (docs/docker.md#how-the-workspace-reaches-the-container)",
+      );
+    }
+    const agentPath = await imagePath(container.image);
+    const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
+    ownSessions.add(spec.id);
+    try {
+      // Filled and given to the agent's user before the container starts: nothing runs in it yet.
+      if (seed) {
+        await seed(files);
+        if (process.getuid?.() !== owner.uid) await giveTo(files.dir, owner);
+      }
+      const session = await DockerSession.start(
+        docker,
+        {
+          id: spec.id,
+          create: {
+            name: `boxcar-${spec.id}`,
+            Image: container.image,
+            WorkingDir: CONTAINER_WORKSPACE,
+            User: settings.user,
+            Labels: containerLabels(opts, spec.workerId, spec.id, labels),
+            HostConfig: hardenedHostConfig(container, files.dir),
+          },
+          description: { image: container.image, network: container.network, limits: container.limits },
+          agentPath,
+          owner,
+          quota: { maxBytes: settings.maxWorkspaceBytes, maxEntries: settings.maxWorkspaceEntries },
+          // Its own until removed: the reaper must not race the session's close to remove it.
+          destroyed: () => ownSessions.delete(spec.id),
+        },
+        files,
+      );
+      return session;
+    } catch (err) {
+      ownSessions.delete(spec.id);
+      await files.remove();
+      throw err;
+    }
+  };
+
   return {
     kind: "docker",
     async available() {
@@ -240,6 +291,14 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
     },
 
     async create(spec, signal) {
+      // Many commands (a prompt agent's tool calls): a container that runs each in turn, as a session's does.
+      if (spec.commands === "many") {
+        const session = await startSession(spec, undefined, {
+          [ContainerLabel.job]: spec.jobId,
+          [ContainerLabel.attempt]: String(spec.attempt),
+        });
+        return sandboxOfSession(session);
+      }
       const containerSettings = await settingsFor(spec.runtime, signal);
       const { image, network } = containerSettings;
       const warm = spec.runtime.warm && containerSettings.mounting === "bind" ? await takeWarm(spec, { image, network }) : undefined;
@@ -250,51 +309,7 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
       return new DockerSandbox(docker, spec, { ...containerSettings, agentPath }, files);
     },
 
-    async createSession(spec, seed) {
-      const container = await settingsFor(spec.runtime);
-      if (container.mounting !== "bind") {
-        throw new BoxcarError(
-          ErrorCode.noSandbox,
-          "Docker sessions need the workspace bind-mounted, and this worker copies workspaces into containers (docs/docker.md#how-the-workspace-reaches-the-container)",
-        );
-      }
-      const agentPath = await imagePath(container.image);
-      const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
-      ownSessions.add(spec.id);
-      try {
-        // Filled and given to the agent's user before the container starts: nothing runs in it yet.
-        if (seed) {
-          await seed(files);
-          if (process.getuid?.() !== owner.uid) await giveTo(files.dir, owner);
-        }
-        const session = await DockerSession.start(
-          docker,
-          {
-            id: spec.id,
-            create: {
-              name: `boxcar-${spec.id}`,
-              Image: container.image,
-              WorkingDir: CONTAINER_WORKSPACE,
-              User: settings.user,
-              Labels: containerLabels(opts, spec.workerId, spec.id, { [ContainerLabel.session]: spec.jobId }),
-              HostConfig: hardenedHostConfig(container, files.dir),
-            },
-            description: { image: container.image, network: container.network, limits: container.limits },
-            agentPath,
-            owner,
-            quota: { maxBytes: settings.maxWorkspaceBytes, maxEntries: settings.maxWorkspaceEntries },
-            // Its own until removed: the reaper must not race the session's close to remove it.
-            destroyed: () => ownSessions.delete(spec.id),
-          },
-          files,
-        );
-        return session;
-      } catch (err) {
-        ownSessions.delete(spec.id);
-        await files.remove();
-        throw err;
-      }
-    },
+    createSession: (spec, seed) => startSession(spec, seed, { [ContainerLabel.session]: spec.jobId }),
 
     prepare(id, onError) {
       workerId = id;
