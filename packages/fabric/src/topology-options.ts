@@ -18,7 +18,7 @@ export interface TopologyOptions {
   /**
    * How many times JetStream delivers a work item before it gives up on it (`max_deliver` of
    * each pool consumer, when the consumer is created); default 20. Dispatchers then end the job
-   * `dead` (see `GivenUpWork` in the dispatcher).
+   * `dead` (see `GivenUpSweep` in the dispatcher).
    */
   maxDeliveries?: number;
   /** How long an idempotency key is remembered; default 24 h. */

@@ -34,7 +34,7 @@ import type { JobIndex } from "../jobs/job-index.js";
 import { cancelJob, countJobs, getRecord, listJobs, signalJob } from "../jobs/jobs.js";
 import { forgetLimit } from "../limits/rate-limit.js";
 import type { UsageLedger } from "../limits/usage-ledger.js";
-import type { RetentionSweeper } from "../retention/retention.js";
+import type { RetentionSweep } from "../retention/retention.js";
 import type { Schedules } from "../schedules/schedules.js";
 import type { Runs } from "../workflows/runs.js";
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
@@ -59,7 +59,7 @@ export interface ApiParts {
   runs: Runs;
   schedules: Schedules;
   usage: UsageLedger;
-  retention: RetentionSweeper;
+  retention: RetentionSweep;
   /** The job index, and when it holds every record stored when the dispatcher started. */
   jobs: { index: JobIndex; caughtUp: Promise<void> };
 }

@@ -14,15 +14,21 @@ export class AgentCatalog {
   private readonly agents = new Map<string, { agent?: AgentDefinition; revision: number }>();
   private stopWatch: () => void = () => {};
 
-  private constructor(
+  constructor(
     private readonly topology: Topology,
     private readonly log: Logger,
   ) {}
 
+  /** A catalog, started. */
   static async open(topology: Topology, log: Logger): Promise<AgentCatalog> {
     const catalog = new AgentCatalog(topology, log);
-    catalog.stopWatch = await followKv(topology.agents, (entry) => catalog.take(entry));
+    await catalog.start();
     return catalog;
+  }
+
+  /** Follows the agents bucket: every agent stored, then each change. */
+  async start(): Promise<void> {
+    this.stopWatch = await followKv(this.topology.agents, (entry) => this.take(entry));
   }
 
   /** The agent named `name`; an unknown name is refused with how to apply one. */
@@ -61,6 +67,7 @@ export class AgentCatalog {
     this.agents.set(name, agent ? { agent, revision } : { revision });
   }
 
+  /** Stops following the bucket (an agent it does not know is still read from there). */
   close(): void {
     this.stopWatch();
   }

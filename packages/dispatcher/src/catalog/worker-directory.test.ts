@@ -64,7 +64,7 @@ test("workers that come and go are forgotten once gone, and known again when the
     await topology.workers.put("w7", JSON.stringify(presence("w7", new Date())));
     await until(() => directory.size === 2);
   } finally {
-    directory.close();
+    await directory.close();
   }
 });
 
@@ -92,6 +92,6 @@ test("version 2 work items only while every live worker reads them: a worker of 
     await topology.workers.put("old", JSON.stringify(presence("old", new Date(Date.now() - 60_000))));
     await until(() => directory.allRead(2));
   } finally {
-    directory.close();
+    await directory.close();
   }
 });

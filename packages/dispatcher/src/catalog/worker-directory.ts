@@ -1,8 +1,9 @@
 import { jsonOf, type Logger } from "@boxcar/common";
 import { followKv, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe, workerStatus } from "@boxcar/protocol";
+import { Sweep } from "../loops/sweep.js";
 
-/** How often workers that stopped heartbeating are forgotten. */
+/** How often workers that stopped heartbeating are forgotten, unless told otherwise. */
 const FORGET_EVERY_MS = 60_000;
 
 /**
@@ -14,20 +15,42 @@ const FORGET_EVERY_MS = 60_000;
 export class WorkerDirectory {
   private readonly workers = new Map<string, WorkerInfo>();
   private stopWatch: (() => void) | undefined;
-  private readonly forgetter = setInterval(() => this.forgetGone(), FORGET_EVERY_MS).unref();
+  /** Forgets the workers gone (it keeps no process alive). */
+  private readonly forgetting: Sweep;
 
+  /** Forgets the workers gone every `forgetEveryMs` once started. */
+  constructor(
+    private readonly topology: Topology,
+    private readonly log: Logger,
+    forgetEveryMs = FORGET_EVERY_MS,
+  ) {
+    this.forgetting = new Sweep({
+      pass: async () => this.forgetGone(),
+      intervalMs: forgetEveryMs,
+      onError: (err) => log.warn({ err }, "could not forget the workers gone"),
+      unref: true,
+    });
+  }
+
+  /** A directory, started. */
   static async open(topology: Topology, log: Logger): Promise<WorkerDirectory> {
-    const directory = new WorkerDirectory();
-    directory.stopWatch = await followKv(topology.workers, (entry) => {
+    const directory = new WorkerDirectory(topology, log);
+    await directory.start();
+    return directory;
+  }
+
+  /** Follows the workers bucket (every presence stored, then each change), and starts forgetting the workers gone. */
+  async start(): Promise<void> {
+    this.stopWatch = await followKv(this.topology.workers, (entry) => {
       if (entry.operation !== "PUT") {
-        directory.workers.delete(entry.key);
+        this.workers.delete(entry.key);
         return;
       }
       const parsed = WorkerInfo.safeParse(jsonOf(entry));
-      if (parsed.success) directory.workers.set(entry.key, parsed.data);
-      else log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
+      if (parsed.success) this.workers.set(entry.key, parsed.data);
+      else this.log.warn({ worker: entry.key }, "ignoring a worker presence that does not match the schema");
     });
-    return directory;
+    this.forgetting.start();
   }
 
   /**
@@ -97,8 +120,9 @@ export class WorkerDirectory {
     for (const [id, info] of this.workers) if (workerStatus(info, now) === "gone") this.workers.delete(id);
   }
 
-  close(): void {
-    clearInterval(this.forgetter);
+  /** Stops following and forgetting. */
+  async close(): Promise<void> {
     this.stopWatch?.();
+    await this.forgetting.stop();
   }
 }

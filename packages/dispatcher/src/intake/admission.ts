@@ -59,7 +59,7 @@ export interface AdmissionContext {
   policy: PolicyBook;
   /** The jobs waiting and running: quotas, and the room left in the queue for new work. */
   load: JobLoad;
-  /** Told when a new job's work item is stored, so the sweeper that finishes cut-short admissions leaves it alone. */
+  /** Told when a new job's work item is stored, so the sweep that finishes cut-short admissions leaves it alone. */
   onWorkPublished?(jobId: string): void;
   /** Counts admissions and refusals when the dispatcher serves metrics. */
   metrics?: DispatcherMetrics | undefined;

@@ -1,9 +1,62 @@
 import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
-import type { Topology } from "@boxcar/fabric";
+import { isTransientJetStreamError, type Topology } from "@boxcar/fabric";
 import { BoxcarError, decodeMessage, ErrorCode, intakeSubjectParts, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
-import type { JsMsg } from "@nats-io/jetstream";
+import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { type AdmissionContext, admit, recordRejection } from "./admission.js";
+
+/**
+ * The durable intake (`<prefix>.submit.>`): the dispatchers share one consumer of it, which hands
+ * each submission to one of them at a time, admitted by `admitIntake`. A submission that fails
+ * is handed back, to be delivered again: at once, or in 5 s when the queue or the store is full.
+ */
+export class IntakeConsumer {
+  private messages: ConsumerMessages | undefined;
+  private done: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly ctx: AdmissionContext,
+  ) {}
+
+  /** Makes the shared consumer if it is missing, and admits its submissions as they come. */
+  async start(): Promise<void> {
+    const { topology, ctx } = this;
+    const { jsm, js, names } = topology;
+    const { log } = ctx;
+    await jsm.consumers.info(names.streams.submit, names.intakeConsumer).catch((err: unknown) => {
+      if (isTransientJetStreamError(err)) throw err;
+      return jsm.consumers.add(names.streams.submit, {
+        durable_name: names.intakeConsumer,
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: topology.options.ackWaitMs * 1_000_000,
+      });
+    });
+    const streamCreated = (await jsm.streams.info(names.streams.submit)).created;
+    const consumer = await js.consumers.get(names.streams.submit, names.intakeConsumer);
+    const messages = await consumer.consume({ max_messages: 64 });
+    this.messages = messages;
+    this.done = (async () => {
+      for await (const msg of messages) {
+        try {
+          await admitIntake(topology, msg, streamCreated, ctx);
+        } catch (err) {
+          // A full queue or store is waited out: the submission stays in the stream until there is room.
+          const waiting = err instanceof BoxcarError && (err.code === ErrorCode.queueFull || err.code === ErrorCode.storageFull);
+          if (waiting) log.warn({ seq: msg.seq, code: err.code }, "intake submission waits for room; it will be redelivered");
+          else log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
+          msg.nak(waiting ? 5_000 : 1_000);
+        }
+      }
+    })();
+  }
+
+  /** Takes no more submissions, and waits for the one under way. */
+  async stop(): Promise<void> {
+    await this.messages?.close();
+    await this.done;
+  }
+}
 
 /**
  * Admits one message from the durable intake stream `<prefix>.submit.<owner>.<agent>`. The agent comes

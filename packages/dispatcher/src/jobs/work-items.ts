@@ -43,7 +43,7 @@ export async function publishWorkItem(
 ): Promise<void> {
   const spec = record.spec;
   if (!spec) throw new BoxcarError(ErrorCode.internal, `job ${record.id} has no spec to enqueue`);
-  // A delayed job waits as a marker until its time; `LaterWork` releases its record (its `runAt`
+  // A delayed job waits as a marker until its time; `LaterConsumer` releases its record (its `runAt`
   // goes) and publishes its item then.
   if (record.runAt !== undefined && Date.parse(record.runAt) > Date.now()) {
     const marker = JSON.stringify({ jobId: record.id, runAt: record.runAt });

@@ -18,7 +18,8 @@ import {
 import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import { cancelJob } from "../jobs/jobs.js";
 import { publishWorkItem, type WorkPublishing } from "../jobs/work-items.js";
-import { PassPerKey, Periodic } from "../loops/periodic.js";
+import { PassPerKey } from "../loops/pass-per-key.js";
+import { Sweep } from "../loops/sweep.js";
 import { type KeyedJob, LimitEntries, valueDigest } from "./limit-state.js";
 import { SeenOnce } from "./seen-once.js";
 
@@ -66,13 +67,12 @@ const ENTRY_PREFIX = "=places.";
  * finishes what a dispatcher that died half-way left undone.
  */
 export class ConcurrencyLimits {
-  private readonly sweeps: Periodic<void>;
+  private readonly sweeps: Sweep;
   /** Gives a place's free places to its waiting jobs, one pass at a time per place. */
   private readonly promotions: PassPerKey;
   /** The ends this dispatcher freed a place for: a record seen twice frees once. */
   private readonly freed = new SeenOnce();
   private live = false;
-  private closed = false;
   private readonly publishing: WorkPublishing;
   /** The limits bucket's entries, as this dispatcher changes them (rate limits' too). */
   readonly entries: LimitEntries;
@@ -91,11 +91,15 @@ export class ConcurrencyLimits {
       (place) => this.promote(place),
       (err, place) => log.warn({ err, place }, "could not give a concurrency place to a waiting job; the sweep will"),
     );
-    this.sweeps = new Periodic(
-      () => this.sweep(),
+    this.sweeps = new Sweep({
+      pass: () => this.sweep(),
       intervalMs,
-      (err) => log.warn({ err }, "could not sweep the concurrency limits"),
-    );
+      onError: (err) => log.warn({ err }, "could not sweep the concurrency limits"),
+    });
+  }
+
+  start(): void {
+    this.sweeps.start();
   }
 
   /**
@@ -246,7 +250,7 @@ export class ConcurrencyLimits {
   /** Gives free places to the oldest waiting jobs, passing over the markers of jobs that ended while they waited. */
   private async promote(place: string): Promise<void> {
     const limit = await this.limitOf(place);
-    while (!this.closed) {
+    while (!this.sweeps.stopped) {
       const places = parsePlaces((await this.entry(place))?.string());
       if (count(places) >= limit) return;
       const marker = await this.nextMarker(place, places.cursor + 1);
@@ -360,7 +364,7 @@ export class ConcurrencyLimits {
     const keys: string[] = [];
     for await (const key of await bucket.keys(`${ENTRY_PREFIX}>`)) keys.push(key);
     for (const key of keys) {
-      if (this.closed) return;
+      if (this.sweeps.stopped) return;
       const place = key.slice(ENTRY_PREFIX.length);
       const entry = await this.entry(place);
       if (!entry) continue;
@@ -451,10 +455,9 @@ export class ConcurrencyLimits {
   }
 
   /** Stops the sweep and waits for the passes under way. */
-  async close(): Promise<void> {
-    this.closed = true;
-    await this.sweeps.close();
-    await this.promotions.close();
+  async stop(): Promise<void> {
+    await this.sweeps.stop();
+    await this.promotions.stop();
   }
 }
 
@@ -464,13 +467,9 @@ function heldBy(concurrency: Place): string[] {
   return concurrency.waiting ? places.slice(0, places.indexOf(concurrency.place)) : places;
 }
 
-function agentName(place: string): string {
-  return place.slice(0, place.indexOf("."));
-}
+const agentName = (place: string): string => place.slice(0, place.indexOf("."));
 
-function count(places: Places): number {
-  return Object.keys(places.holding).length;
-}
+const count = (places: Places): number => Object.keys(places.holding).length;
 
 function parsePlaces(text: string | undefined): Places {
   const empty: Places = { holding: {}, cursor: 0, tail: 0 };

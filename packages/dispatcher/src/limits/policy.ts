@@ -27,18 +27,24 @@ export class PolicyBook {
   private current: SystemPolicy = SystemPolicy.parse({});
   private stopWatch: () => void = () => {};
 
-  private constructor(
+  constructor(
     private readonly topology: Topology,
     private readonly log: Logger,
   ) {}
 
+  /** A book, started. */
   static async open(topology: Topology, log: Logger): Promise<PolicyBook> {
     const book = new PolicyBook(topology, log);
-    const stored = await topology.policy.get(POLICY_KEY);
-    if (stored) book.take(stored);
-    // The watch delivers the stored value again (or a newer one), then every change.
-    book.stopWatch = await followKv(topology.policy, (entry) => book.take(entry), { key: POLICY_KEY });
+    await book.start();
     return book;
+  }
+
+  /** Reads the stored policy, then follows it. */
+  async start(): Promise<void> {
+    const stored = await this.topology.policy.get(POLICY_KEY);
+    if (stored) this.take(stored);
+    // The watch delivers the stored value again (or a newer one), then every change.
+    this.stopWatch = await followKv(this.topology.policy, (entry) => this.take(entry), { key: POLICY_KEY });
   }
 
   get policy(): SystemPolicy {

@@ -23,6 +23,13 @@ import type { DispatcherMetrics } from "../dispatcher-metrics.js";
 import type { JobIndex } from "../jobs/job-index.js";
 import { cancelJob } from "../jobs/jobs.js";
 
+/** What summing usage needs: the budgets, the jobs to stop when one is spent, and the meters. */
+interface LedgerParts {
+  policy: () => SystemPolicy;
+  index: JobIndex;
+  metrics?: DispatcherMetrics | undefined;
+}
+
 /**
  * Usage and budgets (docs/flow-control.md#usage-and-budgets). A worker publishes what each
  * attempt's calls used as a `usage` job event of its own; the dispatchers share one consumer of
@@ -36,21 +43,19 @@ import { cancelJob } from "../jobs/jobs.js";
  */
 export class UsageLedger {
   private made = false;
+  private messages: ConsumerMessages | undefined;
+  private done: Promise<void> = Promise.resolve();
 
-  private constructor(
+  constructor(
     private readonly topology: Topology,
+    private readonly parts: LedgerParts,
     private readonly log: Logger,
-    private messages: ConsumerMessages | undefined,
-    private done: Promise<void>,
   ) {}
 
-  static async start(
-    topology: Topology,
-    parts: { policy: () => SystemPolicy; index: JobIndex; metrics?: DispatcherMetrics | undefined },
-    log: Logger,
-  ): Promise<UsageLedger> {
+  /** Makes the shared `usage` consumer if it is missing, and sums its events as they come. */
+  async start(): Promise<void> {
+    const { topology, log } = this;
     const { jsm, js, names } = topology;
-    const ledger = new UsageLedger(topology, log, undefined, Promise.resolve());
     await jsm.consumers.info(names.streams.events, names.usageConsumer).catch(async () => {
       await jsm.consumers.add(names.streams.events, {
         durable_name: names.usageConsumer,
@@ -63,11 +68,11 @@ export class UsageLedger {
       });
     });
     const consumer = await js.consumers.get(names.streams.events, names.usageConsumer);
-    ledger.messages = await consumer.consume({ max_messages: 16 });
-    const messages = ledger.messages;
-    ledger.done = (async () => {
+    const messages = await consumer.consume({ max_messages: 16 });
+    this.messages = messages;
+    this.done = (async () => {
       for await (const msg of messages) {
-        await ledger.sum(msg, parts).then(
+        await this.sum(msg, this.parts).then(
           () => msg.ack(),
           (err: unknown) => {
             log.warn({ err, seq: msg.seq }, "could not sum a usage event; trying again");
@@ -76,10 +81,9 @@ export class UsageLedger {
         );
       }
     })();
-    return ledger;
   }
 
-  private async sum(msg: JsMsg, parts: { policy: () => SystemPolicy; index: JobIndex; metrics?: DispatcherMetrics | undefined }) {
+  private async sum(msg: JsMsg, parts: LedgerParts) {
     const parsed = JobEvent.safeParse(safeJson(msg));
     if (!parsed.success || parsed.data.type !== "usage" || !parsed.data.usage) return; // not one: nothing to sum
     const event = parsed.data;
@@ -193,7 +197,8 @@ export class UsageLedger {
     return this.topology.usage();
   }
 
-  async close(): Promise<void> {
+  /** Sums no more events, and waits for the one under way. */
+  async stop(): Promise<void> {
     await this.messages?.close();
     await this.done;
   }

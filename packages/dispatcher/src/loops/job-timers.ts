@@ -1,14 +1,15 @@
 import type { Logger } from "@boxcar/common";
+import { Sweep } from "./sweep.js";
 
 /**
- * Jobs with a time at which something is to be done about them, and a timer that does it: the
- * dispatcher's sweepers note each job's time as its record changes, and act once it is due.
+ * Jobs with a time at which something is to be done about them, and a sweep that does it: the
+ * dispatcher's sweeps note each job's time as its record changes, and every `intervalMs` the
+ * jobs due are acted on, one at a time. A pass acts on no job once `stop` was called, and
+ * `stop` waits for the act under way.
  */
 export class JobTimers {
   private readonly due = new Map<string, number>();
-  private readonly timer: NodeJS.Timeout;
-  private sweeping = false;
-  private closed = false;
+  private readonly sweep: Sweep;
 
   constructor(
     intervalMs: number,
@@ -16,7 +17,11 @@ export class JobTimers {
     private readonly log: Logger,
     private readonly what: string,
   ) {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.sweep = new Sweep({
+      pass: (signal) => this.actOnDue(signal),
+      intervalMs,
+      onError: (err) => log.warn({ err }, `could not ${what}`),
+    });
   }
 
   /** Sets (or, with undefined, clears) when `act` is due for the job. */
@@ -30,26 +35,26 @@ export class JobTimers {
     return this.due.delete(jobId);
   }
 
-  /** Acts on the jobs due, one at a time; a sweep still going when the next is due is not doubled. */
-  private async sweep(): Promise<void> {
-    if (this.sweeping) return;
-    this.sweeping = true;
-    try {
-      const now = Date.now();
-      for (const [jobId, at] of this.due) {
-        if (this.closed) return;
-        if (at > now) continue;
-        this.due.delete(jobId);
-        await this.act(jobId).catch((err: unknown) => this.log.warn({ err, jobId }, `could not ${this.what}`));
-      }
-    } finally {
-      this.sweeping = false;
-    }
+  start(): void {
+    this.sweep.start();
   }
 
-  /** Stops: no job is acted on after this, not even by a sweep under way. */
-  close(): void {
-    this.closed = true;
-    clearInterval(this.timer);
+  /** Acts now on the jobs due (or joins the pass under way). */
+  run(): Promise<void> {
+    return this.sweep.run();
+  }
+
+  stop(): Promise<void> {
+    return this.sweep.stop();
+  }
+
+  private async actOnDue(signal: AbortSignal): Promise<void> {
+    const now = Date.now();
+    for (const [jobId, at] of this.due) {
+      if (signal.aborted) return;
+      if (at > now) continue;
+      this.due.delete(jobId);
+      await this.act(jobId).catch((err: unknown) => this.log.warn({ err, jobId }, `could not ${this.what}`));
+    }
   }
 }

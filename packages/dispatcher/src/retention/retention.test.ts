@@ -4,7 +4,7 @@ import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { PolicyBook } from "../limits/policy.js";
-import { RetentionSweeper } from "./retention.js";
+import { RetentionSweep } from "./retention.js";
 
 // Against a real nats-server. The job-level behaviour (events, output, files) is in test/retention.test.ts.
 test("one sweep deletes every job past its retention, however many: batch after batch, and no other", async () => {
@@ -13,8 +13,8 @@ test("one sweep deletes every job past its retention, however many: batch after 
   try {
     const topology = await openTopology(nc, { prefix: "ret" });
     const policy = await PolicyBook.open(topology, silentLogger);
-    // An interval that never comes: the test calls the sweep itself.
-    const sweeper = new RetentionSweeper(topology, policy, silentLogger, 3_600_000);
+    // Not started: the test makes the passes itself.
+    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
     const ended = (id: string, finishedAt: Date): JobRecord => ({
       v: PROTOCOL_VERSION,
       id,
@@ -37,11 +37,11 @@ test("one sweep deletes every job past its retention, however many: batch after 
       await topology.jobStore.create(record);
       sweeper.observe(record.id, record);
     }
-    expect(await sweeper.sweep()).toBe(1_200);
+    expect(await sweeper.run()).toBe(1_200);
     const left: string[] = [];
     for await (const key of await topology.jobs.keys()) left.push(key);
     expect(left.sort()).toEqual(["new0", "new1", "new2", "new3", "new4"]);
-    await sweeper.close();
+    await sweeper.stop();
     policy.close();
   } finally {
     await nc.close();
@@ -54,7 +54,7 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   try {
     const topology = await openTopology(nc, { prefix: "ret2" });
     const policy = await PolicyBook.open(topology, silentLogger);
-    const sweeper = new RetentionSweeper(topology, policy, silentLogger, 3_600_000);
+    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
     const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
     const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
       v: PROTOCOL_VERSION,
@@ -81,12 +81,12 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
       await topology.jobStore.create(r);
       sweeper.observe(r.id, r);
     }
-    expect(await sweeper.sweep()).toBe(100);
+    expect(await sweeper.run()).toBe(100);
     const left: string[] = [];
     for await (const key of await topology.jobs.keys()) left.push(key);
     expect(left).toHaveLength(551);
     expect(left.some((k) => k.startsWith("free"))).toBe(false);
-    await sweeper.close();
+    await sweeper.stop();
     policy.close();
   } finally {
     await nc.close();

@@ -13,6 +13,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import type { PolicyBook } from "../limits/policy.js";
+import { Sweep } from "../loops/sweep.js";
 
 /** Jobs deleted per batch (a `clean` request is one): a reply comes in time, a sweep takes batch after batch. */
 const MAX_PER_BATCH = 500;
@@ -38,7 +39,7 @@ interface Ended {
  * not yet ended also names (a handoff's carried files, an input given to several jobs) keeps its
  * jobs until that job has ended.
  */
-export class RetentionSweeper {
+export class RetentionSweep {
   /** Ended jobs: when each ended, how, and its agent. */
   private readonly ended = new Map<string, Ended & { state: JobState; agent: string }>();
   /** Ended runs with no job still going. */
@@ -46,17 +47,39 @@ export class RetentionSweeper {
   /** How many jobs not yet ended name each object, and the objects of each. */
   private readonly inUse = new Map<string, number>();
   private readonly openObjects = new Map<string, string[]>();
-  private readonly timer: NodeJS.Timeout;
-  private sweeping: Promise<number> | undefined;
-  private closed = false;
+  private readonly sweeps: Sweep<number>;
 
+  /** Sweeps every `intervalMs` once started. */
   constructor(
     private readonly topology: Topology,
     private readonly policy: PolicyBook,
     private readonly log: Logger,
     intervalMs: number,
   ) {
-    this.timer = setInterval(() => void this.sweep(), intervalMs);
+    this.sweeps = new Sweep({
+      pass: () => this.sweepOnce(),
+      intervalMs,
+      onError: (err) => log.warn({ err }, "could not delete the jobs and workflow runs past their retention"),
+    });
+  }
+
+  start(): void {
+    this.sweeps.start();
+  }
+
+  /** Deletes now the ended jobs and runs past their retention (or joins the sweep under way); resolves with how many jobs went. */
+  run(): Promise<number> {
+    return this.sweeps.run();
+  }
+
+  /** Stops sweeping; a sweep under way ends after the deletions in flight. */
+  stop(): Promise<void> {
+    return this.sweeps.stop();
+  }
+
+  /** True once stopped: a sweep, or a `clean`, starts no more deletions. */
+  private get closed(): boolean {
+    return this.sweeps.stopped;
   }
 
   /** Notes a job record's latest value (undefined: the record was deleted). */
@@ -85,28 +108,23 @@ export class RetentionSweeper {
     else this.endedRuns.delete(key);
   }
 
-  /** Deletes the ended jobs and runs past their retention; resolves with how many jobs went. */
-  sweep(now = Date.now()): Promise<number> {
-    this.sweeping ??= (async () => {
-      const policy = this.policy.policy;
-      let deleted = 0;
-      // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
-      // that one dispatcher can delete them.
-      // A job kept (its files in use, or it failed) is passed over for the rest of the sweep, so
-      // a batch of kept jobs cannot hold back the ones due behind it.
-      const passed = new Set<string>();
-      for (let more = true; more && !this.closed; ) {
-        const batch = await this.deleteMatching(({ at, state, agent }) => at + retentionOf(policy, state, agent) <= now, passed);
-        deleted += batch.deleted;
-        more = batch.more;
-      }
-      const runs = await this.deleteRuns((run) => run.at + retentionOf(policy, run.state) <= now);
-      if (deleted > 0 || runs > 0) this.log.info({ deleted, runs }, "deleted jobs and workflow runs past their retention");
-      return deleted;
-    })().finally(() => {
-      this.sweeping = undefined;
-    });
-    return this.sweeping;
+  private async sweepOnce(): Promise<number> {
+    const now = Date.now();
+    const policy = this.policy.policy;
+    let deleted = 0;
+    // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
+    // that one dispatcher can delete them.
+    // A job kept (its files in use, or it failed) is passed over for the rest of the sweep, so
+    // a batch of kept jobs cannot hold back the ones due behind it.
+    const passed = new Set<string>();
+    for (let more = true; more && !this.closed; ) {
+      const batch = await this.deleteMatching(({ at, state, agent }) => at + retentionOf(policy, state, agent) <= now, passed);
+      deleted += batch.deleted;
+      more = batch.more;
+    }
+    const runs = await this.deleteRuns((run) => run.at + retentionOf(policy, run.state) <= now);
+    if (deleted > 0 || runs > 0) this.log.info({ deleted, runs }, "deleted jobs and workflow runs past their retention");
+    return deleted;
   }
 
   /** Deletes now the ended jobs that match, as retention would (`boxcar clean`), up to a bound. */
@@ -218,13 +236,6 @@ export class RetentionSweeper {
     await topology.purgeKey("workflows", id);
     this.endedRuns.delete(id);
     return true;
-  }
-
-  /** Stops sweeping; a sweep under way ends after the deletions in flight. */
-  async close(): Promise<void> {
-    this.closed = true;
-    clearInterval(this.timer);
-    await this.sweeping;
   }
 }
 

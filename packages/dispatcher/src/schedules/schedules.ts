@@ -20,14 +20,14 @@ import {
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
 import { type AdmissionContext, admit, recordRejection } from "../intake/admission.js";
-import { PassPerKey, Periodic } from "../loops/periodic.js";
+import { KeyTimers, MAX_TIMER_MS } from "../loops/key-timers.js";
+import { PassPerKey } from "../loops/pass-per-key.js";
+import { Sweep } from "../loops/sweep.js";
 
 /** A tick evaluated later than this (or than half its period, if shorter) after its time was missed. */
 const ON_TIME_MS = 10_000;
 /** The most missed ticks `all` fires at once. */
 const MAX_CATCH_UP = 1_000;
-/** The longest a timer is set for (setTimeout's own limit is about 24.8 days); the schedule is looked at again then. */
-const MAX_TIMER_MS = 86_400_000;
 /** How old a claim of a tick whose job is not yet noted must be before another dispatcher admits it. */
 const REDRIVE_AFTER_MS = 1_000;
 /** Refusals every later tick would meet too: the schedule pauses (its owner mends it and resumes it). */
@@ -44,40 +44,45 @@ const TRANSIENT: readonly string[] = [ErrorCode.unavailable, ErrorCode.storageFu
  * admission a dispatcher dies in is finished by the next look and never doubled), skips or queues
  * it (its overlap policy, while the last tick's job has not ended), or counts it missed (its
  * catch-up policy, for ticks nobody looked at in time: all dispatchers were down). A sweep looks
- * at every schedule every 15 s besides, and a job of a schedule that ends makes the dispatchers
- * look at it (a tick queued behind it fires then).
+ * at every schedule every 15 s besides (`schedulesIntervalMs`), and a job of a schedule that
+ * ends makes the dispatchers look at it (a tick queued behind it fires then).
  */
 export class Schedules {
-  private readonly timers = new Map<string, NodeJS.Timeout>();
+  /** Each schedule's next look: at its next tick, or a day on at the latest (it is looked at again then). */
+  private readonly timers = new KeyTimers({ unref: true });
   /** Looks at a schedule, one look at a time per schedule (a call during a look makes one more). */
   private readonly looks = new PassPerKey(
     (key) => this.lookOnce(key),
     (err, key) => this.log.warn({ err, schedule: key }, "could not look at a schedule"),
   );
-  private readonly sweeps: Periodic<void>;
+  private readonly sweeps: Sweep;
   private stopWatch: (() => void) | undefined;
+  /** Job records are looked at once it has started (the sweep sees to the ends before). */
+  private started = false;
   private closed = false;
 
   /** The schedules bucket, once it exists: made by the first schedule, so a system with none has none. */
   private opened: Promise<KV | undefined> | undefined;
 
-  private constructor(
+  /** Looks at every schedule every `intervalMs` once started. */
+  constructor(
     private readonly topology: Topology,
     private readonly ctx: AdmissionContext,
     private readonly log: Logger,
     intervalMs: number,
   ) {
-    this.sweeps = new Periodic(
-      () => this.sweep(),
+    this.sweeps = new Sweep({
+      pass: () => this.sweep(),
       intervalMs,
-      (err) => log.warn({ err }, "could not sweep the schedules"),
-    );
+      onError: (err) => log.warn({ err }, "could not sweep the schedules"),
+    });
   }
 
-  static async start(topology: Topology, ctx: AdmissionContext, log: Logger, intervalMs: number): Promise<Schedules> {
-    const schedules = new Schedules(topology, ctx, log, intervalMs);
-    await schedules.store(false);
-    return schedules;
+  /** Sets the sweep's timer, and opens and watches the schedules bucket if there is one. */
+  async start(): Promise<void> {
+    this.sweeps.start();
+    await this.store(false);
+    this.started = true;
   }
 
   /**
@@ -234,7 +239,7 @@ export class Schedules {
 
   /** Shown each job record by the dispatcher's watch: a schedule's job that ends may let a queued tick fire. */
   readonly observe = (_key: string, job: JobRecord | undefined): void => {
-    if (job?.schedule && isTerminal(job.state)) this.look(keyOf(ownerOf(job), job.schedule.name));
+    if (this.started && job?.schedule && isTerminal(job.state)) this.look(keyOf(ownerOf(job), job.schedule.name));
   };
 
   /** Looks at every schedule (a timer lost, a tick whose admission failed for now). */
@@ -249,8 +254,7 @@ export class Schedules {
   }
 
   private async lookOnce(key: string): Promise<void> {
-    clearTimeout(this.timers.get(key));
-    this.timers.delete(key);
+    this.timers.clear(key);
     // Looked at again at its next tick, or sooner: a claim to finish, a look that failed.
     let again: number | undefined;
     try {
@@ -295,10 +299,7 @@ export class Schedules {
     const next = found && !found.record.paused ? cronOf(found.record.definition).nextRun(new Date()) : null;
     const toTick = next ? next.getTime() - Date.now() : Number.POSITIVE_INFINITY;
     const wait = Math.min(Math.max(0, toTick), inMs ?? Number.POSITIVE_INFINITY, MAX_TIMER_MS);
-    clearTimeout(this.timers.get(key));
-    const timer = setTimeout(() => this.look(key), wait);
-    timer.unref?.();
-    this.timers.set(key, timer);
+    this.timers.set(key, wait, () => this.look(key));
   }
 
   /**
@@ -411,12 +412,13 @@ export class Schedules {
     }
   }
 
-  async close(): Promise<void> {
+  /** Stops the sweep, the watch and the timers, and waits for the looks under way. */
+  async stop(): Promise<void> {
     this.closed = true;
-    await this.sweeps.close();
+    await this.sweeps.stop();
     this.stopWatch?.();
-    for (const timer of this.timers.values()) clearTimeout(timer);
-    await this.looks.close();
+    this.timers.stop();
+    await this.looks.stop();
   }
 }
 

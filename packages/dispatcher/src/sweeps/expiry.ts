@@ -10,10 +10,10 @@ import { JobTimers } from "../loops/job-timers.js";
  * jobs bucket), keeps the waiting jobs' deadlines, and a timer expires the ones due
  * (compare-and-swap, so several dispatchers expire a job once).
  */
-export class ExpirySweeper {
+export class ExpirySweep {
   private readonly timers: JobTimers;
 
-  /** `onEnded` hears of each job this dispatcher ended, `expired` or `timed_out`. */
+  /** Every `intervalMs` it expires the jobs due; `onEnded` hears of each job this dispatcher ended, `expired` or `timed_out`. */
   constructor(topology: Topology, log: Logger, intervalMs: number, onEnded: (job: JobRecord) => void = () => {}) {
     this.timers = new JobTimers(intervalMs, (id) => expire(topology, id, onEnded), log, "expire a job");
   }
@@ -23,8 +23,17 @@ export class ExpirySweeper {
     this.timers.set(key, job && JobTransitions.waitingDueAt(job));
   }
 
-  close(): void {
-    this.timers.close();
+  start(): void {
+    this.timers.start();
+  }
+
+  /** Expires the jobs due now. */
+  run(): Promise<void> {
+    return this.timers.run();
+  }
+
+  stop(): Promise<void> {
+    return this.timers.stop();
   }
 }
 

@@ -4,7 +4,7 @@ import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, par
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWork } from "../jobs/work-items.js";
-import { Periodic } from "../loops/periodic.js";
+import { Sweep } from "../loops/sweep.js";
 
 /** What JetStream publishes when a consumer stops delivering a message (`io.nats.jetstream.advisory.v1.max_deliver`). */
 const MaxDeliveriesAdvisory = z.looseObject({
@@ -42,39 +42,36 @@ const MaxDeliveriesAdvisory = z.looseObject({
  * Dispatchers may settle the same item at once: the compare-and-swap lets one end the job, and
  * only the one whose delete removed the item enqueues the fresh copy.
  */
-export class GivenUpWork {
-  private readonly sweeps: Periodic<number>;
+export class GivenUpSweep {
+  private readonly sweeps: Sweep<number>;
   /** Items the last sweep found given up, by stream sequence: the next sweep settles those still there. */
   private suspects = new Set<number>();
+  private advisories: { unsubscribe(): void; done: Promise<void> } | undefined;
   private closing: Promise<void> | undefined;
 
-  private constructor(
+  /** Sweeps every `intervalMs` once started; `onDead` hears of each job this dispatcher ended `dead`. */
+  constructor(
     private readonly topology: Topology,
     private readonly log: Logger,
     private readonly signer: WorkSigner | undefined,
-    private readonly onDead: (job: JobRecord) => void,
-    private readonly advisories: { unsubscribe(): void; done: Promise<void> },
-    sweepIntervalMs: number,
+    intervalMs: number,
+    private readonly onDead: (job: JobRecord) => void = () => {},
   ) {
-    this.sweeps = new Periodic(
-      () => this.sweepOnce(),
-      sweepIntervalMs,
-      (err) => log.warn({ err }, "could not sweep the work stream for given-up items"),
-    );
+    this.sweeps = new Sweep({
+      pass: (signal) => this.sweepOnce(signal),
+      intervalMs,
+      onError: (err) => log.warn({ err }, "could not sweep the work stream for given-up items"),
+    });
   }
 
-  /** `onDead` hears of each job this dispatcher ended `dead`. */
-  static async start(
-    topology: Topology,
-    log: Logger,
-    signer: WorkSigner | undefined,
-    sweepIntervalMs: number,
-    onDead: (job: JobRecord) => void = () => {},
-  ): Promise<GivenUpWork> {
+  /** Listens for JetStream's advisories, then sets the sweep's timer. */
+  async start(): Promise<void> {
+    const { topology, log } = this;
     const stream = topology.names.streams.work;
     const subject = `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.>`;
     const sub = topology.nc.subscribe(subject);
-    let self: GivenUpWork | undefined;
+    // Advisories are acted on once the subscription is known to be in place.
+    let listening = false;
     const done = (async () => {
       for await (const msg of sub) {
         let advisory: z.infer<typeof MaxDeliveriesAdvisory>;
@@ -84,42 +81,48 @@ export class GivenUpWork {
           log.warn({ err, subject: msg.subject }, "ignoring an advisory that cannot be read");
           continue;
         }
-        if (advisory.stream !== stream || !self) continue;
+        if (advisory.stream !== stream || !listening) continue;
         const { stream_seq: seq, consumer, deliveries } = advisory;
-        await self
-          .settleSeq(seq, { consumer, deliveries })
-          .catch((err: unknown) => log.warn({ err, seq }, "could not settle a work item JetStream gave up on; a sweep will"));
+        await this.settleSeq(seq, { consumer, deliveries }).catch((err: unknown) =>
+          log.warn({ err, seq }, "could not settle a work item JetStream gave up on; a sweep will"),
+        );
       }
     })();
     // The subscription is in place on the server before the caller goes on; a credential that
     // may not subscribe there is an error now, not a silent gap.
-    await topology.nc.flush();
+    try {
+      await topology.nc.flush();
+    } catch (err) {
+      sub.unsubscribe();
+      throw err;
+    }
     if (sub.isClosed()) {
       await done.catch(() => {});
       throw new BoxcarError(ErrorCode.forbidden, `cannot subscribe to ${subject}: this credential's permissions do not allow it`);
     }
     log.debug({ subject }, "watching for work items JetStream gives up on");
-    self = new GivenUpWork(topology, log, signer, onDead, { unsubscribe: () => sub.unsubscribe(), done }, sweepIntervalMs);
-    return self;
+    listening = true;
+    this.advisories = { unsubscribe: () => sub.unsubscribe(), done };
+    this.sweeps.start();
   }
 
-  /** Sweeps once; resolves with how many given-up items it settled. */
-  sweep(): Promise<number> {
+  /** Sweeps now; resolves with how many given-up items it settled. */
+  run(): Promise<number> {
     return this.sweeps.run();
   }
 
   /** Stops listening and sweeping, and waits for what is under way; safe to call twice. */
-  close(): Promise<void> {
+  stop(): Promise<void> {
     this.closing ??= (async () => {
-      const sweeps = this.sweeps.close();
-      this.advisories.unsubscribe();
-      await this.advisories.done;
+      const sweeps = this.sweeps.stop();
+      this.advisories?.unsubscribe();
+      await this.advisories?.done;
       await sweeps;
     })();
     return this.closing;
   }
 
-  private async sweepOnce(): Promise<number> {
+  private async sweepOnce(signal: AbortSignal): Promise<number> {
     const { jsm, names } = this.topology;
     const stream = names.streams.work;
     const found = new Set<number>();
@@ -129,7 +132,7 @@ export class GivenUpWork {
       // Only the pool consumers: another consumer's ack floor says nothing of what workers took.
       if (!names.poolOfConsumer(info.name) || info.config.ack_policy !== AckPolicy.Explicit || !filter) continue;
       for await (const stored of storedMessages(jsm, stream, filter, { upTo: info.ack_floor.stream_seq })) {
-        if (this.closing) break;
+        if (signal.aborted) break;
         if (this.suspects.has(stored.seq)) {
           // One item that cannot be settled (unreadable, say) does not hold up the others.
           await this.settle(stored, { consumer: info.name, deliveries: info.config.max_deliver ?? 0 }).then(
@@ -174,7 +177,7 @@ export class GivenUpWork {
     if (waiting) {
       // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by
       // failures. The old item goes first: should the fresh one then fail to be stored, the
-      // job is one without a work item, which `WorkRecovery` enqueues again.
+      // job is one without a work item, which `RecoverySweep` enqueues again.
       if (!(await this.remove(seq, log))) return;
       await publishWork(topology, stored.subject, stored.data, signer, `${jobId}:redelivery:${seq}`);
       log.warn({ state: waiting.state, attempt: waiting.attempt }, "JetStream gave up on a waiting job's work item; enqueued it again");

@@ -30,13 +30,19 @@ const RETRY_MS = 30_000;
  * job's work item is published to its pool (or its session's worker) as any job's, and the
  * marker is done. Workers never see markers, so the pools' consumers hold no waiting job.
  */
-export class LaterWork {
-  private constructor(
-    private readonly messages: ConsumerMessages,
-    private readonly done: Promise<void>,
+export class LaterConsumer {
+  private messages: ConsumerMessages | undefined;
+  private done: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly topology: Topology,
+    private readonly ctx: LaterWorkContext,
+    private readonly log: Logger,
   ) {}
 
-  static async start(topology: Topology, ctx: LaterWorkContext, log: Logger): Promise<LaterWork> {
+  /** Makes the shared consumer if it is missing, and takes its markers as they come. */
+  async start(): Promise<void> {
+    const { topology, ctx, log } = this;
     const { jsm, js, names } = topology;
     await jsm.consumers.info(names.streams.work, names.laterConsumer).catch(async () => {
       await jsm.consumers.add(names.streams.work, {
@@ -50,7 +56,8 @@ export class LaterWork {
     });
     const consumer = await js.consumers.get(names.streams.work, names.laterConsumer);
     const messages = await consumer.consume({ max_messages: 64 });
-    const done = (async () => {
+    this.messages = messages;
+    this.done = (async () => {
       for await (const msg of messages) {
         await due(topology, ctx, msg).catch((err: unknown) => {
           log.warn({ err, seq: msg.seq }, "could not publish a delayed job's work item; trying again");
@@ -58,11 +65,11 @@ export class LaterWork {
         });
       }
     })();
-    return new LaterWork(messages, done);
   }
 
-  async close(): Promise<void> {
-    await this.messages.close();
+  /** Takes no more markers, and waits for the one under way. */
+  async stop(): Promise<void> {
+    await this.messages?.close();
     await this.done;
   }
 }
@@ -123,7 +130,7 @@ async function due(topology: Topology, ctx: LaterWorkContext, msg: JsMsg): Promi
     return;
   }
   // Released before its item goes: a marker delivered again finds it released, and a dispatcher
-  // that dies in between leaves a queued job with no item, which `WorkRecovery` enqueues.
+  // that dies in between leaves a queued job with no item, which `RecoverySweep` enqueues.
   const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, entered?.concurrency));
   if (released.written) {
     const record = released.handle.record;

@@ -3,7 +3,7 @@ import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology 
 import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
-import { Periodic } from "../loops/periodic.js";
+import { Sweep } from "../loops/sweep.js";
 
 /**
  * How old a worker's consumer must be before a worker with no presence at all counts as gone: a
@@ -21,8 +21,8 @@ const NEW_CONSUMER_GRACE_MS = 120_000;
  * slow to heartbeat makes its consumer again. While all is well a sweep costs one consumer list
  * and one stream info.
  */
-export class LostSessionWork {
-  private readonly sweeps: Periodic<number>;
+export class LostSessionSweep {
+  private readonly sweeps: Sweep<number>;
 
   constructor(
     private readonly topology: Topology,
@@ -31,20 +31,24 @@ export class LostSessionWork {
     intervalMs: number,
     private readonly onFailed: (jobId: string) => void = () => {},
   ) {
-    this.sweeps = new Periodic(
-      () => this.sweepOnce(),
+    this.sweeps = new Sweep({
+      pass: () => this.sweepOnce(),
       intervalMs,
-      (err) => log.warn({ err }, "could not look for the jobs of lost sessions"),
-    );
+      onError: (err) => log.warn({ err }, "could not look for the jobs of lost sessions"),
+    });
   }
 
-  /** Sweeps once; resolves with how many jobs it ended. */
-  sweep(): Promise<number> {
+  start(): void {
+    this.sweeps.start();
+  }
+
+  /** Sweeps now; resolves with how many jobs it ended. */
+  run(): Promise<number> {
     return this.sweeps.run();
   }
 
-  close(): Promise<void> {
-    return this.sweeps.close();
+  stop(): Promise<void> {
+    return this.sweeps.stop();
   }
 
   private async sweepOnce(): Promise<number> {

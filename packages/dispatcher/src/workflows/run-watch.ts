@@ -3,6 +3,7 @@ import { getJson, type Topology } from "@boxcar/fabric";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";
 import { replayBucket } from "../jobs/bucket-replay.js";
+import { KeyTimers } from "../loops/key-timers.js";
 import { continueChain } from "./handoff.js";
 import type { Runs } from "./runs.js";
 
@@ -10,8 +11,6 @@ import type { Runs } from "./runs.js";
 const RECHECK_MS = 3_000;
 /** How soon a handoff decision that failed (NATS trouble) is tried again. */
 const RETRY_MS = 2_000;
-/** The longest a timer is set for; a later time is reached in steps of this. */
-const MAX_TIMER_MS = 86_400_000;
 
 /**
  * Keeps chains and runs moving whatever crashes: a job that asked to hand off gets its
@@ -21,7 +20,8 @@ const MAX_TIMER_MS = 86_400_000;
  */
 export class RunFollower {
   private readonly handoffs = new Set<string>();
-  private readonly timers = new Map<string, NodeJS.Timeout>();
+  /** When to look again at a run (`<run> recheck|deadline|approval`) or at a job's handoff (`<job> handoff`). */
+  private readonly timers = new KeyTimers();
   private stopWatch: (() => void) | undefined;
 
   constructor(
@@ -30,7 +30,7 @@ export class RunFollower {
     private readonly ctx: AdmissionContext,
   ) {}
 
-  /** Job observer: see `watchJobs`. */
+  /** Job observer: see `JobWatch`. */
   readonly observeJob = (_key: string, job: JobRecord | undefined): void => {
     if (!job) return;
     if (handoffPending(job) && !this.handoffs.has(job.id)) {
@@ -71,17 +71,10 @@ export class RunFollower {
 
   /** Looks again at a run (or, for `handoff`, at a job whose handoff is undecided) after `inMs`. */
   private schedule(id: string, why: "recheck" | "deadline" | "approval" | "handoff", inMs: number): void {
-    const key = `${id} ${why}`;
-    clearTimeout(this.timers.get(key));
-    // setTimeout waits at most about 24.8 days: a later time is reached a day at a time.
-    const wait = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
-    const timer = setTimeout(() => {
-      this.timers.delete(key);
-      if (inMs > MAX_TIMER_MS) this.schedule(id, why, inMs - MAX_TIMER_MS);
-      else if (why !== "handoff") void this.runs.advance(id);
+    this.timers.set(`${id} ${why}`, inMs, () => {
+      if (why !== "handoff") void this.runs.advance(id);
       else void this.recheckJob(id);
-    }, wait);
-    this.timers.set(key, timer);
+    });
   }
 
   private async recheckJob(id: string): Promise<void> {
@@ -94,17 +87,13 @@ export class RunFollower {
   }
 
   private clearTimers(runId: string): void {
-    for (const why of ["recheck", "deadline", "approval"]) {
-      const key = `${runId} ${why}`;
-      clearTimeout(this.timers.get(key));
-      this.timers.delete(key);
-    }
+    for (const why of ["recheck", "deadline", "approval"]) this.timers.clear(`${runId} ${why}`);
   }
 
-  close(): void {
+  /** Stops following the runs, and every timer. */
+  stop(): void {
     this.stopWatch?.();
-    for (const timer of this.timers.values()) clearTimeout(timer);
-    this.timers.clear();
+    this.timers.stop();
   }
 }
 

@@ -5,7 +5,6 @@ import {
   BoxcarError,
   ErrorCode,
   type Identity,
-  isRunFinal,
   JobRecord,
   type ListRunsReply,
   ListRunsRequest,
@@ -14,7 +13,6 @@ import {
   PROTOCOL_VERSION,
   parseWith,
   StartRunRequest,
-  type StepRun,
   toErrorInfo,
   type WorkflowEvent,
   WorkflowRun,
@@ -22,9 +20,19 @@ import {
 import { type AdmissionContext, admit } from "../intake/admission.js";
 import { newJobId } from "../jobs/job-id.js";
 import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs/jobs.js";
-import { PassPerKey } from "../loops/periodic.js";
-import { endRun, jobsToRead, type PlannedStart, planRun, type RunEventDraft } from "./plan.js";
+import { KeyTimers } from "../loops/key-timers.js";
+import { PassPerKey } from "../loops/pass-per-key.js";
+import { jobsToRead, type PlannedStart, planRun } from "./plan.js";
 import { factsOf, type RunFacts, type RunIndex } from "./run-index.js";
+import {
+  cancelRun,
+  createRun,
+  decideApproval,
+  type RunChange,
+  type RunEventDraft,
+  recordStart,
+  type StartOutcome,
+} from "./run-transitions.js";
 import { stepLimitsOf, withinStep } from "./step-limits.js";
 
 /** Rounds of plan-and-write one `advance` may take before it leaves the rest to the next trigger. */
@@ -35,9 +43,9 @@ const RETRY_MS = 2_000;
 export type RunsContext = AdmissionContext;
 
 /**
- * Workflow runs: their records in the workflows bucket, changed only by compare-and-swap. Every
- * decision comes from `planRun`; this class reads what a plan needs, writes it, then does what
- * it says (admit a step's job under a key unique to the run, step and item; cancel jobs;
+ * Workflow runs: their records in the workflows bucket, changed only by compare-and-swap, and
+ * only through the run's transitions (`run-transitions.ts`; an advance is `planRun` of them).
+ * This class reads what a transition needs, writes its result, then does what it says (admit a step's job under a key unique to the run, step and item; cancel jobs;
  * publish events). Any dispatcher may advance any run, at any time, as often as it likes.
  */
 export class Runs {
@@ -49,8 +57,8 @@ export class Runs {
       this.retryLater(id);
     },
   );
-  private readonly retries = new Map<string, NodeJS.Timeout>();
-  private closed = false;
+  /** Advances to try again after a failure, one per run. */
+  private readonly retries = new KeyTimers();
 
   constructor(
     private readonly topology: Topology,
@@ -87,21 +95,8 @@ export class Runs {
     }
     // Its owner's quota, now and for each of its jobs as it is admitted (docs/security.md#admin-policy-and-quotas).
     this.ctx.load.check(caller, this.ctx.policy.policy);
-    const now = nowIso();
-    const run: WorkflowRun = {
-      v: PROTOCOL_VERSION,
-      id,
-      workflow,
-      input: req.input,
-      owner,
-      ...(caller.role !== "submitter" ? { role: caller.role } : {}),
-      state: "running",
-      createdAt: now,
-      steps: Object.fromEntries(workflow.steps.map((s) => [s.name, { state: "pending", instances: [] } satisfies StepRun])),
-      labels: req.labels,
-      ...(workflow.limits.deadline !== undefined ? { deadline: new Date(Date.parse(now) + workflow.limits.deadline).toISOString() } : {}),
-      ...(traceparent ? { traceparent } : {}),
-    };
+    const created = createRun({ id, workflow, input: req.input, labels: req.labels, owner, role: caller.role, traceparent }, nowIso());
+    const { run } = created;
     try {
       await this.topology.workflows.create(id, JSON.stringify(run));
     } catch {
@@ -110,7 +105,7 @@ export class Runs {
       throw new BoxcarError(ErrorCode.conflict, `could not create run ${id}; try again`);
     }
     this.index.observe(id, run);
-    await this.publish(run, { type: "started", message: `workflow ${workflow.name} started with ${workflow.steps.length} steps` });
+    await this.publishAll(created);
     this.ctx.log.info({ runId: id, workflow: workflow.name }, "workflow started");
     await this.advance(id);
     return { run: (await this.get(id)) ?? run, duplicate: false };
@@ -188,19 +183,16 @@ export class Runs {
     for (let tries = 0; tries < 10; tries++) {
       const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
       if (!found || !mayAccess(caller, ownerOf(found.value))) throw new BoxcarError(ErrorCode.notFound, `no workflow run ${id}`);
-      const run = found.value;
-      if (run.state === "cancelled") return run;
-      if (isRunFinal(run.state)) throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} already ended ${run.state}`);
-      const next = structuredClone(run);
-      endRun(next, "cancelled", nowIso(), { code: ErrorCode.cancelled, message: "cancelled by request" });
+      const change = cancelRun(found.value, "cancelled by request", nowIso());
+      if (!change) return found.value;
       try {
-        await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
+        await this.topology.workflows.update(id, JSON.stringify(change.run), found.revision);
       } catch {
         continue;
       }
-      await this.publish(next, { type: "cancelled", message: "cancelled by request" });
+      await this.publishAll(change);
       await this.advance(id); // cancels the running steps' jobs
-      return (await this.get(id)) ?? next;
+      return (await this.get(id)) ?? change.run;
     }
     throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; try the cancel again`);
   }
@@ -229,39 +221,20 @@ export class Runs {
           ErrorCode.forbidden,
           `${caller.user} may not approve or reject step ${name}: its approvers are ${approvers.join(", ")}`,
         );
-      const state = run.steps[name];
-      if (state?.approval?.decision) {
-        throw new BoxcarError(ErrorCode.conflict, `step ${name} was ${state.approval.decision} by ${state.approval.by} already`);
-      }
-      if (state?.approval && Date.parse(state.approval.deadline) <= Date.now()) {
-        throw new BoxcarError(ErrorCode.conflict, `step ${name} of run ${id} waited until ${state.approval.deadline}: too late to decide`);
-      }
-      if (run.state !== "running" || state?.state !== "running" || !state.approval) {
-        throw new BoxcarError(
-          ErrorCode.conflict,
-          `step ${name} of run ${id} is not waiting for an approval (it is ${state?.state}; the run is ${run.state})`,
-        );
-      }
-      const next = structuredClone(run);
-      const decided = {
-        decision: decision === "approve" ? ("approved" as const) : ("rejected" as const),
+      const change = decideApproval(run, name, {
+        decision: decision === "approve" ? "approved" : "rejected",
         by: caller.user,
         at: nowIso(),
         ...(comment ? { comment } : {}),
-      };
-      Object.assign(next.steps[name]?.approval ?? {}, decided);
+      });
       try {
-        await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
+        await this.topology.workflows.update(id, JSON.stringify(change.run), found.revision);
       } catch {
         continue; // changed meanwhile: decide on what it holds now
       }
-      await this.publish(next, {
-        type: "approval_decided",
-        step: name,
-        message: `${name} ${decided.decision} by ${caller.user}${comment ? `: ${comment}` : ""}`,
-      });
+      await this.publishAll(change);
       await this.advance(id);
-      return (await this.get(id)) ?? next;
+      return (await this.get(id)) ?? change.run;
     }
     throw new BoxcarError(ErrorCode.conflict, `workflow run ${id} kept changing; decide again`);
   }
@@ -296,21 +269,15 @@ export class Runs {
     return this.advancing.run(id);
   }
 
-  /** After a failure (NATS trouble), advances the run again a little later, unless closed. */
+  /** After a failure (NATS trouble), advances the run again a little later, unless stopped. */
   private retryLater(id: string): void {
-    if (this.closed || this.retries.has(id)) return;
-    const timer = setTimeout(() => {
-      this.retries.delete(id);
-      void this.advance(id);
-    }, RETRY_MS);
-    this.retries.set(id, timer);
+    if (!this.retries.has(id)) this.retries.set(id, RETRY_MS, () => void this.advance(id));
   }
 
-  /** Stops retrying; advances in flight finish. */
-  close(): void {
-    this.closed = true;
-    for (const timer of this.retries.values()) clearTimeout(timer);
-    this.retries.clear();
+  /** Stops retrying and advancing, and waits for the advances under way. */
+  async stop(): Promise<void> {
+    this.retries.stop();
+    await this.advancing.stop();
   }
 
   private async advanceOnce(id: string): Promise<void> {
@@ -363,32 +330,34 @@ export class Runs {
             },
             ...(run.traceparent ? { traceparent: run.traceparent } : {}),
           });
-          return { start, jobId: job.id };
+          const outcome: StartOutcome = { jobId: job.id };
+          return { start, outcome };
         } catch (err) {
           const error = toErrorInfo(err);
           if (error.code === ErrorCode.internal) throw err;
-          return { start, error: { ...error, message: `step ${start.step}: ${error.message}` } };
+          const outcome: StartOutcome = { error: { ...error, message: `step ${start.step}: ${error.message}` } };
+          return { start, outcome };
         }
       }),
     );
     for (let tries = 0; tries < 10; tries++) {
       const found = await getJson(this.topology.workflows, id, WorkflowRun, "workflow run");
       if (!found) return;
-      const next = structuredClone(found.value);
-      const recorded: typeof admitted = [];
+      let next = found.value;
+      const changes: RunChange[] = [];
       const orphans: string[] = [];
-      for (const a of admitted) {
-        const inst = next.steps[a.start.step]?.instances.find((i) => i.index === a.start.index);
-        if (inst?.state !== "starting") {
-          // The run ended (or another dispatcher recorded it) meanwhile: a job nobody follows is cancelled.
-          if (a.jobId && !inst?.jobs.includes(a.jobId)) orphans.push(a.jobId);
+      for (const { start, outcome } of admitted) {
+        const change = recordStart(next, start.step, start.index, outcome);
+        if (change) {
+          next = change.run;
+          changes.push(change);
           continue;
         }
-        if (a.jobId) Object.assign(inst, { state: "running", jobs: [a.jobId] });
-        else Object.assign(inst, { state: "failed", error: a.error });
-        recorded.push(a);
+        // The run ended (or another dispatcher recorded it) meanwhile: a job nobody follows is cancelled.
+        const inst = next.steps[start.step]?.instances.find((i) => i.index === start.index);
+        if ("jobId" in outcome && !inst?.jobs.includes(outcome.jobId)) orphans.push(outcome.jobId);
       }
-      if (recorded.length > 0) {
+      if (changes.length > 0) {
         try {
           await this.topology.workflows.update(id, JSON.stringify(next), found.revision);
         } catch {
@@ -396,24 +365,14 @@ export class Runs {
         }
       }
       for (const jobId of orphans) await cancelJob(this.topology, jobId).catch(() => undefined);
-      for (const a of recorded) {
-        const index = next.workflow.steps.find((s) => s.name === a.start.step)?.forEach !== undefined ? { index: a.start.index } : {};
-        await this.publish(
-          next,
-          a.jobId
-            ? { type: "step_started", step: a.start.step, ...index, jobId: a.jobId, message: `${a.start.step} started as job ${a.jobId}` }
-            : {
-                type: "step_finished",
-                step: a.start.step,
-                ...index,
-                stepState: "failed",
-                message: a.error?.message,
-                ...(a.error ? { error: a.error } : {}),
-              },
-        );
-      }
+      for (const change of changes) await this.publishAll({ run: next, events: change.events });
       return;
     }
+  }
+
+  /** Publishes a change's events, in order. */
+  private async publishAll({ run, events }: RunChange): Promise<void> {
+    for (const event of events) await this.publish(run, event);
   }
 
   private async publish(run: WorkflowRun, draft: RunEventDraft): Promise<void> {

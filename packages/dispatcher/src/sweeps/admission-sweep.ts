@@ -4,7 +4,7 @@ import { JobRecord } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";
 import { publishWorkItem } from "../jobs/work-items.js";
 import { JobTimers } from "../loops/job-timers.js";
-import type { WorkRecovery } from "./work-recovery.js";
+import type { RecoverySweep } from "./work-recovery.js";
 
 /** How long a new job may wait before its work item is published again, in case it never was. */
 const GRACE_MS = 5_000;
@@ -17,12 +17,12 @@ const MARGIN_MS = 15_000;
  * Every dispatcher is shown each new job (by the jobs watcher); one still waiting at attempt 0
  * after a few seconds gets its work item published again under the same message id, which the
  * work stream drops when the first one did arrive. This works within the stream's duplicate
- * window (2 min); an older orphan is `WorkRecovery`'s. A job this dispatcher admitted itself is
+ * window (2 min); an older orphan is `RecoverySweep`'s. A job this dispatcher admitted itself is
  * left alone once its work item is stored ({@link workPublished}), and another's only when the
  * work stream holds fewer items than there are jobs queued or running: under a backlog, that
  * spares every queued job a second read and publish.
  */
-export class AdmissionSweeper {
+export class AdmissionSweep {
   private readonly timers: JobTimers;
   /** Jobs whose work item this dispatcher stored before the watcher showed their record. */
   private readonly published = new Set<string>();
@@ -32,7 +32,7 @@ export class AdmissionSweeper {
     private readonly log: Logger,
     intervalMs: number,
     private readonly ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "limits">,
-    private readonly work: Pick<WorkRecovery, "workMissing">,
+    private readonly work: Pick<RecoverySweep, "workMissing">,
   ) {
     this.timers = new JobTimers(intervalMs, (id) => this.republish(id), log, "check a queued job's work item");
   }
@@ -60,8 +60,17 @@ export class AdmissionSweeper {
     this.log.debug({ jobId: id }, "work item published again (dropped by the stream if it was there)");
   }
 
-  close(): void {
-    this.timers.close();
+  start(): void {
+    this.timers.start();
+  }
+
+  /** Publishes again now the items of the jobs due. */
+  run(): Promise<void> {
+    return this.timers.run();
+  }
+
+  stop(): Promise<void> {
+    return this.timers.stop();
   }
 }
 
