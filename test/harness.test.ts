@@ -484,5 +484,10 @@ test("a worker killed in the middle of the loop: another resumes from its checkp
   const counted = toolResultsSent(standIn, 5).at(-1) ?? "";
   expect(counted).toContain("exit code 0\\n1\\n2\\n3\\n4\\n");
   expect(events.some((e) => e.kind === "job" && e.type === "progress" && e.message?.includes("resumed at step 3"))).toBe(true);
-  expect(await s.nats.topology.artifacts.info(harnessObjects(job.id).state)).not.toBeNull();
+  const kept = async () =>
+    Promise.all(Object.values(harnessObjects(job.id)).map(async (name) => (await s.nats.topology.artifacts.info(name))?.deleted === false));
+  expect(await kept()).toEqual([true, true]);
+  // Retention removes the checkpoint with the job.
+  expect(await s.client.cleanJobs({ olderThan: 0, agent: "six-steps" })).toMatchObject({ deleted: 1 });
+  expect(await kept()).toEqual([false, false]);
 }, 120_000);

@@ -3,6 +3,7 @@ import { getJson, isRevisionConflict, removeObject, type Topology } from "@boxca
 import {
   type CleanJobsReply,
   CleanJobsRequest,
+  harnessObjects,
   isTerminal,
   type JobRecord,
   type JobState,
@@ -194,6 +195,7 @@ export class RetentionSweep {
     await topology.jsm.streams.purge(names.streams.logs, { filter: names.subjects.jobLogs(ownerOf(job), id) });
     for (const object of new Set(objects)) await removeObject(topology, object);
     await removeRecordedCalls(topology, job);
+    await removeCheckpoint(topology, job.id);
     if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
     this.ended.delete(id);
     return "deleted";
@@ -237,6 +239,15 @@ export class RetentionSweep {
     this.endedRuns.delete(id);
     return true;
   }
+}
+
+/** Removes a prompt agent's checkpoint (docs/harness.md#durable-steps): its loop's state, and its workspace if kept. */
+async function removeCheckpoint(topology: Topology, jobId: string): Promise<void> {
+  const { state, workspace } = harnessObjects(jobId);
+  const info = await topology.artifacts.info(state);
+  if (!info || info.deleted) return;
+  await removeObject(topology, workspace);
+  await removeObject(topology, state);
 }
 
 /**
