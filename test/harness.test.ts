@@ -210,10 +210,15 @@ describe("a prompt agent's loop on the host", () => {
     const file = join(dir.path, "greeter.prompt");
     await writeFile(
       file,
-      '---\nname: greeter\nmodel: anthropic/claude-test\ntools: [bash]\nsandbox: { sandbox: host }\ntrusted: true\nmaxSteps: 4\n---\n{{role "system"}}\nYou greet people.\n{{role "user"}}\nGreet {{name}}.\n',
+      '---\nname: greeter\nmodel: anthropic/claude-test\ntools: [bash]\nsandbox: { sandbox: host }\ntrusted: true\nmaxSteps: 4\ninput:\n  schema:\n    name: string, who to greet\n---\n{{role "system"}}\nYou greet people.\n{{role "user"}}\nGreet {{name}}.\n',
     );
     const applied = await cli("agent", "apply", "-f", file);
     expect(applied.stdout, applied.stderr).toContain("agent greeter created");
+    // Its input schema (Picoschema) is checked as a job is admitted: a wrong input never runs.
+    const wrong = await cli("submit", "greeter", "--input", '{"nam":"Ada"}');
+    expect(wrong.code, wrong.stderr).toBe(3);
+    expect(wrong.stderr).toContain("input.name");
+    expect(standIn.requests).toHaveLength(0);
     standIn.script(call("g1", "bash", { command: "echo hello $USER_NAME" }), answer("Hello, Ada!"));
     const run = await cli("submit", "greeter", "--input", '{"name":"Ada"}', "--wait", "--json");
     expect(run.code, run.stderr).toBe(0);

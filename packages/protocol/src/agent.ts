@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { InputSchema } from "./agent-input.js";
 import { AgentModels } from "./models.js";
 import { TOKEN_PATTERN } from "./names.js";
 import { Priority } from "./priority.js";
@@ -110,6 +111,7 @@ export const AgentDefinition = z
       .describe(
         "what to run: a string run with sh -c, or a list of arguments (the first, the program, not starting with `-`); a prompt agent has `prompt` instead",
       ),
+    inputSchema: InputSchema.optional(),
     prompt: PromptAgent.optional().describe(
       "a prompt agent (docs/harness.md): its model, prompt and tools; the worker runs its loop and each tool call in its sandbox",
     ),

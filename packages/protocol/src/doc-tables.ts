@@ -106,6 +106,7 @@ const AGENT_DOCS: FieldDocs<keyof AgentDefinitionInput> = {
   outputs: { type: "list of globs", more: " ([`outputs`](#outputs))" },
   handoffs: { type: "list of agent names", more: " ([Handing off](#handing-off))" },
   retry: { type: "retry policy", more: " ([reliability](reliability.md#retries))" },
+  inputSchema: { type: "JSON Schema", more: " ([Input schema](#input-schema))" },
 };
 
 const RUNTIME_DOCS: FieldDocs<keyof RuntimeWishes | `limits.${keyof ResourceLimits}`> = {

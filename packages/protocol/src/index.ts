@@ -32,6 +32,7 @@ export {
   SandboxKind,
   SecretRef,
 } from "./agent.js";
+export { checkInput, InputSchema } from "./agent-input.js";
 export {
   AgentRef,
   API_CONTRACT,

@@ -28,6 +28,11 @@ export interface PromptFile {
   definition: AgentDefinition;
   /** The file's line the template starts on (1-based): a template error's line is counted from it. */
   templateLine: number;
+  /**
+   * Dotprompt's `input.schema`, as written (Picoschema or JSON Schema), and its line: the reader
+   * turns it into the agent's `inputSchema` (Picoschema is Dotprompt's own shorthand).
+   */
+  input?: { schema: unknown; line: number };
 }
 
 export function parsePromptFile(text: string, file: string): PromptFile {
@@ -66,8 +71,21 @@ export function parsePromptFile(text: string, file: string): PromptFile {
     else agent[key === "sandbox" ? "runtime" : key] = field;
   }
   if ("command" in agent) fail(2, "a prompt agent has no command: its prompt is what runs", "command");
+  // Dotprompt's input: { schema }, read by the caller (see PromptFile.input).
+  const input = agent.input;
+  delete agent.input;
+  const inputLine = lineCounter.linePos(locateIn(doc.contents, ["input"])).line + offset;
+  if (input !== undefined && (typeof input !== "object" || input === null || !("schema" in input) || Object.keys(input).length !== 1)) {
+    fail(inputLine, "input holds one field, schema (Picoschema or JSON Schema)", "input");
+  }
   const result = AgentDefinition.safeParse({ ...agent, prompt });
-  if (result.success) return { definition: result.data, templateLine: close + 2 };
+  if (result.success) {
+    return {
+      definition: result.data,
+      templateLine: close + 2,
+      ...(input !== undefined ? { input: { schema: (input as { schema: unknown }).schema, line: inputLine } } : {}),
+    };
+  }
   throw new FileError(
     what,
     file,

@@ -1,6 +1,5 @@
 import { readFile } from "node:fs/promises";
-import { FileError, parseAgentFile, parsePromptFile } from "@boxcar/protocol";
-import { Dotprompt } from "dotprompt";
+import { FileError, InputSchema, parseAgentFile, parsePromptFile } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { json, table } from "../output.js";
@@ -17,13 +16,25 @@ export async function readAgentFile(file: string) {
     throw new UsageError(`cannot read agent file ${file}: ${(err as Error).message}`);
   }
   if (!file.endsWith(".prompt")) return parseAgentFile(text, file);
-  const { definition, templateLine } = parsePromptFile(text, file);
+  const { definition, templateLine, input } = parsePromptFile(text, file);
   await checkTemplate(definition.prompt?.template ?? "", file, templateLine);
-  return definition;
+  if (!input) return definition;
+  // Dotprompt's input schema, Picoschema or JSON Schema, as the agent's input schema.
+  const fileError = (message: string) =>
+    new FileError("prompt file", file, [{ path: "input.schema", message, line: input.line, column: 1 }]);
+  const { picoschema } = await import("dotprompt");
+  const schema = await picoschema(input.schema).catch((err: unknown) => {
+    throw fileError(`not Picoschema or JSON Schema: ${(err as Error).message}`);
+  });
+  const checked = InputSchema.safeParse(schema);
+  if (!checked.success) throw fileError(checked.error.issues[0]?.message ?? "not a JSON Schema");
+  return { ...definition, inputSchema: checked.data };
 }
 
 /** A prompt's template that is not Handlebars: refused at the file's line, as the frontmatter's errors are. */
 async function checkTemplate(template: string, file: string, firstLine: number): Promise<void> {
+  // Handlebars and Dotprompt only for a .prompt file: `agent ls` and YAML agents go without.
+  const { Dotprompt } = await import("dotprompt");
   try {
     await new Dotprompt().render(template, { input: {} });
   } catch (err) {
@@ -42,9 +53,7 @@ async function checkTemplate(template: string, file: string, firstLine: number):
 }
 
 export const agent: Command = {
-  name: "agent",
   usage,
-  summary: "apply, list, show or remove agent definitions",
   maxArgs: Number.POSITIVE_INFINITY,
   options: { file: { type: "string", short: "f", multiple: true, default: [] } },
   async run(ctx) {

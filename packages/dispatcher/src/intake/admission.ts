@@ -15,6 +15,7 @@ import {
   BoxcarError,
   type ChainLink,
   checkAgentPolicy,
+  checkInput,
   ErrorCode,
   type ErrorInfo,
   type Identity,
@@ -111,6 +112,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   if (!opts.chain) ctx.load.checkRoom(ctx.policy.policy);
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await ctx.agents.get(spec.agent);
+  checkInput(agent, spec.input);
   await ctx.usage?.checkBudgets(ctx.policy.policy, agent.name, opts.owner);
   // The job's own timeout counts as the agent's: a spec may not ask for more time than the policy allows.
   const asRun = spec.timeout === undefined ? agent : { ...agent, runtime: { ...agent.runtime, timeout: spec.timeout } };
