@@ -123,6 +123,83 @@ describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network",
   }, 120_000);
 });
 
+/**
+ * A small MCP server (stdio, one JSON-RPC message a line), written here by hand as any server
+ * speaks it: one tool that counts a workspace file's words and says where it ran.
+ */
+const WORD_COUNT_SERVER = `
+const fs = require("node:fs");
+const os = require("node:os");
+const send = (m) => process.stdout.write(JSON.stringify(m) + "\\n");
+let buffered = "";
+process.stdin.on("data", (chunk) => {
+  buffered += chunk;
+  let end;
+  while ((end = buffered.indexOf("\\n")) >= 0) {
+    const line = buffered.slice(0, end);
+    buffered = buffered.slice(end + 1);
+    if (!line.trim()) continue;
+    const req = JSON.parse(line);
+    if (req.method === "initialize") {
+      send({ jsonrpc: "2.0", id: req.id, result: { protocolVersion: req.params.protocolVersion, capabilities: { tools: {} }, serverInfo: { name: "words", version: "1" } } });
+    } else if (req.method === "tools/list") {
+      send({ jsonrpc: "2.0", id: req.id, result: { tools: [{ name: "word_count", description: "Counts a file's words.", inputSchema: { type: "object", properties: { path: { type: "string" } }, required: ["path"] } }] } });
+    } else if (req.method === "tools/call") {
+      const text = fs.readFileSync(req.params.arguments.path, "utf8");
+      send({ jsonrpc: "2.0", id: req.id, result: { content: [{ type: "text", text: text.split(/\\s+/).filter(Boolean).length + " words, counted on " + os.hostname() + " as uid " + process.getuid() + " with " + (process.env.WORDS_MODE || "no mode") }] } });
+    } else if (req.id !== undefined) {
+      send({ jsonrpc: "2.0", id: req.id, error: { code: -32601, message: "no method " + req.method } });
+    }
+  }
+});
+`;
+
+describe.skipIf(!dockerOk)("an MCP server in a Docker sandbox", () => {
+  test("is started inside the container and serves its tool to the model, with no network", async () => {
+    await using standIn = await startModelStandIn();
+    const nats = await natsFixture();
+    await using _nats = nats;
+    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const worker = createWorker({
+      ...nats.workerRole,
+      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
+      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    });
+    void worker.run();
+    try {
+      const client = createClient(nats.topology);
+      await client.applyAgent({
+        name: "word-counter",
+        prompt: {
+          model: "anthropic/claude-test",
+          template: "Count the words of notes.txt.",
+          tools: ["write_file"],
+          mcp: [{ name: "words", command: ["node", "-e", WORD_COUNT_SERVER], env: { WORDS_MODE: "strict" } }],
+        },
+        runtime: { sandbox: "docker" },
+      });
+      standIn.script(
+        call("m1", "write_file", { path: "notes.txt", content: "one two three four" }),
+        call("m2", "words__word_count", { path: "notes.txt" }),
+        answer("four words"),
+      );
+      const { job } = await client.submit({ agent: "word-counter", input: {} });
+      const done = await client.waitForJob(job.id);
+      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+      // The model was offered the server's tool beside the built-in ones.
+      const offered = ((standIn.requests[0]?.body.tools ?? []) as { name: string }[]).map((t) => t.name);
+      expect(offered).toEqual(["write_file", "words__word_count"]);
+      const counted = toolResultsSent(standIn, 2).at(-1) ?? "";
+      expect(counted).toContain("4 words, counted on ");
+      expect(counted).not.toContain(`counted on ${(await import("node:os")).hostname()} `);
+      expect(counted).toContain("as uid 1000 with strict");
+    } finally {
+      await worker.close();
+      await dispatcher.close();
+    }
+  }, 120_000);
+});
+
 describe.skipIf(!dockerOk)("tool calls in a Docker sandbox cannot reach the worker (the escape battery, as tool calls)", () => {
   test("no network, no NATS, no worker files, not root, no way out of the workspace by path", async () => {
     await using standIn = await startModelStandIn();
@@ -367,6 +444,25 @@ describe("a prompt agent's loop on the host", () => {
     expect(results[0]).toBe("error: a person denied this call: not on a Friday; it did not run");
     expect(results[1]).toMatch(/^ok: exit code 0\nsecond-ran/);
     expect(results.join("")).not.toContain("first-ran");
+  }, 60_000);
+
+  test("the system policy limits the tools prompt agents may use and whether they may start MCP servers", async () => {
+    await using system = await localSystem();
+    const { client } = system;
+    await client.setPolicy({ agents: { tools: ["read_file", "grep"], mcp: false } });
+    const bash = await client.applyAgent(agent("shell-user", { tools: ["read_file", "bash"] })).catch((e: unknown) => e);
+    expect(bash).toMatchObject({
+      code: "policy_denied",
+      issues: [{ path: "definition.prompt.tools[1]", message: "bash is not allowed (allowed: read_file, grep)" }],
+    });
+    const mcp = await client
+      .applyAgent(agent("mcp-user", { tools: ["read_file"], mcp: [{ name: "x", command: ["x"] }] }))
+      .catch((e: unknown) => e);
+    expect(mcp).toMatchObject({
+      code: "policy_denied",
+      issues: [{ path: "definition.prompt.mcp", message: "no agent may start MCP servers" }],
+    });
+    await expect(client.applyAgent(agent("reader", { tools: ["read_file"] }))).resolves.toMatchObject({ created: true });
   }, 60_000);
 
   test("bad tool calls are tool errors the model reads, never a failed job; a path outside the workspace is refused", async () => {

@@ -3,6 +3,7 @@ import { UserName } from "./access.js";
 import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, PoolName, ResourceLimits } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
 import { ModelProvider } from "./models.js";
+import { BuiltinTool } from "./prompt-agent.js";
 import { durationMs, sizeBytes } from "./units.js";
 import { Budget, MODEL_NAME } from "./usage.js";
 
@@ -23,6 +24,8 @@ export const AgentPolicy = z.strictObject({
   pools: z.array(PoolName).optional().describe("the pools agents may name"),
   secrets: z.array(EnvName).optional().describe("the worker variables agents may ask for"),
   trusted: z.boolean().optional().describe("false: no agent may be marked trusted (so none runs unisolated)"),
+  tools: z.array(BuiltinTool).optional().describe("the built-in tools prompt agents may use (docs/harness.md#tools)"),
+  mcp: z.boolean().optional().describe("false: no prompt agent may start MCP servers"),
   limits: ResourceLimits.extend({ timeout: durationMs({ min: 100, max: MAX_TIMEOUT_MS }).optional() })
     .optional()
     .describe("the most an agent may ask for"),
@@ -57,6 +60,14 @@ export function policyViolations(agent: AgentDefinition, policy: AgentPolicy): E
     });
   }
   if (policy.trusted === false && agent.trusted) refuse("trusted", "no agent may be trusted");
+  const prompt = agent.prompt;
+  if (prompt && policy.tools) {
+    const allowed = policy.tools;
+    prompt.tools.forEach((tool, i) => {
+      if (!allowed.includes(tool)) refuse(`prompt.tools[${i}]`, `${tool} is not allowed (allowed: ${list(allowed)})`);
+    });
+  }
+  if (prompt && policy.mcp === false && prompt.mcp.length > 0) refuse("prompt.mcp", "no agent may start MCP servers");
   const max = policy.limits ?? {};
   for (const key of ["cpus", "memory", "pids"] as const) {
     const asked = runtime.limits[key];

@@ -14,6 +14,7 @@ import { FileError, locateIn } from "./yaml-file.js";
 const PROMPT_FIELDS = new Set([
   "model",
   "tools",
+  "mcp",
   "approval",
   "maxSteps",
   "maxTokens",

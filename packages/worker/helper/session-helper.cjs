@@ -33,7 +33,8 @@ const WORKSPACE = "/workspace";
 /** How long a command has after SIGTERM before its process group gets SIGKILL, and its pipes after it ends. */
 const GRACE_MS = 2000;
 
-let running;
+/** The commands under way, by id: a session's host sends one at a time; a prompt agent's sandbox may run an MCP server beside its tools. */
+const running = new Map();
 
 function send(frame) {
   return process.stdout.write(`${JSON.stringify(frame)}\n`);
@@ -48,8 +49,8 @@ function signalGroup(pid, signal) {
 }
 
 function run(req) {
-  if (running) {
-    send({ t: "exit", id: req.id, code: null, signal: null, error: `command ${running.id} is still running` });
+  if (running.has(req.id)) {
+    send({ t: "exit", id: req.id, code: null, signal: null, error: `command ${req.id} is already running` });
     return;
   }
   const id = req.id;
@@ -60,7 +61,7 @@ function run(req) {
     if (done) return;
     done = true;
     for (const timer of timers) clearTimeout(timer);
-    running = undefined;
+    running.delete(id);
     send({ t: "exit", id, ...frame });
   };
   const cwd = req.cwd ? inWorkspace(req.cwd) : WORKSPACE;
@@ -79,7 +80,7 @@ function run(req) {
     finish({ code: null, signal: null, error: err.message });
     return;
   }
-  running = { id, child, timers };
+  running.set(id, { child, timers });
   for (const stream of ["stdout", "stderr"]) {
     const pipe = child[stream];
     pipe.on("data", (chunk) => {
@@ -108,10 +109,11 @@ function run(req) {
 }
 
 function kill(req) {
-  if (!running || running.id !== req.id || running.child.pid === undefined) return;
-  const pid = running.child.pid;
+  const command = running.get(req.id);
+  if (command?.child.pid === undefined) return;
+  const pid = command.child.pid;
   signalGroup(pid, "SIGTERM");
-  running.timers.push(setTimeout(() => signalGroup(pid, "SIGKILL"), GRACE_MS));
+  command.timers.push(setTimeout(() => signalGroup(pid, "SIGKILL"), GRACE_MS));
 }
 
 function isFolder(path) {
@@ -229,7 +231,7 @@ lines.on("line", (line) => {
 });
 // The worker is gone (or closed the session): nothing of the session runs on.
 lines.on("close", () => {
-  if (running?.child.pid !== undefined) signalGroup(running.child.pid, "SIGKILL");
+  for (const { child } of running.values()) if (child.pid !== undefined) signalGroup(child.pid, "SIGKILL");
   process.exit(0);
 });
 send({ t: "ready" });

@@ -15,6 +15,7 @@ import { jsonSchema, type LanguageModel, type ModelMessage, streamText, type Too
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { Sandbox } from "../sandbox/sandbox.js";
 import { type Checkpoints, type LoopState, restoreWorkspace } from "./checkpoint.js";
+import { type McpServers, startMcpServers } from "./mcp.js";
 import { renderPrompt } from "./render.js";
 import { runTool, TOOL_DESCRIPTIONS, toolSchema } from "./tools.js";
 
@@ -93,6 +94,28 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
   );
   if (ctx.handoffs.length > 0) tools[HANDOFF] = handoffTool(ctx.handoffs);
   const state = await resume(ctx);
+  // MCP servers in the sandbox: their tools too, for the loop's life.
+  const mcp = await startMcpServers(agent.mcp, ctx);
+  Object.assign(tools, mcp.tools);
+  try {
+    return await loop(ctx, { prompt, model, tools, state, mcp });
+  } finally {
+    await mcp.close();
+  }
+}
+
+/** The loop itself, from `state`, until an answer, a handoff or a guard. */
+async function loop(
+  ctx: PromptLoopContext,
+  {
+    prompt,
+    model,
+    tools,
+    state,
+    mcp,
+  }: { prompt: Awaited<ReturnType<typeof renderPrompt>>; model: LanguageModel; tools: ToolSet; state: LoopState; mcp: McpServers },
+): Promise<PromptLoopEnd> {
+  const { agent } = ctx;
   const save = async () => {
     if (ctx.attemptLease?.lapsed())
       throw new BoxcarError(ErrorCode.cancelled, "the attempt's lease lapsed: another attempt may own the job");
@@ -101,9 +124,9 @@ export async function runPromptLoop(ctx: PromptLoopContext): Promise<PromptLoopE
   for (;;) {
     // The last answer's tool calls that have no result yet (on a resumed attempt: the one under way).
     for (const call of unanswered(state.messages)) {
-      const ended = call.toolName === HANDOFF && ctx.handoffs.length > 0 ? handOff(ctx, state, call) : await runCall(ctx, state, call);
+      const ended = call.toolName === HANDOFF && ctx.handoffs.length > 0 ? handOff(ctx, state, call) : await runCall(ctx, state, call, mcp);
       if (ended) return ended;
-      if (CHANGES_FILES.has(call.toolName) && !(await ctx.checkpoints.saveWorkspace(ctx.sandbox))) {
+      if ((CHANGES_FILES.has(call.toolName) || mcp.has(call.toolName)) && !(await ctx.checkpoints.saveWorkspace(ctx.sandbox))) {
         ctx.progress("the workspace is too large to keep with the checkpoint: a later attempt starts it from the job's input");
       }
       await save();
@@ -224,7 +247,7 @@ async function resume(ctx: PromptLoopContext): Promise<LoopState> {
 }
 
 /** Runs one tool call and adds its result; a doom loop ends the loop instead. */
-async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallPart): Promise<PromptLoopEnd | undefined> {
+async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallPart, mcp: McpServers): Promise<PromptLoopEnd | undefined> {
   const n = state.steps;
   const input = JSON.stringify(call.input ?? {});
   const key = `${call.toolName} ${input}`;
@@ -248,13 +271,15 @@ async function runCall(ctx: PromptLoopContext, state: LoopState, call: ToolCallP
           output: `you have asked for ${call.toolName} with these same arguments ${limit} times in a row, and it was not run again: the result will not change. Try something else; asking once more ends the job.`,
           error: true,
         }
-      : await runTool(call.toolName, call.input, {
-          sandbox: ctx.sandbox,
-          env: ctx.env,
-          signal: ctx.signal,
-          callId: call.toolCallId,
-          ...(ctx.attemptLease ? { attemptLease: ctx.attemptLease } : {}),
-        });
+      : mcp.has(call.toolName)
+        ? await mcp.call(call.toolName, call.input, ctx.signal)
+        : await runTool(call.toolName, call.input, {
+            sandbox: ctx.sandbox,
+            env: ctx.env,
+            signal: ctx.signal,
+            callId: call.toolCallId,
+            ...(ctx.attemptLease ? { attemptLease: ctx.attemptLease } : {}),
+          });
   const durationMs = Math.round(performance.now() - started);
   ctx.event(
     "tool_result",

@@ -79,6 +79,8 @@ export class DockerSession implements SessionSandbox {
   readonly kind = "docker";
   readonly workspace = "/workspace";
   readonly agentPath: string;
+  /** The workspace as this worker's folder, bind-mounted (a Unix socket made there reaches the container). */
+  readonly localFolder: string;
   readonly description: SessionContainerSpec["description"];
   readonly ended: Promise<string>;
   readonly sessionFiles: SessionFiles;
@@ -104,6 +106,7 @@ export class DockerSession implements SessionSandbox {
     private readonly spec: SessionContainerSpec,
   ) {
     this.agentPath = spec.agentPath;
+    this.localFolder = files.dir;
     this.description = spec.description;
     const helperFiles = new HelperFiles((frame) => this.ask(frame));
     this.sessionFiles = helperFiles;
