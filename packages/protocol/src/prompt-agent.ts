@@ -32,21 +32,21 @@ export const PromptAgent = z
       .describe('the prompt: a Dotprompt (Handlebars) template the job\'s input fills; `{{role "system"}}` starts a system part'),
     tools: z.array(BuiltinTool).max(BUILTIN_TOOLS.length).default([]).describe("the built-in tools it may call, each run in its sandbox"),
     mcp: z
-    .array(
-      z.strictObject({
-        name: z
-          .string()
-          .regex(/^[a-z][a-z0-9-]{0,15}$/, "1 to 16 of a-z 0-9 -, starting with a letter")
-          .describe("its tools are named <name>__<tool>"),
-        command: z.array(z.string().min(1)).min(1).describe("how to start it, in the sandbox: it speaks MCP on its stdin and stdout"),
-        env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(32_768)).default({}),
-      }),
-    )
-    .max(8)
-    .refine((servers) => new Set(servers.map((s) => s.name)).size === servers.length, "two MCP servers have the same name")
-    .default([])
-    .describe("MCP servers started inside the job's sandbox (stdio): their tools are the agent's too"),
-  approval: z
+      .array(
+        z.strictObject({
+          name: z
+            .string()
+            .regex(/^[a-z][a-z0-9-]{0,15}$/, "1 to 16 of a-z 0-9 -, starting with a letter")
+            .describe("its tools are named <name>__<tool>"),
+          command: z.array(z.string().min(1)).min(1).describe("how to start it, in the sandbox: it speaks MCP on its stdin and stdout"),
+          env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(32_768)).default({}),
+        }),
+      )
+      .max(8)
+      .refine((servers) => new Set(servers.map((s) => s.name)).size === servers.length, "two MCP servers have the same name")
+      .default([])
+      .describe("MCP servers started inside the job's sandbox (stdio): their tools are the agent's too"),
+    approval: z
       .array(BuiltinTool)
       .max(BUILTIN_TOOLS.length)
       .default([])
