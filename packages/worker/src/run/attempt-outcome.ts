@@ -17,7 +17,7 @@ export type StopReason = "cancelled" | "timed_out" | "deadline" | "worker_stoppe
 
 /**
  * How an attempt ended, as its worker decides it from what happened, before anything is written:
- * the pure half of a run's ending (JobRun does the reading and the writing).
+ * the pure half of a run's ending (`Attempt` does the reading, `OutcomeWriter` the writing).
  */
 export type Outcome =
   | {
@@ -149,4 +149,9 @@ export function failedOutcome(error: ErrorInfo, exec: ExecResult | undefined): F
     message: error.message,
     ...(exec ? { result: { ...execResult(exec), output: null } } : {}),
   };
+}
+
+/** `outcome` with the attempt's usage, when it reported some. */
+export function withUsage(outcome: Outcome, usage: Usage | undefined): Outcome {
+  return usage && outcome.kind !== "fenced" ? { ...outcome, usage } : outcome;
 }

@@ -1,0 +1,207 @@
+import type { Logger } from "@boxcar/common";
+import { nowIso, type Topology } from "@boxcar/fabric";
+import { BoxcarError, ErrorCode, isTerminal, JobTransitions, type SandboxInfo, toErrorInfo, type WorkItem } from "@boxcar/protocol";
+import type { AttemptLease } from "../sandbox/lifeline.js";
+import type { WorkerMetrics } from "../worker-metrics.js";
+import type { Redactor } from "../workspace/redactor.js";
+import { type FinalOutcome, failedOutcome, type Outcome, type StopReason, withUsage } from "./attempt-outcome.js";
+import type { JobEvents } from "./job-events.js";
+import type { OwnedRecord } from "./owned-record.js";
+import { planRetry, type RetryPlan } from "./retry-plan.js";
+
+/**
+ * What becomes of the work item once the outcome is written: acknowledged (the job is done
+ * with it), handed back to JetStream (after `delayMs`: a retry's backoff; at once for another
+ * worker), or left alone (another attempt owns the job, or may soon).
+ */
+export type Settlement = { kind: "ack" } | { kind: "nak"; delayMs?: number } | { kind: "leave" };
+
+/** What the outcome writer is given by the delivery that claimed the job. */
+export interface OutcomeWriterContext {
+  topology: Topology;
+  workerId: string;
+  metrics: WorkerMetrics | undefined;
+  item: WorkItem;
+  /** The job's record as the attempt last wrote it: every write checks the attempt still owns it. */
+  owned: OwnedRecord;
+  events: JobEvents;
+  log: Logger;
+  /** Takes the agent's secrets out of the outcome before anything of it is written. */
+  redactor: Redactor;
+  /** The sandbox decided at the claim, kept in the record and the outcome event. */
+  sandbox: SandboxInfo | undefined;
+  /** A job in a session: handed back, it fails instead (nothing else can run it). */
+  inSession: boolean;
+  /** The attempt's hold on its job: past it, the attempt writes nothing. */
+  attemptLease: AttemptLease | undefined;
+  /** When the attempt claimed the job (performance.now()), for its metrics. */
+  claimedAt: number;
+  /** Why the run was stopped, if it was. */
+  stopReason(): StopReason | undefined;
+}
+
+/**
+ * The end of an attempt: its outcome written to the job's record (final, requeued, retrying or
+ * dead, by the job's transitions) and announced by its event, its figures to the metrics, a
+ * dead job kept in the dead-letter stream. The work item stays the delivery's: the writer says
+ * what to do with it.
+ */
+export class OutcomeWriter {
+  private readonly item: WorkItem;
+  private readonly jobId: string;
+  private readonly topology: Topology;
+  private readonly owned: OwnedRecord;
+  private readonly events: JobEvents;
+  private readonly log: Logger;
+
+  constructor(private readonly ctx: OutcomeWriterContext) {
+    this.item = ctx.item;
+    this.jobId = ctx.item.jobId;
+    this.topology = ctx.topology;
+    this.owned = ctx.owned;
+    this.events = ctx.events;
+    this.log = ctx.log;
+  }
+
+  /**
+   * Writes how the attempt ended (the record by compare-and-swap while this attempt owns the job,
+   * then its event) and says what becomes of the work item. A failure the retry policy covers is
+   * retried or buries the job; an attempt that no longer owns the job writes nothing.
+   */
+  async write(reported: Outcome): Promise<Settlement> {
+    // Everything the attempt reports comes from here (its result, handoff, artifacts' names,
+    // error, usage): redacted once, whatever field it is in.
+    let outcome = this.ctx.redactor.json(reported);
+    // Past its lease, another attempt may own the job: this one writes nothing.
+    if (this.ctx.attemptLease?.lapsed()) outcome = { kind: "fenced" };
+    if (outcome.kind === "requeue" && this.ctx.inSession) {
+      // Nothing else can run it: the session closes with this worker.
+      const error = new BoxcarError(
+        ErrorCode.sessionLost,
+        `worker ${this.ctx.workerId} stopped while the job ran; session ${this.item.session} closes with it`,
+      );
+      outcome = withUsage(failedOutcome(toErrorInfo(error), undefined), outcome.usage);
+    }
+    if (outcome.kind === "fenced") {
+      this.log.warn(
+        { reason: this.ctx.stopReason() },
+        "another attempt owns the job now, or may soon; leaving its record and work item alone",
+      );
+      return { kind: "leave" };
+    }
+    if (outcome.kind === "final" && (outcome.state === "failed" || outcome.state === "timed_out")) {
+      const attempt = this.events.attempt;
+      const plan = planRetry(
+        this.item.retry,
+        { ...outcome, state: outcome.state },
+        attempt,
+        this.owned.record.attemptsAllowed ?? 1,
+        this.owned.msToDeadline(),
+      );
+      if (plan.kind !== "final") return this.retryOrBury(outcome, outcome.state, plan);
+      if (plan.note) outcome = { ...outcome, message: `${outcome.message ?? outcome.state}; ${plan.note}` };
+    }
+    const now = nowIso();
+    const update =
+      outcome.kind === "requeue"
+        ? await this.owned.update((current) => JobTransitions.handBack(current, now))
+        : await this.owned.update((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
+    if (!update) return this.leave();
+
+    this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
+    if (outcome.kind === "requeue") {
+      const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
+      await this.events.job("requeued", "queued", { error, message: error.message });
+      this.log.info({}, "job handed back to the queue");
+      return { kind: "nak" };
+    }
+    const sandbox = this.ctx.sandbox;
+    await this.events.job(outcome.state, outcome.state, {
+      ...(sandbox ? { sandbox } : {}),
+      ...(outcome.message !== undefined ? { message: outcome.message } : {}),
+      ...(outcome.error ? { error: outcome.error } : {}),
+    });
+    this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
+    return { kind: "ack" };
+  }
+
+  private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
+    this.ctx.metrics?.attemptEnded(this.item.agent.name, this.owned.record.pool, name, {
+      ms: performance.now() - this.ctx.claimedAt,
+      cpuMs: outcome?.result?.usage?.cpuMs,
+      artifactBytes: outcome?.artifacts.reduce((sum, a) => sum + a.size, 0) ?? 0,
+    });
+  }
+
+  /**
+   * A failed attempt the retry policy covers: back to the queue after a backoff (the work item is
+   * redelivered then), or, attempts exhausted, the job ends `dead` and its record goes to the
+   * dead-letter stream. Either way the attempt is kept in the record's history.
+   */
+  private async retryOrBury(
+    outcome: FinalOutcome,
+    state: "failed" | "timed_out",
+    plan: RetryPlan & { kind: "retry" | "dead" },
+  ): Promise<Settlement> {
+    const now = nowIso();
+    const attempt = this.events.attempt;
+    const ended = {
+      attempt,
+      state,
+      workerId: this.ctx.workerId,
+      finishedAt: now,
+      ...(outcome.error ? { error: outcome.error } : {}),
+    };
+    const update = await this.owned.update((current) =>
+      JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan.kind),
+    );
+    if (!update) return this.leave();
+    this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
+    const allowed = update.attemptsAllowed ?? attempt;
+    const why = outcome.error?.message ?? state;
+    if (plan.kind === "retry") {
+      const message = `attempt ${attempt} of ${allowed} ${state === "timed_out" ? "timed out" : "failed"} (${why}); retrying in ${plan.delayMs} ms`;
+      await this.events.job("retrying", "queued", { message, ...(outcome.error ? { error: outcome.error } : {}) });
+      this.log.info({ delayMs: plan.delayMs, error: outcome.error }, "attempt failed; retrying");
+      return { kind: "nak", delayMs: plan.delayMs };
+    }
+    // Attempts taken over (their worker died, froze or lost NATS) left no outcome in the history.
+    const failed = update.history.filter((h) => h.state === "failed" || h.state === "timed_out").length;
+    const cutShort = Math.max(0, attempt - failed);
+    const message =
+      cutShort > 0
+        ? `all ${attempt} attempts ended without success: ${failed} failed, ${cutShort} cut short (their worker died, froze or lost NATS); the last: ${why}`
+        : `all ${allowed} attempts failed; the last: ${why}`;
+    await this.events.job("dead", "dead", { message, ...(outcome.error ? { error: outcome.error } : {}) });
+    await this.topology.js
+      .publish(this.topology.names.subjects.dead(update.agent), JSON.stringify(update))
+      .catch((err: unknown) => this.log.error({ err }, "could not keep the dead job in the dead-letter stream"));
+    this.log.warn({ error: outcome.error }, "job is dead: its attempts are exhausted");
+    return { kind: "ack" };
+  }
+
+  private attemptEnd(outcome: FinalOutcome, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
+    const { retryAfterMs, usage } = outcome;
+    return {
+      ...(usage ? { usage } : {}),
+      ...(retryAfterMs !== undefined ? { providerLimitedUntil: new Date(Date.parse(now) + retryAfterMs).toISOString() } : {}),
+      state,
+      now,
+      artifacts: outcome.artifacts,
+      ...(this.ctx.sandbox ? { sandbox: this.ctx.sandbox } : {}),
+      ...(outcome.result ? { result: outcome.result } : {}),
+      ...(outcome.error ? { error: outcome.error } : {}),
+    };
+  }
+
+  /** The record changed hands: a finished job's work item is done, another attempt's is not ours. */
+  private async leave(): Promise<Settlement> {
+    const current = await this.topology.jobStore.read(this.jobId);
+    if (!current || isTerminal(current.record.state)) {
+      this.log.warn({ state: current?.record.state }, "the job ended elsewhere; dropping this attempt's outcome");
+      return { kind: "ack" };
+    }
+    this.log.warn({ state: current.record.state, attempt: current.record.attempt }, "another attempt owns the job now; leaving it alone");
+    return { kind: "leave" };
+  }
+}
