@@ -24,6 +24,7 @@ import type {
   ListSessionsRequestInput,
   LogStream,
   OpenSessionRequestInput,
+  ProcessInfo,
   RunSignalReply,
   ScheduleDefinitionInput,
   ScheduleRecord,
@@ -34,6 +35,8 @@ import type {
   SystemPolicy,
   SystemPolicyInput,
   UsageReply,
+  WaitReply,
+  WaitRequestInput,
   WorkerInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
@@ -127,6 +130,14 @@ export interface BoxcarClient {
   execInSession(request: ExecRequestInput): Promise<ExecReply>;
   /** Stops the command running in the session (its `execInSession` answers with `cancelled`). */
   cancelInSession(id: string): Promise<SessionRecord>;
+  /** Starts a command in the session's background; it returns at once, and runs beside its commands and jobs. */
+  startInSession(request: ExecRequestInput): Promise<ProcessInfo>;
+  /** The session's background processes, running and (the last 32) ended. */
+  sessionProcesses(id: string): Promise<ProcessInfo[]>;
+  /** Waits up to `timeout` for a background process to end: its state, and its result (as an exec's) once it ended. */
+  waitInSession(request: WaitRequestInput): Promise<WaitReply>;
+  /** Kills a background process (its whole process group). */
+  killInSession(id: string, execId: string): Promise<ProcessInfo>;
   /** A file of the session's workspace (at most 512 KiB). */
   readSessionFile(id: string, path: string): Promise<Uint8Array>;
   /** Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces what was there (`executable`: mode 0755). */

@@ -30,6 +30,7 @@ import {
   type SignalRequest,
   type StartRunRequest,
   type SystemPolicyInput,
+  type WaitRequestInput,
 } from "@boxcar/protocol";
 import type { BoxcarClient, ClientOptions, JobEventsOptions, LogChunk, SubmitOptions } from "./boxcar-client.js";
 import {
@@ -184,6 +185,25 @@ class Client implements BoxcarClient, HistoryReader {
     // As long as the command may run (its timeout, 10 minutes by default), and a margin.
     const runs = (typeof request.timeout === "number" ? request.timeout : parseDurationMs(request.timeout ?? "10m")) ?? 600_000;
     return this.api.request(ApiEndpoint.sessionsExec, request, Math.max(this.api.timeoutMs, runs + SESSION_EXEC_MARGIN_MS));
+  }
+
+  /** Starts a command in the session's background: it returns at once (docs/sessions.md#background-processes). */
+  async startInSession(request: ExecRequestInput) {
+    return (await this.api.request(ApiEndpoint.sessionsStart, request)).process;
+  }
+
+  async sessionProcesses(id: string) {
+    return (await this.api.request(ApiEndpoint.sessionsProcesses, { id })).processes;
+  }
+
+  /** Waits up to `timeout` (default 30 s) for a background process to end: its state, and its result once it ended. */
+  waitInSession(request: WaitRequestInput) {
+    const waits = (typeof request.timeout === "number" ? request.timeout : parseDurationMs(request.timeout ?? "30s")) ?? 30_000;
+    return this.api.request(ApiEndpoint.sessionsWait, request, Math.max(this.api.timeoutMs, waits + SESSION_EXEC_MARGIN_MS));
+  }
+
+  async killInSession(id: string, execId: string) {
+    return (await this.api.request(ApiEndpoint.sessionsKill, { id, execId })).process;
   }
 
   async cancelInSession(id: string) {

@@ -178,6 +178,41 @@ export const ExecReply = z.strictObject({
 });
 export type ExecReply = z.infer<typeof ExecReply>;
 
+/** The most processes a session runs in the background at once; and the ended ones it remembers. */
+export const MAX_BACKGROUND_PROCESSES = 8;
+export const MAX_ENDED_PROCESSES = 32;
+
+/** A process started in a session's background (`sessions.start`), running or ended. */
+export const ProcessInfo = z.strictObject({
+  /** `<session>.<n>`, as an exec's: its output on the logs stream carries it in the `Boxcar-Exec` header. */
+  execId: z.string(),
+  argv: z.array(z.string()),
+  startedAt: z.iso.datetime(),
+  running: z.boolean(),
+  /** Once it ended: as an exec's reply says. */
+  exitCode: z.number().int().nullable().optional(),
+  signal: z.string().nullable().optional(),
+  timedOut: z.boolean().optional(),
+  killed: z.boolean().optional(),
+  durationMs: z.number().nonnegative().optional(),
+});
+export type ProcessInfo = z.infer<typeof ProcessInfo>;
+
+export const ProcessRef = z.strictObject({ id: SessionId, execId: z.string().min(1).max(128) });
+export const ProcessReply = z.strictObject({ process: ProcessInfo });
+export const ProcessesReply = z.strictObject({ processes: z.array(ProcessInfo) });
+export const WaitRequest = z.strictObject({
+  id: SessionId,
+  execId: z.string().min(1).max(128),
+  timeout: durationMs({ min: 0, max: 10 * 60_000 })
+    .default(30_000)
+    .describe("how long to wait for it to end; past it the reply says it still runs"),
+});
+export type WaitRequest = z.input<typeof WaitRequest>;
+/** The process, and once it ended the end of its output, as an exec's reply. */
+export const WaitReply = z.strictObject({ process: ProcessInfo, result: ExecReply.optional() });
+export type WaitReply = z.infer<typeof WaitReply>;
+
 export const SessionFileRef = z.strictObject({ id: SessionId, path: SessionPath });
 export const WriteSessionFile = z.strictObject({
   id: SessionId,

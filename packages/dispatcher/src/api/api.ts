@@ -73,6 +73,10 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       session: await sessions.open(requestOf(ApiEndpoint.sessionsOpen, body), caller),
     }),
     [ApiEndpoint.sessionsExec]: (body, caller) => sessions.exec(requestOf(ApiEndpoint.sessionsExec, body), caller),
+    [ApiEndpoint.sessionsStart]: (body, caller) => sessions.start(requestOf(ApiEndpoint.sessionsStart, body), caller),
+    [ApiEndpoint.sessionsProcesses]: (body, caller) => sessions.processes(requestOf(ApiEndpoint.sessionsProcesses, body).id, caller),
+    [ApiEndpoint.sessionsWait]: (body, caller) => sessions.wait(requestOf(ApiEndpoint.sessionsWait, body), caller),
+    [ApiEndpoint.sessionsKill]: (body, caller) => sessions.kill(requestOf(ApiEndpoint.sessionsKill, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
     }),

@@ -190,6 +190,31 @@ export class SessionDesk {
     return (await this.held(session, "exec", request, request.timeout + EXEC_GRACE_MS)) as ExecReply;
   }
 
+  /** Starts a command in the session's background (docs/sessions.md#background-processes): the reply comes at once. */
+  async start(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.start">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "start", request, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.start">;
+  }
+
+  /** The session's background processes, running and ended: for its owner, an admin, or a viewer. */
+  async processes(id: string, caller: Identity): Promise<ApiReplyData<"sessions.processes">> {
+    const session = await this.owned(id, caller);
+    if (session.state !== "open") return { processes: [] };
+    return (await this.held(session, "processes", { id }, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.processes">;
+  }
+
+  /** Waits (up to its timeout) for a background process to end. */
+  async wait(request: { id: string; timeout: number }, caller: Identity): Promise<ApiReplyData<"sessions.wait">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "wait", request, request.timeout + WORKER_ANSWER_MS)) as ApiReplyData<"sessions.wait">;
+  }
+
+  /** Kills a background process (its whole process group). */
+  async kill(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.kill">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "kill", request, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.kill">;
+  }
+
   /** Stops the command running in the session; its `exec` answers with `cancelled`. */
   async cancel(id: string, caller: Identity): Promise<SessionRecord> {
     const session = await this.usable(id, caller);

@@ -8,6 +8,7 @@
 
 import { BoxcarError, ErrorCode, type SessionRecord } from "@boxcar/protocol";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
+import type { BackgroundProcesses } from "./background-processes.js";
 
 export interface HeldSession {
   record: SessionRecord;
@@ -21,6 +22,8 @@ export interface HeldSession {
   running?: Running;
   /** Jobs waiting for the lock, first come first served: each takes it as the one before it lets go. */
   waiting: Waiter[];
+  /** Its processes in the background (`sessions.start`), which hold no lock. */
+  background: BackgroundProcesses;
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
 }

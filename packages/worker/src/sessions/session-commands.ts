@@ -5,10 +5,41 @@
  * exec's reply (`OutputTail`). The session host runs commands with these.
  */
 
+import type { Topology } from "@boxcar/fabric";
 import { MAX_EXEC_REPLY_OUTPUT } from "@boxcar/protocol";
+import { headers as natsHeaders } from "@nats-io/transport-node";
+import type { ExecOptions } from "../sandbox/sandbox.js";
 import { AgentPaths } from "../workspace/agent-contract.js";
 import { StreamRedactor } from "../workspace/redactor.js";
 import type { HeldSession } from "./held-session.js";
+
+/**
+ * A command's output, published live on the session's log subject with its id in the
+ * `Boxcar-Exec` header (a follower tells commands apart by it).
+ */
+export function liveOutput(held: HeldSession, execId: string, topology: Pick<Topology, "nc" | "names">): CommandOutput {
+  const hdrs = natsHeaders();
+  hdrs.set("Boxcar-Exec", execId);
+  const subject = (stream: "stdout" | "stderr") => topology.names.subjects.log(held.record.owner, held.record.id, stream);
+  return new CommandOutput(held.secrets, (stream, part) => topology.nc.publish(subject(stream), part, { headers: hdrs }));
+}
+
+/** How a command of the session runs: its environment, output, folder and stdin. */
+export function commandOptions(
+  held: HeldSession,
+  request: { id: string; env: Readonly<Record<string, string>>; stdin?: string | undefined },
+  output: CommandOutput,
+  cwd: string | undefined,
+  signal: AbortSignal,
+): ExecOptions {
+  return {
+    env: commandEnv(held, request),
+    signal,
+    onOutput: (stream, chunk) => output.push(stream, chunk),
+    ...(cwd !== undefined ? { cwd } : {}),
+    ...(request.stdin !== undefined ? { stdin: Buffer.from(request.stdin, "base64") } : {}),
+  };
+}
 
 /** The most of a command's output published live (as a job's); the reply carries the end of it all. */
 export const MAX_LIVE_OUTPUT = 4 * 1024 * 1024;

@@ -2,16 +2,14 @@
  * The sessions a worker holds (docs/sessions.md): a sandbox kept between commands, one of the
  * worker's slots while it is open, and its record in the sessions bucket. Dispatchers ask on
  * `<prefix>.sess.<workerId>.<op>` after checking the caller; this side keeps the lock (one
- * command at a time), the idle and lifetime bounds, and the events.
+ * command at a time; processes in the background take none), the idle and lifetime bounds, and
+ * the events. Host and Docker sandboxes (a backend's `createSession`); an E2B agent's session
+ * is refused, saying so.
  *
- * Host and Docker sandboxes (a backend's `createSession`); an E2B agent's session is refused,
- * saying so.
- *
- * This file is the host: the requests it answers and the jobs it lends sessions to. A held
- * session and its lock are in held-session.ts, a command's environment and output in
- * session-commands.ts, the file requests in file-requests.ts, what a new workspace starts with
- * in session-seed.ts (and git-seed.ts).
- */
+ * This file is the host: the requests it answers and the jobs it lends sessions to. Elsewhere: a
+ * held session and its lock (held-session.ts), a command's environment and output
+ * (session-commands.ts), background processes (background-*.ts), file requests
+ * (file-requests.ts), what a new workspace starts with (session-seed.ts, git-seed.ts). */
 
 import { randomBytes } from "node:crypto";
 import { Readable } from "node:stream";
@@ -37,7 +35,7 @@ import {
   WorkerOpenSession,
 } from "@boxcar/protocol";
 import type { ObjectStore } from "@nats-io/obj";
-import { type Msg, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
+import type { Msg, Subscription } from "@nats-io/transport-node";
 import type { Slots } from "../intake/slots.js";
 import type { Sandbox, SandboxBackend, SandboxProvider, SessionSandbox } from "../sandbox/sandbox.js";
 import { sessionJobSandbox } from "../sandbox/session-job-sandbox.js";
@@ -45,9 +43,11 @@ import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { AgentPaths, collectSecrets } from "../workspace/agent-contract.js";
 import type { SessionFiles } from "../workspace/files.js";
 import { workspaceCwd } from "../workspace/workspace-path.js";
+import { BackgroundProcesses } from "./background-processes.js";
+import { backgroundRequests } from "./background-requests.js";
 import { fileRequests } from "./file-requests.js";
 import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
-import { CommandOutput, commandEnv } from "./session-commands.js";
+import { commandOptions, liveOutput } from "./session-commands.js";
 import { seedOf } from "./session-seed.js";
 
 /** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
@@ -118,6 +118,15 @@ export class SessionHost {
     open: (body) => this.open(body),
     exec: (body) => this.exec(body),
     cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
+    ...backgroundRequests({
+      holding: (id) => this.holding(id),
+      topology: () => this.ctx.topology,
+      event: (held, type, extra) => this.event(held, type, extra),
+      save: (held) => this.save(held),
+      idle: (held) => {
+        if (this.held.get(held.record.id) === held && !held.running) this.idleFrom(held);
+      },
+    }),
     snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
     ...fileRequests(this.withFiles.bind(this)),
@@ -218,7 +227,7 @@ export class SessionHost {
       execs: 0,
       ...(seeded.source ? { source: seeded.source } : {}),
     };
-    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env }, waiting: [] };
+    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env }, waiting: [], background: new BackgroundProcesses() };
     this.held.set(id, held);
     void sandbox.ended?.then((reason) => {
       if (this.held.get(id) === held) void this.close(id, `sandbox_ended: ${reason}`).catch(() => {});
@@ -244,7 +253,9 @@ export class SessionHost {
     }
     // Refused before anything runs: a folder out of the workspace.
     const cwd = request.cwd === undefined ? undefined : workspaceCwd(request.cwd);
+    // Its number taken at once: a process started in the background meanwhile takes the next.
     const execId = `${request.id}.${held.record.execs + 1}`;
+    held.record = { ...held.record, execs: held.record.execs + 1 };
     const stop = new AbortController();
     const running = { execId, stop, cancelled: false };
     held.running = running;
@@ -254,12 +265,7 @@ export class SessionHost {
       timedOut = true;
       stop.abort();
     }, request.timeout);
-    const { names, nc } = this.ctx.topology;
-    const hdrs = natsHeaders();
-    hdrs.set("Boxcar-Exec", execId);
-    const output = new CommandOutput(held.secrets, (stream, part) =>
-      nc.publish(names.subjects.log(held.record.owner, request.id, stream), part, { headers: hdrs }),
-    );
+    const output = liveOutput(held, execId, this.ctx.topology);
     const { tails } = output;
     // The events and the record are stored while the command runs and as the reply goes, not
     // one after another before it: a command's round trip waits for them once (published on one
@@ -267,13 +273,7 @@ export class SessionHost {
     const started = this.event(held, "exec_started", { execId });
     let exited: Promise<void> | undefined;
     try {
-      const result = await held.sandbox.exec(request.argv, {
-        env: commandEnv(held, request),
-        signal: stop.signal,
-        onOutput: (stream, chunk) => output.push(stream, chunk),
-        ...(cwd !== undefined ? { cwd } : {}),
-        ...(request.stdin !== undefined ? { stdin: Buffer.from(request.stdin, "base64") } : {}),
-      });
+      const result = await held.sandbox.exec(request.argv, commandOptions(held, request, output, cwd, stop.signal));
       output.end();
       const reply: ExecReply = {
         execId,
@@ -300,7 +300,7 @@ export class SessionHost {
     } finally {
       clearTimeout(timer);
       held.running = undefined;
-      held.record = { ...held.record, execs: held.record.execs + 1, lastUsedAt: nowIso() };
+      held.record = { ...held.record, lastUsedAt: nowIso() };
       let saved: Promise<void> | undefined;
       if (this.held.has(request.id)) {
         this.idleFrom(held);
@@ -454,6 +454,7 @@ export class SessionHost {
         held.running.closedWith = reason;
         held.running.stop.abort();
       }
+      await held.background.stopAll();
       for (const waiter of held.waiting.splice(0)) {
         waiter.fail(new BoxcarError(ErrorCode.sessionLost, `session ${id} closed (${reason}) while the job waited for it`));
       }
@@ -469,9 +470,13 @@ export class SessionHost {
     return held.record;
   }
 
+  /** Starts the idle clock; a session with a process in the background is not idle, and its clock starts again. */
   private idleFrom(held: HeldSession): void {
     clearTimeout(held.idle);
-    held.idle = setTimeout(() => void this.close(held.record.id, "idle").catch(() => {}), held.record.idleTimeoutMs);
+    held.idle = setTimeout(() => {
+      if (held.background.running > 0) this.idleFrom(held);
+      else void this.close(held.record.id, "idle").catch(() => {});
+    }, held.record.idleTimeoutMs);
   }
 
   private async save(held: HeldSession): Promise<void> {

@@ -1,0 +1,166 @@
+import {
+  BoxcarError,
+  ErrorCode,
+  type ExecReply,
+  MAX_BACKGROUND_PROCESSES,
+  MAX_ENDED_PROCESSES,
+  type ProcessInfo,
+  type WaitReply,
+} from "@boxcar/protocol";
+import type { ExecResult } from "../sandbox/sandbox.js";
+
+/**
+ * A session's background processes (docs/sessions.md#background-processes): commands started
+ * with `sessions.start`, which return at once and run beside the session's commands and jobs
+ * (at most `MAX_BACKGROUND_PROCESSES` at a time), each bounded by its timeout and the session's
+ * limits, killed when the session closes. Their output goes live on the session's log subject as
+ * an exec's does; the end of it is kept for `sessions.wait`. The last `MAX_ENDED_PROCESSES`
+ * that ended are remembered.
+ */
+export class BackgroundProcesses {
+  private readonly byId = new Map<string, Background>();
+
+  get running(): number {
+    return [...this.byId.values()].filter((p) => p.info.running).length;
+  }
+
+  /** Starts `run` in the background; `ended` is told once it ended (its reply). */
+  start(execId: string, argv: readonly string[], { run, output, timeoutMs, ended }: StartParts): ProcessInfo {
+    if (this.running >= MAX_BACKGROUND_PROCESSES) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `the session runs ${MAX_BACKGROUND_PROCESSES} processes in the background already, the most it may: wait for one or kill it`,
+      );
+    }
+    const stop = new AbortController();
+    const started = Date.now();
+    const process: Background = {
+      info: { execId, argv: [...argv], startedAt: new Date(started).toISOString(), running: true },
+      stop,
+      killed: false,
+      timedOut: false,
+      done: undefined as unknown as Promise<ExecReply>,
+    };
+    const timer = setTimeout(() => {
+      process.timedOut = true;
+      stop.abort();
+    }, timeoutMs);
+    process.done = run(stop.signal)
+      .then((result): ExecReply => {
+        output.end();
+        return {
+          execId,
+          exitCode: result.exitCode,
+          signal: result.signal,
+          timedOut: process.timedOut,
+          cancelled: process.killed,
+          durationMs: result.durationMs,
+          stdout: output.tails.stdout.base64(),
+          stderr: output.tails.stderr.base64(),
+          truncated: output.tails.stdout.truncated || output.tails.stderr.truncated,
+        };
+      })
+      .catch((err: unknown): ExecReply => {
+        output.end();
+        const why = new TextEncoder().encode(`boxcar: it did not run: ${(err as Error).message}\n`);
+        return {
+          execId,
+          exitCode: null,
+          signal: null,
+          timedOut: false,
+          cancelled: process.killed,
+          durationMs: Date.now() - started,
+          stdout: "",
+          stderr: Buffer.from(why).toString("base64"),
+          truncated: false,
+        };
+      })
+      .then((reply) => {
+        clearTimeout(timer);
+        process.info = {
+          ...process.info,
+          running: false,
+          exitCode: reply.exitCode,
+          signal: reply.signal,
+          timedOut: reply.timedOut,
+          killed: process.killed,
+          durationMs: reply.durationMs,
+        };
+        this.forgetOldest();
+        ended(reply);
+        return reply;
+      });
+    this.byId.set(execId, process);
+    return process.info;
+  }
+
+  list(): ProcessInfo[] {
+    return [...this.byId.values()].map((p) => p.info);
+  }
+
+  /** Waits up to `timeoutMs` for it to end: its state, and its result once it ended. */
+  async wait(execId: string, timeoutMs: number): Promise<WaitReply> {
+    const process = this.get(execId);
+    let timer: NodeJS.Timeout | undefined;
+    const result = await Promise.race([
+      process.done,
+      new Promise<undefined>((resolve) => {
+        timer = setTimeout(() => resolve(undefined), timeoutMs);
+      }),
+    ]);
+    clearTimeout(timer);
+    return { process: process.info, ...(result ? { result } : {}) };
+  }
+
+  /** Kills it (its process group, as a timeout does); one that ended already is left as it is. */
+  kill(execId: string): ProcessInfo {
+    const process = this.get(execId);
+    if (process.info.running) {
+      process.killed = true;
+      process.stop.abort();
+    }
+    return process.info;
+  }
+
+  /** Kills every one still running (the session closes) and waits for them to end. */
+  async stopAll(): Promise<void> {
+    const running = [...this.byId.values()].filter((p) => p.info.running);
+    for (const process of running) {
+      process.killed = true;
+      process.stop.abort();
+    }
+    await Promise.all(running.map((p) => p.done));
+  }
+
+  private get(execId: string): Background {
+    const process = this.byId.get(execId);
+    if (!process) throw new BoxcarError(ErrorCode.notFound, `no background process ${execId} in this session (or it ended long ago)`);
+    return process;
+  }
+
+  private forgetOldest(): void {
+    const ended = [...this.byId.values()].filter((p) => !p.info.running);
+    for (const old of ended.slice(0, Math.max(0, ended.length - MAX_ENDED_PROCESSES))) this.byId.delete(old.info.execId);
+  }
+}
+
+interface Background {
+  info: ProcessInfo;
+  stop: AbortController;
+  killed: boolean;
+  timedOut: boolean;
+  done: Promise<ExecReply>;
+}
+
+/** What a process's output keeps for its end (a session command's `CommandOutput`). */
+export interface KeptOutput {
+  end(): void;
+  readonly tails: Record<"stdout" | "stderr", { base64(): string; readonly truncated: boolean }>;
+}
+
+export interface StartParts {
+  run(signal: AbortSignal): Promise<ExecResult>;
+  output: KeptOutput;
+  timeoutMs: number;
+  ended(reply: ExecReply): void;
+}

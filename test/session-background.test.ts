@@ -1,0 +1,86 @@
+/**
+ * Background processes in sessions (docs/sessions.md#background-processes), in Docker sandboxes
+ * against a real nats-server with authentication: started at once, several side by side, beside
+ * the session's commands; listed, waited for and killed by the owner only; a viewer sees them;
+ * a session with one running does not go idle; all are killed when the session closes.
+ */
+
+import { createDockerSandboxProvider } from "@boxcar/worker";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { eventually } from "./helpers/cli.js";
+import { dockerReady } from "./helpers/docker.js";
+import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+
+const ready = await dockerReady();
+const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
+
+describe.skipIf(!ready)("background processes in a Docker session", () => {
+  let system: SecuredSystem;
+  let alice: Principal;
+  let bob: Principal;
+  let viewer: Principal;
+
+  beforeAll(async () => {
+    system = await securedSystem({ providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })] });
+    alice = await system.as("alice", "submitter");
+    bob = await system.as("bob", "submitter");
+    viewer = await system.as("viewer", "viewer");
+    const admin = await system.as("admin", "admin");
+    await admin.client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker", timeout: "1m" } });
+  }, 60_000);
+
+  afterAll(async () => {
+    await system?.[Symbol.asyncDispose]();
+  });
+
+  test("a server started in the background answers the session's commands; processes run side by side, are listed, waited for and killed", async () => {
+    const session = await alice.client.openSession({ agent: "box", idleTimeout: "3s" });
+    const started = Date.now();
+    const server = await alice.client.startInSession({
+      id: session.id,
+      argv: [
+        "node",
+        "-e",
+        'require("node:http").createServer((q, s) => s.end("served " + q.url)).listen(8080, () => console.log("listening"))',
+      ],
+    });
+    const sleeper = await alice.client.startInSession({ id: session.id, argv: ["sh", "-c", "echo napping; sleep 30"] });
+    expect(Date.now() - started).toBeLessThan(5_000); // not after they end
+    expect(server).toMatchObject({ running: true, argv: ["node", "-e", expect.any(String)] });
+    // A command of the session reaches the server in the background (the container's own loopback).
+    const fetched = await eventually(async () => {
+      const got = await alice.client.execInSession({
+        id: session.id,
+        argv: ["node", "-e", 'fetch("http://127.0.0.1:8080/hello").then((r) => r.text()).then(console.log, () => process.exit(1))'],
+      });
+      return got.exitCode === 0 ? text(got.stdout) : undefined;
+    }, "the background server to answer");
+    expect(fetched).toBe("served /hello\n");
+    expect((await alice.client.sessionProcesses(session.id)).map((p) => [p.execId, p.running])).toEqual([
+      [server.execId, true],
+      [sleeper.execId, true],
+    ]);
+    // A viewer sees them; another submitter may not touch them (nor see the session).
+    expect(await viewer.client.sessionProcesses(session.id)).toHaveLength(2);
+    await expect(bob.client.killInSession(session.id, server.execId)).rejects.toMatchObject({ code: "not_found" });
+    await expect(viewer.client.killInSession(session.id, server.execId)).rejects.toMatchObject({ code: "forbidden" });
+    // Waiting past its timeout says it still runs; killed, its result says so and keeps its output.
+    const still = await alice.client.waitInSession({ id: session.id, execId: sleeper.execId, timeout: "200ms" });
+    expect(still).toEqual({ process: expect.objectContaining({ running: true }) });
+    // Idle for longer than its 3 s idle timeout, it stays open: a process runs in its background.
+    await new Promise((r) => setTimeout(r, 4_000));
+    expect((await alice.client.getSession(session.id)).state).toBe("open");
+    await alice.client.killInSession(session.id, sleeper.execId);
+    const ended = await alice.client.waitInSession({ id: session.id, execId: sleeper.execId, timeout: "10s" });
+    expect(ended.process).toMatchObject({ running: false, killed: true });
+    expect(ended.result).toMatchObject({ cancelled: true });
+    expect(text(ended.result?.stdout ?? "")).toBe("napping\n");
+    await expect(alice.client.waitInSession({ id: session.id, execId: `${session.id}.99` })).rejects.toMatchObject({ code: "not_found" });
+    // Closing the session kills what still runs in its background.
+    const closed = await alice.client.closeSession(session.id);
+    expect(closed.state).toBe("closed");
+    const events: string[] = [];
+    for await (const e of alice.client.sessionEvents(session.id)) if (e.kind === "session") events.push(`${e.type}:${e.execId ?? ""}`);
+    expect(events).toContain(`exec_exited:${server.execId}`);
+  }, 90_000);
+});
