@@ -87,7 +87,12 @@ test("a dispatcher and a worker serve Prometheus metrics that move with real job
     const w = await scrape(atWorker);
     expect(w.samples.get('boxcar_worker_attempts_total{agent="ok",pool="default",outcome="succeeded"}')).toBe(3);
     expect(w.samples.get('boxcar_worker_attempts_total{agent="bad",pool="default",outcome="failed"}')).toBe(1);
-    expect(w.samples.get('boxcar_worker_attempt_seconds_count{agent="ok",pool="default"}')).toBe(3);
+    expect(w.samples.get('boxcar_worker_attempt_seconds_count{agent="ok",pool="default",outcome="succeeded"}')).toBe(3);
+    expect(w.samples.get('boxcar_worker_attempt_seconds_count{agent="bad",pool="default",outcome="failed"}')).toBe(1);
+    // From submit to end, by final state.
+    expect(w.samples.get('boxcar_job_duration_seconds_count{agent="ok",outcome="succeeded"}')).toBe(3);
+    expect(w.samples.get('boxcar_job_duration_seconds_count{agent="bad",outcome="failed"}')).toBe(1);
+    expect(w.types.get("boxcar_job_duration_seconds")).toBe("histogram");
     expect(w.samples.get('boxcar_worker_queue_wait_seconds_count{pool="default"}')).toBe(docker ? 5 : 4);
     expect(w.samples.get('boxcar_sandbox_create_seconds_count{kind="host"}')).toBe(4);
     expect(w.samples.get('boxcar_worker_artifact_bytes_total{agent="ok"}')).toBe(3 * "hello\n".length);

@@ -137,3 +137,63 @@ test("a job submitted on the durable intake stream joins the trace its message c
   expect(intake?.attributes["boxcar.job.id"]).toBe(attempt?.attributes["boxcar.job.id"]);
   expect([attempt?.spanContext().traceId, parentOf(attempt!)]).toEqual([root.traceId, intake?.spanContext().spanId]);
 });
+
+test("an attempt's phases are spans under it, and its wait in the queue one before it: where a job's time went", async () => {
+  await using system = await localSystem();
+  const { client } = system;
+  await client.applyAgent({
+    name: "phased",
+    command: ["sh", "-c", "sleep 0.3; mkdir -p out; echo kept > out/a.txt"],
+    trusted: true,
+    runtime: { sandbox: "host" },
+  });
+  const { job } = await client.submit({ agent: "phased", delay: "1s" });
+  expect((await client.waitForJob(job.id)).state).toBe("succeeded");
+  const spans = await eventually(async () => {
+    const all = exporter.getFinishedSpans().filter((s) => s.attributes["boxcar.job.id"] === job.id);
+    return all.some((s) => s.name === "job.attempt") && all.some((s) => s.name === "sandbox.destroy") ? all : undefined;
+  }, "the attempt's spans");
+  const one = (name: string) => {
+    const found = spans.filter((s) => s.name === name);
+    expect(found, name).toHaveLength(1);
+    return found[0] as ReadableSpan;
+  };
+  const attempt = one("job.attempt");
+  const queued = one("job.queued");
+  const ms = (t: [number, number]) => t[0] * 1000 + t[1] / 1e6;
+  // The wait: from when the job was due (its delay) to its claim, beside the attempt in the job's trace.
+  expect(parentOf(queued)).toBe(parentOf(attempt));
+  expect(ms(queued.endTime)).toBeLessThanOrEqual(ms(attempt.startTime) + 5);
+  const phases = ["sandbox.create", "workspace.prepare", "agent.run", "artifacts.store", "sandbox.destroy"].map(one);
+  for (const phase of phases) {
+    expect(parentOf(phase), phase.name).toBe(attempt.spanContext().spanId);
+    expect(phase.spanContext().traceId).toBe(attempt.spanContext().traceId);
+  }
+  // In order, and the run holds the agent's 300 ms.
+  for (let i = 1; i < phases.length; i++) {
+    expect(ms((phases[i] as ReadableSpan).startTime)).toBeGreaterThanOrEqual(ms((phases[i - 1] as ReadableSpan).endTime) - 1);
+  }
+  const run = phases[2] as ReadableSpan;
+  expect(ms(run.endTime) - ms(run.startTime)).toBeGreaterThanOrEqual(300);
+});
+
+test("a read begins no trace of its own (a follower's polling, a dashboard's reloads); within a caller's trace it is traced", async () => {
+  await using system = await localSystem();
+  const { client } = system;
+  await client.applyAgent({ name: "quiet", command: "true", trusted: true, runtime: { sandbox: "host" } });
+  const { job } = await client.submit({ agent: "quiet" });
+  await client.waitForJob(job.id);
+  exporter.reset();
+  await client.getJob(job.id);
+  await client.listJobs({ agent: "quiet" });
+  const traced = await trace.getTracer("test").startActiveSpan("user.look", async (span) => {
+    await client.getJob(job.id);
+    span.end();
+    return span.spanContext();
+  });
+  const reads = () => exporter.getFinishedSpans().filter((s) => s.name === "jobs.get" || s.name === "jobs.list");
+  const [inTrace] = await eventually(async () => (reads().length > 0 ? reads() : undefined), "the traced read's span");
+  expect(reads()).toHaveLength(1);
+  expect(inTrace?.spanContext().traceId).toBe(traced.traceId);
+  expect(parentOf(inTrace as ReadableSpan)).toBe(traced.spanId);
+});

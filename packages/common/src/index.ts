@@ -2,4 +2,4 @@ export { newInbox } from "./inbox.js";
 export { jsonOf } from "./json.js";
 export type { Logger } from "./logger.js";
 export { silentLogger } from "./logger.js";
-export { failSpan, type Span, SpanKind, startSpan, TRACEPARENT, traceparentOf } from "./trace.js";
+export { failSpan, NOT_TRACED, type Span, SpanKind, startSpan, TRACEPARENT, traceparentOf } from "./trace.js";

@@ -2,6 +2,7 @@ import {
   type Attributes,
   type Context,
   context,
+  INVALID_SPAN_CONTEXT,
   isSpanContextValid,
   type Span,
   SpanKind,
@@ -54,12 +55,15 @@ function contextFrom(traceparent: string | undefined): Context {
 export function startSpan(
   name: string,
   parent: string | undefined,
-  opts: { kind: SpanKind; attributes?: Attributes },
+  opts: { kind: SpanKind; attributes?: Attributes; startTime?: number },
 ): { span: Span; traceparent: string | undefined } {
   const parentContext = contextFrom(parent);
   const span = tracer().startSpan(name, opts, parentContext);
   return { span, traceparent: traceparentOf(trace.setSpan(parentContext, span)) };
 }
+
+/** A span that records nothing: for work no trace is kept for. */
+export const NOT_TRACED: Span = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
 
 /** Ends `span` as failed with `err`'s message (and `code`, Boxcar's error code, when known). */
 export function failSpan(span: Span, err: { message: string; code?: string }): void {

@@ -42,7 +42,8 @@ export function parseIdentity(text: string): Identity {
 /** The tag on a user credential that names its role (informative: its signing key fixes what it may do). */
 export const ROLE_TAG = "boxcar-role";
 
-const READ_ENDPOINTS: readonly ApiEndpoint[] = [
+/** The endpoints that only read: a viewer's, and those no trace is begun for (docs/observability.md#traces). */
+export const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.jobsGet,
   ApiEndpoint.jobsList,
   ApiEndpoint.jobsCount,

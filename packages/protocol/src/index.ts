@@ -8,6 +8,7 @@ export {
   ownerOf,
   parseIdentity,
   permissionsTable,
+  READ_ENDPOINTS,
   ROLE_ENDPOINTS,
   ROLE_TAG,
   rolePermissions,

@@ -19,7 +19,8 @@ export interface WorkerLoad {
  */
 export class WorkerMetrics {
   private readonly attempts: Counter<"agent" | "pool" | "outcome">;
-  private readonly attemptSeconds: Histogram<"agent" | "pool">;
+  private readonly attemptSeconds: Histogram<"agent" | "pool" | "outcome">;
+  private readonly jobSeconds: Histogram<"agent" | "outcome">;
   private readonly queueWait: Histogram<"pool">;
   private readonly sandboxCreate: Histogram<"kind">;
   private readonly sandboxStarts: Counter<"kind" | "start">;
@@ -39,8 +40,15 @@ export class WorkerMetrics {
     });
     this.attemptSeconds = new Histogram({
       name: "boxcar_worker_attempt_seconds",
-      help: "How long an attempt took on this worker, from its claim to its end",
-      labelNames: ["agent", "pool"],
+      help: "How long an attempt took on this worker, from its claim to its end, by how it ended",
+      labelNames: ["agent", "pool", "outcome"],
+      buckets: RUN_BUCKETS,
+      registers,
+    });
+    this.jobSeconds = new Histogram({
+      name: "boxcar_job_duration_seconds",
+      help: "How long a job took, from its submit to its end, for jobs that ended in an attempt on this worker, by agent and final state",
+      labelNames: ["agent", "outcome"],
       buckets: RUN_BUCKETS,
       registers,
     });
@@ -139,6 +147,11 @@ export class WorkerMetrics {
     this.modelSeconds.observe(labels, call.latencyMs / 1000);
   }
 
+  /** A job that reached its final state (or `dead`) in an attempt here: from its submit (`createdAt`) to now. */
+  jobEnded(agent: string, outcome: string, createdAt: string): void {
+    this.jobSeconds.observe({ agent, outcome }, Math.max(0, Date.now() - Date.parse(createdAt)) / 1000);
+  }
+
   attemptEnded(
     agent: string,
     pool: string,
@@ -146,7 +159,7 @@ export class WorkerMetrics {
     spent: { ms: number; cpuMs: number | undefined; artifactBytes: number },
   ): void {
     this.attempts.inc({ agent, pool, outcome });
-    this.attemptSeconds.observe({ agent, pool }, spent.ms / 1000);
+    this.attemptSeconds.observe({ agent, pool, outcome }, spent.ms / 1000);
     if (spent.cpuMs !== undefined) this.cpuSeconds.inc({ agent }, spent.cpuMs / 1000);
     if (spent.artifactBytes > 0) this.artifactBytes.inc({ agent }, spent.artifactBytes);
   }

@@ -1,4 +1,4 @@
-import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
+import { failSpan, type Logger, NOT_TRACED, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
@@ -20,6 +20,7 @@ import {
   MAX_SPEC_BYTES,
   mayReplyTo,
   parseWith,
+  READ_ENDPOINTS,
   ROLE_ENDPOINTS,
   seesAll,
   toErrorInfo,
@@ -284,6 +285,8 @@ export async function getAgent(topology: Topology, name: string): Promise<AgentD
  * inboxes is dropped unanswered and unrun: a dispatcher may publish to records, events and
  * control subjects, so an answer sent where a caller says could overwrite or cancel anything.
  */
+const READ_ONLY: ReadonlySet<ApiEndpoint> = new Set(READ_ENDPOINTS);
+
 export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: Handler, msg: ServiceMsg, log: Logger): Promise<void> {
   const caller = callerOf(topology.names, msg.subject);
   // Only an admin may publish on a subject that names no caller (see `access.ts`).
@@ -292,16 +295,22 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     log.warn({ subject: msg.subject, reply: msg.reply }, "request dropped: its reply subject is not one of its caller's inboxes");
     return;
   }
-  // A span for the request, joining the caller's trace when its request carries one.
-  const { span, traceparent } = startSpan(endpoint, msg.headers?.get(TRACEPARENT) || undefined, {
-    kind: SpanKind.SERVER,
-    attributes: {
-      "messaging.system": "nats",
-      "messaging.operation.type": "process",
-      "messaging.destination.name": msg.subject,
-      ...(caller ? { "boxcar.caller.role": caller.role, "boxcar.caller.user": caller.user } : {}),
-    },
-  });
+  // A span for the request, joining the caller's trace when its request carries one. A read
+  // begins no trace of its own (a follower's polling, a dashboard's reloads): it is traced only
+  // as part of a caller's trace.
+  const parent = msg.headers?.get(TRACEPARENT) || undefined;
+  const { span, traceparent } =
+    parent === undefined && READ_ONLY.has(endpoint)
+      ? { span: NOT_TRACED, traceparent: undefined }
+      : startSpan(endpoint, parent, {
+          kind: SpanKind.SERVER,
+          attributes: {
+            "messaging.system": "nats",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": msg.subject,
+            ...(caller ? { "boxcar.caller.role": caller.role, "boxcar.caller.user": caller.user } : {}),
+          },
+        });
   try {
     if (!caller) throw new BoxcarError(ErrorCode.invalid, `${msg.subject} is not <prefix>.api.<role>.<user>.<endpoint>`);
     if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {

@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import type { Logger } from "@boxcar/common";
+import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
 import { isTransientJetStreamError, jobEvent, type Topology } from "@boxcar/fabric";
 import {
   type AgentResultFile,
@@ -129,10 +129,11 @@ export class Attempt {
     /** What the agent's calls used, once it ended: they count however the attempt ends. */
     let usage: Usage | undefined;
     try {
-      sandbox = this.session ? this.session.sandbox : await this.createSandbox(ref);
-      await prepareWorkspace(sandbox, this.item, this.topology.artifacts);
+      sandbox = this.session ? this.session.sandbox : await this.phase("sandbox.create", () => this.createSandbox(ref));
+      const box = sandbox;
+      await this.phase("workspace.prepare", () => prepareWorkspace(box, this.item, this.topology.artifacts));
       await this.ctx.signals.open(sandbox, this.ctx.owned.record.signals ?? []);
-      exec = await this.runAgent(sandbox, ref, secrets).finally(() => this.ctx.signals.close());
+      exec = await this.phase("agent.run", () => this.runAgent(box, ref, secrets)).finally(() => this.ctx.signals.close());
       // Read before anything else can fail (its artifacts, its result).
       usage = await this.endUsage();
       // Its lease lapsed while it ran (a worker frozen, or cut off from NATS), or its lifeline killed
@@ -163,7 +164,24 @@ export class Attempt {
       if (isTransientJetStreamError(err)) throw err;
       return withUsage(this.failed(err, exec), usage);
     } finally {
-      if (sandbox && !this.session) await this.destroySandbox(sandbox, ref);
+      const box = sandbox;
+      if (box && !this.session) await this.phase("sandbox.destroy", () => this.destroySandbox(box, ref));
+    }
+  }
+
+  /**
+   * One phase of the attempt as a span of its own under the attempt's (docs/observability.md#traces):
+   * where an attempt's time went, in a tracing backend.
+   */
+  private async phase<T>(name: string, run: () => Promise<T>): Promise<T> {
+    const { span } = startSpan(name, this.traceparent, { kind: SpanKind.INTERNAL, attributes: { "boxcar.job.id": this.jobId } });
+    try {
+      return await run();
+    } catch (err) {
+      failSpan(span, toErrorInfo(err));
+      throw err;
+    } finally {
+      span.end();
     }
   }
 
@@ -309,7 +327,9 @@ export class Attempt {
     // A workspace past its quota is not stored: its files are what the quota keeps out.
     const artifacts =
       exec.breach === undefined
-        ? await storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts, this.redactor)
+        ? await this.phase("artifacts.store", () =>
+            storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts, this.redactor),
+          )
         : [];
     let file: AgentResultFile | undefined;
     try {

@@ -232,7 +232,17 @@ export class JobRun {
     this.owned = new OwnedRecord(this.topology.jobStore, claim.handle, this.ctx.options.workerId, record.attempt);
     const claimedAt = performance.now();
     // The attempt joins the job's trace: from the work item's header, else the record.
-    const attemptSpan = startSpan("job.attempt", this.msg.headers?.get(TRACEPARENT) || record.traceparent, {
+    const jobTrace = this.msg.headers?.get(TRACEPARENT) || record.traceparent;
+    // Its wait in the queue, as a span from when it was queued (or due) to its claim now.
+    const waited = Date.parse(record.runAt ?? record.queuedAt ?? record.createdAt);
+    if (Number.isFinite(waited)) {
+      startSpan("job.queued", jobTrace, {
+        kind: SpanKind.INTERNAL,
+        startTime: Math.min(waited, Date.now()),
+        attributes: { "boxcar.job.id": this.jobId, "boxcar.attempt": record.attempt, "boxcar.pool": record.pool },
+      }).span.end();
+    }
+    const attemptSpan = startSpan("job.attempt", jobTrace, {
       kind: SpanKind.CONSUMER,
       attributes: {
         "messaging.system": "nats",

@@ -109,6 +109,7 @@ export class OutcomeWriter {
     if (!update) return this.leave();
 
     this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
+    if (outcome.kind === "final") this.ctx.metrics?.jobEnded(this.item.agent.name, outcome.state, update.createdAt);
     if (outcome.kind === "requeue") {
       const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
       await this.events.job("requeued", "queued", { error, message: error.message });
@@ -157,6 +158,7 @@ export class OutcomeWriter {
     );
     if (!update) return this.leave();
     this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
+    if (plan.kind === "dead") this.ctx.metrics?.jobEnded(this.item.agent.name, "dead", update.createdAt);
     const allowed = update.attemptsAllowed ?? attempt;
     const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {
