@@ -47,6 +47,12 @@ export interface UiServerOptions {
   readonly onLoginUrl?: (url: string) => void;
   /** How long a login link may wait to be used; default 15 minutes. */
   readonly loginLinkTtlMs?: number;
+  /**
+   * Where a tracing UI (Jaeger, Tempo, …) shows a trace: an http(s) URL with `{traceId}` in it,
+   * which the page fills in to link a job's trace id. Absent: `$BOXCAR_TRACE_URL` (so `boxcar up`
+   * takes it too), else trace ids are shown unlinked.
+   */
+  readonly traceUrl?: string;
 }
 
 export interface UiServer {
@@ -91,6 +97,7 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
     throw new Error(`the dashboard's page is not built (${WEB}app.js): run \`pnpm run build\``);
   }
   if (opts.principal) await checkPrincipal(opts.principal);
+  const traceUrl = checkTraceUrl(opts.traceUrl ?? (process.env.BOXCAR_TRACE_URL || undefined));
 
   const tokens = new Map<string, number>(); // login token -> expires at
   const sessions = new Map<string, number>(); // session id -> expires at
@@ -166,7 +173,7 @@ export async function startUiServer(opts: UiServerOptions): Promise<UiServer> {
   }
 
   async function session(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const base = { ws: opts.natsWs, prefix: opts.prefix };
+    const base = { ws: opts.natsWs, prefix: opts.prefix, ...(traceUrl ? { traceUrl } : {}) };
     const principal = opts.principal;
     if (!principal) return reply(res, 200, { ...base, role: "admin", user: LOCAL_OWNER });
     const now = Date.now();
@@ -221,6 +228,23 @@ function publicAddress(address: string): { host: string; origin: string } {
   if (url.protocol !== "http:" && url.protocol !== "https:")
     throw new RangeError(`a dashboard address is host:port or an http(s) URL, got ${address}`);
   return { host: url.host, origin: url.origin };
+}
+
+/** A tracing UI's address template: an http(s) URL with `{traceId}` in it (refused otherwise, at start). */
+function checkTraceUrl(template: string | undefined): string | undefined {
+  if (template === undefined) return undefined;
+  let url: URL | undefined;
+  try {
+    url = new URL(template.replaceAll("{traceId}", "0".repeat(32)));
+  } catch {
+    url = undefined;
+  }
+  if (!template.includes("{traceId}") || (url?.protocol !== "http:" && url?.protocol !== "https:")) {
+    throw new RangeError(
+      `a trace URL is an http(s) address with {traceId} in it, such as http://127.0.0.1:16686/trace/{traceId}; got ${template}`,
+    );
+  }
+  return template;
 }
 
 /** Refuses at start a principal the auth folder cannot mint for. */

@@ -19,6 +19,8 @@ export interface SessionInfo {
   readonly creds?: string;
   /** When `creds` expires (ms since the epoch); the page asks for a new one before. */
   readonly expiresAt?: number;
+  /** Where a tracing UI shows a trace, `{traceId}` in it (`boxcar ui --trace-url`); absent: trace ids are not linked. */
+  readonly traceUrl?: string;
 }
 
 /** An error the API answered with: its code (`forbidden`, `not_found`, …) and message. */

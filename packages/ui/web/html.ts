@@ -16,20 +16,48 @@ export function Badge({ state }: { state: string }) {
   return html`<span class=${`badge state-${state}`} data-state=${state}>${state}</span>`;
 }
 
-/** `2026-11-25T20:31:02.123Z` as the local time of day, or date and time when not today. */
+/** `2026-11-25T20:31:02.123Z` as the local date and time, `2026-11-25 21:31:02`; "" for none. */
 export function when(iso: string | undefined): string {
   if (!iso) return "";
   const t = new Date(iso);
-  return t.toDateString() === new Date().toDateString() ? t.toLocaleTimeString() : t.toLocaleString();
+  if (Number.isNaN(t.getTime())) return iso;
+  const two = (n: number) => String(n).padStart(2, "0");
+  return `${t.getFullYear()}-${two(t.getMonth() + 1)}-${two(t.getDate())} ${two(t.getHours())}:${two(t.getMinutes())}:${two(t.getSeconds())}`;
 }
 
-/** How long from `from` to `to` (or now), as `850 ms`, `12.3 s` or `4 min 2 s`. */
-export function duration(from: string | undefined, to?: string): string {
-  if (!from) return "";
-  const ms = (to ? Date.parse(to) : Date.now()) - Date.parse(from);
-  if (ms < 1000) return `${Math.max(0, ms)} ms`;
+/** A time as `when` writes it, with the full ISO time (UTC) as its tooltip. */
+export function At({ iso }: { iso: string | undefined }) {
+  return iso ? html`<time datetime=${iso} title=${iso}>${when(iso)}</time>` : null;
+}
+
+/** A length of time as `850 ms`, `12.3 s`, `4 min 2 s` or `3 h 12 min`. */
+export function millis(ms: number): string {
+  if (!Number.isFinite(ms)) return "";
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`;
   if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;
-  return `${Math.floor(ms / 60_000)} min ${Math.round((ms % 60_000) / 1000)} s`;
+  if (ms < 3_600_000) return `${Math.floor(ms / 60_000)} min ${Math.floor((ms % 60_000) / 1000)} s`;
+  return `${Math.floor(ms / 3_600_000)} h ${Math.floor((ms % 3_600_000) / 60_000)} min`;
+}
+
+/** The time now, again every `everyMs` while `ticking` (a running job's duration, say); else fixed. */
+export function useNow(ticking: boolean, everyMs = 1000): number {
+  const [now, setNow] = useState(Date.now());
+  useEffect(() => {
+    if (!ticking) return;
+    setNow(Date.now());
+    const timer = setInterval(() => setNow(Date.now()), everyMs);
+    return () => clearInterval(timer);
+  }, [ticking, everyMs]);
+  return ticking ? now : Date.now();
+}
+
+/** How long from `from` to `to`, or, while `live` and not ended, to now: a duration that ticks each second. */
+export function Took({ from, to, live }: { from: string | undefined; to?: string | undefined; live: boolean }) {
+  const ticking = live && !!from && !to;
+  const now = useNow(ticking);
+  if (!from) return null;
+  const ms = (to ? Date.parse(to) : now) - Date.parse(from);
+  return html`<span data-took data-live=${ticking ? "1" : undefined}>${millis(ms)}</span>`;
 }
 
 export interface LiveOptions {

@@ -16,6 +16,7 @@ import { JobView } from "./views/job.js";
 import { JobsView } from "./views/jobs.js";
 import { RunView } from "./views/run.js";
 import { RunsView } from "./views/runs.js";
+import { SearchBox } from "./views/search.js";
 import { UsageView } from "./views/usage.js";
 import { WorkersView } from "./views/workers.js";
 
@@ -67,6 +68,7 @@ function App({ api }: { api: Api }) {
     <header>
       <span class="brand">Boxcar</span>
       <nav>${VIEWS.map(([view, label]) => html`<a href=${`#/${view}`} class=${view === active ? "active" : ""}>${label}</a>`)}</nav>
+      <${SearchBox} api=${api} />
       <span class="who" data-who>${api.session.role} ${api.session.user}</span>
     </header>
     <main>${view(api, route)}</main>

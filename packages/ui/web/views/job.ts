@@ -9,15 +9,20 @@
 
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
 import { unfoldEvents } from "@boxcar/protocol/event-fold";
-import { useEffect, useRef, useState } from "preact/hooks";
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
+import { ansiRuns } from "../ansi.js";
 import type { Api } from "../api.js";
-import { Badge, duration, Failure, html, when } from "../html.js";
+import { At, Badge, Failure, html, Took } from "../html.js";
 import { Conversation } from "./conversation.js";
 import { ModelCalls, money } from "./model-calls.js";
+import { AttemptTimeline } from "./timeline.js";
+import { Labels, saveFile, TraceId } from "./traits.js";
 
 const ENDED = new Set(["succeeded", "failed", "timed_out", "cancelled", "dead", "expired", "rejected"]);
 /** The page keeps at most this much output (the newest); the CLI's `boxcar logs` has all. */
 const MAX_OUTPUT = 1 << 20;
+/** The page shows at most this much of a job's input (as indented JSON); its download has all. */
+const MAX_INPUT_SHOWN = 64 * 1024;
 
 export function JobView({ api, id }: { api: Api; id: string }) {
   const [job, setJob] = useState<JobRecord | undefined>(undefined);
@@ -141,20 +146,26 @@ export function JobView({ api, id }: { api: Api; id: string }) {
         <dt>pool</dt><dd>${job.pool}</dd>
         <dt>owner</dt><dd>${job.owner ?? "local"}</dd>
         <dt>attempt</dt><dd>${job.attempt}</dd>
-        <dt>created</dt><dd>${when(job.createdAt)}</dd>
-        ${job.startedAt && html`<dt>ran</dt><dd>${duration(job.startedAt, job.finishedAt)}${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
+        <dt>created</dt><dd data-created><${At} iso=${job.createdAt} /></dd>
+        ${job.startedAt && html`<dt>ran</dt><dd data-ran><${Took} from=${job.startedAt} to=${job.finishedAt} live=${job.state === "running"} />${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
         ${job.sandbox && html`<dt>sandbox</dt><dd>${job.sandbox.kind}: ${job.sandbox.reason}</dd>`}
+        ${job.result && exitOf(job.result) && html`<dt>exit</dt><dd data-exit>${exitOf(job.result)}</dd>`}
         ${job.usage && html`<dt>usage</dt><dd data-usage>${job.usage.calls} calls: ${job.usage.tokensIn} tokens in, ${job.usage.tokensOut} out, cost ${money(job.usage.cost)}</dd>`}
         ${job.chain?.run && html`<dt>workflow run</dt><dd><a href=${`#/run/${job.chain.run}`}>${job.chain.run}</a></dd>`}
         ${job.handoff?.jobId && html`<dt>handed off to</dt><dd><a href=${`#/job/${job.handoff.jobId}`}>${job.handoff.to} (${job.handoff.jobId})</a></dd>`}
+        ${Object.keys(job.spec?.labels ?? {}).length > 0 && html`<dt>labels</dt><dd><${Labels} labels=${job.spec?.labels ?? {}} /></dd>`}
+        ${job.traceparent && html`<dt>trace</dt><dd><${TraceId} api=${api} traceparent=${job.traceparent} /></dd>`}
       </dl>
-      ${job.error && html`<p class="error">${job.error.code}: ${job.error.message}</p>`}
+      ${job.error && html`<p class="error" data-error>${job.error.code}: ${job.error.message}</p>`}
       ${
         job.result &&
+        (job.result.summary || job.result.output !== null) &&
         html`<h2>Result</h2>
         ${job.result.summary && html`<p class="summary" data-summary>${job.result.summary}</p>`}
         ${job.result.output !== null && html`<pre class="result" data-result>${JSON.stringify(job.result.output, null, 2)}</pre>`}`
       }
+      <${AttemptTimeline} job=${job} events=${events} />
+      ${job.spec && html`<${InputView} job=${job} />`}
       ${
         job.artifacts.length > 0 &&
         html`<h2>Artifacts</h2>
@@ -164,7 +175,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       <${ModelCalls} events=${events} />
       <h2>Events</h2>
       <ol class="timeline" data-timeline>
-        ${events.map((e) => html`<li data-event=${`${e.kind}.${e.type}`}><time>${e.at.slice(11, 23)}</time> <b>${e.kind}</b> ${e.type} <span>${describe(e)}</span></li>`)}
+        ${events.map((e) => html`<li data-event=${`${e.kind}.${e.type}`}><time datetime=${e.at} title=${e.at}>${e.at.slice(11, 23)}</time> <b>${e.kind}</b> ${e.type} <span>${describe(e)}</span></li>`)}
       </ol>
       <h2>Output</h2>
       <${OutputView} output=${output} />
@@ -184,10 +195,56 @@ function OutputView({ output }: { output: Output }) {
     const el = ref.current;
     if (el) following.current = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
   };
-  // stderr in a colour of its own; terminal colour codes dropped.
+  // stderr in a colour of its own; terminal colour codes shown in their colours, as text.
   return html`<pre class="output" data-output ref=${ref} onScroll=${onScroll}>${output.map((part) =>
-    part.stream === "stderr" ? html`<span class="stderr">${withoutEscapes(part.text)}</span>` : withoutEscapes(part.text),
+    part.stream === "stderr"
+      ? html`<span class="stderr">${html`<${Styled} text=${part.text} />`}</span>`
+      : html`<${Styled} text=${part.text} />`,
   )}</pre>`;
+}
+
+/** Text with its terminal colour codes as spans: each run a text child, never HTML; parsed again only when the text changed. */
+function Styled({ text }: { text: string }) {
+  const runs = useMemo(() => ansiRuns(text), [text]);
+  return runs.map((run) =>
+    run.classes === "" && !run.color && !run.background
+      ? run.text
+      : html`<span class=${run.classes || undefined} style=${run.color || run.background ? { color: run.color, backgroundColor: run.background } : undefined}>${run.text}</span>`,
+  );
+}
+
+/** The job's input as indented JSON, its first 64 KiB on the page, all of it in a download made here; and its input files. */
+function InputView({ job }: { job: JobRecord }) {
+  const input = job.spec?.input ?? null;
+  const files = job.spec?.files ?? [];
+  const text = useMemo(() => JSON.stringify(input, null, 2), [input]);
+  const cut = text.length > MAX_INPUT_SHOWN;
+  const download = () => saveFile(`${job.id}-input.json`, `${text}\n`, "application/json");
+  return html`
+    <h2>Input <button class="link small" data-input-download onClick=${download}>download</button></h2>
+    ${
+      input === null && files.length > 0
+        ? null
+        : html`<pre class="input" data-input>${cut ? text.slice(0, MAX_INPUT_SHOWN) : text}</pre>
+          ${cut && html`<p class="note" data-input-cut>The first ${kib(MAX_INPUT_SHOWN)} of ${kib(text.length)}: the download has all of it.</p>`}`
+    }
+    ${
+      files.length > 0 &&
+      html`<ul class="input-files" data-input-files>${files.map((f) => html`<li><code>${f.path}</code> <span class="note">from ${f.object}</span></li>`)}</ul>`
+    }
+  `;
+}
+
+function kib(chars: number): string {
+  return `${Math.round(chars / 1024)} KiB`;
+}
+
+/** How the agent's process ended: `exit 1`, `signal SIGKILL`, `out of memory`; "" when nothing says. */
+function exitOf(result: NonNullable<JobRecord["result"]>): string {
+  if (result.oomKilled) return "killed: out of memory";
+  if (result.signal) return `signal ${result.signal}`;
+  if (result.exitCode !== null && result.exitCode !== undefined) return `exit ${result.exitCode}`;
+  return "";
 }
 
 /** A button that downloads one artifact as a file: never opened in the page (an HTML artifact must not run here). */
@@ -197,13 +254,7 @@ function Download({ api, jobId, path, size }: { api: Api; jobId: string; path: s
     setState("downloading…");
     try {
       const blob = await api.artifact(jobId, path);
-      const url = URL.createObjectURL(new Blob([blob], { type: "application/octet-stream" }));
-      const a = document.createElement("a");
-      a.href = url;
-      a.download = path.split("/").pop() ?? "artifact";
-      a.rel = "noopener";
-      a.click();
-      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      saveFile(path.split("/").pop() ?? "artifact", blob, "application/octet-stream");
       setState("");
     } catch (err) {
       setState((err as Error).message);
@@ -259,10 +310,4 @@ function appendOutput(now: Output, add: Output): Output {
     }
   }
   return all;
-}
-
-/** Text without terminal escape sequences (colours, cursor moves), which a page cannot show. */
-function withoutEscapes(text: string): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: the escape character is what is matched
-  return text.replace(/\x1b\[[0-9;?]*[ -/]*[@-~]/g, "");
 }

@@ -8,7 +8,9 @@
 import type { WorkflowRun, WorkflowStep } from "@boxcar/protocol";
 import { useState } from "preact/hooks";
 import type { Api } from "../api.js";
-import { Badge, duration, Failure, html, useLive, when } from "../html.js";
+import { At, Badge, Failure, html, Took, useLive, when } from "../html.js";
+import { StepTimeline } from "./timeline.js";
+import { Labels, TraceId } from "./traits.js";
 
 const NODE_W = 170;
 const NODE_H = 46;
@@ -52,11 +54,14 @@ export function RunView({ api, id }: { api: Api; id: string }) {
       <dl class="facts">
         <dt>workflow</dt><dd>${run.workflow.name}</dd>
         <dt>owner</dt><dd>${run.owner ?? "local"}</dd>
-        <dt>created</dt><dd>${when(run.createdAt)}</dd>
-        <dt>took</dt><dd>${duration(run.createdAt, run.finishedAt)}</dd>
+        <dt>created</dt><dd><${At} iso=${run.createdAt} /></dd>
+        <dt>took</dt><dd data-run-took><${Took} from=${run.createdAt} to=${run.finishedAt} live=${run.state === "running"} /></dd>
+        ${Object.keys(run.labels ?? {}).length > 0 && html`<dt>labels</dt><dd><${Labels} labels=${run.labels} /></dd>`}
+        ${run.traceparent && html`<dt>trace</dt><dd><${TraceId} api=${api} traceparent=${run.traceparent} /></dd>`}
       </dl>
       ${run.error && html`<p class="error">${run.error.code}: ${run.error.message}</p>`}
       <${Graph} run=${run} />
+      <${StepTimeline} run=${run} />
       <h2>Steps</h2>
       <table class="steps">
         <thead><tr><th>step</th><th>agent</th><th>state</th><th>jobs</th><th>note</th></tr></thead>

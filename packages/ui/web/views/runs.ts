@@ -2,7 +2,7 @@
 
 import type { ListRunsReply } from "@boxcar/protocol";
 import type { Api } from "../api.js";
-import { Badge, duration, Failure, html, jobEventsSubject, useLive, when } from "../html.js";
+import { At, Badge, Failure, html, jobEventsSubject, Took, useLive } from "../html.js";
 import { hrefOf, navigate, type Route } from "../route.js";
 
 const RUN_STATES = ["running", "succeeded", "failed", "cancelled"] as const;
@@ -52,8 +52,8 @@ export function RunsView({ api, route }: { api: Api; route: Route }) {
               <td><${Badge} state=${run.state} /></td>
               <td>${run.owner ?? "local"}</td>
               <td>${done}/${steps.length}</td>
-              <td>${when(run.createdAt)}</td>
-              <td>${duration(run.createdAt, run.finishedAt)}</td>
+              <td data-created><${At} iso=${run.createdAt} /></td>
+              <td><${Took} from=${run.createdAt} to=${run.finishedAt} live=${run.state === "running"} /></td>
             </tr>`;
           })}
         </tbody>
