@@ -20,6 +20,10 @@ import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
 import { eventually, exited } from "./helpers/cli.js";
 import { spawnUp, type UpProcess } from "./helpers/up.js";
 
+// The page's own globals, in functions Playwright runs in the browser (this project has no DOM types).
+declare const getComputedStyle: (element: unknown) => { color: string; fontWeight: string };
+declare const location: { hash: string };
+
 const chromiumPath = browserPath();
 const TRACE_UI = "http://traces.example/trace/{traceId}";
 
