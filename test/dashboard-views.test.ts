@@ -23,6 +23,7 @@ import { spawnUp, type UpProcess } from "./helpers/up.js";
 // The page's own globals, in functions Playwright runs in the browser (this project has no DOM types).
 declare const getComputedStyle: (element: unknown) => { color: string; fontWeight: string };
 declare const location: { hash: string };
+declare const scrollTo: (x: number, y: number) => void;
 
 const chromiumPath = browserPath();
 const TRACE_UI = "http://traces.example/trace/{traceId}";
