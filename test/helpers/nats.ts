@@ -51,7 +51,7 @@ export interface NatsFixture extends AsyncDisposable {
  */
 export async function natsFixture(
   opts: TopologyOptions = {},
-  serverOpts: Pick<NatsServerOptions, "host" | "websocket"> = {},
+  serverOpts: Pick<NatsServerOptions, "host" | "websocket" | "maxFileStore"> = {},
 ): Promise<NatsFixture> {
   const prefix = opts.prefix ?? uniquePrefix();
   const dir = await scratch("boxcar-auth-");

@@ -4,7 +4,7 @@ export { type RestoredStream, RestoreError, type RestoreSummary, restoreSystem }
 export { type StreamSummary, systemStreams } from "./backup/streams.js";
 export { type BackupSummary, backupSystem } from "./backup/write.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
-export type { JobChange, JobHandle } from "./job-store.js";
+export type { JobChange, JobHandle, JobKeys } from "./job-store.js";
 export { JobStore } from "./job-store.js";
 export type { Revisioned } from "./kv-json.js";
 export { followKv, getJson, keysOf, listJson } from "./kv-json.js";

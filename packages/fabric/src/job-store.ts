@@ -1,7 +1,7 @@
 import { BoxcarError, ErrorCode, JobRecord } from "@boxcar/protocol";
 import type { KV } from "@nats-io/kv";
 import { getJson } from "./kv-json.js";
-import { isRevisionConflict } from "./nats-errors.js";
+import { isRevisionConflict, isStorageFull } from "./nats-errors.js";
 
 /** A job record with the KV revision it was read at. */
 export interface JobHandle {
@@ -15,6 +15,28 @@ export type JobChange = { written: true; handle: JobHandle } | { written: false;
 /** How many times a change is decided again when the record changed under it. */
 const MAX_TRIES = 10;
 
+/** What the store does to a key in the bucket's stream, beyond what KV does. */
+export interface JobKeys {
+  /**
+   * Removes the key's messages (a purge filtered on its subject, which writes nothing): all of
+   * them, or those up to `upToRevision` included. Resolves with how many it removed.
+   */
+  purge(id: string, upToRevision?: number): Promise<number>;
+  /**
+   * Writes a delete marker for a key that has no message left (the write expects none), so that
+   * watchers forget the job; refused when a record of that id was written since.
+   */
+  markDeleted(id: string): Promise<void>;
+}
+
+/**
+ * How long a delete marker the store has no room for is tried again, in the background, and the
+ * pauses between tries (doubling).
+ */
+const MARKER_PATIENCE_MS = 15 * 60_000;
+const MARKER_FIRST_PAUSE_MS = 100;
+const MARKER_LAST_PAUSE_MS = 5_000;
+
 /**
  * The job records (`<prefix>_jobs`): the one place that writes them. Every change is a
  * compare-and-swap against the revision it was decided on; when another writer (a worker, a
@@ -22,13 +44,10 @@ const MAX_TRIES = 10;
  * anew, up to 10 times. Errors other than a lost race (NATS out of reach, say) are thrown.
  */
 export class JobStore {
-  /**
-   * `purgeKey` removes every message a key has in the bucket's stream (a JetStream purge
-   * filtered on the key's subject), for `remove`.
-   */
+  /** `keys` removes a key's messages (for `remove`, and `withdraw` on a full store) and marks it deleted. */
   constructor(
     private readonly kv: KV,
-    private readonly purgeKey: (id: string) => Promise<void>,
+    private readonly keys: JobKeys,
   ) {}
 
   async read(id: string): Promise<JobHandle | null> {
@@ -49,15 +68,43 @@ export class JobStore {
   /**
    * Removes a record as it was written (compare-and-swap on its revision): an admission that
    * could not finish takes back its job. True when removed; false when it changed meanwhile.
+   *
+   * It works on a full store too, which refuses the delete marker a KV delete writes: then the
+   * revision itself is purged (a purge writes nothing, and frees the record's bytes), and the
+   * marker is written in the room that freed, so watchers forget the job. Should the store fill
+   * again first, the record is gone all the same (a read finds nothing), and the marker is tried
+   * again in the background until there is room (for 15 minutes): till then, watchers that saw
+   * the record count it.
    */
   async withdraw(handle: JobHandle): Promise<boolean> {
+    const id = handle.record.id;
     try {
-      await this.kv.delete(handle.record.id, { previousSeq: handle.revision });
+      await this.kv.delete(id, { previousSeq: handle.revision });
       return true;
     } catch (err) {
       if (isRevisionConflict(err)) return false;
-      throw err;
+      if (!isStorageFull(err)) throw err;
     }
+    await this.keys.purge(id, handle.revision);
+    // A later revision stands (with one kept per key, it had already replaced this one): changed meanwhile.
+    if (await this.read(id)) return false;
+    await this.markDeleted(id);
+    return true;
+  }
+
+  /**
+   * Writes the delete marker of a purged record; while the store has no room, tries again in the
+   * background. Stops on any other answer: a record of that id written since (the same
+   * idempotency key finishing its admission) refuses it, rightly.
+   */
+  private async markDeleted(id: string): Promise<void> {
+    const deadline = Date.now() + MARKER_PATIENCE_MS;
+    const attempt = (pauseMs: number): Promise<void> =>
+      this.keys.markDeleted(id).catch((err: unknown) => {
+        if (!isStorageFull(err) || Date.now() + pauseMs > deadline) return;
+        setTimeout(() => void attempt(Math.min(pauseMs * 2, MARKER_LAST_PAUSE_MS)), pauseMs).unref();
+      });
+    await attempt(MARKER_FIRST_PAUSE_MS);
   }
 
   /**
@@ -67,7 +114,7 @@ export class JobStore {
    */
   async remove(handle: JobHandle): Promise<boolean> {
     if (!(await this.withdraw(handle))) return false;
-    await this.purgeKey(handle.record.id);
+    await this.keys.purge(handle.record.id);
     return true;
   }
 

@@ -1,16 +1,15 @@
 /**
  * Where JetStream puts the system's streams: creating a stream (or finding it made by another
  * process), the replica count an existing system has, whether this server is in a JetStream
- * cluster and how long a refused replica count is tried again, and the refusals (too many
- * replicas, not enough storage) said in one line with how to ask for less. `openTopology`
- * (topology.ts) decides with these.
+ * cluster and how long a refused replica count is tried again, and a refused replica count said
+ * in one line with how to ask for less (a refusal for want of storage is stream-sizing.ts's).
+ * `openTopology` (topology.ts) decides with these.
  */
 
 import { BoxcarError, ErrorCode, type Names } from "@boxcar/protocol";
 import { JetStreamApiError, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { isNotFound } from "./nats-errors.js";
-import type { StreamLimits } from "./topology-options.js";
 
 /** A stream's configuration as Boxcar asks for it: its name and what it sets. */
 export type StreamSpec = Partial<StreamConfig> & { name: string };
@@ -78,25 +77,6 @@ export async function createIfPlaceable(jsm: JetStreamManager, config: StreamSpe
   }
 }
 
-/** JetStream's answer when the storage a stream or bucket asks for is more than the server or account has free. */
-const INSUFFICIENT_STORAGE = 10047;
-
-/** A refusal for want of storage, said in one line with what Boxcar asked for and how to ask for less; undefined for other errors. */
-export function storageError(err: unknown, limits: Required<StreamLimits>): BoxcarError | undefined {
-  if (!(err instanceof JetStreamApiError && err.code === INSUFFICIENT_STORAGE)) return undefined;
-  const size = (bytes: number) => (bytes % 1024 ** 3 === 0 ? `${bytes / 1024 ** 3}Gi` : `${Math.round(bytes / 1024 ** 2)}Mi`);
-  const asked = Object.entries(limits)
-    .map(([stream, bytes]) => `${stream}=${size(bytes)}`)
-    .join(",");
-  const total = Object.values(limits).reduce((a, b) => a + b, 0);
-  return new BoxcarError(
-    ErrorCode.storageFull,
-    `JetStream has less file storage free than Boxcar's streams reserve (${asked}, ${size(total)} in all, plus room for jobs): ` +
-      "give the server or account more (jetstream max_file_store, account limits) or reserve less with --stream-limits / BOXCAR_STREAM_LIMITS, e.g. events=64Mi,logs=32Mi,dead=16Mi,submit=8Mi",
-    { cause: err },
-  );
-}
-
 export function replicaError(err: unknown, replicas: number): unknown {
   if (!isReplicaRefusal(err)) return err;
   return new BoxcarError(
@@ -106,16 +86,20 @@ export function replicaError(err: unknown, replicas: number): unknown {
   );
 }
 
-export async function ensureStream(jsm: JetStreamManager, config: StreamSpec): Promise<void> {
+/** Creates the stream unless it exists; true when this call made it. */
+export async function ensureStream(jsm: JetStreamManager, config: StreamSpec): Promise<boolean> {
   try {
     await jsm.streams.info(config.name);
+    return false;
   } catch (err) {
     if (!isNotFound(err)) throw err;
     try {
       await jsm.streams.add(config);
+      return true;
     } catch (addErr) {
       // Another process created it between our info and add.
       if (!(addErr instanceof JetStreamApiError && addErr.code === 10058)) throw addErr;
+      return false;
     }
   }
 }

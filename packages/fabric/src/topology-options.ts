@@ -30,11 +30,13 @@ export interface TopologyOptions {
    */
   workerTtlMs?: number;
   /**
-   * The most the history streams and the durable intake keep, in bytes, when they are created
-   * (an existing stream keeps its own): events (default 1 GiB), agent output logs (512 MiB),
-   * dead letters (256 MiB), submissions waiting to be admitted (64 MiB; past it a new one is
-   * refused, none dropped). JetStream reserves these up front, so a small server or account
-   * needs smaller ones.
+   * The most the history streams and the durable intake keep, in bytes: events (default 1 GiB),
+   * agent output logs (512 MiB), dead letters (256 MiB), submissions waiting to be admitted
+   * (64 MiB; past it a new one is refused, none dropped). JetStream reserves these up front, so a
+   * small server or account needs smaller ones: a start whose missing streams do not fit in what
+   * JetStream has free is refused before it makes any, with sizes that would fit. A stream that
+   * exists keeps its size unless a smaller one is given here: then it is shrunk to it (never
+   * below what it holds, so nothing is dropped).
    */
   streamLimits?: StreamLimits;
 }

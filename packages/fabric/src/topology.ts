@@ -3,7 +3,8 @@
  * (`Topology`), opened (created where missing) by `openTopology`, which decides the replica
  * count of a new system, makes the buckets used only by some features on first use, and creates
  * the pools' and workers' durable consumers of work. Its options are in topology-options.ts,
- * where JetStream places the streams in stream-placement.ts, publishing that rides out a
+ * where JetStream places the streams in stream-placement.ts, how much storage they reserve (and
+ * what a start refused for want of it says) in stream-sizing.ts, publishing that rides out a
  * restart in publish-retry.ts.
  */
 
@@ -31,7 +32,7 @@ import {
 } from "@nats-io/jetstream";
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { headers, type NatsConnection } from "@nats-io/transport-node";
 import { JobStore } from "./job-store.js";
 import { isNotFound } from "./nats-errors.js";
 import { retryingPublish } from "./publish-retry.js";
@@ -43,10 +44,18 @@ import {
   placementPatienceMs,
   replicaError,
   type StreamSpec,
-  storageError,
   workStreamReplicas,
 } from "./stream-placement.js";
-import { type ResolvedTopologyOptions, resolveTopologyOptions, type TopologyOptions } from "./topology-options.js";
+import {
+  bucketReservation,
+  isStorageRefusal,
+  type LimitedStream,
+  prepareLimitedStreams,
+  removeStreams,
+  type StorageShortfall,
+  storageShortfallError,
+} from "./stream-sizing.js";
+import { type ResolvedTopologyOptions, resolveTopologyOptions, type StreamLimits, type TopologyOptions } from "./topology-options.js";
 
 /** Handles on every stream, bucket and store of one Boxcar system. */
 export interface Topology {
@@ -154,9 +163,34 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const options = resolveTopologyOptions({ ...opts, replicas });
   const num_replicas = options.replicas;
 
-  const streams: StreamSpec[] = [
-    workStream,
-    {
+  // The streams JetStream reserves storage for. Before any of them is made, those that exist are
+  // shrunk to the sizes given and the missing ones checked to fit (stream-sizing.ts), so a start
+  // refused for want of storage leaves nothing behind (the work stream it made, which reserves
+  // nothing, is removed too, where its credentials may).
+  const limited: Record<LimitedStream, StreamSpec> = {
+    events: {
+      name: names.streams.events,
+      subjects: [names.subjects.eventsAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 7 * DAY_NS,
+      max_bytes: options.streamLimits.events,
+    },
+    logs: {
+      name: names.streams.logs,
+      subjects: [names.subjects.logsAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 7 * DAY_NS,
+      max_bytes: options.streamLimits.logs,
+      max_msg_size: MiB,
+    },
+    dead: {
+      name: names.streams.dead,
+      subjects: [names.subjects.deadAll],
+      retention: RetentionPolicy.Limits,
+      max_age: 30 * DAY_NS,
+      max_bytes: options.streamLimits.dead,
+    },
+    submit: {
       name: names.streams.submit,
       subjects: [names.subjects.submitAll],
       retention: RetentionPolicy.Workqueue,
@@ -166,29 +200,30 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       max_msg_size: MiB,
       duplicate_window: nanos(DUPLICATE_WINDOW_MS),
     },
-    {
-      name: names.streams.events,
-      subjects: [names.subjects.eventsAll],
-      retention: RetentionPolicy.Limits,
-      max_age: 7 * DAY_NS,
-      max_bytes: options.streamLimits.events,
-    },
-    {
-      name: names.streams.dead,
-      subjects: [names.subjects.deadAll],
-      retention: RetentionPolicy.Limits,
-      max_age: 30 * DAY_NS,
-      max_bytes: options.streamLimits.dead,
-    },
-    {
-      name: names.streams.logs,
-      subjects: [names.subjects.logsAll],
-      retention: RetentionPolicy.Limits,
-      max_age: 7 * DAY_NS,
-      max_bytes: options.streamLimits.logs,
-      max_msg_size: MiB,
-    },
-  ];
+  };
+  /** A subject of the work stream, to ask a single server what it has free (stream-sizing.ts); not on a cluster. */
+  const overlapping = inJetStreamCluster(nc) ? undefined : names.subjects.workAll;
+  /** The streams this start made, removed again if it is refused for want of storage. */
+  const made: string[] = [];
+  let missing: StreamLimits = {};
+  const refusal = async (shortfall: Omit<StorageShortfall, "removed" | "leftBehind">, cause?: unknown) =>
+    storageShortfallError({ ...shortfall, ...(await removeStreams(jsm, made)) }, cause);
+  try {
+    await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...workStream });
+    // Not there when this start began: made by it (here, or above while choosing the replicas).
+    if (existing === undefined) made.push(workStream.name);
+    const prepared = await prepareLimitedStreams(jsm, { specs: limited, given: opts.streamLimits ?? {}, overlapping });
+    missing = prepared.missing;
+    if (prepared.shortfall) throw await refusal(prepared.shortfall);
+    for (const config of Object.values(limited)) {
+      if (await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config })) made.push(config.name);
+    }
+  } catch (err) {
+    if (!isStorageRefusal(err)) throw replicaError(err, num_replicas);
+    // JetStream refused what it was asked to reserve after all: where free space could not be
+    // measured beforehand (a cluster), or taken meanwhile by another system's streams.
+    throw await refusal({ asked: missing, reservedBy: [], notShrunk: [] }, err);
+  }
   const kvm = new Kvm(js);
   // With several replicas a direct get may be answered by a follower that has not applied the
   // latest write yet (a worker would find no record for a job just admitted): read from the leader.
@@ -203,9 +238,6 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     });
   let jobs: KV, agents: KV, workers: KV, idempotency: KV, workflows: KV, policy: KV, artifacts: ObjectStore;
   try {
-    for (const config of streams) {
-      await ensureStream(jsm, { storage: StorageType.File, num_replicas, ...config });
-    }
     [jobs, agents, workers, idempotency, workflows, policy] = await Promise.all([
       // A job or run record is kept once, its latest revision: each revision carries the whole
       // record, input included (a bucket made before keeps the 5 it was made with).
@@ -218,7 +250,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     ]);
     artifacts = await new Objm(js).create(names.buckets.artifacts, { replicas: num_replicas });
   } catch (err) {
-    throw storageError(err, options.streamLimits) ?? replicaError(err, num_replicas);
+    throw replicaError(err, num_replicas);
   }
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
@@ -229,18 +261,35 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
     open().catch((err: unknown) => {
       forget();
+      if (err instanceof BoxcarError && err.code === ErrorCode.storageFull) throw err;
+      if (isStorageRefusal(err)) throw new BoxcarError(ErrorCode.storageFull, `the ${what} cannot be made: ${err.message}`, { cause: err });
       throw new BoxcarError(
         ErrorCode.unavailable,
         `the ${what} cannot be opened (${(err as Error).message}): on a system whose credentials predate it, push the account again (boxcar auth push)`,
       );
     });
+  /**
+   * A bucket's bounds with its size cut to what a small server has free, when it is still to be
+   * made (one that exists keeps its own): asking a size that does not fit would be refused.
+   */
+  const sized = async <B extends { max_bytes?: number }>(bucket: string, bounds: B): Promise<B> => {
+    if (!bounds.max_bytes) return bounds;
+    const exists = await jsm.streams.info(`KV_${bucket}`).then(
+      () => true,
+      (err: unknown) => {
+        if (isNotFound(err)) return false;
+        throw err;
+      },
+    );
+    return exists ? bounds : { ...bounds, max_bytes: await bucketReservation(jsm, `KV_${bucket}`, bounds.max_bytes, overlapping) };
+  };
   /** A KV bucket made on first use (and asked again after a failure). */
   const kvOnFirstUse = (what: string, bucket: string, bounds: { ttl?: number; max_bytes?: number } = {}) => {
     let opened: Promise<KV> | undefined;
     return () => {
       opened ??= onFirstUse(
         what,
-        () => kv(bucket, bounds),
+        async () => kv(bucket, await sized(bucket, bounds)),
         () => {
           opened = undefined;
         },
@@ -261,7 +310,19 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     js,
     jsm,
     jobs,
-    jobStore: new JobStore(jobs, (id) => purgeKey("jobs", id)),
+    jobStore: new JobStore(jobs, {
+      purge: async (id, upToRevision) => {
+        const name = names.buckets.jobs;
+        const filter = `$KV.${name}.${id}`;
+        const opts = upToRevision === undefined ? { filter } : { filter, seq: upToRevision + 1 };
+        return (await jsm.streams.purge(`KV_${name}`, opts)).purged;
+      },
+      async markDeleted(id) {
+        const marker = headers();
+        marker.set("KV-Operation", "DEL");
+        await js.publish(`$KV.${names.buckets.jobs}.${id}`, new Uint8Array(0), { headers: marker, expect: { lastSubjectSequence: 0 } });
+      },
+    }),
     agents,
     workers,
     idempotency,

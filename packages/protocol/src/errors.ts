@@ -36,6 +36,7 @@ export const ErrorCode = {
   budgetExceeded: "budget_exceeded",
   queueFull: "queue_full",
   storageFull: "storage_full",
+  acceptedPending: "accepted_pending",
   unavailable: "unavailable",
   internal: "internal",
 } as const;
@@ -60,6 +61,7 @@ export const ERROR_STATUS: Readonly<Partial<Record<ErrorCode, number>>> = {
   budget_exceeded: 402,
   queue_full: 503,
   storage_full: 507,
+  accepted_pending: 202,
   handoff_refused: 422,
   no_sandbox: 422,
   unavailable: 503,
@@ -115,8 +117,13 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   },
   storage_full: {
     meaning:
-      "JetStream has no room: a submit when its store (the server's `max_file_store` or the account's limit) is full, with nothing kept; or a role that creates the system on a server with less storage than the history streams reserve (exit code 3)",
+      "JetStream has no room, and nothing was kept: a submit when its store (the server's `max_file_store` or the account's limit) is full; or a role that creates the system on a server with less storage free than its streams reserve, refused before it made any, with sizes that fit (exit code 3)",
     appears: "API replies (`jobs.submit`); a role's refusal to start",
+  },
+  accepted_pending: {
+    meaning:
+      "the store filled while the job was admitted and its record could not be taken back: the job is kept, `queued`, and runs once space frees (the message names it). Not a refusal: do not submit it again without its idempotency key (with it, a resubmission returns this job)",
+    appears: "API replies (`jobs.submit`)",
   },
   handoff_refused: {
     meaning:

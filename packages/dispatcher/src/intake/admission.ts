@@ -137,7 +137,7 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   let id = newJobId();
   if (key !== undefined) {
     const claimed = await claimKey(topology.idempotency, key, id).catch((err: unknown) => {
-      throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
+      throw isStorageFull(err) ? noRoom(id) : err;
     });
     if (claimed !== id) {
       const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
@@ -215,7 +215,7 @@ async function createJob(
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
   const created = await topology.jobStore.create(record).catch(async (err: unknown) => {
     await ctx.limits.leave(entered?.taken ?? [], id).catch(() => {}); // else the sweep frees them
-    throw isStorageFull(err) ? noRoom(id, "nothing was kept") : err;
+    throw isStorageFull(err) ? noRoom(id) : err;
   });
   if (!created) {
     // (The places its twin took, with one job id, are the twin's: they stay.)
@@ -235,14 +235,18 @@ async function createJob(
     await publishWorkItem(topology, record, agent, ctx);
   } catch (err) {
     if (!isStorageFull(err)) throw err;
-    // The record without its work item would be a job half-admitted: take it back.
+    // The record without its work item would be a job half-admitted: take it back (on a full
+    // store too: see `withdraw`). Only if that fails is the job kept, and the caller told so
+    // with a code of its own: it runs once space frees, so it must not be submitted again.
     const removed = await topology.jobStore.withdraw(created).catch((removeErr: unknown) => {
       log.error({ err: removeErr, jobId: id }, "a job refused for want of storage could not be removed; it runs once space frees");
       return false;
     });
-    if (removed) ctx.load.observe(id, undefined);
-    if (removed && record.concurrency) await ctx.limits.leave(placesOf(record.concurrency), id);
-    throw noRoom(id, removed ? "nothing was kept" : "its record could not be removed, so it may still run once space frees");
+    if (!removed) throw pending(id);
+    log.warn({ jobId: id }, "job taken back: JetStream's store filled while it was admitted");
+    ctx.load.observe(id, undefined);
+    if (record.concurrency) await ctx.limits.leave(placesOf(record.concurrency), id);
+    throw noRoom(id);
   }
   ctx.onWorkPublished?.(id);
   log.info(
@@ -314,12 +318,21 @@ export async function recordRejection(
   return record;
 }
 
-/** A submission refused because JetStream's store is full; `kept` says what became of it. */
-function noRoom(id: string, kept: string): BoxcarError {
+/** A submission refused because JetStream's store is full, of which nothing was kept. */
+function noRoom(id: string): BoxcarError {
   return new BoxcarError(
     ErrorCode.storageFull,
-    `no room in JetStream for job ${id}: its store is full (the server's max_file_store or the account's limit); ${kept}. ` +
+    `no room in JetStream for job ${id}: its store is full (the server's max_file_store or the account's limit); nothing was kept. ` +
       "Submit again once queued jobs have run or space is freed (with an idempotency key a retry cannot make two jobs)",
+  );
+}
+
+/** A submission the store filled under whose record could not be taken back: kept, and run once space frees. */
+function pending(id: string): BoxcarError {
+  return new BoxcarError(
+    ErrorCode.acceptedPending,
+    `job ${id} is kept and runs once space frees: JetStream's store filled before its work item was stored, and its record could not be taken back. ` +
+      "Do not submit it again (with its idempotency key, a resubmission returns this job); follow it with boxcar status",
   );
 }
 

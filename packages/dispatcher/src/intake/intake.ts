@@ -42,7 +42,11 @@ export class IntakeConsumer {
           await admitIntake(topology, msg, streamCreated, ctx);
         } catch (err) {
           // A full queue or store is waited out: the submission stays in the stream until there is room.
-          const waiting = err instanceof BoxcarError && (err.code === ErrorCode.queueFull || err.code === ErrorCode.storageFull);
+          // A job kept without its work item (`accepted_pending`) is finished by the redelivery: its
+          // key finds its record, and its item is published again.
+          const waiting =
+            err instanceof BoxcarError &&
+            (err.code === ErrorCode.queueFull || err.code === ErrorCode.storageFull || err.code === ErrorCode.acceptedPending);
           if (waiting) log.warn({ seq: msg.seq, code: err.code }, "intake submission waits for room; it will be redelivered");
           else log.error({ err, seq: msg.seq }, "intake submission failed; it will be redelivered");
           msg.nak(waiting ? 5_000 : 1_000);
@@ -96,8 +100,14 @@ export async function admitIntake(topology: Topology, msg: JsMsg, streamCreated:
     failSpan(span, error);
     // Not the submission's fault: it stays in the stream and is tried again (a full queue or store
     // frees up, a rate limit has room, JetStream answers again).
-    if (([ErrorCode.internal, ErrorCode.queueFull, ErrorCode.storageFull, ErrorCode.unavailable] as string[]).includes(error.code))
-      throw err;
+    const later: string[] = [
+      ErrorCode.internal,
+      ErrorCode.queueFull,
+      ErrorCode.storageFull,
+      ErrorCode.acceptedPending,
+      ErrorCode.unavailable,
+    ];
+    if (later.includes(error.code)) throw err;
     const job = await recordRejection(topology, TOKEN_PATTERN.test(agent) ? agent : "_invalid_", owner, error, implicitKey);
     log.warn({ jobId: job.id, seq: msg.seq, code: error.code, reason: error.message }, "intake submission rejected");
   } finally {

@@ -15,7 +15,13 @@ test("jobs come newest first, each once, however their records arrive and change
   expect(ids(index, "j07")).toEqual(["j05", "j03", "j01"]);
   expect(ids(index, "j06")).toEqual(["j05", "j03", "j01"]);
   expect(ids(index, "j01")).toEqual([]);
-  expect([...index.newestFirst()].find(([id]) => id === "j03")?.[1]).toEqual({ state: "running", agent: "a", owner: "alice" });
+  const running = job("j03", "running");
+  expect([...index.newestFirst()].find(([id]) => id === "j03")?.[1]).toEqual({
+    state: "running",
+    agent: "a",
+    owner: "alice",
+    bytes: Buffer.byteLength(JSON.stringify(running)), // measured, when the watch does not say
+  });
 
   // New jobs: at the end, or a little before it (another dispatcher's clock).
   index.observe("j10", job("j10"));
@@ -69,4 +75,15 @@ test("counts by state follow every change, for the owners a caller sees and one 
   expect(nonZero(index.counts((owner) => owner === "bob", "a"))).toEqual({ queued: 1 });
   // Every state is there, counted or not.
   expect(Object.keys(index.counts(() => false)).length).toBeGreaterThan(8);
+});
+
+test("the index keeps each record's size as the watch gives it, so a list knows what a page can hold", () => {
+  const index = new JobIndex();
+  index.observe("j1", job("j1"), 200_000);
+  index.observe("j2", job("j2"), 150);
+  index.observe("j1", job("j1", "running"), 200_100);
+  expect([...index.newestFirst()].map(([id, indexed]) => [id, indexed.bytes])).toEqual([
+    ["j2", 150],
+    ["j1", 200_100],
+  ]);
 });

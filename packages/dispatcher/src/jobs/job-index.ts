@@ -1,18 +1,21 @@
 import { type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
 
-/** What the index keeps of a job: what a list filters on. */
+/** What the index keeps of a job: what a list filters on, and how big its record is. */
 export interface IndexedJob {
   state: JobState;
   agent: string;
   pool: string;
   owner: string;
+  /** The record's size as stored, in bytes: a list reads only the records its page can hold. */
+  bytes: number;
 }
 
 /**
- * Every job the dispatcher's watch has shown it, by id, with what `jobs.list` filters on: so a
- * list walks this in memory, newest first, and reads only the records of its page, however many
- * jobs the bucket holds. It trails the bucket by the watch's delay; a list reads each record it
- * returns, so what it returns is current.
+ * Every job the dispatcher's watch has shown it, by id, with what `jobs.list` filters on and the
+ * size of its record: so a list walks this in memory, newest first, and reads only the records
+ * its page can hold, however many jobs the bucket holds and however big their records are. It
+ * trails the bucket by the watch's delay; a list reads each record it returns, so what it
+ * returns is current.
  */
 export class JobIndex {
   private readonly jobs = new Map<string, IndexedJob>();
@@ -27,14 +30,23 @@ export class JobIndex {
   private sorted = true;
   private removed = 0;
 
-  /** Notes a job record's latest value (undefined: the record was deleted). */
-  readonly observe = (key: string, job: JobRecord | undefined): void => {
+  /**
+   * Notes a job record's latest value (undefined: the record was deleted) and its size as stored
+   * (the watch gives it; else it is measured).
+   */
+  readonly observe = (key: string, job: JobRecord | undefined, bytes?: number): void => {
     const before = this.jobs.get(key);
     if (before) {
       this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
       this.tally(before, -1);
     }
-    const after = job && { state: job.state, agent: job.agent, pool: job.pool, owner: ownerOf(job) };
+    const after = job && {
+      state: job.state,
+      agent: job.agent,
+      pool: job.pool,
+      owner: ownerOf(job),
+      bytes: bytes ?? Buffer.byteLength(JSON.stringify(job)),
+    };
     if (after) {
       this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
       this.tally(after, 1);

@@ -1,5 +1,4 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Logger } from "@boxcar/common";
 import { getJson, isNoResponders, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
@@ -9,8 +8,6 @@ import {
   type Identity,
   JobRecord,
   JobTransitions,
-  type ListJobsReply,
-  ListJobsRequest,
   mayAccess,
   ownerOf,
   parseWith,
@@ -41,67 +38,6 @@ export async function caughtUp(jobs: { caughtUp: Promise<void> }): Promise<void>
   const waited = new AbortController();
   await Promise.race([jobs.caughtUp, sleep(CATCH_UP_WAIT_MS, undefined, { signal: waited.signal }).catch(() => {})]);
   waited.abort();
-}
-
-/**
- * Pages through job records, newest first (job ids sort by creation time), up to the limit or
- * the byte budget. The dispatcher's job index says which jobs match, in memory; only the page's
- * records are read (and checked again: a job's state may have moved on). A record that does not
- * read as one is left out and logged, so it cannot break the list for everyone.
- */
-export async function listJobs(
-  topology: Topology,
-  jobs: { index: JobIndex; caughtUp: Promise<void> },
-  raw: unknown,
-  caller: Identity,
-  log: Logger,
-): Promise<ListJobsReply> {
-  const req = parseWith(ListJobsRequest, raw, "list request");
-  await caughtUp(jobs);
-  const page: JobRecord[] = [];
-  let bytes = 0;
-  let next: string | undefined;
-  const read = (id: string) =>
-    getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
-      if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;
-      log.warn({ err, jobId: id }, "unreadable job record left out of a list");
-      return null;
-    });
-  const matching = (function* () {
-    for (const [id, indexed] of jobs.index.newestFirst(req.after)) {
-      if (!mayAccess(caller, indexed.owner)) continue;
-      if (req.state && indexed.state !== req.state) continue;
-      if (req.agent && indexed.agent !== req.agent) continue;
-      if (req.pool && indexed.pool !== req.pool) continue;
-      yield id;
-    }
-  })();
-  // The records are read a page (and one more, to know whether there is a next) at a time, at once.
-  for (let done = false; !done; ) {
-    const ids: string[] = [];
-    while (ids.length <= req.limit - page.length) {
-      const m = matching.next();
-      if (m.done) break;
-      ids.push(m.value);
-    }
-    if (ids.length === 0) break;
-    for (const found of await Promise.all(ids.map(read))) {
-      if (!found) continue;
-      const job = found.value;
-      if (req.state && job.state !== req.state) continue;
-      // A page ends at the limit, or before the reply would pass the byte budget (records carry
-      // their input: twenty of 100 KB would not fit in one NATS message).
-      const size = Buffer.byteLength(JSON.stringify(job));
-      if (page.length === req.limit || (page.length > 0 && bytes + size > LIST_REPLY_BUDGET)) {
-        next = page[page.length - 1]?.id;
-        done = true;
-        break;
-      }
-      page.push(job);
-      bytes += size;
-    }
-  }
-  return next ? { jobs: page, next } : { jobs: page };
 }
 
 /** How long a list waits for a dispatcher that has just started to finish reading the job records. */
