@@ -79,6 +79,26 @@ describe("a system run with `boxcar auth init`'s config, every role with its own
     await rm(dir, { recursive: true, force: true });
   });
 
+  it("a dispatcher's watch of the jobs bucket keeps up under its own credential: many big records are all listed (its flow control is allowed)", async () => {
+    // Delayed a day: they stay queued, their records whole (about 250 KB each, 5 MiB in all).
+    await admin.client.applyAgent({ ...hello, name: "bulky" });
+    const big = "x".repeat(250_000);
+    const ids: string[] = [];
+    for (let i = 0; i < 20; i++) ids.push((await alice.client.submit({ agent: "bulky", input: { big, i }, delay: "24h" })).job.id);
+    const listed = await eventually(async () => {
+      const seen = new Set<string>();
+      let after: string | undefined;
+      do {
+        const page = await alice.client.listJobs({ agent: "bulky", limit: 50, ...(after ? { after } : {}) });
+        for (const job of page.jobs) seen.add(job.id);
+        after = page.next;
+      } while (after);
+      return seen.size === ids.length ? seen : undefined;
+    }, "every big job in the list");
+    expect([...listed].sort()).toEqual([...ids].sort());
+    for (const id of ids) await alice.client.cancelJob(id);
+  }, 60_000);
+
   it("a submitter runs a job end to end: submit, wait, events, logs, artifacts; the record names its owner", async () => {
     expect(alicesJob.state).toBe("succeeded");
     expect(alicesJob.owner).toBe("alice");

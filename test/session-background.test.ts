@@ -83,4 +83,37 @@ describe.skipIf(!ready)("background processes in a Docker session", () => {
     for await (const e of alice.client.sessionEvents(session.id)) if (e.kind === "session") events.push(`${e.type}:${e.execId ?? ""}`);
     expect(events).toContain(`exec_exited:${server.execId}`);
   }, 90_000);
+
+  test("a command that writes past the live window keeps its whole output, read part by part; a small one keeps none; closing removes it", async () => {
+    const session = await alice.client.openSession({ agent: "box" });
+    // 6.9 MB on stdout (the live window is 4 MiB), a little on stderr.
+    const big = await alice.client.execInSession({ id: session.id, argv: ["sh", "-c", "seq 1 1000000; echo done >&2"] });
+    expect(big.exitCode).toBe(0);
+    const expected = `${Array.from({ length: 1_000_000 }, (_, i) => i + 1).join("\n")}\n`;
+    expect(big.kept).toEqual({ stdout: { bytes: expected.length }, stderr: { bytes: 5 } });
+    const first = await alice.client.sessionOutput({ id: session.id, execId: big.execId, length: 1000 });
+    expect(first).toMatchObject({ offset: 0, size: expected.length });
+    expect(Buffer.from(first.data, "base64").toString("utf8")).toBe(expected.slice(0, 1000));
+    const parts: Uint8Array[] = [];
+    for await (const part of viewer.client.keptOutput(session.id, big.execId)) parts.push(part);
+    expect(parts.length).toBeGreaterThan(1);
+    expect(Buffer.concat(parts).toString("utf8") === expected).toBe(true);
+    // From an offset (what a follower already printed).
+    const rest: Uint8Array[] = [];
+    for await (const part of alice.client.keptOutput(session.id, big.execId, "stdout", 4 * 1024 * 1024)) rest.push(part);
+    expect(Buffer.concat(rest).toString("utf8")).toBe(expected.slice(4 * 1024 * 1024));
+    // A small command's live output is whole: nothing is kept.
+    const small = await alice.client.execInSession({ id: session.id, argv: ["echo", "hi"] });
+    expect(small.kept).toBeUndefined();
+    await expect(alice.client.sessionOutput({ id: session.id, execId: small.execId })).rejects.toMatchObject({ code: "not_found" });
+    await expect(bob.client.sessionOutput({ id: session.id, execId: big.execId })).rejects.toMatchObject({ code: "not_found" });
+    await alice.client.closeSession(session.id);
+    await eventually(
+      async () =>
+        (await alice.client.sessionOutput({ id: session.id, execId: big.execId }).catch((e: { code?: string }) => e.code)) === "not_found"
+          ? true
+          : undefined,
+      "the kept output to be removed",
+    );
+  }, 90_000);
 });

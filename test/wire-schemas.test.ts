@@ -154,6 +154,13 @@ test("each API request and the data of its reply match the endpoint's published 
   for await (const _ of started) break;
   await call("sessions.cancel", { id: session.id });
   expect((await slow).cancelled).toBe(true);
+  // A process in the background, and a command whose whole output is kept (past the 4 MiB live window).
+  const { process } = await call("sessions.start", { id: session.id, argv: ["sleep", "30"] });
+  await call("sessions.processes", { id: session.id });
+  await call("sessions.wait", { id: session.id, execId: process.execId, timeout: 0 });
+  await call("sessions.kill", { id: session.id, execId: process.execId });
+  const big = await call("sessions.exec", { id: session.id, argv: ["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"] });
+  await call("sessions.output", { id: session.id, execId: big.execId, offset: 4_500_000, length: 1000 });
   await call("sessions.get", { id: session.id });
   await call("sessions.list", {});
   await call("sessions.events", { id: session.id });

@@ -24,6 +24,8 @@ import type {
   ListSessionsRequestInput,
   LogStream,
   OpenSessionRequestInput,
+  OutputReply,
+  OutputRequestInput,
   ProcessInfo,
   RunSignalReply,
   ScheduleDefinitionInput,
@@ -136,6 +138,10 @@ export interface BoxcarClient {
   sessionProcesses(id: string): Promise<ProcessInfo[]>;
   /** Waits up to `timeout` for a background process to end: its state, and its result (as an exec's) once it ended. */
   waitInSession(request: WaitRequestInput): Promise<WaitReply>;
+  /** A part of a command's whole output (kept when it wrote past the 4 MiB live window): `data` (base64) from `offset`, and the stream's kept `size`. */
+  sessionOutput(request: OutputRequestInput): Promise<OutputReply>;
+  /** A command's whole kept `stream` from `offset`, part by part. */
+  keptOutput(id: string, execId: string, stream?: "stdout" | "stderr", offset?: number): AsyncGenerator<Uint8Array>;
   /** Kills a background process (its whole process group). */
   killInSession(id: string, execId: string): Promise<ProcessInfo>;
   /** A file of the session's workspace (at most 512 KiB). */

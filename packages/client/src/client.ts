@@ -24,6 +24,7 @@ import {
   type LogsPage,
   OPEN_IDENTITY,
   type OpenSessionRequestInput,
+  type OutputRequestInput,
   ownerOf,
   parseDurationMs,
   type ScheduleDefinitionInput,
@@ -200,6 +201,22 @@ class Client implements BoxcarClient, HistoryReader {
   waitInSession(request: WaitRequestInput) {
     const waits = (typeof request.timeout === "number" ? request.timeout : parseDurationMs(request.timeout ?? "30s")) ?? 30_000;
     return this.api.request(ApiEndpoint.sessionsWait, request, Math.max(this.api.timeoutMs, waits + SESSION_EXEC_MARGIN_MS));
+  }
+
+  /** A part of a command's whole output, kept when it wrote past the live window (docs/sessions.md#whole-output). */
+  sessionOutput(request: OutputRequestInput) {
+    return this.api.request(ApiEndpoint.sessionsOutput, request);
+  }
+
+  /** A command's whole kept `stream` from `offset`, part by part. */
+  async *keptOutput(id: string, execId: string, stream: "stdout" | "stderr" = "stdout", offset = 0): AsyncGenerator<Uint8Array> {
+    for (let at = offset; ; ) {
+      const part = await this.sessionOutput({ id, execId, stream, offset: at });
+      const data = Buffer.from(part.data, "base64");
+      if (data.length > 0) yield data;
+      at += data.length;
+      if (data.length === 0 || at >= part.size) return;
+    }
   }
 
   async killInSession(id: string, execId: string) {

@@ -61,6 +61,7 @@ export const READ_ENDPOINTS: readonly ApiEndpoint[] = [
   ApiEndpoint.sessionsEvents,
   ApiEndpoint.sessionsLogs,
   ApiEndpoint.sessionsProcesses,
+  ApiEndpoint.sessionsOutput,
   ApiEndpoint.snapshotsList,
   ApiEndpoint.schedulesGet,
   ApiEndpoint.schedulesList,
@@ -281,6 +282,9 @@ function streamApi(stream: string, access: StreamAccess): string[] {
     `${api}.CONSUMER.DURABLE.CREATE.${stream}.*`,
     `${api}.CONSUMER.NAMES.${stream}`,
     `${api}.CONSUMER.LIST.${stream}`,
+    // Flow control of a watch or ordered consumer (a KV watch of the jobs bucket): without these
+    // replies the server stops delivering once a few MiB are pending.
+    `$JS.FC.${stream}.>`,
   ];
 }
 

@@ -191,6 +191,7 @@ export const ApiEndpoint = {
   sessionsProcesses: "sessions.processes",
   sessionsWait: "sessions.wait",
   sessionsKill: "sessions.kill",
+  sessionsOutput: "sessions.output",
   sessionsFilesRead: "sessions.files.read",
   sessionsFilesWrite: "sessions.files.write",
   sessionsFilesList: "sessions.files.list",

@@ -160,6 +160,33 @@ export const ExecRequest = z.strictObject({
 });
 export type ExecRequest = z.input<typeof ExecRequest>;
 
+export const OutputStream = z.enum(["stdout", "stderr"]);
+export type OutputStream = z.infer<typeof OutputStream>;
+
+/** A command's output kept whole in segments of this size (docs/sessions.md#whole-output). */
+export const SESSION_OUTPUT_SEGMENT = 4 * 1024 * 1024;
+/** The most of a stream of one command kept whole; past it its end is cut. */
+export const MAX_KEPT_OUTPUT = 256 * 1024 * 1024;
+/** The most `sessions.output` gives at once. */
+export const MAX_OUTPUT_READ = 512 * 1024;
+
+/** The Object Store object saying how much of each stream a session command kept (`KeptOutput`). */
+export function keptOutputSizes(session: string, execId: string): string {
+  return `sessions/${session}/${execId}/kept`;
+}
+
+/** The Object Store object holding segment `index` of a session command's kept output. */
+export function keptOutputObject(session: string, execId: string, stream: OutputStream, index: number): string {
+  return `sessions/${session}/${execId}/${stream}/${index}`;
+}
+
+/** How much of each stream a command kept whole (only a command that wrote past the live window keeps any). */
+export const KeptOutput = z.partialRecord(
+  OutputStream,
+  z.strictObject({ bytes: z.number().int().nonnegative(), cut: z.boolean().optional() }),
+);
+export type KeptOutput = z.infer<typeof KeptOutput>;
+
 export const ExecReply = z.strictObject({
   /** `<session>.<n>`: its output on the logs stream carries it in the `Boxcar-Exec` header. */
   execId: z.string(),
@@ -175,8 +202,27 @@ export const ExecReply = z.strictObject({
   stderr: z.base64(),
   /** More was written than these carry. */
   truncated: z.boolean(),
+  /** It wrote past the live window (4 MiB): its whole output is kept, readable with `sessions.output`. */
+  kept: KeptOutput.optional(),
 });
 export type ExecReply = z.infer<typeof ExecReply>;
+
+/** A part of a command's kept output: `length` bytes (at most 512 KiB) from `offset`. */
+export const OutputRequest = z.strictObject({
+  id: SessionId,
+  execId: z.string().min(1).max(128),
+  stream: OutputStream.default("stdout"),
+  offset: z.number().int().nonnegative().default(0),
+  length: z.number().int().min(1).max(MAX_OUTPUT_READ).default(MAX_OUTPUT_READ),
+});
+export type OutputRequest = z.input<typeof OutputRequest>;
+export const OutputReply = z.strictObject({
+  data: z.base64(),
+  offset: z.number().int().nonnegative(),
+  /** The stream's whole kept size; `offset` + the data's length reaching it is the end. */
+  size: z.number().int().nonnegative(),
+});
+export type OutputReply = z.infer<typeof OutputReply>;
 
 /** The most processes a session runs in the background at once; and the ended ones it remembers. */
 export const MAX_BACKGROUND_PROCESSES = 8;

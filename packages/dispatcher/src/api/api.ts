@@ -32,13 +32,14 @@ import { z } from "zod";
 import { type AdmissionContext, admit, retryJob } from "../intake/admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "../jobs/files.js";
 import type { JobIndex } from "../jobs/job-index.js";
-import { cancelJob, countJobs, getRecord, listJobs, signalJob } from "../jobs/jobs.js";
+import { cancelJob, countJobs, getRecord, signalJob } from "../jobs/jobs.js";
 import { forgetLimit } from "../limits/rate-limit.js";
 import type { UsageLedger } from "../limits/usage-ledger.js";
 import type { RetentionSweep } from "../retention/retention.js";
 import type { Schedules } from "../schedules/schedules.js";
 import type { Runs } from "../workflows/runs.js";
 import { eventsPage, jobEvents, jobLogs, logsPage, runEvents } from "./history.js";
+import { listJobs } from "./job-list.js";
 
 /** Answers one request; `traceparent` is the trace context of the request's span, to pass on. */
 type Handler<E extends ApiEndpoint = ApiEndpoint> = (
@@ -77,6 +78,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsStart]: (body, caller) => sessions.start(requestOf(ApiEndpoint.sessionsStart, body), caller),
     [ApiEndpoint.sessionsProcesses]: (body, caller) => sessions.processes(requestOf(ApiEndpoint.sessionsProcesses, body).id, caller),
     [ApiEndpoint.sessionsWait]: (body, caller) => sessions.wait(requestOf(ApiEndpoint.sessionsWait, body), caller),
+    [ApiEndpoint.sessionsOutput]: (body, caller) => sessions.output(requestOf(ApiEndpoint.sessionsOutput, body), caller),
     [ApiEndpoint.sessionsKill]: (body, caller) => sessions.kill(requestOf(ApiEndpoint.sessionsKill, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),

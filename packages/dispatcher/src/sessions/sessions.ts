@@ -15,8 +15,14 @@ import {
   ErrorCode,
   type ExecReply,
   type Identity,
+  type KeptOutput,
+  keptOutputObject,
+  keptOutputSizes,
   mayAccess,
+  type OutputReply,
+  type OutputRequest,
   quotaOf,
+  SESSION_OUTPUT_SEGMENT,
   type SessionRecord,
   SessionRecord as SessionRecordSchema,
   type SessionState,
@@ -26,6 +32,7 @@ import {
   WorkerReply,
 } from "@boxcar/protocol";
 import type { ObjectInfo } from "@nats-io/obj";
+import type { z } from "zod";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
 import { getRecord } from "../jobs/jobs.js";
 
@@ -213,6 +220,48 @@ export class SessionDesk {
   async kill(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.kill">> {
     const session = await this.usable(request.id, caller);
     return (await this.held(session, "kill", request, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.kill">;
+  }
+
+  /**
+   * A part of a command's whole output, kept when it wrote past the live window
+   * (docs/sessions.md#whole-output): read from the Object Store here, a segment at a time.
+   */
+  async output(request: z.output<typeof OutputRequest>, caller: Identity): Promise<OutputReply> {
+    await this.owned(request.id, caller);
+    const { id, execId, stream, offset, length } = request;
+    const sizes = await this.topology.artifacts.getBlob(keptOutputSizes(id, execId));
+    const size = sizes ? (JSON.parse(new TextDecoder().decode(sizes)) as KeptOutput)[stream]?.bytes : undefined;
+    if (size === undefined) {
+      throw new BoxcarError(
+        ErrorCode.notFound,
+        `no kept ${stream} of ${execId}: a command's whole output is kept only when it wrote past the live window (4 MiB), until its session closes; below it, its live output is whole`,
+      );
+    }
+    if (offset >= size) return { data: "", offset, size };
+    const index = Math.floor(offset / SESSION_OUTPUT_SEGMENT);
+    const info = await this.topology.artifacts.info(keptOutputObject(id, execId, stream, index));
+    if (!info || info.deleted)
+      throw new BoxcarError(ErrorCode.notFound, `segment ${index} of ${execId}'s ${stream} is gone (its session closed)`);
+    // The segment's chunks read one by one (direct gets, as an artifact's are), from the one holding `offset`.
+    const bucket = this.topology.names.buckets.artifacts;
+    const chunks = `$O.${bucket}.C.${info.nuid}`;
+    let skip = offset - index * SESSION_OUTPUT_SEGMENT;
+    const parts: Uint8Array[] = [];
+    let got = 0;
+    for (let seq = 0; got < length; ) {
+      const chunk = await this.topology.jsm.direct.getMessage(`OBJ_${bucket}`, { seq: seq + 1, next_by_subj: chunks }).catch(() => null);
+      if (!chunk) break;
+      seq = chunk.seq;
+      if (skip >= chunk.data.length) {
+        skip -= chunk.data.length;
+        continue;
+      }
+      const part = chunk.data.subarray(skip, skip + (length - got));
+      skip = 0;
+      parts.push(part);
+      got += part.length;
+    }
+    return { data: Buffer.concat(parts).toString("base64"), offset, size };
   }
 
   /** Stops the command running in the session; its `exec` answers with `cancelled`. */

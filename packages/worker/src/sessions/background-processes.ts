@@ -46,8 +46,8 @@ export class BackgroundProcesses {
       stop.abort();
     }, timeoutMs);
     process.done = run(stop.signal)
-      .then((result): ExecReply => {
-        output.end();
+      .then(async (result): Promise<ExecReply> => {
+        const kept = await output.end();
         return {
           execId,
           exitCode: result.exitCode,
@@ -58,10 +58,11 @@ export class BackgroundProcesses {
           stdout: output.tails.stdout.base64(),
           stderr: output.tails.stderr.base64(),
           truncated: output.tails.stdout.truncated || output.tails.stderr.truncated,
+          ...(kept ? { kept } : {}),
         };
       })
-      .catch((err: unknown): ExecReply => {
-        output.end();
+      .catch(async (err: unknown): Promise<ExecReply> => {
+        await output.end().catch(() => undefined);
         const why = new TextEncoder().encode(`boxcar: it did not run: ${(err as Error).message}\n`);
         return {
           execId,
@@ -154,7 +155,8 @@ interface Background {
 
 /** What a process's output keeps for its end (a session command's `CommandOutput`). */
 export interface KeptOutput {
-  end(): void;
+  /** Ends it: what was kept whole, if anything. */
+  end(): Promise<ExecReply["kept"]>;
   readonly tails: Record<"stdout" | "stderr", { base64(): string; readonly truncated: boolean }>;
 }
 

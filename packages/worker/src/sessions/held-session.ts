@@ -6,7 +6,7 @@
  * session is not (or no longer) this worker's.
  */
 
-import { BoxcarError, ErrorCode, type SessionRecord } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type KeptOutput, type SessionRecord } from "@boxcar/protocol";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
 import type { BackgroundProcesses } from "./background-processes.js";
 
@@ -24,6 +24,8 @@ export interface HeldSession {
   waiting: Waiter[];
   /** Its processes in the background (`sessions.start`), which hold no lock. */
   background: BackgroundProcesses;
+  /** The commands whose whole output is kept in the Object Store: removed when the session closes. */
+  kept: { execId: string; kept: KeptOutput }[];
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
 }

@@ -12,16 +12,18 @@ import type { ExecOptions } from "../sandbox/sandbox.js";
 import { AgentPaths } from "../workspace/agent-contract.js";
 import { StreamRedactor } from "../workspace/redactor.js";
 import type { HeldSession } from "./held-session.js";
+import { type KeptSizes, WholeOutput } from "./whole-output.js";
 
 /**
  * A command's output, published live on the session's log subject with its id in the
  * `Boxcar-Exec` header (a follower tells commands apart by it).
  */
-export function liveOutput(held: HeldSession, execId: string, topology: Pick<Topology, "nc" | "names">): CommandOutput {
+export function liveOutput(held: HeldSession, execId: string, topology: Pick<Topology, "nc" | "names" | "artifacts">): CommandOutput {
   const hdrs = natsHeaders();
   hdrs.set("Boxcar-Exec", execId);
   const subject = (stream: "stdout" | "stderr") => topology.names.subjects.log(held.record.owner, held.record.id, stream);
-  return new CommandOutput(held.secrets, (stream, part) => topology.nc.publish(subject(stream), part, { headers: hdrs }));
+  const whole = new WholeOutput(topology.artifacts, held.record.id, execId);
+  return new CommandOutput(held.secrets, (stream, part) => topology.nc.publish(subject(stream), part, { headers: hdrs }), whole);
 }
 
 /** How a command of the session runs: its environment, output, folder and stdin. */
@@ -74,6 +76,8 @@ export class CommandOutput {
   constructor(
     secrets: ReadonlyMap<string, string>,
     private readonly publish: (stream: "stdout" | "stderr", part: Uint8Array) => void,
+    /** Keeps the whole output once it passes the live window; absent: nothing past it is kept. */
+    private readonly whole?: WholeOutput,
   ) {
     this.redactors = { stdout: new StreamRedactor([...secrets.values()]), stderr: new StreamRedactor([...secrets.values()]) };
   }
@@ -83,14 +87,20 @@ export class CommandOutput {
     this.emit(stream, this.redactors[stream].push(chunk));
   }
 
-  /** The command has ended: what a redactor held back, in case it was the start of a secret. */
-  end(): void {
+  /**
+   * The command has ended: what a redactor held back, in case it was the start of a secret; then
+   * what was kept whole, if it wrote past the live window.
+   */
+  async end(): Promise<KeptSizes | undefined> {
     for (const stream of ["stdout", "stderr"] as const) this.emit(stream, this.redactors[stream].end());
+    return this.whole?.end();
   }
 
   private emit(stream: "stdout" | "stderr", clean: Uint8Array): void {
     if (clean.length === 0) return;
     this.tails[stream].push(clean);
+    this.whole?.push(stream, clean);
+    if (this.published + clean.length > MAX_LIVE_OUTPUT) this.whole?.keep();
     if (this.published >= MAX_LIVE_OUTPUT) return;
     const part = clean.subarray(0, MAX_LIVE_OUTPUT - this.published);
     this.published += part.length;

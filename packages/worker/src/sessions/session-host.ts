@@ -20,8 +20,6 @@ import {
   BoxcarError,
   checkAgentPolicy,
   ErrorCode,
-  type ExecReply,
-  ExecRequest,
   PROTOCOL_VERSION,
   parseWith,
   type ResolvedRuntime,
@@ -42,13 +40,12 @@ import { sessionJobSandbox } from "../sandbox/session-job-sandbox.js";
 import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { AgentPaths, collectSecrets } from "../workspace/agent-contract.js";
 import type { SessionFiles } from "../workspace/files.js";
-import { workspaceCwd } from "../workspace/workspace-path.js";
 import { BackgroundProcesses } from "./background-processes.js";
-import { backgroundRequests } from "./background-requests.js";
+import { commandRequests } from "./command-requests.js";
 import { fileRequests } from "./file-requests.js";
 import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
-import { commandOptions, liveOutput } from "./session-commands.js";
 import { seedOf } from "./session-seed.js";
+import { removeKeptOutput } from "./whole-output.js";
 
 /** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
 const SLOT_WAIT_MS = 2_000;
@@ -116,15 +113,22 @@ export class SessionHost {
   /** What a dispatcher may ask, by the last token of the subject. */
   private readonly operations: Readonly<Record<string, (body: unknown) => Promise<unknown>>> = {
     open: (body) => this.open(body),
-    exec: (body) => this.exec(body),
     cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
-    ...backgroundRequests({
+    ...commandRequests({
       holding: (id) => this.holding(id),
       topology: () => this.ctx.topology,
       event: (held, type, extra) => this.event(held, type, extra),
       save: (held) => this.save(held),
       idle: (held) => {
         if (this.held.get(held.record.id) === held && !held.running) this.idleFrom(held);
+      },
+      released: (held) => {
+        if (this.held.get(held.record.id) !== held) return undefined;
+        this.idleFrom(held);
+        handOn(held);
+        return this.save(held).catch((err: unknown) =>
+          this.ctx.log.warn({ err, session: held.record.id }, "could not save a session's record"),
+        );
       },
     }),
     snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
@@ -227,7 +231,15 @@ export class SessionHost {
       execs: 0,
       ...(seeded.source ? { source: seeded.source } : {}),
     };
-    const held: HeldSession = { record, sandbox, secrets, env: { ...agent.env }, waiting: [], background: new BackgroundProcesses() };
+    const held: HeldSession = {
+      record,
+      sandbox,
+      secrets,
+      env: { ...agent.env },
+      waiting: [],
+      background: new BackgroundProcesses(),
+      kept: [],
+    };
     this.held.set(id, held);
     void sandbox.ended?.then((reason) => {
       if (this.held.get(id) === held) void this.close(id, `sandbox_ended: ${reason}`).catch(() => {});
@@ -243,74 +255,6 @@ export class SessionHost {
     }
     await this.event(held, "opened", from === undefined ? {} : { snapshot: from });
     return record;
-  }
-
-  private async exec(body: unknown): Promise<ExecReply> {
-    const request = parseWith(ExecRequest, body, "request");
-    const held = this.holding(request.id);
-    if (held.running) {
-      throw new BoxcarError(ErrorCode.conflict, `session ${request.id} is running ${held.running.execId}: one command at a time`);
-    }
-    // Refused before anything runs: a folder out of the workspace.
-    const cwd = request.cwd === undefined ? undefined : workspaceCwd(request.cwd);
-    // Its number taken at once: a process started in the background meanwhile takes the next.
-    const execId = `${request.id}.${held.record.execs + 1}`;
-    held.record = { ...held.record, execs: held.record.execs + 1 };
-    const stop = new AbortController();
-    const running = { execId, stop, cancelled: false };
-    held.running = running;
-    clearTimeout(held.idle);
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      stop.abort();
-    }, request.timeout);
-    const output = liveOutput(held, execId, this.ctx.topology);
-    const { tails } = output;
-    // The events and the record are stored while the command runs and as the reply goes, not
-    // one after another before it: a command's round trip waits for them once (published on one
-    // connection, they are stored in order).
-    const started = this.event(held, "exec_started", { execId });
-    let exited: Promise<void> | undefined;
-    try {
-      const result = await held.sandbox.exec(request.argv, commandOptions(held, request, output, cwd, stop.signal));
-      output.end();
-      const reply: ExecReply = {
-        execId,
-        exitCode: result.exitCode,
-        signal: result.signal,
-        timedOut,
-        cancelled: running.cancelled,
-        durationMs: result.durationMs,
-        stdout: tails.stdout.base64(),
-        stderr: tails.stderr.base64(),
-        truncated: tails.stdout.truncated || tails.stderr.truncated,
-      };
-      exited = this.event(held, "exec_exited", {
-        execId,
-        exitCode: result.exitCode,
-        signal: result.signal,
-        durationMs: result.durationMs,
-      });
-      return reply;
-    } catch (err) {
-      // Did not start (no such command, no such folder) or its sandbox ended: the history says so.
-      exited = this.event(held, "exec_exited", { execId, error: toErrorInfo(err) });
-      throw err;
-    } finally {
-      clearTimeout(timer);
-      held.running = undefined;
-      held.record = { ...held.record, lastUsedAt: nowIso() };
-      let saved: Promise<void> | undefined;
-      if (this.held.has(request.id)) {
-        this.idleFrom(held);
-        handOn(held);
-        saved = this.save(held).catch((err: unknown) =>
-          this.ctx.log.warn({ err, session: request.id }, "could not save a session's record"),
-        );
-      }
-      await Promise.all([started, exited, saved]);
-    }
   }
 
   /**
@@ -455,6 +399,9 @@ export class SessionHost {
         held.running.stop.abort();
       }
       await held.background.stopAll();
+      void removeKeptOutput(this.ctx.topology, id, held.kept).catch((err: unknown) =>
+        this.ctx.log.warn({ err, session: id }, "could not remove a session's kept output"),
+      );
       for (const waiter of held.waiting.splice(0)) {
         waiter.fail(new BoxcarError(ErrorCode.sessionLost, `session ${id} closed (${reason}) while the job waited for it`));
       }
