@@ -1,12 +1,21 @@
-import type { CommandContext, OptionsConfig } from "./context.js";
+import type { OptionsConfig } from "./command-line.js";
+import type { CommandContext } from "./context.js";
 
 export type Values = Record<string, string | boolean | (string | boolean)[] | undefined>;
 
-/** One `boxcar` subcommand. */
-export interface Command {
+/**
+ * What `boxcar --help` lists of a subcommand, and where its code is: the module is imported only
+ * when the command runs (or shows its own help), so that a command loads only what it uses.
+ */
+export interface CommandEntry {
   name: string;
-  usage: string;
   summary: string;
+  load(): Promise<Command>;
+}
+
+/** One `boxcar` subcommand: its flags and what it does. */
+export interface Command {
+  usage: string;
   options: OptionsConfig;
   /** The most positional arguments the command takes; more is a usage error. */
   maxArgs: number;

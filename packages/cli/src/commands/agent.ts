@@ -53,9 +53,7 @@ async function checkTemplate(template: string, file: string, firstLine: number):
 }
 
 export const agent: Command = {
-  name: "agent",
   usage,
-  summary: "apply, list, show or remove agent definitions",
   maxArgs: Number.POSITIVE_INFINITY,
   options: { file: { type: "string", short: "f", multiple: true, default: [] } },
   async run(ctx) {

@@ -31,9 +31,7 @@ function push(a: AuthDir, connection: ResolvedConnection): Promise<void> {
 }
 
 export const auth: Command = {
-  name: "auth",
   usage,
-  summary: "create NATS credentials for Boxcar's roles, mint, list, revoke and rotate users",
   maxArgs: 3,
   options: {
     dir: { type: "string" },

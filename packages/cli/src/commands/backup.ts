@@ -3,18 +3,17 @@ import { BackupFileError, backupSystem, restoreSystem, type StreamSummary } from
 import { BoxcarError, DEFAULT_PREFIX, ErrorCode } from "@boxcar/protocol";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Command, Values } from "../command.js";
-import { type CommandContext, connectionFrom, replicasFrom } from "../context.js";
+import { type CommandContext, connectionFrom } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { json } from "../output.js";
+import { replicasFrom } from "../role-session.js";
 import { UsageError } from "../usage-error.js";
 
 const backupUsage = "boxcar backup FILE";
 const restoreUsage = "boxcar restore FILE [--replicas 1|3|5]";
 
 export const backup: Command = {
-  name: "backup",
   usage: backupUsage,
-  summary: "copy everything the system keeps in JetStream (records, work, history, files) to FILE while it runs",
   maxArgs: 1,
   options: {},
   async run(ctx) {
@@ -49,9 +48,7 @@ export const backup: Command = {
 };
 
 export const restore: Command = {
-  name: "restore",
   usage: restoreUsage,
-  summary: "make a system anew from a backup, on a NATS system that has none of its streams",
   maxArgs: 1,
   options: { replicas: { type: "string" } },
   async run(ctx) {

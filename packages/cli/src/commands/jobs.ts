@@ -12,7 +12,8 @@ import {
   parseDurationMs,
 } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
-import type { CommandContext, OptionsConfig } from "../context.js";
+import type { OptionsConfig } from "../command-line.js";
+import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
 import { jsonInput, jsonPayload } from "../json-input.js";
 import { ago, describeEvent, describeJob, json, stateOf, table } from "../output.js";
@@ -165,10 +166,8 @@ function chainLimits(values: Values): { maxHops?: number; maxVisits?: number } |
 }
 
 export const submit: Command = {
-  name: "submit",
   usage:
     "boxcar submit AGENT [--input JSON | --input-file FILE | --prompt TEXT] [--file [DEST=]PATH]... [--wait] [--follow] [--idempotency-key KEY] [--timeout 10m] [--deadline 1h] [--pool POOL] [--priority high|normal|low] [--session SESSION] [--delay 10m | --run-at TIME] [--max-hops N] [--max-visits N]",
-  summary: "submit a job to an agent",
   maxArgs: 1,
   options: {
     ...jobSpecOptions,
@@ -218,9 +217,7 @@ export const submit: Command = {
 };
 
 export const status: Command = {
-  name: "status",
   usage: "boxcar status JOB [--wait]",
-  summary: "show a job's state and result",
   maxArgs: 1,
   options: { wait: { type: "boolean", default: false } },
   async run(ctx) {
@@ -262,9 +259,7 @@ export const status: Command = {
 };
 
 export const logs: Command = {
-  name: "logs",
   usage: "boxcar logs JOB [--follow]",
-  summary: "print a job's output (stdout to stdout, stderr to stderr)",
   maxArgs: 1,
   options: { follow: { type: "boolean", short: "f", default: false } },
   async run(ctx) {
@@ -280,9 +275,7 @@ export const logs: Command = {
 };
 
 export const events: Command = {
-  name: "events",
   usage: "boxcar events JOB [--follow] [--no-chain]",
-  summary: "print a job's job and sandbox events in order, then those of the jobs it handed off to (--no-chain: only its own)",
   maxArgs: 1,
   options: { follow: { type: "boolean", short: "f", default: false }, "no-chain": { type: "boolean", default: false } },
   async run(ctx) {
@@ -299,9 +292,7 @@ export const events: Command = {
 };
 
 export const artifacts: Command = {
-  name: "artifacts",
   usage: "boxcar artifacts JOB [--out DIR]",
-  summary: "list a job's artifacts, or download them into DIR",
   maxArgs: 1,
   options: { out: { type: "string" } },
   async run(ctx) {
@@ -328,9 +319,7 @@ export const artifacts: Command = {
 };
 
 export const cancel: Command = {
-  name: "cancel",
   usage: "boxcar cancel JOB",
-  summary: "cancel a queued or running job",
   maxArgs: 1,
   options: {},
   async run(ctx) {
@@ -345,9 +334,7 @@ export const cancel: Command = {
 };
 
 export const signal: Command = {
-  name: "signal",
   usage: "boxcar signal JOB NAME [--payload JSON]",
-  summary: "send a job a signal: a file in its workspace ($BOXCAR_SIGNALS_DIR) and an event (a job not started keeps it until it starts)",
   maxArgs: 2,
   options: { payload: { type: "string" } },
   async run(ctx) {
@@ -364,9 +351,7 @@ export const signal: Command = {
 };
 
 export const jobs: Command = {
-  name: "jobs",
   usage: "boxcar jobs [--state STATE] [--agent AGENT] [--pool POOL] [--limit N] [--after JOB] | --counts [--agent AGENT]",
-  summary: "list jobs, newest first; or count them by state",
   maxArgs: 0,
   options: {
     state: { type: "string" },
@@ -426,9 +411,7 @@ async function countJobs(ctx: CommandContext<Values>): Promise<number> {
 }
 
 export const retry: Command = {
-  name: "retry",
   usage: "boxcar retry JOB | --agent AGENT",
-  summary: "run a dead job again (or every dead job of an agent), with a fresh budget of attempts",
   maxArgs: 1,
   options: { agent: { type: "string" } },
   async run(ctx) {
@@ -458,9 +441,7 @@ async function deadJobs(client: BoxcarClient, agent: string): Promise<string[]> 
 }
 
 export const clean: Command = {
-  name: "clean",
   usage: "boxcar clean --older-than DURATION [--state STATE] [--agent AGENT]",
-  summary: "delete now the ended jobs that match, with their events, output and files (admins)",
   maxArgs: 0,
   options: { "older-than": { type: "string" }, state: { type: "string" }, agent: { type: "string" } },
   async run(ctx) {

@@ -8,9 +8,7 @@ import { UsageError } from "../usage-error.js";
 const usage = "boxcar policy show | set -f FILE [--merge]";
 
 export const policy: Command = {
-  name: "policy",
   usage,
-  summary: "show or set the system policy: what agents may ask for, and users' quotas",
   maxArgs: 1,
   options: { file: { type: "string", short: "f" }, merge: { type: "boolean", default: false } },
   async run(ctx) {

@@ -2,9 +2,10 @@ import { BoxcarError, type ErrorInfo, locateYamlPath, parseWorkflowFile, toError
 import type { Command, Values } from "../command.js";
 import type { CommandContext } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { exitCodeFor } from "../failure.js";
 import { jsonInput, readText } from "../json-input.js";
 import { json } from "../output.js";
-import { exitCodeFor, UsageError } from "../usage-error.js";
+import { UsageError } from "../usage-error.js";
 import { describeRun, exitForRun, printRunEvents } from "./workflow.js";
 
 const usage =
@@ -56,9 +57,7 @@ function reportRefusal(ctx: CommandContext<Values>, err: unknown, file: string, 
 }
 
 export const run: Command = {
-  name: "run",
   usage,
-  summary: "start a workflow run from a workflow file (and wait for it, or follow it)",
   maxArgs: 1,
   options: {
     input: { type: "string" },

@@ -100,9 +100,7 @@ async function readScheduleFile(file: string): Promise<ScheduleDefinition> {
 }
 
 export const schedule: Command = {
-  name: "schedule",
   usage,
-  summary: "create, update, list, show, pause, resume or delete schedules: a job submitted at each tick of a cron",
   maxArgs: 2,
   options: {
     ...jobSpecOptions,

@@ -3,9 +3,9 @@ import { constants } from "node:os";
 import { MAX_EXEC_STDIN, MAX_SESSION_FILE_BYTES, names, SessionState } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
+import { optionalDuration } from "../flags.js";
 import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
-import { optionalDuration } from "./roles.js";
 
 const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
@@ -14,9 +14,7 @@ const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF
        boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH`;
 
 export const session: Command = {
-  name: "session",
   usage,
-  summary: "open a session (a sandbox kept between commands), run commands in it, close it",
   maxArgs: Number.POSITIVE_INFINITY,
   options: {
     idle: { type: "string" },
@@ -252,9 +250,7 @@ async function readInput(io: { stdin?: NodeJS.ReadableStream }, source: string, 
 }
 
 export const sessions: Command = {
-  name: "sessions",
   usage: "boxcar sessions [--state open|closed|lost]",
-  summary: "list sessions, newest first",
   maxArgs: 0,
   options: { state: { type: "string" } },
   async run(ctx) {
@@ -285,9 +281,7 @@ export const sessions: Command = {
 };
 
 export const snapshots: Command = {
-  name: "snapshots",
   usage: "boxcar snapshots | snapshots rm SNAPSHOT",
-  summary: "list the snapshots of sessions' workspaces, newest first, or remove one",
   maxArgs: 2,
   options: {},
   async run(ctx) {

@@ -1,15 +1,13 @@
 import { parseIdentity } from "@boxcar/protocol";
-import { startUiServer, type UiServer, type UiServerOptions } from "@boxcar/ui";
+import type { UiServer, UiServerOptions } from "@boxcar/ui";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { listenAddressFrom } from "../role-endpoint.js";
 import { UsageError } from "../usage-error.js";
 
 export const ui: Command = {
-  name: "ui",
   usage:
-    "boxcar ui --nats-ws ws://HOST:PORT [--listen 127.0.0.1:4280] [--auth-dir DIR --as viewer:NAME|submitter:NAME] [--host-name HOST:PORT|https://HOST]...",
-  summary: "serve the web dashboard, which talks to NATS over its WebSocket listener",
+    "boxcar ui --nats-ws ws://HOST:PORT [--listen 127.0.0.1:4280] [--auth-dir DIR --as viewer:NAME|submitter:NAME] [--host-name HOST:PORT|https://HOST]... [--trace-url URL-WITH-{traceId}]",
   maxArgs: 0,
   options: {
     "nats-ws": { type: "string" },
@@ -17,6 +15,7 @@ export const ui: Command = {
     "auth-dir": { type: "string" },
     as: { type: "string" },
     "host-name": { type: "string", multiple: true, default: [] },
+    "trace-url": { type: "string" },
   },
   async run(ctx) {
     const natsWs = (ctx.values["nats-ws"] as string | undefined) ?? ctx.io.env.BOXCAR_NATS_WS;
@@ -35,6 +34,11 @@ export const ui: Command = {
         `--listen ${listen.host}: without --auth-dir the page acts as an open server's admin, for this machine only; give --auth-dir (and --as) to serve it beyond`,
       );
     }
+    const traceUrl = ctx.values["trace-url"] as string | undefined;
+    if (traceUrl !== undefined && !/^https?:\/\/\S*\{traceId\}/.test(traceUrl))
+      throw new UsageError(
+        `--trace-url ${traceUrl}: an http(s) address with {traceId} in it, such as http://127.0.0.1:16686/trace/{traceId}`,
+      );
     const server = await serveDashboard(
       {
         host: listen.host,
@@ -42,6 +46,7 @@ export const ui: Command = {
         natsWs,
         prefix: (ctx.values.prefix as string | undefined) ?? "boxcar",
         hostNames: ctx.values["host-name"] as string[],
+        ...(traceUrl ? { traceUrl } : {}),
         ...(authDir ? { principal: { authDir, ...pagePrincipal(as ?? "viewer:viewer") } } : {}),
         onLoginUrl: (url) => ctx.io.stderr.write(`log in: ${url}  (once; a new link follows each use, and each expiry)\n`),
       },
@@ -67,6 +72,7 @@ function pagePrincipal(text: string): { role: "viewer" | "submitter"; user: stri
 
 /** Starts the dashboard's server; an address in use is a usage error naming `flag`. */
 export async function serveDashboard(opts: UiServerOptions, flag: string): Promise<UiServer> {
+  const { startUiServer } = await import("@boxcar/ui");
   try {
     return await startUiServer(opts);
   } catch (err) {

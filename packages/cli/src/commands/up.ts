@@ -2,21 +2,20 @@ import { existsSync } from "node:fs";
 import { readdir, readFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { AuthDir } from "@boxcar/auth";
+import type { AuthDir } from "@boxcar/auth";
 import { resolveConnection } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
 import { freePort, type NatsServer, startNatsServer, WorkSigner } from "@boxcar/fabric";
 import { isTerminal } from "@boxcar/protocol";
-import { startUiServer, type UiServer, type UiServerOptions } from "@boxcar/ui";
-import { createWorker, type Worker } from "@boxcar/worker";
+import type { UiServer, UiServerOptions } from "@boxcar/ui";
+import type { Worker } from "@boxcar/worker";
 import type { Command } from "../command.js";
-import { openRoleSession, systemOptions, systemOptionsFrom } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { logFormat, positiveInt, readLogFormat, wholeNumber } from "../flags.js";
 import { createLogger } from "../logger.js";
 import { describeEvent, describeJob } from "../output.js";
+import { openRoleSession, systemOptions, systemOptionsFrom } from "../role-session.js";
 import { UsageError } from "../usage-error.js";
 import { readAgentFile } from "./agent.js";
-import { logFormat, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
 import { serveDashboard } from "./ui.js";
 
 /** Where `boxcar up` serves the dashboard unless told otherwise (a free port when this one is taken). */
@@ -28,10 +27,8 @@ const EXAMPLE_AGENTS = fileURLToPath(new URL("../../../../examples/agents", impo
 const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["queue", "workers", "sandboxes"] };
 
 export const up: Command = {
-  name: "up",
   usage:
     "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--ui PORT|off] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
-  summary: "start a local nats-server, a dispatcher and workers, and apply the example agents",
   maxArgs: 0,
   options: {
     port: { type: "string" },
@@ -68,6 +65,8 @@ export const up: Command = {
       );
     }
     const logger = createLogger(readLogFormat(ctx.values["log-format"]), ctx.io.env.BOXCAR_LOG_LEVEL ?? (demo ? "warn" : "info"));
+    // The roles' packages, loaded once the command line is checked: `up --help` and a bad flag answer without them.
+    const [{ startDispatcher }, { createWorker }] = await Promise.all([import("@boxcar/dispatcher"), import("@boxcar/worker")]);
 
     // Every agent file must be valid before anything starts.
     const definitions = [];
@@ -196,6 +195,7 @@ async function startDashboard(
   opts: Pick<UiServerOptions, "prefix" | "principal" | "onLoginUrl">,
 ): Promise<{ server: UiServer; wsPort: number } | undefined> {
   if (flag === "off") return undefined;
+  const { startUiServer } = await import("@boxcar/ui");
   const wsPort = await freePort();
   const base = { ...opts, host: "127.0.0.1", natsWs: `ws://127.0.0.1:${wsPort}` };
   if (flag !== undefined) return { server: await serveDashboard({ ...base, port: wholeNumber(flag, "--ui", 0, 65_535) }, "--ui"), wsPort };
@@ -211,6 +211,7 @@ function isLoopback(host: string): boolean {
 
 /** The checkout's auth folder (`.boxcar/auth`), created on first use for `prefix`. */
 async function openAuthDir(dir: string, prefix: string | undefined): Promise<AuthDir> {
+  const { AuthDir } = await import("@boxcar/auth");
   const auth = existsSync(join(dir, "auth.json")) ? await AuthDir.open(dir) : await AuthDir.init(dir, prefix ? { prefix } : {});
   if (auth.prefix !== (prefix ?? "boxcar")) {
     throw new UsageError(

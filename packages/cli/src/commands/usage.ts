@@ -6,9 +6,7 @@ import { UsageError } from "../usage-error.js";
 
 /** `boxcar usage`: a day's usage per agent and per user, as the agents reported it (docs/flow-control.md#usage-and-budgets). */
 export const usage: Command = {
-  name: "usage",
   usage: "boxcar usage [--day YYYY-MM-DD]",
-  summary: "what the agents' calls used in a day (UTC), per agent and per user: calls, tokens, cost",
   maxArgs: 0,
   options: { day: { type: "string" } },
   async run(ctx) {

@@ -2,26 +2,24 @@ import { readFile } from "node:fs/promises";
 import type { Logger } from "@boxcar/common";
 import { WorkVerifier } from "@boxcar/fabric";
 import { MODEL_PROVIDERS, ModelProvider, parseYamlFile, SandboxBackend, WorkerConfig } from "@boxcar/protocol";
-import { createWorker, workerOptionsFromConfig } from "@boxcar/worker";
 import type { Command, Values } from "../command.js";
-import { connectionFrom, onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../context.js";
+import { connectionFrom } from "../context.js";
 import { ExitCode } from "../exit-codes.js";
+import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } from "../flags.js";
 import { HealthEndpoint } from "../health.js";
 import { createLogger } from "../logger.js";
 import { MetricsEndpoint } from "../metrics.js";
 import { listenAddressFrom } from "../role-endpoint.js";
+import { onStop, openRoleSession, systemOptions, systemOptionsFrom, unlessStopped } from "../role-session.js";
 import { startRoleTracing } from "../tracing.js";
 import { UsageError } from "../usage-error.js";
-import { logFormat, optionalDuration, positiveInt, readLogFormat, wholeNumber } from "./roles.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
   "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--model-gateway-url URL] [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
-  name: "worker",
   usage,
-  summary: "run a worker until SIGINT/SIGTERM (then it drains)",
   maxArgs: 0,
   options: {
     config: { type: "string" },
@@ -88,6 +86,8 @@ export const worker: Command = {
     const verifier = dispatcherKeys.length > 0 ? new WorkVerifier(dispatcherKeys) : undefined;
     // Where agents may send their own spans: given to them only when the operator names it.
     const agentTraces = agentTracesEndpoint(ctx.values["agent-traces"] ?? ctx.io.env.BOXCAR_AGENT_TRACES);
+    // Loaded here, not with the module: `worker --help` and a bad flag answer without Docker, E2B and the AI SDK.
+    const { createWorker, workerOptionsFromConfig } = await import("@boxcar/worker");
     const w = createWorker({
       ...workerOptionsFromConfig(config, session.topology, ctx.io.env),
       logger,

@@ -149,9 +149,7 @@ function oneRun(args: string[], verb: string): string {
 }
 
 export const workflow: Command = {
-  name: "workflow",
   usage,
-  summary: "show, follow, cancel or list workflow runs; approve or reject a step that waits",
   maxArgs: 3,
   options: {
     follow: { type: "boolean", short: "f", default: false },
