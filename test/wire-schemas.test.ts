@@ -189,8 +189,11 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("agents.remove", { name: "waits" });
   // Not so loose that anything passes.
   expect([validator("jobs.get", "reply")({}), validator("jobs.submit", "request")({ agent: 5 })]).toEqual([false, false]);
-  // jobs.retry takes a dead job back (test/max-deliveries.test.ts and the CLI tests make one).
-  expect(Object.keys(API_CONTRACT).filter((e) => !called.has(e))).toEqual(["jobs.retry"]);
+  // A re-run of an ended job, with a new input; and a retry of a cancelled one.
+  await call("jobs.rerun", { id: sleeping.id, input: { again: true } });
+  await call("jobs.retry", { id: sleeping.id });
+  await system.client.cancelJob(sleeping.id);
+  expect(Object.keys(API_CONTRACT).filter((e) => !called.has(e))).toEqual([]);
 
   // Each endpoint's $SRV.INFO entry carries its request's schema and names the whole contract.
   const [info] = await (await new Svcm(nc).client()).info(names.serviceName).then(async (it) => {

@@ -52,8 +52,13 @@ export const COMMANDS: readonly CommandEntry[] = [
   },
   {
     name: "retry",
-    summary: "run a dead job again (or every dead job of an agent), with a fresh budget of attempts",
+    summary: "run an ended job again (dead, failed, timed out or cancelled; or every dead job of an agent), its history kept",
     load: async () => (await import("./commands/jobs.js")).retry,
+  },
+  {
+    name: "rerun",
+    summary: "run an ended job's spec again as a new job, with a new input if given",
+    load: async () => (await import("./commands/jobs.js")).rerun,
   },
   {
     name: "clean",

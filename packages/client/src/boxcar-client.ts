@@ -88,7 +88,10 @@ export interface BoxcarClient {
   listJobs(request?: ListJobsRequest): Promise<{ jobs: JobRecord[]; next?: string }>;
   cancelJob(id: string): Promise<JobRecord>;
   /** Runs a dead job again, with a fresh budget of attempts. */
+  /** Runs an ended job again (dead, failed, timed out or cancelled), its history kept. */
   retryJob(id: string): Promise<JobRecord>;
+  /** A new job with an ended job's spec, and `input` in place of its input when given; it names the old one (`rerunOf`). */
+  rerunJob(id: string, input?: unknown): Promise<JobRecord>;
   /** Sends a signal to a job: a file in its workspace and an event, now or (queued: `kept`) when it starts; where (docs/flow-control.md#signals). */
   signalJob(id: string, name: string, payload?: unknown): Promise<{ job: JobRecord; file: string; kept?: true }>;
   /** Sends a signal to each job of a workflow run running or queued now. */

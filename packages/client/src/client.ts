@@ -105,6 +105,10 @@ class Client implements BoxcarClient, HistoryReader {
     return (await this.api.request(ApiEndpoint.jobsRetry, { id })).job;
   }
 
+  async rerunJob(id: string, input?: unknown) {
+    return (await this.api.request(ApiEndpoint.jobsRerun, { id, ...(input !== undefined ? { input: input as never } : {}) })).job;
+  }
+
   countJobs(request: CountJobsRequest = {}) {
     return this.api.request(ApiEndpoint.jobsCount, request);
   }

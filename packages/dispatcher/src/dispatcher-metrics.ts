@@ -3,7 +3,7 @@ import { BoxcarError, type JobState, type Usage } from "@boxcar/protocol";
 import { Counter, Gauge, type Registry } from "prom-client";
 
 /** What a dispatcher does to a job apart from admitting it: each is counted, by agent. */
-export type JobAction = "cancel" | "retry" | "expire" | "timed_out" | "dead";
+export type JobAction = "cancel" | "retry" | "rerun" | "expire" | "timed_out" | "dead";
 
 /**
  * A dispatcher's Prometheus metrics (docs/observability.md), registered in the registry the

@@ -82,6 +82,7 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.jobsSubmit,
     ApiEndpoint.jobsCancel,
     ApiEndpoint.jobsRetry,
+    ApiEndpoint.jobsRerun,
     ApiEndpoint.workflowsStart,
     ApiEndpoint.workflowsCancel,
     ApiEndpoint.inputsUpload,

@@ -262,6 +262,13 @@ const AgentReply = z.strictObject({ agent: AgentDefinition });
  * `$defs.request` and `$defs.reply`), named in each endpoint's `$SRV.INFO` metadata, and checked
  * against what a real system answers (`test/wire-schemas.test.ts`).
  */
+/** `jobs.rerun`: a new job with an ended job's spec, and `input` in place of its input when given. */
+export const RerunRequest = z.strictObject({
+  id: z.string().min(1),
+  input: z.json().optional().describe("the new job's input; absent: the old job's"),
+});
+export type RerunRequest = z.input<typeof RerunRequest>;
+
 export const API_CONTRACT = {
   "jobs.submit": { request: JobSpec, reply: SubmitReply },
   "jobs.get": { request: JobRef, reply: JobReply },
@@ -269,6 +276,7 @@ export const API_CONTRACT = {
   "jobs.count": { request: CountJobsRequest, reply: CountJobsReply },
   "jobs.cancel": { request: JobRef, reply: JobReply },
   "jobs.retry": { request: JobRef, reply: JobReply },
+  "jobs.rerun": { request: RerunRequest, reply: JobReply },
   "jobs.clean": { request: CleanJobsRequest, reply: CleanJobsReply },
   "jobs.events": { request: JobEventsRequest, reply: EventsPage },
   "jobs.logs": { request: JobLogsRequest, reply: LogsPage },

@@ -13,7 +13,7 @@ import {
   loseSession,
   refuse,
   release,
-  requeueDead,
+  requeueEnded,
   waitingDueAt,
 } from "./job-transitions.js";
 
@@ -84,12 +84,16 @@ describe("expire", () => {
   });
 });
 
-describe("requeueDead and buryUndelivered", () => {
+describe("requeueEnded and buryUndelivered", () => {
   test("a dead job goes back to the queue with more attempts and its history; any other is a conflict", () => {
     const dead = job("dead", { attempt: 3, finishedAt: at(-5), history: [{ attempt: 3, state: "failed", finishedAt: at(-5) }] });
-    expect(requeueDead(dead, 2, NOW)).toMatchObject({ state: "queued", queuedAt: NOW, attemptsAllowed: 5, history: dead.history });
-    expect(requeueDead(dead, 2, NOW).finishedAt).toBeUndefined();
-    expect(conflict(() => requeueDead(job("failed"), 2, NOW))).toBe("conflict");
+    expect(requeueEnded(dead, 2, NOW)).toMatchObject({ state: "queued", queuedAt: NOW, attemptsAllowed: 5, history: dead.history });
+    expect(requeueEnded(dead, 2, NOW).finishedAt).toBeUndefined();
+    expect(requeueEnded(job("failed"), 2, NOW)).toMatchObject({ state: "queued" });
+    expect(requeueEnded({ ...job("cancelled"), cancelRequested: true }, 1, NOW).cancelRequested).toBeUndefined();
+    expect(conflict(() => requeueEnded(job("succeeded"), 2, NOW))).toBe("conflict");
+    expect(conflict(() => requeueEnded(job("expired"), 2, NOW))).toBe("conflict");
+    expect(conflict(() => requeueEnded({ ...job("timed_out"), deadlineAt: "2000-01-01T00:00:00.000Z" }, 2, NOW))).toBe("conflict");
   });
 
   test("a running job JetStream gave up on ends dead, the attempt failed in its history", () => {

@@ -5,6 +5,7 @@ import {
   isTerminal,
   type JobRecord,
   type JobResult,
+  type JobState,
   limitNamed,
   MAX_KEPT_SIGNAL_BYTES,
   MAX_KEPT_SIGNALS,
@@ -23,7 +24,7 @@ import { addUsage, NO_USAGE, type Usage } from "./usage.js";
  *   (admission, dispatcher) --> accepted | queued | rejected
  *   accepted/queued --claim (worker)--> running --finish (worker)--> succeeded | failed | timed_out | cancelled
  *   running --retry (worker)--> queued          running --bury (worker; max deliveries: dispatcher)--> dead
- *   running --hand back (worker)--> queued      dead --requeueDead (boxcar retry)--> queued
+ *   running --hand back (worker)--> queued      dead, failed, timed_out, cancelled --requeueEnded (boxcar retry)--> queued
  *   accepted/queued --cancel--> cancelled       running --cancel--> running with cancelRequested
  *   accepted/queued --expire--> expired | timed_out
  *   accepted/queued/running, in a session whose worker is gone --loseSession (dispatcher)--> failed
@@ -71,13 +72,45 @@ export function expire(job: JobRecord, now: string): JobRecord | null {
   };
 }
 
-/** `boxcar retry`: a dead job goes back to the queue with `maxAttempts` more attempts, its history kept. Only a dead job. */
-export function requeueDead(job: JobRecord, maxAttempts: number, now: string): JobRecord {
-  if (job.state !== "dead") {
-    throw new BoxcarError(ErrorCode.conflict, `job ${job.id} is ${job.state}, not dead: only a dead job can be retried`);
+/**
+ * `boxcar retry`: an ended job (dead, failed, timed out or cancelled) goes back to the queue with
+ * `maxAttempts` more attempts, its history kept; one past its deadline is refused (a re-run, a new
+ * job, is the way), as a succeeded or expired one is.
+ */
+export function requeueEnded(job: JobRecord, maxAttempts: number, now: string): JobRecord {
+  if (!RETRIABLE.has(job.state)) {
+    throw new BoxcarError(
+      ErrorCode.conflict,
+      `job ${job.id} is ${job.state}: only a dead, failed, timed-out or cancelled job can be retried${job.state === "succeeded" || job.state === "expired" ? " (re-run it instead: jobs.rerun)" : ""}`,
+    );
   }
-  return { ...job, state: "queued", queuedAt: now, finishedAt: undefined, attemptsAllowed: job.attempt + maxAttempts };
+  if (job.deadlineAt !== undefined && Date.parse(job.deadlineAt) <= Date.parse(now)) {
+    throw new BoxcarError(ErrorCode.conflict, `job ${job.id} is past its deadline of ${job.deadlineAt}: re-run it instead (jobs.rerun)`);
+  }
+  // The attempt that ended it joins the history (a dead job's is there already).
+  const last: AttemptOutcome | undefined =
+    job.attempt > 0 && job.state !== "dead" && job.history.at(-1)?.attempt !== job.attempt
+      ? {
+          attempt: job.attempt,
+          state: job.state as AttemptOutcome["state"],
+          finishedAt: job.finishedAt ?? now,
+          ...(job.workerId ? { workerId: job.workerId } : {}),
+          ...(job.error ? { error: job.error } : {}),
+        }
+      : undefined;
+  return {
+    ...job,
+    state: "queued",
+    queuedAt: now,
+    finishedAt: undefined,
+    cancelRequested: undefined,
+    attemptsAllowed: job.attempt + maxAttempts,
+    history: last ? [...job.history, last] : job.history,
+  };
 }
+
+/** The ended states a job can be retried from (`jobs.retry`): it runs again, its history kept. */
+const RETRIABLE: ReadonlySet<JobState> = new Set(["dead", "failed", "timed_out", "cancelled"]);
 
 /**
  * A running job whose work item JetStream stopped delivering (`deliveries` times, all cut

@@ -97,7 +97,7 @@ export const JOB_STATE_DOCS: Readonly<Record<JobState, string>> = {
 /** One ended attempt, kept on the record when the job is retried. */
 export const AttemptOutcome = z.strictObject({
   attempt: z.number().int().positive(),
-  state: z.enum(["failed", "timed_out"]),
+  state: z.enum(["failed", "timed_out", "cancelled"]).describe("cancelled: an attempt cancelled, then retried (`jobs.retry`)"),
   workerId: z.string().optional(),
   finishedAt: z.iso.datetime(),
   error: ErrorInfo.optional(),
@@ -295,6 +295,7 @@ export const JobRecord = z.looseObject({
     .strictObject({ name: z.string(), tick: z.iso.datetime() })
     .optional()
     .describe("the schedule that submitted it (its owner's), and the tick it was submitted for"),
+  rerunOf: z.string().optional().describe("the job this one runs again (`jobs.rerun`), its spec with the input it was given"),
   traceparent: Traceparent.optional().describe(
     "the W3C trace context of the job's admission span, when the submit carried a trace or the dispatcher has a tracer provider: the worker's attempt and the jobs it hands off to join it",
   ),

@@ -162,6 +162,7 @@ export const ApiEndpoint = {
   jobsCount: "jobs.count",
   jobsCancel: "jobs.cancel",
   jobsRetry: "jobs.retry",
+  jobsRerun: "jobs.rerun",
   jobsClean: "jobs.clean",
   agentsApply: "agents.apply",
   agentsGet: "agents.get",

@@ -411,7 +411,7 @@ async function countJobs(ctx: CommandContext<Values>): Promise<number> {
 }
 
 export const retry: Command = {
-  usage: "boxcar retry JOB | --agent AGENT",
+  usage: "boxcar retry JOB | --agent AGENT   (a job that is dead, failed, timed out or cancelled; --agent: every dead job of the agent)",
   maxArgs: 1,
   options: { agent: { type: "string" } },
   async run(ctx) {
@@ -426,6 +426,24 @@ export const retry: Command = {
     if (ctx.values.json) ctx.print(json(retried));
     else ctx.print(retried.length > 0 ? retried.map((j) => `${j.id} queued again`).join("\n") : `no dead jobs of agent ${agent}`);
     return ExitCode.ok;
+  },
+};
+
+export const rerun: Command = {
+  usage: "boxcar rerun JOB [--input JSON | --input-file FILE | --prompt TEXT] [--wait]",
+  maxArgs: 1,
+  options: { input: { type: "string" }, "input-file": { type: "string" }, prompt: { type: "string" }, wait: { type: "boolean" } },
+  async run(ctx) {
+    const id = ctx.positionals[0];
+    if (id === undefined) throw new UsageError(`give the JOB to run again\n\nusage: ${this.usage}`);
+    const edited = ctx.values.input !== undefined || ctx.values["input-file"] !== undefined || ctx.values.prompt !== undefined;
+    const input = edited ? await parseInput(ctx.values) : undefined;
+    await using session = await ctx.session("boxcar-rerun");
+    const job = await session.client.rerunJob(id, input);
+    const final = ctx.values.wait ? await session.client.waitForJob(job.id) : job;
+    if (ctx.values.json) ctx.print(json(final));
+    else ctx.print(ctx.values.wait ? `${final.id} (a re-run of ${id}) ${final.state}` : `${job.id} submitted (a re-run of ${id})`);
+    return ctx.values.wait && final.state !== "succeeded" ? ExitCode.jobFailed : ExitCode.ok;
   },
 };
 

@@ -29,7 +29,7 @@ import {
 } from "@boxcar/protocol";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
-import { type AdmissionContext, admit, retryJob } from "../intake/admission.js";
+import { type AdmissionContext, admit, rerunJob, retryJob } from "../intake/admission.js";
 import { artifactChunk, checkInputOwnership, discardUploads, Uploads } from "../jobs/files.js";
 import type { JobIndex } from "../jobs/job-index.js";
 import { cancelJob, countJobs, getRecord, signalJob } from "../jobs/jobs.js";
@@ -174,6 +174,11 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.jobsCancel]: async (body, caller) => {
       const job = await cancelJob(topology, requestOf(ApiEndpoint.jobsCancel, body).id, caller);
       ctx.metrics?.jobAction("cancel", job.agent);
+      return { job };
+    },
+    [ApiEndpoint.jobsRerun]: async (body, caller) => {
+      const { job } = await rerunJob(topology, requestOf(ApiEndpoint.jobsRerun, body), caller, ctx);
+      ctx.metrics?.jobAction("rerun", job.agent);
       return { job };
     },
     [ApiEndpoint.jobsRetry]: async (body, caller) => {

@@ -19,6 +19,7 @@ import {
   ErrorCode,
   type ErrorInfo,
   type Identity,
+  isTerminal,
   JobRecord,
   JobSpec,
   JobTransitions,
@@ -94,6 +95,8 @@ export interface AdmitOptions {
   traceparent?: string;
   /** The schedule (of `owner`'s) that submits it, and the tick it is submitted for. */
   schedule?: { name: string; tick: string };
+  /** The ended job it runs again (`jobs.rerun`). */
+  rerunOf?: string;
 }
 
 /**
@@ -190,6 +193,7 @@ async function createJob(
   if (opts.chain) record.chain = { ...opts.chain, root: opts.chain.root ?? id };
   if (opts.traceparent) record.traceparent = opts.traceparent;
   if (opts.schedule) record.schedule = opts.schedule;
+  if (opts.rerunOf) record.rerunOf = opts.rerunOf;
   // A delayed job waits for its time (and reserves its rate limit's turn then), a rate-limited one
   // for its turn; its queue timeout counts from then.
   const asked = startOf(spec, now);
@@ -374,9 +378,34 @@ function inSpecTerms(err: unknown, spec: JobSpec): unknown {
 }
 
 /**
- * Runs a dead job again: it goes back to the queue with a fresh budget of attempts (its retry
- * policy's maxAttempts), its history kept. Only a dead job can be retried; a job of a session,
- * only while its session is open.
+ * Runs an ended job's spec again as a new job (`jobs.rerun`), with `input` in place of its input
+ * when given: the new job names the old (`rerunOf`), the old is left as it is. It belongs to the
+ * old job's owner and counts as any new job (queue room, quotas, budgets, its agent's input
+ * schema); its delay and idempotency key are not carried.
+ */
+export async function rerunJob(
+  topology: Topology,
+  request: { id: string; input?: unknown },
+  caller: Identity,
+  ctx: AdmissionContext,
+): Promise<Admitted> {
+  const found = await topology.jobStore.read(request.id);
+  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${request.id}`);
+  const old = found.record;
+  if (!isTerminal(old.state)) throw new BoxcarError(ErrorCode.conflict, `job ${old.id} is ${old.state}: a job is re-run once it has ended`);
+  if (!old.spec) throw new BoxcarError(ErrorCode.conflict, `job ${old.id} keeps no spec to run again`);
+  const { idempotencyKey: _key, runAt: _runAt, delay: _delay, ...spec } = old.spec;
+  return admit(topology, { ...spec, ...(request.input !== undefined ? { input: request.input } : {}) }, ctx, {
+    owner: ownerOf(old),
+    ownerRole: old.role,
+    rerunOf: old.id,
+  });
+}
+
+/**
+ * Runs an ended job again (`jobs.retry`: dead, failed, timed out or cancelled): it goes back to
+ * the queue with a fresh budget of attempts (its retry policy's maxAttempts), its history kept
+ * (`JobTransitions.requeueEnded` says which can); a job of a session, only while its session is open.
  */
 export async function retryJob(
   topology: Topology,
@@ -387,14 +416,15 @@ export async function retryJob(
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
-  // A dead job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
-  if (job.state !== "dead") return requeueDead(topology, found, ctx);
+  // Refused before anything is counted or taken for it: a job that may not be retried.
+  JobTransitions.requeueEnded(job, 1, nowIso());
+  // An ended job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
   return ctx.load.counted({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy, () =>
-    requeueDead(topology, found, ctx),
+    requeueEnded(topology, found, ctx),
   );
 }
 
-async function requeueDead(
+async function requeueEnded(
   topology: Topology,
   found: JobHandle,
   ctx: Pick<AdmissionContext, "agents" | "signer" | "workers" | "sessions" | "limits">,
@@ -403,14 +433,13 @@ async function requeueDead(
   const id = job.id;
   const agent = await ctx.agents.get(job.agent);
   // A job of a session runs there again only while the session is open, on the worker that holds it.
-  if (job.session && found.record.state === "dead") await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
+  if (job.session) await ctx.sessions.forJob(job.session.id, ownerOf(job), agent);
   const retry = job.spec?.retry ?? agent.retry;
   // It takes its places under its concurrency limits again, or waits for one (a place taken for
   // it that a racing retry leaves unused is the sweep's to free or finish).
-  const place =
-    job.spec && job.state === "dead" ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
+  const place = job.spec ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
   const change = await topology.jobStore.change(found, (current) => {
-    const requeued = JobTransitions.requeueDead(current, retry?.maxAttempts ?? 1, nowIso());
+    const requeued = JobTransitions.requeueEnded(current, retry?.maxAttempts ?? 1, nowIso());
     return requeued && place ? { ...requeued, concurrency: place.concurrency } : requeued;
   });
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
