@@ -519,6 +519,22 @@ describe("a prompt agent's loop on the host", () => {
     const ended = await system.client.waitForJob(busy.id);
     expect(ended.error).toMatchObject({ code: "max_steps" });
     expect(ended.attempt).toBe(1); // a guard is not retried
+
+    // No progress: steps whose tool calls all fail (different calls each time): told, then stopped.
+    await system.client.applyAgent(agent("lost", { stuckSteps: 2 }));
+    const before = standIn.requests.length;
+    standIn.script(
+      call("n1", "read_file", { path: "a.txt" }),
+      call("n2", "read_file", { path: "b.txt" }),
+      call("n3", "read_file", { path: "c.txt" }),
+      call("n4", "read_file", { path: "d.txt" }),
+    );
+    const { job: lost } = await system.client.submit({ agent: "lost", input: { task: "find it" } });
+    const gaveUp = await system.client.waitForJob(lost.id);
+    expect(gaveUp.error).toMatchObject({ code: "doom_loop" });
+    expect(gaveUp.error?.message).toContain("the last 4 steps' tool calls all failed");
+    expect(JSON.stringify(standIn.requests[before + 2]?.body.messages)).toContain("The tool calls of your last 2 steps all failed");
+    expect(standIn.requests.length - before).toBe(4);
   }, 60_000);
 });
 

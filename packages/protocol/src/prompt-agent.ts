@@ -69,6 +69,15 @@ export const PromptAgent = z
         "when a model call's prompt reaches this many tokens, the steps before the last `keepSteps` are summarised through the model and replaced by the summary (a `compacted` event); absent: never",
       ),
     keepSteps: z.number().int().min(1).max(100).default(4).describe("the most recent steps a compaction keeps whole"),
+    stuckSteps: z
+      .number()
+      .int()
+      .min(2)
+      .max(100)
+      .default(6)
+      .describe(
+        "this many steps in a row whose tool calls all failed (no progress): the model is told; two more, the loop ends `doom_loop`",
+      ),
     doomLoop: z
       .number()
       .int()

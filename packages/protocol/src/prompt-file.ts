@@ -22,6 +22,7 @@ const PROMPT_FIELDS = new Set([
   "temperature",
   "compactAt",
   "keepSteps",
+  "stuckSteps",
   "doomLoop",
 ]);
 

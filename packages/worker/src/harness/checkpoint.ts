@@ -27,6 +27,8 @@ export interface LoopState {
   lastPromptTokens?: number;
   /** People's decisions on calls of tools that wait for approval, by call id. */
   approvals?: Record<string, { approved: boolean; reason?: string }>;
+  /** How many steps in a row had only tool calls that failed (no progress). */
+  failingSteps?: number;
   /** The last tool call (its name and arguments) and how many times in a row it was asked for. */
   repeated: { key: string; count: number };
 }

@@ -123,13 +123,18 @@ async function loop(
   };
   for (;;) {
     // The last answer's tool calls that have no result yet (on a resumed attempt: the one under way).
-    for (const call of unanswered(state.messages)) {
+    const calls = unanswered(state.messages);
+    for (const call of calls) {
       const ended = call.toolName === HANDOFF && ctx.handoffs.length > 0 ? handOff(ctx, state, call) : await runCall(ctx, state, call, mcp);
       if (ended) return ended;
       if ((CHANGES_FILES.has(call.toolName) || mcp.has(call.toolName)) && !(await ctx.checkpoints.saveWorkspace(ctx.sandbox))) {
         ctx.progress("the workspace is too large to keep with the checkpoint: a later attempt starts it from the job's input");
       }
       await save();
+    }
+    if (calls.length > 0) {
+      const stuck = noProgress(ctx, state);
+      if (stuck) return stuck;
     }
     const last = state.messages.at(-1);
     if (last?.role === "assistant") return { text: textOf(last), steps: state.steps, tokens: state.tokens };
@@ -378,6 +383,35 @@ async function approval(
     await ctx.checkpoints.save(state);
   }
   return decision.approved ? undefined : `a person denied this call${decision.reason ? `: ${decision.reason}` : ""}; it did not run`;
+}
+
+/**
+ * No progress: the steps in a row whose tool calls all failed. At `stuckSteps` the model is told
+ * (a note after the step's results); two steps more like them end the loop `doom_loop`.
+ */
+function noProgress(ctx: PromptLoopContext, state: LoopState): PromptLoopEnd | undefined {
+  const at = state.messages.findLastIndex((m) => m.role === "assistant");
+  const results = state.messages
+    .slice(at + 1)
+    .flatMap((m) => (m.role === "tool" ? m.content : []))
+    .flatMap((p) => (p.type === "tool-result" ? [p] : []));
+  const failed = results.length > 0 && results.every((r) => r.output.type === "error-text");
+  state.failingSteps = failed ? (state.failingSteps ?? 0) + 1 : 0;
+  const limit = ctx.agent.stuckSteps;
+  if (state.failingSteps >= limit + 2) {
+    return end(
+      state,
+      ErrorCode.doomLoop,
+      `the last ${state.failingSteps} steps' tool calls all failed, after the model was told at the ${limit}th (stuckSteps): no progress`,
+    );
+  }
+  if (state.failingSteps === limit) {
+    state.messages.push({
+      role: "user",
+      content: `The tool calls of your last ${limit} steps all failed. Stop and change your approach, or give your answer with what you have: two more steps like these end the job.`,
+    });
+  }
+  return undefined;
 }
 
 /** The tool calls of the last answer that no tool message after it answers. */
