@@ -4,6 +4,7 @@ import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type AgentDefinitionInput, type BoxcarEvent, harnessObjects } from "@boxcar/protocol";
 import { createDockerSandboxProvider, createHostSandboxProvider, createWorker } from "@boxcar/worker";
+import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
@@ -153,6 +154,59 @@ process.stdin.on("data", (chunk) => {
   }
 });
 `;
+
+describe.skipIf(!dockerOk)("a Docker prompt agent whose worker is killed", () => {
+  test("resumes on another worker in a new container, its workspace laid out again, no completed model call sent twice", async () => {
+    await using standIn = await startModelStandIn();
+    await using s = await leasedSystem(1_500);
+    await s.client.applyAgent({
+      name: "boxed-counter",
+      prompt: { model: "anthropic/claude-test", template: "Count.", tools: ["bash", "write_file"] },
+      runtime: { sandbox: "docker" },
+    });
+    standIn.script(
+      call("d1", "write_file", { path: "count.txt", content: "1\n" }),
+      call("d2", "bash", { command: 'echo "2 in $(hostname)" >> count.txt; if [ "$BOXCAR_ATTEMPT" = 1 ]; then sleep 60; fi' }),
+    );
+    const env = { BOXCAR_TEST_ANTHROPIC: KEY };
+    const flags = [
+      "--sandboxes",
+      "docker",
+      "--model-key",
+      "anthropic=BOXCAR_TEST_ANTHROPIC",
+      "--model-url",
+      `anthropic=${standIn.anthropicUrl}`,
+    ];
+    const doomed = spawnBoxcar(s.nats.url, s.prefix, ["worker", ...flags], env);
+    const { job } = await s.client.submit({ agent: "boxed-counter", input: {} });
+    await eventually(
+      async () =>
+        (await eventsOf(s.client, job.id)).some((e) => e.kind === "job" && e.type === "tool_call" && e.step?.n === 2) ? true : undefined,
+      "step 2's tool call",
+      60_000,
+    );
+    doomed.kill("SIGKILL");
+    await exited(doomed);
+    expect(standIn.requests).toHaveLength(2);
+    standIn.script(call("d3", "bash", { command: "cat count.txt" }), answer("counted"));
+    await using survivor = createWorker({
+      ...s.nats.workerRole,
+      providers: [createDockerSandboxProvider({ prefix: s.prefix, system: s.nats.topology.systemId })],
+      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    });
+    void survivor.run();
+    const done = await s.client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    expect(done).toMatchObject({ attempt: 2, sandbox: { kind: "docker" }, result: { output: { text: "counted", steps: 4 } } });
+    expect(standIn.requests).toHaveLength(4); // 2 before the kill, none again, 2 after
+    // The file as step 1 left it, and step 2's line once (its command ran again in the new container).
+    const counted = toolResultsSent(standIn, 3).at(-1) ?? "";
+    expect(counted).toMatch(/exit code 0\\n1\\n2 in [0-9a-f]+\\n"?$/);
+    // The killed worker's container is gone (one attempt alive): none of the job's runs now.
+    const left = await new Docker().listContainers({ filters: { label: [`boxcar.job=${job.id}`] } });
+    expect(left).toEqual([]);
+  }, 120_000);
+});
 
 describe.skipIf(!dockerOk)("an MCP server in a Docker sandbox", () => {
   test("is started inside the container and serves its tool to the model, with no network", async () => {
