@@ -29,3 +29,22 @@ test("a negative duration is refused naming the field, written --delay -5s as --
   expect(joined.stderr).toContain("delay");
   expect(spaced).toEqual(joined);
 });
+
+test("a trace URL without {traceId}, or not http(s), is a usage error naming where it came from (the flag or the variable)", async () => {
+  const bad = await boxcar("nats://127.0.0.1:1", "boxcar", [
+    "ui",
+    "--nats-ws",
+    "ws://127.0.0.1:1",
+    "--listen",
+    "127.0.0.1:0",
+    "--trace-url",
+    "ftp://x/{traceId}",
+  ]);
+  expect(bad.code).toBe(2);
+  expect(bad.stderr).toContain("--trace-url: a trace URL is an http(s) address with {traceId} in it");
+  const fromEnv = await boxcar("nats://127.0.0.1:1", "boxcar", ["ui", "--nats-ws", "ws://127.0.0.1:1", "--listen", "127.0.0.1:0"], {
+    BOXCAR_TRACE_URL: "http://jaeger/trace/",
+  });
+  expect(fromEnv.code).toBe(2);
+  expect(fromEnv.stderr).toContain("$BOXCAR_TRACE_URL: a trace URL");
+});

@@ -35,10 +35,6 @@ export const ui: Command = {
       );
     }
     const traceUrl = ctx.values["trace-url"] as string | undefined;
-    if (traceUrl !== undefined && !/^https?:\/\/\S*\{traceId\}/.test(traceUrl))
-      throw new UsageError(
-        `--trace-url ${traceUrl}: an http(s) address with {traceId} in it, such as http://127.0.0.1:16686/trace/{traceId}`,
-      );
     const server = await serveDashboard(
       {
         host: listen.host,
@@ -70,7 +66,10 @@ function pagePrincipal(text: string): { role: "viewer" | "submitter"; user: stri
   return { role: identity.role, user: identity.user };
 }
 
-/** Starts the dashboard's server; an address in use is a usage error naming `flag`. */
+/**
+ * Starts the dashboard's server; an address in use is a usage error naming `flag`, and a trace
+ * URL that is not one (the server checks it) names `--trace-url` or `$BOXCAR_TRACE_URL`.
+ */
 export async function serveDashboard(opts: UiServerOptions, flag: string): Promise<UiServer> {
   const { startUiServer } = await import("@boxcar/ui");
   try {
@@ -78,6 +77,9 @@ export async function serveDashboard(opts: UiServerOptions, flag: string): Promi
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === "EADDRINUSE") {
       throw new UsageError(`${flag}: ${opts.host}:${opts.port} is in use; choose another port`);
+    }
+    if (err instanceof RangeError && err.message.includes("trace URL")) {
+      throw new UsageError(`${opts.traceUrl !== undefined ? "--trace-url" : "$BOXCAR_TRACE_URL"}: ${err.message}`);
     }
     throw err;
   }

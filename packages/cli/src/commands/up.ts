@@ -28,7 +28,7 @@ const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["qu
 
 export const up: Command = {
   usage:
-    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--ui PORT|off] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
+    "boxcar up [--port 4222] [--listen 127.0.0.1] [--auth] [--data .boxcar/data] [--workers 2] [--concurrency 4] [--agents DIR]... [--demo] [--ui PORT|off] [--trace-url URL-WITH-{traceId}] [--replicas 1] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]",
   maxArgs: 0,
   options: {
     port: { type: "string" },
@@ -40,6 +40,7 @@ export const up: Command = {
     agents: { type: "string", multiple: true, default: [] },
     demo: { type: "boolean", default: false },
     ui: { type: "string" },
+    "trace-url": { type: "string" },
     ...systemOptions,
     ...logFormat,
   },
@@ -83,8 +84,10 @@ export const up: Command = {
     const auth = withAuth ? await openAuthDir(join(dirname(storeDir), "auth"), prefix) : undefined;
     const loginUrls: string[] = [];
     // The demo ends with its job: a dashboard only if asked for.
+    const traceUrl = ctx.values["trace-url"] as string | undefined;
     const dashboard = await startDashboard(ctx.values.ui ?? (demo ? "off" : undefined), {
       prefix: prefix ?? "boxcar",
+      ...(traceUrl !== undefined ? { traceUrl } : {}),
       ...(auth ? { principal: { authDir: auth.dir, role: "viewer" as const, user: "viewer" } } : {}),
       onLoginUrl: (url) => (loginUrls.length === 0 ? loginUrls.push(url) : say(`  dashboard: next login link ${url}`)),
     });
@@ -192,15 +195,14 @@ async function runDemo(ctx: Parameters<Command["run"]>[0], client: import("@boxc
  */
 async function startDashboard(
   flag: unknown,
-  opts: Pick<UiServerOptions, "prefix" | "principal" | "onLoginUrl">,
+  opts: Pick<UiServerOptions, "prefix" | "principal" | "onLoginUrl" | "traceUrl">,
 ): Promise<{ server: UiServer; wsPort: number } | undefined> {
   if (flag === "off") return undefined;
-  const { startUiServer } = await import("@boxcar/ui");
   const wsPort = await freePort();
   const base = { ...opts, host: "127.0.0.1", natsWs: `ws://127.0.0.1:${wsPort}` };
   if (flag !== undefined) return { server: await serveDashboard({ ...base, port: wholeNumber(flag, "--ui", 0, 65_535) }, "--ui"), wsPort };
-  const server = await startUiServer({ ...base, port: DASHBOARD_PORT }).catch((err: NodeJS.ErrnoException) =>
-    err.code === "EADDRINUSE" ? startUiServer({ ...base, port: 0 }) : Promise.reject(err),
+  const server = await serveDashboard({ ...base, port: DASHBOARD_PORT }, "--ui").catch((err: unknown) =>
+    err instanceof UsageError && err.message.startsWith("--ui") ? serveDashboard({ ...base, port: 0 }, "--ui") : Promise.reject(err),
   );
   return { server, wsPort };
 }
