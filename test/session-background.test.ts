@@ -7,7 +7,7 @@
 
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { dockerReady } from "./helpers/docker.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
@@ -115,5 +115,31 @@ describe.skipIf(!ready)("background processes in a Docker session", () => {
           : undefined,
       "the kept output to be removed",
     );
+  }, 90_000);
+
+  test("through the CLI: session exec prints exactly what a command wrote, past the live window too; start, ps, wait, kill and output", async () => {
+    const env = { NATS_CREDS: alice.creds };
+    const cli = (...args: string[]) => boxcar(system.url, system.prefix, args, env);
+    const session = await alice.client.openSession({ agent: "box" });
+    const started = await cli("session", "start", session.id, "--", "sh", "-c", "echo tick; sleep 30");
+    expect(started.code, started.stderr).toBe(0);
+    const execId = started.stdout.trim();
+    // 6.9 MB on stdout while a process runs in the background: all of it, its own only, and no notice of a cut.
+    const big = await cli("session", "exec", session.id, "--", "sh", "-c", "seq 1 1000000; echo warn >&2");
+    expect(big.code, big.stderr).toBe(0);
+    expect(big.stdout === `${Array.from({ length: 1_000_000 }, (_, i) => i + 1).join("\n")}\n`).toBe(true);
+    expect(big.stderr).toBe("warn\n");
+    const ps = await cli("session", "ps", session.id);
+    expect(ps.stdout).toMatch(new RegExp(`${execId.replace(".", "\\.")}\\s+running`));
+    const waiting = await cli("session", "wait", session.id, execId, "--timeout", "100ms");
+    expect([waiting.code, waiting.stderr]).toEqual([1, `${execId} still runs\n`]);
+    expect((await cli("session", "kill", session.id, execId)).stdout).toBe(`${execId} killed\n`);
+    const ended = await cli("session", "wait", session.id, execId, "--timeout", "10s");
+    expect(ended.stdout).toBe("tick\n");
+    expect(ended.code).toBe(143); // killed (SIGTERM first, its group): 128 + 15, as docker exec says
+    const execs = (await alice.client.getSession(session.id)).execs;
+    const output = await cli("session", "output", session.id, `${session.id}.${execs}`);
+    expect(output.stdout.length).toBe(6_888_896);
+    await alice.client.closeSession(session.id);
   }, 90_000);
 });

@@ -10,6 +10,8 @@ import { UsageError } from "../usage-error.js";
 const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
+       boxcar session start ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] -- COMMAND [ARG...]   (in the background)
+       boxcar session ps ID | wait ID EXEC [--timeout 30s] | kill ID EXEC | output ID EXEC [--stderr]
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
        boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH`;
 
@@ -32,6 +34,7 @@ export const session: Command = {
     follow: { type: "boolean", short: "f", default: false },
     executable: { type: "boolean", default: false },
     limit: { type: "string" },
+    stderr: { type: "boolean", default: false },
   },
   async run(ctx) {
     const [verb, first, ...rest] = ctx.positionals;
@@ -66,14 +69,71 @@ export const session: Command = {
         ctx.print(ctx.values.json ? json(opened) : opened.id);
         return ExitCode.ok;
       }
+      case "start": {
+        if (!first || rest.length === 0) throw new UsageError(`session start needs an ID and, after --, a command\n\nusage: ${usage}`);
+        const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        await using s = await ctx.session("boxcar-session");
+        const started = await s.client.startInSession({
+          id: first,
+          argv: rest,
+          env: envPairs(ctx.values.env as string[]),
+          ...(timeout !== undefined ? { timeout } : {}),
+          ...(ctx.values.cwd !== undefined ? { cwd: ctx.values.cwd as string } : {}),
+        });
+        ctx.print(ctx.values.json ? json(started) : started.execId);
+        return ExitCode.ok;
+      }
+      case "ps": {
+        await using s = await ctx.session("boxcar-session");
+        const processes = await s.client.sessionProcesses(one("session ID"));
+        if (ctx.values.json) ctx.print(json(processes));
+        else
+          ctx.print(
+            table(
+              ["EXEC", "STATE", "EXIT", "STARTED", "COMMAND"],
+              processes.map((p) => [
+                p.execId,
+                p.running ? "running" : p.killed ? "killed" : p.timedOut ? "timed out" : "ended",
+                p.running ? "" : String(p.exitCode ?? p.signal ?? ""),
+                p.startedAt,
+                p.argv.join(" ").slice(0, 60),
+              ]),
+            ),
+          );
+        return ExitCode.ok;
+      }
+      case "wait":
+      case "kill":
+      case "output": {
+        if (!first || rest.length !== 1) throw new UsageError(`session ${verb} needs an ID and an EXEC id\n\nusage: ${usage}`);
+        const execId = rest[0] as string;
+        await using s = await ctx.session("boxcar-session");
+        if (verb === "kill") {
+          const killed = await s.client.killInSession(first, execId);
+          ctx.print(ctx.values.json ? json(killed) : `${execId} ${killed.running ? "killed" : "had ended"}`);
+          return ExitCode.ok;
+        }
+        if (verb === "output") {
+          // A command's whole kept output (past the live window), as it wrote it.
+          for await (const part of s.client.keptOutput(first, execId, ctx.values.stderr ? "stderr" : "stdout")) ctx.io.stdout.write(part);
+          return ExitCode.ok;
+        }
+        const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        const waited = await s.client.waitInSession({ id: first, execId, ...(timeout !== undefined ? { timeout } : {}) });
+        if (ctx.values.json) ctx.print(json(waited));
+        if (!waited.result) {
+          if (!ctx.values.json) ctx.io.stderr.write(`${execId} still runs\n`);
+          return ExitCode.jobFailed;
+        }
+        if (!ctx.values.json) {
+          ctx.io.stdout.write(Buffer.from(waited.result.stdout, "base64"));
+          ctx.io.stderr.write(Buffer.from(waited.result.stderr, "base64"));
+        }
+        return exitOf(waited.result);
+      }
       case "exec": {
         if (!first || rest.length === 0) throw new UsageError(`session exec needs an ID and, after --, a command\n\nusage: ${usage}`);
-        const env: Record<string, string> = {};
-        for (const pair of ctx.values.env as string[]) {
-          const at = pair.indexOf("=");
-          if (at < 1) throw new UsageError(`--env takes NAME=VALUE, got ${JSON.stringify(pair)}`);
-          env[pair.slice(0, at)] = pair.slice(at + 1);
-        }
+        const env = envPairs(ctx.values.env as string[]);
         const timeout = optionalDuration(ctx.values.timeout, "--timeout");
         const stdin =
           ctx.values.stdin === undefined ? undefined : await readInput(ctx.io, ctx.values.stdin as string, MAX_EXEC_STDIN, "--stdin");
@@ -90,15 +150,18 @@ export const session: Command = {
           ctx.print(json(await s.client.execInSession(request)));
           return ExitCode.ok;
         }
-        // The output as it comes, from the session's log subject (one command runs at a time, so
-        // what comes while this one is asked for is its own); the reply says how it ended.
+        // The output as it comes, from the session's log subject (one command runs at a time; the
+        // output of processes in the background, told by their ids, is left out); the reply says
+        // how it ended.
         const { owner } = await s.client.getSession(first);
-        let live = 0;
+        const background = new Set((await s.client.sessionProcesses(first)).filter((p) => p.running).map((p) => p.execId));
+        const live = { stdout: 0, stderr: 0 };
         const sub = s.nc.subscribe(names(ctx.values.prefix).subjects.jobLogs(owner, first), {
           callback: (err, msg) => {
-            if (err) return;
-            live += msg.data.length;
-            (msg.subject.endsWith(".stderr") ? ctx.io.stderr : ctx.io.stdout).write(msg.data);
+            if (err || background.has(msg.headers?.get("Boxcar-Exec") ?? "")) return;
+            const stream = msg.subject.endsWith(".stderr") ? "stderr" : "stdout";
+            live[stream] += msg.data.length;
+            ctx.io[stream].write(msg.data);
           },
         });
         await s.nc.flush();
@@ -114,18 +177,20 @@ export const session: Command = {
           sub.unsubscribe();
         }
         // Nothing came live (a subscription refused): the reply's end of the output instead.
-        if (live === 0) {
+        if (live.stdout + live.stderr === 0 && !ran.kept) {
           ctx.io.stdout.write(Buffer.from(ran.stdout, "base64"));
           ctx.io.stderr.write(Buffer.from(ran.stderr, "base64"));
         }
-        // Live output stops at 4 MiB a command; the reply carries the last 256 KiB of each stream.
-        if (ran.truncated && live > 0) {
-          ctx.io.stderr.write(`(${ran.execId}: output past the first 4 MiB not shown: write it to a file and read that)\n`);
+        // Live output stops at 4 MiB a command; what it wrote past that was kept whole: the rest of each stream.
+        for (const stream of ["stdout", "stderr"] as const) {
+          const kept = ran.kept?.[stream];
+          if (!kept) continue;
+          for await (const part of s.client.keptOutput(first, ran.execId, stream, live[stream])) ctx.io[stream].write(part);
+          if (kept.cut) ctx.io.stderr.write(`(${ran.execId}: its ${stream} past 256 MiB was not kept)\n`);
         }
         if (ran.timedOut) ctx.io.stderr.write(`${ran.execId} timed out\n`);
         if (ran.cancelled) ctx.io.stderr.write(`${ran.execId} cancelled\n`);
-        // As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal).
-        return ran.exitCode ?? 128 + ((ran.signal && constants.signals[ran.signal as NodeJS.Signals]) || constants.signals.SIGKILL);
+        return exitOf(ran);
       }
       case "snapshot": {
         await using s = await ctx.session("boxcar-session");
@@ -306,3 +371,19 @@ export const snapshots: Command = {
     return ExitCode.ok;
   },
 };
+
+/** `--env NAME=VALUE`, each. */
+function envPairs(pairs: readonly string[]): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const pair of pairs) {
+    const at = pair.indexOf("=");
+    if (at < 1) throw new UsageError(`--env takes NAME=VALUE, got ${JSON.stringify(pair)}`);
+    env[pair.slice(0, at)] = pair.slice(at + 1);
+  }
+  return env;
+}
+
+/** As `docker exec` and `ssh` do: the command's own exit code (128 + n for a signal). */
+function exitOf(ran: { exitCode: number | null; signal: string | null }): number {
+  return ran.exitCode ?? 128 + ((ran.signal && constants.signals[ran.signal as NodeJS.Signals]) || constants.signals.SIGKILL);
+}
