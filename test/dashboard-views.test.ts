@@ -5,7 +5,8 @@
  * sandbox start, run, copy-out) and each workflow step's; dates, durations that tick while a job
  * runs; terminal colours shown as colours; no empty Result heading on a failed job; the search
  * box (an id opens its page; filters by agent, state and owner); paging back and forth; a time
- * range. Screenshots go to `.boxcar/screenshots/` (the docs' are copies).
+ * range; Retry of a failed job and Re-run of a succeeded one with an edited input. Screenshots go
+ * to `.boxcar/screenshots/` (the docs' are copies).
  */
 
 import { mkdir, readFile } from "node:fs/promises";
@@ -91,6 +92,20 @@ describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on 
       trusted: true,
       runtime: { sandbox: "host", timeout: "30s" },
     });
+    await client.applyAgent({
+      name: "doubler",
+      description: "doubles its input's n; fails its first attempt when its input says failFirst",
+      command: [
+        "node",
+        "-e",
+        `const fs = require("node:fs");
+         const input = JSON.parse(fs.readFileSync(process.env.BOXCAR_INPUT_FILE, "utf8"));
+         if (input.failFirst && process.env.BOXCAR_ATTEMPT === "1") process.exit(3);
+         fs.writeFileSync(process.env.BOXCAR_RESULT_FILE, JSON.stringify({ output: { doubled: input.n * 2 } }));`,
+      ],
+      trusted: true,
+      runtime: { sandbox: "host", timeout: "30s" },
+    });
     // Jobs of a pool no worker serves: they wait, queued, as many as a test needs.
     for (const name of ["parked", "pager"]) {
       await client.applyAgent({ name, pool: "parked", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
@@ -109,12 +124,13 @@ describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on 
     }
   });
 
-  /** A fresh page on the dashboard, failing the test on any script error in it. */
-  async function open(path = ""): Promise<Page> {
+  /** A fresh page on the dashboard, failing the test on any script error in it; `sent` collects what it sends over its WebSocket. */
+  async function open(path = "", sent?: string[]): Promise<Page> {
     const page = await browser.newPage({ viewport: { width: 1280, height: 860 }, acceptDownloads: true });
     page.on("pageerror", (err) => {
       throw err;
     });
+    if (sent) page.on("websocket", (ws) => ws.on("framesent", (frame) => sent.push(String(frame.payload))));
     await page.goto(`${dashboard}/${path}`);
     await page.locator("[data-who]").waitFor();
     return page;
@@ -270,6 +286,89 @@ describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on 
     expect(await page.locator("h2", { hasText: "Result" }).count()).toBe(0);
     expect(await page.locator("[data-exit]").textContent()).toBe("exit 3");
     await page.screenshot({ path: `${SCREENSHOTS}/job-colours.png`, fullPage: true });
+    await page.close();
+  }, 30_000);
+
+  test("a failed job's page has Retry, and pressing it runs the job again under its id, its attempt growing", async () => {
+    const { job } = await client.submit({ agent: "doubler", input: { failFirst: true, n: 5 } });
+    const { job: cancelled } = await client.submit({ agent: "parked" });
+    await client.cancelJob(cancelled.id);
+    await settled(job.id, "failed");
+    const page = await open(`#/job/${job.id}`);
+    await page.locator('h1 [data-state="failed"]').waitFor();
+    expect(await page.locator("[data-attempt]").textContent()).toBe("1");
+    const retry = page.locator('[data-action="retry"]');
+    expect(await retry.textContent()).toBe("Retry");
+    await retry.click();
+    // Queued again under the same id, then its second attempt runs and succeeds.
+    await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 20_000 });
+    expect(await page.locator("h1 code").textContent()).toBe(job.id);
+    await expect.poll(() => page.locator("[data-attempt]").textContent()).toBe("2");
+    await expect.poll(async () => JSON.parse((await page.locator("[data-result]").textContent()) ?? "null")).toEqual({ doubled: 10 });
+    expect(await retry.count()).toBe(0);
+    expect(await client.getJob(job.id)).toMatchObject({ state: "succeeded", attempt: 2, history: [{ attempt: 1, state: "failed" }] });
+    // A cancelled job may be retried too.
+    await page.goto(`${dashboard}/#/job/${cancelled.id}`);
+    await page.locator('h1 [data-state="cancelled"]').waitFor();
+    expect(await page.locator('[data-action="retry"]').count()).toBe(1);
+    await page.close();
+  }, 30_000);
+
+  test("a succeeded job's Re-run takes an edited input and opens the new job's page, which links back to the old", async () => {
+    const { job: old } = await client.submit({ agent: "doubler", input: { n: 2 } });
+    await settled(old.id, "succeeded");
+    const sent: string[] = [];
+    const page = await open(`#/job/${old.id}`, sent);
+    await page.locator('h1 [data-state="succeeded"]').waitFor();
+    // Succeeded: re-run, not retried.
+    expect(await page.locator('[data-action="retry"]').count()).toBe(0);
+    await page.locator('[data-action="rerun"]').click();
+    const editor = page.locator("[data-rerun-input]");
+    expect(await editor.inputValue()).toBe(JSON.stringify({ n: 2 }, null, 2));
+    const input = { n: 21, note: "<b>edited</b>" };
+    await editor.fill(JSON.stringify(input, null, 1));
+    await page.screenshot({ path: `${SCREENSHOTS}/job-rerun.png` });
+    await page.locator('[data-action="rerun-submit"]').click();
+    await expect.poll(() => page.evaluate(() => location.hash)).not.toBe(`#/job/${old.id}`);
+    const id = /^#\/job\/(.+)$/.exec(await page.evaluate(() => location.hash))?.[1] as string;
+    expect(id).toBeTruthy();
+    expect(sent.some((frame) => frame.includes("jobs.rerun"))).toBe(true);
+    // The new job's page: its input, its result from that input, and the job it re-runs.
+    await page.locator("h1 code", { hasText: id }).waitFor();
+    expect(await page.locator("[data-input]").textContent()).toBe(JSON.stringify(input, null, 2));
+    expect(await page.locator("[data-input] b").count()).toBe(0);
+    await page.locator('h1 [data-state="succeeded"]').waitFor({ timeout: 20_000 });
+    await expect.poll(async () => JSON.parse((await page.locator("[data-result]").textContent()) ?? "null")).toEqual({ doubled: 42 });
+    const back = page.locator("[data-rerun-of] a");
+    expect(await back.textContent()).toBe(old.id);
+    expect(await back.getAttribute("href")).toBe(`#/job/${old.id}`);
+    expect(await client.getJob(id)).toMatchObject({ rerunOf: old.id, spec: { input } });
+    // Back to the old job, left as it was.
+    await back.click();
+    await page.locator("h1 code", { hasText: old.id }).waitFor();
+    await expect.poll(async () => JSON.parse((await page.locator("[data-result]").textContent()) ?? "null")).toEqual({ doubled: 4 });
+    expect(await page.locator("[data-rerun-of]").count()).toBe(0);
+    await page.close();
+  }, 30_000);
+
+  test("Re-run with bad JSON says so on the page and sends nothing", async () => {
+    const { job: old } = await client.submit({ agent: "doubler", input: { n: 3 } });
+    await settled(old.id, "succeeded");
+    const sent: string[] = [];
+    const page = await open(`#/job/${old.id}`, sent);
+    await page.locator('[data-action="rerun"]').click();
+    await page.locator("[data-rerun-input]").fill('{"n": 3,');
+    await page.locator('[data-action="rerun-submit"]').click();
+    expect(await page.locator("[data-rerun-error]").textContent()).toMatch(/^The input is not JSON, nothing was sent: /);
+    // Pressed again by keyboard: still nothing sent, the page stays on the old job.
+    await page.locator("[data-rerun-input]").press("Control+Enter");
+    await sleep(500);
+    expect(await page.evaluate(() => location.hash)).toBe(`#/job/${old.id}`);
+    expect(sent.filter((frame) => frame.includes("jobs.rerun"))).toEqual([]);
+    const { jobs } = await client.listJobs({ agent: "doubler" });
+    expect(jobs.filter((j) => j.rerunOf === old.id)).toEqual([]);
+    // The text stays as typed, to be mended.
+    expect(await page.locator("[data-rerun-input]").inputValue()).toBe('{"n": 3,');
     await page.close();
   }, 30_000);
 

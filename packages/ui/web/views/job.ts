@@ -3,8 +3,9 @@
  * followed live on the job's own subjects, a prompt agent's conversation and the table of its
  * model calls (both drawn from those events, so they grow live too), its result and artifacts
  * (downloaded a chunk at a time through `jobs.artifact` and checked against their digest), and
- * cancel or retry where the page's principal may (an admin on any job, a submitter on its own;
- * a viewer sees no button).
+ * cancel, retry (an ended job that did not succeed, under its own id) or re-run (any ended job, as
+ * a new job, with its input edited here) where the page's principal may (an admin on any job, a
+ * submitter on its own; a viewer sees no button).
  */
 
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
@@ -19,6 +20,8 @@ import { AttemptTimeline } from "./timeline.js";
 import { Labels, saveFile, TraceId } from "./traits.js";
 
 const ENDED = new Set(["succeeded", "failed", "timed_out", "cancelled", "dead", "expired", "rejected"]);
+/** The ended states `jobs.retry` runs again under the same id (docs/reliability.md#retry-and-re-run); any ended job may be re-run. */
+const RETRIABLE = new Set(["dead", "failed", "timed_out", "cancelled"]);
 /** The page keeps at most this much output (the newest); the CLI's `boxcar logs` has all. */
 const MAX_OUTPUT = 1 << 20;
 /** The page shows at most this much of a job's input (as indented JSON); its download has all. */
@@ -30,6 +33,7 @@ export function JobView({ api, id }: { api: Api; id: string }) {
   const [output, setOutput] = useState<Output>([]);
   const [error, setError] = useState<Error | undefined>(undefined);
   const [actionError, setActionError] = useState<Error | undefined>(undefined);
+  const [rerunning, setRerunning] = useState(false);
 
   useEffect(() => {
     let gone = false;
@@ -138,19 +142,22 @@ export function JobView({ api, id }: { api: Api; id: string }) {
       <h1>Job <code>${job.id}</code> <${Badge} state=${job.state} /></h1>
       <div class="actions">
         ${mayAct && !ENDED.has(job.state) && html`<button data-action="cancel" disabled=${job.cancelRequested} onClick=${() => act("jobs.cancel")}>${job.cancelRequested ? "Cancelling…" : "Cancel"}</button>`}
-        ${mayAct && job.state === "dead" && html`<button data-action="retry" onClick=${() => act("jobs.retry")}>Retry</button>`}
+        ${mayAct && RETRIABLE.has(job.state) && html`<button data-action="retry" onClick=${() => act("jobs.retry")}>Retry</button>`}
+        ${mayAct && ENDED.has(job.state) && job.spec && html`<button data-action="rerun" aria-expanded=${rerunning ? "true" : "false"} onClick=${() => setRerunning(!rerunning)}>Re-run…</button>`}
       </div>
       <${Failure} error=${actionError} />
+      ${rerunning && mayAct && ENDED.has(job.state) && job.spec && html`<${RerunEditor} api=${api} job=${job} onClose=${() => setRerunning(false)} />`}
       <dl class="facts">
         <dt>agent</dt><dd>${job.agent}</dd>
         <dt>pool</dt><dd>${job.pool}</dd>
         <dt>owner</dt><dd>${job.owner ?? "local"}</dd>
-        <dt>attempt</dt><dd>${job.attempt}</dd>
+        <dt>attempt</dt><dd data-attempt>${job.attempt}</dd>
         <dt>created</dt><dd data-created><${At} iso=${job.createdAt} /></dd>
         ${job.startedAt && html`<dt>ran</dt><dd data-ran><${Took} from=${job.startedAt} to=${job.finishedAt} live=${job.state === "running"} />${job.workerId ? ` on ${job.workerId}` : ""}</dd>`}
         ${job.sandbox && html`<dt>sandbox</dt><dd>${job.sandbox.kind}: ${job.sandbox.reason}</dd>`}
         ${job.result && exitOf(job.result) && html`<dt>exit</dt><dd data-exit>${exitOf(job.result)}</dd>`}
         ${job.usage && html`<dt>usage</dt><dd data-usage>${job.usage.calls} calls: ${job.usage.tokensIn} tokens in, ${job.usage.tokensOut} out, cost ${money(job.usage.cost)}</dd>`}
+        ${job.rerunOf && html`<dt>re-run of</dt><dd data-rerun-of><a href=${`#/job/${job.rerunOf}`}>${job.rerunOf}</a></dd>`}
         ${job.chain?.run && html`<dt>workflow run</dt><dd><a href=${`#/run/${job.chain.run}`}>${job.chain.run}</a></dd>`}
         ${job.handoff?.jobId && html`<dt>handed off to</dt><dd><a href=${`#/job/${job.handoff.jobId}`}>${job.handoff.to} (${job.handoff.jobId})</a></dd>`}
         ${Object.keys(job.spec?.labels ?? {}).length > 0 && html`<dt>labels</dt><dd><${Labels} labels=${job.spec?.labels ?? {}} /></dd>`}
@@ -232,6 +239,55 @@ function InputView({ job }: { job: JobRecord }) {
       files.length > 0 &&
       html`<ul class="input-files" data-input-files>${files.map((f) => html`<li><code>${f.path}</code> <span class="note">from ${f.object}</span></li>`)}</ul>`
     }
+  `;
+}
+
+/**
+ * Re-run: the job's input as indented JSON in a textarea (its value, never markup), checked as
+ * JSON here before anything is sent; then `jobs.rerun` with it, and the new job's page.
+ */
+function RerunEditor({ api, job, onClose }: { api: Api; job: JobRecord; onClose: () => void }) {
+  const [text, setText] = useState(() => JSON.stringify(job.spec?.input ?? null, null, 2));
+  const [invalid, setInvalid] = useState<string | undefined>(undefined);
+  const [error, setError] = useState<Error | undefined>(undefined);
+  const [sending, setSending] = useState(false);
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    setError(undefined);
+    let input: unknown;
+    try {
+      input = JSON.parse(text);
+    } catch (err) {
+      setInvalid(`The input is not JSON, nothing was sent: ${(err as Error).message}`);
+      return;
+    }
+    setInvalid(undefined);
+    setSending(true);
+    try {
+      const { job: fresh } = await api.request<{ job: JobRecord }>("jobs.rerun", { id: job.id, input });
+      location.hash = `#/job/${encodeURIComponent(fresh.id)}`;
+    } catch (err) {
+      setError(err as Error);
+      setSending(false);
+    }
+  };
+  const lines = Math.min(20, Math.max(4, text.split("\n").length + 1));
+  return html`
+    <div class="rerun" data-rerun>
+      <p class="note">Runs this job's spec again as a new job (same agent, labels, pool and files) with this input:</p>
+      <textarea data-rerun-input aria-label="input of the new job (JSON)" spellcheck="false" rows=${lines} value=${text}
+        onInput=${(e: Event) => {
+          setText((e.target as HTMLTextAreaElement).value);
+          setInvalid(undefined);
+        }}
+        onKeyDown=${(e: KeyboardEvent) => (e.ctrlKey || e.metaKey) && e.key === "Enter" && void submit(e)}></textarea>
+      ${invalid && html`<p class="error" role="alert" data-rerun-error>${invalid}</p>`}
+      <${Failure} error=${error} />
+      <div class="actions">
+        <button data-action="rerun-submit" disabled=${sending} onClick=${submit}>${sending ? "Submitting…" : "Run as a new job"}</button>
+        <button class="link" data-action="rerun-close" onClick=${onClose}>close</button>
+      </div>
+    </div>
   `;
 }
 
