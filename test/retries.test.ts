@@ -168,11 +168,14 @@ describe("bad retry input gets a clear error", () => {
     expect(err).toMatchObject({ code: ErrorCode.invalid, issues: [expect.objectContaining({ path: `definition.${path}` })] });
   });
 
-  test("retrying a job that is not dead, or unknown, is refused", async () => {
+  test("retrying a job that succeeded, or an unknown one, is refused", async () => {
     await agent("fine", "true", { maxAttempts: 2 });
     const { job } = await client.submit({ agent: "fine" });
     await client.waitForJob(job.id);
-    await expect(client.retryJob(job.id)).rejects.toMatchObject({ code: ErrorCode.conflict, message: expect.stringContaining("not dead") });
+    await expect(client.retryJob(job.id)).rejects.toMatchObject({
+      code: ErrorCode.conflict,
+      message: expect.stringContaining("only a dead, failed, timed-out or cancelled job can be retried (re-run it instead"),
+    });
     await expect(client.retryJob("no-such-job")).rejects.toMatchObject({ code: ErrorCode.notFound });
   });
 });
