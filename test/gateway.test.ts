@@ -502,22 +502,6 @@ describe("an agent's model calls through its worker", () => {
     expect(calls.map((e) => [e.type, e.call?.status, e.call?.refused])).toEqual([["model_call", 429, "budget"]]);
   }, 60_000);
 
-  test("an agent whose provider's key the worker does not hold fails before it starts, saying which flag gives it", async () => {
-    await using system = await localSystem();
-    await system.client.applyAgent({
-      name: "keyless",
-      command: "true",
-      runtime: { sandbox: "host" },
-      trusted: true,
-      models: { providers: ["anthropic"] },
-    });
-    const { job } = await system.client.submit({ agent: "keyless" });
-    const done = await system.client.waitForJob(job.id);
-    expect(done.state).toBe("failed");
-    expect(done.error).toMatchObject({ code: "missing_secret" });
-    expect(done.error?.message).toContain("--model-key anthropic=VARIABLE");
-  }, 30_000);
-
   test("attack: an agent hunting for the key (its environment, every process's environment and command line, its files) finds none when host agents run as their own user; run as the worker's user, it finds it in the worker's environment", async () => {
     await using standInE2e = await startModelStandIn();
     await using dir = await scratch("boxcar-gw-");

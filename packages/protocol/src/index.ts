@@ -140,7 +140,7 @@ export {
 } from "./job.js";
 export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
-export { AgentModels, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
+export { AgentModels, GatewayReach, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
@@ -260,6 +260,7 @@ export {
   InFlightFate,
   InFlightJob,
   inFlightFate,
+  modelsRefusal,
   WorkerInfo,
   WorkerState,
   WorkerStatus,

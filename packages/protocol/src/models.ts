@@ -25,6 +25,14 @@ export const AgentModels = z.strictObject({
 });
 export type AgentModels = z.infer<typeof AgentModels>;
 
+/** What a worker's model gateway offers, as its presence says: the providers whose keys it holds, and whether sandboxes off its machine (E2B) can reach it. */
+export const GatewayReach = z.strictObject({
+  providers: z.array(ModelProvider),
+  /** It has a public address (`--model-gateway-url`). */
+  public: z.boolean(),
+});
+export type GatewayReach = z.infer<typeof GatewayReach>;
+
 /** One call an agent made through the gateway, as its `model_call` event says (never the prompt or the answer). */
 export const ModelCall = z.strictObject({
   provider: ModelProvider,

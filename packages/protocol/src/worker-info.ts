@@ -1,6 +1,9 @@
 import { z } from "zod";
 import { type AgentDefinition, PoolName, PROTOCOL_VERSION } from "./agent.js";
+import { BoxcarError, ErrorCode } from "./errors.js";
 import { isTerminal, type JobRecord, JobState } from "./job.js";
+import { type AgentModels, GatewayReach } from "./models.js";
+import { modelsOfAgent } from "./prompt-agent.js";
 import { RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
 import { goneAfterMs, WORKER_STATUSES, workerStatus } from "./worker-status.js";
 
@@ -32,6 +35,8 @@ export const WorkerInfo = z.looseObject({
   warm: z.number().int().nonnegative().optional(),
   /** It takes the jobs submitted to its sessions, from its own consumer (absent: a worker of an earlier release, which does not). */
   sessionJobs: z.boolean().optional(),
+  /** What its model gateway offers (absent: a worker of an earlier release, whose keys are not known and not held against it). */
+  models: GatewayReach.optional(),
 });
 export type WorkerInfo = z.infer<typeof WorkerInfo>;
 
@@ -122,14 +127,45 @@ export async function workerViews(
 }
 
 /**
- * Why `info`'s worker cannot run `agent` (a `no_sandbox` message that says what to change), or
- * undefined when it can: what it offers and its policy decide, as they will when it pulls the job.
+ * Why `info`'s worker cannot run `agent` (a message that says what to change), or undefined when
+ * it can: what it offers (sandboxes, and its model gateway's keys) and its policy decide, as they
+ * will when it pulls the job.
  */
 export function whyCannotServe(info: WorkerInfo, agent: AgentDefinition): string | undefined {
   try {
-    resolveRuntime(agent.runtime, agent.trusted, new Set(info.sandboxes), info.policy);
-    return undefined;
+    const runtime = resolveRuntime(agent.runtime, agent.trusted, new Set(info.sandboxes), info.policy);
+    if (!info.models) return undefined;
+    return modelsRefusal(modelsOfAgent(agent), agent.prompt ? undefined : runtime.kind, info.models)?.message;
   } catch (err) {
     return (err as Error).message;
   }
+}
+
+/**
+ * Why a worker whose gateway offers `gateway` (undefined: it runs none) cannot give an agent its
+ * `models` in a `sandbox` of that kind (undefined for a prompt agent, whose calls are the
+ * worker's own), or undefined when it can. The worker checks it before a job starts, and the
+ * dispatchers check every live worker's presence with it at submit.
+ */
+export function modelsRefusal(
+  models: AgentModels | undefined,
+  sandbox: SandboxBackend | undefined,
+  gateway: GatewayReach | undefined,
+): BoxcarError | undefined {
+  if (!models) return undefined;
+  const held = gateway?.providers ?? [];
+  const missing = models.providers.filter((p) => !held.includes(p));
+  if (missing.length > 0) {
+    return new BoxcarError(
+      ErrorCode.missingSecret,
+      `this worker holds no key for ${missing.join(", ")} (models.providers): start it with ${missing.map((p) => `--model-key ${p}=VARIABLE`).join(" ")}`,
+    );
+  }
+  if (sandbox === "e2b" && !gateway?.public) {
+    return new BoxcarError(
+      ErrorCode.noSandbox,
+      "an E2B sandbox reaches the model gateway only at an address E2B's cloud can reach: expose this worker's gateway and give it as --model-gateway-url URL (models.publicUrl) (docs/models.md#e2b-agents)",
+    );
+  }
+  return undefined;
 }

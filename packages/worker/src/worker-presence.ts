@@ -1,7 +1,14 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { nowIso, publishEvent } from "@boxcar/fabric";
-import { type ErrorInfo, PROTOCOL_VERSION, WORK_ITEM_VERSION, type WorkerEventType, type WorkerInfo } from "@boxcar/protocol";
+import {
+  type ErrorInfo,
+  type GatewayReach,
+  PROTOCOL_VERSION,
+  WORK_ITEM_VERSION,
+  type WorkerEventType,
+  type WorkerInfo,
+} from "@boxcar/protocol";
 import type { SandboxBackend } from "./sandbox/sandbox.js";
 import type { ResolvedWorkerOptions } from "./worker-options.js";
 
@@ -22,6 +29,8 @@ export interface WorkerPresenceContext {
   warm(): number;
   /** Whether it takes jobs to run in its sessions. */
   sessionJobs: boolean;
+  /** What its model gateway offers (no providers when it runs none). */
+  models(): GatewayReach;
   /** Runs one step of the worker's lifecycle; a failure is logged and never thrown. */
   step(what: string, action: () => Promise<unknown>): Promise<void>;
 }
@@ -89,6 +98,7 @@ export class WorkerPresence {
       workItems: [1, WORK_ITEM_VERSION],
       warm: this.ctx.warm(),
       sessionJobs: this.ctx.sessionJobs,
+      models: this.ctx.models(),
     };
     await options.topology.workers.put(options.workerId, JSON.stringify(info));
   }

@@ -107,6 +107,7 @@ class BoxcarWorker implements Worker {
       jobs: () => this.runs.ids(),
       draining: () => this.state === "draining",
       sandboxes: () => this.capabilities,
+      models: () => this.gateway?.reach() ?? { providers: [], public: false },
       probe: () => this.refreshCapabilities(),
       warm: () => this.warmReady(),
       sessionJobs: this.holdsSessions,

@@ -11,7 +11,7 @@ import {
 import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
 import type { AddressInfo } from "node:net";
 import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
-import { addUsage, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
+import { addUsage, type GatewayReach, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
 import { MAX_METERED_BODY, MAX_RECORDED_BODY, parseRequest, readBody, UsageChunkFilter } from "./bodies.js";
 import type { CallLimiter } from "./call-limits.js";
 import { type Metered, meterJson, SseMeter } from "./meter.js";
@@ -192,6 +192,11 @@ export class ModelGateway {
   /** The providers it holds a key for. */
   get providers(): ModelProvider[] {
     return Object.keys(this.options.providers) as ModelProvider[];
+  }
+
+  /** What it offers, as the worker's presence says: the providers it holds a key for, and whether it has a public address. */
+  reach(): GatewayReach {
+    return { providers: this.providers, public: this.publicUrl !== undefined };
   }
 
   /** Opens a pass for one attempt: a new token, valid until `close`. */

@@ -46,7 +46,7 @@ export interface AttemptWorker {
   /** Where the attempt's figures go when the worker serves metrics. */
   metrics: WorkerMetrics | undefined;
   /** The model gateway, when the worker holds providers' keys: agents that list `models` call them through it. */
-  gateway: Pick<ModelGateway, "open" | "providers" | "listenUnix" | "publicUrl"> | undefined;
+  gateway: Pick<ModelGateway, "open" | "reach" | "listenUnix" | "publicUrl"> | undefined;
 }
 
 /** What one attempt is given by the delivery that claimed its job. */

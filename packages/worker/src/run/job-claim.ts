@@ -10,6 +10,7 @@ import {
   type JobEventType,
   type JobRecord,
   modelsOfAgent,
+  modelsRefusal,
   type ResolvedRuntime,
   resolveRuntime,
   toErrorInfo,
@@ -18,7 +19,6 @@ import {
   whyCannotServe,
 } from "@boxcar/protocol";
 import type { ModelGateway } from "../gateway/gateway.js";
-import { checkModels } from "../gateway/models-check.js";
 import type { SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
 import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { collectSecrets } from "../workspace/agent-contract.js";
@@ -26,8 +26,14 @@ import { collectSecrets } from "../workspace/agent-contract.js";
 /** A lost outcome event is published again only this soon after the job ended (the events stream's duplicate window is 2 min). */
 const REPUBLISH_WITHIN_MS = 90_000;
 
-/** What the claim decided before touching the record: the sandbox and the agent's secrets, or why the job cannot run. */
-export type Preflight = { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> } | { ok: false; error: ErrorInfo };
+/**
+ * What the claim decided before touching the record: the sandbox and the agent's secrets, or why
+ * the job cannot run, and whether another worker may (what this one offers does not fit the
+ * agent: its sandboxes, or its model gateway's keys), so that it is handed back for one that does.
+ */
+export type Preflight =
+  | { ok: true; runtime: ResolvedRuntime; secrets: Map<string, string> }
+  | { ok: false; error: ErrorInfo; otherMayRun: boolean };
 
 /** What a claim's checks use of the worker. */
 export interface ClaimWorker {
@@ -35,18 +41,20 @@ export interface ClaimWorker {
   /** Backends whose provider is available now. */
   capabilities(): ReadonlySet<SandboxBackend>;
   providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
-  gateway: Pick<ModelGateway, "providers" | "publicUrl"> | undefined;
+  gateway: Pick<ModelGateway, "reach"> | undefined;
 }
 
-/** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, or a secret is missing. */
+/** What can fail before anything starts: the worker's policy refuses the agent, no sandbox fits, its gateway lacks a provider's key, or a secret is missing. */
 export function preflightCheck(item: WorkItem, worker: ClaimWorker): Preflight {
   try {
     checkAgentPolicy(item.agent, worker.options.agentPolicy, "this worker's policy");
     const runtime = resolveRuntime(item.agent.runtime, item.agent.trusted, worker.capabilities(), worker.options.policy);
-    checkModels(modelsOfAgent(item.agent), item.agent.prompt ? undefined : runtime.kind, worker.gateway);
+    const unreachable = modelsRefusal(modelsOfAgent(item.agent), item.agent.prompt ? undefined : runtime.kind, worker.gateway?.reach());
+    if (unreachable) return { ok: false, error: toErrorInfo(unreachable), otherMayRun: true };
     return { ok: true, runtime, secrets: collectSecrets(item.agent, worker.options.secretsEnv) };
   } catch (err) {
-    return { ok: false, error: toErrorInfo(err) };
+    const error = toErrorInfo(err);
+    return { ok: false, error, otherMayRun: error.code === ErrorCode.noSandbox };
   }
 }
 

@@ -180,7 +180,7 @@ export class JobRun {
     const taken = takeInput(this.item, found.record);
     if ("item" in taken) this.item = taken.item;
     let preflight: Preflight;
-    if ("error" in taken) preflight = { ok: false, error: taken.error };
+    if ("error" in taken) preflight = { ok: false, error: taken.error, otherMayRun: false };
     else if (this.item.session === undefined || isTerminal(found.record.state)) preflight = preflightCheck(this.item, this.ctx);
     else {
       const lent = await this.borrowSession(this.item.session);
@@ -188,7 +188,7 @@ export class JobRun {
       preflight = lent;
     }
     // Handed back for another worker of the pool, unless it is a job of a session here (none other can run it).
-    if (!preflight.ok && preflight.error.code === ErrorCode.noSandbox && !isTerminal(found.record.state) && !this.item.session) {
+    if (!preflight.ok && preflight.otherMayRun && !isTerminal(found.record.state) && !this.item.session) {
       const other = await capableWorker(this.topology, this.ctx.options.workerId, found.record.pool, this.item.agent);
       if (other) {
         // Not for this worker: hand it back (after a pause) for one that can run it.
@@ -361,7 +361,7 @@ export class JobRun {
     } catch (err) {
       // Too many waiting, or this run was stopped while it waited: handed back.
       if ((err instanceof BoxcarError && err.code === ErrorCode.conflict) || this.stopReason) return "busy";
-      return { ok: false, error: toErrorInfo(err) };
+      return { ok: false, error: toErrorInfo(err), otherMayRun: false };
     }
   }
 
