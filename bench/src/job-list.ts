@@ -4,9 +4,11 @@
  * over 10 agents) are written straight into the jobs bucket, then a dispatcher starts (in this
  * process) and replays them. Timed, BENCH_ROUNDS times each (default 50): `jobs.list` through the
  * SDK with a state filter, with an agent filter and with none (20 a page), and the `boxcar jobs`
- * command as a user runs it (a new process each time, so its start is counted).
+ * command as a user runs it (a new process each time, so its start is counted). Also the
+ * dispatcher's heap per job once it has replayed them (run with --expose-gc, as the script does).
  */
 import { execFile } from "node:child_process";
+import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { createClient } from "@boxcar/client";
@@ -53,12 +55,15 @@ async function main(): Promise<void> {
     }
     const writeSeconds = (performance.now() - writeStart) / 1000;
 
+    const heapBefore = settledHeap();
     const started = performance.now();
     const dispatcher = await startDispatcher({ topology });
     const client = createClient(topology);
     const first = await client.listJobs({ state: "failed", limit: 20 });
     const firstMs = performance.now() - started;
     if (first.jobs.length !== 20 || first.jobs.some((j) => j.state !== "failed")) throw new Error("the first page is not 20 failed jobs");
+    await sleep(2_000); // the replay's garbage collected, what stays is what the dispatcher keeps
+    const heapPerJob = (settledHeap() - heapBefore) / n;
 
     const time = async (request: Parameters<typeof client.listJobs>[0]) => {
       const samples: number[] = [];
@@ -99,13 +104,22 @@ async function main(): Promise<void> {
     const version = summarize(bare);
     rows.push(["boxcar --help (the process start alone)", ms(version.p50), ms(version.p99), ms(version.max)]);
     process.stdout.write(
-      `${n} jobs written in ${writeSeconds.toFixed(1)} s; a dispatcher started and listed the first page in ${firstMs.toFixed(0)} ms; RSS ${(process.memoryUsage().rss / 1024 ** 2).toFixed(0)} MiB (this process: server client, dispatcher)\n${table(rows)}\n`,
+      `${n} jobs written in ${writeSeconds.toFixed(1)} s; a dispatcher started and listed the first page in ${firstMs.toFixed(0)} ms, keeping ${heapPerJob.toFixed(0)} bytes of heap a job; RSS ${(process.memoryUsage().rss / 1024 ** 2).toFixed(0)} MiB (this process: server client, dispatcher)\n${table(rows)}\n`,
     );
     await dispatcher.close();
   } finally {
     await nc.close();
     await server.stop();
   }
+}
+
+/** The heap in use after two full collections (0 without --expose-gc). */
+function settledHeap(): number {
+  const gc = (globalThis as { gc?: () => void }).gc;
+  if (!gc) return 0;
+  gc();
+  gc();
+  return process.memoryUsage().heapUsed;
 }
 
 await main();
