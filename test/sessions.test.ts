@@ -4,7 +4,11 @@
  * and in the reply, one command at a time, owners only, the idle bound, close.
  */
 
+import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { BoxcarError, type SessionRecord } from "@boxcar/protocol";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -156,5 +160,47 @@ describe("sessions", () => {
     expect((await admin.client.getSession(id)).state).toBe("closed");
     expect((await exited(following)).code).toBe(0);
     expect(following.output()).toMatch(/exec_exited\s+\S+\.2\s+exit 0[\s\S]*session\s+closed/);
+  });
+
+  test("a host session: a file copied in and out in parts, a watch's events, input to a background process", async () => {
+    const session = await admin.client.openSession({ agent: "shell" });
+    const { id } = session;
+    // In parts (each 512 KiB: 1.2 MiB in three), checked against its SHA-256, and out again.
+    const data = Buffer.alloc(1_200_000, "boxcar ");
+    const dir = await mkdtemp(join(tmpdir(), "boxcar-host-files-"));
+    try {
+      await writeFile(join(dir, "in.bin"), data);
+      const [copied] = await admin.client.copyToSession(id, join(dir, "in.bin"), "data/in.bin");
+      expect(copied?.sha256).toBe(createHash("sha256").update(data).digest("hex"));
+      await admin.client.copyFromSession(id, "data/in.bin", join(dir, "out.bin"));
+      expect((await readFile(join(dir, "out.bin"))).equals(data)).toBe(true);
+      // Copied again: whole there already, nothing is sent. An empty file goes both ways too.
+      const [again] = await admin.client.copyToSession(id, join(dir, "in.bin"), "data/in.bin");
+      expect(again?.resumedFrom).toBe(data.length);
+      await writeFile(join(dir, "empty"), "");
+      await admin.client.copyToSession(id, join(dir, "empty"), "data/");
+      expect(await admin.client.statSessionFile(id, "data/empty")).toEqual({ path: "data/empty", type: "file", size: 0 });
+      const [back] = await admin.client.copyFromSession(id, "data/empty", `${dir}/`);
+      expect(back?.local).toBe(join(dir, "empty"));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    await expect(admin.client.statSessionFile(id, "../outside")).rejects.toMatchObject({ code: "invalid" });
+    // A watch: run by the helper alone, with the worker's Node.js, in the workspace.
+    const watch = await admin.client.watchSession({ id, path: "data" });
+    await admin.client.execInSession({ id, argv: ["sh", "-c", "echo more >> data/in.bin"] });
+    const changed = await eventually(async () => {
+      for await (const e of admin.client.sessionEvents(id)) {
+        if (e.kind === "session" && e.type === "file_changed" && e.watchId === watch.watchId) return `${e.change} ${e.path}`;
+      }
+      return undefined;
+    }, "the watch's event");
+    expect(changed).toBe("modified data/in.bin");
+    // Input: a named pipe the worker holds, read by the process.
+    const cat = await admin.client.startInSession({ id, argv: ["cat"], openStdin: true, stdin: Buffer.from("one\n").toString("base64") });
+    await admin.client.inputInSession(id, cat.execId, "two\n", { close: true });
+    const ended = await admin.client.waitInSession({ id, execId: cat.execId, timeout: "10s" });
+    expect(text(ended.result?.stdout ?? "")).toBe("one\ntwo\n");
+    await admin.client.closeSession(id);
   });
 });

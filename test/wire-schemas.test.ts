@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { readStream } from "@boxcar/fabric";
 import { API_CONTRACT, type ApiEndpoint, type ApiReplyData, apiSchemaFile, jsonSchemas } from "@boxcar/protocol";
 import { Svcm } from "@nats-io/services";
@@ -140,6 +141,21 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.exec", { id: session.id, argv: ["sh", "-c", "cat > got.txt"], stdin: Buffer.from("hi").toString("base64") });
   await call("sessions.files.write", { id: session.id, path: "dir/note.txt", data: Buffer.from("note").toString("base64") });
   await call("sessions.files.read", { id: session.id, path: "got.txt" });
+  // A file in parts, checked by its SHA-256; read by a range; its size and hash; a watch of its folder.
+  const { watch } = await call("sessions.watch", { id: session.id, path: "dir", timeout: "1m" });
+  await call("sessions.files.write", {
+    id: session.id,
+    path: "dir/big.txt",
+    data: Buffer.from("part one ").toString("base64"),
+    offset: 0,
+    size: 17,
+  });
+  const whole = createHash("sha256").update("part one part two").digest("hex");
+  const part = { data: Buffer.from("part two").toString("base64"), offset: 9, size: 17, sha256: whole };
+  await call("sessions.files.write", { id: session.id, path: "dir/big.txt", ...part });
+  await call("sessions.files.read", { id: session.id, path: "dir/big.txt", offset: 5, length: 8 });
+  await call("sessions.files.stat", { id: session.id, path: "dir/big.txt", sha256: true });
+  await call("sessions.unwatch", { id: session.id, watchId: watch.watchId });
   await call("sessions.files.list", { id: session.id, path: "dir" });
   await call("sessions.files.remove", { id: session.id, path: "dir" });
   const { snapshot } = await call("sessions.snapshot", { id: session.id });
@@ -159,6 +175,8 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.processes", { id: session.id });
   await call("sessions.wait", { id: session.id, execId: process.execId, timeout: 0 });
   await call("sessions.kill", { id: session.id, execId: process.execId });
+  const fed = (await call("sessions.start", { id: session.id, argv: ["cat"], openStdin: true })).process;
+  await call("sessions.input", { id: session.id, execId: fed.execId, data: Buffer.from("hi").toString("base64"), close: true });
   const big = await call("sessions.exec", { id: session.id, argv: ["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"] });
   await call("sessions.output", { id: session.id, execId: big.execId, offset: 4_500_000, length: 1000 });
   await call("sessions.get", { id: session.id });

@@ -27,22 +27,28 @@ import type {
   OutputReply,
   OutputRequestInput,
   ProcessInfo,
+  ReadSessionFileInput,
   RunSignalReply,
   ScheduleDefinitionInput,
   ScheduleRecord,
+  SessionFileStat,
   SessionRecord,
   SetPolicyReply,
   SnapshotInfo,
+  StartRequestInput,
   StartRunRequest,
   SystemPolicy,
   SystemPolicyInput,
   UsageReply,
   WaitReply,
   WaitRequestInput,
+  WatchInfo,
+  WatchRequestInput,
   WorkerInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
 import type { FollowOptions } from "./follow.js";
+import type { CopiedFile, CopyOptions } from "./session-transfers.js";
 
 export interface ClientOptions {
   /** How long to wait for a dispatcher's reply; default 10 s. */
@@ -135,8 +141,18 @@ export interface BoxcarClient {
   execInSession(request: ExecRequestInput): Promise<ExecReply>;
   /** Stops the command running in the session (its `execInSession` answers with `cancelled`). */
   cancelInSession(id: string): Promise<SessionRecord>;
-  /** Starts a command in the session's background; it returns at once, and runs beside its commands and jobs. */
-  startInSession(request: ExecRequestInput): Promise<ProcessInfo>;
+  /**
+   * Starts a command in the session's background; it returns at once, and runs beside its
+   * commands and jobs. `openStdin`: its stdin stays open for `inputInSession`.
+   */
+  startInSession(request: StartRequestInput): Promise<ProcessInfo>;
+  /** Writes `data` to the stdin of a background process started with `openStdin`; `close`: its stdin is closed after. */
+  inputInSession(
+    id: string,
+    execId: string,
+    data: Uint8Array | string,
+    opts?: { close?: boolean },
+  ): Promise<{ process: ProcessInfo; written: number }>;
   /** The session's background processes, running and (the last 32) ended. */
   sessionProcesses(id: string): Promise<ProcessInfo[]>;
   /** Waits up to `timeout` for a background process to end: its state, and its result (as an exec's) once it ended. */
@@ -147,15 +163,36 @@ export interface BoxcarClient {
   keptOutput(id: string, execId: string, stream?: "stdout" | "stderr", offset?: number): AsyncGenerator<Uint8Array>;
   /** Kills a background process (its whole process group). */
   killInSession(id: string, execId: string): Promise<ProcessInfo>;
-  /** A file of the session's workspace (at most 512 KiB). */
+  /** A file of the session's workspace (at most 512 KiB; larger: `readSessionFilePart`, or `copyFromSession`). */
   readSessionFile(id: string, path: string): Promise<Uint8Array>;
-  /** Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces what was there (`executable`: mode 0755). */
+  /** A part of a file of the session's workspace (`length`, at most 512 KiB, from `offset`), and the whole file's size. */
+  readSessionFilePart(request: ReadSessionFileInput): Promise<{ data: Uint8Array; offset: number; fileSize: number }>;
+  /**
+   * Writes a file in the session's workspace (at most 512 KiB), making its folders; it replaces
+   * what was there (`executable`: mode 0755). Or a part of a larger one: `offset` (0 starts it,
+   * more adds to it) and the whole file's `size`; `sha256`, with its last part, has the session
+   * check the file once written.
+   */
   writeSessionFile(
     id: string,
     path: string,
     data: Uint8Array | string,
-    opts?: { executable?: boolean },
-  ): Promise<{ path: string; size: number }>;
+    opts?: { executable?: boolean; offset?: number; size?: number; sha256?: string },
+  ): Promise<{ path: string; size: number; fileSize?: number; sha256?: string }>;
+  /** What a path of the session's workspace is: a file (its size; with `sha256`, its SHA-256 too) or a folder. */
+  statSessionFile(id: string, path: string, opts?: { sha256?: boolean }): Promise<SessionFileStat>;
+  /**
+   * Copies a local file or folder into the session, in parts, each file checked by its SHA-256
+   * there; a copy interrupted goes on from what the session holds (docs/sessions.md#big-files).
+   * A folder's files go under `path`; a file into a folder there goes in by its name.
+   */
+  copyToSession(id: string, localPath: string, path: string, opts?: CopyOptions): Promise<CopiedFile[]>;
+  /** Copies a file or folder of the session here, in parts, each checked by its SHA-256; an interrupted copy goes on from its `.boxcar-part` file. */
+  copyFromSession(id: string, path: string, localPath: string, opts?: CopyOptions): Promise<CopiedFile[]>;
+  /** Watches a path of the session's workspace (default: all of it): each change is a `file_changed` event of the session's. */
+  watchSession(request: WatchRequestInput): Promise<WatchInfo>;
+  /** Stops a watch. */
+  unwatchSession(id: string, watchId: string): Promise<WatchInfo>;
   /** The regular files of the session's workspace, or of one folder of it. */
   listSessionFiles(request: ListSessionFilesInput): Promise<{ files: Array<{ path: string; size: number }>; truncated: boolean }>;
   /** Removes a file or folder of the session's workspace; false when there was none. */

@@ -27,11 +27,14 @@ import {
   type OutputRequestInput,
   ownerOf,
   parseDurationMs,
+  type ReadSessionFileInput,
   type ScheduleDefinitionInput,
   type SignalRequest,
+  type StartRequestInput,
   type StartRunRequest,
   type SystemPolicyInput,
   type WaitRequestInput,
+  type WatchRequestInput,
 } from "@boxcar/protocol";
 import type { BoxcarClient, ClientOptions, JobEventsOptions, LogChunk, SubmitOptions } from "./boxcar-client.js";
 import {
@@ -48,6 +51,7 @@ import {
 import { DispatcherApi } from "./dispatcher-api.js";
 import { downloadArtifacts, uploadInput } from "./file-transfers.js";
 import { type FollowOptions, followPages, type HistoryPage } from "./follow.js";
+import { type CopyOptions, copyFromSession, copyToSession, HASHING_WAIT_MS } from "./session-transfers.js";
 
 /** How long a client waits for a session to open, and beyond an exec's timeout for its answer. */
 const SESSION_OPEN_WAIT_MS = 150_000;
@@ -193,8 +197,14 @@ class Client implements BoxcarClient, HistoryReader {
   }
 
   /** Starts a command in the session's background: it returns at once (docs/sessions.md#background-processes). */
-  async startInSession(request: ExecRequestInput) {
+  async startInSession(request: StartRequestInput) {
     return (await this.api.request(ApiEndpoint.sessionsStart, request)).process;
+  }
+
+  inputInSession(id: string, execId: string, data: Uint8Array | string, opts: { close?: boolean } = {}) {
+    const body = { id, execId, data: Buffer.from(data).toString("base64"), ...(opts.close ? { close: true } : {}) };
+    // The process has 30 s to take it.
+    return this.api.request(ApiEndpoint.sessionsInput, body, Math.max(this.api.timeoutMs, SESSION_EXEC_MARGIN_MS));
   }
 
   async sessionProcesses(id: string) {
@@ -235,9 +245,50 @@ class Client implements BoxcarClient, HistoryReader {
     return Buffer.from((await this.api.request(ApiEndpoint.sessionsFilesRead, { id, path })).data, "base64");
   }
 
-  writeSessionFile(id: string, path: string, data: Uint8Array | string, opts: { executable?: boolean } = {}) {
-    const body = { id, path, data: Buffer.from(data).toString("base64"), ...(opts.executable ? { executable: true } : {}) };
-    return this.api.request(ApiEndpoint.sessionsFilesWrite, body);
+  async readSessionFilePart(request: ReadSessionFileInput) {
+    const part = await this.api.request(ApiEndpoint.sessionsFilesRead, { ...request, offset: request.offset ?? 0 });
+    return { data: new Uint8Array(Buffer.from(part.data, "base64")), offset: part.offset ?? 0, fileSize: part.fileSize ?? part.size };
+  }
+
+  writeSessionFile(
+    id: string,
+    path: string,
+    data: Uint8Array | string,
+    opts: { executable?: boolean; offset?: number; size?: number; sha256?: string } = {},
+  ) {
+    const body = {
+      id,
+      path,
+      data: Buffer.from(data).toString("base64"),
+      ...(opts.executable ? { executable: true } : {}),
+      ...(opts.offset !== undefined ? { offset: opts.offset } : {}),
+      ...(opts.size !== undefined ? { size: opts.size } : {}),
+      ...(opts.sha256 !== undefined ? { sha256: opts.sha256 } : {}),
+    };
+    // A checked write has the session hash the file.
+    return this.api.request(ApiEndpoint.sessionsFilesWrite, body, opts.sha256 ? HASHING_WAIT_MS : this.api.timeoutMs);
+  }
+
+  statSessionFile(id: string, path: string, opts: { sha256?: boolean } = {}) {
+    const sha256 = opts.sha256 === true;
+    return this.api.request(ApiEndpoint.sessionsFilesStat, { id, path, sha256 }, sha256 ? HASHING_WAIT_MS : this.api.timeoutMs);
+  }
+
+  copyToSession(id: string, localPath: string, path: string, opts: CopyOptions = {}) {
+    return copyToSession(this.api, id, localPath, path, opts);
+  }
+
+  copyFromSession(id: string, path: string, localPath: string, opts: CopyOptions = {}) {
+    return copyFromSession(this.api, id, path, localPath, opts);
+  }
+
+  async watchSession(request: WatchRequestInput) {
+    // It answers once its folders are watched (up to 30 s for a large workspace).
+    return (await this.api.request(ApiEndpoint.sessionsWatch, request, Math.max(this.api.timeoutMs, SESSION_EXEC_MARGIN_MS))).watch;
+  }
+
+  async unwatchSession(id: string, watchId: string) {
+    return (await this.api.request(ApiEndpoint.sessionsUnwatch, { id, watchId })).watch;
   }
 
   listSessionFiles(request: ListSessionFilesInput) {

@@ -6,3 +6,4 @@ export { createClient } from "./client.js";
 export type { ResolveConnectionOptions, ResolvedConnection } from "./connection.js";
 export { connectNats, DEFAULT_NATS_URL, identityOf, readNatsContext, resolveConnection } from "./connection.js";
 export type { FollowOptions } from "./follow.js";
+export type { CopiedFile, CopyOptions } from "./session-transfers.js";

@@ -181,7 +181,16 @@ export const WorkflowEvent = z.looseObject({
 });
 export type WorkflowEvent = z.infer<typeof WorkflowEvent>;
 
-export const SessionEventType = z.enum(["opened", "exec_started", "exec_exited", "job_started", "job_ended", "snapshot", "closed"]);
+export const SessionEventType = z.enum([
+  "opened",
+  "exec_started",
+  "exec_exited",
+  "job_started",
+  "job_ended",
+  "snapshot",
+  "file_changed",
+  "closed",
+]);
 export type SessionEventType = z.infer<typeof SessionEventType>;
 
 /** `<prefix>.evt.session.<owner>.<sessionId>.<type>` */
@@ -205,6 +214,13 @@ export const SessionEvent = z.looseObject({
   reason: z.string().optional(),
   /** On `snapshot`: the snapshot taken; on `opened`: the one it started from, if any. */
   snapshot: z.string().optional(),
+  /**
+   * On `file_changed` (a watch's, `sessions.watch`): the workspace path and how it changed;
+   * `overflow`: more changed than a watch reports (its path is the watch's; list the files again).
+   */
+  path: z.string().optional(),
+  change: z.enum(["created", "modified", "removed", "overflow"]).optional(),
+  watchId: z.string().optional(),
   error: ErrorInfo.optional(),
 });
 export type SessionEvent = z.infer<typeof SessionEvent>;

@@ -241,10 +241,37 @@ export const ProcessInfo = z.strictObject({
   timedOut: z.boolean().optional(),
   killed: z.boolean().optional(),
   durationMs: z.number().nonnegative().optional(),
+  /** Started with `openStdin`: whether its stdin still takes input (`sessions.input`), or was closed. */
+  stdin: z.enum(["open", "closed"]).optional(),
 });
 export type ProcessInfo = z.infer<typeof ProcessInfo>;
 
+/** `sessions.start`: an exec's fields, and whether its stdin stays open for `sessions.input`. */
+export const StartRequest = ExecRequest.extend({
+  /** Its stdin stays open after `stdin` (if any): `sessions.input` writes to it, and closes it. Default: closed after `stdin`. */
+  openStdin: z.boolean().default(false),
+});
+export type StartRequest = z.input<typeof StartRequest>;
+
 export const ProcessRef = z.strictObject({ id: SessionId, execId: z.string().min(1).max(128) });
+
+/** The most one `sessions.input` carries. */
+export const MAX_PROCESS_INPUT = 128 * 1024;
+
+/** Input for a background process started with `openStdin`: `data` written to its stdin, then its stdin closed if `close`. */
+export const InputRequest = z.strictObject({
+  id: SessionId,
+  execId: z.string().min(1).max(128),
+  data: inlineBytes(MAX_PROCESS_INPUT, "one input").default(""),
+  /** Closes its stdin once `data` is written: it reads the end of its input. */
+  close: z.boolean().default(false),
+});
+export type InputRequest = z.input<typeof InputRequest>;
+export const InputReply = z.strictObject({
+  process: ProcessInfo,
+  /** The bytes its stdin took. */
+  written: z.number().int().nonnegative(),
+});
 export const ProcessReply = z.strictObject({ process: ProcessInfo });
 export const ProcessesReply = z.strictObject({ processes: z.array(ProcessInfo) });
 export const WaitRequest = z.strictObject({
@@ -260,17 +287,115 @@ export const WaitReply = z.strictObject({ process: ProcessInfo, result: ExecRepl
 export type WaitReply = z.infer<typeof WaitReply>;
 
 export const SessionFileRef = z.strictObject({ id: SessionId, path: SessionPath });
-export const WriteSessionFile = z.strictObject({
+
+/**
+ * The most a session's workspace may hold for a file copied into it in parts to be taken
+ * (docs/sessions.md#big-files): a copy that would pass it is refused as it starts, before a byte
+ * is written. It is the workspace's own default bound.
+ */
+export const SESSION_FILES_QUOTA = 1024 ** 3;
+
+/** A file's SHA-256, in lowercase hex. */
+export const Sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, "a SHA-256 in lowercase hex (64 characters)");
+
+/** A file to read: all of it (at most `MAX_SESSION_FILE_BYTES`), or `length` bytes of it from `offset`. */
+export const ReadSessionFile = z.strictObject({
   id: SessionId,
   path: SessionPath,
-  /** The file's bytes (base64), at most `MAX_SESSION_FILE_BYTES`: it replaces what was there. */
-  data: inlineBytes(MAX_SESSION_FILE_BYTES, "a file written in one request"),
-  /** Mode 0755 (else 0644, or what the file had). */
-  executable: z.boolean().default(false),
+  /** Reads a part from here (to the file's end, at most `length`); the reply says the file's whole size. */
+  offset: z.number().int().nonnegative().optional(),
+  length: z.number().int().nonnegative().max(MAX_SESSION_FILE_BYTES).optional(),
 });
+export type ReadSessionFile = z.input<typeof ReadSessionFile>;
+export const WriteSessionFile = z
+  .strictObject({
+    id: SessionId,
+    path: SessionPath,
+    /** The file's bytes (base64), at most `MAX_SESSION_FILE_BYTES`: the whole file (it replaces what was there), or the part at `offset`. */
+    data: inlineBytes(MAX_SESSION_FILE_BYTES, "a file written in one request"),
+    /** Mode 0755 (else 0644, or what the file had). */
+    executable: z.boolean().default(false),
+    /**
+     * A part of a file written in parts: 0 starts the file (replacing what was there); more adds
+     * `data` to its end, which must be there already (the file holds exactly `offset` bytes, else
+     * `conflict`, naming how many it holds: resume from there).
+     */
+    offset: z.number().int().nonnegative().max(SESSION_FILES_QUOTA).optional(),
+    /** The whole file's size, with `offset`: checked against the session's quota as the copy starts; no part may pass it. */
+    size: z.number().int().nonnegative().max(SESSION_FILES_QUOTA).optional(),
+    /** The whole file's SHA-256, with its last part: once written, the file is checked against it (`conflict` when it differs). */
+    sha256: Sha256Hex.optional(),
+  })
+  .refine((w) => (w.offset === undefined) === (w.size === undefined), {
+    message: "a part of a file (offset) says the whole file's size (size), and only a part does",
+    path: ["size"],
+  });
 export type WriteSessionFile = z.input<typeof WriteSessionFile>;
-export const SessionFileReply = z.strictObject({ path: z.string(), size: z.number().int().nonnegative(), data: z.base64() });
-export const WroteSessionFile = z.strictObject({ path: z.string(), size: z.number().int().nonnegative() });
+export const SessionFileReply = z.strictObject({
+  path: z.string(),
+  /** The bytes in `data`. */
+  size: z.number().int().nonnegative(),
+  data: z.base64(),
+  /** For a part: where it starts, and the whole file's size (`offset` + `size` reaching it is the end). */
+  offset: z.number().int().nonnegative().optional(),
+  fileSize: z.number().int().nonnegative().optional(),
+});
+export const WroteSessionFile = z.strictObject({
+  path: z.string(),
+  /** The bytes written by this request. */
+  size: z.number().int().nonnegative(),
+  /** For a part: the file's size now. */
+  fileSize: z.number().int().nonnegative().optional(),
+  /** The file's SHA-256, when the request asked it to be checked (it was). */
+  sha256: Sha256Hex.optional(),
+});
+/** What a path of the workspace is; with `sha256`, a file's SHA-256 too (read whole, in the session). */
+export const StatSessionFile = z.strictObject({
+  id: SessionId,
+  path: SessionPath,
+  sha256: z.boolean().default(false),
+});
+export type StatSessionFile = z.input<typeof StatSessionFile>;
+export const SessionFileStat = z.strictObject({
+  path: z.string(),
+  /** A regular file, or a folder (symlinks and the rest are no file: `not_found`). */
+  type: z.enum(["file", "folder"]),
+  /** A file's size. */
+  size: z.number().int().nonnegative().optional(),
+  /** With `sha256`: its SHA-256, and whether it is executable. */
+  sha256: Sha256Hex.optional(),
+  executable: z.boolean().optional(),
+});
+export type SessionFileStat = z.infer<typeof SessionFileStat>;
+
+/** The most watches a session keeps at once. */
+export const MAX_SESSION_WATCHES = 4;
+
+/** Watches a path of the workspace (default: all of it) for changes, each a `file_changed` event, until `sessions.unwatch`, its timeout or the session's end. */
+export const WatchRequest = z.strictObject({
+  id: SessionId,
+  /** A folder (or file) of the workspace; default: the workspace. */
+  path: SessionPath.optional(),
+  timeout: durationMs({ min: 1_000, max: 24 * HOUR })
+    .default(10 * 60_000)
+    .describe("the watch ends after this long"),
+});
+export type WatchRequest = z.input<typeof WatchRequest>;
+export const WatchInfo = z.strictObject({
+  /** `<session>.w<n>`: its `file_changed` events carry it. */
+  watchId: z.string(),
+  /** The path watched (`.`: the workspace). */
+  path: z.string(),
+  startedAt: z.iso.datetime(),
+  /** When its timeout ends it. */
+  endsAt: z.iso.datetime(),
+  /** How many folders it watches (each one inotify watch, walked as they come). */
+  folders: z.number().int().nonnegative(),
+  active: z.boolean(),
+});
+export type WatchInfo = z.infer<typeof WatchInfo>;
+export const WatchRef = z.strictObject({ id: SessionId, watchId: z.string().min(1).max(128) });
+export const WatchReply = z.strictObject({ watch: WatchInfo });
 export const ListSessionFiles = z.strictObject({
   id: SessionId,
   /** A folder of the workspace to list; default: all of it. */

@@ -19,22 +19,42 @@
 // bind-mounted folder: a command running meanwhile could swap a folder for a symlink under the
 // worker's feet, and the worker (often root) would follow it on its own machine.
 //
+// The helper's own verbs are asked as commands whose argv[0] is `boxcar-helper`, and answered
+// as a command is (their output in `out` frames, then an `exit`; `kill` stops one):
+//
+//   boxcar-helper hash PATH           a line {"size":N,"sha256":"<hex>","executable":B}: a file's SHA-256, read whole here
+//   boxcar-helper watch PATH          a line {"ready":true,"folders":N}, then one {"path","change"} a change, until killed
+//   boxcar-helper input KEY [--end]   its stdin written to the stdin of the command started with
+//                                     BOXCAR_HELPER_STDIN=KEY in its env (kept open for this), then closed with --end
+//
+// Exit 0: done; 1: refused (why on stderr); 2: no such file or folder. A command started with
+// BOXCAR_HELPER_STDIN in its env (taken out of it) keeps its stdin open after its `stdin`.
+//
+// Run as `node -e <this file> watch PATH` (a host session's watch), it runs that verb alone in
+// the current folder, printing its lines on stdout.
+//
 // It runs as the agent's user, as every command does, so a command can tamper with it: the
 // worker trusts its frames only about that session's own commands and files, and bounds them.
-// Plain CommonJS for the Node.js of the agent image (18 and later); no dependencies.
+// Plain CommonJS for the Node.js of the agent image (18 and later; Node 18 has no recursive
+// fs.watch on Linux, so a watch walks its folders and watches each); no dependencies.
 "use strict";
 const { spawn } = require("node:child_process");
+const { createHash } = require("node:crypto");
 const fs = require("node:fs/promises");
-const { constants: fsConstants, statSync } = require("node:fs");
-const { dirname, join } = require("node:path");
+const { constants: fsConstants, createReadStream, lstatSync, readdirSync, realpathSync, statSync, watch } = require("node:fs");
+const { dirname, join, relative, sep } = require("node:path");
 const { createInterface } = require("node:readline");
 
-const WORKSPACE = "/workspace";
+/** A verb run alone (`node -e <helper> watch PATH`, a host session's), in the current folder; else the container's workspace. */
+const CLI_VERB = process.argv[1] === "watch" ? process.argv[1] : undefined;
+const WORKSPACE = CLI_VERB ? process.cwd() : "/workspace";
 /** How long a command has after SIGTERM before its process group gets SIGKILL, and its pipes after it ends. */
 const GRACE_MS = 2000;
 
 /** The commands under way, by id: a session's host sends one at a time; a prompt agent's sandbox may run an MCP server beside its tools. */
 const running = new Map();
+/** Commands whose stdin stays open for input, by the key their start named (BOXCAR_HELPER_STDIN). */
+const inputs = new Map();
 
 function send(frame) {
   return process.stdout.write(`${JSON.stringify(frame)}\n`);
@@ -64,15 +84,23 @@ function run(req) {
     running.delete(id);
     send({ t: "exit", id, ...frame });
   };
+  if (req.argv[0] === "boxcar-helper") {
+    verb(req, finish);
+    return;
+  }
   const cwd = req.cwd ? inWorkspace(req.cwd) : WORKSPACE;
   if (!isFolder(cwd)) {
     finish({ code: null, signal: null, error: `cwd ${req.cwd}: no such folder in the workspace` });
     return;
   }
+  // Its stdin stays open for input (`boxcar-helper input KEY`): the key is the helper's, not the command's.
+  const env = { ...req.env };
+  const inputKey = env.BOXCAR_HELPER_STDIN;
+  delete env.BOXCAR_HELPER_STDIN;
   try {
     child = spawn(req.argv[0], req.argv.slice(1), {
       cwd,
-      env: req.env,
+      env,
       detached: true,
       stdio: ["pipe", "pipe", "pipe"],
     });
@@ -81,6 +109,12 @@ function run(req) {
     return;
   }
   running.set(id, { child, timers });
+  if (typeof inputKey === "string" && inputKey !== "") {
+    inputs.set(inputKey, child);
+    child.once("close", () => {
+      if (inputs.get(inputKey) === child) inputs.delete(inputKey);
+    });
+  }
   for (const stream of ["stdout", "stderr"]) {
     const pipe = child[stream];
     pipe.on("data", (chunk) => {
@@ -92,7 +126,10 @@ function run(req) {
     });
   }
   child.stdin.on("error", () => {});
-  child.stdin.end(req.stdin ? Buffer.from(req.stdin, "base64") : undefined);
+  const stdin = req.stdin ? Buffer.from(req.stdin, "base64") : undefined;
+  if (inputs.get(inputKey) === child) {
+    if (stdin) child.stdin.write(stdin);
+  } else child.stdin.end(stdin);
   child.once("error", (err) => finish({ code: null, signal: null, error: err.message }));
   child.once("exit", () => {
     // The command ends with everything it started in its group; a process that left the
@@ -108,9 +145,258 @@ function run(req) {
   child.once("close", (code, signal) => finish({ code, signal }));
 }
 
+/**
+ * One of the helper's own verbs (`boxcar-helper VERB ...`), answered as a command: its lines as
+ * output, then its exit (0 done, 1 refused, 2 no such file or folder; why on stderr).
+ */
+function verb(req, finish) {
+  const id = req.id;
+  const [, name, ...args] = req.argv;
+  const out = (frame) => send({ t: "out", id, s: "stdout", d: Buffer.from(`${JSON.stringify(frame)}\n`).toString("base64") });
+  const fail = (code, message) => {
+    send({ t: "out", id, s: "stderr", d: Buffer.from(`${message}\n`).toString("base64") });
+    finish({ code, signal: null });
+  };
+  const entry = { timers: [] };
+  running.set(id, entry);
+  try {
+    if (name === "hash") {
+      entry.stop = () => finish({ code: null, signal: "SIGTERM" });
+      hashFile(args[0] ?? "").then(
+        (hashed) => {
+          out(hashed);
+          finish({ code: 0, signal: null });
+        },
+        (err) => fail(err.code === "ENOENT" ? 2 : 1, err.message),
+      );
+    } else if (name === "watch") {
+      const stop = watchPath(args[0] ?? "", out);
+      entry.stop = () => {
+        stop();
+        finish({ code: null, signal: "SIGTERM" });
+      };
+    } else if (name === "input") {
+      entry.stop = () => finish({ code: null, signal: "SIGTERM" });
+      input(args[0], req.stdin ? Buffer.from(req.stdin, "base64") : Buffer.alloc(0), args[1] === "--end", (err) =>
+        err ? fail(1, err) : finish({ code: 0, signal: null }),
+      );
+    } else fail(1, `boxcar-helper has no verb ${name}`);
+  } catch (err) {
+    fail(err.code === "ENOENT" ? 2 : 1, err.message);
+  }
+}
+
+/** Writes `data` to the stdin of the command started with input key `key`, then closes it if `end`; `done` gets why not, if not. */
+function input(key, data, end, done) {
+  const child = inputs.get(key);
+  if (!child || child.stdin.destroyed || child.stdin.writableEnded) {
+    done(`no command takes input as ${key}: it ended, or its stdin was closed`);
+    return;
+  }
+  const written = (err) => {
+    if (err) {
+      done(`its stdin is closed (${err.code ?? err.message})`);
+      return;
+    }
+    if (end) {
+      inputs.delete(key);
+      child.stdin.end();
+    }
+    done();
+  };
+  if (data.length > 0) child.stdin.write(data, written);
+  else written();
+}
+
+/** A file's size and SHA-256, read whole. */
+function hashFile(path) {
+  return new Promise((resolve, reject) => {
+    let target;
+    let executable;
+    try {
+      target = inWorkspace(path);
+      const stats = statSync(target);
+      if (!stats.isFile()) throw Object.assign(new Error(`${path} is not a regular file`), { code: "ENOENT" });
+      executable = (stats.mode & 0o111) !== 0;
+    } catch (err) {
+      reject(err);
+      return;
+    }
+    const hash = createHash("sha256");
+    let size = 0;
+    createReadStream(target, { flags: fsConstants.O_RDONLY | fsConstants.O_NONBLOCK })
+      .on("data", (chunk) => {
+        size += chunk.length;
+        hash.update(chunk);
+      })
+      .on("error", reject)
+      .on("end", () => resolve({ size, sha256: hash.digest("hex"), executable }));
+  });
+}
+
+/** The most folders one watch takes an inotify watch on: each counts toward the machine's per-user limit. */
+const MAX_WATCHED_FOLDERS = 8192;
+/** Changes are gathered this long (an editor's save is several), then said once each. */
+const WATCH_BATCH_MS = 100;
+/** The most changes said at once; past it, one overflow. */
+const MAX_BATCH = 1000;
+
+/**
+ * Watches `path` (a folder of the workspace, walked and each of its folders watched as it comes,
+ * or a file) and says each change as `out({ path, change })`, `change` one of created, modified,
+ * removed (gathered for `WATCH_BATCH_MS`: a file made and written is `created`, made and removed
+ * is nothing). Says `{ ready, folders }` once its folders are watched. Links are never followed.
+ * Returns what stops it. Throws (ENOENT) when there is no such file or folder, or it is a link.
+ */
+function watchPath(path, out) {
+  const root = path ? inWorkspace(path) : WORKSPACE;
+  const top = lstatSync(root);
+  const real = realpathSync(root);
+  const workspace = realpathSync(WORKSPACE);
+  if (top.isSymbolicLink() || (real !== workspace && !real.startsWith(workspace + sep))) {
+    throw Object.assign(new Error(`${path} is a link: a watch follows none`), { code: "EINVAL" });
+  }
+  if (!top.isDirectory() && !top.isFile()) throw Object.assign(new Error(`${path} is no file or folder`), { code: "ENOENT" });
+  const watchers = new Map();
+  /** What is there, by absolute path: "folder" or "file" (anything not a folder). */
+  const known = new Map();
+  const pending = new Map();
+  let flushing;
+  let overflowed = false;
+  let stopped = false;
+  const only = top.isFile() ? root : undefined;
+  const name = (abs) => relative(WORKSPACE, abs).split(sep).join("/");
+
+  const note = (abs, change) => {
+    const key = name(abs);
+    const before = pending.get(key);
+    if (before === "created" && change === "removed") pending.delete(key);
+    else if (before === "created" && change === "modified") return;
+    else if (before === "removed" && change === "created") pending.set(key, "modified");
+    else pending.set(key, change);
+    flushing ??= setTimeout(flush, WATCH_BATCH_MS);
+  };
+  const flush = () => {
+    flushing = undefined;
+    if (stopped) return;
+    let said = 0;
+    for (const [changed, change] of pending) {
+      if (said >= MAX_BATCH) {
+        out({ path: name(root) || ".", change: "overflow" });
+        break;
+      }
+      out({ path: changed, change });
+      said += 1;
+    }
+    pending.clear();
+  };
+  const unwatch = (abs) => {
+    for (const [dir, watcher] of watchers) {
+      if (dir === abs || dir.startsWith(abs + sep)) {
+        watcher.close();
+        watchers.delete(dir);
+      }
+    }
+    for (const path of known.keys()) if (path.startsWith(abs + sep)) known.delete(path);
+  };
+  /** Watches folder `dir` and walks it; `fresh`: it came after the watch started, so what is in it is new. */
+  const add = (dir, fresh) => {
+    if (watchers.has(dir)) return;
+    if (watchers.size >= MAX_WATCHED_FOLDERS) {
+      if (!overflowed) out({ path: name(dir) || ".", change: "overflow" });
+      overflowed = true;
+      return;
+    }
+    let watcher;
+    try {
+      watcher = watch(dir, { persistent: true }, (_type, entry) => {
+        if (!stopped) changed(dir, entry);
+      });
+    } catch (err) {
+      // Gone meanwhile; or the machine's inotify watches are all taken.
+      if (err.code !== "ENOENT" && err.code !== "ENOTDIR" && !overflowed) {
+        overflowed = true;
+        out({ path: name(dir) || ".", change: "overflow" });
+      }
+      return;
+    }
+    watcher.on("error", () => {
+      watcher.close();
+      watchers.delete(dir);
+    });
+    watchers.set(dir, watcher);
+    let entries = [];
+    try {
+      entries = readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const entry of entries) {
+      const abs = join(dir, entry.name);
+      if (only && abs !== only) continue;
+      if (known.has(abs)) continue;
+      known.set(abs, entry.isDirectory() ? "folder" : "file");
+      if (fresh) note(abs, "created");
+      if (entry.isDirectory()) add(abs, fresh);
+    }
+  };
+  /** Something named `entry` changed in folder `dir` (inotify says which, not how: lstat tells). */
+  const changed = (dir, entry) => {
+    if (!entry) {
+      // The kernel dropped events (its queue overflowed): say so, and look again at the folder.
+      out({ path: name(dir) || ".", change: "overflow" });
+      return;
+    }
+    const abs = join(dir, entry.toString());
+    if (only && abs !== only) return;
+    let stats;
+    try {
+      stats = lstatSync(abs);
+    } catch {
+      stats = undefined;
+    }
+    const was = known.get(abs);
+    if (!stats) {
+      if (!was) return;
+      known.delete(abs);
+      if (was === "folder") unwatch(abs);
+      note(abs, "removed");
+      return;
+    }
+    const kind = stats.isDirectory() ? "folder" : "file";
+    if (was === undefined) {
+      known.set(abs, kind);
+      note(abs, "created");
+      if (kind === "folder") add(abs, true);
+    } else if (was !== kind) {
+      // Replaced by another kind of thing (a file by a folder, say).
+      if (was === "folder") unwatch(abs);
+      known.set(abs, kind);
+      note(abs, "modified");
+      if (kind === "folder") add(abs, true);
+    } else if (kind === "file") note(abs, "modified");
+  };
+
+  if (only) {
+    known.set(only, "file");
+    add(dirname(only), false);
+  } else add(root, false);
+  out({ ready: true, folders: watchers.size });
+  return () => {
+    stopped = true;
+    clearTimeout(flushing);
+    for (const watcher of watchers.values()) watcher.close();
+    watchers.clear();
+  };
+}
+
 function kill(req) {
   const command = running.get(req.id);
-  if (command?.child.pid === undefined) return;
+  if (command?.stop) {
+    command.stop();
+    return;
+  }
+  if (command?.child?.pid === undefined) return;
   const pid = command.child.pid;
   signalGroup(pid, "SIGTERM");
   command.timers.push(setTimeout(() => signalGroup(pid, "SIGKILL"), GRACE_MS));
@@ -217,21 +503,44 @@ function fileOp(req) {
   );
 }
 
-const lines = createInterface({ input: process.stdin, crlfDelay: Number.POSITIVE_INFINITY });
-lines.on("line", (line) => {
-  let req;
+/** A verb run alone, its lines on stdout, until SIGTERM (a host session's watch). */
+function runAlone() {
+  const out = (frame) => process.stdout.write(`${JSON.stringify(frame)}\n`);
+  const fail = (code, message) => {
+    process.stderr.write(`${message}\n`);
+    process.exit(code);
+  };
   try {
-    req = JSON.parse(line);
-  } catch {
-    return;
+    const stop = watchPath(process.argv[2] ?? "", out);
+    process.once("SIGTERM", () => {
+      stop();
+      process.exit(0);
+    });
+  } catch (err) {
+    fail(err.code === "ENOENT" ? 2 : 1, err.message);
   }
-  if (req.t === "exec") run(req);
-  else if (req.t === "kill") kill(req);
-  else if (Object.hasOwn(files, req.t)) fileOp(req);
-});
-// The worker is gone (or closed the session): nothing of the session runs on.
-lines.on("close", () => {
-  for (const { child } of running.values()) if (child.pid !== undefined) signalGroup(child.pid, "SIGKILL");
-  process.exit(0);
-});
-send({ t: "ready" });
+}
+
+function serve() {
+  const lines = createInterface({ input: process.stdin, crlfDelay: Number.POSITIVE_INFINITY });
+  lines.on("line", (line) => {
+    let req;
+    try {
+      req = JSON.parse(line);
+    } catch {
+      return;
+    }
+    if (req.t === "exec") run(req);
+    else if (req.t === "kill") kill(req);
+    else if (Object.hasOwn(files, req.t)) fileOp(req);
+  });
+  // The worker is gone (or closed the session): nothing of the session runs on.
+  lines.on("close", () => {
+    for (const { child } of running.values()) if (child?.pid !== undefined) signalGroup(child.pid, "SIGKILL");
+    process.exit(0);
+  });
+  send({ t: "ready" });
+}
+
+if (CLI_VERB) runAlone();
+else serve();

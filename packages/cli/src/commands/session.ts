@@ -1,6 +1,6 @@
 import { createReadStream } from "node:fs";
 import { constants } from "node:os";
-import { MAX_EXEC_STDIN, MAX_SESSION_FILE_BYTES, names, SessionState } from "@boxcar/protocol";
+import { MAX_EXEC_STDIN, MAX_PROCESS_INPUT, MAX_SESSION_FILE_BYTES, names, SessionState } from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { optionalDuration } from "../flags.js";
@@ -10,10 +10,13 @@ import { UsageError } from "../usage-error.js";
 const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
-       boxcar session start ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] -- COMMAND [ARG...]   (in the background)
+       boxcar session start ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] [--open-stdin] -- COMMAND [ARG...]   (in the background)
        boxcar session ps ID | wait ID EXEC [--timeout 30s] | kill ID EXEC | output ID EXEC [--stderr]
+       boxcar session input ID EXEC [--keep-open]      (this shell's stdin to a process started with --open-stdin)
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
-       boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH`;
+       boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH
+       boxcar session cp LOCAL ID:PATH | cp ID:PATH LOCAL   (files and folders, any size, checked and resumed)
+       boxcar session watch ID [PATH] [--timeout 1h]    (its changes as they come, until Ctrl-C)`;
 
 export const session: Command = {
   usage,
@@ -35,6 +38,8 @@ export const session: Command = {
     executable: { type: "boolean", default: false },
     limit: { type: "string" },
     stderr: { type: "boolean", default: false },
+    "open-stdin": { type: "boolean", default: false },
+    "keep-open": { type: "boolean", default: false },
   },
   async run(ctx) {
     const [verb, first, ...rest] = ctx.positionals;
@@ -72,6 +77,8 @@ export const session: Command = {
       case "start": {
         if (!first || rest.length === 0) throw new UsageError(`session start needs an ID and, after --, a command\n\nusage: ${usage}`);
         const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        const stdin =
+          ctx.values.stdin === undefined ? undefined : await readInput(ctx.io, ctx.values.stdin as string, MAX_EXEC_STDIN, "--stdin");
         await using s = await ctx.session("boxcar-session");
         const started = await s.client.startInSession({
           id: first,
@@ -79,6 +86,8 @@ export const session: Command = {
           env: envPairs(ctx.values.env as string[]),
           ...(timeout !== undefined ? { timeout } : {}),
           ...(ctx.values.cwd !== undefined ? { cwd: ctx.values.cwd as string } : {}),
+          ...(stdin !== undefined ? { stdin: stdin.toString("base64") } : {}),
+          ...(ctx.values["open-stdin"] ? { openStdin: true } : {}),
         });
         ctx.print(ctx.values.json ? json(started) : started.execId);
         return ExitCode.ok;
@@ -93,7 +102,15 @@ export const session: Command = {
               ["EXEC", "STATE", "EXIT", "STARTED", "COMMAND"],
               processes.map((p) => [
                 p.execId,
-                p.running ? "running" : p.killed ? "killed" : p.timedOut ? "timed out" : "ended",
+                p.running
+                  ? p.stdin === "open"
+                    ? "running, stdin open"
+                    : "running"
+                  : p.killed
+                    ? "killed"
+                    : p.timedOut
+                      ? "timed out"
+                      : "ended",
                 p.running ? "" : String(p.exitCode ?? p.signal ?? ""),
                 p.startedAt,
                 p.argv.join(" ").slice(0, 60),
@@ -130,6 +147,73 @@ export const session: Command = {
           ctx.io.stderr.write(Buffer.from(waited.result.stderr, "base64"));
         }
         return exitOf(waited.result);
+      }
+      case "input": {
+        if (!first || rest.length !== 1) throw new UsageError(`session input needs an ID and an EXEC id\n\nusage: ${usage}`);
+        const execId = rest[0] as string;
+        if (!ctx.io.stdin) throw new UsageError("session input reads this command's stdin, and it has none");
+        await using s = await ctx.session("boxcar-session");
+        // As it comes (a line typed is sent at once), in parts a request carries; at its end the process's stdin ends too, unless --keep-open.
+        let sent = 0;
+        for await (const chunk of ctx.io.stdin) {
+          const bytes = typeof chunk === "string" ? Buffer.from(chunk) : (chunk as Buffer);
+          for (let at = 0; at < bytes.length; at += MAX_PROCESS_INPUT) {
+            sent += (await s.client.inputInSession(first, execId, bytes.subarray(at, at + MAX_PROCESS_INPUT))).written;
+          }
+        }
+        if (!ctx.values["keep-open"]) await s.client.inputInSession(first, execId, "", { close: true });
+        if (ctx.values.json) ctx.print(json({ execId, written: sent, closed: !ctx.values["keep-open"] }));
+        return ExitCode.ok;
+      }
+      case "cp": {
+        if (!first || rest.length !== 1) throw new UsageError(`session cp needs a SOURCE and a DESTINATION\n\nusage: ${usage}`);
+        const [from, to] = [first, rest[0] as string];
+        const source = inSession(from);
+        const target = inSession(to);
+        if ((source === undefined) === (target === undefined)) {
+          throw new UsageError(
+            `session cp copies between here and a session: one of its two paths is ID:PATH (ses-...:src/main.py)\n\nusage: ${usage}`,
+          );
+        }
+        await using s = await ctx.session("boxcar-session");
+        const opts = { signal: ctx.io.signal };
+        let copied: Awaited<ReturnType<typeof s.client.copyToSession>>;
+        try {
+          copied = source
+            ? await s.client.copyFromSession(source.id, source.path, to, opts)
+            : await s.client.copyToSession((target as { id: string }).id, from, (target as { path: string }).path, opts);
+        } catch (err) {
+          if (!ctx.io.signal.aborted) throw err;
+          ctx.io.stderr.write("interrupted: the same copy again goes on from where it stopped\n");
+          return ExitCode.jobFailed;
+        }
+        if (ctx.values.json) ctx.print(json(copied));
+        else
+          for (const file of copied) {
+            const resumed = file.resumedFrom > 0 ? `, resumed at ${file.resumedFrom}` : "";
+            ctx.print(
+              `${source ? `${source.id}:${file.path} -> ${file.local}` : `${file.local} -> ${(target as { id: string }).id}:${file.path}`} (${file.size} bytes, sha256 ${file.sha256}${resumed})`,
+            );
+          }
+        return ExitCode.ok;
+      }
+      case "watch": {
+        const [id, path] = idAndPath(true);
+        const timeout = optionalDuration(ctx.values.timeout, "--timeout") ?? 3_600_000;
+        await using s = await ctx.session("boxcar-session");
+        const watch = await s.client.watchSession({ id, ...(path !== undefined ? { path } : {}), timeout });
+        ctx.io.stderr.write(`watching ${watch.path} in ${id} (${watch.folders} folders) until ${watch.endsAt}; Ctrl-C stops\n`);
+        // Its changes as they come (the session's events, those of this watch), until Ctrl-C, its end or the session's.
+        const until = AbortSignal.any([ctx.io.signal, AbortSignal.timeout(Math.max(0, Date.parse(watch.endsAt) - Date.now()))]);
+        try {
+          for await (const event of s.client.sessionEvents(id, { follow: true, signal: until })) {
+            if (event.kind !== "session" || event.type !== "file_changed" || event.watchId !== watch.watchId) continue;
+            ctx.print(ctx.values.json ? JSON.stringify(event) : `${event.change} ${event.path}`);
+          }
+        } finally {
+          await s.client.unwatchSession(id, watch.watchId).catch(() => {});
+        }
+        return ExitCode.ok;
       }
       case "exec": {
         if (!first || rest.length === 0) throw new UsageError(`session exec needs an ID and, after --, a command\n\nusage: ${usage}`);
@@ -281,6 +365,12 @@ export const session: Command = {
     }
   },
 };
+
+/** `ID:PATH`, a path in session ID (`ID:` alone: its workspace); undefined for a local path. */
+function inSession(arg: string): { id: string; path: string } | undefined {
+  const found = /^(ses-[A-Za-z0-9_-]{1,60}):(.*)$/.exec(arg);
+  return found ? { id: found[1] as string, path: found[2] || "." } : undefined;
+}
 
 /** The repository `--git` names, with `--ref` and `--depth`; undefined without `--git`. */
 function gitSeed(values: { git?: string; ref?: string; depth?: string }): { url: string; ref?: string; depth?: number } | undefined {

@@ -80,6 +80,9 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsWait]: (body, caller) => sessions.wait(requestOf(ApiEndpoint.sessionsWait, body), caller),
     [ApiEndpoint.sessionsOutput]: (body, caller) => sessions.output(requestOf(ApiEndpoint.sessionsOutput, body), caller),
     [ApiEndpoint.sessionsKill]: (body, caller) => sessions.kill(requestOf(ApiEndpoint.sessionsKill, body), caller),
+    [ApiEndpoint.sessionsInput]: (body, caller) => sessions.input(requestOf(ApiEndpoint.sessionsInput, body), caller),
+    [ApiEndpoint.sessionsWatch]: (body, caller) => sessions.watch(requestOf(ApiEndpoint.sessionsWatch, body), caller),
+    [ApiEndpoint.sessionsUnwatch]: (body, caller) => sessions.unwatch(requestOf(ApiEndpoint.sessionsUnwatch, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
     }),
@@ -126,6 +129,8 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
       sessions.files(ApiEndpoint.sessionsFilesList, requestOf(ApiEndpoint.sessionsFilesList, body), caller),
     [ApiEndpoint.sessionsFilesRemove]: (body, caller) =>
       sessions.files(ApiEndpoint.sessionsFilesRemove, requestOf(ApiEndpoint.sessionsFilesRemove, body), caller),
+    [ApiEndpoint.sessionsFilesStat]: (body, caller) =>
+      sessions.files(ApiEndpoint.sessionsFilesStat, requestOf(ApiEndpoint.sessionsFilesStat, body), caller),
     [ApiEndpoint.sessionsGet]: async (body, caller) => ({
       session: await sessions.get(requestOf(ApiEndpoint.sessionsGet, body).id, caller),
     }),
@@ -293,6 +298,12 @@ export async function getAgent(topology: Topology, name: string): Promise<AgentD
  * control subjects, so an answer sent where a caller says could overwrite or cancel anything.
  */
 const READ_ONLY: ReadonlySet<ApiEndpoint> = new Set(READ_ENDPOINTS);
+/** The endpoints whose requests carry a file's part, or a command's stdin, in base64: up to `MAX_SESSION_REQUEST_BYTES`. */
+const LARGE_REQUESTS: ReadonlySet<ApiEndpoint> = new Set([
+  ApiEndpoint.sessionsFilesWrite,
+  ApiEndpoint.sessionsExec,
+  ApiEndpoint.sessionsStart,
+]);
 
 export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: Handler, msg: ServiceMsg, log: Logger): Promise<void> {
   const caller = callerOf(topology.names, msg.subject);
@@ -323,8 +334,7 @@ export async function serve(topology: Topology, endpoint: ApiEndpoint, handler: 
     if (!ROLE_ENDPOINTS[caller.role].includes(endpoint)) {
       throw new BoxcarError(ErrorCode.forbidden, `the ${caller.role} role may not call ${endpoint}`);
     }
-    const limit =
-      endpoint === ApiEndpoint.sessionsFilesWrite || endpoint === ApiEndpoint.sessionsExec ? MAX_SESSION_REQUEST_BYTES : MAX_SPEC_BYTES;
+    const limit = LARGE_REQUESTS.has(endpoint) ? MAX_SESSION_REQUEST_BYTES : MAX_SPEC_BYTES;
     const body = msg.data.byteLength === 0 ? {} : decodeMessage(z.unknown(), msg.data, "request", limit);
     const data = await handler(body, caller, traceparent);
     const named = data as { job?: { id?: unknown }; run?: { id?: unknown } } | undefined;

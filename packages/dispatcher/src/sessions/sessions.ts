@@ -67,7 +67,13 @@ const FILE_OPERATIONS = {
   [ApiEndpoint.sessionsFilesWrite]: "write",
   [ApiEndpoint.sessionsFilesList]: "list",
   [ApiEndpoint.sessionsFilesRemove]: "remove",
+  [ApiEndpoint.sessionsFilesStat]: "stat",
 } as const;
+
+/** How long a dispatcher waits for a file operation that may hash a file (a write checked against its SHA-256, a stat): up to a workspace's 1 GiB read in the session. */
+const HASHING_ANSWER_MS = 150_000;
+/** How long a dispatcher waits for a worker to write a process's input (it has 30 s to take it) or to start a watch (30 s to walk its folders). */
+const SLOW_ANSWER_MS = 45_000;
 
 /** How many open sessions a dispatcher remembers, to check a command's caller without reading the bucket. */
 const MAX_KNOWN = 10_000;
@@ -222,6 +228,23 @@ export class SessionDesk {
     return (await this.held(session, "kill", request, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.kill">;
   }
 
+  /** Writes to the stdin of a background process started with `openStdin`, and closes it if asked. */
+  async input(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.input">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "input", request, SLOW_ANSWER_MS)) as ApiReplyData<"sessions.input">;
+  }
+
+  /** Starts watching a path of the session's workspace: its changes are the session's `file_changed` events (docs/sessions.md#watch). */
+  async watch(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.watch">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "watch", request, SLOW_ANSWER_MS)) as ApiReplyData<"sessions.watch">;
+  }
+
+  async unwatch(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.unwatch">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "unwatch", request, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.unwatch">;
+  }
+
   /**
    * A part of a command's whole output, kept when it wrote past the live window
    * (docs/sessions.md#whole-output): read from the Object Store here, a segment at a time.
@@ -273,7 +296,13 @@ export class SessionDesk {
   /** A file operation in the session's workspace, done by its worker (inside the container, for a Docker session). */
   async files<E extends keyof typeof FILE_OPERATIONS>(endpoint: E, request: { id: string }, caller: Identity): Promise<ApiReplyData<E>> {
     const session = await this.usable(request.id, caller);
-    return (await this.held(session, FILE_OPERATIONS[endpoint], request, WORKER_ANSWER_MS)) as ApiReplyData<E>;
+    const hashing = endpoint === ApiEndpoint.sessionsFilesStat || endpoint === ApiEndpoint.sessionsFilesWrite;
+    return (await this.held(
+      session,
+      FILE_OPERATIONS[endpoint],
+      request,
+      hashing ? HASHING_ANSWER_MS : WORKER_ANSWER_MS,
+    )) as ApiReplyData<E>;
   }
 
   async close(id: string, caller: Identity): Promise<SessionRecord> {

@@ -8,6 +8,7 @@ import {
   type WaitReply,
 } from "@boxcar/protocol";
 import type { ExecResult } from "../sandbox/sandbox.js";
+import type { ProcessStdin } from "./process-input.js";
 
 /**
  * A session's background processes (docs/sessions.md#background-processes): commands started
@@ -25,7 +26,7 @@ export class BackgroundProcesses {
   }
 
   /** Starts `run` in the background; `ended` is told once it ended (its reply). */
-  start(execId: string, argv: readonly string[], { run, output, timeoutMs, ended }: StartParts): ProcessInfo {
+  start(execId: string, argv: readonly string[], { run, output, timeoutMs, ended, stdin }: StartParts): ProcessInfo {
     if (this.running >= MAX_BACKGROUND_PROCESSES) {
       throw new BoxcarError(
         ErrorCode.conflict,
@@ -35,11 +36,12 @@ export class BackgroundProcesses {
     const stop = new AbortController();
     const started = Date.now();
     const process: Background = {
-      info: { execId, argv: [...argv], startedAt: new Date(started).toISOString(), running: true },
+      info: { execId, argv: [...argv], startedAt: new Date(started).toISOString(), running: true, ...(stdin ? { stdin: "open" } : {}) },
       stop,
       killed: false,
       timedOut: false,
       done: undefined as unknown as Promise<ExecReply>,
+      ...(stdin ? { stdin, input: Promise.resolve() } : {}),
     };
     const timer = setTimeout(() => {
       process.timedOut = true;
@@ -78,8 +80,10 @@ export class BackgroundProcesses {
       })
       .then((reply) => {
         clearTimeout(timer);
+        process.stdin?.dispose();
         process.info = {
           ...process.info,
+          ...(process.stdin ? { stdin: "closed" as const } : {}),
           running: false,
           exitCode: reply.exitCode,
           signal: reply.signal,
@@ -111,6 +115,33 @@ export class BackgroundProcesses {
     ]);
     clearTimeout(timer);
     return { process: process.info, ...(result ? { result } : {}) };
+  }
+
+  /**
+   * Writes `data` to its stdin (one input after another, in the order asked), then closes it if
+   * `close`. Refused, saying why, for a process started without `openStdin`, one that ended, and
+   * one whose stdin was closed.
+   */
+  async input(execId: string, data: Uint8Array, close: boolean): Promise<{ process: ProcessInfo; written: number }> {
+    const process = this.get(execId);
+    const { stdin } = process;
+    if (!stdin) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `${execId} was not started with openStdin: its stdin ended after what its start gave it (start it with --open-stdin)`,
+      );
+    }
+    if (!process.info.running) throw new BoxcarError(ErrorCode.conflict, `${execId} has ended: it takes no more input`);
+    if (process.info.stdin === "closed") throw new BoxcarError(ErrorCode.conflict, `${execId}'s stdin was closed: it takes no more input`);
+    // Closed from now: an input asked after this one is refused, not written after the end.
+    if (close) process.info = { ...process.info, stdin: "closed" };
+    const written = (process.input ?? Promise.resolve()).then(async () => {
+      if (data.length > 0) await stdin.write(data);
+      if (close) await stdin.end();
+    });
+    process.input = written.catch(() => {});
+    await written;
+    return { process: process.info, written: data.length };
   }
 
   /** Kills it (its process group, as a timeout does); one that ended already is left as it is. */
@@ -151,6 +182,9 @@ interface Background {
   killed: boolean;
   timedOut: boolean;
   done: Promise<ExecReply>;
+  /** Its open stdin (started with `openStdin`), and the last input written to it. */
+  stdin?: ProcessStdin;
+  input?: Promise<void>;
 }
 
 /** What a process's output keeps for its end (a session command's `CommandOutput`). */
@@ -165,4 +199,6 @@ export interface StartParts {
   output: KeptOutput;
   timeoutMs: number;
   ended(reply: ExecReply): void;
+  /** Its stdin, kept open for input (`openStdin`). */
+  stdin?: ProcessStdin | undefined;
 }

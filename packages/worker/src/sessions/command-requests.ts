@@ -5,16 +5,19 @@ import {
   ErrorCode,
   type ExecReply,
   ExecRequest,
+  InputRequest,
   type ProcessInfo,
   ProcessRef,
   parseWith,
   type SessionEvent,
   SessionRef,
+  StartRequest,
   toErrorInfo,
   WaitRequest,
 } from "@boxcar/protocol";
 import { workspaceCwd } from "../workspace/workspace-path.js";
 import type { HeldSession } from "./held-session.js";
+import { openStdin } from "./process-input.js";
 import { commandOptions, liveOutput } from "./session-commands.js";
 
 /** What the session host lends the command requests. */
@@ -43,6 +46,10 @@ export function commandRequests(host: CommandHost): Record<string, (body: unknow
       const { id, execId } = parseWith(ProcessRef, body, "request");
       return { process: host.holding(id).background.kill(execId) };
     },
+    input: async (body) => {
+      const { id, execId, data, close } = parseWith(InputRequest, body, "request");
+      return host.holding(id).background.input(execId, Buffer.from(data, "base64"), close);
+    },
   };
 }
 
@@ -51,23 +58,36 @@ export function commandRequests(host: CommandHost): Record<string, (body: unknow
  * it) and the reply comes at once; its output goes live as an exec's, and `sessions.wait` gives its end.
  */
 async function startInBackground(host: CommandHost, body: unknown): Promise<{ process: ProcessInfo }> {
-  const request = parseWith(ExecRequest, body, "request");
+  const request = parseWith(StartRequest, body, "request");
   const held = host.holding(request.id);
   // Refused before anything runs: a folder out of the workspace.
   const cwd = request.cwd === undefined ? undefined : workspaceCwd(request.cwd);
   const execId = `${request.id}.${held.record.execs + 1}`;
+  // Its stdin kept open for `sessions.input`: the helper's pipe (Docker), or a named pipe (host).
+  const stdin = request.openStdin ? await openStdin(held.sandbox, execId, request.argv) : undefined;
   held.record = { ...held.record, execs: held.record.execs + 1 };
   const output = liveOutput(held, execId, host.topology());
-  const process = held.background.start(execId, request.argv, {
-    output,
-    timeoutMs: request.timeout,
-    run: (signal) => held.sandbox.exec(request.argv, commandOptions(held, request, output, cwd, signal)),
-    ended: (reply) => {
-      if (reply.kept) held.kept.push({ execId, kept: reply.kept });
-      void host.event(held, "exec_exited", { execId, exitCode: reply.exitCode, signal: reply.signal, durationMs: reply.durationMs });
-      host.idle(held);
-    },
-  });
+  const first = stdin && !stdin.firstWithStart ? request.stdin : undefined;
+  const started = { ...request, ...(first !== undefined ? { stdin: undefined } : {}) };
+  let process: ProcessInfo;
+  try {
+    process = held.background.start(execId, request.argv, {
+      output,
+      timeoutMs: request.timeout,
+      stdin,
+      run: (signal) => held.sandbox.exec(stdin?.argv ?? request.argv, commandOptions(held, started, output, cwd, signal, stdin?.env)),
+      ended: (reply) => {
+        if (reply.kept) held.kept.push({ execId, kept: reply.kept });
+        void host.event(held, "exec_exited", { execId, exitCode: reply.exitCode, signal: reply.signal, durationMs: reply.durationMs });
+        host.idle(held);
+      },
+    });
+  } catch (err) {
+    stdin?.dispose();
+    throw err;
+  }
+  // What its start gives it, through the pipe (host): it stays open after.
+  if (first !== undefined) void held.background.input(execId, Buffer.from(first, "base64"), false).catch(() => {});
   held.record = { ...held.record, lastUsedAt: nowIso() };
   await Promise.all([host.event(held, "exec_started", { execId }), host.save(held)]);
   return { process };

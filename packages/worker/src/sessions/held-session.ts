@@ -9,6 +9,7 @@
 import { BoxcarError, ErrorCode, type KeptOutput, type SessionRecord } from "@boxcar/protocol";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
 import type { BackgroundProcesses } from "./background-processes.js";
+import type { SessionWatches } from "./workspace-watches.js";
 
 export interface HeldSession {
   record: SessionRecord;
@@ -26,6 +27,10 @@ export interface HeldSession {
   background: BackgroundProcesses;
   /** The commands whose whole output is kept in the Object Store: removed when the session closes. */
   kept: { execId: string; kept: KeptOutput }[];
+  /** Files being copied in parts, by path, with the size each was checked against the session's quota for. */
+  copies: Map<string, number>;
+  /** Its watches (`sessions.watch`), whose changes are its `file_changed` events. */
+  watches: SessionWatches;
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
 }

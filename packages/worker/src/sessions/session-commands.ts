@@ -33,9 +33,11 @@ export function commandOptions(
   output: CommandOutput,
   cwd: string | undefined,
   signal: AbortSignal,
+  /** Added by the worker, after the request's own (a background process's input key for the helper). */
+  extraEnv: Readonly<Record<string, string>> = {},
 ): ExecOptions {
   return {
-    env: commandEnv(held, request),
+    env: { ...commandEnv(held, request), ...extraEnv },
     signal,
     onOutput: (stream, chunk) => output.push(stream, chunk),
     ...(cwd !== undefined ? { cwd } : {}),
@@ -54,12 +56,17 @@ export function commandEnv(held: HeldSession, request: { id: string; env: Readon
     LANG: "C.UTF-8",
     TMPDIR: `${held.sandbox.workspace}/${AgentPaths.tmp}`,
     ...held.env,
-    ...request.env,
+    ...withoutHelperNames(request.env),
     ...Object.fromEntries(held.secrets),
     BOXCAR_SESSION: request.id,
     BOXCAR_AGENT: held.record.agent,
     BOXCAR_WORKSPACE: held.sandbox.workspace,
   };
+}
+
+/** A request's environment without the names the session's helper takes for its own (`BOXCAR_HELPER_*`): only the worker sets those. */
+function withoutHelperNames(env: Readonly<Record<string, string>>): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([name]) => !name.startsWith("BOXCAR_HELPER")));
 }
 
 /**

@@ -8,8 +8,10 @@
  *
  * This file is the host: the requests it answers and the jobs it lends sessions to. Elsewhere: a
  * held session and its lock (held-session.ts), a command's environment and output
- * (session-commands.ts), background processes (background-*.ts), file requests
- * (file-requests.ts), what a new workspace starts with (session-seed.ts, git-seed.ts). */
+ * (session-commands.ts), background processes (background-*.ts, their input in
+ * process-input.ts), file requests (file-requests.ts, big files by ranges in ranged-files.ts),
+ * watches (workspace-watches.ts, through the helper's verbs in helper-verbs.ts), what a new
+ * workspace starts with (session-seed.ts, git-seed.ts). */
 
 import { randomBytes } from "node:crypto";
 import { Readable } from "node:stream";
@@ -39,13 +41,13 @@ import type { Sandbox, SandboxBackend, SandboxProvider, SessionSandbox } from ".
 import { sessionJobSandbox } from "../sandbox/session-job-sandbox.js";
 import type { ResolvedWorkerOptions } from "../worker-options.js";
 import { AgentPaths, collectSecrets } from "../workspace/agent-contract.js";
-import type { SessionFiles } from "../workspace/files.js";
 import { BackgroundProcesses } from "./background-processes.js";
 import { commandRequests } from "./command-requests.js";
 import { fileRequests } from "./file-requests.js";
 import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
 import { seedOf } from "./session-seed.js";
 import { removeKeptOutput } from "./whole-output.js";
+import { SessionWatches, watchRequests } from "./workspace-watches.js";
 
 /** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
 const SLOT_WAIT_MS = 2_000;
@@ -134,6 +136,7 @@ export class SessionHost {
     snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
     ...fileRequests(this.withFiles.bind(this)),
+    ...watchRequests((id) => this.holding(id)),
   };
 
   /** The session this worker holds; one it is closing is refused, saying so. */
@@ -145,10 +148,10 @@ export class SessionHost {
   }
 
   /** A file operation in the session; its idle clock starts again once the operation is over. */
-  private async withFiles<T>(id: string, use: (files: SessionFiles) => Promise<T>): Promise<T> {
+  private async withFiles<T>(id: string, use: (held: HeldSession) => Promise<T>): Promise<T> {
     const held = this.holding(id);
     try {
-      return await use(held.sandbox.sessionFiles);
+      return await use(held);
     } finally {
       if (this.held.get(id) === held && !held.running) this.idleFrom(held);
     }
@@ -239,6 +242,8 @@ export class SessionHost {
       waiting: [],
       background: new BackgroundProcesses(),
       kept: [],
+      copies: new Map(),
+      watches: new SessionWatches((change) => this.event(held, "file_changed", change)),
     };
     this.held.set(id, held);
     void sandbox.ended?.then((reason) => {
@@ -398,7 +403,7 @@ export class SessionHost {
         held.running.closedWith = reason;
         held.running.stop.abort();
       }
-      await held.background.stopAll();
+      await Promise.all([held.background.stopAll(), held.watches.stopAll()]);
       void removeKeptOutput(this.ctx.topology, id, held.kept).catch((err: unknown) =>
         this.ctx.log.warn({ err, session: id }, "could not remove a session's kept output"),
       );
