@@ -1,5 +1,5 @@
 import { readFileSync } from "node:fs";
-import { docTableMarkers, docTableRegion, docTables, names } from "@boxcar/protocol";
+import { ApiEndpoint, docTableMarkers, docTableRegion, docTables, names, READ_ENDPOINTS, ROLE_ENDPOINTS } from "@boxcar/protocol";
 import { expect, test } from "vitest";
 
 /**
@@ -37,4 +37,15 @@ test("architecture.md's tables of stream and bucket limits, written by hand from
   );
   const n = names();
   expect([...Object.values(n.streams), ...Object.values(n.buckets)].filter((name) => !listed.has(name))).toEqual([]);
+});
+
+test("nats-api.md's endpoint table, written by hand, has a row for every endpoint, and its role table names what access.ts lets each role call", () => {
+  const text = docText("nats-api.md");
+  const rows = new Set([...text.matchAll(/^\| `boxcar\.api\.<role>\.<user>\.([a-z.]+)`/gm)].map((m) => m[1]));
+  expect(Object.values(ApiEndpoint).filter((endpoint) => !rows.has(endpoint))).toEqual([]);
+  const roleLine = (role: string) => text.split("\n").find((line) => line.startsWith(`| \`${role}\``)) ?? "";
+  const named = (line: string) => new Set([...line.matchAll(/`([a-z]+\.[a-z.]+)`/g)].map((m) => m[1]));
+  const reads = new Set(READ_ENDPOINTS);
+  expect(named(roleLine("viewer"))).toEqual(new Set(ROLE_ENDPOINTS.viewer));
+  expect(named(roleLine("submitter"))).toEqual(new Set([...ROLE_ENDPOINTS.submitter].filter((e) => !reads.has(e))));
 });
