@@ -2,8 +2,8 @@ import { rm } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { silentLogger } from "@boxcar/common";
 import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
-import type { Priority } from "@boxcar/protocol";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { PRIORITIES, type Priority } from "@boxcar/protocol";
+import { connect, headers, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { type IdleWait, PoolPuller } from "./pool-puller.js";
 import type { WorkDelivery } from "./work-delivery.js";
@@ -42,8 +42,8 @@ async function sweep(puller: PoolPuller, max: number): Promise<{ got: string[]; 
 
 const puller = () => PoolPuller.ofPool(topology, "p", { log: silentLogger });
 
-async function until(done: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !done(); i++) await sleep(10);
+async function until(done: () => boolean, ms = 2_000): Promise<void> {
+  for (let i = 0; i < ms / 10 && !done(); i++) await sleep(10);
   if (!done()) throw new Error("timed out waiting");
 }
 
@@ -196,7 +196,7 @@ describe("PoolPuller", () => {
     expect((await sweep(p, 1)).deliveries.map((d) => d.deliveryCount)).toEqual([1]);
   });
 
-  test("after its server restarts, an idle wait asks again at once: its pulls went with the server", async () => {
+  test("after its server restarts, an idle wait ends at once, and the next one is handed work: its pulls went with the server", async () => {
     // A server of its own, killed and started again on the same port and store; pulls that would wait a minute.
     const own = await startNatsServer();
     const ownNc = await connect({ servers: own.url, reconnectTimeWait: 100, maxReconnectAttempts: -1 });
@@ -204,7 +204,7 @@ describe("PoolPuller", () => {
     try {
       const ownTopology = await openTopology(ownNc, { prefix: "restart" });
       await ownTopology.ensurePoolConsumer("p");
-      const p = PoolPuller.ofPool(ownTopology, "p", { log: silentLogger, idlePullMs: 60_000 });
+      const p = PoolPuller.ofPool(ownTopology, "p", { log: silentLogger, idlePullMs: 60_000, idleHeartbeatMs: 20_000 });
       const waiter = idleWaiter();
       const waiting = p.waitForWork(waiter.wait);
       await ownNc.flush();
@@ -214,16 +214,92 @@ describe("PoolPuller", () => {
       await own.kill();
       again = await startNatsServer({ port: own.port, storeDir: own.storeDir });
       await reconnected;
+      await waiting;
+      const next = p.waitForWork(waiter.wait);
+      await ownNc.flush();
       await ownTopology.js.publish(ownTopology.names.subjects.work("p", "normal"), "after");
       await until(() => waiter.got.length > 0);
       expect(waiter.got).toEqual(["normal:after"]);
       waiter.stop();
-      await waiting;
+      await next;
     } finally {
       await ownNc.close();
       await again?.stop();
       await rm(own.storeDir, { recursive: true, force: true });
     }
+  });
+
+  describe("with a stand-in for a pool's consumer leaders, which holds the waiting pulls it is sent", () => {
+    /** Answers to the pulls of pool `ghost` (whose consumers do not exist): it keeps each pull's reply subject, by priority. */
+    function standIn() {
+      const pulls: { priority: Priority; reply: string; body: unknown }[] = [];
+      const subs = PRIORITIES.map((priority) => {
+        const next = `$JS.API.CONSUMER.MSG.NEXT.${topology.names.streams.work}.${topology.names.poolConsumer("ghost", priority)}`;
+        return nc.subscribe(next, {
+          callback: (_err, msg) => {
+            pulls.push({ priority, reply: msg.reply ?? "", body: msg.json() });
+          },
+        });
+      });
+      const status = (reply: string, code: number, description: string) =>
+        nc.publish(reply, undefined, { headers: headers(code, description) });
+      return {
+        pulls,
+        status,
+        stop: () => {
+          for (const sub of subs) sub.unsubscribe();
+        },
+      };
+    }
+
+    test("a waiting pull is renewed neither while its leader's heartbeats come nor when they stop: then the wait ends, for a sweep and a fresh wait", async () => {
+      const leaders = standIn();
+      const p = PoolPuller.ofPool(topology, "ghost", { log: silentLogger, idleHeartbeatMs: 300 });
+      let ended = false;
+      const waiting = p.waitForWork(idleWaiter().wait).then(() => {
+        ended = true;
+      });
+      await until(() => leaders.pulls.length === 3);
+      expect(leaders.pulls.map((pull) => pull.body)).toEqual(
+        PRIORITIES.map(() => ({ batch: 1, expires: 300_000_000_000, idle_heartbeat: 300_000_000 })),
+      );
+      // Heartbeats for several times the silence a pull is taken for lost after (two heartbeats and a second).
+      let beats = 0;
+      const beating = setInterval(() => {
+        beats += 1;
+        for (const pull of leaders.pulls) leaders.status(pull.reply, 100, "Idle Heartbeat");
+      }, 100);
+      try {
+        await until(() => beats >= 40, 10_000);
+        expect(ended).toBe(false);
+        expect(leaders.pulls).toHaveLength(3);
+        // One consumer's leader goes silent; the others beat on.
+        leaders.pulls.splice(1, 1);
+        await waiting;
+        expect(leaders.pulls).toHaveLength(2);
+      } finally {
+        clearInterval(beating);
+        leaders.stop();
+      }
+    }, 20_000);
+
+    test("a pull its consumer's new leader ends (409 Leadership Change) is asked again at once, and nothing is logged as failing", async () => {
+      const leaders = standIn();
+      const warnings: string[] = [];
+      const log = { ...silentLogger, warn: (_o: unknown, m: string) => warnings.push(m), child: () => log } as never;
+      const p = PoolPuller.ofPool(topology, "ghost", { log });
+      const waiter = idleWaiter();
+      const waiting = p.waitForWork(waiter.wait);
+      await until(() => leaders.pulls.length === 3);
+      const high = leaders.pulls.find((pull) => pull.priority === "high");
+      leaders.status(high?.reply ?? "", 409, "Leadership Change");
+      await until(() => leaders.pulls.length === 4);
+      expect(leaders.pulls[3]?.priority).toBe("high");
+      expect(warnings).toEqual([]);
+      waiter.stop();
+      await waiting;
+      leaders.stop();
+    });
   });
 
   test("a priority whose consumer is gone is logged; the others go on waiting", async () => {

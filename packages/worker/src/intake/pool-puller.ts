@@ -4,10 +4,18 @@ import { PRIORITIES, type Priority } from "@boxcar/protocol";
 import type { Msg, NatsConnection, Status } from "@nats-io/transport-node";
 import { WorkDelivery } from "./work-delivery.js";
 
-/** How long a pull may go unanswered beyond its own wait before it counts as lost (the server is gone, say). */
+/** How long a `no_wait` pull may go unanswered before it counts as lost (the server is gone, say). */
 const PULL_TIMEOUT_MS = 5_000;
-/** How long an idle worker's waiting pull lasts at the server before it is renewed. */
-const IDLE_PULL_MS = 10_000;
+/**
+ * How long an idle worker's waiting pull lasts at the server before it is renewed. Long: on a
+ * cluster each waiting pull added or ended is a proposal replicated to the consumer's peers,
+ * so renewals are what an idle fleet costs the servers (docs/benchmarks.md#idle-workers).
+ */
+const IDLE_PULL_MS = 300_000;
+/** How often the consumer's leader tells a waiting pull that it still holds it (a `100 Idle Heartbeat` status). */
+const IDLE_HEARTBEAT_MS = 10_000;
+/** A waiting pull not heard from for two heartbeats and this much more is taken for lost. */
+const HEARTBEAT_SLACK_MS = 1_000;
 /** Pause before a waiting pull that failed is asked again. */
 const FAILED_PULL_PAUSE_MS = 1_000;
 
@@ -23,6 +31,15 @@ interface Level {
 }
 
 type TakeWork = (delivery: WorkDelivery, priority: Priority) => void;
+
+/** How a puller logs, and (for tests) how long its idle waits last and beat. */
+export interface PoolPullerOptions {
+  log: Logger;
+  /** How long a waiting pull lasts at the server (`IDLE_PULL_MS`). */
+  idlePullMs?: number;
+  /** How often its consumer's leader says it still holds a waiting pull (`IDLE_HEARTBEAT_MS`). */
+  idleHeartbeatMs?: number;
+}
 
 /** What an idle wait needs from the worker. */
 export interface IdleWait {
@@ -48,12 +65,16 @@ export interface IdleWait {
  *
  * Once a sweep finds every priority empty, the worker waits for work with one waiting pull per
  * priority, one item each (`waitForWork`). JetStream hands a new item, one handed back or one
- * whose lease ran out straight to a waiting pull, so nothing else is needed to hear of work, and
- * an idle worker costs three pull requests per `IDLE_PULL_MS`. The wait ends as soon as what
+ * whose lease ran out straight to a waiting pull, so nothing else is needed to hear of work. A
+ * waiting pull lasts `IDLE_PULL_MS` and the consumer's leader sends it a heartbeat every
+ * `IDLE_HEARTBEAT_MS`, so an idle worker costs the servers three heartbeats per
+ * `IDLE_HEARTBEAT_MS` and three pull requests per `IDLE_PULL_MS`. The wait ends as soon as what
  * arrives says work is waiting (the item's `pending` count is not zero), when the worker runs
- * out of free slots, or when an item comes with no slot for it; then the waiting pulls are
- * withdrawn and the worker sweeps again. A withdrawn pull is one whose reply subject nobody
- * listens on any more: JetStream drops such a pull before it would deliver to it.
+ * out of free slots, when an item comes with no slot for it, or when a pull may have been lost
+ * (after a reconnect, or when a pull's heartbeats stop: its consumer's leader went away); then
+ * the waiting pulls are withdrawn and the worker sweeps again. A withdrawn pull is one whose
+ * reply subject nobody listens on any more: JetStream drops such a pull before it would deliver
+ * to it.
  *
  * An idle wait does not hold slots: one worker waits on every pool and every priority at
  * once. Two items that reach the last free slot together leave one without a slot; it goes
@@ -66,7 +87,7 @@ export class PoolPuller {
   private constructor(
     topology: Topology,
     consumers: readonly { priority: Priority; subject: string; consumer: string }[],
-    private readonly opts: { log: Logger; idlePullMs?: number },
+    private readonly opts: PoolPullerOptions,
   ) {
     this.nc = topology.nc;
     this.levels = consumers.map(({ priority, subject, consumer }) => ({
@@ -78,7 +99,7 @@ export class PoolPuller {
   }
 
   /** A pool's work: a consumer per priority. */
-  static ofPool(topology: Topology, pool: string, opts: { log: Logger; idlePullMs?: number }): PoolPuller {
+  static ofPool(topology: Topology, pool: string, opts: PoolPullerOptions): PoolPuller {
     const { names } = topology;
     const levels = PRIORITIES.map((priority) => ({
       priority,
@@ -89,7 +110,7 @@ export class PoolPuller {
   }
 
   /** The jobs to run in one worker's sessions: its own consumer (see `Topology.ensureWorkerConsumer`). */
-  static ofSessions(topology: Topology, workerId: string, opts: { log: Logger; idlePullMs?: number }): PoolPuller {
+  static ofSessions(topology: Topology, workerId: string, opts: PoolPullerOptions): PoolPuller {
     const { names } = topology;
     const level = { priority: "normal" as const, subject: names.subjects.sessionWork(workerId), consumer: names.workerConsumer(workerId) };
     return new PoolPuller(topology, [level], opts);
@@ -129,7 +150,8 @@ export class PoolPuller {
    * logged once and asked again after a pause; the other priorities wait on meanwhile.
    */
   waitForWork(wait: IdleWait): Promise<void> {
-    return new IdleSpell(this.nc, this.levels, wait, { pullMs: this.opts.idlePullMs ?? IDLE_PULL_MS, log: this.opts.log }).run();
+    const { log, idlePullMs = IDLE_PULL_MS, idleHeartbeatMs = IDLE_HEARTBEAT_MS } = this.opts;
+    return new IdleSpell(this.nc, this.levels, wait, { pullMs: idlePullMs, heartbeatMs: idleHeartbeatMs, log }).run();
   }
 
   /**
@@ -172,15 +194,20 @@ export class PoolPuller {
 /**
  * One idle wait: a waiting pull of one item on every priority, all answered on one inbox
  * (`<inbox>.<level>.<request>`, where a pull's status comes; an item comes with the subject it
- * was published to), renewed as they expire or deliver, and after a reconnect, until the wait
- * ends. Ending it drains the inbox: items already on their way are still offered, and
- * JetStream drops the pulls nobody listens for any more.
+ * was published to), renewed as they expire or deliver, until the wait ends. A pull may be lost
+ * without a word: its consumer's leader went away with its server, or a restarted server
+ * forgot it. So each pull asks for heartbeats, and one not heard from for two of them ends the
+ * wait, as a reconnect does: the worker sweeps and waits afresh. (A new leader tells the pulls
+ * it knows of, `409 Leadership Change`; those are asked again at once.) Ending the wait drains
+ * the inbox: items already on their way are still offered, and JetStream drops the pulls
+ * nobody listens for any more.
  */
 class IdleSpell {
   private readonly inbox: string;
   /** The request each level waits on now, by level index; a status for an older one is stale. */
   private readonly current: number[];
-  private readonly lostTimers: (NodeJS.Timeout | undefined)[];
+  /** By level: the watch on its pull's heartbeats, or the pause before a failed pull is asked again. */
+  private readonly timers: (NodeJS.Timeout | undefined)[];
   private requests = 0;
   private ended = false;
   private endSpell: (err?: unknown) => void = () => {};
@@ -189,11 +216,11 @@ class IdleSpell {
     private readonly nc: NatsConnection,
     private readonly levels: Level[],
     private readonly wait: IdleWait,
-    private readonly opts: { pullMs: number; log: Logger },
+    private readonly opts: { pullMs: number; heartbeatMs: number; log: Logger },
   ) {
     this.inbox = newInbox(nc);
     this.current = levels.map(() => 0);
-    this.lostTimers = levels.map(() => undefined);
+    this.timers = levels.map(() => undefined);
   }
 
   async run(): Promise<void> {
@@ -202,10 +229,10 @@ class IdleSpell {
     let outcome: unknown;
     const sub = this.nc.subscribe(`${this.inbox}.>`, { callback: (err, msg) => this.heard(err, msg) });
     const stopListening = wait.onFull(() => this.end());
-    // Back after a reconnect, the pulls may be gone with the server that held them: ask again.
+    // Back after a reconnect, a pull may be gone with the server that held it: wait afresh.
     const status = this.nc.status() as AsyncIterable<Status> & { stop(): void };
     void (async () => {
-      for await (const event of status) if (event.type === "reconnect") for (const i of this.levels.keys()) this.ask(i);
+      for await (const event of status) if (event.type === "reconnect") this.end();
     })();
     const aborted = () => this.end();
     wait.signal.addEventListener("abort", aborted, { once: true });
@@ -218,7 +245,7 @@ class IdleSpell {
       outcome = err;
     } finally {
       this.ended = true;
-      for (const timer of this.lostTimers) clearTimeout(timer);
+      for (const timer of this.timers) clearTimeout(timer);
       stopListening();
       status.stop();
       wait.signal.removeEventListener("abort", aborted);
@@ -240,15 +267,26 @@ class IdleSpell {
     const level = this.levels[i] as Level;
     const request = ++this.requests;
     this.current[i] = request;
-    clearTimeout(this.lostTimers[i]);
-    // A pull the server lost (a restart, say) would leave this level deaf: renew it when its answer is overdue.
-    this.lostTimers[i] = setTimeout(() => this.ask(i), this.opts.pullMs + PULL_TIMEOUT_MS);
-    const body = { batch: 1, expires: this.opts.pullMs * 1_000_000 };
+    this.watch(i);
+    const body = { batch: 1, expires: nanos(this.opts.pullMs), idle_heartbeat: nanos(this.opts.heartbeatMs) };
     try {
       this.nc.publish(level.next, JSON.stringify(body), { reply: `${this.inbox}.${i}.${request}` });
     } catch (err) {
       this.end(err);
     }
+  }
+
+  /** Level `i`'s pull was heard from (or just sent): it counts as lost when nothing more comes for two heartbeats. */
+  private watch(i: number): void {
+    clearTimeout(this.timers[i]);
+    this.timers[i] = setTimeout(
+      () => {
+        const { priority } = this.levels[i] as Level;
+        this.opts.log.info({ priority }, "a waiting pull went silent (its consumer's leader may have changed); waiting afresh");
+        this.end();
+      },
+      2 * this.opts.heartbeatMs + HEARTBEAT_SLACK_MS,
+    );
   }
 
   private heard(err: Error | null, msg: Msg): void {
@@ -262,15 +300,24 @@ class IdleSpell {
       if (i >= 0) this.offer(i, this.levels[i] as Level, msg);
       return;
     }
-    // A status, sent to the pull's own reply subject: the pull ended without an item.
+    // A status, sent to the pull's own reply subject: a heartbeat, or the pull ended without an item.
     const tokens = msg.subject.split(".");
     const i = Number(tokens[tokens.length - 2]);
     const request = Number(tokens[tokens.length - 1]);
     const level = this.levels[i];
     if (!level || this.ended || request !== this.current[i]) return;
     const code = msg.headers?.code ?? 0;
+    if (code === 100) {
+      this.watch(i);
+      return;
+    }
     if (code === 408) {
       this.works(level);
+      this.ask(i);
+      return;
+    }
+    if (code === 409 && msg.headers?.description === LEADERSHIP_CHANGE) {
+      this.opts.log.info({ priority: level.priority }, "the work consumer has a new leader; asking it");
       this.ask(i);
       return;
     }
@@ -278,8 +325,8 @@ class IdleSpell {
     if (!level.failing) this.opts.log.warn({ err: failure, priority: level.priority }, "waiting for work failed; asking again in a moment");
     level.failing = true;
     this.wait.onPullFailed?.(failure);
-    clearTimeout(this.lostTimers[i]);
-    this.lostTimers[i] = setTimeout(() => this.ask(i), FAILED_PULL_PAUSE_MS);
+    clearTimeout(this.timers[i]);
+    this.timers[i] = setTimeout(() => this.ask(i), FAILED_PULL_PAUSE_MS);
   }
 
   private works(level: Level): void {
@@ -310,6 +357,11 @@ class IdleSpell {
     this.ask(i);
   }
 }
+
+/** The description of the status a consumer's new leader sends the waiting pulls it learned of from the old one. */
+const LEADERSHIP_CHANGE = "Leadership Change";
+
+const nanos = (ms: number): number => ms * 1_000_000;
 
 /** A status that ends a pull: undefined for the ordinary ends (404, 408), else what went wrong. */
 function pullStatusError(level: Level, msg: Msg): Error | undefined {
