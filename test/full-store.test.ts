@@ -166,6 +166,9 @@ test("eight submitters fill a small store to its last byte: every refused job is
   const js = topology.js;
   try {
     await client.applyAgent({ name: "noop", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    // No headroom: once the store has been full, the dispatcher would refuse new work before
+    // JetStream does, and this test is of JetStream's refusals at the last byte.
+    await client.setPolicy({ queue: { headroom: 0 } });
     // Room set aside: `ROOM` is freed at the end for the jobs to run; `EDGE` a message at a time
     // while the submitters run, so that the store fills again and again under them.
     for (const [name, messages] of [

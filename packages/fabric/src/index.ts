@@ -3,6 +3,8 @@ export { readBackupPlan } from "./backup/plan.js";
 export { type RestoredStream, RestoreError, type RestoreSummary, restoreSystem } from "./backup/restore.js";
 export { type StreamSummary, systemStreams } from "./backup/streams.js";
 export { type BackupSummary, backupSystem } from "./backup/write.js";
+export type { ErasableBucket, Erasure } from "./erase.js";
+export { eraseEntry, markErased, purgeEntry } from "./erase.js";
 export { jobEvent, nowIso, publishEvent } from "./events.js";
 export type { JobChange, JobHandle, JobKeys } from "./job-store.js";
 export { JobStore } from "./job-store.js";

@@ -42,9 +42,11 @@ const MARKER_LAST_PAUSE_MS = 5_000;
  * compare-and-swap against the revision it was decided on; when another writer (a worker, a
  * dispatcher, a cancel) got there first, the record is read again and the change decided
  * anew, up to 10 times. Errors other than a lost race (NATS out of reach, say) are thrown.
+ * Records of ended jobs are deleted for good by retention through erase.ts, which works on a
+ * full store too.
  */
 export class JobStore {
-  /** `keys` removes a key's messages (for `remove`, and `withdraw` on a full store) and marks it deleted. */
+  /** `keys` removes a key's messages (for `withdraw` on a full store) and marks it deleted. */
   constructor(
     private readonly kv: KV,
     private readonly keys: JobKeys,
@@ -105,17 +107,6 @@ export class JobStore {
         setTimeout(() => void attempt(Math.min(pauseMs * 2, MARKER_LAST_PAUSE_MS)), pauseMs).unref();
       });
     await attempt(MARKER_FIRST_PAUSE_MS);
-  }
-
-  /**
-   * Deletes a record for good, as it was read (compare-and-swap on its revision): false when it
-   * changed meanwhile. Watchers see the delete; then every revision, the delete marker included,
-   * is purged, so nothing of the job stays in the bucket (a marker per deleted job would pile up).
-   */
-  async remove(handle: JobHandle): Promise<boolean> {
-    if (!(await this.withdraw(handle))) return false;
-    await this.keys.purge(handle.record.id);
-    return true;
   }
 
   /**

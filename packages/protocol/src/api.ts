@@ -103,11 +103,26 @@ export const CleanJobsRequest = z.strictObject({
 });
 export type CleanJobsRequest = z.input<typeof CleanJobsRequest>;
 
+/**
+ * Why a job that matched a clean was kept, whole: `file_in_use`, a file of its (an input or an
+ * artifact) is named by a job not yet ended; `changed`, its record changed while it was being
+ * deleted (retried, say); `error`, JetStream refused or did not answer (the message says what),
+ * before anything of it was removed. Retention tries each again at its next sweep.
+ */
+export const KeptReason = z.enum(["file_in_use", "changed", "error"]);
+export type KeptReason = z.infer<typeof KeptReason>;
+
+/** One job a clean kept, and why, in words that name what holds it (the object, the job using it). */
+export const KeptJob = z.strictObject({ id: z.string(), reason: KeptReason, message: z.string() });
+export type KeptJob = z.infer<typeof KeptJob>;
+
 export const CleanJobsReply = z.strictObject({
-  /** Jobs deleted by this request. */
+  /** Jobs deleted by this request: each whole (record, events, output, files), never in part. */
   deleted: z.number().int().nonnegative(),
-  /** Jobs that matched but were kept: an object of theirs is in use by a job not yet ended, or they changed meanwhile. */
+  /** Jobs that matched but were kept, whole: `keptJobs` says why each. */
   kept: z.number().int().nonnegative(),
+  /** Each job kept, with why; sent only when some were (so a client of an earlier release reads a reply that keeps none). */
+  keptJobs: z.array(KeptJob).optional(),
   /** More jobs match than one request deletes: ask again. */
   more: z.boolean(),
 });

@@ -33,6 +33,7 @@ export const ErrorCode = {
   forbidden: "forbidden",
   policyDenied: "policy_denied",
   quotaExceeded: "quota_exceeded",
+  storageQuotaExceeded: "storage_quota_exceeded",
   budgetExceeded: "budget_exceeded",
   queueFull: "queue_full",
   storageFull: "storage_full",
@@ -58,6 +59,7 @@ export const ERROR_STATUS: Readonly<Partial<Record<ErrorCode, number>>> = {
   forbidden: 403,
   policy_denied: 403,
   quota_exceeded: 429,
+  storage_quota_exceeded: 507,
   budget_exceeded: 402,
   queue_full: 503,
   storage_full: 507,
@@ -110,6 +112,12 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
     meaning: "the job's owner has as many jobs queued (or running) as its quota allows",
     appears: "API replies; `rejected` records of intake submissions and schedule ticks; a refused handoff's or workflow step's error",
   },
+  storage_quota_exceeded: {
+    meaning:
+      "the job's owner keeps as many bytes of job records and artifacts as its quota allows (the system policy's `quotas.*.bytes`), or the whole system as many bytes of artifacts as `quotas.artifacts` allows; nothing was kept: submit again once retention or `boxcar clean` has deleted some (exit code 3)",
+    appears:
+      "API replies (`jobs.submit`, `workflows.start`, `jobs.retry`, `jobs.rerun`); `rejected` records of intake submissions and schedule ticks; a refused handoff's or workflow step's error",
+  },
   queue_full: {
     meaning:
       "the whole system has as many jobs (or bytes of job records) waiting to start as the system policy's `queue` limits allow (default 100000 jobs, 256 MiB); nothing was kept, submit again later (exit code 3)",
@@ -117,8 +125,8 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   },
   storage_full: {
     meaning:
-      "JetStream has no room, and nothing was kept: a submit when its store (the server's `max_file_store` or the account's limit) is full; or a role that creates the system on a server with less storage free than its streams reserve, refused before it made any, with sizes that fit (exit code 3)",
-    appears: "API replies (`jobs.submit`); a role's refusal to start",
+      "JetStream has no room, and nothing was kept: a submit when its store (the server's `max_file_store` or the account's limit) is full, or has less free than the headroom the system policy keeps for the jobs admitted (`queue.headroom`); or a role that creates the system on a server with less storage free than its streams reserve, refused before it made any, with sizes that fit (exit code 3)",
+    appears: "API replies (`jobs.submit`, `workflows.start`); an intake submission waits in its stream instead; a role's refusal to start",
   },
   accepted_pending: {
     meaning:

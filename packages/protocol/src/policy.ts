@@ -92,10 +92,18 @@ export function checkAgentPolicy(agent: AgentDefinition, policy: AgentPolicy | u
   );
 }
 
-/** How many jobs one user may have waiting to start (`queued`) and running (`running`); absent: no limit. */
+/**
+ * How many jobs one user may have waiting to start (`queued`) and running (`running`), and how
+ * many bytes of theirs the store may keep (`bytes`); absent: no limit.
+ */
 export const Quota = z.strictObject({
   queued: z.number().int().nonnegative().optional().describe("jobs accepted or queued, not yet started"),
   running: z.number().int().nonnegative().optional().describe("jobs running"),
+  bytes: sizeBytes({ min: 0, max: 1024 ** 5 })
+    .optional()
+    .describe(
+      'bytes kept of the user\'s jobs, every job not yet deleted: their records as stored (inputs included) and their artifacts, such as "2Gi"; a new job is refused storage_quota_exceeded at or past it',
+    ),
   sessions: z.number().int().nonnegative().optional().describe("sessions open at once (each holds a worker's slot)"),
   snapshots: z.number().int().nonnegative().optional().describe("snapshots of sessions kept (each holds up to 1 GiB of the store)"),
 });
@@ -107,11 +115,17 @@ export const QueueLimits = z.strictObject({
   bytes: sizeBytes({ min: 1024 ** 2, max: 1024 ** 5 })
     .optional()
     .describe('bytes of their records, inputs included, such as "256Mi" (default 256Mi)'),
+  headroom: sizeBytes({ min: 0, max: 1024 ** 5 })
+    .optional()
+    .describe(
+      "room kept free in JetStream's store for the jobs admitted, deletions and the roles' own writes: new work is refused storage_full once less is free " +
+        "(default 5% of the store, at least 1Mi and at most 1Gi; \"0\": none). The store's size is the account's JetStream limit, else what it held when JetStream last refused a write",
+    ),
 });
 export type QueueLimits = z.infer<typeof QueueLimits>;
 
 /** The queue limits of a system whose policy sets none. */
-export const DEFAULT_QUEUE_LIMITS: Required<QueueLimits> = { jobs: 100_000, bytes: 256 * 1024 ** 2 };
+export const DEFAULT_QUEUE_LIMITS: Required<Pick<QueueLimits, "jobs" | "bytes">> = { jobs: 100_000, bytes: 256 * 1024 ** 2 };
 
 const period = durationMs({ min: 1_000, max: 3_650 * DAY_MS }).optional();
 
@@ -184,6 +198,11 @@ export const SystemPolicy = z.strictObject({
     .strictObject({
       default: Quota.default({}).describe("every user's, unless named below"),
       users: z.record(UserName, Quota).default({}).describe("a user's own, in place of the default"),
+      artifacts: sizeBytes({ min: 0, max: 1024 ** 5 })
+        .optional()
+        .describe(
+          "bytes of artifacts kept in all, every user's, such as \"50Gi\": new work (not the steps and handoffs of work admitted) is refused storage_quota_exceeded at or past it, admins' too",
+        ),
     })
     .default({ default: {}, users: {} }),
   retention: Retention.default({}).describe("how long ended jobs and workflow runs are kept"),

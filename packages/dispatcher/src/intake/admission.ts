@@ -110,9 +110,16 @@ export function admit(topology: Topology, raw: unknown, ctx: AdmissionContext, o
 }
 
 async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
-  // New work waits for room in the queue; a job that continues admitted work (a handoff, a
-  // workflow step) does not, or the queue could strand what it already holds.
-  if (!opts.chain) ctx.load.checkRoom(ctx.policy.policy);
+  // New work waits for room in the queue and the store; a job that continues admitted work (a
+  // handoff, a workflow step) does not, or the queue could strand what it already holds.
+  if (!opts.chain) {
+    // What the store holds, at most a second old (on no answer, as last known).
+    await ctx.load
+      .storeOf(topology)
+      .prepare(ctx.policy.policy)
+      .catch(() => {});
+    ctx.load.checkRoom(ctx.policy.policy);
+  }
   const spec = parseWith(JobSpec, raw, "job spec");
   const agent = await ctx.agents.get(spec.agent);
   checkInput(agent, spec.input);
@@ -139,8 +146,8 @@ async function admitJob(topology: Topology, raw: unknown, ctx: AdmissionContext,
   const key = spec.idempotencyKey !== undefined ? `owner:${opts.owner}:${spec.idempotencyKey}` : opts.implicitKey;
   let id = newJobId();
   if (key !== undefined) {
-    const claimed = await claimKey(topology.idempotency, key, id).catch((err: unknown) => {
-      throw isStorageFull(err) ? noRoom(id) : err;
+    const claimed = await claimKey(topology.idempotency, key, id).catch(async (err: unknown) => {
+      throw isStorageFull(err) ? await noRoom(topology, ctx, id) : err;
     });
     if (claimed !== id) {
       const existing = await getJson(topology.jobs, claimed, JobRecord, "job record");
@@ -219,7 +226,7 @@ async function createJob(
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
   const created = await topology.jobStore.create(record).catch(async (err: unknown) => {
     await ctx.limits.leave(entered?.taken ?? [], id).catch(() => {}); // else the sweep frees them
-    throw isStorageFull(err) ? noRoom(id) : err;
+    throw isStorageFull(err) ? await noRoom(topology, ctx, id) : err;
   });
   if (!created) {
     // (The places its twin took, with one job id, are the twin's: they stay.)
@@ -228,8 +235,10 @@ async function createJob(
     if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);
     return { job: other.record, duplicate: true };
   }
-  // Counted at once, not when the watch brings it: a burst cannot pass the queue limit unseen.
-  ctx.load.observe(id, record, Buffer.byteLength(JSON.stringify(record)));
+  // Counted at once, not when the watch brings it: a burst cannot pass the queue limit (or the headroom) unseen.
+  const recordBytes = Buffer.byteLength(JSON.stringify(record));
+  ctx.load.observe(id, record, recordBytes);
+  ctx.load.storeOf(topology).wrote(recordBytes);
   try {
     // One stored message for both events (`accepted` folded into `queued`), sent before the
     // work item so it precedes anything a worker publishes.
@@ -250,7 +259,7 @@ async function createJob(
     log.warn({ jobId: id }, "job taken back: JetStream's store filled while it was admitted");
     ctx.load.observe(id, undefined);
     if (record.concurrency) await ctx.limits.leave(placesOf(record.concurrency), id);
-    throw noRoom(id);
+    throw await noRoom(topology, ctx, id);
   }
   ctx.onWorkPublished?.(id);
   log.info(
@@ -322,8 +331,12 @@ export async function recordRejection(
   return record;
 }
 
-/** A submission refused because JetStream's store is full, of which nothing was kept. */
-function noRoom(id: string): BoxcarError {
+/**
+ * A submission refused because JetStream's store is full, of which nothing was kept. The store
+ * holds all it can: the dispatcher learns its size from that (`StoreRoom`), for the headroom.
+ */
+async function noRoom(topology: Topology, ctx: Pick<AdmissionContext, "load">, id: string): Promise<BoxcarError> {
+  await ctx.load.storeOf(topology).noteFull();
   return new BoxcarError(
     ErrorCode.storageFull,
     `no room in JetStream for job ${id}: its store is full (the server's max_file_store or the account's limit); nothing was kept. ` +
@@ -416,8 +429,11 @@ export async function retryJob(
   const found = await topology.jobStore.read(id);
   if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const job = found.record;
-  // Refused before anything is counted or taken for it: a job that may not be retried.
+  // Refused before anything is counted or taken for it: a job that may not be retried, or one
+  // whose input files are gone (deleted with another ended job that shared them, or with this
+  // one, by a deletion under way), which would only fail again.
   JobTransitions.requeueEnded(job, 1, nowIso());
+  if (job.spec) await checkInputFiles(topology, job.spec);
   // An ended job waits again: it counts against its owner's quota as a new job would (an admin's retry of it too).
   return ctx.load.counted({ user: ownerOf(job), role: job.role ?? "submitter" }, id, ctx.policy.policy, () =>
     requeueEnded(topology, found, ctx),

@@ -18,6 +18,7 @@ import {
   SystemPolicy,
 } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";
+import { StoreRoom } from "./store-room.js";
 
 /**
  * The admin's system policy as this dispatcher knows it: read at start, then kept current by a
@@ -79,42 +80,77 @@ export class PolicyBook {
   }
 }
 
-/** A job the load counts: waiting (`queued`) or `running`. */
+/** What the load knows of a job: whose it is, whether it waits or runs, and what the store keeps of it. */
 interface Counted {
   owner: string;
-  state: "queued" | "running";
+  /** Waiting (`accepted` or `queued`), running, or neither (ended, say). */
+  state: "queued" | "running" | undefined;
   /** The size of its record, as stored. */
   bytes: number;
+  /** The sizes of its artifacts, summed (from its record). */
+  artifacts: number;
 }
 
+const mib = (n: number) => (n < 1024 ** 2 ? `${Math.round(n / 1024)} KiB` : `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`);
+
 /**
- * How many jobs each user has waiting and running, and how many (and how many bytes of records)
- * the whole system has waiting, counted from the dispatcher's watch of the job records. The
- * counts trail the bucket by the watch's delay, so a burst of submissions can pass a quota or a
- * queue limit by the few that are in flight at once.
+ * How many jobs each user has waiting and running, how many bytes the store keeps of each user's
+ * jobs (records and artifacts, of every job not yet deleted) and of artifacts in all, and how many
+ * jobs (and bytes of records) the whole system has waiting, counted from the dispatcher's watch
+ * of the job records. The counts trail the bucket by the watch's delay, so a burst of submissions
+ * can pass a quota or a queue limit by the few that are in flight at once. It also holds the
+ * store's room as this dispatcher knows it (`StoreRoom`), for the headroom.
  */
 export class JobLoad {
   private readonly jobs = new Map<string, Counted>();
   private readonly counts = new Map<string, { queued: number; running: number }>();
+  /** Bytes kept of each user's jobs: records and artifacts. */
+  private readonly stored = new Map<string, number>();
+  /** Artifacts kept in all, in bytes. */
+  private artifactsKept = 0;
   /** Jobs waiting to start in the whole system, and the bytes of their records. */
   private readonly queue = { jobs: 0, bytes: 0 };
+  /** One string per owner, shared by every job of theirs. */
+  private readonly owners = new Map<string, string>();
+  private store: StoreRoom | undefined;
 
   readonly observe = (key: string, job: JobRecord | undefined, bytes = 0): void => {
     const before = this.jobs.get(key);
     if (before) this.add(before, -1);
-    const state = job?.state === "running" ? "running" : job?.state === "accepted" || job?.state === "queued" ? "queued" : undefined;
-    if (job && state) {
-      const now: Counted = { owner: ownerOf(job), state, bytes };
-      this.jobs.set(key, now);
-      this.add(now, 1);
-    } else this.jobs.delete(key);
+    if (!job) {
+      this.jobs.delete(key);
+      return;
+    }
+    const state = job.state === "running" ? "running" : job.state === "accepted" || job.state === "queued" ? "queued" : undefined;
+    const owner = this.ownerString(ownerOf(job));
+    let artifacts = 0;
+    for (const a of job.artifacts) artifacts += a.size;
+    const now: Counted = { owner, state, bytes, artifacts };
+    this.jobs.set(key, now);
+    this.add(now, 1);
   };
 
+  private ownerString(owner: string): string {
+    const known = this.owners.get(owner);
+    if (known !== undefined) return known;
+    this.owners.set(owner, owner);
+    return owner;
+  }
+
   private add(job: Counted, n: number): void {
-    const c = this.counts.get(job.owner) ?? { queued: 0, running: 0 };
-    c[job.state] += n;
-    if (c.queued === 0 && c.running === 0) this.counts.delete(job.owner);
-    else this.counts.set(job.owner, c);
+    if (job.state) {
+      const c = this.counts.get(job.owner) ?? { queued: 0, running: 0 };
+      c[job.state] += n;
+      if (c.queued === 0 && c.running === 0) this.counts.delete(job.owner);
+      else this.counts.set(job.owner, c);
+    }
+    const kept = (this.stored.get(job.owner) ?? 0) + n * (job.bytes + job.artifacts);
+    if (kept > 0) this.stored.set(job.owner, kept);
+    else {
+      this.stored.delete(job.owner);
+      this.owners.delete(job.owner);
+    }
+    this.artifactsKept += n * job.artifacts;
     if (job.state === "queued") {
       this.queue.jobs += n;
       this.queue.bytes += n * job.bytes;
@@ -125,12 +161,31 @@ export class JobLoad {
     return this.counts.get(owner) ?? { queued: 0, running: 0 };
   }
 
+  /** Bytes the store keeps of `owner`'s jobs: their records as stored and their artifacts. */
+  storedOf(owner: string): number {
+    return this.stored.get(owner) ?? 0;
+  }
+
+  /** Bytes of artifacts the store keeps, every job's. */
+  get artifacts(): number {
+    return this.artifactsKept;
+  }
+
   /** Jobs waiting to start in the whole system, and the bytes of their records. */
   get queued(): { jobs: number; bytes: number } {
     return { ...this.queue };
   }
 
-  /** Refuses a new job of `caller` when it has as many waiting or running as its quota allows. Admins have no quota. */
+  /** The room in JetStream's store as this dispatcher knows it; admissions keep it current (`StoreRoom.refresh`). */
+  storeOf(topology: Topology): StoreRoom {
+    this.store ??= new StoreRoom(topology);
+    return this.store;
+  }
+
+  /**
+   * Refuses a new job of `caller` when it has as many waiting or running as its quota allows, or
+   * keeps as many bytes as its quota allows. Admins have no quota.
+   */
   check(caller: Identity, policy: SystemPolicy): void {
     if (caller.role === "admin") return;
     const quota = quotaOf(policy, caller.user);
@@ -144,6 +199,14 @@ export class JobLoad {
         );
       }
     }
+    const kept = this.storedOf(caller.user);
+    if (quota.bytes !== undefined && kept >= quota.bytes) {
+      throw new BoxcarError(
+        ErrorCode.storageQuotaExceeded,
+        `${caller.user}'s jobs keep ${mib(kept)} of records and artifacts, and ${caller.user}'s quota is ${mib(quota.bytes)}: ` +
+          "delete ended jobs (retention does after its period; an admin can with boxcar clean), or ask an admin for a larger quota",
+      );
+    }
   }
 
   /**
@@ -155,7 +218,7 @@ export class JobLoad {
   async counted<T>(holder: Identity, id: string, policy: SystemPolicy, write: () => Promise<T>): Promise<T> {
     this.check(holder, policy);
     if (this.jobs.has(id)) return write();
-    const held: Counted = { owner: holder.user, state: "queued", bytes: 0 };
+    const held: Counted = { owner: this.ownerString(holder.user), state: "queued", bytes: 0, artifacts: 0 };
     this.jobs.set(id, held);
     this.add(held, 1);
     try {
@@ -168,17 +231,28 @@ export class JobLoad {
 
   /**
    * Refuses new work, admins' too, when the system holds as many jobs or bytes queued as its
-   * policy allows: the store keeps room for the jobs already admitted to run and end.
+   * policy allows, as many bytes of artifacts as `quotas.artifacts` allows, or when the store
+   * has less room than the headroom kept for the jobs already admitted (as last known: see
+   * `storeOf`): the store keeps room for the jobs already admitted to run and end.
    */
   checkRoom(policy: SystemPolicy): void {
     const limits = { ...DEFAULT_QUEUE_LIMITS, ...policy.queue };
     const { jobs, bytes } = this.queue;
-    if (jobs < limits.jobs && bytes < limits.bytes) return;
-    const mib = (n: number) => (n < 1024 ** 2 ? `${Math.round(n / 1024)} KiB` : `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`);
-    throw new BoxcarError(
-      ErrorCode.queueFull,
-      `the queue is full: ${jobs} jobs (${mib(bytes)}) wait to start, and the system policy allows ${limits.jobs} jobs or ${mib(limits.bytes)}; ` +
-        "submit again once some have started (an admin can raise queue.jobs / queue.bytes with boxcar policy set)",
-    );
+    if (jobs >= limits.jobs || bytes >= limits.bytes) {
+      throw new BoxcarError(
+        ErrorCode.queueFull,
+        `the queue is full: ${jobs} jobs (${mib(bytes)}) wait to start, and the system policy allows ${limits.jobs} jobs or ${mib(limits.bytes)}; ` +
+          "submit again once some have started (an admin can raise queue.jobs / queue.bytes with boxcar policy set)",
+      );
+    }
+    const most = policy.quotas.artifacts;
+    if (most !== undefined && this.artifactsKept >= most) {
+      throw new BoxcarError(
+        ErrorCode.storageQuotaExceeded,
+        `the system keeps ${mib(this.artifactsKept)} of artifacts, and the system policy allows ${mib(most)} (quotas.artifacts): ` +
+          "submit again once retention or boxcar clean has deleted ended jobs (an admin can raise quotas.artifacts with boxcar policy set)",
+      );
+    }
+    this.store?.check(policy);
   }
 }

@@ -92,3 +92,58 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
     await nc.close();
   }
 }, 60_000);
+
+test("on a store filled to its last byte, a sweep deletes jobs that are nothing but their record: the records' bytes go before their delete markers are written", async () => {
+  await using server = await startNatsServer({ maxFileStore: 8 * 1024 ** 2 });
+  const nc = await connect({ servers: server.url });
+  try {
+    const MiB = 1024 ** 2;
+    const topology = await openTopology(nc, { prefix: "ret3", streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
+    const policy = await PolicyBook.open(topology, silentLogger);
+    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+    const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+    const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
+    for (const id of ids) {
+      const record: JobRecord = {
+        v: PROTOCOL_VERSION,
+        id,
+        agent: "noop",
+        pool: "default",
+        owner: "local",
+        state: "succeeded",
+        attempt: 1,
+        createdAt: old,
+        finishedAt: old,
+        artifacts: [],
+        history: [],
+        result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
+      };
+      await topology.jobStore.create(record);
+      sweeper.observe(id, record);
+    }
+    // A dispatcher's watch, from before the store filled.
+    const seen: string[] = [];
+    const watch = await topology.jobs.watch({ include: "updates" });
+    void (async () => {
+      for await (const entry of watch) if (entry.operation === "DEL") seen.push(entry.key);
+    })();
+    // Every last byte taken, by a stream of another's.
+    await topology.jsm.streams.add({ name: "FILL", subjects: ["fill"] });
+    for (let size = 256 * 1024; size >= 1; )
+      await topology.js.publish("fill", new Uint8Array(size)).catch(() => (size = Math.floor(size / 2)));
+    await expect(topology.jobs.delete("full0")).rejects.toThrow(/insufficient resources/); // what a KV delete meets
+
+    // The records are purged (no write would be taken: JetStream let the last one it took pass the
+    // store's limit, by up to that message's size), then their markers written in the room the
+    // batch left (so the watch forgets each job), then purged.
+    expect(await sweeper.run()).toBe(20);
+    const stream = await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`);
+    expect(stream.state.messages).toBe(0);
+    await expect.poll(() => seen.sort()).toEqual([...ids].sort());
+    watch.stop();
+    await sweeper.stop();
+    policy.close();
+  } finally {
+    await nc.close();
+  }
+}, 60_000);

@@ -1,28 +1,29 @@
 import type { Logger } from "@boxcar/common";
-import { getJson, isRevisionConflict, removeObject, type Topology } from "@boxcar/fabric";
+import { type ErasableBucket, eraseEntry, getJson, markErased, purgeEntry, type Topology } from "@boxcar/fabric";
 import {
   type CleanJobsReply,
   CleanJobsRequest,
-  harnessObjects,
   isTerminal,
   type JobRecord,
   type JobState,
   ownerOf,
   parseWith,
-  recordedCallObject,
   retentionOf,
   WorkflowRun,
 } from "@boxcar/protocol";
 import type { PolicyBook } from "../limits/policy.js";
 import { Sweep } from "../loops/sweep.js";
+import { checkMayPurge, objectsOf, remainsOf, removeRemains } from "./remains.js";
 
 /** Jobs deleted per batch (a `clean` request is one): a reply comes in time, a sweep takes batch after batch. */
 const MAX_PER_BATCH = 500;
 /** Deletions under way at once within a sweep. */
 const PARALLEL = 8;
 
-/** What a job's deletion removes besides its record: the objects it names. */
-const objectsOf = (job: JobRecord): string[] => [...(job.spec?.files ?? []).map((f) => f.object), ...job.artifacts.map((a) => a.object)];
+type KeptJob = NonNullable<CleanJobsReply["keptJobs"]>[number];
+
+/** What one job's deletion came to. */
+type Outcome = { outcome: "deleted" | "gone" } | { outcome: "kept"; kept: KeptJob };
 
 /** When a job or run ended, and how. */
 interface Ended {
@@ -31,23 +32,29 @@ interface Ended {
 }
 
 /**
- * Deletes ended jobs once the system policy's retention has passed: each job's events, output,
- * artifacts and input files, then its record (compare-and-swap, so a job retried meanwhile stays).
- * Ended workflow runs likewise: their events, then their record. It is shown every job record
- * and every run by the dispatcher's watches and keeps when each ended one ended.
- * Several dispatchers may delete the same job; each step is idempotent, and the record goes
- * last, so a dispatcher that dies midway leaves the job for the next sweep. An object that a job
- * not yet ended also names (a handoff's carried files, an input given to several jobs) keeps its
- * jobs until that job has ended.
+ * Deletes ended jobs once the system policy's retention has passed, whole: their events,
+ * output, artifacts, input files, recorded model calls and checkpoint, then their record, last,
+ * by compare-and-swap, so a dispatcher that dies midway leaves the job for the next sweep. Every
+ * reason to keep a job (a file of its named by a job not yet ended) is found before anything of
+ * it is removed, and nothing a deletion does needs room it has not just freed: every step but
+ * the record's delete marker is a purge, which writes nothing, and on a full store the record's
+ * own bytes are purged before its marker is written (the batch's markers once the whole batch
+ * has freed room; one with no room yet at a later batch or sweep), so it works on a store filled
+ * to its last byte. Ended workflow runs likewise:
+ * events, then record. It is shown every job record and every run by the dispatcher's watches
+ * and keeps when each ended one ended. Several dispatchers may delete the same job; each step
+ * is idempotent.
  */
 export class RetentionSweep {
   /** Ended jobs: when each ended, how, and its agent. */
   private readonly ended = new Map<string, Ended & { state: JobState; agent: string }>();
   /** Ended runs with no job still going. */
   private readonly endedRuns = new Map<string, Ended>();
-  /** How many jobs not yet ended name each object, and the objects of each. */
-  private readonly inUse = new Map<string, number>();
+  /** The jobs not yet ended that name each object, and the objects each such job names. */
+  private readonly users = new Map<string, Set<string>>();
   private readonly openObjects = new Map<string, string[]>();
+  /** Records deleted (purged) whose delete marker the store had no room for yet: written after the batch, or at a later one. */
+  private readonly unmarked = new Map<string, { bucket: ErasableBucket; key: string }>();
   private readonly sweeps: Sweep<number>;
 
   /** Sweeps every `intervalMs` once started. */
@@ -86,9 +93,9 @@ export class RetentionSweep {
   /** Notes a job record's latest value (undefined: the record was deleted). */
   observe(key: string, job: JobRecord | undefined): void {
     for (const object of this.openObjects.get(key) ?? []) {
-      const n = (this.inUse.get(object) ?? 1) - 1;
-      if (n > 0) this.inUse.set(object, n);
-      else this.inUse.delete(object);
+      const users = this.users.get(object);
+      users?.delete(key);
+      if (users?.size === 0) this.users.delete(object);
     }
     this.openObjects.delete(key);
     this.ended.delete(key);
@@ -100,7 +107,11 @@ export class RetentionSweep {
     const objects = objectsOf(job);
     if (objects.length === 0) return;
     this.openObjects.set(key, objects);
-    for (const object of objects) this.inUse.set(object, (this.inUse.get(object) ?? 0) + 1);
+    for (const object of objects) {
+      const users = this.users.get(object) ?? new Set<string>();
+      users.add(key);
+      this.users.set(object, users);
+    }
   }
 
   /** Notes a run's latest value (undefined: deleted); `ended`: it is final and none of its jobs is going. */
@@ -112,30 +123,43 @@ export class RetentionSweep {
   private async sweepOnce(): Promise<number> {
     const now = Date.now();
     const policy = this.policy.policy;
+    await this.writeOwedMarkers();
     let deleted = 0;
     // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
     // that one dispatcher can delete them.
     // A job kept (its files in use, or it failed) is passed over for the rest of the sweep, so
     // a batch of kept jobs cannot hold back the ones due behind it.
     const passed = new Set<string>();
+    const kept: KeptJob[] = [];
     for (let more = true; more && !this.closed; ) {
       const batch = await this.deleteMatching(({ at, state, agent }) => at + retentionOf(policy, state, agent) <= now, passed);
       deleted += batch.deleted;
+      kept.push(...(batch.keptJobs ?? []));
       more = batch.more;
     }
     const runs = await this.deleteRuns((run) => run.at + retentionOf(policy, run.state) <= now);
     if (deleted > 0 || runs > 0) this.log.info({ deleted, runs }, "deleted jobs and workflow runs past their retention");
+    const errors = kept.filter((k) => k.reason === "error");
+    if (errors.length > 0) {
+      this.log.warn({ jobs: errors.length, first: errors[0] }, "could not delete some ended jobs; trying again at the next sweep");
+    }
     return deleted;
   }
 
-  /** Deletes now the ended jobs that match, as retention would (`boxcar clean`), up to a bound. */
+  /** Deletes now the ended jobs that match, as retention would (`boxcar clean`), up to a bound; says why each job it kept was kept. */
   async clean(request: CleanJobsRequest): Promise<CleanJobsReply> {
     const { olderThan, state, agent } = parseWith(CleanJobsRequest, request, "request");
     const before = Date.now() - olderThan;
+    await this.writeOwedMarkers();
     const result = await this.deleteMatching(
       (job) => job.at <= before && (state === undefined || job.state === state) && (agent === undefined || job.agent === agent),
     );
-    this.log.info({ olderThanMs: olderThan, state, agent, ...result }, "jobs cleaned by request");
+    const reasons: Record<string, number> = {};
+    for (const k of result.keptJobs ?? []) reasons[k.reason] = (reasons[k.reason] ?? 0) + 1;
+    this.log.info(
+      { olderThanMs: olderThan, state, agent, deleted: result.deleted, kept: reasons, more: result.more },
+      "jobs cleaned by request",
+    );
     return result;
   }
 
@@ -155,50 +179,117 @@ export class RetentionSweep {
       due.push(id);
     }
     let deleted = 0;
-    let kept = 0;
+    const keptJobs: KeptJob[] = [];
+    const keep = (kept: KeptJob) => {
+      keptJobs.push(kept);
+      passed.add(kept.id);
+    };
+    // Refused here, a dispatcher whose credential may not purge keeps every job whole.
+    const refused =
+      due.length === 0
+        ? undefined
+        : await checkMayPurge(this.topology).then(
+            () => undefined,
+            (err: unknown) => err as Error,
+          );
     for (let i = 0; i < due.length && !this.closed; i += PARALLEL) {
       await Promise.all(
         due.slice(i, i + PARALLEL).map(async (id) => {
-          try {
-            const outcome = await this.deleteJob(id);
-            if (outcome === "deleted") deleted += 1;
-            if (outcome === "kept") {
-              kept += 1;
-              passed.add(id);
-            }
-          } catch (err) {
-            kept += 1;
-            passed.add(id);
-            this.log.warn({ err, jobId: id }, "could not delete an ended job; trying again at the next sweep");
+          if (refused) {
+            keep({
+              id,
+              reason: "error",
+              message: `nothing of it was removed: JetStream did not let this dispatcher purge (${refused.message})`,
+            });
+            return;
           }
+          const done = await this.deleteJob(id);
+          if (done.outcome === "deleted") deleted += 1;
+          if (done.outcome === "kept") keep(done.kept);
         }),
       );
     }
-    return { deleted, kept, more };
+    // The markers the store had no room for, once the whole batch has freed what it could: a
+    // store filled past its limit (JetStream lets the last write it takes pass it) refuses every
+    // write until enough is freed, more than one record's bytes may be.
+    if (this.unmarked.size > 0) await this.writeOwedMarkers();
+    return { deleted, kept: keptJobs.length, ...(keptJobs.length > 0 ? { keptJobs } : {}), more };
   }
 
-  /** Deletes one ended job and what belongs to it; "kept" when an object is still in use or it changed meanwhile. */
-  private async deleteJob(id: string): Promise<"deleted" | "kept" | "gone"> {
+  /**
+   * Deletes one ended job, whole or not at all: every reason to keep it is found before anything
+   * of it goes; then the rest, then its record (compare-and-swap). A deletion cut short (NATS out
+   * of reach) leaves the record, so the job is found again and finished at the next sweep.
+   */
+  private async deleteJob(id: string): Promise<Outcome> {
     const { topology } = this;
-    const found = await topology.jobStore.read(id);
-    if (!found || !isTerminal(found.record.state)) {
+    let removing = false;
+    try {
+      const found = await topology.jobStore.read(id);
+      if (!found || !isTerminal(found.record.state)) {
+        this.ended.delete(id);
+        return { outcome: "gone" };
+      }
+      const job = found.record;
+      const inUse = this.inUse(job);
+      if (inUse) return { outcome: "kept", kept: inUse };
+      removing = true;
+      await removeRemains(topology, id, remainsOf(job));
+      const erased = await eraseEntry(topology, "jobs", id, found.revision);
+      if (erased.outcome === "changed") {
+        const now = await topology.jobStore.read(id).catch(() => null);
+        const what = now ? `it is ${now.record.state} now${now.record.state === "queued" ? " (retried)" : ""}` : "it is gone now";
+        const message = `its record changed while it was being deleted (${what}): the record stays, its events, output and files had gone`;
+        return { outcome: "kept", kept: { id, reason: "changed", message } };
+      }
       this.ended.delete(id);
-      return "gone";
+      if (erased.outcome === "unmarked") this.unmarked.set(`jobs/${id}`, { bucket: "jobs", key: id });
+      // Its marker goes too (this one's, by its sequence; another deletion's marker, that one purges).
+      if (erased.outcome === "erased" && erased.marker !== undefined) await purgeEntry(topology, "jobs", id, erased.marker);
+      return { outcome: "deleted" };
+    } catch (err) {
+      const message = removing
+        ? `its deletion was cut short (${(err as Error).message}): what is left of it, its record included, is deleted at the next sweep`
+        : `nothing of it was removed: ${(err as Error).message}`;
+      return { outcome: "kept", kept: { id, reason: "error", message } };
     }
-    const job = found.record;
-    const objects = objectsOf(job);
-    if (objects.some((o) => this.inUse.has(o))) return "kept"; // a job not yet ended needs them: later
-    const { names } = topology;
-    // The purges first: a dispatcher whose credential predates them is refused before it has
-    // removed anything.
-    await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.jobEvents(ownerOf(job), id) });
-    await topology.jsm.streams.purge(names.streams.logs, { filter: names.subjects.jobLogs(ownerOf(job), id) });
-    for (const object of new Set(objects)) await removeObject(topology, object);
-    await removeRecordedCalls(topology, job);
-    await removeCheckpoint(topology, job.id);
-    if (!(await topology.jobStore.remove(found))) return "kept"; // changed meanwhile (retried)
-    this.ended.delete(id);
-    return "deleted";
+  }
+
+  /**
+   * Why `job` must be kept: a file of its is named by a job not yet ended (an input given to
+   * several jobs, files a handoff carried), which would lose it.
+   */
+  private inUse(job: JobRecord): KeptJob | undefined {
+    for (const object of new Set(objectsOf(job))) {
+      const users = [...(this.users.get(object) ?? [])].filter((user) => user !== job.id);
+      if (users.length === 0) continue;
+      const kind = job.spec?.files.some((f) => f.object === object) ? "input file" : "artifact";
+      const others = users.length > 1 ? ` (and ${users.length - 1} more)` : "";
+      return {
+        id: job.id,
+        reason: "file_in_use",
+        message: `its ${kind} ${object} is also an input of job ${users[0]}${others}, which has not ended: it is deleted once that job has ended`,
+      };
+    }
+    return undefined;
+  }
+
+  /**
+   * Writes the delete markers the store had no room for (their records are gone: reads find
+   * nothing, but watchers still count them), and purges each once written.
+   */
+  private async writeOwedMarkers(): Promise<void> {
+    for (const [owed, { bucket, key }] of this.unmarked) {
+      if (this.closed) return;
+      try {
+        const marked = await markErased(this.topology, bucket, key);
+        if (marked.outcome === "unmarked") continue; // still no room
+        this.unmarked.delete(owed);
+        if (marked.outcome === "erased" && marked.marker !== undefined) await purgeEntry(this.topology, bucket, key, marked.marker);
+      } catch (err) {
+        this.log.warn({ err, bucket, key }, "could not write a deleted record's marker; trying again at the next sweep");
+      }
+    }
   }
 
   /** Deletes every ended run that `due` says is due, a few at a time; resolves with how many went. */
@@ -216,10 +307,11 @@ export class RetentionSweep {
         }),
       );
     }
+    if (this.unmarked.size > 0) await this.writeOwedMarkers();
     return deleted;
   }
 
-  /** Deletes one ended run: its events, then its record, as it was read (compare-and-swap). */
+  /** Deletes one ended run as it was read (compare-and-swap), as a job: its events, then its record. */
   private async deleteRun(id: string): Promise<boolean> {
     const { topology } = this;
     const found = await getJson(topology.workflows, id, WorkflowRun, "workflow run");
@@ -229,37 +321,11 @@ export class RetentionSweep {
     }
     const { names } = topology;
     await topology.jsm.streams.purge(names.streams.events, { filter: names.subjects.runEvents(ownerOf(found.value), id) });
-    try {
-      await topology.workflows.delete(id, { previousSeq: found.revision });
-    } catch (err) {
-      if (isRevisionConflict(err)) return false; // changed meanwhile: the watch says what it is now
-      throw err;
-    }
-    await topology.purgeKey("workflows", id);
+    const erased = await eraseEntry(topology, "workflows", id, found.revision);
+    if (erased.outcome === "changed") return false; // changed meanwhile: the watch says what it is now
     this.endedRuns.delete(id);
+    if (erased.outcome === "unmarked") this.unmarked.set(`workflows/${id}`, { bucket: "workflows", key: id });
+    if (erased.outcome === "erased" && erased.marker !== undefined) await purgeEntry(topology, "workflows", id, erased.marker);
     return true;
-  }
-}
-
-/** Removes a prompt agent's checkpoint (docs/harness.md#durable-steps): its loop's state, and its workspace if kept. */
-async function removeCheckpoint(topology: Topology, jobId: string): Promise<void> {
-  const { state, workspace } = harnessObjects(jobId);
-  const info = await topology.artifacts.info(state);
-  if (!info || info.deleted) return;
-  await removeObject(topology, workspace);
-  await removeObject(topology, state);
-}
-
-/**
- * Removes the job's recorded model calls (`models.record`), one object per place in its
- * attempts' sequence: at most as many as the calls it made, and any past those still found.
- */
-async function removeRecordedCalls(topology: Topology, job: JobRecord): Promise<void> {
-  const made = job.usage?.calls ?? 0;
-  for (let position = 1; ; position++) {
-    const name = recordedCallObject(job.id, position);
-    const info = await topology.artifacts.info(name);
-    if (info && !info.deleted) await removeObject(topology, name);
-    else if (position > made) return;
   }
 }
