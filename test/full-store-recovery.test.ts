@@ -12,7 +12,7 @@ import { startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarError } from "@boxcar/protocol";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
+import { boxcar, eventually } from "./helpers/cli.js";
 import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { scratch } from "./helpers/scratch.js";
 
@@ -157,6 +157,15 @@ test("a store filled to its last byte: one clean deletes every ended job whole, 
       async () => ((await client.countJobs()).total === queued.length + 2 ? true : undefined),
       "the counts to leave out the deleted jobs",
     );
+
+    // The command line says which job it kept and why; --json lists them.
+    const said = await boxcar(nats.url, prefix, ["clean", "--older-than", "0s"]);
+    expect(said.code, said.stderr).toBe(0);
+    expect(said.stdout).toContain("deleted 0 ended jobs; 1 kept:");
+    expect(said.stdout).toContain(`  ${sharing}: `);
+    expect(said.stdout).toContain(`an input of job ${waiter.id}, which has not ended`);
+    const listed = await boxcar(nats.url, prefix, ["clean", "--older-than", "0s", "--json"]);
+    expect(JSON.parse(listed.stdout)).toMatchObject({ deleted: 0, kept: 1, keptJobs: [{ id: sharing, reason: "file_in_use" }] });
 
     // With no other command, the queued jobs run once a worker of their pool starts.
     await using later = createWorker({ ...nats.workerRole, pools: ["later"], concurrency: 4, providers: [createHostSandboxProvider()] });

@@ -54,6 +54,8 @@ export {
   JobLogsRequest,
   JobRef,
   JobReply,
+  KeptJob,
+  KeptReason,
   ListAgentsReply,
   ListJobsReply,
   ListJobsRequest,

@@ -458,6 +458,9 @@ async function deadJobs(client: BoxcarClient, agent: string): Promise<string[]> 
   return ids;
 }
 
+/** How many kept jobs `boxcar clean` names, each with why. */
+const MAX_KEPT_SHOWN = 20;
+
 export const clean: Command = {
   usage: "boxcar clean --older-than DURATION [--state STATE] [--agent AGENT]",
   maxArgs: 0,
@@ -473,22 +476,26 @@ export const clean: Command = {
       throw new UsageError(`--state must be a final state (${ended.join(", ")}), got ${state}`);
     }
     await using session = await ctx.session("boxcar-clean");
-    const total = { deleted: 0, kept: 0 };
+    let deleted = 0;
+    /** Each job kept, by id: a job kept by one request comes back in the next, and its last reason stands. */
+    const kept = new Map<string, { id: string; reason: string; message: string }>();
     for (let more = true; more; ) {
       const reply = await session.client.cleanJobs({
         olderThan,
         ...(state ? { state: state as JobState } : {}),
         ...(ctx.values.agent ? { agent: ctx.values.agent as string } : {}),
       });
-      total.deleted += reply.deleted;
-      total.kept += reply.kept;
+      deleted += reply.deleted;
+      for (const job of reply.keptJobs ?? []) kept.set(job.id, job);
       // Ask again only while a request still deletes some: kept ones would be asked about forever.
       more = reply.more && reply.deleted > 0;
     }
-    if (ctx.values.json) ctx.print(json(total));
+    if (ctx.values.json) ctx.print(json({ deleted, kept: kept.size, keptJobs: [...kept.values()] }));
     else {
-      const kept = total.kept > 0 ? `; ${total.kept} kept (a file of theirs is used by a job not yet ended, or they changed)` : "";
-      ctx.print(`deleted ${total.deleted} ended jobs${kept}`);
+      ctx.print(`deleted ${deleted} ended jobs${kept.size > 0 ? `; ${kept.size} kept:` : ""}`);
+      const shown = [...kept.values()].slice(0, MAX_KEPT_SHOWN);
+      for (const job of shown) ctx.print(`  ${job.id}: ${job.message}`);
+      if (kept.size > shown.length) ctx.print(`  ... and ${kept.size - shown.length} more (--json lists them all)`);
     }
     return ExitCode.ok;
   },
