@@ -212,7 +212,7 @@ export class AuthDir {
     if (!this.liveKeys(user).some((u) => u.role === role)) {
       throw new BoxcarError(ErrorCode.notFound, `no user ${user} with a live ${role} credential in ${this.dir}`);
     }
-    const { jwt, kp } = await this.userJwt(user, role, Math.floor(Date.now() / 1000) + ttlSeconds);
+    const { jwt, kp } = await this.userJwt(user, role, ttlSeconds);
     return new TextDecoder().decode(fmtCreds(jwt, kp));
   }
 
@@ -350,16 +350,20 @@ export class AuthDir {
     return this.state.users.filter((u) => u.role === "dispatcher" && !u.revokedAt).map((u) => u.publicKey);
   }
 
-  /** A new key for `user`, and its JWT signed with `role`'s scoped key (expiring at `exp`, seconds since the epoch, if given). */
-  private async userJwt(user: string, role: Role, exp?: number): Promise<{ jwt: string; kp: KeyPair }> {
+  /** A new key for `user`, and its JWT signed with `role`'s scoped key (expiring `ttlSeconds` after it is issued, if given). */
+  private async userJwt(user: string, role: Role, ttlSeconds?: number): Promise<{ jwt: string; kp: KeyPair }> {
     const account = this.state.account;
     const kp = createUser();
+    const signer = await this.seed(`role-${role}`);
+    // Read from the clock just before encodeUser stamps its issue time (it awaits nothing before
+    // that): computed before the seed was read, a lifetime could come out a second short.
+    const exp = ttlSeconds === undefined ? undefined : Math.floor(Date.now() / 1000) + ttlSeconds;
     const jwt = await encodeUser(
       user,
       kp,
       account,
       { tags: [`${ROLE_TAG}:${role}`], issuer_account: account },
-      { signer: await this.seed(`role-${role}`), scopedUser: true, algorithm: Algorithms.v2, ...(exp !== undefined ? { exp } : {}) },
+      { signer, scopedUser: true, algorithm: Algorithms.v2, ...(exp !== undefined ? { exp } : {}) },
     );
     return { jwt, kp };
   }
