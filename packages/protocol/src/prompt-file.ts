@@ -1,7 +1,6 @@
-import { LineCounter, parseDocument } from "yaml";
 import { AgentDefinition } from "./agent.js";
 import { formatPath } from "./errors.js";
-import { FileError, locateIn } from "./yaml-file.js";
+import { FileError, fileIssues, locateIn, readYamlDocument } from "./yaml-file.js";
 
 /**
  * A prompt agent's file (docs/harness.md#the-prompt-file), in the Dotprompt format: YAML
@@ -50,18 +49,7 @@ export function parsePromptFile(text: string, file: string): PromptFile {
   const template = lines.slice(close + 1).join("\n");
   const offset = 1; // the frontmatter's first line is the file's second
 
-  const lineCounter = new LineCounter();
-  const doc = parseDocument(frontmatter, { lineCounter, prettyErrors: false, uniqueKeys: true });
-  if (doc.errors.length > 0) {
-    throw new FileError(
-      what,
-      file,
-      doc.errors.map((e) => {
-        const pos = lineCounter.linePos(e.pos[0]);
-        return { path: "", message: e.message.split("\n")[0] ?? e.message, line: pos.line + offset, column: pos.col };
-      }),
-    );
-  }
+  const { doc, lineCounter } = readYamlDocument(frontmatter, file, what, offset);
   const value: unknown = doc.toJS() ?? {};
   if (typeof value !== "object" || Array.isArray(value)) fail(2, "its frontmatter must be a mapping of fields");
   const fields = value as Record<string, unknown>;
@@ -91,17 +79,13 @@ export function parsePromptFile(text: string, file: string): PromptFile {
   throw new FileError(
     what,
     file,
-    result.error.issues.flatMap((issue) => {
-      const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
-      const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
-      return paths.map((path) => {
-        // In the file, the prompt's fields are at the top, and its template after the frontmatter.
-        if (path[0] === "prompt" && path[1] === "template") return { path: "template", message, line: close + 2, column: 1 };
-        const inFile =
-          path[0] === "prompt" ? path.slice(1) : path[0] === "runtime" && "sandbox" in fields ? ["sandbox", ...path.slice(1)] : path;
-        const pos = lineCounter.linePos(locateIn(doc.contents, inFile));
-        return { path: formatPath(inFile), message, line: pos.line + offset, column: pos.col };
-      });
+    fileIssues(result.error, (path, message) => {
+      // In the file, the prompt's fields are at the top, and its template after the frontmatter.
+      if (path[0] === "prompt" && path[1] === "template") return { path: "template", message, line: close + 2, column: 1 };
+      const inFile =
+        path[0] === "prompt" ? path.slice(1) : path[0] === "runtime" && "sandbox" in fields ? ["sandbox", ...path.slice(1)] : path;
+      const pos = lineCounter.linePos(locateIn(doc.contents, inFile));
+      return { path: formatPath(inFile), message, line: pos.line + offset, column: pos.col };
     }),
   );
 }

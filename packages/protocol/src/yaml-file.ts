@@ -1,4 +1,4 @@
-import { isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
+import { type Document, isMap, isSeq, LineCounter, type Node, parseDocument } from "yaml";
 import type { z } from "zod";
 import { AgentDefinition } from "./agent.js";
 import { BoxcarError, ErrorCode, type ErrorIssue, formatPath } from "./errors.js";
@@ -48,6 +48,29 @@ export function parseWorkflowFile(text: string, file: string): WorkflowDefinitio
  * line, column and field of every problem; `what` names the kind of file in the message.
  */
 export function parseYamlFile<S extends z.ZodType>(text: string, file: string, schema: S, what: string): z.infer<S> {
+  const { doc, lineCounter } = readYamlDocument(text, file, what);
+  const value: unknown = doc.toJS();
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new FileError(what, file, [{ path: "", message: "expected a mapping of fields", line: 1, column: 1 }]);
+  }
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  throw new FileError(
+    what,
+    file,
+    fileIssues(result.error, (path, message) => {
+      const pos = lineCounter.linePos(locateIn(doc.contents, path));
+      return { path: formatPath(path), message, line: pos.line, column: pos.col };
+    }),
+  );
+}
+
+/**
+ * One YAML document read from `text`, with the line counter that locates its nodes; its syntax
+ * errors thrown as a `FileError` whose lines are the file's (`lineOffset`: the lines before
+ * `text` in the file, as a prompt file's frontmatter has one).
+ */
+export function readYamlDocument(text: string, file: string, what: string, lineOffset = 0): { doc: Document; lineCounter: LineCounter } {
   const lineCounter = new LineCounter();
   const doc = parseDocument(text, { lineCounter, prettyErrors: false, uniqueKeys: true });
   if (doc.errors.length > 0) {
@@ -58,29 +81,20 @@ export function parseYamlFile<S extends z.ZodType>(text: string, file: string, s
         const pos = lineCounter.linePos(e.pos[0]);
         const message =
           e.code === "MULTIPLE_DOCS" ? `a ${what} holds one document: split it into files` : (e.message.split("\n")[0] ?? e.message);
-        return { path: "", message, line: pos.line, column: pos.col };
+        return { path: "", message, line: pos.line + lineOffset, column: pos.col };
       }),
     );
   }
-  const value: unknown = doc.toJS();
-  if (value === null || typeof value !== "object" || Array.isArray(value)) {
-    throw new FileError(what, file, [{ path: "", message: "expected a mapping of fields", line: 1, column: 1 }]);
-  }
-  const result = schema.safeParse(value);
-  if (result.success) return result.data;
-  throw new FileError(
-    what,
-    file,
-    result.error.issues.flatMap((issue) => {
-      // An unknown field is reported at the field itself, one issue per field.
-      const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
-      const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
-      return paths.map((path) => {
-        const pos = lineCounter.linePos(locateIn(doc.contents, path));
-        return { path: formatPath(path), message, line: pos.line, column: pos.col };
-      });
-    }),
-  );
+  return { doc, lineCounter };
+}
+
+/** A schema's issues as a file's, each placed by `at`; an unknown field is reported at the field itself, one issue per field. */
+export function fileIssues(error: z.ZodError, at: (path: PropertyKey[], message: string) => FileIssue): FileIssue[] {
+  return error.issues.flatMap((issue) => {
+    const paths = issue.code === "unrecognized_keys" ? issue.keys.map((key) => [...issue.path, key]) : [issue.path];
+    const message = issue.code === "unrecognized_keys" ? "unknown field" : issue.message;
+    return paths.map((path) => at(path, message));
+  });
 }
 
 /**
