@@ -117,7 +117,9 @@ async function main(): Promise<void> {
   try {
     const start = Date.now() - settings.jobs * 10;
     for (let i = 0; i < settings.jobs; i += 256) {
-      const batch = Array.from({ length: Math.min(256, settings.jobs - i) }, (_, k) => topology.jobStore.create(jobRecord(i + k, start)));
+      const batch = Array.from({ length: Math.min(256, settings.jobs - i) }, (_, k) =>
+        topology.jobStore.create({ record: jobRecord(i + k, start) }),
+      );
       await Promise.all(batch);
     }
     await using _dispatcher = await startDispatcher({ topology });

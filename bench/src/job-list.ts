@@ -51,7 +51,7 @@ async function main(): Promise<void> {
     };
     const writeStart = performance.now();
     for (let i = 0; i < n; i += 256) {
-      await Promise.all(Array.from({ length: Math.min(256, n - i) }, (_, k) => topology.jobStore.create(record(i + k))));
+      await Promise.all(Array.from({ length: Math.min(256, n - i) }, (_, k) => topology.jobStore.create({ record: record(i + k) })));
     }
     const writeSeconds = (performance.now() - writeStart) / 1000;
 

@@ -1,5 +1,11 @@
-import { type BoxcarEvent, type JobEvent, type JobRecord, ownerOf, PROTOCOL_VERSION } from "@boxcar/protocol";
-import type { Topology } from "./topology.js";
+import type { BoxcarEvent, Names } from "@boxcar/protocol";
+import type { JetStreamClient } from "@nats-io/jetstream";
+
+/** What publishing an event needs of the topology: its names and JetStream. */
+export interface EventStream {
+  readonly names: Names;
+  readonly js: JetStreamClient;
+}
 
 /** The id an event is filed under: the job's for job and sandbox events, the worker's or run's otherwise. */
 function eventSubjectId(event: BoxcarEvent): string {
@@ -32,7 +38,7 @@ const REPEATED: ReadonlySet<string> = new Set([
  * after a timeout or a crash, the stream keeps one copy (within its 2-minute duplicate window);
  * `dedupeAs` gives one its own id instead (an attempt's usage reports, one per read).
  */
-export async function publishEvent(topology: Topology, event: BoxcarEvent, dedupeAs?: string): Promise<void> {
+export async function publishEvent(topology: EventStream, event: BoxcarEvent, dedupeAs?: string): Promise<void> {
   const owner = event.kind === "worker" ? undefined : event.owner;
   const subject = topology.names.subjects.event(event.kind, eventSubjectId(event), event.type, owner);
   const msgID =
@@ -41,21 +47,3 @@ export async function publishEvent(topology: Topology, event: BoxcarEvent, dedup
 }
 
 export const nowIso = (): string => new Date().toISOString();
-
-/** A job event that reports `record` as it stands (its state, attempt, error and run). */
-export function jobEvent(record: JobRecord, type: JobEvent["type"], extra: Partial<JobEvent> = {}): JobEvent {
-  return {
-    v: PROTOCOL_VERSION,
-    at: nowIso(),
-    kind: "job",
-    type,
-    jobId: record.id,
-    owner: ownerOf(record),
-    agent: record.agent,
-    state: record.state,
-    attempt: record.attempt,
-    ...(record.error ? { error: record.error } : {}),
-    ...(record.chain?.run ? { run: record.chain.run } : {}),
-    ...extra,
-  };
-}

@@ -1,4 +1,4 @@
-import { BoxcarError, ErrorCode, JobRecord } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type JobEvent, JobRecord, type JobStep } from "@boxcar/protocol";
 import type { KV } from "@nats-io/kv";
 import { getJson } from "./kv-json.js";
 import { isRevisionConflict, isStorageFull } from "./nats-errors.js";
@@ -11,6 +11,23 @@ export interface JobHandle {
 
 /** What a change did: written (the new record and revision), or left alone (the record as it stands, if any). */
 export type JobChange = { written: true; handle: JobHandle } | { written: false; current: JobHandle | null };
+
+/** Publishes a job event and resolves once it is stored. */
+export type Announce = (event: JobEvent) => Promise<void>;
+
+/**
+ * A record written whose event was not stored: `handle` is the record as written, `cause` why
+ * the event was not. Its message is the cause's, and `isStorageFull` and the like see the cause.
+ */
+export class EventNotStored extends Error {
+  constructor(
+    readonly handle: JobHandle,
+    cause: unknown,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause });
+    this.name = "EventNotStored";
+  }
+}
 
 /** How many times a change is decided again when the record changed under it. */
 const MAX_TRIES = 10;
@@ -38,33 +55,49 @@ const MARKER_FIRST_PAUSE_MS = 100;
 const MARKER_LAST_PAUSE_MS = 5_000;
 
 /**
- * The job records (`<prefix>_jobs`): the one place that writes them. Every change is a
- * compare-and-swap against the revision it was decided on; when another writer (a worker, a
- * dispatcher, a cancel) got there first, the record is read again and the change decided
- * anew, up to 10 times. Errors other than a lost race (NATS out of reach, say) are thrown.
- * Records of ended jobs are deleted for good by retention through erase.ts, which works on a
- * full store too.
+ * The job records (`<prefix>_jobs`) and their events: the one place that writes them. Each
+ * write is a step of `JobTransitions` (the record and the event that tells of it): the record is
+ * written, then its event published through `announce`, so no record changes untold and no event
+ * tells of a record that was not written. Every change is a compare-and-swap against the
+ * revision it was decided on; when another writer (a worker, a dispatcher, a cancel) got there
+ * first, the record is read again and the change decided anew, up to 10 times. Errors other
+ * than a lost race (NATS out of reach, say) are thrown; a record written whose event was not
+ * stored throws `EventNotStored`. Records of ended jobs are deleted for good by retention
+ * through erase.ts, which works on a full store too.
  */
 export class JobStore {
-  /** `keys` removes a key's messages (for `withdraw` on a full store) and marks it deleted. */
+  /**
+   * `keys` removes a key's messages (for `withdraw` on a full store) and marks it deleted;
+   * `announce` publishes a step's event (to the events stream, or through a worker's attempt).
+   */
   constructor(
     private readonly kv: KV,
     private readonly keys: JobKeys,
+    private readonly announce: Announce,
   ) {}
+
+  /** This store, its events published through `announce` instead (a worker's attempt numbers and redacts its own). */
+  announcingWith(announce: Announce): JobStore {
+    return new JobStore(this.kv, this.keys, announce);
+  }
 
   async read(id: string): Promise<JobHandle | null> {
     const found = await getJson(this.kv, id, JobRecord, "job record");
     return found && { record: found.value, revision: found.revision };
   }
 
-  /** Writes a new job's first record; null when a record with its id exists already. */
-  async create(record: JobRecord): Promise<JobHandle | null> {
+  /** Writes a new job's first record (`JobTransitions.admit`) and its event; null when a record with its id exists already. */
+  async create(step: JobStep): Promise<JobHandle | null> {
+    const { record } = step;
+    let handle: JobHandle;
     try {
-      return { record, revision: await this.kv.create(record.id, JSON.stringify(record)) };
+      handle = { record, revision: await this.kv.create(record.id, JSON.stringify(record)) };
     } catch (err) {
       if (isRevisionConflict(err)) return null;
       throw err;
     }
+    await this.told(step, handle);
+    return handle;
   }
 
   /**
@@ -110,25 +143,40 @@ export class JobStore {
   }
 
   /**
-   * Changes a job's record: `decide` gets the record as it stands and returns the next one, or
-   * null to leave it as it is. Starts from `from` when the caller has just read it, else reads
+   * Changes a job's record: `decide` gets the record as it stands and returns the step to take
+   * (a `JobTransitions` function's), or null to leave it as it is; the step's event is published
+   * once its record is written. Starts from `from` when the caller has just read it, else reads
    * it. A job that does not exist is left alone.
    */
-  async change(from: JobHandle | string, decide: (current: JobRecord) => JobRecord | null): Promise<JobChange> {
+  async change(from: JobHandle | string, decide: (current: JobRecord) => JobStep | null): Promise<JobChange> {
     const id = typeof from === "string" ? from : from.record.id;
     let current = typeof from === "string" ? await this.read(id) : from;
     for (let tries = 0; tries < MAX_TRIES && current; tries++) {
-      const next = decide(current.record);
-      if (!next) return { written: false, current };
+      const step = decide(current.record);
+      if (!step) return { written: false, current };
+      let handle: JobHandle | undefined;
       try {
-        const revision = await this.kv.update(id, JSON.stringify(next), current.revision);
-        return { written: true, handle: { record: next, revision } };
+        handle = { record: step.record, revision: await this.kv.update(id, JSON.stringify(step.record), current.revision) };
       } catch (err) {
         if (!isRevisionConflict(err)) throw err;
+      }
+      if (handle) {
+        await this.told(step, handle);
+        return { written: true, handle };
       }
       current = await this.read(id);
     }
     if (!current) return { written: false, current };
     throw new BoxcarError(ErrorCode.conflict, `job ${id} kept changing; gave up after ${MAX_TRIES} tries`);
+  }
+
+  /** Publishes the event of a step whose record is written as `handle`. */
+  private async told(step: JobStep, handle: JobHandle): Promise<void> {
+    if (!step.event) return;
+    try {
+      await this.announce(step.event);
+    } catch (err) {
+      throw new EventNotStored(handle, err);
+    }
   }
 }

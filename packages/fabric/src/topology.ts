@@ -33,6 +33,7 @@ import {
 import { type KV, Kvm } from "@nats-io/kv";
 import { type ObjectStore, Objm } from "@nats-io/obj";
 import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { publishEvent } from "./events.js";
 import { JobStore } from "./job-store.js";
 import { isNotFound } from "./nats-errors.js";
 import { retryingPublish } from "./publish-retry.js";
@@ -310,19 +311,23 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     js,
     jsm,
     jobs,
-    jobStore: new JobStore(jobs, {
-      purge: async (id, upToRevision) => {
-        const name = names.buckets.jobs;
-        const filter = `$KV.${name}.${id}`;
-        const opts = upToRevision === undefined ? { filter } : { filter, seq: upToRevision + 1 };
-        return (await jsm.streams.purge(`KV_${name}`, opts)).purged;
+    jobStore: new JobStore(
+      jobs,
+      {
+        purge: async (id, upToRevision) => {
+          const name = names.buckets.jobs;
+          const filter = `$KV.${name}.${id}`;
+          const opts = upToRevision === undefined ? { filter } : { filter, seq: upToRevision + 1 };
+          return (await jsm.streams.purge(`KV_${name}`, opts)).purged;
+        },
+        async markDeleted(id) {
+          const marker = headers();
+          marker.set("KV-Operation", "DEL");
+          await js.publish(`$KV.${names.buckets.jobs}.${id}`, new Uint8Array(0), { headers: marker, expect: { lastSubjectSequence: 0 } });
+        },
       },
-      async markDeleted(id) {
-        const marker = headers();
-        marker.set("KV-Operation", "DEL");
-        await js.publish(`$KV.${names.buckets.jobs}.${id}`, new Uint8Array(0), { headers: marker, expect: { lastSubjectSequence: 0 } });
-      },
-    }),
+      (event) => publishEvent({ names, js }, event),
+    ),
     agents,
     workers,
     idempotency,

@@ -140,6 +140,8 @@ export {
   WorkItem,
   WorkspacePath,
 } from "./job.js";
+export { jobEvent } from "./job-event.js";
+export type { JobStep } from "./job-transitions.js";
 export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
 export { AgentModels, GatewayReach, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";

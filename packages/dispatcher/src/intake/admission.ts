@@ -1,12 +1,11 @@
 import type { Logger } from "@boxcar/common";
 import {
   DUPLICATE_WINDOW_MS,
+  EventNotStored,
   getJson,
   isStorageFull,
   type JobHandle,
-  jobEvent,
   nowIso,
-  publishEvent,
   type Topology,
   type WorkSigner,
 } from "@boxcar/fabric";
@@ -23,7 +22,6 @@ import {
   JobRecord,
   JobSpec,
   JobTransitions,
-  limitNamed,
   MAX_DELAY_MS,
   mayAccess,
   ownerOf,
@@ -224,27 +222,27 @@ async function createJob(
   const queueTimeout = spec.queueTimeout ?? agent.runtime.queueTimeout;
   if (queueTimeout !== undefined) record.expiresAt = new Date((runAt ?? Date.parse(now)) + queueTimeout).toISOString();
   if (spec.deadline !== undefined) record.deadlineAt = new Date(Date.parse(now) + spec.deadline).toISOString();
-  const created = await topology.jobStore.create(record).catch(async (err: unknown) => {
+  // The record and its event (`accepted` folded into `queued`), stored before the work item so
+  // that the event precedes anything a worker publishes.
+  const admitted = await topology.jobStore.create(JobTransitions.admit(record)).catch(async (err: unknown) => {
+    if (err instanceof EventNotStored) return err; // the record is written: taken back below if the store is full
     await ctx.limits.leave(entered?.taken ?? [], id).catch(() => {}); // else the sweep frees them
     throw isStorageFull(err) ? await noRoom(topology, ctx, id) : err;
   });
-  if (!created) {
+  if (!admitted) {
     // (The places its twin took, with one job id, are the twin's: they stay.)
     // Two submissions with one key raced past the key's claim: the other one wrote the record.
     const other = await topology.jobStore.read(id);
     if (!other) throw new BoxcarError(ErrorCode.conflict, `job ${id} was written and removed while it was being admitted`);
     return { job: other.record, duplicate: true };
   }
+  const created = admitted instanceof EventNotStored ? admitted.handle : admitted;
   // Counted at once, not when the watch brings it: a burst cannot pass the queue limit (or the headroom) unseen.
   const recordBytes = Buffer.byteLength(JSON.stringify(record));
   ctx.load.observe(id, record, recordBytes);
   ctx.load.storeOf(topology).wrote(recordBytes);
   try {
-    // One stored message for both events (`accepted` folded into `queued`), sent before the
-    // work item so it precedes anything a worker publishes.
-    const accepted = jobEvent({ ...record, state: "accepted" }, "accepted");
-    const waits = record.concurrency?.waiting ? { message: `waits for a place under ${limitNamed(record.concurrency)}` } : {};
-    await publishEvent(topology, jobEvent(record, "queued", { folded: [accepted], ...waits }));
+    if (admitted instanceof EventNotStored) throw admitted;
     await publishWorkItem(topology, record, agent, ctx);
   } catch (err) {
     if (!isStorageFull(err)) throw err;
@@ -326,8 +324,7 @@ export async function recordRejection(
     ...from,
   };
   // Raced by the other submission with this key: its record stands.
-  if (!(await topology.jobStore.create(record))) return (await topology.jobStore.read(id))?.record ?? record;
-  await publishEvent(topology, jobEvent(record, "rejected"));
+  if (!(await topology.jobStore.create(JobTransitions.admit(record)))) return (await topology.jobStore.read(id))?.record ?? record;
   return record;
 }
 
@@ -454,13 +451,11 @@ async function requeueEnded(
   // It takes its places under its concurrency limits again, or waits for one (a place taken for
   // it that a racing retry leaves unused is the sweep's to free or finish).
   const place = job.spec ? await ctx.limits.enter(agent, { id, spec: job.spec, owner: ownerOf(job) }, job.pool) : undefined;
-  const change = await topology.jobStore.change(found, (current) => {
-    const requeued = JobTransitions.requeueEnded(current, retry?.maxAttempts ?? 1, nowIso());
-    return requeued && place ? { ...requeued, concurrency: place.concurrency } : requeued;
-  });
+  const change = await topology.jobStore.change(found, (current) =>
+    JobTransitions.requeueEnded(current, retry?.maxAttempts ?? 1, nowIso(), place?.concurrency),
+  );
   if (!change.written) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
   const next = change.handle.record;
-  await publishEvent(topology, jobEvent(next, "retrying", { message: "retried by request" }));
   await publishWorkItem(topology, next, agent, ctx, `${id}:retry:${job.attempt}`);
   return next;
 }

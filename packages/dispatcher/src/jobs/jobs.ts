@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import { getJson, isNoResponders, jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, isNoResponders, nowIso, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   type CountJobsReply,
@@ -50,22 +50,17 @@ const CATCH_UP_WAIT_MS = 5_000;
  * dispatcher's own cancels (of a workflow run's jobs) are made as itself.
  */
 export async function cancelJob(topology: Topology, id: string, caller: Identity = DISPATCHER): Promise<JobRecord> {
-  const change = await topology.jobStore.change(id, (job) => {
-    if (!mayAccess(caller, ownerOf(job))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
-    return JobTransitions.cancel(job, nowIso());
-  });
+  // A job's owner never changes: checked once, on the record the change starts from.
+  const found = await topology.jobStore.read(id);
+  if (!found || !mayAccess(caller, ownerOf(found.record))) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
+  const change = await topology.jobStore.change(found, (job) => JobTransitions.cancel(job, nowIso()));
   if (!change.written) {
     if (!change.current) throw new BoxcarError(ErrorCode.notFound, `no job ${id}`);
     return change.current.record; // cancelled already, or asked to be
   }
   const next = change.handle.record;
-  if (next.state === "running") {
-    await publishEvent(topology, jobEvent(next, "cancel_requested"));
-    topology.nc.publish(topology.names.subjects.cancel(id));
-  } else {
-    await publishEvent(topology, jobEvent(next, "cancelled"));
-    await removeWaitingMarker(topology, next);
-  }
+  if (next.state === "running") topology.nc.publish(topology.names.subjects.cancel(id));
+  else await removeWaitingMarker(topology, next);
   return next;
 }
 
@@ -108,7 +103,8 @@ export async function signalJob(
     // Kept in its record, or (it started meanwhile) sent to its worker as it runs now.
     const signal = { name: request.name, payload: (request.payload ?? null) as Kept["payload"], at: nowIso() };
     const kept = await topology.jobStore.change(found, (current) => JobTransitions.keepSignal(current, signal));
-    if (kept.written) return keptSignal(topology, kept.handle.record, request.name);
+    if (kept.written)
+      return { job: kept.handle.record, file: signalFile(kept.handle.record.signals?.length ?? 1, request.name), kept: true };
     if (!kept.current) throw new BoxcarError(ErrorCode.notFound, `no job ${request.id}`);
     job = kept.current.record;
   }
@@ -124,17 +120,6 @@ export async function signalJob(
   }
   if (typeof reply.file !== "string") throw notRunning(typeof reply.error === "string" ? reply.error : "its worker refused it");
   return { job, file: reply.file };
-}
-
-/**
- * A signal kept in the record of a job that has not started (or waits for its next attempt),
- * which the worker that claims it writes before its agent starts (each attempt's agent gets
- * them): a `signal` event says so, and the reply names the file it will be.
- */
-async function keptSignal(topology: Topology, job: JobRecord, name: string): Promise<{ job: JobRecord; file: string; kept: true }> {
-  const file = signalFile(job.signals?.length ?? 1, name);
-  await publishEvent(topology, jobEvent(job, "signal", { message: `signal ${name} kept until it starts (${file})` }));
-  return { job, file, kept: true };
 }
 
 type Kept = NonNullable<JobRecord["signals"]>[number];

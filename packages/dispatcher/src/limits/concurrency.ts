@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { type JobHandle, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
+import { type JobHandle, nowIso, storedMessages, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,
   BoxcarError,
@@ -7,7 +7,6 @@ import {
   isTerminal,
   type JobRecord,
   JobTransitions,
-  limitNamed,
   ownerOf,
   POOL_PLACE_PREFIX,
   placesOf,
@@ -309,9 +308,6 @@ export class ConcurrencyLimits {
       return;
     }
     const released = given.handle.record;
-    const message =
-      places.length > 1 ? "given a place under each of its concurrency limits" : `given a place under ${limitNamed({ place })}`;
-    await publishEvent(topology, jobEvent(released, "released", { message }));
     // A job given a place again after `boxcar retry` is on a later attempt: its item is not a duplicate.
     await publishWorkItem(topology, released, agent, this.publishing, `${jobId}:placed:${released.attempt}`);
   }
@@ -321,8 +317,7 @@ export class ConcurrencyLimits {
     const { topology } = this;
     const { record } = found;
     const error = toErrorInfo(new BoxcarError(ErrorCode.unknownAgent, `agent ${record.agent} was removed while the job waited`));
-    const refused = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, error, nowIso()));
-    if (refused.written) await publishEvent(topology, jobEvent(refused.handle.record, "failed", { error, message: error.message }));
+    await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, error, nowIso()));
     await this.leave(places, record.id);
   }
 

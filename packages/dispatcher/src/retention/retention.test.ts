@@ -34,7 +34,7 @@ test("one sweep deletes every job past its retention, however many: batch after 
       ...Array.from({ length: 5 }, (_, i) => ended(`new${i}`, new Date())),
     ];
     for (const record of records) {
-      await topology.jobStore.create(record);
+      await topology.jobStore.create({ record: record });
       sweeper.observe(record.id, record);
     }
     expect(await sweeper.run()).toBe(1_200);
@@ -78,7 +78,7 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
       ...Array.from({ length: 100 }, (_, i) => record(`free${i}`, "succeeded", [])),
     ];
     for (const r of records) {
-      await topology.jobStore.create(r);
+      await topology.jobStore.create({ record: r });
       sweeper.observe(r.id, r);
     }
     expect(await sweeper.run()).toBe(100);
@@ -118,7 +118,7 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
         history: [],
         result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
       };
-      await topology.jobStore.create(record);
+      await topology.jobStore.create({ record: record });
       sweeper.observe(id, record);
     }
     // A dispatcher's watch, from before the store filled.

@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { nowIso, type Topology } from "@boxcar/fabric";
 import { type JobRecord, JobTransitions } from "@boxcar/protocol";
 import { removeWaitingMarker } from "../jobs/jobs.js";
 import { JobTimers } from "../loops/job-timers.js";
@@ -46,7 +46,6 @@ async function expire(topology: Topology, id: string, onEnded: (job: JobRecord) 
   if (!change.written) return;
   const expired = change.handle.record;
   onEnded(expired);
-  await publishEvent(topology, jobEvent(expired, expired.state === "timed_out" ? "timed_out" : "expired"));
   // A job that waited as a marker leaves none to count as work.
   await removeWaitingMarker(topology, expired);
 }

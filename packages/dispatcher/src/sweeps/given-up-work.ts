@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { jobEvent, nowIso, publishEvent, storedMessages, type Topology, type WorkSigner } from "@boxcar/fabric";
+import { nowIso, storedMessages, type Topology, type WorkSigner } from "@boxcar/fabric";
 import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
@@ -164,17 +164,9 @@ export class GivenUpSweep {
     const jobId = item.jobId;
     const log = this.log.child({ seq, jobId, ...why });
 
-    let waiting: JobRecord | undefined;
-    const change = await topology.jobStore.change(jobId, (job) => {
-      waiting = undefined;
-      if (isTerminal(job.state)) return null;
-      if (job.state !== "running") {
-        waiting = job;
-        return null;
-      }
-      return JobTransitions.buryUndelivered(job, why.deliveries, nowIso());
-    });
-    if (waiting) {
+    const change = await topology.jobStore.change(jobId, (job) => JobTransitions.buryUndelivered(job, why.deliveries, nowIso()));
+    const waiting = change.written ? undefined : change.current?.record;
+    if (waiting && !isTerminal(waiting.state)) {
       // Still waiting to run: its deliveries were used up by backoffs and hand-backs, not by
       // failures. The old item goes first: should the fresh one then fail to be stored, the
       // job is one without a work item, which `RecoverySweep` enqueues again.
@@ -190,10 +182,6 @@ export class GivenUpSweep {
     }
     const dead = change.handle.record;
     this.onDead(dead);
-    await publishEvent(
-      topology,
-      jobEvent(dead, "dead", { message: dead.error?.message ?? "dead", ...(dead.error ? { error: dead.error } : {}) }),
-    );
     await topology.js
       .publish(topology.names.subjects.dead(dead.agent), JSON.stringify(dead), { msgID: `${jobId}:dead:${seq}` })
       .catch((err: unknown) => log.error({ err }, "could not keep the dead job in the dead-letter stream"));

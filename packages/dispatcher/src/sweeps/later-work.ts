@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { jobEvent, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import { nowIso, type Topology } from "@boxcar/fabric";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
@@ -115,9 +115,7 @@ async function due(topology: Topology, ctx: LaterWorkContext, msg: JsMsg): Promi
     if (!(err instanceof BoxcarError && never.includes(err.code)) || err instanceof LimitBusy) throw err;
     // Removed while the job waited, no turn for it in time, or no place and a strategy that drops
     // new jobs: it can never run.
-    const change = await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
-    if (change.written)
-      await publishEvent(topology, jobEvent(change.handle.record, "failed", { error: toErrorInfo(err), message: err.message }));
+    await topology.jobStore.change(found, (job) => JobTransitions.refuse(job, toErrorInfo(err), nowIso()));
     msg.ack();
     return;
   }
@@ -134,8 +132,6 @@ async function due(topology: Topology, ctx: LaterWorkContext, msg: JsMsg): Promi
   const released = await topology.jobStore.change(found, (current) => JobTransitions.release(current, entered?.concurrency));
   if (released.written) {
     const record = released.handle.record;
-    // Released to its pool now, or once it is given a place (the limits say so then).
-    if (!record.concurrency?.waiting) await publishEvent(topology, jobEvent(record, "released", { message: "its time came" }));
     await publishWorkItem(topology, record, agent, ctx, `${jobId}:due`);
   } else if (entered) {
     // It ended meanwhile, or a delivery of its marker before this one released it (and it may

@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { getJson, jobEvent, nowIso, publishEvent, storedMessages, type Topology } from "@boxcar/fabric";
+import { getJson, nowIso, storedMessages, type Topology } from "@boxcar/fabric";
 import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
@@ -119,14 +119,10 @@ export class LostSessionSweep {
     let ended = false;
     if (item.success) {
       const { jobId } = item.data;
-      const change = await topology.jobStore.change(jobId, (job) =>
-        job.session?.workerId === workerId ? JobTransitions.loseSession(job, workerId, nowIso()) : null,
-      );
+      const change = await topology.jobStore.change(jobId, (job) => JobTransitions.loseSession(job, workerId, nowIso()));
       if (change.written) {
-        const job = change.handle.record;
         ended = true;
         this.onFailed(jobId);
-        await publishEvent(topology, jobEvent(job, "failed", { ...(job.error ? { error: job.error, message: job.error.message } : {}) }));
         this.log.warn({ jobId, workerId }, "a job in a session ended: the session's worker is gone");
       }
     }

@@ -1,5 +1,5 @@
 import { failSpan, SpanKind, startSpan } from "@boxcar/common";
-import { getJson, jobEvent, publishEvent, type Topology } from "@boxcar/fabric";
+import { getJson, type Topology } from "@boxcar/fabric";
 import {
   type AgentDefinition,
   BoxcarError,
@@ -12,6 +12,7 @@ import {
   isRunFinal,
   type JobRecord,
   type JobSpecInput,
+  JobTransitions,
   ownerOf,
   toErrorInfo,
   WorkflowRun,
@@ -81,17 +82,6 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
     }
     return;
   }
-  const event = decision.jobId
-    ? jobEvent(decided, "handoff", {
-        to: decision.to,
-        next: decision.jobId,
-        message: `handed off to ${decision.to} (job ${decision.jobId})`,
-      })
-    : jobEvent(decided, "handoff_refused", {
-        to: decision.to,
-        ...(decision.error ? { error: decision.error, message: decision.error.message } : {}),
-      });
-  await publishEvent(topology, event);
   ctx.log.info({ jobId: job.id, to: decision.to, next: decision.jobId, refused: decision.error?.message }, "handoff decided");
 }
 
@@ -160,7 +150,6 @@ function nextSpec(job: JobRecord, request: HandoffRequest): JobSpecInput {
 }
 
 async function recordDecision(topology: Topology, id: string, decision: HandoffDecision): Promise<JobRecord | undefined> {
-  // Once: a job whose handoff is decided keeps that decision.
-  const change = await topology.jobStore.change(id, (job) => (job.handoff ? null : { ...job, handoff: decision }));
+  const change = await topology.jobStore.change(id, (job) => JobTransitions.decideHandoff(job, decision));
   return change.written ? change.handle.record : undefined;
 }

@@ -1,12 +1,13 @@
 import { join } from "node:path";
 import type { Logger } from "@boxcar/common";
-import { getJson, jobEvent, type Topology } from "@boxcar/fabric";
+import { getJson, type Topology } from "@boxcar/fabric";
 import {
   type AgentModels,
   BoxcarError,
   ErrorCode,
   type JobEvent,
   type JobRecord,
+  jobEvent,
   type ModelCall,
   ownerOf,
   POLICY_KEY,

@@ -1,11 +1,12 @@
 import { randomBytes } from "node:crypto";
 import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
-import { isTransientJetStreamError, jobEvent, type Topology } from "@boxcar/fabric";
+import { isTransientJetStreamError, type Topology } from "@boxcar/fabric";
 import {
   type AgentResultFile,
   BoxcarError,
   ErrorCode,
   type ErrorInfo,
+  jobEvent,
   modelsOfAgent,
   ownerOf,
   type ResolvedRuntime,

@@ -1,5 +1,5 @@
 import type { Logger } from "@boxcar/common";
-import { inputDigest, jobEvent, listJson, publishEvent, type Topology } from "@boxcar/fabric";
+import { inputDigest, listJson, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
   checkAgentPolicy,
@@ -9,6 +9,7 @@ import {
   isTerminal,
   type JobEventType,
   type JobRecord,
+  jobEvent,
   modelsOfAgent,
   modelsRefusal,
   type ResolvedRuntime,

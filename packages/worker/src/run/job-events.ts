@@ -115,6 +115,11 @@ export class JobEvents {
     });
   }
 
+  /** Publishes the event of a step of the job's record (the job store's, once the record is written) as one of this attempt's. */
+  announce(event: JobEvent): Promise<void> {
+    return this.record({ ...event, workerId: this.ids.workerId, seq: ++this.seq });
+  }
+
   sandbox(type: SandboxEventType, ref: SandboxRef, details: SandboxEventDetails = {}): Promise<void> {
     return this.record({
       v: PROTOCOL_VERSION,

@@ -206,7 +206,11 @@ export class JobRun {
         : { kind: preflight.runtime.kind, id: `sbx-${randomBytes(6).toString("hex")}`, reason: preflight.runtime.reason };
     // A delivery whose lease lapsed meanwhile (its worker frozen) is another's by now: no claim.
     if (this.attemptLease?.lapsed()) return;
-    const claim = await this.topology.jobStore.change(found, (current) =>
+    // The record's changes from the claim on are told by this attempt's events (numbered, redacted):
+    // the claim's `started` is stored before the agent runs, so an attempt that ran has its start in
+    // the history even when its worker dies right after (a chaos run in CI found one that had none).
+    const jobStore = this.topology.jobStore.announcingWith((event) => this.events.announce(event));
+    const claim = await jobStore.change(found, (current) =>
       JobTransitions.claim(current, {
         workerId: this.ctx.options.workerId,
         now,
@@ -223,13 +227,11 @@ export class JobRun {
     this.events.attempt = record.attempt;
     this.log = this.log.child({ attempt: record.attempt });
     if (!preflight.ok || record.state !== "running") {
-      const state = record.state === "cancelled" || record.state === "expired" || record.state === "timed_out" ? record.state : "failed";
-      await this.events.job(state, state, record.error ? { error: record.error, message: record.error.message } : {});
-      this.log.info({ state, error: record.error }, "job ended before it started");
+      this.log.info({ state: record.state, error: record.error }, "job ended before it started");
       return this.ack();
     }
 
-    this.owned = new OwnedRecord(this.topology.jobStore, claim.handle, this.ctx.options.workerId, record.attempt);
+    this.owned = new OwnedRecord(jobStore, claim.handle, this.ctx.options.workerId, record.attempt);
     const claimedAt = performance.now();
     // The attempt joins the job's trace: from the work item's header, else the record.
     const jobTrace = this.msg.headers?.get(TRACEPARENT) || record.traceparent;
@@ -280,19 +282,9 @@ export class JobRun {
     const { record } = claim.owned;
     this.ctx.metrics?.claimed(record.pool, record.queuedAt, record.startedAt);
     const removed = record.attempt > 1 && !this.session ? await removeEarlierAttempts(this.ctx, this.jobId, record.attempt, this.log) : 0;
-    const { takeover } = record;
     // The record says how the attempt taken over is known to be gone: its lease, or its sandbox removed too.
-    if (takeover && removed > 0) await claim.owned.update((current) => ({ ...current, takeover: { ...takeover, stopped: "removed" } }));
+    if (removed > 0) await claim.owned.update(JobTransitions.takenOverSandboxRemoved);
     await this.session?.begin();
-    // Stored before the agent runs: an attempt that ran has its start in the history, even when
-    // its worker dies right after (a chaos run in CI found one that ran with no `started`).
-    const tookOver = takeover
-      ? `takes over attempt ${takeover.attempt}${takeover.workerId ? ` of worker ${takeover.workerId}` : ""}, whose lease lapsed${removed > 0 ? `; its sandbox was found and removed` : ""}`
-      : undefined;
-    await this.events.job("started", "running", {
-      ...(claim.sandbox ? { sandbox: claim.sandbox } : {}),
-      ...(tookOver ? { message: tookOver } : {}),
-    });
     this.log.info({ sandbox: claim.runtime.kind }, "job started");
     const attempt = new Attempt({
       worker: this.ctx,

@@ -111,17 +111,9 @@ export class OutcomeWriter {
     this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
     if (outcome.kind === "final") this.ctx.metrics?.jobEnded(this.item.agent.name, outcome.state, update.createdAt);
     if (outcome.kind === "requeue") {
-      const error = { code: ErrorCode.workerStopped, message: "the worker stopped while the job ran; it goes back to the queue" };
-      await this.events.job("requeued", "queued", { error, message: error.message });
       this.log.info({}, "job handed back to the queue");
       return { kind: "nak" };
     }
-    const sandbox = this.ctx.sandbox;
-    await this.events.job(outcome.state, outcome.state, {
-      ...(sandbox ? { sandbox } : {}),
-      ...(outcome.message !== undefined ? { message: outcome.message } : {}),
-      ...(outcome.error ? { error: outcome.error } : {}),
-    });
     this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
     return { kind: "ack" };
   }
@@ -154,27 +146,15 @@ export class OutcomeWriter {
       ...(outcome.error ? { error: outcome.error } : {}),
     };
     const update = await this.owned.update((current) =>
-      JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan.kind),
+      JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan),
     );
     if (!update) return this.leave();
     this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
     if (plan.kind === "dead") this.ctx.metrics?.jobEnded(this.item.agent.name, "dead", update.createdAt);
-    const allowed = update.attemptsAllowed ?? attempt;
-    const why = outcome.error?.message ?? state;
     if (plan.kind === "retry") {
-      const message = `attempt ${attempt} of ${allowed} ${state === "timed_out" ? "timed out" : "failed"} (${why}); retrying in ${plan.delayMs} ms`;
-      await this.events.job("retrying", "queued", { message, ...(outcome.error ? { error: outcome.error } : {}) });
       this.log.info({ delayMs: plan.delayMs, error: outcome.error }, "attempt failed; retrying");
       return { kind: "nak", delayMs: plan.delayMs };
     }
-    // Attempts taken over (their worker died, froze or lost NATS) left no outcome in the history.
-    const failed = update.history.filter((h) => h.state === "failed" || h.state === "timed_out").length;
-    const cutShort = Math.max(0, attempt - failed);
-    const message =
-      cutShort > 0
-        ? `all ${attempt} attempts ended without success: ${failed} failed, ${cutShort} cut short (their worker died, froze or lost NATS); the last: ${why}`
-        : `all ${allowed} attempts failed; the last: ${why}`;
-    await this.events.job("dead", "dead", { message, ...(outcome.error ? { error: outcome.error } : {}) });
     await this.topology.js
       .publish(this.topology.names.subjects.dead(update.agent), JSON.stringify(update))
       .catch((err: unknown) => this.log.error({ err }, "could not keep the dead job in the dead-letter stream"));
@@ -183,8 +163,9 @@ export class OutcomeWriter {
   }
 
   private attemptEnd(outcome: FinalOutcome, state: JobTransitions.AttemptState, now: string): JobTransitions.AttemptEnd {
-    const { retryAfterMs, usage } = outcome;
+    const { retryAfterMs, usage, message } = outcome;
     return {
+      ...(message !== undefined ? { message } : {}),
       ...(usage ? { usage } : {}),
       ...(retryAfterMs !== undefined ? { providerLimitedUntil: new Date(Date.parse(now) + retryAfterMs).toISOString() } : {}),
       state,

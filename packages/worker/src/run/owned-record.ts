@@ -1,5 +1,5 @@
 import type { JobHandle, JobStore } from "@boxcar/fabric";
-import { type JobRecord, JobTransitions } from "@boxcar/protocol";
+import { type JobRecord, type JobStep, JobTransitions } from "@boxcar/protocol";
 
 /**
  * The job's record as this attempt last wrote it, from its claim on, and the changes it may still
@@ -23,9 +23,9 @@ export class OwnedRecord {
     return JobTransitions.isOwnedBy(record, this.workerId, this.attempt);
   }
 
-  /** Applies `change` to the record while this attempt owns it; null once it does not. */
-  async update(change: (current: JobRecord) => JobRecord): Promise<JobRecord | null> {
-    const update = await this.jobStore.change(this.handle, (current) => (this.owns(current) ? change(current) : null));
+  /** Takes `step` (a `JobTransitions` function) on the record while this attempt owns it; null once it does not. */
+  async update(step: (current: JobRecord) => JobStep | null): Promise<JobRecord | null> {
+    const update = await this.jobStore.change(this.handle, (current) => (this.owns(current) ? step(current) : null));
     if (!update.written) return null;
     this.handle = update.handle;
     return update.handle.record;
