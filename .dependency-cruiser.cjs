@@ -68,6 +68,14 @@ module.exports = {
       from: { path: "^packages/(dispatcher|worker)/" },
       to: { path: "^packages/(dispatcher|worker)/", pathNot: "^packages/$1/" },
     },
+    {
+      name: "protocol-internal-for-roles",
+      severity: "error",
+      comment:
+        "The protocol's internal entry (@boxcar/protocol/internal: the logic the roles share) is for fabric, the dispatcher and the worker; the SDK, the CLI and the dashboard use its public entry.",
+      from: { path: "^packages/", pathNot: "^packages/(fabric|dispatcher|worker|protocol)/" },
+      to: { path: "^packages/protocol/src/internal\\.ts$" },
+    },
     ...layerRules,
   ],
   options: {

@@ -1,4 +1,4 @@
-import { checkAgentPolicy } from "@boxcar/protocol";
+import { checkAgentPolicy } from "@boxcar/protocol/internal";
 import { getAgent } from "./api/api.js";
 import { ApiService } from "./api/service.js";
 import { AgentCatalog } from "./catalog/agent-catalog.js";

@@ -1,4 +1,5 @@
-import { BoxcarError, ErrorCode, type JobEvent, JobRecord, type JobStep } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type JobEvent, JobRecord } from "@boxcar/protocol";
+import type { JobStep } from "@boxcar/protocol/internal";
 import type { KV } from "@nats-io/kv";
 import { getJson } from "./kv-json.js";
 import { isRevisionConflict, isStorageFull } from "./nats-errors.js";

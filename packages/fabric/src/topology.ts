@@ -8,18 +8,8 @@
  * restart in publish-retry.ts.
  */
 
-import {
-  BoxcarError,
-  ErrorCode,
-  type Names,
-  NO_USAGE,
-  names as namesFor,
-  PRIORITIES,
-  type Priority,
-  parseUsageEntry,
-  type Usage,
-  usageKey,
-} from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type Names, names as namesFor, PRIORITIES, type Priority, type Usage } from "@boxcar/protocol";
+import { NO_USAGE, parseUsageEntry, usageKey } from "@boxcar/protocol/internal";
 import {
   AckPolicy,
   DiscardPolicy,

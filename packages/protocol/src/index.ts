@@ -1,26 +1,15 @@
-export type { SubjectPermissions } from "./access.js";
-export {
-  callerOf,
-  intakeSubjectParts,
-  mayAccess,
-  mayReplyTo,
-  OPEN_IDENTITY,
-  ownerOf,
-  parseIdentity,
-  permissionsTable,
-  READ_ENDPOINTS,
-  ROLE_ENDPOINTS,
-  ROLE_TAG,
-  rolePermissions,
-  seesAll,
-  USER_TEMPLATE,
-  UserName,
-} from "./access.js";
+/**
+ * The protocol's public entry (`@boxcar/protocol`): the wire, as any client sees it. The zod
+ * schemas and types of every message, record, event and file, the names of subjects, streams and
+ * buckets, the errors and their codes, and the few functions a client needs to read them. The
+ * roles' shared logic (a job's transitions, access checks, policy and usage arithmetic) is in the
+ * internal entry, `@boxcar/protocol/internal` (internal.ts), which re-exports this one.
+ */
+export { OPEN_IDENTITY, ownerOf, parseIdentity, READ_ENDPOINTS, ROLE_ENDPOINTS, ROLE_TAG, rolePermissions, UserName } from "./access.js";
 export type { AgentDefinitionInput } from "./agent.js";
 export {
   AgentDefinition,
   AgentName,
-  credentialLikeEnv,
   MAX_TIMEOUT_MS,
   NetworkWish,
   OutputGlob,
@@ -33,7 +22,7 @@ export {
   SandboxKind,
   SecretRef,
 } from "./agent.js";
-export { checkInput, InputSchema } from "./agent-input.js";
+export { InputSchema } from "./agent-input.js";
 export {
   AgentRef,
   API_CONTRACT,
@@ -43,7 +32,6 @@ export {
   ApproveStepRequest,
   ArtifactChunk,
   ArtifactRequest,
-  apiEndpointMetadata,
   apiSchemaFile,
   CleanJobsReply,
   CleanJobsRequest,
@@ -83,22 +71,8 @@ export {
   UploadRequest,
 } from "./api.js";
 export { maskUrl, NATS_CONNECTION_ENV, NatsConnectionSettings } from "./connection.js";
-export type { DocTable } from "./doc-tables.js";
-export { docTableMarkers, docTableRegion, docTables, writeDocTable } from "./doc-tables.js";
-export {
-  BoxcarError,
-  decodeMessage,
-  ERROR_STATUS,
-  ErrorCode,
-  ErrorInfo,
-  ErrorIssue,
-  formatPath,
-  issuesUnder,
-  parseWith,
-  toErrorInfo,
-  ValidationError,
-  zodIssues,
-} from "./errors.js";
+export { docTableMarkers, docTableRegion, docTables } from "./doc-tables.js";
+export { BoxcarError, ErrorCode, ErrorInfo, ErrorIssue, formatPath, parseWith, toErrorInfo, ValidationError, zodIssues } from "./errors.js";
 export { unfoldEvents } from "./event-fold.js";
 export {
   BoxcarEvent,
@@ -120,68 +94,34 @@ export {
   AttemptOutcome,
   handoffPending,
   InputFileRef,
-  inputObjectPrefix,
   isTerminal,
   JobRecord,
   JobResult,
   JobSpec,
   JobState,
   limitNamed,
-  MAX_DELAY_MS,
   MAX_INPUT_FILES,
   MAX_SPEC_BYTES,
-  POOL_PLACE_PREFIX,
-  placesOf,
   ResourceUsage,
   SandboxInfo,
   TERMINAL_STATES,
-  TOTAL_PLACE,
   WORK_ITEM_VERSION,
   WorkItem,
   WorkspacePath,
 } from "./job.js";
-export { jobEvent } from "./job-event.js";
-export type { JobStep } from "./job-transitions.js";
-export * as JobTransitions from "./job-transitions.js";
 export { jsonSchemas } from "./json-schemas.js";
 export { AgentModels, GatewayReach, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
 export type { EventKind, Names } from "./names.js";
 export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
-export {
-  AgentPolicy,
-  checkAgentPolicy,
-  DEFAULT_QUEUE_LIMITS,
-  DEFAULT_RETENTION_MS,
-  ModelLimit,
-  ModelPrice,
-  POLICY_KEY,
-  policyViolations,
-  priceOf,
-  QueueLimits,
-  Quota,
-  quotaOf,
-  Retention,
-  retentionOf,
-  SystemPolicy,
-} from "./policy.js";
+export { AgentPolicy, DEFAULT_RETENTION_MS, ModelLimit, ModelPrice, QueueLimits, Quota, Retention, SystemPolicy } from "./policy.js";
 export type { Identity } from "./principal.js";
 export { ROLES, Role } from "./principal.js";
 export { PRIORITIES, Priority } from "./priority.js";
-export {
-  BUILTIN_TOOLS,
-  BuiltinTool,
-  HarnessStep,
-  harnessObjects,
-  ModelRef,
-  modelOf,
-  modelsOfAgent,
-  PromptAgent,
-  STEP_EXCERPT,
-} from "./prompt-agent.js";
+export { BUILTIN_TOOLS, BuiltinTool, HarnessStep, harnessObjects, ModelRef, PromptAgent } from "./prompt-agent.js";
 export { type PromptFile, parsePromptFile } from "./prompt-file.js";
 export type { ResolvedRuntime, RuntimePolicyInput } from "./runtime.js";
-export { ISOLATION_ORDER, RuntimePolicy, resolveRuntime, SandboxBackend } from "./runtime.js";
+export { ISOLATION_ORDER, RuntimePolicy, SandboxBackend } from "./runtime.js";
 export {
   ListSchedulesReply,
   ScheduleDefinition,
@@ -210,21 +150,13 @@ export {
   GitSeed,
   InputRequest,
   KeptOutput,
-  keptOutputObject,
-  keptOutputSizes,
   ListSessionFiles,
   ListSessionsReply,
   ListSessionsRequest,
-  MAX_BACKGROUND_PROCESSES,
-  MAX_ENDED_PROCESSES,
-  MAX_EXEC_REPLY_OUTPUT,
   MAX_EXEC_STDIN,
-  MAX_KEPT_OUTPUT,
   MAX_OUTPUT_READ,
   MAX_PROCESS_INPUT,
   MAX_SESSION_FILE_BYTES,
-  MAX_SESSION_REQUEST_BYTES,
-  MAX_SESSION_WATCHES,
   OpenSessionRequest,
   OutputReply,
   OutputRequest,
@@ -235,7 +167,6 @@ export {
   ProcessReply,
   ReadSessionFile,
   SESSION_FILES_QUOTA,
-  SESSION_OUTPUT_SEGMENT,
   SessionFileRef,
   SessionFileStat,
   SessionId,
@@ -256,47 +187,19 @@ export {
   WorkerReply,
   WriteSessionFile,
 } from "./session.js";
-export { evaluate, parseExpression, render, TemplateError, truthy } from "./template.js";
-export { durationMs, parseDurationMs, parseSizeBytes, sizeBytes } from "./units.js";
-export {
-  addUsage,
-  Budget,
-  MODEL_NAME,
-  NO_USAGE,
-  parseUsageEntry,
-  spent,
-  Usage,
-  UsageLine,
-  UsageReply,
-  UsageRequest,
-  usageDay,
-  usageKey,
-  usageOf,
-} from "./usage.js";
+export { parseDurationMs, parseSizeBytes } from "./units.js";
+export { Budget, Usage, UsageLine, UsageReply, UsageRequest } from "./usage.js";
 export { WorkerConfig } from "./worker-config.js";
-export {
-  InFlightFate,
-  InFlightJob,
-  inFlightFate,
-  modelsRefusal,
-  WorkerInfo,
-  WorkerState,
-  WorkerStatus,
-  WorkerView,
-  whyCannotServe,
-  workerViews,
-} from "./worker-info.js";
-export { goneAfterMs, isLive, MISSED_HEARTBEATS, workerStatus } from "./worker-status.js";
+export { InFlightFate, InFlightJob, WorkerInfo, WorkerState, WorkerStatus, WorkerView, workerViews } from "./worker-info.js";
+export { MISSED_HEARTBEATS, workerStatus } from "./worker-status.js";
 export type { WorkflowDefinitionInput } from "./workflow.js";
 export {
   ChainEntry,
   ChainLimits,
   ChainLink,
-  DEFAULT_CHAIN_LIMITS,
   HandoffDecision,
   HandoffRequest,
   isRunFinal,
-  MAX_FAN_OUT,
   RunState,
   StepInstance,
   StepLimits,

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { BoxcarError, decodeMessage, ErrorCode, type ErrorInfo, toErrorInfo, WORK_ITEM_VERSION, WorkItem } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type ErrorInfo, toErrorInfo, WORK_ITEM_VERSION, WorkItem } from "@boxcar/protocol";
+import { decodeMessage } from "@boxcar/protocol/internal";
 import type { Slots } from "./intake/slots.js";
 import type { WorkDelivery } from "./intake/work-delivery.js";
 import type { StopReason } from "./run/attempt-outcome.js";

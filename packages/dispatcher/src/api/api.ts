@@ -7,26 +7,28 @@ import {
   type ApiReplyData,
   BoxcarError,
   type CleanJobsRequest,
+  ErrorCode,
+  type Identity,
+  InputFileRef,
+  MAX_SPEC_BYTES,
+  parseWith,
+  READ_ENDPOINTS,
+  ROLE_ENDPOINTS,
+  toErrorInfo,
+  WorkerInfo,
+} from "@boxcar/protocol";
+import {
   callerOf,
   checkAgentPolicy,
   credentialLikeEnv,
   decodeMessage,
   ERROR_STATUS,
-  ErrorCode,
-  type Identity,
-  InputFileRef,
   issuesUnder,
   MAX_SESSION_REQUEST_BYTES,
-  MAX_SPEC_BYTES,
   mayReplyTo,
-  parseWith,
-  READ_ENDPOINTS,
-  ROLE_ENDPOINTS,
   seesAll,
-  toErrorInfo,
   usageDay,
-  WorkerInfo,
-} from "@boxcar/protocol";
+} from "@boxcar/protocol/internal";
 import type { ServiceMsg } from "@nats-io/services";
 import { z } from "zod";
 import { type AdmissionContext, admit, rerunJob, retryJob } from "../intake/admission.js";

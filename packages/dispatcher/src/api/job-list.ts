@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { getJson, type Topology } from "@boxcar/fabric";
-import { BoxcarError, type Identity, JobRecord, type ListJobsReply, ListJobsRequest, mayAccess, parseWith } from "@boxcar/protocol";
+import { BoxcarError, type Identity, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
+import { mayAccess } from "@boxcar/protocol/internal";
 import type { IndexedJob, JobIndex } from "../jobs/job-index.js";
 import { caughtUp, LIST_REPLY_BUDGET } from "../jobs/jobs.js";
 

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
-import { type ApiEndpoint, apiEndpointMetadata } from "@boxcar/protocol";
+import type { ApiEndpoint } from "@boxcar/protocol";
+import { apiEndpointMetadata } from "@boxcar/protocol/internal";
 import { type Service, Svcm } from "@nats-io/services";
 import type { AdmissionContext } from "../intake/admission.js";
 import { type ApiParts, apiHandlers, serve } from "./api.js";

@@ -1,6 +1,7 @@
 import { jsonOf, type Logger } from "@boxcar/common";
 import { followKv, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isLive, WorkerInfo, whyCannotServe, workerStatus } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, WorkerInfo, workerStatus } from "@boxcar/protocol";
+import { isLive, whyCannotServe } from "@boxcar/protocol/internal";
 import { Sweep } from "../loops/sweep.js";
 
 /** How often workers that stopped heartbeating are forgotten, unless told otherwise. */

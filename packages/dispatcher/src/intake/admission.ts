@@ -13,23 +13,18 @@ import {
   type AgentDefinition,
   BoxcarError,
   type ChainLink,
-  checkAgentPolicy,
-  checkInput,
   ErrorCode,
   type ErrorInfo,
   type Identity,
   isTerminal,
   JobRecord,
   JobSpec,
-  JobTransitions,
-  MAX_DELAY_MS,
-  mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
   parseWith,
-  placesOf,
   type Role,
 } from "@boxcar/protocol";
+import { checkAgentPolicy, checkInput, JobTransitions, MAX_DELAY_MS, mayAccess, placesOf } from "@boxcar/protocol/internal";
 import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
 import type { DispatcherMetrics } from "../dispatcher-metrics.js";

@@ -1,6 +1,7 @@
 import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
 import { isTransientJetStreamError, type Topology } from "@boxcar/fabric";
-import { BoxcarError, decodeMessage, ErrorCode, intakeSubjectParts, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
+import { decodeMessage, intakeSubjectParts } from "@boxcar/protocol/internal";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { type AdmissionContext, admit, recordRejection } from "./admission.js";

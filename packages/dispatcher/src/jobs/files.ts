@@ -8,14 +8,13 @@ import {
   ErrorCode,
   type Identity,
   type InputFileRef,
-  inputObjectPrefix,
-  mayReplyTo,
   parseWith,
   toErrorInfo,
   UPLOAD_END_HEADER,
   type UploadReply,
   UploadRequest,
 } from "@boxcar/protocol";
+import { inputObjectPrefix, mayReplyTo } from "@boxcar/protocol/internal";
 import type { Msg, Subscription } from "@nats-io/transport-node";
 import { getRecord } from "./jobs.js";
 

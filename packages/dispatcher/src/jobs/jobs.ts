@@ -7,12 +7,11 @@ import {
   ErrorCode,
   type Identity,
   JobRecord,
-  JobTransitions,
-  mayAccess,
   ownerOf,
   parseWith,
   signalFile,
 } from "@boxcar/protocol";
+import { JobTransitions, mayAccess } from "@boxcar/protocol/internal";
 import type { JobIndex } from "./job-index.js";
 
 /** The caller of what a dispatcher does on its own account: it sees every job. */

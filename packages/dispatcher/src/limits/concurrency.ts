@@ -6,14 +6,11 @@ import {
   ErrorCode,
   isTerminal,
   type JobRecord,
-  JobTransitions,
   ownerOf,
-  POOL_PLACE_PREFIX,
-  placesOf,
   type SystemPolicy,
-  TOTAL_PLACE,
   toErrorInfo,
 } from "@boxcar/protocol";
+import { JobTransitions, POOL_PLACE_PREFIX, placesOf, TOTAL_PLACE } from "@boxcar/protocol/internal";
 import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import { cancelJob } from "../jobs/jobs.js";
 import { publishWorkItem, type WorkPublishing } from "../jobs/work-items.js";

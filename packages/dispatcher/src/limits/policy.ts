@@ -5,18 +5,15 @@ import {
   API_CONTRACT,
   ApiEndpoint,
   BoxcarError,
-  DEFAULT_QUEUE_LIMITS,
   ErrorCode,
   type ErrorIssue,
   type Identity,
   type JobRecord,
   ownerOf,
-  POLICY_KEY,
   parseWith,
-  policyViolations,
-  quotaOf,
   SystemPolicy,
 } from "@boxcar/protocol";
+import { DEFAULT_QUEUE_LIMITS, POLICY_KEY, policyViolations, quotaOf } from "@boxcar/protocol/internal";
 import type { KvEntry } from "@nats-io/kv";
 import { StoreRoom } from "./store-room.js";
 

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, MAX_DELAY_MS, ownerOf } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, type JobRecord, ownerOf } from "@boxcar/protocol";
+import { MAX_DELAY_MS } from "@boxcar/protocol/internal";
 import type { AgentCatalog } from "../catalog/agent-catalog.js";
 import { type KeyedJob, type LimitEntries, valueDigest } from "./limit-state.js";
 import { SeenOnce } from "./seen-once.js";

@@ -1,22 +1,16 @@
 import type { Logger } from "@boxcar/common";
 import { isRevisionConflict, type Topology } from "@boxcar/fabric";
 import {
-  addUsage,
   BoxcarError,
   type Budget,
   ErrorCode,
   type Identity,
   JobEvent,
-  NO_USAGE,
-  parseUsageEntry,
   type SystemPolicy,
-  seesAll,
-  spent,
   type Usage,
   type UsageReply,
-  usageDay,
-  usageKey,
 } from "@boxcar/protocol";
+import { addUsage, NO_USAGE, parseUsageEntry, seesAll, spent, usageDay, usageKey } from "@boxcar/protocol/internal";
 import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { DispatcherMetrics } from "../dispatcher-metrics.js";

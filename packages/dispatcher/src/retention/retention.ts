@@ -8,9 +8,9 @@ import {
   type JobState,
   ownerOf,
   parseWith,
-  retentionOf,
   WorkflowRun,
 } from "@boxcar/protocol";
+import { retentionOf } from "@boxcar/protocol/internal";
 import type { PolicyBook } from "../limits/policy.js";
 import { Sweep } from "../loops/sweep.js";
 import { checkMayPurge, objectsOf, remainsOf, removeRemains } from "./remains.js";

@@ -7,16 +7,15 @@ import {
   type Identity,
   isTerminal,
   type JobRecord,
-  mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
   Role,
   type ScheduleDefinition,
   ScheduleRecord,
   type ScheduleState,
-  seesAll,
   toErrorInfo,
 } from "@boxcar/protocol";
+import { mayAccess, seesAll } from "@boxcar/protocol/internal";
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
 import { type AdmissionContext, admit, recordRejection } from "../intake/admission.js";

@@ -16,13 +16,8 @@ import {
   type ExecReply,
   type Identity,
   type KeptOutput,
-  keptOutputObject,
-  keptOutputSizes,
-  mayAccess,
   type OutputReply,
   type OutputRequest,
-  quotaOf,
-  SESSION_OUTPUT_SEGMENT,
   type SessionRecord,
   SessionRecord as SessionRecordSchema,
   type SessionState,
@@ -31,6 +26,7 @@ import {
   type SystemPolicy,
   WorkerReply,
 } from "@boxcar/protocol";
+import { keptOutputObject, keptOutputSizes, mayAccess, quotaOf, SESSION_OUTPUT_SEGMENT } from "@boxcar/protocol/internal";
 import type { ObjectInfo } from "@nats-io/obj";
 import type { z } from "zod";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { nowIso, type Topology } from "@boxcar/fabric";
-import { type JobRecord, JobTransitions } from "@boxcar/protocol";
+import type { JobRecord } from "@boxcar/protocol";
+import { JobTransitions } from "@boxcar/protocol/internal";
 import { removeWaitingMarker } from "../jobs/jobs.js";
 import { JobTimers } from "../loops/job-timers.js";
 

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { nowIso, storedMessages, type Topology, type WorkSigner } from "@boxcar/fabric";
-import { BoxcarError, ErrorCode, isTerminal, type JobRecord, JobTransitions, parseWith, WorkItem } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, isTerminal, type JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
+import { JobTransitions } from "@boxcar/protocol/internal";
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWork } from "../jobs/work-items.js";

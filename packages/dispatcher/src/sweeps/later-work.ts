@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { nowIso, type Topology } from "@boxcar/fabric";
-import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, JobTransitions, ownerOf, toErrorInfo } from "@boxcar/protocol";
+import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, ownerOf, toErrorInfo } from "@boxcar/protocol";
+import { JobTransitions } from "@boxcar/protocol/internal";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import { publishWorkItem, type WorkPublishing } from "../jobs/work-items.js";

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { getJson, nowIso, storedMessages, type Topology } from "@boxcar/fabric";
-import { JobTransitions, WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
+import { WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
+import { JobTransitions } from "@boxcar/protocol/internal";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";
 import type { WorkerDirectory } from "../catalog/worker-directory.js";
 import { Sweep } from "../loops/sweep.js";

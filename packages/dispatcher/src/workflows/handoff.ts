@@ -4,7 +4,6 @@ import {
   type AgentDefinition,
   BoxcarError,
   type ChainLink,
-  DEFAULT_CHAIN_LIMITS,
   ErrorCode,
   type HandoffDecision,
   type HandoffRequest,
@@ -12,11 +11,11 @@ import {
   isRunFinal,
   type JobRecord,
   type JobSpecInput,
-  JobTransitions,
   ownerOf,
   toErrorInfo,
   WorkflowRun,
 } from "@boxcar/protocol";
+import { DEFAULT_CHAIN_LIMITS, JobTransitions } from "@boxcar/protocol/internal";
 import { type AdmissionContext, admit } from "../intake/admission.js";
 import { cancelJob } from "../jobs/jobs.js";
 import { withinStep } from "./step-limits.js";

@@ -3,14 +3,11 @@ import {
   type InputFileRef,
   isTerminal,
   type JobSpecInput,
-  MAX_FAN_OUT,
-  render,
   type StepRun,
-  TemplateError,
-  truthy,
   type WorkflowRun,
   type WorkflowStep,
 } from "@boxcar/protocol";
+import { MAX_FAN_OUT, render, TemplateError, truthy } from "@boxcar/protocol/internal";
 import {
   cancelRun,
   failInstance,

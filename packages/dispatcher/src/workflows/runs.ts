@@ -8,7 +8,6 @@ import {
   JobRecord,
   type ListRunsReply,
   ListRunsRequest,
-  mayAccess,
   ownerOf,
   PROTOCOL_VERSION,
   parseWith,
@@ -17,6 +16,7 @@ import {
   type WorkflowEvent,
   WorkflowRun,
 } from "@boxcar/protocol";
+import { mayAccess } from "@boxcar/protocol/internal";
 import { type AdmissionContext, admit } from "../intake/admission.js";
 import { newJobId } from "../jobs/job-id.js";
 import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs/jobs.js";

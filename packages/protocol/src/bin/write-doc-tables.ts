@@ -1,7 +1,7 @@
 /** Rewrites the generated tables in the docs folder given (`docs`), each between its `docs:tables` markers. */
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { docTables, writeDocTable } from "../index.js";
+import { docTables, writeDocTable } from "../internal.js";
 
 const dir = process.argv[2];
 if (!dir) throw new Error("usage: write-doc-tables DOCS_FOLDER");

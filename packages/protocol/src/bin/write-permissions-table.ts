@@ -1,6 +1,6 @@
 /** Rewrites the roles' permission table in a Markdown file, between `<!-- permissions -->` markers. */
 import { readFileSync, writeFileSync } from "node:fs";
-import { names, permissionsTable } from "../index.js";
+import { names, permissionsTable } from "../internal.js";
 
 const file = process.argv[2];
 if (!file) throw new Error("usage: write-permissions-table FILE.md");

@@ -11,7 +11,8 @@ import {
 import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
 import type { AddressInfo } from "node:net";
 import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
-import { addUsage, type GatewayReach, type ModelCall, type ModelProvider, NO_USAGE, type Usage } from "@boxcar/protocol";
+import type { GatewayReach, ModelCall, ModelProvider, Usage } from "@boxcar/protocol";
+import { addUsage, NO_USAGE } from "@boxcar/protocol/internal";
 import { MAX_METERED_BODY, MAX_RECORDED_BODY, parseRequest, readBody, UsageChunkFilter } from "./bodies.js";
 import type { CallLimiter } from "./call-limits.js";
 import { type Metered, meterJson, SseMeter } from "./meter.js";

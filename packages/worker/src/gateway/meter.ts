@@ -1,4 +1,5 @@
-import { MODEL_NAME, type ModelProvider } from "@boxcar/protocol";
+import type { ModelProvider } from "@boxcar/protocol";
+import { MODEL_NAME } from "@boxcar/protocol/internal";
 
 /**
  * What one call used, read from the provider's answer as it passes through: a JSON body, or a

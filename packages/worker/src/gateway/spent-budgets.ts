@@ -1,4 +1,5 @@
-import { type Budget, type SystemPolicy, spent, type Usage, usageDay } from "@boxcar/protocol";
+import type { Budget, SystemPolicy, Usage } from "@boxcar/protocol";
+import { spent, usageDay } from "@boxcar/protocol/internal";
 
 /** A day's usage of one agent or user, as the dispatchers summed it. */
 export type UsageOf = (day: string, kind: "agent" | "user", name: string) => Promise<Usage>;

@@ -1,16 +1,8 @@
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { createOpenAI } from "@ai-sdk/openai";
 import type { Logger } from "@boxcar/common";
-import {
-  BoxcarError,
-  type BuiltinTool,
-  ErrorCode,
-  type HandoffRequest,
-  type HarnessStep,
-  modelOf,
-  type PromptAgent,
-  STEP_EXCERPT,
-} from "@boxcar/protocol";
+import { BoxcarError, type BuiltinTool, ErrorCode, type HandoffRequest, type HarnessStep, type PromptAgent } from "@boxcar/protocol";
+import { modelOf, STEP_EXCERPT } from "@boxcar/protocol/internal";
 import { jsonSchema, type LanguageModel, type ModelMessage, streamText, type ToolCallPart, type ToolSet, tool } from "ai";
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { Sandbox } from "../sandbox/sandbox.js";

@@ -1,16 +1,6 @@
 import { createHash } from "node:crypto";
-import {
-  AgentResultFile,
-  type Artifact,
-  addUsage,
-  BoxcarError,
-  ErrorCode,
-  type Usage,
-  UsageLine,
-  usageOf,
-  type WorkItem,
-  zodIssues,
-} from "@boxcar/protocol";
+import { AgentResultFile, type Artifact, BoxcarError, ErrorCode, type Usage, UsageLine, type WorkItem, zodIssues } from "@boxcar/protocol";
+import { addUsage, usageOf } from "@boxcar/protocol/internal";
 import type { ObjectStore } from "@nats-io/obj";
 import type { Sandbox } from "../sandbox/sandbox.js";
 import { AgentPaths, MAX_RESULT_BYTES } from "../workspace/agent-contract.js";

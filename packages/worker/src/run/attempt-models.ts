@@ -7,14 +7,12 @@ import {
   ErrorCode,
   type JobEvent,
   type JobRecord,
-  jobEvent,
   type ModelCall,
   ownerOf,
-  POLICY_KEY,
-  priceOf,
   SystemPolicy,
   type Usage,
 } from "@boxcar/protocol";
+import { jobEvent, POLICY_KEY, priceOf } from "@boxcar/protocol/internal";
 import { type CallLimiter, kvCallLimiter } from "../gateway/call-limits.js";
 import { FORWARD_PORT, FORWARDER_SCRIPT, FORWARDER_SOURCE, GATEWAY_SOCKET, withForwarder } from "../gateway/forwarder.js";
 import type { GatewayPass, ModelGateway } from "../gateway/gateway.js";

@@ -1,12 +1,5 @@
-import {
-  type AgentResultFile,
-  type Artifact,
-  ErrorCode,
-  type ErrorInfo,
-  type JobResult,
-  type JobTransitions,
-  type Usage,
-} from "@boxcar/protocol";
+import { type AgentResultFile, type Artifact, ErrorCode, type ErrorInfo, type JobResult, type Usage } from "@boxcar/protocol";
+import type { JobTransitions } from "@boxcar/protocol/internal";
 import type { ExecResult } from "../sandbox/sandbox.js";
 
 /**

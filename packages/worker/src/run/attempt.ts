@@ -6,8 +6,6 @@ import {
   BoxcarError,
   ErrorCode,
   type ErrorInfo,
-  jobEvent,
-  modelsOfAgent,
   ownerOf,
   type ResolvedRuntime,
   type SandboxInfo,
@@ -15,6 +13,7 @@ import {
   type Usage,
   type WorkItem,
 } from "@boxcar/protocol";
+import { jobEvent, modelsOfAgent } from "@boxcar/protocol/internal";
 import type { ModelGateway } from "../gateway/gateway.js";
 import { type AttemptLease, SENTINEL_EARLY_MS } from "../sandbox/lifeline.js";
 import type { ExecResult, Sandbox, SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";

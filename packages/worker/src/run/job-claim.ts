@@ -2,23 +2,25 @@ import type { Logger } from "@boxcar/common";
 import { inputDigest, listJson, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
-  checkAgentPolicy,
   ErrorCode,
   type ErrorInfo,
-  isLive,
   isTerminal,
   type JobEventType,
   type JobRecord,
-  jobEvent,
-  modelsOfAgent,
-  modelsRefusal,
   type ResolvedRuntime,
-  resolveRuntime,
   toErrorInfo,
   WorkerInfo,
   type WorkItem,
-  whyCannotServe,
 } from "@boxcar/protocol";
+import {
+  checkAgentPolicy,
+  isLive,
+  jobEvent,
+  modelsOfAgent,
+  modelsRefusal,
+  resolveRuntime,
+  whyCannotServe,
+} from "@boxcar/protocol/internal";
 import type { ModelGateway } from "../gateway/gateway.js";
 import type { SandboxBackend, SandboxProvider } from "../sandbox/sandbox.js";
 import type { ResolvedWorkerOptions } from "../worker-options.js";

@@ -3,17 +3,15 @@ import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar
 import { nowIso, type Topology } from "@boxcar/fabric";
 import {
   BoxcarError,
-  checkAgentPolicy,
   ErrorCode,
   isTerminal,
-  JobTransitions,
   ownerOf,
   type ResolvedRuntime,
-  resolveRuntime,
   type SandboxInfo,
   toErrorInfo,
   type WorkItem,
 } from "@boxcar/protocol";
+import { checkAgentPolicy, JobTransitions, resolveRuntime } from "@boxcar/protocol/internal";
 import type { Msg } from "@nats-io/transport-node";
 import type { WorkDelivery } from "../intake/work-delivery.js";
 import { AttemptLease } from "../sandbox/lifeline.js";

@@ -1,6 +1,7 @@
 import type { Logger } from "@boxcar/common";
 import { nowIso, type Topology } from "@boxcar/fabric";
-import { BoxcarError, ErrorCode, isTerminal, JobTransitions, type SandboxInfo, toErrorInfo, type WorkItem } from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, isTerminal, type SandboxInfo, toErrorInfo, type WorkItem } from "@boxcar/protocol";
+import { JobTransitions } from "@boxcar/protocol/internal";
 import type { AttemptLease } from "../sandbox/lifeline.js";
 import type { WorkerMetrics } from "../worker-metrics.js";
 import type { Redactor } from "../workspace/redactor.js";

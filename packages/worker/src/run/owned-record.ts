@@ -1,5 +1,6 @@
 import type { JobHandle, JobStore } from "@boxcar/fabric";
-import { type JobRecord, type JobStep, JobTransitions } from "@boxcar/protocol";
+import type { JobRecord } from "@boxcar/protocol";
+import { type JobStep, JobTransitions } from "@boxcar/protocol/internal";
 
 /**
  * The job's record as this attempt last wrote it, from its claim on, and the changes it may still

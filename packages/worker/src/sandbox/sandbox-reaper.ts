@@ -1,5 +1,6 @@
 import { getJson, type Topology } from "@boxcar/fabric";
-import { isLive, JobRecord, WorkerInfo } from "@boxcar/protocol";
+import { JobRecord, WorkerInfo } from "@boxcar/protocol";
+import { isLive } from "@boxcar/protocol/internal";
 import type { SandboxOwner } from "./sandbox.js";
 
 /**

@@ -1,12 +1,5 @@
-import {
-  BoxcarError,
-  ErrorCode,
-  type ExecReply,
-  MAX_BACKGROUND_PROCESSES,
-  MAX_ENDED_PROCESSES,
-  type ProcessInfo,
-  type WaitReply,
-} from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, type ExecReply, type ProcessInfo, type WaitReply } from "@boxcar/protocol";
+import { MAX_BACKGROUND_PROCESSES, MAX_ENDED_PROCESSES } from "@boxcar/protocol/internal";
 import type { ExecResult } from "../sandbox/sandbox.js";
 import type { ProcessStdin } from "./process-input.js";
 

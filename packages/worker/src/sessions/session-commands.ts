@@ -6,7 +6,7 @@
  */
 
 import type { Topology } from "@boxcar/fabric";
-import { MAX_EXEC_REPLY_OUTPUT } from "@boxcar/protocol";
+import { MAX_EXEC_REPLY_OUTPUT } from "@boxcar/protocol/internal";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import type { ExecOptions } from "../sandbox/sandbox.js";
 import { AgentPaths } from "../workspace/agent-contract.js";

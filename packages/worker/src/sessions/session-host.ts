@@ -20,12 +20,10 @@ import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
 import {
   AgentDefinition,
   BoxcarError,
-  checkAgentPolicy,
   ErrorCode,
   PROTOCOL_VERSION,
   parseWith,
   type ResolvedRuntime,
-  resolveRuntime,
   type SandboxInfo,
   type SessionEvent,
   type SessionRecord,
@@ -34,6 +32,7 @@ import {
   toErrorInfo,
   WorkerOpenSession,
 } from "@boxcar/protocol";
+import { checkAgentPolicy, resolveRuntime } from "@boxcar/protocol/internal";
 import type { ObjectStore } from "@nats-io/obj";
 import type { Msg, Subscription } from "@nats-io/transport-node";
 import type { Slots } from "../intake/slots.js";

@@ -1,12 +1,6 @@
 import { removeObject } from "@boxcar/fabric";
-import {
-  type KeptOutput,
-  keptOutputObject,
-  keptOutputSizes,
-  MAX_KEPT_OUTPUT,
-  type OutputStream,
-  SESSION_OUTPUT_SEGMENT,
-} from "@boxcar/protocol";
+import type { KeptOutput, OutputStream } from "@boxcar/protocol";
+import { keptOutputObject, keptOutputSizes, MAX_KEPT_OUTPUT, SESSION_OUTPUT_SEGMENT } from "@boxcar/protocol/internal";
 
 /** Where a command's whole output is kept: the Object Store, one object per segment. */
 export interface OutputStore {

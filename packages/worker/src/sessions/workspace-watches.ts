@@ -13,16 +13,8 @@
  * the session from going idle.
  */
 
-import {
-  BoxcarError,
-  ErrorCode,
-  MAX_SESSION_WATCHES,
-  parseWith,
-  type SessionEvent,
-  type WatchInfo,
-  WatchRef,
-  WatchRequest,
-} from "@boxcar/protocol";
+import { BoxcarError, ErrorCode, parseWith, type SessionEvent, type WatchInfo, WatchRef, WatchRequest } from "@boxcar/protocol";
+import { MAX_SESSION_WATCHES } from "@boxcar/protocol/internal";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
 import { workspaceCwd } from "../workspace/workspace-path.js";
 import { runHelperVerb } from "./helper-verbs.js";
