@@ -63,7 +63,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   {
     name: "clean",
     summary: "delete now the ended jobs that match, with their events, output and files (admins)",
-    load: async () => (await import("./commands/jobs.js")).clean,
+    load: async () => (await import("./commands/clean.js")).clean,
   },
   { name: "jobs", summary: "list jobs, newest first; or count them by state", load: async () => (await import("./commands/jobs.js")).jobs },
   {
