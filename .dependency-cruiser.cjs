@@ -76,6 +76,14 @@ module.exports = {
       from: { path: "^packages/", pathNot: "^packages/(fabric|dispatcher|worker|protocol)/" },
       to: { path: "^packages/protocol/src/internal\\.ts$" },
     },
+    {
+      name: "fixtures-only-in-tests",
+      severity: "error",
+      comment:
+        "The test fixtures (@boxcar/fabric/testing, fabric's src/testing.ts) are for tests, the bench and users' own tests: no package's code imports them.",
+      from: { path: "^packages/", pathNot: ["\\.test\\.ts$", "^packages/fabric/src/testing\\.ts$"] },
+      to: { path: "^packages/fabric/src/testing\\.ts$" },
+    },
     ...layerRules,
   ],
   options: {

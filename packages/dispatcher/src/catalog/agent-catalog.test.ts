@@ -1,27 +1,23 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import { silentLogger } from "@boxcar/common";
-import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { type NatsTestServer, natsTestServer } from "@boxcar/fabric/testing";
 import { AgentDefinition, ErrorCode } from "@boxcar/protocol";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { AgentCatalog } from "./agent-catalog.js";
 
 // Against a real nats-server: the catalog is a watch of the agents bucket.
-let server: NatsServer;
-let nc: NatsConnection;
+let nats: NatsTestServer;
 let topology: Topology;
-let prefixes = 0;
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nc = await connect({ servers: server.url });
+  nats = await natsTestServer();
 });
 afterAll(async () => {
-  await nc?.close();
-  await server?.stop();
+  await nats?.close();
 });
 beforeEach(async () => {
-  topology = await openTopology(nc, { prefix: `ac${++prefixes}` });
+  topology = await nats.topology();
 });
 
 const agent = (script: string) => AgentDefinition.parse({ name: "echo", command: script });

@@ -1,24 +1,21 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import { silentLogger } from "@boxcar/common";
-import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { type NatsTestServer, natsTestServer } from "@boxcar/fabric/testing";
 import { PROTOCOL_VERSION, RuntimePolicy, type WorkerInfo } from "@boxcar/protocol";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { WorkerDirectory } from "./worker-directory.js";
 
 // Against a real nats-server: the directory is a watch of the workers bucket.
-let server: NatsServer;
-let nc: NatsConnection;
+let nats: NatsTestServer;
 let topology: Topology;
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nc = await connect({ servers: server.url });
-  topology = await openTopology(nc, { prefix: "wd" });
+  nats = await natsTestServer();
+  topology = await nats.topology();
 });
 afterAll(async () => {
-  await nc?.close();
-  await server?.stop();
+  await nats?.close();
 });
 
 /** A worker's presence, heartbeating every second, last at `heartbeatAt`. */
@@ -69,7 +66,7 @@ test("workers that come and go are forgotten once gone, and known again when the
 });
 
 test("version 2 work items only while every live worker reads them: a worker of an earlier release, live, holds them back", async () => {
-  const topology = await openTopology(nc, { prefix: "wd2" });
+  const topology = await nats.topology();
   const directory = await WorkerDirectory.open(topology, silentLogger);
   try {
     // No worker yet: any that comes and cannot read an item hands it back, so nothing holds them back.

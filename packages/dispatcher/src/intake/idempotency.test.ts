@@ -1,27 +1,24 @@
 import { createHash } from "node:crypto";
-import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { type NatsTestServer, natsTestServer } from "@boxcar/fabric/testing";
 import type { KV } from "@nats-io/kv";
-import { connect, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
+import { errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, expect, test } from "vitest";
 import { claimKey } from "./idempotency.js";
 
 // Against a real nats-server; the faults (a create that times out, a read that a rival's claim
 // overtakes) are injected around the real bucket.
-let server: NatsServer;
-let nc: NatsConnection;
+let nats: NatsTestServer;
 let topology: Topology;
-let prefixes = 0;
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nc = await connect({ servers: server.url });
+  nats = await natsTestServer();
 });
 afterAll(async () => {
-  await nc?.close();
-  await server?.stop();
+  await nats?.close();
 });
 beforeEach(async () => {
-  topology = await openTopology(nc, { prefix: `idem${++prefixes}` });
+  topology = await nats.topology();
 });
 
 /** The job id the key holds; null when absent or deleted. */

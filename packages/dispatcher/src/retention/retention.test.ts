@@ -1,21 +1,97 @@
 import { silentLogger } from "@boxcar/common";
-import { openTopology, startNatsServer } from "@boxcar/fabric";
+import { natsTestServer } from "@boxcar/fabric/testing";
 import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
-import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
 import { PolicyBook } from "../limits/policy.js";
 import { RetentionSweep } from "./retention.js";
 
 // Against a real nats-server. The job-level behaviour (events, output, files) is in test/retention.test.ts.
 test("one sweep deletes every job past its retention, however many: batch after batch, and no other", async () => {
-  await using server = await startNatsServer();
-  const nc = await connect({ servers: server.url });
-  try {
-    const topology = await openTopology(nc, { prefix: "ret" });
-    const policy = await PolicyBook.open(topology, silentLogger);
-    // Not started: the test makes the passes itself.
-    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
-    const ended = (id: string, finishedAt: Date): JobRecord => ({
+  await using nats = await natsTestServer();
+  const topology = await nats.topology();
+  const policy = await PolicyBook.open(topology, silentLogger);
+  // Not started: the test makes the passes itself.
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  const ended = (id: string, finishedAt: Date): JobRecord => ({
+    v: PROTOCOL_VERSION,
+    id,
+    agent: "noop",
+    pool: "default",
+    owner: "local",
+    state: "succeeded",
+    attempt: 1,
+    createdAt: finishedAt.toISOString(),
+    finishedAt: finishedAt.toISOString(),
+    artifacts: [],
+    history: [],
+  });
+  const old = new Date(Date.now() - 8 * 24 * 3_600_000); // past the default 7 days
+  const records = [
+    ...Array.from({ length: 1_200 }, (_, i) => ended(`old${i}`, old)),
+    ...Array.from({ length: 5 }, (_, i) => ended(`new${i}`, new Date())),
+  ];
+  for (const record of records) {
+    await topology.jobStore.create({ record: record });
+    sweeper.observe(record.id, record);
+  }
+  expect(await sweeper.run()).toBe(1_200);
+  const left: string[] = [];
+  for await (const key of await topology.jobs.keys()) left.push(key);
+  expect(left.sort()).toEqual(["new0", "new1", "new2", "new3", "new4"]);
+  await sweeper.stop();
+  policy.close();
+}, 60_000);
+
+test("jobs kept because a job not yet ended uses their files do not hold back the jobs due behind them", async () => {
+  await using nats = await natsTestServer();
+  const topology = await nats.topology();
+  const policy = await PolicyBook.open(topology, silentLogger);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+  const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
+    v: PROTOCOL_VERSION,
+    id,
+    agent: "noop",
+    pool: "default",
+    owner: "local",
+    state,
+    spec: { v: PROTOCOL_VERSION, agent: "noop", input: null, files, labels: {} },
+    attempt: 1,
+    createdAt: old,
+    ...(state === "queued" ? {} : { finishedAt: old }),
+    artifacts: [],
+    history: [],
+  });
+  const shared = [{ path: "data.txt", object: "inputs/local/shared/data.txt" }];
+  // More than a batch of ended jobs that share a file with a job still queued, then others.
+  const records = [
+    record("open", "queued", shared),
+    ...Array.from({ length: 550 }, (_, i) => record(`kept${i}`, "succeeded", shared)),
+    ...Array.from({ length: 100 }, (_, i) => record(`free${i}`, "succeeded", [])),
+  ];
+  for (const r of records) {
+    await topology.jobStore.create({ record: r });
+    sweeper.observe(r.id, r);
+  }
+  expect(await sweeper.run()).toBe(100);
+  const left: string[] = [];
+  for await (const key of await topology.jobs.keys()) left.push(key);
+  expect(left).toHaveLength(551);
+  expect(left.some((k) => k.startsWith("free"))).toBe(false);
+  await sweeper.stop();
+  policy.close();
+}, 60_000);
+
+test("on a store filled to its last byte, a sweep deletes jobs that are nothing but their record: the records' bytes go before their delete markers are written", async () => {
+  await using nats = await natsTestServer({ maxFileStore: 8 * 1024 ** 2 });
+  const MiB = 1024 ** 2;
+  const topology = await nats.topology({ streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
+  const policy = await PolicyBook.open(topology, silentLogger);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+  const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
+  for (const id of ids) {
+    const record: JobRecord = {
       v: PROTOCOL_VERSION,
       id,
       agent: "noop",
@@ -23,127 +99,35 @@ test("one sweep deletes every job past its retention, however many: batch after 
       owner: "local",
       state: "succeeded",
       attempt: 1,
-      createdAt: finishedAt.toISOString(),
-      finishedAt: finishedAt.toISOString(),
-      artifacts: [],
-      history: [],
-    });
-    const old = new Date(Date.now() - 8 * 24 * 3_600_000); // past the default 7 days
-    const records = [
-      ...Array.from({ length: 1_200 }, (_, i) => ended(`old${i}`, old)),
-      ...Array.from({ length: 5 }, (_, i) => ended(`new${i}`, new Date())),
-    ];
-    for (const record of records) {
-      await topology.jobStore.create({ record: record });
-      sweeper.observe(record.id, record);
-    }
-    expect(await sweeper.run()).toBe(1_200);
-    const left: string[] = [];
-    for await (const key of await topology.jobs.keys()) left.push(key);
-    expect(left.sort()).toEqual(["new0", "new1", "new2", "new3", "new4"]);
-    await sweeper.stop();
-    policy.close();
-  } finally {
-    await nc.close();
-  }
-}, 60_000);
-
-test("jobs kept because a job not yet ended uses their files do not hold back the jobs due behind them", async () => {
-  await using server = await startNatsServer();
-  const nc = await connect({ servers: server.url });
-  try {
-    const topology = await openTopology(nc, { prefix: "ret2" });
-    const policy = await PolicyBook.open(topology, silentLogger);
-    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
-    const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
-    const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
-      v: PROTOCOL_VERSION,
-      id,
-      agent: "noop",
-      pool: "default",
-      owner: "local",
-      state,
-      spec: { v: PROTOCOL_VERSION, agent: "noop", input: null, files, labels: {} },
-      attempt: 1,
       createdAt: old,
-      ...(state === "queued" ? {} : { finishedAt: old }),
+      finishedAt: old,
       artifacts: [],
       history: [],
-    });
-    const shared = [{ path: "data.txt", object: "inputs/local/shared/data.txt" }];
-    // More than a batch of ended jobs that share a file with a job still queued, then others.
-    const records = [
-      record("open", "queued", shared),
-      ...Array.from({ length: 550 }, (_, i) => record(`kept${i}`, "succeeded", shared)),
-      ...Array.from({ length: 100 }, (_, i) => record(`free${i}`, "succeeded", [])),
-    ];
-    for (const r of records) {
-      await topology.jobStore.create({ record: r });
-      sweeper.observe(r.id, r);
-    }
-    expect(await sweeper.run()).toBe(100);
-    const left: string[] = [];
-    for await (const key of await topology.jobs.keys()) left.push(key);
-    expect(left).toHaveLength(551);
-    expect(left.some((k) => k.startsWith("free"))).toBe(false);
-    await sweeper.stop();
-    policy.close();
-  } finally {
-    await nc.close();
+      result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
+    };
+    await topology.jobStore.create({ record: record });
+    sweeper.observe(id, record);
   }
-}, 60_000);
+  // A dispatcher's watch, from before the store filled.
+  const seen: string[] = [];
+  const watch = await topology.jobs.watch({ include: "updates" });
+  void (async () => {
+    for await (const entry of watch) if (entry.operation === "DEL") seen.push(entry.key);
+  })();
+  // Every last byte taken, by a stream of another's.
+  await topology.jsm.streams.add({ name: "FILL", subjects: ["fill"] });
+  for (let size = 256 * 1024; size >= 1; )
+    await topology.js.publish("fill", new Uint8Array(size)).catch(() => (size = Math.floor(size / 2)));
+  await expect(topology.jobs.delete("full0")).rejects.toThrow(/insufficient resources/); // what a KV delete meets
 
-test("on a store filled to its last byte, a sweep deletes jobs that are nothing but their record: the records' bytes go before their delete markers are written", async () => {
-  await using server = await startNatsServer({ maxFileStore: 8 * 1024 ** 2 });
-  const nc = await connect({ servers: server.url });
-  try {
-    const MiB = 1024 ** 2;
-    const topology = await openTopology(nc, { prefix: "ret3", streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
-    const policy = await PolicyBook.open(topology, silentLogger);
-    const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
-    const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
-    const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
-    for (const id of ids) {
-      const record: JobRecord = {
-        v: PROTOCOL_VERSION,
-        id,
-        agent: "noop",
-        pool: "default",
-        owner: "local",
-        state: "succeeded",
-        attempt: 1,
-        createdAt: old,
-        finishedAt: old,
-        artifacts: [],
-        history: [],
-        result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
-      };
-      await topology.jobStore.create({ record: record });
-      sweeper.observe(id, record);
-    }
-    // A dispatcher's watch, from before the store filled.
-    const seen: string[] = [];
-    const watch = await topology.jobs.watch({ include: "updates" });
-    void (async () => {
-      for await (const entry of watch) if (entry.operation === "DEL") seen.push(entry.key);
-    })();
-    // Every last byte taken, by a stream of another's.
-    await topology.jsm.streams.add({ name: "FILL", subjects: ["fill"] });
-    for (let size = 256 * 1024; size >= 1; )
-      await topology.js.publish("fill", new Uint8Array(size)).catch(() => (size = Math.floor(size / 2)));
-    await expect(topology.jobs.delete("full0")).rejects.toThrow(/insufficient resources/); // what a KV delete meets
-
-    // The records are purged (no write would be taken: JetStream let the last one it took pass the
-    // store's limit, by up to that message's size), then their markers written in the room the
-    // batch left (so the watch forgets each job), then purged.
-    expect(await sweeper.run()).toBe(20);
-    const stream = await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`);
-    expect(stream.state.messages).toBe(0);
-    await expect.poll(() => seen.sort()).toEqual([...ids].sort());
-    watch.stop();
-    await sweeper.stop();
-    policy.close();
-  } finally {
-    await nc.close();
-  }
+  // The records are purged (no write would be taken: JetStream let the last one it took pass the
+  // store's limit, by up to that message's size), then their markers written in the room the
+  // batch left (so the watch forgets each job), then purged.
+  expect(await sweeper.run()).toBe(20);
+  const stream = await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`);
+  expect(stream.state.messages).toBe(0);
+  await expect.poll(() => seen.sort()).toEqual([...ids].sort());
+  watch.stop();
+  await sweeper.stop();
+  policy.close();
 }, 60_000);

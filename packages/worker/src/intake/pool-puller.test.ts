@@ -2,28 +2,25 @@ import { rm } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import { silentLogger } from "@boxcar/common";
 import { type NatsServer, openTopology, startNatsServer, type Topology } from "@boxcar/fabric";
+import { type NatsTestServer, natsTestServer } from "@boxcar/fabric/testing";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
-import { connect, headers, type NatsConnection } from "@nats-io/transport-node";
+import { connect, headers } from "@nats-io/transport-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "vitest";
 import { type IdleWait, PoolPuller } from "./pool-puller.js";
 import type { WorkDelivery } from "./work-delivery.js";
 
 // Against a real nats-server: the puller speaks JetStream's pull protocol itself.
-let server: NatsServer;
-let nc: NatsConnection;
+let nats: NatsTestServer;
 let topology: Topology;
-let prefixes = 0;
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nc = await connect({ servers: server.url });
+  nats = await natsTestServer();
 });
 afterAll(async () => {
-  await nc?.close();
-  await server?.stop();
+  await nats?.close();
 });
 beforeEach(async () => {
-  topology = await openTopology(nc, { prefix: `pp${++prefixes}`, ackWaitMs: 30_000 });
+  topology = await nats.topology({ ackWaitMs: 30_000 });
   await topology.ensurePoolConsumer("p");
 });
 
@@ -122,7 +119,7 @@ describe("PoolPuller", () => {
     const p = puller();
     const waiter = idleWaiter();
     const waiting = p.waitForWork(waiter.wait);
-    await nc.flush();
+    await nats.nc.flush();
     await publish("low", "l1");
     await until(() => waiter.got.length === 1);
     await publish("high", "h1");
@@ -162,7 +159,7 @@ describe("PoolPuller", () => {
     const p = puller();
     const waiter = idleWaiter();
     const waiting = p.waitForWork(waiter.wait);
-    await nc.flush();
+    await nats.nc.flush();
     held?.nak(50);
     await until(() => waiter.got.length === 1);
     expect(waiter.got).toEqual(["normal:n1"]);
@@ -175,7 +172,7 @@ describe("PoolPuller", () => {
     const p = puller();
     const noSlot = idleWaiter({ slots: 0 });
     const waiting = p.waitForWork(noSlot.wait);
-    await nc.flush();
+    await nats.nc.flush();
     await publish("normal", "n1");
     await waiting;
     expect(noSlot.refused).toEqual(["normal:n1"]);
@@ -185,12 +182,12 @@ describe("PoolPuller", () => {
 
     const full = idleWaiter();
     const waiting2 = p.waitForWork(full.wait);
-    await nc.flush();
+    await nats.nc.flush();
     full.fill();
     await waiting2;
     // The withdrawn pulls take nothing: a new item waits for a sweep, delivered for the first time.
     await publish("high", "h1");
-    await nc.flush();
+    await nats.nc.flush();
     await sleep(100);
     expect(full.got).toEqual([]);
     expect((await sweep(p, 1)).deliveries.map((d) => d.deliveryCount)).toEqual([1]);
@@ -235,14 +232,14 @@ describe("PoolPuller", () => {
       const pulls: { priority: Priority; reply: string; body: unknown }[] = [];
       const subs = PRIORITIES.map((priority) => {
         const next = `$JS.API.CONSUMER.MSG.NEXT.${topology.names.streams.work}.${topology.names.poolConsumer("ghost", priority)}`;
-        return nc.subscribe(next, {
+        return nats.nc.subscribe(next, {
           callback: (_err, msg) => {
             pulls.push({ priority, reply: msg.reply ?? "", body: msg.json() });
           },
         });
       });
       const status = (reply: string, code: number, description: string) =>
-        nc.publish(reply, undefined, { headers: headers(code, description) });
+        nats.nc.publish(reply, undefined, { headers: headers(code, description) });
       return {
         pulls,
         status,
@@ -324,12 +321,12 @@ describe("PoolPuller", () => {
     expect(first?.deliveryCount).toBe(1);
     first?.nak();
     first?.ack(); // too late: the nak was first
-    await nc.flush();
+    await nats.nc.flush();
     const again = (await sweep(p, 1)).deliveries[0];
     expect(again).toMatchObject({ deliveryCount: 2, seq: first?.seq });
     again?.term("not wanted");
     again?.nak();
-    await nc.flush();
+    await nats.nc.flush();
     expect((await sweep(p, 1)).got).toEqual([]);
   });
 });
