@@ -1,3 +1,4 @@
+export { type Deferred, deferred } from "./deferred.js";
 export { newInbox } from "./inbox.js";
 export { jsonOf } from "./json.js";
 export type { Logger } from "./logger.js";

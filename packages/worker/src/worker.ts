@@ -1,4 +1,4 @@
-import type { Logger } from "@boxcar/common";
+import { deferred, type Logger } from "@boxcar/common";
 import { patiently } from "@boxcar/fabric";
 import type { Subscription } from "@nats-io/transport-node";
 import { ModelGateway } from "./gateway/gateway.js";
@@ -314,14 +314,4 @@ class BoxcarWorker implements Worker {
       this.log.warn({ err }, `worker could not ${what}`);
     }
   }
-}
-
-function deferred(): { promise: Promise<void>; resolve: () => void; reject: (err: unknown) => void } {
-  let resolve: () => void = () => {};
-  let reject: (err: unknown) => void = () => {};
-  const promise = new Promise<void>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve, reject };
 }

@@ -1,4 +1,4 @@
-import { silentLogger } from "@boxcar/common";
+import { deferred, silentLogger } from "@boxcar/common";
 import { afterEach, beforeEach, describe, expect, test, vi } from "vitest";
 import { JobTimers } from "./job-timers.js";
 
@@ -8,15 +8,6 @@ beforeEach(() => {
 afterEach(() => {
   vi.useRealTimers();
 });
-
-/** A promise and the function that resolves it. */
-function gate(): { done: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const done = new Promise<void>((resolve) => {
-    open = resolve;
-  });
-  return { done, open };
-}
 
 describe("JobTimers", () => {
   test("acts on each job once its time has come, on the sweep's tick; a cleared job is not acted on", async () => {
@@ -40,13 +31,13 @@ describe("JobTimers", () => {
   });
 
   test("once stopped, a pass under way acts on no more jobs", async () => {
-    const release = gate();
+    const release = deferred();
     const acted: string[] = [];
     const timers = new JobTimers(
       100,
       async (id) => {
         acted.push(id);
-        await release.done;
+        await release.promise;
       },
       silentLogger,
       "act",
@@ -55,7 +46,7 @@ describe("JobTimers", () => {
     timers.set("b", Date.now());
     const pass = timers.run();
     const stopping = timers.stop();
-    release.open();
+    release.resolve();
     await Promise.all([pass, stopping]);
     expect(acted).toEqual(["a"]);
   });

@@ -1,3 +1,4 @@
+import { deferred } from "@boxcar/common";
 import { afterEach, beforeEach, describe, expect, test, vi } from "vitest";
 import { Sweep } from "./sweep.js";
 
@@ -7,15 +8,6 @@ beforeEach(() => {
 afterEach(() => {
   vi.useRealTimers();
 });
-
-/** A promise and the function that resolves it. */
-function gate(): { done: Promise<void>; open: () => void } {
-  let open!: () => void;
-  const done = new Promise<void>((resolve) => {
-    open = resolve;
-  });
-  return { done, open };
-}
 
 describe("Sweep", () => {
   test("nothing runs until it starts; then a pass every interval, failures told to onError", async () => {
@@ -42,13 +34,13 @@ describe("Sweep", () => {
   });
 
   test("run joins the pass under way; stop aborts its signal and waits for it", async () => {
-    const release = gate();
+    const release = deferred();
     let passes = 0;
     let aborted = false;
     const sweep = new Sweep({
       pass: async (signal) => {
         passes += 1;
-        await release.done;
+        await release.promise;
         aborted = signal.aborted;
         return passes;
       },
@@ -64,7 +56,7 @@ describe("Sweep", () => {
     });
     await vi.advanceTimersByTimeAsync(10);
     expect(stopped).toBe(false);
-    release.open();
+    release.resolve();
     await stopping;
     expect([await first, await second, aborted, sweep.stopped]).toEqual([1, 1, true, true]);
     sweep.start(); // not after stop
