@@ -80,9 +80,17 @@ module.exports = {
       name: "fixtures-only-in-tests",
       severity: "error",
       comment:
-        "The test fixtures (@boxcar/fabric/testing, fabric's src/testing.ts) are for tests, the bench and users' own tests: no package's code imports them.",
-      from: { path: "^packages/", pathNot: ["\\.test\\.ts$", "^packages/fabric/src/testing\\.ts$"] },
-      to: { path: "^packages/fabric/src/testing\\.ts$" },
+        "The test fixtures (@boxcar/testing, and @boxcar/fabric/testing below the roles) are for tests, the bench and users' own tests: no package's code imports them.",
+      from: { path: "^packages/", pathNot: ["\\.test\\.ts$", "^packages/testing/", "^packages/fabric/src/testing\\.ts$"] },
+      to: { path: ["^packages/testing/", "^packages/fabric/src/testing\\.ts$"] },
+    },
+    {
+      name: "testing-above-the-roles",
+      severity: "error",
+      comment:
+        "@boxcar/testing starts a dispatcher and a worker: a package it depends on cannot use it, even in its tests (a cycle of packages). Their unit tests use @boxcar/fabric/testing.",
+      from: { path: "^packages/(protocol|common|client|fabric|auth|dispatcher|worker)/" },
+      to: { path: "^packages/testing/" },
     },
     ...layerRules,
   ],

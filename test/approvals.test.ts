@@ -6,8 +6,9 @@
 
 import type { WorkflowDefinitionInput } from "@boxcar/protocol";
 import { ErrorCode } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
+import { boxcar } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 /** Draft, then an approval by bob, then publish (which echoes who approved). */

@@ -1,11 +1,10 @@
 import { join } from "node:path";
 import { AuthDir } from "@boxcar/auth";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
+import { eventually, type Scratch, scratch } from "@boxcar/testing";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
 import { KedaJetStreamScaler, type KedaRelease, kedaYamlTriggers } from "./helpers/keda-scaler.js";
 import { type BoxcarRoles, boxcarRoles, type MonitoredServers, monitoredServers } from "./helpers/monitored-servers.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
 
 /**
  * The signal deploy/kubernetes/overlays/ha/keda.yaml scales workers on, as KEDA reads it:

@@ -11,15 +11,12 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type NatsServer, openTopology, startNatsServer, systemStreams, type WorkSigner } from "@boxcar/fabric";
 import type { BoxcarEvent, JobRecord, WorkflowRun } from "@boxcar/protocol";
+import { localSystem, natsCluster, type Scratch, scratch, uniquePrefix } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { natsCluster } from "./helpers/cluster.js";
-import { uniquePrefix } from "./helpers/nats.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
-import { localSystem } from "./helpers/system.js";
 
 const PRELUDE = `
 const fs = require("node:fs");

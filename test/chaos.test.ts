@@ -3,11 +3,9 @@ import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { openTopology, readStream, startNatsServer } from "@boxcar/fabric";
 import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES, unfoldEvents } from "@boxcar/protocol";
+import { eventually, natsCluster, natsFixture, scratch, uniquePrefix } from "@boxcar/testing";
 import { describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsCluster } from "./helpers/cluster.js";
-import { natsFixture, uniquePrefix } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 const JOBS = 300;
 /** Submissions are spread over this long, so the faults hit admission as well as running. */

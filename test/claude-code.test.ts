@@ -1,7 +1,7 @@
 import { fileURLToPath } from "node:url";
+import { localSystem } from "@boxcar/testing";
 import { expect, test } from "vitest";
 import { startModelStandIn } from "./helpers/model-standin.js";
-import { localSystem } from "./helpers/system.js";
 
 /**
  * The real Claude Code CLI (`@anthropic-ai/claude-code`, a root devDependency) as a host agent,

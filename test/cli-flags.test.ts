@@ -5,9 +5,9 @@
  */
 
 import { startDispatcher } from "@boxcar/dispatcher";
+import { natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
 
 test("each command's --help lists the connection flags every command takes", async () => {
   for (const command of ["worker", "dispatcher", "submit", "session"]) {

@@ -9,15 +9,12 @@ import { AuthDir } from "@boxcar/auth";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { freePort } from "@boxcar/fabric";
 import { type JobRecord, names } from "@boxcar/protocol";
+import { boxcarContainers, dockerReady, eventually, type Scratch, scratch, uniquePrefix } from "@boxcar/testing";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, startE2BStandIn } from "./e2b-standin/index.js";
-import { eventually } from "./helpers/cli.js";
-import { boxcarContainers, dockerReady } from "./helpers/docker.js";
-import { uniquePrefix } from "./helpers/nats.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
 
 const run = promisify(execFile);
 /** What a NATS server's container holds of the auth folder: no seed, not the CA's key. */

@@ -10,10 +10,10 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { runningSet } from "./helpers/running-set.js";
 
 /** A job's key, as the one group the running set keeps it in (none: a job of another test). */

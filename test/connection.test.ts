@@ -2,11 +2,10 @@ import { execFileSync } from "node:child_process";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { startNatsServer } from "@boxcar/fabric";
+import { eventually, type Scratch, scratch, uniquePrefix } from "@boxcar/testing";
 import { createUser } from "@nats-io/nkeys";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { uniquePrefix } from "./helpers/nats.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 /**
  * Every command connects as the `nats` CLI does. A command that reaches a server with no Boxcar

@@ -2,11 +2,11 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { publishEvent } from "@boxcar/fabric";
 import { type BoxcarEvent, type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 import { leasedSystem } from "./helpers/leased.js";
-import { natsFixture } from "./helpers/nats.js";
 
 /** A short lease (ack wait) on the pool, so redelivery after a crash comes quickly. */
 const LEASE_MS = 1_500;

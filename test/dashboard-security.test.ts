@@ -12,13 +12,12 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { freePort } from "@boxcar/fabric";
+import { eventually, scratch, uniquePrefix } from "@boxcar/testing";
 import { startUiServer, type UiServer } from "@boxcar/ui";
 import { type Browser, type BrowserContext, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath } from "./helpers/browser.js";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { uniquePrefix } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const chromiumPath = browserPath();

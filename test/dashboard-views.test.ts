@@ -14,11 +14,12 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { openTopology } from "@boxcar/fabric";
 import { type JobRecord, names } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
 import { type Browser, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
-import { eventually, exited } from "./helpers/cli.js";
+import { exited } from "./helpers/cli.js";
 import { spawnUp, type UpProcess } from "./helpers/up.js";
 
 // The page's own globals, in functions Playwright runs in the browser (this project has no DOM types).

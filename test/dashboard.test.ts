@@ -13,14 +13,14 @@ import { join } from "node:path";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { openTopology } from "@boxcar/fabric";
 import { names } from "@boxcar/protocol";
+import { eventually, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { type Browser, chromium, type Locator, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
-import { eventually, exited } from "./helpers/cli.js";
+import { exited } from "./helpers/cli.js";
 import { type ModelStandIn, startModelStandIn } from "./helpers/model-standin.js";
-import { scratch } from "./helpers/scratch.js";
 import { spawnUp, type UpProcess } from "./helpers/up.js";
 
 const chromiumPath = browserPath();

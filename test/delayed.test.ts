@@ -9,10 +9,10 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode } from "@boxcar/protocol";
+import { natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
 
 const agent = { name: "later", command: "echo ran", trusted: true, runtime: { sandbox: "host" } } as const;
 

@@ -2,10 +2,10 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { inputDigest } from "@boxcar/fabric";
 import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY, RuntimePolicy } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { Svcm } from "@nats-io/services";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { boxcar } from "./helpers/cli.js";
 
 const echoAgent = { name: "echo", command: ["sh", "-c", "echo hi"], trusted: true, runtime: { sandbox: "host", timeout: "10s" } };
 

@@ -12,13 +12,12 @@ import { createServer, Socket } from "node:net";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import { BoxcarError } from "@boxcar/protocol";
+import { dockerReady, eventually, type Scratch, scratch } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, exited } from "./helpers/cli.js";
 import { sessionOnDoomedWorker } from "./helpers/doomed.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

@@ -1,13 +1,10 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarEvent } from "@boxcar/protocol";
+import { boxcarContainers, dockerReady, eventually, type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import Docker from "dockerode";
 import { GenericContainer, Network, type StartedNetwork, type StartedTestContainer, Wait } from "testcontainers";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { boxcarContainers, dockerReady } from "./helpers/docker.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 // The reaper image testcontainers would start cannot be pulled here (no registry).
 process.env.TESTCONTAINERS_RYUK_DISABLED ??= "true";

@@ -5,13 +5,11 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, SandboxEvent } from "@boxcar/protocol";
+import { attemptOf, boxcarContainers, dockerReady, eventually, type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import { createDockerSandboxProvider, createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { attemptOf, boxcarContainers, dockerReady } from "./helpers/docker.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 
 const ready = await dockerReady();
 const SECRET = `s3cr3t-${randomBytes(8).toString("hex")}`;

@@ -1,10 +1,10 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarEvent, SandboxEvent } from "@boxcar/protocol";
+import { type NatsFixture, natsFixture } from "@boxcar/testing";
 // The provider is not exported from @boxcar/worker yet: use the built module directly.
 import { createE2BSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /**
  * One job and one session against the real E2B, when the environment has a key (and,

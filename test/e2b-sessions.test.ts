@@ -10,10 +10,10 @@
 import { createHash } from "node:crypto";
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
+import { eventually } from "@boxcar/testing";
 import { createE2BSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, startE2BStandIn } from "./e2b-standin/index.js";
-import { eventually } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");

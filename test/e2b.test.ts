@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { AgentDefinitionInput, BoxcarEvent, JobRecord, RuntimeWishes, SandboxEvent } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import {
   AttemptLease,
   createE2BSandboxProvider,
@@ -17,10 +18,7 @@ import {
 } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type E2BStandIn, type StandInSandbox, startE2BStandIn } from "./e2b-standin/index.js";
-import { eventually } from "./helpers/cli.js";
 import { startModelStandIn } from "./helpers/model-standin.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 const SECRET = `s3cr3t-${randomBytes(8).toString("hex")}`;
 const WRONG_KEY = `e2b_wrong_${randomBytes(12).toString("hex")}`;

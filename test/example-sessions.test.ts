@@ -5,11 +5,11 @@
  */
 import { execFile } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { dockerReady } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runAgent, runTool, type Turn } from "../examples/sessions/dist/agent-loop.js";
 import { DEMO_TASK, scriptedModel } from "../examples/sessions/dist/scripted-model.js";
-import { dockerReady } from "./helpers/docker.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

@@ -1,9 +1,9 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode } from "@boxcar/protocol";
+import { natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { natsFixture } from "./helpers/nats.js";
 
 const trustedAgent = (name: string, pool: string) => ({ name, pool, command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
 

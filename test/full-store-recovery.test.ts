@@ -10,11 +10,10 @@ import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import type { BoxcarError } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar } from "./helpers/cli.js";
 
 const MiB = 1024 ** 2;
 const host = { trusted: true, runtime: { sandbox: "host" as const } };

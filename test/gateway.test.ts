@@ -7,6 +7,7 @@ import { createClient } from "@boxcar/client";
 import { silentLogger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type ModelCall, type ModelLimit, recordedCallObject } from "@boxcar/protocol";
+import { dockerReady, eventually, localSystem, natsFixture, scratch } from "@boxcar/testing";
 import {
   type CallRecorder,
   createDockerSandboxProvider,
@@ -20,12 +21,8 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import OpenAI from "openai";
 import { Registry } from "prom-client";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, spawnBoxcar } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, spawnBoxcar } from "./helpers/cli.js";
 import { type ModelStandIn, STANDIN_USAGE, startModelStandIn } from "./helpers/model-standin.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
-import { localSystem } from "./helpers/system.js";
 
 /**
  * The model gateway (docs/models.md), with the official SDKs (`openai`, `@anthropic-ai/sdk`)

@@ -5,10 +5,9 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { describe, expect, test } from "vitest";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 const run = promisify(execFile);
 const EXAMPLE = fileURLToPath(new URL("../examples/clients/go", import.meta.url));

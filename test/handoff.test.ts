@@ -1,8 +1,8 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, type JobRecord } from "@boxcar/protocol";
+import { type LocalSystem, localSystem } from "@boxcar/testing";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { type LocalSystem, localSystem } from "./helpers/system.js";
 
 let system: LocalSystem;
 let client: BoxcarClient;

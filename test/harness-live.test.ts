@@ -1,5 +1,5 @@
+import { localSystem } from "@boxcar/testing";
 import { describe, expect, test } from "vitest";
-import { localSystem } from "./helpers/system.js";
 
 /**
  * A prompt agent against the real providers (docs/harness.md), run only when a key is set:

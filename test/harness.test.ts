@@ -3,16 +3,13 @@ import { join } from "node:path";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type AgentDefinitionInput, type BoxcarEvent, harnessObjects } from "@boxcar/protocol";
+import { dockerReady, eventually, localSystem, natsFixture, scratch } from "@boxcar/testing";
 import { createDockerSandboxProvider, createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { leasedSystem } from "./helpers/leased.js";
 import { type ModelStandIn, type Scripted, startModelStandIn } from "./helpers/model-standin.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
-import { localSystem } from "./helpers/system.js";
 
 /**
  * Prompt agents (docs/harness.md): the worker runs the loop, calling the model through its

@@ -1,8 +1,8 @@
 import { createClient } from "@boxcar/client";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { answers, healthOf, probe, type RoleProcess } from "./helpers/health.js";
-import { natsFixture } from "./helpers/nats.js";
 
 test("each role's /readyz follows its phase and its NATS connection, and /healthz stays 200 until it stops", async () => {
   const nats = await natsFixture();

@@ -3,12 +3,10 @@ import type { Logger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology } from "@boxcar/fabric";
 import { type JobRecord, PRIORITIES } from "@boxcar/protocol";
+import { eventually, natsCluster, uniquePrefix } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { natsCluster } from "./helpers/cluster.js";
-import { uniquePrefix } from "./helpers/nats.js";
 
 const WORKERS = 4;
 /** How soon a worker must notice that the server holding its waiting pulls is gone: the bound. */

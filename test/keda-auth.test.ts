@@ -2,12 +2,11 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { AuthDir, pushAccount } from "@boxcar/auth";
 import { PRIORITIES, type Priority } from "@boxcar/protocol";
+import { eventually, scratch } from "@boxcar/testing";
 import { fromSeed } from "@nats-io/nkeys";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
 import { type JetStreamTrigger, KedaJetStreamScaler, type KedaRelease, kedaYamlTriggers } from "./helpers/keda-scaler.js";
 import { boxcarRoles, type MonitoredServers, monitoredServers } from "./helpers/monitored-servers.js";
-import { scratch } from "./helpers/scratch.js";
 
 /**
  * KEDA with authentication (issue 37): KEDA's nats-jetstream scaler, ported from its source

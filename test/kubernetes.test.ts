@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { AuthDir } from "@boxcar/auth";
 import { names, PRIORITIES, type Priority } from "@boxcar/protocol";
+import { scratch } from "@boxcar/testing";
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { NetworkPolicy } from "kubernetes-models/networking.k8s.io/v1";
@@ -15,7 +16,6 @@ import type { IContainer } from "kubernetes-models/v1/Container";
 import type { IPodSpec } from "kubernetes-models/v1/PodSpec";
 import { describe, expect, test } from "vitest";
 import { parse, parseAllDocuments } from "yaml";
-import { scratch } from "./helpers/scratch.js";
 
 /**
  * deploy/kubernetes: a Kustomize base, the overlays trial and ha, and example/ (an operator's own

@@ -1,9 +1,9 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 import { waitGone } from "./helpers/process.js";
 
 /** An agent that starts a background grandchild, prints its pid, and waits on it. */

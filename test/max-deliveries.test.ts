@@ -2,11 +2,10 @@ import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { readStream, type Topology } from "@boxcar/fabric";
 import { type BoxcarEvent, ErrorCode, JobRecord, WorkItem } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import type { JsMsg } from "@nats-io/jetstream";
 import { afterEach, beforeEach, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /** A short lease and two deliveries: JetStream gives up on a work item within seconds. */
 const LEASE_MS = 1_000;

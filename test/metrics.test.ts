@@ -1,11 +1,10 @@
 import { readFile } from "node:fs/promises";
 import { createClient } from "@boxcar/client";
+import { dockerReady, eventually, natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
 import { parse } from "yaml";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { probe, type RoleProcess } from "./helpers/health.js";
-import { natsFixture } from "./helpers/nats.js";
 
 /** The metrics endpoint a role logged it listens on (it was given port 0). */
 async function metricsOf(role: RoleProcess): Promise<string> {

@@ -18,15 +18,13 @@ import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { BoxcarClient } from "@boxcar/client";
 import { isTerminal, type JobEvent, type JobRecord } from "@boxcar/protocol";
+import { boxcarContainers, dockerReady, eventually, type NatsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { boxcarContainers, dockerReady } from "./helpers/docker.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 import { leasedSystem } from "./helpers/leased.js";
 import { tcpProxy } from "./helpers/lifeline-proxy.js";
-import type { NatsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 /** The pool's lease (JetStream ack wait): an attempt whose lease is not confirmed loses its agent 2.5 s after the last renewal. */
 const LEASE_MS = 3_000;

@@ -7,10 +7,9 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { natsFixture, scratch } from "@boxcar/testing";
 import { expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 test("policy set names the settings the file drops; policy set --merge keeps them and adds the file's", async () => {
   await using nats = await natsFixture();

@@ -3,12 +3,11 @@ import { join } from "node:path";
 import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, isTerminal } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture, type Scratch, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
+import { boxcar } from "./helpers/cli.js";
 
 const script = (s: string) => ["sh", "-c", s];
 const ok = { command: script('printf \'{"output":null}\' > "$BOXCAR_RESULT_FILE"'), runtime: { sandbox: "host" }, trusted: true };

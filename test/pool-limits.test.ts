@@ -8,10 +8,10 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { boxcar } from "./helpers/cli.js";
 import { runningSet } from "./helpers/running-set.js";
 
 /** A nats-server, two dispatchers (sweeping every half second), a client, and two host workers of 4 slots. */

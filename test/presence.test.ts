@@ -1,10 +1,10 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { MISSED_HEARTBEATS, TERMINAL_STATES, WorkerInfo, type WorkerView, workerStatus } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type SandboxProvider } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { leasedSystem } from "./helpers/leased.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 /** Workers heartbeat every 300 ms here, so one silent for 900 ms is gone. */
 const HEARTBEAT_MS = 300;

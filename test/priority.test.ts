@@ -2,10 +2,9 @@ import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { BoxcarClient } from "@boxcar/client";
 import { BoxcarError, ErrorCode, type JobRecord, type Priority } from "@boxcar/protocol";
+import { eventually, type LocalSystem, localSystem, type Scratch, scratch } from "@boxcar/testing";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
-import { type LocalSystem, localSystem } from "./helpers/system.js";
+import { boxcar } from "./helpers/cli.js";
 
 // One worker taking one job at a time, so the order jobs start in is the order it took them in.
 let system: LocalSystem;

@@ -5,8 +5,8 @@
  */
 
 import { ErrorCode, isTerminal, type JobRecord } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 const host = { trusted: true, runtime: { sandbox: "host" as const } };

@@ -8,10 +8,9 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
 
 /** A nats-server, two dispatchers and a host worker of 8 slots, and a client. */
 async function twoDispatchers() {

@@ -1,6 +1,6 @@
+import { eventually, localSystem } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { localSystem } from "./helpers/system.js";
+import { boxcar } from "./helpers/cli.js";
 
 /**
  * `jobs.retry` of any ended job that failed (dead, failed, timed out, cancelled), and `jobs.rerun`,

@@ -3,11 +3,10 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
+import { eventually, type NatsFixture, natsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar } from "./helpers/cli.js";
 
 let nats: NatsFixture;
 let dispatcher: Dispatcher;

@@ -1,11 +1,10 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { readStream } from "@boxcar/fabric";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
+import { eventually, type LocalSystem, localSystem, type NatsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import type { NatsFixture } from "./helpers/nats.js";
-import { type LocalSystem, localSystem } from "./helpers/system.js";
+import { boxcar } from "./helpers/cli.js";
 
 let system: LocalSystem;
 let client: BoxcarClient;

@@ -1,8 +1,7 @@
+import { eventually, type NatsCluster, natsCluster, uniquePrefix } from "@boxcar/testing";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsCluster, natsCluster } from "./helpers/cluster.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { answers, healthOf, probe } from "./helpers/health.js";
-import { uniquePrefix } from "./helpers/nats.js";
 
 let cluster: NatsCluster;
 

@@ -1,9 +1,9 @@
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createClient } from "@boxcar/client";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 
 /** A span as OTLP/JSON carries it, with the service that sent it. */
 interface ReceivedSpan {

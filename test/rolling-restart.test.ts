@@ -1,9 +1,9 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { type BoxcarEvent, TERMINAL_STATES, type WorkerInfo, workerStatus } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 const JOBS = 60;
 const WORKERS = 3;

@@ -2,9 +2,9 @@ import { copyFile, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { ErrorCode } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 let nats: NatsFixture;
 beforeAll(async () => {

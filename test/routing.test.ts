@@ -1,10 +1,9 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type WorkerOptions } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
 
 /** An untrusted agent that asks for `auto`: host sandboxes may run it only under `host: always`. */
 const untrusted = { name: "untrusted", command: "echo ran", runtime: { sandbox: "auto" } } as const;

@@ -8,11 +8,10 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { eventually, natsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 
 test("run --wait outlasts a dispatcher that stops mid-run and starts again: it ends with the run, exit 0", async () => {
   await using nats = await natsFixture();

@@ -1,11 +1,9 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { SandboxBackend } from "@boxcar/protocol";
+import { boxcarContainers, dockerReady, eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { boxcarContainers, dockerReady } from "./helpers/docker.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 
 const docker = await dockerReady();
 

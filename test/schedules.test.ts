@@ -7,10 +7,10 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord, type ScheduleDefinitionInput } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 const quick = { command: "true", trusted: true, runtime: { sandbox: "host" as const } };

@@ -11,10 +11,10 @@ import { randomBytes } from "node:crypto";
 import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { JobRecord } from "@boxcar/protocol";
+import { scratch } from "@boxcar/testing";
 import { REDACTED } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { expect, test } from "vitest";
-import { scratch } from "./helpers/scratch.js";
 import { securedSystem } from "./helpers/secured.js";
 
 const secret = `sk-${randomBytes(16).toString("hex")}`;

@@ -6,12 +6,13 @@ import { connectNats, resolveConnection } from "@boxcar/client";
 import { MAX_OPEN_UPLOADS } from "@boxcar/dispatcher";
 import { WorkSigner } from "@boxcar/fabric";
 import { type BoxcarEvent, ErrorCode, type JobRecord, PROTOCOL_VERSION, UPLOAD_END_HEADER, type WorkItem } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { Objm } from "@nats-io/obj";
 import { headers, type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
+import { boxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const hello = {

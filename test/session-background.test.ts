@@ -5,10 +5,10 @@
  * a session with one running does not go idle; all are killed when the session closes.
  */
 
+import { dockerReady, eventually } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

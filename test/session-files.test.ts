@@ -12,10 +12,10 @@ import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { BoxcarEvent } from "@boxcar/protocol";
+import { dockerReady, eventually } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, spawnBoxcar } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, spawnBoxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

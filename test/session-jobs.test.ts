@@ -10,14 +10,13 @@ import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
+import { dockerReady, eventually, scratch } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { boxcar, exited } from "./helpers/cli.js";
 import { sessionOnDoomedWorker } from "./helpers/doomed.js";
-import { scratch } from "./helpers/scratch.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

@@ -10,8 +10,9 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BoxcarError, type SessionRecord } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");

@@ -7,10 +7,10 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
+import { boxcar } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 test("a signal reaches the running agent as a file and an event; one to a job not running, another user's, or too large is refused", async () => {

@@ -1,5 +1,5 @@
+import { natsFixture } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { natsFixture } from "./helpers/nats.js";
 
 test("a fixture server provides the topology: streams, buckets and object store", async () => {
   await using nats = await natsFixture();

@@ -6,9 +6,9 @@
 
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { natsFixture } from "./helpers/nats.js";
 
 const host = { trusted: true, runtime: { sandbox: "host" as const } };
 /** Hands off at once to `to`. */

@@ -5,8 +5,8 @@
  */
 
 import type { BoxcarError } from "@boxcar/protocol";
+import { eventually } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 const host = { trusted: true, runtime: { sandbox: "host" as const } };

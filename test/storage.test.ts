@@ -5,13 +5,12 @@ import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology, startNatsServer } from "@boxcar/fabric";
 import { type BoxcarError, names } from "@boxcar/protocol";
+import { eventually, scratch, uniquePrefix } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { uniquePrefix } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 const MiB = 1024 ** 2;
 

@@ -6,10 +6,10 @@ import { promisify } from "node:util";
 import { AuthDir } from "@boxcar/auth";
 import { connectNats, resolveConnection } from "@boxcar/client";
 import { findNatsServer, freePort } from "@boxcar/fabric";
+import { eventually, scratch } from "@boxcar/testing";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { afterEach, describe, expect, test } from "vitest";
-import { BOXCAR_BIN, eventually } from "./helpers/cli.js";
-import { scratch } from "./helpers/scratch.js";
+import { BOXCAR_BIN } from "./helpers/cli.js";
 
 /**
  * TLS from `boxcar auth init`: the CA and the servers' certificate it makes, used by real

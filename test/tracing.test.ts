@@ -1,11 +1,10 @@
 import { TRACEPARENT, traceparentOf } from "@boxcar/common";
+import { eventually, localSystem } from "@boxcar/testing";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import { context, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { BasicTracerProvider, InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import { afterAll, beforeAll, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { localSystem } from "./helpers/system.js";
 
 const exporter = new InMemorySpanExporter();
 

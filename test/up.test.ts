@@ -2,10 +2,10 @@ import { spawn } from "node:child_process";
 import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { freePort } from "@boxcar/fabric";
+import { eventually, scratch } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { BOXCAR_BIN, eventually, exited } from "./helpers/cli.js";
+import { BOXCAR_BIN, exited } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";
-import { scratch } from "./helpers/scratch.js";
 import { spawnUp } from "./helpers/up.js";
 
 /** Pids of the live nats-server processes whose command line names `dir` (their config is there). */

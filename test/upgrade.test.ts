@@ -3,11 +3,10 @@ import { join } from "node:path";
 import { connectNats, createClient, resolveConnection } from "@boxcar/client";
 import { freePort, startNatsServer } from "@boxcar/fabric";
 import { isTerminal, type JobRecord, names } from "@boxcar/protocol";
+import { eventually, scratch, uniquePrefix } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { BOXCAR_BIN, boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { uniquePrefix } from "./helpers/nats.js";
+import { BOXCAR_BIN, boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 import { releaseBin } from "./helpers/release.js";
-import { scratch } from "./helpers/scratch.js";
 
 /**
  * The last commit before issue 13 and issue 19 changed what is stored (one writer of job

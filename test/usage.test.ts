@@ -7,11 +7,11 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { ErrorCode, type JobRecord } from "@boxcar/protocol";
+import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { Registry } from "prom-client";
 import { expect, test } from "vitest";
-import { boxcar, eventually } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
+import { boxcar } from "./helpers/cli.js";
 import { securedSystem } from "./helpers/secured.js";
 
 /** An agent that reports two calls (0.75 all told), a line that is no JSON and one that is no usage. */

@@ -1,12 +1,11 @@
 import { createHash } from "node:crypto";
 import { readStream } from "@boxcar/fabric";
 import { API_CONTRACT, type ApiEndpoint, type ApiReplyData, apiSchemaFile, jsonSchemas } from "@boxcar/protocol";
+import { eventually, localSystem } from "@boxcar/testing";
 import { Svcm } from "@nats-io/services";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { localSystem } from "./helpers/system.js";
 
 /**
  * The published JSON Schemas of what Boxcar stores and sends (schemas/*.schema.json) hold for

@@ -2,10 +2,9 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { eventually, natsFixture, scratch } from "@boxcar/testing";
 import { expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 test("a worker config file sets the worker up; flags override it; the worker advertises the result", async () => {
   await using nats = await natsFixture();

@@ -19,10 +19,10 @@ import {
   WORK_ITEM_VERSION,
   type WorkItem,
 } from "@boxcar/protocol";
+import { type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, REDACTED, type Worker, type WorkerOptions } from "@boxcar/worker";
 import { headers } from "@nats-io/transport-node";
 import { afterEach, beforeEach, describe, expect, onTestFinished, test } from "vitest";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
 import { waitGone } from "./helpers/process.js";
 
 let scratch: string;

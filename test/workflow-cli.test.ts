@@ -4,11 +4,10 @@ import { pathToFileURL } from "node:url";
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import { BoxcarEvent, JobRecord, parseAgentFile, WorkflowRun } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture, type Scratch, scratch } from "@boxcar/testing";
 import { createWorker, type Worker } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { boxcar, eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
-import { type Scratch, scratch } from "./helpers/scratch.js";
+import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
 
 const REPO = new URL("..", import.meta.url).pathname;
 const REVIEW_LOOP = join(REPO, "examples/workflows/review-loop");

@@ -1,10 +1,10 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { listJson } from "@boxcar/fabric";
 import { JobRecord, type WorkflowRun } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { afterEach, beforeEach, expect, test } from "vitest";
-import { eventually, exited, spawnBoxcar } from "./helpers/cli.js";
-import { type NatsFixture, natsFixture } from "./helpers/nats.js";
+import { exited, spawnBoxcar } from "./helpers/cli.js";
 
 let nats: NatsFixture;
 let worker: Worker;

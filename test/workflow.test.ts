@@ -1,10 +1,8 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { type BoxcarEvent, ErrorCode, type WorkflowDefinitionInput, type WorkflowRun } from "@boxcar/protocol";
+import { eventually, type LocalSystem, localSystem, scratch } from "@boxcar/testing";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
 import { isAlive, waitGone } from "./helpers/process.js";
-import { scratch } from "./helpers/scratch.js";
-import { type LocalSystem, localSystem } from "./helpers/system.js";
 
 let system: LocalSystem;
 let client: BoxcarClient;

@@ -1,11 +1,9 @@
 import { existsSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
+import { eventually, natsFixture, scratch } from "@boxcar/testing";
 import { createWorker, WorkspaceRoot, workspaceOwnerOf } from "@boxcar/worker";
 import { expect, test } from "vitest";
-import { eventually } from "./helpers/cli.js";
-import { natsFixture } from "./helpers/nats.js";
-import { scratch } from "./helpers/scratch.js";
 
 test("a workspace folder's name says its system, worker and sandbox", async () => {
   await using root = await scratch("boxcar-names-");

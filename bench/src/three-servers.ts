@@ -8,9 +8,10 @@ import { connect } from "@nats-io/transport-node";
 
 /**
  * BENCH ONLY. Three real nats-servers in one JetStream cluster, each with its own store, client,
- * route and monitoring port, as test/helpers/cluster.ts starts them (the bench may not import
- * from test/). Resolves once JetStream can place a stream with three replicas, so a Boxcar
- * system opened on it gets `replicas: 3` as on a production cluster.
+ * route and monitoring port, as `natsCluster` (@boxcar/testing) starts them; a launcher of its
+ * own, for the servers' totals and for dropping every stream between runs. Resolves once
+ * JetStream can place a stream with three replicas, so a Boxcar system opened on it gets
+ * `replicas: 3` as on a production cluster.
  */
 export interface ThreeServers {
   /** Client URLs, comma-separated, as `--nats` takes them. */

@@ -1,6 +1,7 @@
 import type { ChildProcess } from "node:child_process";
 import type { SessionRecord } from "@boxcar/protocol";
-import { eventually, spawnBoxcar } from "./cli.js";
+import { eventually } from "@boxcar/testing";
+import { spawnBoxcar } from "./cli.js";
 import type { Principal, SecuredSystem } from "./secured.js";
 
 /**

@@ -1,4 +1,5 @@
-import { eventually, type spawnBoxcar } from "./cli.js";
+import { eventually } from "@boxcar/testing";
+import type { spawnBoxcar } from "./cli.js";
 
 export type RoleProcess = ReturnType<typeof spawnBoxcar>;
 

@@ -1,6 +1,6 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import { type NatsFixture, natsFixture } from "./nats.js";
+import { type NatsFixture, natsFixture } from "@boxcar/testing";
 
 /** A system whose pool `default` has a short lease (ack wait), for tests of crashed and frozen workers. */
 export interface LeasedSystem extends AsyncDisposable {

@@ -4,9 +4,9 @@ import type { Logger } from "@boxcar/common";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { NatsServer } from "@boxcar/fabric";
 import { type Names, names as namesOf, type Role } from "@boxcar/protocol";
+import { natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { natsFixture } from "./nats.js";
 
 /** One principal's connection and SDK client, as that user. */
 export interface Principal {

@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { freePort } from "@boxcar/fabric";
+import { scratch } from "@boxcar/testing";
 import { BOXCAR_BIN } from "./cli.js";
-import { scratch } from "./scratch.js";
 
 export interface UpProcess extends AsyncDisposable {
   readonly child: ChildProcess;

@@ -11,20 +11,14 @@ import {
   type TopologyOptions,
   WorkSigner,
 } from "@boxcar/fabric";
+import { uniquePrefix } from "@boxcar/fabric/testing";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { scratch } from "./scratch.js";
-
-let counter = 0;
-
-/** A unique prefix per test, so tests sharing a server never see each other's jobs. */
-export function uniquePrefix(): string {
-  counter += 1;
-  return `t${process.pid}x${counter}${Math.random().toString(36).slice(2, 6)}`;
-}
 
 /** The auth folder of each fixture server, by URL: CLI runs against it log in with its credentials. */
 const authByUrl = new Map<string, AuthDir>();
 
+/** The credentials of the fixture server at `url` (while it runs), e.g. to run the `boxcar` command against it. */
 export function authFor(url: string): AuthDir | undefined {
   return authByUrl.get(url);
 }

@@ -1,0 +1,12 @@
+export type { NatsTestServer } from "@boxcar/fabric/testing";
+export { natsTestServer, uniquePrefix } from "@boxcar/fabric/testing";
+export type { NatsCluster } from "./cluster.js";
+export { natsCluster } from "./cluster.js";
+export { AGENT_IMAGE, attemptOf, boxcarContainers, dockerReady } from "./docker.js";
+export { eventually } from "./eventually.js";
+export type { LocalSystem, LocalSystemOptions, LocalWorkerOptions } from "./local-system.js";
+export { localSystem } from "./local-system.js";
+export type { NatsFixture } from "./nats.js";
+export { authFor, natsFixture } from "./nats.js";
+export type { Scratch } from "./scratch.js";
+export { scratch } from "./scratch.js";
