@@ -1,9 +1,9 @@
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { type BoxcarClient, createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
+import type { BoxcarClient } from "@boxcar/client";
+import type { Topology } from "@boxcar/fabric";
 import { type AgentDefinitionInput, type BoxcarEvent, harnessObjects } from "@boxcar/protocol";
-import { dockerReady, eventually, localSystem, natsFixture, scratch } from "@boxcar/testing";
+import { dockerReady, eventually, localSystem, scratch } from "@boxcar/testing";
 import { createDockerSandboxProvider, createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
@@ -19,6 +19,18 @@ import { type ModelStandIn, type Scripted, startModelStandIn } from "./helpers/m
 
 const KEY = "sk-ant-real-provider-key-0123456789";
 const dockerOk = await dockerReady();
+
+/** A worker's model gateway, in front of the stand-in provider. */
+const gatewayTo = (standIn: ModelStandIn) => ({ providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } });
+
+/** A worker's options: Docker sandboxes for the system of `topology`, its models through the stand-in. */
+const dockerWorker = (topology: Topology, standIn: ModelStandIn) => ({
+  providers: [createDockerSandboxProvider({ prefix: topology.names.prefix, system: topology.systemId })],
+  modelGateway: gatewayTo(standIn),
+});
+
+/** A local system whose worker (host sandboxes) calls its models through the stand-in. */
+const modelSystem = (standIn: ModelStandIn) => localSystem({ worker: { modelGateway: gatewayTo(standIn) } });
 
 /** A tool call of the model's, then (with no tool) its answer. */
 const call = (id: string, tool: string, input: Record<string, unknown>): Scripted => ({ kind: "answer", tool, input, id });
@@ -55,69 +67,56 @@ function toolResultsSent(standIn: ModelStandIn, request: number): string[] {
 describe.skipIf(!dockerOk)("a prompt agent in a Docker sandbox with no network", () => {
   test("writes a script and runs it with its tools, each run in the container; its answer is the job's result", async () => {
     await using standIn = await startModelStandIn();
-    const nats = await natsFixture();
-    await using _nats = nats;
-    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    const worker = createWorker({
-      ...nats.workerRole,
-      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
-      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
-    });
-    void worker.run();
-    try {
-      const client = createClient(nats.topology);
-      await client.applyAgent({
-        name: "scripter",
-        prompt: {
-          model: "anthropic/claude-test",
-          template: '{{role "system"}}\nYou write small programs.\n{{role "user"}}\nWrite {{file}} and run it.',
-          tools: ["write_file", "bash"],
-        },
-        runtime: { sandbox: "docker" },
-      } satisfies AgentDefinitionInput);
-      standIn.script(
-        call("t1", "write_file", { path: "run.sh", content: 'echo "computed $((6 * 7)) in $(hostname) as $BOXCAR_TOOL_CALL_ID"\n' }),
-        call("t2", "bash", { command: "sh run.sh; wget -q -T 2 -O- http://1.1.1.1/ >/dev/null 2>&1 && echo online || echo offline" }),
-        call("t3", "bash", { command: "sh run.sh; ls" }),
-        answer("the script printed computed 42"),
-      );
-      const { job } = await client.submit({ agent: "scripter", input: { file: "run.sh" } });
-      const done = await client.waitForJob(job.id);
-      const events = await eventsOf(client, job.id);
-      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
-      expect(done.result?.output).toMatchObject({ text: "the script printed computed 42", steps: 4 });
-      expect(done.sandbox?.kind).toBe("docker");
-      expect(loopOf(events), events.map((e) => `${e.kind}.${e.type} ${e.kind === "job" ? (e.message ?? "") : ""}`).join("\n")).toEqual([
-        "step 1 tool-calls",
-        "tool_call 1 write_file",
-        "tool_result 1 write_file ok",
-        "step 2 tool-calls",
-        "tool_call 2 bash",
-        "tool_result 2 bash ok",
-        "step 3 tool-calls",
-        "tool_call 3 bash",
-        "tool_result 3 bash ok",
-        "step 4 stop",
-      ]);
-      // The prompt, filled with the input, went to the model; the command ran in the container
-      // (its host name is the container's), with no network, and its output went back.
-      expect(standIn.requests).toHaveLength(4);
-      expect(standIn.requests[0]?.body.system).toEqual([expect.objectContaining({ text: "You write small programs." })]);
-      expect(JSON.stringify(standIn.requests[0]?.body.messages)).toContain("Write run.sh and run it.");
-      const ran = toolResultsSent(standIn, 2).join("\n");
-      expect(ran).toContain("computed 42 in ");
-      expect(ran).not.toContain(`computed 42 in ${(await import("node:os")).hostname()}`);
-      expect(ran).toContain("as t2");
-      expect(ran).toContain("offline");
-      expect(standIn.requests.every((r) => r.headers["x-api-key"] === KEY)).toBe(true);
-      // Many commands in one container: the third ran where the second did, the file still there.
-      expect(toolResultsSent(standIn, 3).at(-1)).toContain("as t3");
-      expect(toolResultsSent(standIn, 3).at(-1)).toContain("run.sh");
-      expect(events.filter((e) => e.kind === "job" && e.type === "model_call")).toHaveLength(4);
-    } finally {
-      await worker.close();
-      await dispatcher.close();
-    }
+    await using system = await localSystem({ worker: ({ topology }) => dockerWorker(topology, standIn) });
+    const { client } = system;
+    await client.applyAgent({
+      name: "scripter",
+      prompt: {
+        model: "anthropic/claude-test",
+        template: '{{role "system"}}\nYou write small programs.\n{{role "user"}}\nWrite {{file}} and run it.',
+        tools: ["write_file", "bash"],
+      },
+      runtime: { sandbox: "docker" },
+    } satisfies AgentDefinitionInput);
+    standIn.script(
+      call("t1", "write_file", { path: "run.sh", content: 'echo "computed $((6 * 7)) in $(hostname) as $BOXCAR_TOOL_CALL_ID"\n' }),
+      call("t2", "bash", { command: "sh run.sh; wget -q -T 2 -O- http://1.1.1.1/ >/dev/null 2>&1 && echo online || echo offline" }),
+      call("t3", "bash", { command: "sh run.sh; ls" }),
+      answer("the script printed computed 42"),
+    );
+    const { job } = await client.submit({ agent: "scripter", input: { file: "run.sh" } });
+    const done = await client.waitForJob(job.id);
+    const events = await eventsOf(client, job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    expect(done.result?.output).toMatchObject({ text: "the script printed computed 42", steps: 4 });
+    expect(done.sandbox?.kind).toBe("docker");
+    expect(loopOf(events), events.map((e) => `${e.kind}.${e.type} ${e.kind === "job" ? (e.message ?? "") : ""}`).join("\n")).toEqual([
+      "step 1 tool-calls",
+      "tool_call 1 write_file",
+      "tool_result 1 write_file ok",
+      "step 2 tool-calls",
+      "tool_call 2 bash",
+      "tool_result 2 bash ok",
+      "step 3 tool-calls",
+      "tool_call 3 bash",
+      "tool_result 3 bash ok",
+      "step 4 stop",
+    ]);
+    // The prompt, filled with the input, went to the model; the command ran in the container
+    // (its host name is the container's), with no network, and its output went back.
+    expect(standIn.requests).toHaveLength(4);
+    expect(standIn.requests[0]?.body.system).toEqual([expect.objectContaining({ text: "You write small programs." })]);
+    expect(JSON.stringify(standIn.requests[0]?.body.messages)).toContain("Write run.sh and run it.");
+    const ran = toolResultsSent(standIn, 2).join("\n");
+    expect(ran).toContain("computed 42 in ");
+    expect(ran).not.toContain(`computed 42 in ${(await import("node:os")).hostname()}`);
+    expect(ran).toContain("as t2");
+    expect(ran).toContain("offline");
+    expect(standIn.requests.every((r) => r.headers["x-api-key"] === KEY)).toBe(true);
+    // Many commands in one container: the third ran where the second did, the file still there.
+    expect(toolResultsSent(standIn, 3).at(-1)).toContain("as t3");
+    expect(toolResultsSent(standIn, 3).at(-1)).toContain("run.sh");
+    expect(events.filter((e) => e.kind === "job" && e.type === "model_call")).toHaveLength(4);
   }, 120_000);
 });
 
@@ -188,8 +187,7 @@ describe.skipIf(!dockerOk)("a Docker prompt agent whose worker is killed", () =>
     standIn.script(call("d3", "bash", { command: "cat count.txt" }), answer("counted"));
     await using survivor = createWorker({
       ...s.nats.workerRole,
-      providers: [createDockerSandboxProvider({ prefix: s.prefix, system: s.nats.topology.systemId })],
-      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+      ...dockerWorker(s.nats.topology, standIn),
     });
     void survivor.run();
     const done = await s.client.waitForJob(job.id);
@@ -208,115 +206,89 @@ describe.skipIf(!dockerOk)("a Docker prompt agent whose worker is killed", () =>
 describe.skipIf(!dockerOk)("an MCP server in a Docker sandbox", () => {
   test("is started inside the container and serves its tool to the model, with no network", async () => {
     await using standIn = await startModelStandIn();
-    const nats = await natsFixture();
-    await using _nats = nats;
-    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    const worker = createWorker({
-      ...nats.workerRole,
-      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
-      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    await using system = await localSystem({ worker: ({ topology }) => dockerWorker(topology, standIn) });
+    const { client } = system;
+    await client.applyAgent({
+      name: "word-counter",
+      prompt: {
+        model: "anthropic/claude-test",
+        template: "Count the words of notes.txt.",
+        tools: ["write_file"],
+        mcp: [{ name: "words", command: ["node", "-e", WORD_COUNT_SERVER], env: { WORDS_MODE: "strict" } }],
+      },
+      runtime: { sandbox: "docker" },
     });
-    void worker.run();
-    try {
-      const client = createClient(nats.topology);
-      await client.applyAgent({
-        name: "word-counter",
-        prompt: {
-          model: "anthropic/claude-test",
-          template: "Count the words of notes.txt.",
-          tools: ["write_file"],
-          mcp: [{ name: "words", command: ["node", "-e", WORD_COUNT_SERVER], env: { WORDS_MODE: "strict" } }],
-        },
-        runtime: { sandbox: "docker" },
-      });
-      standIn.script(
-        call("m1", "write_file", { path: "notes.txt", content: "one two three four" }),
-        call("m2", "words__word_count", { path: "notes.txt" }),
-        answer("four words"),
-      );
-      const { job } = await client.submit({ agent: "word-counter", input: {} });
-      const done = await client.waitForJob(job.id);
-      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
-      // The model was offered the server's tool beside the built-in ones.
-      const offered = ((standIn.requests[0]?.body.tools ?? []) as { name: string }[]).map((t) => t.name);
-      expect(offered).toEqual(["write_file", "words__word_count"]);
-      const counted = toolResultsSent(standIn, 2).at(-1) ?? "";
-      expect(counted).toContain("4 words, counted on ");
-      expect(counted).not.toContain(`counted on ${(await import("node:os")).hostname()} `);
-      expect(counted).toContain("as uid 1000 with strict");
-    } finally {
-      await worker.close();
-      await dispatcher.close();
-    }
+    standIn.script(
+      call("m1", "write_file", { path: "notes.txt", content: "one two three four" }),
+      call("m2", "words__word_count", { path: "notes.txt" }),
+      answer("four words"),
+    );
+    const { job } = await client.submit({ agent: "word-counter", input: {} });
+    const done = await client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    // The model was offered the server's tool beside the built-in ones.
+    const offered = ((standIn.requests[0]?.body.tools ?? []) as { name: string }[]).map((t) => t.name);
+    expect(offered).toEqual(["write_file", "words__word_count"]);
+    const counted = toolResultsSent(standIn, 2).at(-1) ?? "";
+    expect(counted).toContain("4 words, counted on ");
+    expect(counted).not.toContain(`counted on ${(await import("node:os")).hostname()} `);
+    expect(counted).toContain("as uid 1000 with strict");
   }, 120_000);
 });
 
 describe.skipIf(!dockerOk)("tool calls in a Docker sandbox cannot reach the worker (the escape battery, as tool calls)", () => {
   test("no network, no NATS, no worker files, not root, no way out of the workspace by path", async () => {
     await using standIn = await startModelStandIn();
-    const nats = await natsFixture();
-    await using _nats = nats;
-    const dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    const worker = createWorker({
-      ...nats.workerRole,
-      providers: [createDockerSandboxProvider({ prefix: nats.topology.names.prefix, system: nats.topology.systemId })],
-      modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
-    });
-    void worker.run();
+    await using system = await localSystem({ worker: ({ topology }) => dockerWorker(topology, standIn) });
+    const { client } = system;
     await using canary = await scratch("canary-");
     await writeFile(join(canary.path, "secret.txt"), "worker-side secret");
-    try {
-      const client = createClient(nats.topology);
-      await client.applyAgent({
-        name: "prober",
-        prompt: { model: "anthropic/claude-test", template: "Probe.", tools: ["bash", "read_file", "write_file", "list_files"] },
-        runtime: { sandbox: "docker" },
-      });
-      const battery = [
-        `cat ${join(canary.path, "secret.txt")} 2>/dev/null || echo no-canary`,
-        `ls ${process.cwd()} >/dev/null 2>&1 && echo worker-tree || echo no-worker-tree`,
-        `(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${nats.server.port}") 2>/dev/null && echo nats-reached || echo no-nats`,
-        "(getent hosts deb.debian.org >/dev/null && echo dns) || echo no-dns",
-        "for p in /etc/x /usr/x /x; do touch $p 2>/dev/null && echo wrote-$p || echo denied-$p; done",
-        'echo "uid=$(id -u)"; grep -E "^CapEff:" /proc/self/status',
-        "test -S /var/run/docker.sock && echo docker-socket || echo no-docker-socket",
-        "env | grep -c sk-ant || true",
-      ].join("; ");
-      standIn.script(
-        call("p1", "bash", { command: battery }),
-        call("p2", "read_file", { path: "../../../../etc/hostname" }),
-        call("p3", "write_file", { path: "../outside.txt", content: "x" }),
-        call("p4", "read_file", { path: join(canary.path, "secret.txt") }),
-        answer("probed"),
-      );
-      const { job } = await client.submit({ agent: "prober", input: {} });
-      const done = await client.waitForJob(job.id);
-      expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
-      const probed = toolResultsSent(standIn, 1).join("");
-      for (const held of [
-        "no-canary",
-        "no-worker-tree",
-        "no-nats",
-        "no-dns",
-        "denied-/etc/x",
-        "denied-/usr/x",
-        "denied-/x",
-        "uid=1000",
-        "no-docker-socket",
-      ]) {
-        expect(probed).toContain(held);
-      }
-      expect(probed).toMatch(/CapEff:\\t0000000000000000/);
-      expect(probed).not.toContain("worker-side secret");
-      expect(probed).toMatch(/\\n0\\n/); // no provider key in the environment
-      const refused = toolResultsSent(standIn, 4).slice(1).join("\n");
-      expect(refused).toContain("leaves the workspace");
-      expect(refused).not.toContain("worker-side secret");
-      expect(refused.match(/leaves the workspace/g)).toHaveLength(3);
-    } finally {
-      await worker.close();
-      await dispatcher.close();
+    await client.applyAgent({
+      name: "prober",
+      prompt: { model: "anthropic/claude-test", template: "Probe.", tools: ["bash", "read_file", "write_file", "list_files"] },
+      runtime: { sandbox: "docker" },
+    });
+    const battery = [
+      `cat ${join(canary.path, "secret.txt")} 2>/dev/null || echo no-canary`,
+      `ls ${process.cwd()} >/dev/null 2>&1 && echo worker-tree || echo no-worker-tree`,
+      `(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/${system.nats.server.port}") 2>/dev/null && echo nats-reached || echo no-nats`,
+      "(getent hosts deb.debian.org >/dev/null && echo dns) || echo no-dns",
+      "for p in /etc/x /usr/x /x; do touch $p 2>/dev/null && echo wrote-$p || echo denied-$p; done",
+      'echo "uid=$(id -u)"; grep -E "^CapEff:" /proc/self/status',
+      "test -S /var/run/docker.sock && echo docker-socket || echo no-docker-socket",
+      "env | grep -c sk-ant || true",
+    ].join("; ");
+    standIn.script(
+      call("p1", "bash", { command: battery }),
+      call("p2", "read_file", { path: "../../../../etc/hostname" }),
+      call("p3", "write_file", { path: "../outside.txt", content: "x" }),
+      call("p4", "read_file", { path: join(canary.path, "secret.txt") }),
+      answer("probed"),
+    );
+    const { job } = await client.submit({ agent: "prober", input: {} });
+    const done = await client.waitForJob(job.id);
+    expect(done.state, JSON.stringify(done.error)).toBe("succeeded");
+    const probed = toolResultsSent(standIn, 1).join("");
+    for (const held of [
+      "no-canary",
+      "no-worker-tree",
+      "no-nats",
+      "no-dns",
+      "denied-/etc/x",
+      "denied-/usr/x",
+      "denied-/x",
+      "uid=1000",
+      "no-docker-socket",
+    ]) {
+      expect(probed).toContain(held);
     }
+    expect(probed).toMatch(/CapEff:\\t0000000000000000/);
+    expect(probed).not.toContain("worker-side secret");
+    expect(probed).toMatch(/\\n0\\n/); // no provider key in the environment
+    const refused = toolResultsSent(standIn, 4).slice(1).join("\n");
+    expect(refused).toContain("leaves the workspace");
+    expect(refused).not.toContain("worker-side secret");
+    expect(refused.match(/leaves the workspace/g)).toHaveLength(3);
   }, 120_000);
 });
 
@@ -330,9 +302,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("boxcar agent apply -f x.prompt: a prompt file from the docs runs, its steps in `boxcar events`; a bad template is refused at its line", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     const cli = (...args: string[]) => boxcar(system.nats.url, system.nats.topology.names.prefix, args);
     await using dir = await scratch("prompt-");
     const file = join(dir.path, "greeter.prompt");
@@ -366,9 +336,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("a prompt agent hands off to another with its handoff tool; the next starts with its output files", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     const { client } = system;
     await client.applyAgent({
       ...agent("reviewer"),
@@ -404,9 +372,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("a long conversation is compacted: older steps summarised through the model, the last ones kept whole, and the loop still ends", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     // The stand-in's prompts are 16 tokens: past compactAt 10 after every call.
     await system.client.applyAgent(agent("long-talker", { compactAt: 10, keepSteps: 2 }));
     standIn.script(
@@ -436,9 +402,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("a workflow's steps may be prompt agents: a step's output is the model's answer, which the next step's input names", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     const { client } = system;
     await client.applyAgent(agent("planner", { tools: [] }));
     await client.applyAgent(agent("doer", { tools: [] }));
@@ -463,9 +427,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("a tool that needs approval waits for a person: a denial is a tool error the model reads, an approval runs the call", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     const { client } = system;
     await client.applyAgent(agent("careful-deployer", { tools: ["bash"], approval: ["bash"] }));
     standIn.script(
@@ -518,9 +480,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("bad tool calls are tool errors the model reads, never a failed job; a path outside the workspace is refused", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     await system.client.applyAgent(agent("careful"));
     standIn.script(
       call("a", "rm_everything", { path: "/" }),
@@ -550,9 +510,7 @@ describe("a prompt agent's loop on the host", () => {
 
   test("the guards: a doom loop is told, then stopped; maxSteps ends a loop that never answers", async () => {
     await using standIn = await startModelStandIn();
-    await using system = await localSystem({
-      worker: { modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } } },
-    });
+    await using system = await modelSystem(standIn);
     await system.client.applyAgent(agent("stuck", { doomLoop: 3 }));
     const same = { command: "echo again" };
     standIn.script(call("1", "bash", same), call("2", "bash", same), call("3", "bash", same), call("4", "bash", same));
@@ -635,7 +593,7 @@ test("a worker killed in the middle of the loop: another resumes from its checkp
   await using survivor = createWorker({
     ...s.nats.workerRole,
     providers: [createHostSandboxProvider()],
-    modelGateway: { providers: { anthropic: { key: KEY, baseUrl: standIn.anthropicUrl } } },
+    modelGateway: gatewayTo(standIn),
   });
   void survivor.run();
   const done = await s.client.waitForJob(job.id);
