@@ -13,12 +13,11 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import { BoxcarError } from "@boxcar/protocol";
 import { dockerReady, eventually, type Scratch, scratch } from "@boxcar/testing";
-import { createDockerSandboxProvider } from "@boxcar/worker";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, exited } from "./helpers/cli.js";
 import { sessionOnDoomedWorker } from "./helpers/doomed.js";
-import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+import { dockerSessions, type Principal, type SecuredSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
@@ -47,22 +46,10 @@ describe.skipIf(!ready)("sessions in Docker sandboxes (real engine)", () => {
     );
 
   beforeAll(async () => {
-    system = await securedSystem({
-      providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })],
-      reapIntervalMs: 500,
-      secretsEnv: { BOX_TOKEN: SECRET },
-    });
-    alice = await system.as("alice", "submitter");
-    bob = await system.as("bob", "submitter");
-    viewer = await system.as("viewer", "viewer");
-    const admin = await system.as("admin", "admin");
-    await admin.client.applyAgent({
-      name: "box",
-      command: ["true"],
-      sessions: true,
-      env: { FROM_AGENT: "agent-env" },
-      runtime: { sandbox: "docker", timeout: "1m", limits: { memory: "256Mi", pids: 64 } },
-    });
+    ({ system, alice, bob, viewer } = await dockerSessions({
+      system: { reapIntervalMs: 500, secretsEnv: { BOX_TOKEN: SECRET } },
+      box: { env: { FROM_AGENT: "agent-env" }, runtime: { sandbox: "docker", timeout: "1m", limits: { memory: "256Mi", pids: 64 } } },
+    }));
   }, 60_000);
 
   afterAll(async () => {

@@ -6,11 +6,10 @@
 import { execFile } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { dockerReady } from "@boxcar/testing";
-import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runAgent, runTool, type Turn } from "../examples/sessions/dist/agent-loop.js";
 import { DEMO_TASK, scriptedModel } from "../examples/sessions/dist/scripted-model.js";
-import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+import { dockerSandboxes, type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
 const MAIN = fileURLToPath(new URL("../examples/sessions/dist/main.js", import.meta.url));
@@ -20,7 +19,7 @@ describe.skipIf(!ready)("the tool-calling example (examples/sessions)", () => {
   let alice: Principal;
 
   beforeAll(async () => {
-    system = await securedSystem({ providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })] });
+    system = await securedSystem({ providers: dockerSandboxes });
     alice = await system.as("alice", "submitter");
     const admin = await system.as("admin", "admin");
     await admin.client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker" } });

@@ -6,10 +6,9 @@
  */
 
 import { dockerReady, eventually } from "@boxcar/testing";
-import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar } from "./helpers/cli.js";
-import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+import { dockerSessions, type Principal, type SecuredSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
@@ -21,12 +20,7 @@ describe.skipIf(!ready)("background processes in a Docker session", () => {
   let viewer: Principal;
 
   beforeAll(async () => {
-    system = await securedSystem({ providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })] });
-    alice = await system.as("alice", "submitter");
-    bob = await system.as("bob", "submitter");
-    viewer = await system.as("viewer", "viewer");
-    const admin = await system.as("admin", "admin");
-    await admin.client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker", timeout: "1m" } });
+    ({ system, alice, bob, viewer } = await dockerSessions());
   }, 60_000);
 
   afterAll(async () => {

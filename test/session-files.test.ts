@@ -13,10 +13,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { BoxcarEvent } from "@boxcar/protocol";
 import { dockerReady, eventually } from "@boxcar/testing";
-import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, spawnBoxcar } from "./helpers/cli.js";
-import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+import { dockerSessions, type Principal, type SecuredSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
 const MB = 1024 * 1024;
@@ -31,12 +30,7 @@ describe.skipIf(!ready)("big files, watches and input in a Docker session", () =
   let dir: string;
 
   beforeAll(async () => {
-    system = await securedSystem({ providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })] });
-    alice = await system.as("alice", "submitter");
-    bob = await system.as("bob", "submitter");
-    viewer = await system.as("viewer", "viewer");
-    const admin = await system.as("admin", "admin");
-    await admin.client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker", timeout: "1m" } });
+    ({ system, alice, bob, viewer } = await dockerSessions());
     dir = await mkdtemp(join(tmpdir(), "boxcar-session-files-"));
   }, 60_000);
 

@@ -11,13 +11,12 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { BoxcarEvent, JobRecord } from "@boxcar/protocol";
 import { dockerReady, eventually, scratch } from "@boxcar/testing";
-import { createDockerSandboxProvider } from "@boxcar/worker";
 import { jetstreamManager } from "@nats-io/jetstream";
 import Docker from "dockerode";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { boxcar, exited } from "./helpers/cli.js";
 import { sessionOnDoomedWorker } from "./helpers/doomed.js";
-import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
+import { dockerSandboxes, type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();
 const text = (base64: string) => Buffer.from(base64, "base64").toString("utf8");
@@ -49,7 +48,7 @@ describe.skipIf(!ready)("jobs in a session (real engine)", () => {
 
   beforeAll(async () => {
     system = await securedSystem({
-      providers: ({ prefix, systemId }) => [createDockerSandboxProvider({ prefix, system: systemId })],
+      providers: dockerSandboxes,
       reapIntervalMs: 500,
       sweepIntervalMs: 500,
       secretsEnv: { BOX_TOKEN: SECRET },

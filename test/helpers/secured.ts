@@ -3,9 +3,9 @@ import { type BoxcarClient, connectNats, createClient, resolveConnection } from 
 import type { Logger } from "@boxcar/common";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
 import type { NatsServer } from "@boxcar/fabric";
-import { type Names, names as namesOf, type Role } from "@boxcar/protocol";
+import { type AgentDefinitionInput, type Names, names as namesOf, type Role } from "@boxcar/protocol";
 import { natsFixture } from "@boxcar/testing";
-import { createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
+import { createDockerSandboxProvider, createHostSandboxProvider, createWorker, type SandboxProvider, type Worker } from "@boxcar/worker";
 import type { NatsConnection } from "@nats-io/transport-node";
 
 /** One principal's connection and SDK client, as that user. */
@@ -106,6 +106,43 @@ export async function securedSystem(
       await nats[Symbol.asyncDispose]();
     },
   };
+}
+
+/** A secured system's Docker sandboxes (its `providers`), made for its prefix and id. */
+export const dockerSandboxes = ({ prefix, systemId }: { prefix: string; systemId: string }): SandboxProvider[] => [
+  createDockerSandboxProvider({ prefix, system: systemId }),
+];
+
+/** A secured system with Docker sandboxes, and the principals the session tests act as. */
+export interface DockerSessions {
+  readonly system: SecuredSystem;
+  /** Submitters. */
+  readonly alice: Principal;
+  readonly bob: Principal;
+  readonly viewer: Principal;
+}
+
+/**
+ * A secured system whose worker runs Docker sandboxes (`system` adds to its options), alice and
+ * bob (submitters) and a viewer, and an agent `box` whose sessions run in Docker for a minute at
+ * most (`box` adds to or replaces its fields), applied by an admin.
+ */
+export async function dockerSessions(
+  opts: { system?: Omit<Parameters<typeof securedSystem>[0], "providers">; box?: Partial<AgentDefinitionInput> } = {},
+): Promise<DockerSessions> {
+  const system = await securedSystem({ ...opts.system, providers: dockerSandboxes });
+  const alice = await system.as("alice", "submitter");
+  const bob = await system.as("bob", "submitter");
+  const viewer = await system.as("viewer", "viewer");
+  const admin = await system.as("admin", "admin");
+  await admin.client.applyAgent({
+    name: "box",
+    command: ["true"],
+    sessions: true,
+    runtime: { sandbox: "docker", timeout: "1m" },
+    ...opts.box,
+  });
+  return { system, alice, bob, viewer };
 }
 
 /** A logger that keeps every line as JSON text. */
