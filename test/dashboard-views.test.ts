@@ -9,18 +9,17 @@
  * to `.boxcar/screenshots/` (the docs' are copies).
  */
 
-import { mkdir, readFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
+import type { BoxcarClient } from "@boxcar/client";
 import { openTopology } from "@boxcar/fabric";
 import { type JobRecord, names } from "@boxcar/protocol";
 import { eventually } from "@boxcar/testing";
 import { type NatsConnection, headers as natsHeaders } from "@nats-io/transport-node";
-import { type Browser, chromium, type Page } from "playwright-core";
+import type { Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
-import { exited } from "./helpers/cli.js";
-import { spawnUp, type UpProcess } from "./helpers/up.js";
+import { type UpDashboard, upDashboard } from "./helpers/dashboard.js";
 
 // The page's own globals, in functions Playwright runs in the browser (this project has no DOM types).
 declare const getComputedStyle: (element: unknown) => { color: string; fontWeight: string };
@@ -31,29 +30,15 @@ const chromiumPath = browserPath();
 const TRACE_UI = "http://traces.example/trace/{traceId}";
 
 describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on the dashboard, in Chromium", () => {
-  let up: UpProcess;
+  let ui: UpDashboard;
   let dashboard: string;
-  let browser: Browser;
   let nc: NatsConnection;
   let client: BoxcarClient;
 
   beforeAll(async () => {
     // `boxcar up` serves the dashboard; its tracing UI comes from the environment.
-    const before = process.env.BOXCAR_TRACE_URL;
-    process.env.BOXCAR_TRACE_URL = TRACE_UI;
-    try {
-      up = await spawnUp(["--ui", "0"]);
-    } finally {
-      if (before === undefined) delete process.env.BOXCAR_TRACE_URL;
-      else process.env.BOXCAR_TRACE_URL = before;
-    }
-    dashboard = await eventually(
-      async () => /dashboard: (http:\/\/\S+)/.exec(up.output())?.[1],
-      "boxcar up to print its dashboard",
-      30_000,
-    );
-    nc = await connectNats(resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }), "dashboard-views-test");
-    client = createClient({ nc, names: names() });
+    ui = await upDashboard("dashboard-views-test", chromiumPath as string, { BOXCAR_TRACE_URL: TRACE_UI });
+    ({ url: dashboard, nc, client } = ui);
     await client.applyAgent({
       name: "ticker",
       description: "prints a line every 100 ms, as many as its input says, then writes a file",
@@ -111,31 +96,13 @@ describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on 
     for (const name of ["parked", "pager"]) {
       await client.applyAgent({ name, pool: "parked", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
     }
-    browser = await chromium.launch({ executablePath: chromiumPath as string });
-    await mkdir(SCREENSHOTS, { recursive: true });
   }, 60_000);
 
   afterAll(async () => {
-    await browser?.close();
-    await nc?.close();
-    if (up) {
-      up.child.kill("SIGINT");
-      await exited(up.child);
-      await up[Symbol.asyncDispose]();
-    }
+    await ui?.[Symbol.asyncDispose]();
   });
 
-  /** A fresh page on the dashboard, failing the test on any script error in it; `sent` collects what it sends over its WebSocket. */
-  async function open(path = "", sent?: string[]): Promise<Page> {
-    const page = await browser.newPage({ viewport: { width: 1280, height: 860 }, acceptDownloads: true });
-    page.on("pageerror", (err) => {
-      throw err;
-    });
-    if (sent) page.on("websocket", (ws) => ws.on("framesent", (frame) => sent.push(String(frame.payload))));
-    await page.goto(`${dashboard}/${path}`);
-    await page.locator("[data-who]").waitFor();
-    return page;
-  }
+  const open = (path?: string, sent?: string[]) => ui.open(path, sent);
 
   const settled = (id: string, state: string) =>
     eventually(async () => ((await client.getJob(id)).state === state ? true : undefined), `${id} to be ${state}`, 30_000);

@@ -8,39 +8,30 @@
  * `.boxcar/screenshots/` for a person to look at.
  */
 
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { type BoxcarClient, connectNats, createClient, resolveConnection } from "@boxcar/client";
+import { type BoxcarClient, connectNats, resolveConnection } from "@boxcar/client";
 import { openTopology } from "@boxcar/fabric";
-import { names } from "@boxcar/protocol";
 import { eventually, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
-import type { NatsConnection } from "@nats-io/transport-node";
-import { type Browser, chromium, type Locator, type Page } from "playwright-core";
+import type { Locator } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { browserPath, SCREENSHOTS } from "./helpers/browser.js";
-import { exited } from "./helpers/cli.js";
+import { type UpDashboard, upDashboard } from "./helpers/dashboard.js";
 import { type ModelStandIn, startModelStandIn } from "./helpers/model-standin.js";
-import { spawnUp, type UpProcess } from "./helpers/up.js";
+import type { UpProcess } from "./helpers/up.js";
 
 const chromiumPath = browserPath();
 
 describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => {
+  let ui: UpDashboard;
   let up: UpProcess;
   let dashboard: string;
-  let browser: Browser;
-  let nc: NatsConnection;
   let client: BoxcarClient;
 
   beforeAll(async () => {
-    up = await spawnUp(["--ui", "0"]);
-    dashboard = await eventually(
-      async () => /dashboard: (http:\/\/\S+)/.exec(up.output())?.[1],
-      "boxcar up to print its dashboard",
-      30_000,
-    );
-    nc = await connectNats(resolveConnection({ flags: { nats: `nats://127.0.0.1:${up.port}` }, env: {} }), "dashboard-test");
-    client = createClient({ nc, names: names() });
+    ui = await upDashboard("dashboard-test", chromiumPath as string);
+    ({ up, url: dashboard, client } = ui);
     await client.applyAgent({
       name: "ticker",
       description: "prints a numbered line every 100 ms, as many as its input says, then writes two files",
@@ -70,30 +61,13 @@ describe.skipIf(!chromiumPath)("the dashboard of boxcar up, in Chromium", () => 
       runtime: { sandbox: "host", timeout: "30s" },
       retry: { maxAttempts: 2, delay: 0, backoff: "fixed", jitter: false },
     });
-    browser = await chromium.launch({ executablePath: chromiumPath as string });
-    await mkdir(SCREENSHOTS, { recursive: true });
   }, 60_000);
 
   afterAll(async () => {
-    await browser?.close();
-    await nc?.close();
-    if (up) {
-      up.child.kill("SIGINT");
-      await exited(up.child);
-      await up[Symbol.asyncDispose]();
-    }
+    await ui?.[Symbol.asyncDispose]();
   });
 
-  /** A fresh page on the dashboard, failing the test on any script error in it. */
-  async function open(path = ""): Promise<Page> {
-    const page = await browser.newPage({ viewport: { width: 1280, height: 860 }, acceptDownloads: true });
-    page.on("pageerror", (err) => {
-      throw err;
-    });
-    await page.goto(`${dashboard}/${path}`);
-    await page.locator("[data-who]").waitFor();
-    return page;
-  }
+  const open = (path?: string) => ui.open(path);
 
   /**
    * A worker of this process serving the pool `models`, with a model gateway in front of the
