@@ -77,6 +77,14 @@ module.exports = {
       to: { path: "^packages/protocol/src/internal\\.ts$" },
     },
     {
+      name: "fabric-internal-for-roles",
+      severity: "error",
+      comment:
+        "Fabric's internal entry (@boxcar/fabric/internal: the job store, event publishing, KV and stream reading the roles share) is for the dispatcher and the worker; the CLI and the testing package use its public entry.",
+      from: { path: "^packages/", pathNot: ["^packages/(fabric|dispatcher|worker)/"] },
+      to: { path: "^packages/fabric/src/internal\\.ts$" },
+    },
+    {
       name: "fixtures-only-in-tests",
       severity: "error",
       comment:

@@ -1,7 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
-import { openTopology, readStream, startNatsServer } from "@boxcar/fabric";
+import { openTopology, startNatsServer } from "@boxcar/fabric";
+import { readStream } from "@boxcar/fabric/internal";
 import { BoxcarError, BoxcarEvent, ErrorCode, JobRecord, TERMINAL_STATES, unfoldEvents } from "@boxcar/protocol";
 import { eventually, natsCluster, natsFixture, scratch, uniquePrefix } from "@boxcar/testing";
 import { describe, expect, test } from "vitest";

@@ -1,6 +1,6 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { publishEvent } from "@boxcar/fabric";
+import { publishEvent } from "@boxcar/fabric/internal";
 import { type BoxcarEvent, type JobRecord, JobSpec, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { eventually, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";

@@ -1,6 +1,6 @@
 import { createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { inputDigest } from "@boxcar/fabric";
+import { inputDigest } from "@boxcar/fabric/internal";
 import { ErrorCode, JobRecord, MAX_SPEC_BYTES, OPEN_IDENTITY, RuntimePolicy } from "@boxcar/protocol";
 import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { Svcm } from "@nats-io/services";

@@ -1,6 +1,7 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
 import { type Dispatcher, startDispatcher } from "@boxcar/dispatcher";
-import { readStream, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { readStream } from "@boxcar/fabric/internal";
 import { type BoxcarEvent, ErrorCode, JobRecord, WorkItem } from "@boxcar/protocol";
 import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";

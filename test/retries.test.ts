@@ -1,5 +1,5 @@
 import type { BoxcarClient } from "@boxcar/client";
-import { readStream } from "@boxcar/fabric";
+import { readStream } from "@boxcar/fabric/internal";
 import { type BoxcarEvent, ErrorCode, JobRecord } from "@boxcar/protocol";
 import { eventually, type LocalSystem, localSystem, type NatsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { readStream } from "@boxcar/fabric";
+import { readStream } from "@boxcar/fabric/internal";
 import { API_CONTRACT, type ApiEndpoint, type ApiReplyData, apiSchemaFile, jsonSchemas } from "@boxcar/protocol";
 import { eventually, localSystem } from "@boxcar/testing";
 import { Svcm } from "@nats-io/services";

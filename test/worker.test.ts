@@ -3,7 +3,8 @@ import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Logger } from "@boxcar/common";
-import { inputDigest, nowIso, readStream, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { inputDigest, nowIso, readStream } from "@boxcar/fabric/internal";
 import {
   AgentDefinition,
   type AgentDefinitionInput,

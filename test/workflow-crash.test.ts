@@ -1,5 +1,5 @@
 import { type BoxcarClient, createClient } from "@boxcar/client";
-import { listJson } from "@boxcar/fabric";
+import { listJson } from "@boxcar/fabric/internal";
 import { JobRecord, type WorkflowRun } from "@boxcar/protocol";
 import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";

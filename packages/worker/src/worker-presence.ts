@@ -1,6 +1,6 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { nowIso, publishEvent } from "@boxcar/fabric";
+import { nowIso, publishEvent } from "@boxcar/fabric/internal";
 import {
   type ErrorInfo,
   type GatewayReach,

@@ -1,5 +1,6 @@
 import { failSpan, type Logger, NOT_TRACED, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
-import { getJson, isTransientJetStreamError, listJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson, isTransientJetStreamError, listJson } from "@boxcar/fabric/internal";
 import {
   AgentDefinition,
   API_CONTRACT,

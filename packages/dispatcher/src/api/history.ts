@@ -1,5 +1,6 @@
 import { jsonOf } from "@boxcar/common";
-import { readStream, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { readStream } from "@boxcar/fabric/internal";
 import {
   BoxcarEvent,
   type EventsPage,

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson } from "@boxcar/fabric/internal";
 import { BoxcarError, type Identity, JobRecord, type ListJobsReply, ListJobsRequest, parseWith } from "@boxcar/protocol";
 import { mayAccess } from "@boxcar/protocol/internal";
 import type { IndexedJob, JobIndex } from "../jobs/job-index.js";

@@ -1,5 +1,6 @@
 import { jsonOf, type Logger } from "@boxcar/common";
-import { followKv, getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { followKv, getJson } from "@boxcar/fabric/internal";
 import { AgentDefinition, BoxcarError, ErrorCode } from "@boxcar/protocol";
 import type { KvEntry } from "@nats-io/kv";
 

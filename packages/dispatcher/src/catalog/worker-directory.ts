@@ -1,5 +1,6 @@
 import { jsonOf, type Logger } from "@boxcar/common";
-import { followKv, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { followKv } from "@boxcar/fabric/internal";
 import { type AgentDefinition, BoxcarError, ErrorCode, WorkerInfo, workerStatus } from "@boxcar/protocol";
 import { isLive, whyCannotServe } from "@boxcar/protocol/internal";
 import { Sweep } from "../loops/sweep.js";

@@ -1,14 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import {
-  DUPLICATE_WINDOW_MS,
-  EventNotStored,
-  getJson,
-  isStorageFull,
-  type JobHandle,
-  nowIso,
-  type Topology,
-  type WorkSigner,
-} from "@boxcar/fabric";
+import type { Topology, WorkSigner } from "@boxcar/fabric";
+import { DUPLICATE_WINDOW_MS, EventNotStored, getJson, isStorageFull, type JobHandle, nowIso } from "@boxcar/fabric/internal";
 import {
   type AgentDefinition,
   BoxcarError,

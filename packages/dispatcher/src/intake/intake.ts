@@ -1,5 +1,6 @@
 import { failSpan, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
-import { isTransientJetStreamError, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { isTransientJetStreamError } from "@boxcar/fabric/internal";
 import { BoxcarError, ErrorCode, MAX_SPEC_BYTES, TOKEN_PATTERN, toErrorInfo } from "@boxcar/protocol";
 import { decodeMessage, intakeSubjectParts } from "@boxcar/protocol/internal";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";

@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import { getJson, isNoResponders, nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson, isNoResponders, nowIso } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   type CountJobsReply,

@@ -1,5 +1,6 @@
 import { TRACEPARENT } from "@boxcar/common";
-import { inputDigest, type Topology, type WorkSigner } from "@boxcar/fabric";
+import type { Topology, WorkSigner } from "@boxcar/fabric";
+import { inputDigest } from "@boxcar/fabric/internal";
 import {
   type AgentDefinition,
   BoxcarError,

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { type JobHandle, nowIso, storedMessages, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { type JobHandle, nowIso, storedMessages } from "@boxcar/fabric/internal";
 import {
   type AgentDefinition,
   BoxcarError,

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
-import { isRevisionConflict, isStorageFull } from "@boxcar/fabric";
+import { isRevisionConflict, isStorageFull } from "@boxcar/fabric/internal";
 import { BoxcarError, ErrorCode, type JobSpec } from "@boxcar/protocol";
 import type { KV } from "@nats-io/kv";
 

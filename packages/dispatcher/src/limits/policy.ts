@@ -1,5 +1,6 @@
 import { jsonOf, type Logger } from "@boxcar/common";
-import { followKv, listJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { followKv, listJson } from "@boxcar/fabric/internal";
 import {
   AgentDefinition,
   API_CONTRACT,

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { isRevisionConflict, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { isRevisionConflict } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   type Budget,

@@ -1,4 +1,5 @@
-import { removeObject, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { removeObject } from "@boxcar/fabric/internal";
 import { harnessObjects, type JobRecord, ownerOf, recordedCallObject } from "@boxcar/protocol";
 
 /**

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { type ErasableBucket, eraseEntry, getJson, markErased, purgeEntry, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { type ErasableBucket, eraseEntry, getJson, markErased, purgeEntry } from "@boxcar/fabric/internal";
 import {
   type CleanJobsReply,
   CleanJobsRequest,

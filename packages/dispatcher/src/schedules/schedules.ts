@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { isRevisionConflict, nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { isRevisionConflict, nowIso } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   ErrorCode,

@@ -6,7 +6,8 @@
  */
 
 import { randomBytes } from "node:crypto";
-import { getJson, listJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson, listJson } from "@boxcar/fabric/internal";
 import {
   type AgentDefinition,
   ApiEndpoint,

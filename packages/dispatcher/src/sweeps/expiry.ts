@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import type { JobRecord } from "@boxcar/protocol";
 import { JobTransitions } from "@boxcar/protocol/internal";
 import { removeWaitingMarker } from "../jobs/jobs.js";

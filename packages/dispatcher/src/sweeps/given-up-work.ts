@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { nowIso, storedMessages, type Topology, type WorkSigner } from "@boxcar/fabric";
+import type { Topology, WorkSigner } from "@boxcar/fabric";
+import { nowIso, storedMessages } from "@boxcar/fabric/internal";
 import { BoxcarError, ErrorCode, isTerminal, type JobRecord, parseWith, WorkItem } from "@boxcar/protocol";
 import { JobTransitions } from "@boxcar/protocol/internal";
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";

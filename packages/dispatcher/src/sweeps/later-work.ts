@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import { type AgentDefinition, BoxcarError, ErrorCode, isTerminal, ownerOf, toErrorInfo } from "@boxcar/protocol";
 import { JobTransitions } from "@boxcar/protocol/internal";
 import { AckPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream";

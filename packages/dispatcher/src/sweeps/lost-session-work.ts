@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { getJson, nowIso, storedMessages, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson, nowIso, storedMessages } from "@boxcar/fabric/internal";
 import { WorkerInfo, type WorkerStatus, WorkItem, workerStatus } from "@boxcar/protocol";
 import { JobTransitions } from "@boxcar/protocol/internal";
 import { JetStreamApiCodes, JetStreamApiError, type StoredMsg } from "@nats-io/jetstream";

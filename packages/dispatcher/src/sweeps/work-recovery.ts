@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { DUPLICATE_WINDOW_MS, getJson, storedMessages, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { DUPLICATE_WINDOW_MS, getJson, storedMessages } from "@boxcar/fabric/internal";
 import { JobRecord } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";
 import type { JobIndex } from "../jobs/job-index.js";

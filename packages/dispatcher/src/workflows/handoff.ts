@@ -1,5 +1,6 @@
 import { failSpan, SpanKind, startSpan } from "@boxcar/common";
-import { getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson } from "@boxcar/fabric/internal";
 import {
   type AgentDefinition,
   BoxcarError,

@@ -1,5 +1,6 @@
 import { jsonOf } from "@boxcar/common";
-import { getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson } from "@boxcar/fabric/internal";
 import { handoffPending, isTerminal, JobRecord, WorkflowRun } from "@boxcar/protocol";
 import type { AdmissionContext } from "../intake/admission.js";
 import { replayBucket } from "../jobs/bucket-replay.js";

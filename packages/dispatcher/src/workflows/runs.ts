@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
-import { getJson, nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson, nowIso, publishEvent } from "@boxcar/fabric/internal";
 import {
   type ApproveStepRequest,
   BoxcarError,

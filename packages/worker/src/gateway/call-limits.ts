@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from "node:timers/promises";
-import { isRevisionConflict } from "@boxcar/fabric";
+import { isRevisionConflict } from "@boxcar/fabric/internal";
 import type { ModelLimit, ModelProvider } from "@boxcar/protocol";
 import type { KV } from "@nats-io/kv";
 

@@ -1,6 +1,7 @@
 import { join } from "node:path";
 import type { Logger } from "@boxcar/common";
-import { getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson } from "@boxcar/fabric/internal";
 import {
   type AgentModels,
   BoxcarError,

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { failSpan, type Logger, SpanKind, startSpan } from "@boxcar/common";
-import { isTransientJetStreamError, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { isTransientJetStreamError } from "@boxcar/fabric/internal";
 import {
   type AgentResultFile,
   BoxcarError,

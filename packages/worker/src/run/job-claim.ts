@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { inputDigest, listJson, publishEvent, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { inputDigest, listJson, publishEvent } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   ErrorCode,

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso, publishEvent } from "@boxcar/fabric/internal";
 import {
   type BoxcarEvent,
   type ErrorInfo,

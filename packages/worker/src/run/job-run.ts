@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { failSpan, type Logger, SpanKind, startSpan, TRACEPARENT } from "@boxcar/common";
-import { nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   ErrorCode,

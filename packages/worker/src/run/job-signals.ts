@@ -1,4 +1,4 @@
-import { nowIso } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import { BoxcarError, ErrorCode, type JobRecord, MAX_SIGNALS, signalFile, TOKEN_PATTERN } from "@boxcar/protocol";
 import type { Msg } from "@nats-io/transport-node";
 import type { JobSignal, JobSignals } from "../harness/prompt-loop.js";

@@ -1,5 +1,6 @@
 import type { Logger } from "@boxcar/common";
-import { nowIso, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import { BoxcarError, ErrorCode, isTerminal, type SandboxInfo, toErrorInfo, type WorkItem } from "@boxcar/protocol";
 import { JobTransitions } from "@boxcar/protocol/internal";
 import type { AttemptLease } from "../sandbox/lifeline.js";

@@ -1,4 +1,4 @@
-import type { JobHandle, JobStore } from "@boxcar/fabric";
+import type { JobHandle, JobStore } from "@boxcar/fabric/internal";
 import type { JobRecord } from "@boxcar/protocol";
 import { type JobStep, JobTransitions } from "@boxcar/protocol/internal";
 

@@ -1,4 +1,5 @@
-import { getJson, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { getJson } from "@boxcar/fabric/internal";
 import { JobRecord, WorkerInfo } from "@boxcar/protocol";
 import { isLive } from "@boxcar/protocol/internal";
 import type { SandboxOwner } from "./sandbox.js";

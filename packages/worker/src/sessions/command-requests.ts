@@ -1,5 +1,5 @@
 import type { Topology } from "@boxcar/fabric";
-import { nowIso } from "@boxcar/fabric";
+import { nowIso } from "@boxcar/fabric/internal";
 import {
   BoxcarError,
   ErrorCode,

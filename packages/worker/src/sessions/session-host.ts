@@ -16,7 +16,8 @@
 import { randomBytes } from "node:crypto";
 import { Readable } from "node:stream";
 import type { Logger } from "@boxcar/common";
-import { nowIso, publishEvent, type Topology } from "@boxcar/fabric";
+import type { Topology } from "@boxcar/fabric";
+import { nowIso, publishEvent } from "@boxcar/fabric/internal";
 import {
   AgentDefinition,
   BoxcarError,

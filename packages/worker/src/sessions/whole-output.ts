@@ -1,4 +1,4 @@
-import { removeObject } from "@boxcar/fabric";
+import { removeObject } from "@boxcar/fabric/internal";
 import type { KeptOutput, OutputStream } from "@boxcar/protocol";
 import { keptOutputObject, keptOutputSizes, MAX_KEPT_OUTPUT, SESSION_OUTPUT_SEGMENT } from "@boxcar/protocol/internal";
 
