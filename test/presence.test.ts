@@ -1,6 +1,6 @@
 import type { BoxcarClient } from "@boxcar/client";
 import { MISSED_HEARTBEATS, TERMINAL_STATES, WorkerInfo, type WorkerView, workerStatus } from "@boxcar/protocol";
-import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
+import { eventually, localSystem, type NatsFixture, natsFixture } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type SandboxProvider } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { boxcar, exited, spawnBoxcar } from "./helpers/cli.js";
@@ -171,3 +171,43 @@ test("a worker whose sandbox probe stops answering keeps heartbeating: it stays 
   expect(probes).toBeGreaterThan(1);
   expect(Date.parse((await presence())?.heartbeatAt ?? "")).toBeGreaterThan(Date.parse(first.heartbeatAt));
 });
+
+test("an idle worker writes its unchanged presence every idle heartbeat and says so; a job brings it back to its heartbeat at once", async () => {
+  const heartbeatMs = 200;
+  const idleHeartbeatMs = 1_200;
+  await using system = await localSystem({ worker: { heartbeatMs, idleHeartbeatMs } });
+  const { client, worker, nats } = system;
+  const workerId = worker.id;
+  await client.applyAgent({ name: "nap", command: ["sleep", "1.5"], trusted: true, runtime: { sandbox: "host", timeout: "30s" } });
+  // Every write of the presence, as a reader of the bucket sees it.
+  const writes: WorkerInfo[] = [];
+  const watch = await nats.topology.workers.watch({ key: workerId });
+  void (async () => {
+    for await (const entry of watch) if (entry.operation === "PUT") writes.push(WorkerInfo.parse(entry.json()));
+  })();
+  try {
+    // Idle: a write every 1.2 s (not every 0.2 s), each promising 1.2 s; live all along.
+    await new Promise((r) => setTimeout(r, 4_000));
+    const idle = writes.filter((w) => w.load === 0);
+    expect(idle.length).toBeGreaterThanOrEqual(2);
+    expect(idle.length).toBeLessThanOrEqual(6); // at the busy heartbeat it would be about 20
+    expect(idle.every((w) => w.heartbeatMs === idleHeartbeatMs)).toBe(true);
+    const last = writes.at(-1) as WorkerInfo;
+    expect(workerStatus(last)).toBe("live");
+
+    // A job: within a heartbeat the presence says so, promising the busy interval.
+    const { job } = await client.submit({ agent: "nap", input: {} });
+    const busy = await eventually(async () => writes.find((w) => w.jobs.includes(job.id)), "the presence names the job", 5_000);
+    expect(busy.heartbeatMs).toBe(heartbeatMs);
+    expect(busy.load).toBe(1);
+    await client.waitForJob(job.id);
+    // Idle again: it goes back to the idle interval.
+    await eventually(
+      async () => (writes.at(-1)?.load === 0 && writes.at(-1)?.heartbeatMs === idleHeartbeatMs ? true : undefined),
+      "idle again",
+      5_000,
+    );
+  } finally {
+    watch.stop();
+  }
+}, 60_000);

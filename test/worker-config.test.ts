@@ -18,6 +18,7 @@ test("a worker config file sets the worker up; flags override it; the worker adv
       "pools: [gpu, default]",
       "concurrency: 2",
       "heartbeat: 1s",
+      "idleHeartbeat: 2500ms",
       "sandbox:",
       "  allowed: [host]",
       "  host: always",
@@ -35,7 +36,7 @@ test("a worker config file sets the worker up; flags override it; the worker adv
     expect(info).toMatchObject({
       pools: ["gpu", "default"],
       capacity: 3, // the flag wins over the file's 2
-      heartbeatMs: 1000,
+      heartbeatMs: 2500, // idle: its idle heartbeat, from the file
       policy: { allowed: ["host"], host: "always" },
     });
     // host: always lets an untrusted agent run on the host

@@ -15,6 +15,9 @@ export const WorkerConfig = z.strictObject({
   pools: z.array(PoolName).min(1).optional(),
   concurrency: z.number().int().min(1).max(1024).optional().describe("jobs at once across all pools"),
   heartbeat: durationMs({ min: 100, max: HOUR }).optional(),
+  idleHeartbeat: durationMs({ min: 100, max: HOUR })
+    .optional()
+    .describe("how often an idle worker's unchanged presence is written; default three heartbeats"),
   drainGrace: durationMs({ min: 0, max: 24 * HOUR })
     .optional()
     .describe("how long SIGTERM lets running jobs finish"),

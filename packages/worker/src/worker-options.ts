@@ -49,6 +49,11 @@ export interface WorkerOptions {
   policy?: RuntimePolicyInput;
   /** How often presence and a heartbeat event are published; default 5000 ms. */
   heartbeatMs?: number;
+  /**
+   * How often they are published while the worker is idle (no job, no session) and its presence
+   * unchanged; default three heartbeats (15000 ms by default), and never less than `heartbeatMs`.
+   */
+  idleHeartbeatMs?: number;
   /** How long `drain()` lets running jobs finish before handing them back; default 30000 ms. */
   drainGraceMs?: number;
   /** Agent output kept per job; default 4 MiB. */
@@ -101,6 +106,7 @@ export interface ResolvedWorkerOptions {
   providers: SandboxProvider[];
   policy: RuntimePolicy;
   heartbeatMs: number;
+  idleHeartbeatMs: number;
   drainGraceMs: number;
   maxLogBytes: number;
   workRoot: string;
@@ -128,6 +134,7 @@ const Settings = z.strictObject({
   workerId: z.string().regex(TOKEN_PATTERN, "worker id must be 1-64 letters, digits, '-' or '_'"),
   policy: RuntimePolicy,
   heartbeatMs: z.number().int().min(100),
+  idleHeartbeatMs: z.number().int().min(100),
   drainGraceMs: z.number().int().nonnegative(),
   maxLogBytes: z.number().int().min(1024),
   workRoot: z.string().min(1),
@@ -135,6 +142,10 @@ const Settings = z.strictObject({
   usageReadMs: z.number().int().min(100),
   eventHoldMs: z.number().int().min(0).max(60_000),
 });
+
+const DEFAULT_HEARTBEAT_MS = 5_000;
+/** An idle worker's presence is written once every this many heartbeats (docs/architecture.md, worker presence). */
+const IDLE_HEARTBEATS = 3;
 
 /** How long a new attempt's events are held back to be folded into its last, by default. */
 const DEFAULT_EVENT_HOLD_MS = 250;
@@ -150,7 +161,11 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       concurrency: opts.concurrency ?? 4,
       workerId: opts.workerId ?? defaultWorkerId(),
       policy: opts.policy ?? {},
-      heartbeatMs: opts.heartbeatMs ?? 5_000,
+      heartbeatMs: opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS,
+      idleHeartbeatMs: Math.max(
+        opts.idleHeartbeatMs ?? IDLE_HEARTBEATS * (opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS),
+        opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS,
+      ),
       drainGraceMs: opts.drainGraceMs ?? 30_000,
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
       workRoot: opts.workRoot ?? defaultWorkRoot(),
@@ -219,6 +234,7 @@ export function workerOptionsFromConfig(
     ...(config.pools ? { pools: config.pools } : {}),
     ...(config.concurrency ? { concurrency: config.concurrency } : {}),
     ...(config.heartbeat !== undefined ? { heartbeatMs: config.heartbeat } : {}),
+    ...(config.idleHeartbeat !== undefined ? { idleHeartbeatMs: config.idleHeartbeat } : {}),
     ...(config.drainGrace !== undefined ? { drainGraceMs: config.drainGrace } : {}),
     ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
     ...(config.usageRead !== undefined ? { usageReadMs: config.usageRead } : {}),

@@ -35,13 +35,28 @@ export interface WorkerPresenceContext {
   step(what: string, action: () => Promise<unknown>): Promise<void>;
 }
 
+/** What the presence last wrote: when, what it promised (its `heartbeatMs`), and what it said. */
+interface Written {
+  atMs: number;
+  promisedMs: number;
+  said: string;
+}
+
 /**
  * A worker's presence (docs/architecture.md, worker presence): its `WorkerInfo` entry in the
  * workers bucket and its worker events (`started`, `heartbeat`, `draining`, `work_rejected`,
  * `stopped`), refreshed by a heartbeat every `heartbeatMs`, and removed when it stops.
+ *
+ * An idle worker (no job, no session, not draining) whose presence says the same as last time
+ * writes it only every `idleHeartbeatMs`, and its entry says so (`heartbeatMs`), so readers give
+ * it that much longer before they count it gone: a thousand idle workers' writes, each replicated
+ * to three servers, were most of what an idle fleet cost the servers (docs/benchmarks.md#idle-workers).
+ * A change (a job taken, a sandbox backend lost) is written at the next tick, at most
+ * `heartbeatMs` later.
  */
 export class WorkerPresence {
   private readonly startedAt = nowIso();
+  private written: Written | undefined;
   private heartbeat: NodeJS.Timeout | undefined;
   /** The heartbeat in progress, if any: `remove()` waits for it before removing the presence. */
   private beating: Promise<void> | undefined;
@@ -80,7 +95,15 @@ export class WorkerPresence {
   async put(): Promise<void> {
     if (this.closed) return;
     const { options } = this.ctx;
-    const info: WorkerInfo = {
+    const info = this.info();
+    await options.topology.workers.put(options.workerId, JSON.stringify(info));
+    this.written = { atMs: Date.parse(info.heartbeatAt), promisedMs: info.heartbeatMs, said: said(info) };
+  }
+
+  /** The worker's `WorkerInfo` as it is now, promising its next write within an idle or a busy worker's interval. */
+  private info(): WorkerInfo {
+    const { options } = this.ctx;
+    return {
       v: PROTOCOL_VERSION,
       id: options.workerId,
       host: hostname(),
@@ -94,13 +117,28 @@ export class WorkerPresence {
       state: this.ctx.draining() ? "draining" : "running",
       startedAt: this.startedAt,
       heartbeatAt: nowIso(),
-      heartbeatMs: options.heartbeatMs,
+      heartbeatMs: this.idle() ? options.idleHeartbeatMs : options.heartbeatMs,
       workItems: [1, WORK_ITEM_VERSION],
       warm: this.ctx.warm(),
       sessionJobs: this.ctx.sessionJobs,
       models: this.ctx.models(),
     };
-    await options.topology.workers.put(options.workerId, JSON.stringify(info));
+  }
+
+  /** No job, no session, not draining: its presence may be written less often. */
+  private idle(): boolean {
+    return this.ctx.load() === 0 && !this.ctx.draining();
+  }
+
+  /**
+   * Whether this tick may leave the presence as it is: the worker is idle, the entry says what it
+   * would say now and promised an idle worker's interval, and the next tick still comes within it.
+   */
+  private mayWait(): boolean {
+    const last = this.written;
+    if (!last || !this.idle() || last.promisedMs !== this.ctx.options.idleHeartbeatMs) return false;
+    if (Date.now() + this.ctx.options.heartbeatMs > last.atMs + last.promisedMs) return false;
+    return said(this.info()) === last.said;
   }
 
   /** Publishes a worker event. */
@@ -131,9 +169,16 @@ export class WorkerPresence {
     const probeWait = new AbortController();
     await Promise.race([this.probing, sleep(this.ctx.options.heartbeatMs / 2, undefined, { signal: probeWait.signal }).catch(() => {})]);
     probeWait.abort();
+    if (this.mayWait()) return;
     await this.ctx.step("heartbeat", async () => {
       await this.put();
       await this.announce("heartbeat");
     });
   }
+}
+
+/** What a presence says of its worker, but when it was written and when it promises the next write. */
+function said(info: WorkerInfo): string {
+  const { heartbeatAt: _at, heartbeatMs: _promised, ...rest } = info;
+  return JSON.stringify(rest);
 }

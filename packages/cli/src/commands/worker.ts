@@ -16,7 +16,7 @@ import { UsageError } from "../usage-error.js";
 
 const usage =
   "boxcar worker [--config FILE] [--pool POOL]... [--concurrency N] [--sandboxes host,docker,e2b] [--prefer e2b,docker,host] " +
-  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--model-gateway-url URL] [--drain-grace 30s] [--heartbeat 5s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
+  "[--host never|trusted|always] [--docker-image IMAGE] [--docker-warm N] [--work-root DIR] [--agent-traces URL] [--dispatcher-keys FILE|KEY,...] [--allow-secret NAME]... [--model-key PROVIDER=VARIABLE]... [--model-url PROVIDER=URL]... [--model-gateway HOST:PORT] [--model-gateway-url URL] [--drain-grace 30s] [--heartbeat 5s] [--idle-heartbeat 15s] [--health HOST:PORT] [--metrics HOST:PORT] [--replicas 1|3|5] [--stream-limits events=SIZE,logs=SIZE,dead=SIZE] [--log-format json|pretty]";
 
 export const worker: Command = {
   usage,
@@ -40,6 +40,7 @@ export const worker: Command = {
     "model-gateway": { type: "string" },
     "model-gateway-url": { type: "string" },
     heartbeat: { type: "string" },
+    "idle-heartbeat": { type: "string" },
     health: { type: "string" },
     metrics: { type: "string" },
     ...systemOptions,
@@ -136,6 +137,7 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
   const prefer = backends("prefer");
   const grace = optionalDuration(values["drain-grace"], "--drain-grace");
   const heartbeat = optionalDuration(values.heartbeat, "--heartbeat");
+  const idleHeartbeat = optionalDuration(values["idle-heartbeat"], "--idle-heartbeat");
   const logFormatValue = readLogFormat(values["log-format"]);
   const keys = (values["dispatcher-keys"] as string | undefined) ?? env.BOXCAR_DISPATCHER_KEYS;
   const allowSecrets = values["allow-secret"] as string[];
@@ -166,6 +168,7 @@ function flagsAsConfig(values: Values, env: NodeJS.ProcessEnv): WorkerConfig {
     ...(values.concurrency !== undefined ? { concurrency: positiveInt(values.concurrency, "--concurrency", 4, 1024) } : {}),
     ...(grace !== undefined ? { drainGrace: grace } : {}),
     ...(heartbeat !== undefined ? { heartbeat } : {}),
+    ...(idleHeartbeat !== undefined ? { idleHeartbeat } : {}),
     ...(logFormatValue ? { logFormat: logFormatValue } : {}),
     sandbox: {
       ...(allowed ? { allowed } : {}),

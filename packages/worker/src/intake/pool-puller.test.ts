@@ -260,7 +260,7 @@ describe("PoolPuller", () => {
       expect(leaders.pulls.map((pull) => pull.body)).toEqual(
         PRIORITIES.map(() => ({ batch: 1, expires: 300_000_000_000, idle_heartbeat: 300_000_000 })),
       );
-      // Heartbeats for several times the silence a pull is taken for lost after (two heartbeats and a second).
+      // Heartbeats for several times the silence a pull is taken for lost after (a heartbeat and a quarter).
       let beats = 0;
       const beating = setInterval(() => {
         beats += 1;

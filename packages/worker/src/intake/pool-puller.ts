@@ -12,10 +12,18 @@ const PULL_TIMEOUT_MS = 5_000;
  * so renewals are what an idle fleet costs the servers (docs/benchmarks.md#idle-workers).
  */
 const IDLE_PULL_MS = 300_000;
-/** How often the consumer's leader tells a waiting pull that it still holds it (a `100 Idle Heartbeat` status). */
-const IDLE_HEARTBEAT_MS = 10_000;
-/** A waiting pull not heard from for two heartbeats and this much more is taken for lost. */
-const HEARTBEAT_SLACK_MS = 1_000;
+/**
+ * How often the consumer's leader tells a waiting pull that it still holds it (a `100 Idle
+ * Heartbeat` status). Each one costs the leader a walk of its waiting pulls, so an idle fleet
+ * costs the servers in proportion (docs/benchmarks.md#idle-workers).
+ */
+const IDLE_HEARTBEAT_MS = 20_000;
+/**
+ * A waiting pull not heard from for this many heartbeats is taken for lost: a heartbeat and a
+ * quarter, so a lost pull is found within 25 s, inside the 30 s a worker has to notice its
+ * consumer's leader went away without a word.
+ */
+const SILENT_HEARTBEATS = 1.25;
 /** Pause before a waiting pull that failed is asked again. */
 const FAILED_PULL_PAUSE_MS = 1_000;
 
@@ -276,7 +284,7 @@ class IdleSpell {
     }
   }
 
-  /** Level `i`'s pull was heard from (or just sent): it counts as lost when nothing more comes for two heartbeats. */
+  /** Level `i`'s pull was heard from (or just sent): it counts as lost when nothing more comes for a heartbeat and a quarter. */
   private watch(i: number): void {
     clearTimeout(this.timers[i]);
     this.timers[i] = setTimeout(
@@ -285,7 +293,7 @@ class IdleSpell {
         this.opts.log.info({ priority }, "a waiting pull went silent (its consumer's leader may have changed); waiting afresh");
         this.end();
       },
-      2 * this.opts.heartbeatMs + HEARTBEAT_SLACK_MS,
+      SILENT_HEARTBEATS * this.opts.heartbeatMs,
     );
   }
 
