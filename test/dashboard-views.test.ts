@@ -440,7 +440,8 @@ describe.skipIf(!chromiumPath)("a job's and a run's pages, search and paging on 
     await turn("previous", newestFirst(older).slice(0, 25));
     await page.goto(`${dashboard}/#/jobs?agent=pager&from=${encodeURIComponent(new Date(boundary).toISOString())}`);
     await expect.poll(ids).toEqual(newestFirst(newer).slice(0, 25));
-    expect(await page.locator('input[name="from"]').inputValue()).toBe(local);
+    // A datetime-local input leaves out the seconds when they are 0 (a boundary on a whole minute).
+    expect(await page.locator('input[name="from"]').inputValue()).toBe(local.endsWith(":00") ? local.slice(0, -3) : local);
     await turn("next", newestFirst(newer).slice(25));
     expect(await page.locator(".pages [data-next]").count()).toBe(0);
     await page.close();
