@@ -287,14 +287,11 @@ class IdleSpell {
   /** Level `i`'s pull was heard from (or just sent): it counts as lost when nothing more comes for a heartbeat and a quarter. */
   private watch(i: number): void {
     clearTimeout(this.timers[i]);
-    this.timers[i] = setTimeout(
-      () => {
-        const { priority } = this.levels[i] as Level;
-        this.opts.log.info({ priority }, "a waiting pull went silent (its consumer's leader may have changed); waiting afresh");
-        this.end();
-      },
-      SILENT_HEARTBEATS * this.opts.heartbeatMs,
-    );
+    this.timers[i] = setTimeout(() => {
+      const { priority } = this.levels[i] as Level;
+      this.opts.log.info({ priority }, "a waiting pull went silent (its consumer's leader may have changed); waiting afresh");
+      this.end();
+    }, SILENT_HEARTBEATS * this.opts.heartbeatMs);
   }
 
   private heard(err: Error | null, msg: Msg): void {
