@@ -58,6 +58,13 @@ export interface WorkerOptions {
   drainGraceMs?: number;
   /** Agent output kept per job; default 4 MiB. */
   maxLogBytes?: number;
+  /**
+   * How long an attempt's results (its artifacts, output and events) wait for room while
+   * JetStream's store is full, from the first write refused, before the job fails
+   * `storage_full`; never past the job's deadline. Its record waits for as long as it takes.
+   * Default 600000 ms (10 minutes); 0 fails the job at once, as before.
+   */
+  roomWaitMs?: number;
   /** Where the default providers stage workspaces; default `/dev/shm` where it is a roomy tmpfs, else the OS temporary folder. */
   workRoot?: string;
   /** How often sandboxes left by crashed workers are looked for (and at start); default 60000 ms. */
@@ -109,6 +116,7 @@ export interface ResolvedWorkerOptions {
   idleHeartbeatMs: number;
   drainGraceMs: number;
   maxLogBytes: number;
+  roomWaitMs: number;
   workRoot: string;
   reapIntervalMs: number;
   usageReadMs: number;
@@ -137,6 +145,11 @@ const Settings = z.strictObject({
   idleHeartbeatMs: z.number().int().min(100),
   drainGraceMs: z.number().int().nonnegative(),
   maxLogBytes: z.number().int().min(1024),
+  roomWaitMs: z
+    .number()
+    .int()
+    .min(0)
+    .max(24 * 3_600_000),
   workRoot: z.string().min(1),
   reapIntervalMs: z.number().int().min(100),
   usageReadMs: z.number().int().min(100),
@@ -149,6 +162,13 @@ const IDLE_HEARTBEATS = 3;
 
 /** How long a new attempt's events are held back to be folded into its last, by default. */
 const DEFAULT_EVENT_HOLD_MS = 250;
+
+/**
+ * How long an attempt's results wait for room in a full store, by default: long enough for
+ * retention (a sweep a minute) or an admin's `boxcar clean` to free some, short enough that a
+ * store nobody frees does not hold the job's sandbox for long.
+ */
+const DEFAULT_ROOM_WAIT_MS = 10 * 60_000;
 
 const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -168,6 +188,7 @@ export function resolveWorkerOptions(opts: WorkerOptions, env: NodeJS.ProcessEnv
       ),
       drainGraceMs: opts.drainGraceMs ?? 30_000,
       maxLogBytes: opts.maxLogBytes ?? 4 * 1024 * 1024,
+      roomWaitMs: opts.roomWaitMs ?? DEFAULT_ROOM_WAIT_MS,
       workRoot: opts.workRoot ?? defaultWorkRoot(),
       reapIntervalMs: opts.reapIntervalMs ?? 60_000,
       usageReadMs: opts.usageReadMs ?? 10_000,
@@ -236,6 +257,7 @@ export function workerOptionsFromConfig(
     ...(config.heartbeat !== undefined ? { heartbeatMs: config.heartbeat } : {}),
     ...(config.idleHeartbeat !== undefined ? { idleHeartbeatMs: config.idleHeartbeat } : {}),
     ...(config.drainGrace !== undefined ? { drainGraceMs: config.drainGrace } : {}),
+    ...(config.roomWait !== undefined ? { roomWaitMs: config.roomWait } : {}),
     ...(config.reapInterval !== undefined ? { reapIntervalMs: config.reapInterval } : {}),
     ...(config.usageRead !== undefined ? { usageReadMs: config.usageRead } : {}),
     ...(config.maxLogBytes !== undefined ? { maxLogBytes: config.maxLogBytes } : {}),

@@ -2,6 +2,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
 import { PoolPuller } from "./intake/pool-puller.js";
+import type { RoomWaits } from "./intake/room-waits.js";
 import type { Slots } from "./intake/slots.js";
 import type { WorkDelivery } from "./intake/work-delivery.js";
 
@@ -16,6 +17,8 @@ export interface PullingContext {
   workerId: string;
   log: Logger;
   slots: Slots;
+  /** Its attempts that wait for room in JetStream's store: while any does, a pool's loop takes no new job. */
+  roomWaits: RoomWaits;
   /** Aborted when pulling stops: the loops end. */
   signal: AbortSignal;
   /** Starts one delivered work item (`slotted`: it holds one of the slots; a job in a session holds none). */
@@ -82,8 +85,13 @@ export async function pullSessionJobs(ctx: PullingContext): Promise<void> {
   }
 }
 
-/** One sweep for the slots free now, then a wait for work if it left any free; false once the worker takes no more. */
+/**
+ * One sweep for the slots free now, then a wait for work if it left any free; false once the
+ * worker takes no more. Neither starts while an attempt of the worker waits for room in
+ * JetStream's store (a new job would need room too): an item that comes meanwhile goes back.
+ */
 async function sweep(ctx: PullingContext, puller: PoolPuller, share: number): Promise<boolean> {
+  await ctx.roomWaits.none(ctx.signal);
   const reserved = await ctx.slots.acquire(share);
   if (reserved === 0) return false;
   // Counted as they come: a sweep that fails half-way still hands its slots to the jobs it took.
@@ -100,11 +108,19 @@ async function sweep(ctx: PullingContext, puller: PoolPuller, share: number): Pr
     await puller.waitForWork({
       signal: ctx.signal,
       offer: (delivery) => {
-        if (!ctx.slots.tryAcquire()) return false;
+        if (ctx.roomWaits.any || !ctx.slots.tryAcquire()) return false;
         ctx.take(delivery, true);
         return true;
       },
-      onFull: (full) => ctx.slots.onFull(full),
+      // No free slot, or an attempt starts waiting for room: the wait ends.
+      onFull: (full) => {
+        const slots = ctx.slots.onFull(full);
+        const room = ctx.roomWaits.onWaiting(full);
+        return () => {
+          slots();
+          room();
+        };
+      },
     });
   }
   return true;

@@ -2,6 +2,7 @@ import { deferred, type Logger } from "@boxcar/common";
 import { patiently } from "@boxcar/fabric";
 import type { Subscription } from "@nats-io/transport-node";
 import { ModelGateway } from "./gateway/gateway.js";
+import { RoomWaits } from "./intake/room-waits.js";
 import { Slots } from "./intake/slots.js";
 import { listenForCancels, listenForSignals, refusedBy } from "./job-controls.js";
 import { JobRuns } from "./job-runs.js";
@@ -54,6 +55,8 @@ class BoxcarWorker implements Worker {
   private readonly providers: ReadonlyMap<SandboxBackend, SandboxProvider>;
   private readonly metrics: WorkerMetrics | undefined;
   private readonly slots: Slots;
+  /** Its attempts that wait for room in JetStream's store: it takes no new job while any does. */
+  private readonly roomWaits = new RoomWaits();
   /** The jobs it runs. */
   private readonly runs: JobRuns;
   private readonly presence: WorkerPresence;
@@ -98,6 +101,7 @@ class BoxcarWorker implements Worker {
         metrics: this.metrics,
         sessions: this.sessions,
         gateway: this.gateway,
+        roomWaits: this.roomWaits,
       }),
       rejected: (error) => void this.step("announce a rejected work item", () => this.presence.announce("work_rejected", error)),
     });
@@ -201,6 +205,7 @@ class BoxcarWorker implements Worker {
       workerId: this.id,
       log: this.log,
       slots: this.slots,
+      roomWaits: this.roomWaits,
       signal: this.pulling.signal,
       take: (delivery, slotted) => this.runs.dispatch(delivery, slotted),
     };

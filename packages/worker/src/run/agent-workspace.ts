@@ -59,9 +59,14 @@ export async function readResultFile(sandbox: Sandbox): Promise<AgentResultFile 
   throw new BoxcarError(ErrorCode.badResult, `${AgentPaths.result} is not a valid result: ${detail}`, { issues });
 }
 
+/** How each artifact is stored: `put` runs once, or again while the caller waits for room in the store. */
+export type KeepArtifact = (what: string, put: () => Promise<void>) => Promise<void>;
+
 /**
- * Streams the workspace files that match `globs` into the Object Store as `<jobId>/<path>`.
- * Files under `.boxcar/` are never artifacts.
+ * Streams the workspace files that match `globs` into the Object Store as `<jobId>/<path>`,
+ * one by one, each through `keep` (which may put it again), and lists each in `stored` once it
+ * is stored whole: an object whose put failed is not listed (the Object Store removes the chunks
+ * it stored). Files under `.boxcar/` are never artifacts.
  */
 export async function storeArtifacts(
   sandbox: Sandbox,
@@ -69,7 +74,9 @@ export async function storeArtifacts(
   globs: readonly string[],
   store: ObjectStore,
   redactor: Pick<Redactor, "stream" | "text">,
+  opts: { stored?: Artifact[]; keep?: KeepArtifact } = {},
 ): Promise<Artifact[]> {
+  const { stored: artifacts = [], keep = (_what, put) => put() } = opts;
   const matches = globMatcher(globs);
   const files = (await sandbox.listFiles(globRoots(globs)))
     .filter((f) => !f.path.startsWith(`${AgentPaths.reserved}/`) && matches(f.path))
@@ -80,31 +87,55 @@ export async function storeArtifacts(
       `the agent left ${files.length} files matching its outputs (${globs.join(", ")}); the limit is ${MAX_ARTIFACTS}`,
     );
   }
-  const artifacts: Artifact[] = [];
   for (const { path } of files) {
-    const body = await sandbox.readFile(path);
-    if (!body) continue; // removed since it was listed
-    const hash = createHash("sha256");
-    let size = 0;
-    // Stored redacted, as the agent's output is: its size and digest are the stored bytes'.
-    const secrets = redactor.stream();
-    const keep = (chunk: Uint8Array, controller: TransformStreamDefaultController<Uint8Array>) => {
-      hash.update(chunk);
-      size += chunk.length;
-      if (chunk.length > 0) controller.enqueue(chunk);
-    };
-    const measured = body.pipeThrough(
-      new TransformStream<Uint8Array, Uint8Array>({
-        transform: (chunk, controller) => keep(secrets.push(chunk), controller),
-        flush: (controller) => keep(secrets.end(), controller),
-      }),
-    );
     const stored = redactor.text(path);
-    const object = `${jobId}/${stored}`;
-    await store.put({ name: object }, measured);
-    artifacts.push({ path: stored, object, size, sha256: hash.digest("hex") });
+    let object: StoredObject | undefined;
+    await keep(`the artifact ${stored}`, async () => {
+      object = await storeArtifact(sandbox, path, `${jobId}/${stored}`, store, redactor);
+    });
+    if (object) artifacts.push({ path: stored, ...object });
   }
   return artifacts;
+}
+
+/** An artifact as stored: its object's name, and the size and digest of the bytes stored. */
+type StoredObject = Omit<Artifact, "path">;
+
+/** Streams one workspace file, redacted, into the Object Store as `object`; undefined when it is gone since it was listed. */
+async function storeArtifact(
+  sandbox: Sandbox,
+  path: string,
+  object: string,
+  store: ObjectStore,
+  redactor: Pick<Redactor, "stream">,
+): Promise<StoredObject | undefined> {
+  const body = await sandbox.readFile(path);
+  if (!body) return undefined; // removed since it was listed
+  const hash = createHash("sha256");
+  let size = 0;
+  // Stored redacted, as the agent's output is: its size and digest are the stored bytes'.
+  const secrets = redactor.stream();
+  const keep = (chunk: Uint8Array, controller: TransformStreamDefaultController<Uint8Array>) => {
+    hash.update(chunk);
+    size += chunk.length;
+    if (chunk.length > 0) controller.enqueue(chunk);
+  };
+  // A put that fails leaves the file unread: the pipe is cut, which closes it.
+  const cut = new AbortController();
+  const measured = body.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform: (chunk, controller) => keep(secrets.push(chunk), controller),
+      flush: (controller) => keep(secrets.end(), controller),
+    }),
+    { signal: cut.signal },
+  );
+  try {
+    await store.put({ name: object }, measured);
+  } catch (err) {
+    cut.abort();
+    throw err;
+  }
+  return { object, size, sha256: hash.digest("hex") };
 }
 
 /** The most of an agent's usage file read: 10 000 lines of 100 bytes. */

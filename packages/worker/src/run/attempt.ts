@@ -4,6 +4,7 @@ import type { Topology } from "@boxcar/fabric";
 import { isTransientJetStreamError } from "@boxcar/fabric/internal";
 import {
   type AgentResultFile,
+  type Artifact,
   BoxcarError,
   ErrorCode,
   type ErrorInfo,
@@ -39,6 +40,7 @@ import type { JobEvents, SandboxRef } from "./job-events.js";
 import type { AgentSignals } from "./job-signals.js";
 import { OutputLog } from "./output-log.js";
 import type { OwnedRecord } from "./owned-record.js";
+import { type RoomWait, RoomWaitStoppedError } from "./room-wait.js";
 
 /** What an attempt uses of its worker. */
 export interface AttemptWorker {
@@ -70,6 +72,8 @@ export interface AttemptContext {
   attemptLease: AttemptLease | undefined;
   /** The attempt's span, as a W3C `traceparent` for the agent, when the job is traced. */
   traceparent: string | undefined;
+  /** Its output and artifacts refused for want of storage wait for room here (the run's, with its events and record). */
+  room: RoomWait;
   /** Aborted once the run is stopped. */
   signal: AbortSignal;
   /** Why the run was stopped, once it was: the first reason decides how the job ends. */
@@ -159,7 +163,8 @@ export class Attempt {
           usage,
         );
       }
-      if (this.ctx.stopReason() && !exec) return withUsage(this.stopped(undefined), usage);
+      // Stopped before its agent ran, or while what it had to store waited for room: ends as its stop says.
+      if (this.ctx.stopReason() && (!exec || err instanceof RoomWaitStoppedError)) return withUsage(this.stopped(exec), usage);
       // NATS out of reach, or a cluster without leaders for a moment (storing the artifacts, say),
       // says nothing about the job: hand it back (the caller naks) for another try.
       if (isTransientJetStreamError(err)) throw err;
@@ -255,9 +260,15 @@ export class Attempt {
       else modelEnv = await this.models.prepareHere();
     }
     const output = new OutputLog({
-      publish: async (stream, data) => {
-        await this.topology.js.publish(this.topology.names.subjects.log(ownerOf(this.item), this.jobId, stream), data);
-      },
+      // A chunk the store has no room for waits for it (the later ones queue behind, up to the output kept).
+      publish: (stream, data) =>
+        this.ctx.room.store(
+          "the agent's output",
+          async () => {
+            await this.topology.js.publish(this.topology.names.subjects.log(ownerOf(this.item), this.jobId, stream), data);
+          },
+          { bounded: true },
+        ),
       maxBytes: options.maxLogBytes,
       redactor: this.redactor,
       onProgress: (message) => this.events.progress(message, this.sandboxInfo),
@@ -326,12 +337,22 @@ export class Attempt {
   /** The outcome of an agent that ended on its own: artifacts, then its result file and exit code. */
   private async conclude(sandbox: Sandbox, exec: ExecResult): Promise<Outcome> {
     // A workspace past its quota is not stored: its files are what the quota keeps out.
-    const artifacts =
-      exec.breach === undefined
-        ? await this.phase("artifacts.store", () =>
-            storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts, this.redactor),
-          )
-        : [];
+    const artifacts: Artifact[] = [];
+    if (exec.breach === undefined) {
+      try {
+        await this.phase("artifacts.store", () =>
+          storeArtifacts(sandbox, this.jobId, this.item.agent.outputs, this.topology.artifacts, this.redactor, {
+            stored: artifacts,
+            // One the store has no room for waits for it, as long as the run goes on (a cancel ends the wait).
+            keep: (what, put) => this.ctx.room.store(what, put, { bounded: true, signal: this.ctx.signal }),
+          }),
+        );
+      } catch (err) {
+        // Failed (the store stayed full, say): those stored whole are listed, so that they go with the job.
+        if (isTransientJetStreamError(err) || err instanceof RoomWaitStoppedError) throw err;
+        return { ...this.failed(err, exec), artifacts };
+      }
+    }
     let file: AgentResultFile | undefined;
     try {
       file = await readResultFile(sandbox);

@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
-import { nowIso, publishEvent } from "@boxcar/fabric/internal";
+import { isStorageFull, nowIso, publishEvent } from "@boxcar/fabric/internal";
 import {
   type BoxcarEvent,
   type ErrorInfo,
@@ -15,6 +15,7 @@ import {
 } from "@boxcar/protocol";
 import type { SandboxBackend } from "../sandbox/sandbox.js";
 import type { Redactor } from "../workspace/redactor.js";
+import type { RoomWait } from "./room-wait.js";
 
 /** The fields of an event that say what it is and whose: never redacted (see `JobEvents.redacted`). */
 const IDENTITY = [
@@ -76,7 +77,10 @@ export type SandboxEventDetails = Partial<
  * Publishes are not waited for one by one: they go out in order on the worker's one connection,
  * which NATS delivers, and the stream stores, in order. The promise a call returns settles when
  * that event and all before it are stored (at once for a held one); a failed publish is logged
- * and does not stop the job.
+ * and does not stop the job. An event JetStream refuses for want of storage waits for room
+ * (`RoomWait`, bounded as the attempt's results are), and every later event waits behind it, so
+ * that they are stored in order; past the bound, or once the run stops for good, they are
+ * dropped, logged.
  */
 export class JobEvents {
   private tail: Promise<void> = Promise.resolve();
@@ -85,6 +89,9 @@ export class JobEvents {
   /** Events held back while the attempt is young; null once events go out as they come. */
   private held: (JobEvent | SandboxEvent)[] | null;
   private liveTimer: NodeJS.Timeout | undefined;
+  /** Events refused for want of storage and those after them, stored one by one once there is room; how many wait. */
+  private backlog: Promise<void> = Promise.resolve();
+  private backlogged = 0;
   attempt = 0;
 
   constructor(
@@ -94,6 +101,8 @@ export class JobEvents {
     private readonly holdMs: number,
     /** Every event is redacted by it before it is published, whatever its fields. */
     private readonly redactor: Pick<Redactor, "json" | "active">,
+    /** The attempt's wait for room: events the store refuses wait in it. */
+    private readonly room: Pick<RoomWait, "store">,
   ) {
     this.held = holdMs > 0 ? [] : null;
   }
@@ -194,10 +203,30 @@ export class JobEvents {
   }
 
   private enqueue(event: BoxcarEvent): Promise<void> {
-    const stored = publishEvent(this.topology, this.redacted(event)).catch((err: unknown) => {
-      this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
-    });
+    const redacted = this.redacted(event);
+    const stored =
+      this.backlogged > 0
+        ? this.afterRoom(redacted)
+        : publishEvent(this.topology, redacted).catch((err: unknown) =>
+            isStorageFull(err) ? this.afterRoom(redacted) : this.dropped(redacted, err),
+          );
     this.tail = Promise.all([this.tail, stored]).then(() => undefined);
     return this.tail;
+  }
+
+  /** Stores an event once the store has room, after those refused before it. */
+  private afterRoom(event: BoxcarEvent): Promise<void> {
+    this.backlogged += 1;
+    this.backlog = this.backlog
+      .then(() => this.room.store("the job's events", () => publishEvent(this.topology, event), { bounded: true }))
+      .catch((err: unknown) => this.dropped(event, err))
+      .finally(() => {
+        this.backlogged -= 1;
+      });
+    return this.backlog;
+  }
+
+  private async dropped(event: BoxcarEvent, err: unknown): Promise<void> {
+    this.log.warn({ err, event: `${event.kind}.${event.type}` }, "could not publish event");
   }
 }

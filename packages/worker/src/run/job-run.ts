@@ -14,6 +14,7 @@ import {
 } from "@boxcar/protocol";
 import { checkAgentPolicy, JobTransitions, resolveRuntime } from "@boxcar/protocol/internal";
 import type { Msg } from "@nats-io/transport-node";
+import type { RoomWaits } from "../intake/room-waits.js";
 import type { WorkDelivery } from "../intake/work-delivery.js";
 import { AttemptLease } from "../sandbox/lifeline.js";
 import type { SandboxBackend } from "../sandbox/sandbox.js";
@@ -26,6 +27,7 @@ import { JobEvents } from "./job-events.js";
 import { AgentSignals } from "./job-signals.js";
 import { OutcomeWriter, type Settlement } from "./outcome-writer.js";
 import { OwnedRecord } from "./owned-record.js";
+import { RoomWait } from "./room-wait.js";
 
 /** How long a job this worker cannot run waits before JetStream offers it again. */
 const HAND_BACK_DELAY_MS = 1_000;
@@ -51,6 +53,8 @@ export interface JobRunContext extends AttemptWorker {
   leaseMs: number;
   /** The sessions this worker holds: a job in one (`submit --session`) runs in its sandbox. */
   sessions: Pick<SessionHost, "lend"> | undefined;
+  /** The worker's attempts that wait for room in JetStream's store: it takes no new job while any does. */
+  roomWaits: RoomWaits | undefined;
 }
 
 /** What the claim hands on to its attempt and its outcome writer. */
@@ -98,6 +102,11 @@ export class JobRun {
    */
   private readonly attemptLease: AttemptLease | undefined;
   private lapseTimer: NodeJS.Timeout | undefined;
+  /**
+   * What the attempt must store (its events, output, artifacts and record) waits here for room
+   * while JetStream's store is full, its lease kept meanwhile, instead of failing the job.
+   */
+  private readonly room: RoomWait;
 
   constructor(
     private readonly ctx: JobRunContext,
@@ -108,6 +117,12 @@ export class JobRun {
     this.topology = ctx.options.topology;
     this.attemptLease = Number.isFinite(ctx.leaseMs) ? new AttemptLease(ctx.leaseMs) : undefined;
     this.log = this.redactor.logger(ctx.log.child({ jobId: item.jobId }));
+    this.room = new RoomWait({
+      log: () => this.log,
+      maxWaitMs: ctx.options.roomWaitMs,
+      msToDeadline: () => this.owned?.msToDeadline() ?? Number.POSITIVE_INFINITY,
+      waits: ctx.roomWaits,
+    });
     this.events = new JobEvents(
       this.topology,
       {
@@ -120,6 +135,7 @@ export class JobRun {
       this.log,
       ctx.options.eventHoldMs,
       this.redactor,
+      this.room,
     );
     this.signals = new AgentSignals({ redactor: this.redactor, events: this.events, stopReason: () => this.stopReason });
   }
@@ -131,6 +147,8 @@ export class JobRun {
 
   /** Stops the run; the first reason decides how the job ends. */
   stop(reason: StopReason): void {
+    // The worker stops, or the lease lapsed: nothing waits for room any more, whatever stopped the run first.
+    if (reason === "worker_stopped" || reason === "lease_lost") this.room.stop();
     if (this.stopReason) return;
     this.stopReason = reason;
     this.signals.refuseWaiting(); // signals waiting for the sandbox are refused now
@@ -154,6 +172,8 @@ export class JobRun {
       this.session?.release(this.endedAs ?? "handed back");
       // An attempt that ended without its last event (fenced, or handed back on an error) keeps the rest.
       this.events.goLive();
+      // Nothing of an ended run waits for room: the worker takes jobs again once its others have room.
+      this.room.stop();
     }
   }
 
@@ -297,6 +317,7 @@ export class JobRun {
       redactor: this.redactor,
       attemptLease: this.attemptLease,
       traceparent: claim.traceparent,
+      room: this.room,
       signal: this.abort.signal,
       stopReason: () => this.stopReason,
       stop: (reason) => this.stop(reason),
@@ -316,6 +337,7 @@ export class JobRun {
       inSession: this.session !== undefined,
       attemptLease: this.attemptLease,
       claimedAt: claim.claimedAt,
+      room: this.room,
       stopReason: () => this.stopReason,
     });
     await this.settle(await writer.write(outcome));

@@ -10,6 +10,7 @@ import { type FinalOutcome, failedOutcome, type Outcome, type StopReason, withUs
 import type { JobEvents } from "./job-events.js";
 import type { OwnedRecord } from "./owned-record.js";
 import { planRetry, type RetryPlan } from "./retry-plan.js";
+import { type RoomWait, RoomWaitStoppedError } from "./room-wait.js";
 
 /**
  * What becomes of the work item once the outcome is written: acknowledged (the job is done
@@ -38,6 +39,8 @@ export interface OutcomeWriterContext {
   attemptLease: AttemptLease | undefined;
   /** When the attempt claimed the job (performance.now()), for its metrics. */
   claimedAt: number;
+  /** The record refused for want of storage waits for room here, for as long as the run goes on. */
+  room: RoomWait;
   /** Why the run was stopped, if it was. */
   stopReason(): StopReason | undefined;
 }
@@ -68,9 +71,24 @@ export class OutcomeWriter {
   /**
    * Writes how the attempt ended (the record by compare-and-swap while this attempt owns the job,
    * then its event) and says what becomes of the work item. A failure the retry policy covers is
-   * retried or buries the job; an attempt that no longer owns the job writes nothing.
+   * retried or buries the job; an attempt that no longer owns the job writes nothing. A record the
+   * store has no room for waits for it; should the worker stop (or the lease lapse) meanwhile, the
+   * record is left as it is and the work item handed back, as for a job stopped while it runs.
    */
   async write(reported: Outcome): Promise<Settlement> {
+    try {
+      return await this.written(reported);
+    } catch (err) {
+      if (!(err instanceof RoomWaitStoppedError)) throw err;
+      this.log.warn(
+        { reason: this.ctx.stopReason() },
+        "stopped while JetStream's store had no room for the job's record; leaving it as it is and handing the work item back",
+      );
+      return { kind: "nak" };
+    }
+  }
+
+  private async written(reported: Outcome): Promise<Settlement> {
     // Everything the attempt reports comes from here (its result, handoff, artifacts' names,
     // error, usage): redacted once, whatever field it is in.
     let outcome = this.ctx.redactor.json(reported);
@@ -106,8 +124,8 @@ export class OutcomeWriter {
     const now = nowIso();
     const update =
       outcome.kind === "requeue"
-        ? await this.owned.update((current) => JobTransitions.handBack(current, now))
-        : await this.owned.update((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
+        ? await this.update((current) => JobTransitions.handBack(current, now))
+        : await this.update((current) => JobTransitions.finish(current, this.attemptEnd(outcome, outcome.state, now)));
     if (!update) return this.leave();
 
     this.attemptEnded(outcome.kind === "requeue" ? "requeued" : outcome.state, outcome.kind === "final" ? outcome : undefined);
@@ -118,6 +136,11 @@ export class OutcomeWriter {
     }
     this.log.info({ state: outcome.state, error: outcome.error }, "job finished");
     return { kind: "ack" };
+  }
+
+  /** Takes `step` on the record while this attempt owns it (`OwnedRecord.update`), waiting for room while the store has none. */
+  private update(step: Parameters<OwnedRecord["update"]>[0]): ReturnType<OwnedRecord["update"]> {
+    return this.ctx.room.store("the job's record", () => this.owned.update(step), { bounded: false });
   }
 
   private attemptEnded(name: string, outcome: FinalOutcome | undefined): void {
@@ -147,9 +170,7 @@ export class OutcomeWriter {
       finishedAt: now,
       ...(outcome.error ? { error: outcome.error } : {}),
     };
-    const update = await this.owned.update((current) =>
-      JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan),
-    );
+    const update = await this.update((current) => JobTransitions.endAttempt(current, ended, this.attemptEnd(outcome, state, now), plan));
     if (!update) return this.leave();
     this.attemptEnded(plan.kind === "retry" ? "retrying" : "dead", outcome);
     if (plan.kind === "dead") this.ctx.metrics?.jobEnded(this.item.agent.name, "dead", update.createdAt);
