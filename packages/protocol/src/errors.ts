@@ -125,8 +125,9 @@ export const ERROR_CODE_DOCS: Readonly<Record<ErrorCode, { readonly meaning: str
   },
   storage_full: {
     meaning:
-      "JetStream has no room, and nothing was kept: a submit when its store (the server's `max_file_store` or the account's limit) is full, or has less free than the headroom the system policy keeps for the jobs admitted (`queue.headroom`); or a role that creates the system on a server with less storage free than its streams reserve, refused before it made any, with sizes that fit (exit code 3)",
-    appears: "API replies (`jobs.submit`, `workflows.start`); an intake submission waits in its stream instead; a role's refusal to start",
+      "JetStream has no room, and nothing was kept: a submit when its store (the server's `max_file_store` or the account's limit) is full, or has less free than the headroom the system policy keeps for the jobs admitted (`queue.headroom`); or a role that creates the system on a server with less storage free than its streams reserve, refused before it made any, with sizes that fit (exit code 3); or a job whose artifacts its worker waited to store for its `roomWait` (default 10 minutes) while the store stayed full",
+    appears:
+      "API replies (`jobs.submit`, `workflows.start`); an intake submission waits in its stream instead; a role's refusal to start; a failed job's `error`",
   },
   accepted_pending: {
     meaning:

@@ -21,6 +21,11 @@ export const WorkerConfig = z.strictObject({
   drainGrace: durationMs({ min: 0, max: 24 * HOUR })
     .optional()
     .describe("how long SIGTERM lets running jobs finish"),
+  roomWait: durationMs({ min: 0, max: 24 * HOUR })
+    .optional()
+    .describe(
+      "how long an attempt's artifacts, output and events wait for room while JetStream's store is full before the job fails storage_full; default 10m",
+    ),
   secrets: z
     .strictObject({
       allow: z
