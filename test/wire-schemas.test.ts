@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { type AddressInfo, createServer } from "node:net";
 import { readStream } from "@boxcar/fabric/internal";
 import { API_CONTRACT, type ApiEndpoint, type ApiReplyData, apiSchemaFile, jsonSchemas } from "@boxcar/protocol";
 import { eventually, localSystem } from "@boxcar/testing";
@@ -155,6 +156,12 @@ test("each API request and the data of its reply match the endpoint's published 
   await call("sessions.files.read", { id: session.id, path: "dir/big.txt", offset: 5, length: 8 });
   await call("sessions.files.stat", { id: session.id, path: "dir/big.txt", sha256: true });
   await call("sessions.unwatch", { id: session.id, watchId: watch.watchId });
+  // A connection to a port of the session's loopback (a host session's is this machine's).
+  const listening = createServer((c) => c.end("hi"));
+  await new Promise<void>((r) => listening.listen(0, "127.0.0.1", r));
+  const port = (listening.address() as AddressInfo).port;
+  await call("sessions.connect", { id: session.id, port, tunnel: "wire-schemas-1" });
+  listening.close();
   await call("sessions.files.list", { id: session.id, path: "dir" });
   await call("sessions.files.remove", { id: session.id, path: "dir" });
   const { snapshot } = await call("sessions.snapshot", { id: session.id });

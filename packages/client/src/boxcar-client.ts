@@ -4,6 +4,7 @@
  * options and values its methods take and give. `createClient` (client.ts) makes one.
  */
 
+import type { Duplex } from "node:stream";
 import type {
   AgentDefinition,
   BoxcarEvent,
@@ -48,6 +49,7 @@ import type {
   WorkflowRun,
 } from "@boxcar/protocol";
 import type { FollowOptions } from "./follow.js";
+import type { PortForward, PortForwardOptions } from "./session-ports.js";
 import type { CopiedFile, CopyOptions } from "./session-transfers.js";
 
 export interface ClientOptions {
@@ -193,6 +195,18 @@ export interface BoxcarClient {
   watchSession(request: WatchRequestInput): Promise<WatchInfo>;
   /** Stops a watch. */
   unwatchSession(id: string, watchId: string): Promise<WatchInfo>;
+  /**
+   * One TCP connection to `port` on the session's own loopback, through its worker
+   * (docs/sessions.md#ports), as a stream: what is written to it reaches the port, what the port
+   * sends is read from it. Rejects `unavailable` when nothing listens there; the session's owner
+   * (or an admin) only.
+   */
+  connectToSession(id: string, port: number): Promise<Duplex>;
+  /**
+   * Listens on a local port (default: a free one on 127.0.0.1) and relays each connection it takes
+   * to `port` in the session, each through its own tunnel, until closed.
+   */
+  forwardSessionPort(id: string, port: number, opts?: PortForwardOptions): Promise<PortForward>;
   /** The regular files of the session's workspace, or of one folder of it. */
   listSessionFiles(request: ListSessionFilesInput): Promise<{ files: Array<{ path: string; size: number }>; truncated: boolean }>;
   /** Removes a file or folder of the session's workspace; false when there was none. */

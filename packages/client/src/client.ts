@@ -51,6 +51,7 @@ import {
 import { DispatcherApi } from "./dispatcher-api.js";
 import { downloadArtifacts, uploadInput } from "./file-transfers.js";
 import { type FollowOptions, followPages, type HistoryPage } from "./follow.js";
+import { connectTunnel, forwardPort, type PortForwardOptions } from "./session-ports.js";
 import { type CopyOptions, copyFromSession, copyToSession, HASHING_WAIT_MS } from "./session-transfers.js";
 
 /** How long a client waits for a session to open, and beyond an exec's timeout for its answer. */
@@ -285,6 +286,14 @@ class Client implements BoxcarClient, HistoryReader {
   async watchSession(request: WatchRequestInput) {
     // It answers once its folders are watched (up to 30 s for a large workspace).
     return (await this.api.request(ApiEndpoint.sessionsWatch, request, Math.max(this.api.timeoutMs, SESSION_EXEC_MARGIN_MS))).watch;
+  }
+
+  connectToSession(id: string, port: number) {
+    return connectTunnel(this.api, id, port);
+  }
+
+  forwardSessionPort(id: string, port: number, opts?: PortForwardOptions) {
+    return forwardPort(() => connectTunnel(this.api, id, port), opts);
   }
 
   async unwatchSession(id: string, watchId: string) {

@@ -101,6 +101,8 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsFilesStat,
     ApiEndpoint.sessionsWatch,
     ApiEndpoint.sessionsUnwatch,
+    // A tunnel's bytes go both ways (a connection can write): its owner's (and an admin's), never a viewer's.
+    ApiEndpoint.sessionsConnect,
     ApiEndpoint.sessionsSnapshot,
     ApiEndpoint.snapshotsRemove,
     ApiEndpoint.schedulesCreate,
@@ -235,12 +237,16 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             objSubjects(b.snapshots),
             `$JS.API.STREAM.PURGE.${obj(b.artifacts)}`,
             `$JS.API.STREAM.PURGE.${obj(b.snapshots)}`,
+            // The bytes out of a session's ports, to the tunnel's user (core NATS; no stream listens there).
+            s.tunnelsAll("out"),
           ],
           // Work items come only from dispatchers; a worker only hands them back.
           deny: [s.workAll],
         },
         // Session requests come from dispatchers; a worker may answer each once, on its reply subject only.
-        sub: { allow: [inbox, s.cancelAll, s.signalAll, s.sessionAll], deny: [] },
+        // A tunnel's bytes into a session come from its user, and are never answered (their reply
+        // subject is the sender's to choose).
+        sub: { allow: [inbox, s.cancelAll, s.signalAll, s.sessionAll, s.tunnelsAll("in")], deny: [] },
         allowResponses: true,
       };
     case "viewer":
@@ -251,11 +257,12 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
         allowResponses: false,
       };
     case "submitter":
-      // Everything through the API; live events and output only its own (their subjects carry the owner).
+      // Everything through the API; live events and output only its own (their subjects carry the
+      // owner); the bytes of its own tunnels to sessions' ports (core NATS, opened through the API).
       return {
-        pub: { allow: [`${s.apiPrincipal({ role, user })}.>`, s.ownerUploads(user)], deny: [] },
+        pub: { allow: [`${s.apiPrincipal({ role, user })}.>`, s.ownerUploads(user), s.tunnel(user, "*", "in")], deny: [] },
         sub: {
-          allow: [inbox, ...OWNED_EVENT_KINDS.map((kind) => s.ownerEventsOf(kind, user)), s.ownerLogs(user)],
+          allow: [inbox, ...OWNED_EVENT_KINDS.map((kind) => s.ownerEventsOf(kind, user)), s.ownerLogs(user), s.tunnel(user, "*", "out")],
           deny: [],
         },
         allowResponses: false,

@@ -7,6 +7,8 @@ import { type ApiEndpoint, TOKEN_PATTERN } from "./names.js";
 import { SystemPolicy } from "./policy.js";
 import { ListSchedulesReply, ScheduleDefinition, ScheduleRef, ScheduleReply } from "./schedule.js";
 import {
+  ConnectReply,
+  ConnectRequest,
   ExecReply,
   ExecRequest,
   InputReply,
@@ -339,6 +341,7 @@ export const API_CONTRACT = {
   "sessions.files.stat": { request: StatSessionFile, reply: SessionFileStat },
   "sessions.watch": { request: WatchRequest, reply: WatchReply },
   "sessions.unwatch": { request: WatchRef, reply: WatchReply },
+  "sessions.connect": { request: ConnectRequest, reply: ConnectReply },
   "sessions.snapshot": { request: SessionRef, reply: SnapshotReply },
   "snapshots.list": { request: NoFields, reply: ListSnapshotsReply },
   "snapshots.remove": { request: SnapshotRef, reply: SnapshotReply },

@@ -373,6 +373,16 @@ const NAME_ROWS: readonly NameRow[] = [
     name: (n, x) => n.subjects.session(x("workerId", "<workerId>"), "<op>"),
     kind: () => "core NATS subject, from dispatchers to one worker",
   },
+  {
+    what: "a tunnel's bytes into a session's port",
+    name: (n, x) => n.subjects.tunnel(x("user", LOCAL_OWNER), x("tunnelId", "<tunnelId>"), "in"),
+    kind: () => "core NATS subject, from its user to the session's worker",
+  },
+  {
+    what: "a tunnel's bytes out of a session's port",
+    name: (n, x) => n.subjects.tunnel(x("user", LOCAL_OWNER), x("tunnelId", "<tunnelId>"), "out"),
+    kind: () => "core NATS subject, from the session's worker to its user",
+  },
   { what: "job records", name: (n) => n.buckets.jobs, kind: () => "KV bucket, key = job id" },
   { what: "agent definitions", name: (n) => n.buckets.agents, kind: () => "KV bucket, key = agent name" },
   { what: "worker presence", name: (n) => n.buckets.workers, kind: () => "KV bucket, key = worker id" },

@@ -112,7 +112,7 @@ export {
 export { jsonSchemas } from "./json-schemas.js";
 export { AgentModels, GatewayReach, MODEL_PROVIDERS, ModelCall, ModelProvider, recordedCallObject } from "./models.js";
 export type { EventKind, Names } from "./names.js";
-export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN } from "./names.js";
+export { ApiEndpoint, DEFAULT_PREFIX, LOCAL_OWNER, LogStream, names, TOKEN_PATTERN, TunnelWay } from "./names.js";
 export type { AgentPolicyInput, SystemPolicyInput } from "./policy.js";
 export { AgentPolicy, DEFAULT_RETENTION_MS, ModelLimit, ModelPrice, QueueLimits, Quota, Retention, SystemPolicy } from "./policy.js";
 export type { Identity } from "./principal.js";
@@ -133,6 +133,7 @@ export {
   ScheduleState,
 } from "./schedule.js";
 export type {
+  ConnectRequest as ConnectRequestInput,
   ExecRequest as ExecRequestInput,
   ListSessionFiles as ListSessionFilesInput,
   ListSessionsRequest as ListSessionsRequestInput,
@@ -145,6 +146,8 @@ export type {
   WriteSessionFile as WriteSessionFileInput,
 } from "./session.js";
 export {
+  ConnectReply,
+  ConnectRequest,
   ExecReply,
   ExecRequest,
   GitSeed,
@@ -161,6 +164,7 @@ export {
   OutputReply,
   OutputRequest,
   OutputStream,
+  Port,
   ProcessesReply,
   ProcessInfo,
   ProcessRef,
@@ -178,11 +182,16 @@ export {
   SnapshotInfo,
   StartRequest,
   StatSessionFile,
+  TUNNEL_CHUNK,
+  TUNNEL_WINDOW,
+  TunnelId,
+  TunnelInfo,
   WaitReply,
   WaitRequest,
   WatchInfo,
   WatchRef,
   WatchRequest,
+  WorkerConnect,
   WorkerOpenSession,
   WorkerReply,
   WriteSessionFile,

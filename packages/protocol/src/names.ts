@@ -152,8 +152,22 @@ export interface Names {
     /** Where a dispatcher asks the worker holding a session to `op` (open, exec, cancel, close, a file's read, write, list, remove): `<prefix>.sess.<workerId>.<op>`. */
     session(workerId: string, op: string): string;
     sessionAll: string;
+    /**
+     * A tunnel to a port in a session (docs/sessions.md#ports), core NATS, its bytes one way:
+     * `<prefix>.tunnel.<user>.<tunnelId>.in` (the caller's, into the session) and `.out` (the
+     * session's worker's, out of it). `user` is who opened it: only that user (and admins) may use them.
+     */
+    tunnel(user: string, tunnelId: string, way: TunnelWay): string;
+    /** The tunnels of one user, both ways. */
+    ownerTunnels(user: string): string;
+    /** Every tunnel's bytes one way (`*.*` for the user and the tunnel). */
+    tunnelsAll(way: TunnelWay): string;
   };
 }
+
+/** Which way a tunnel's subject carries bytes: `in` to the session, `out` from it. */
+export const TunnelWay = { in: "in", out: "out" } as const;
+export type TunnelWay = (typeof TunnelWay)[keyof typeof TunnelWay];
 
 export const ApiEndpoint = {
   jobsSubmit: "jobs.submit",
@@ -201,6 +215,7 @@ export const ApiEndpoint = {
   sessionsFilesStat: "sessions.files.stat",
   sessionsWatch: "sessions.watch",
   sessionsUnwatch: "sessions.unwatch",
+  sessionsConnect: "sessions.connect",
   sessionsSnapshot: "sessions.snapshot",
   snapshotsList: "snapshots.list",
   snapshotsRemove: "snapshots.remove",
@@ -295,6 +310,9 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       uploadsAll: `${prefix}.upload.>`,
       session: (workerId, op) => `${prefix}.sess.${workerId}.${op}`,
       sessionAll: `${prefix}.sess.>`,
+      tunnel: (user, tunnelId, way) => `${prefix}.tunnel.${user}.${tunnelId}.${way}`,
+      ownerTunnels: (user) => `${prefix}.tunnel.${user}.>`,
+      tunnelsAll: (way) => `${prefix}.tunnel.*.*.${way}`,
     },
   };
 }

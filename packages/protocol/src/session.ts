@@ -396,6 +396,47 @@ export const WatchInfo = z.strictObject({
 export type WatchInfo = z.infer<typeof WatchInfo>;
 export const WatchRef = z.strictObject({ id: SessionId, watchId: z.string().min(1).max(128) });
 export const WatchReply = z.strictObject({ watch: WatchInfo });
+/** The most tunnels (connections to its ports) a session has open at once. */
+export const MAX_SESSION_TUNNELS = 32;
+/** The most bytes either end of a tunnel sends that the other has not taken (its window). */
+export const TUNNEL_WINDOW = 1024 * 1024;
+/** The most bytes one message of a tunnel carries. */
+export const TUNNEL_CHUNK = 64 * 1024;
+
+/** A TCP port: 1 to 65535. */
+export const Port = z
+  .number()
+  .int("a port is a whole number from 1 to 65535")
+  .min(1, "a port is a whole number from 1 to 65535")
+  .max(65_535, "a port is a whole number from 1 to 65535");
+
+/** A tunnel's id, chosen fresh by its caller for each connection: its subjects are `<prefix>.tunnel.<user>.<id>.in|out`. */
+export const TunnelId = z
+  .string()
+  .regex(/^[A-Za-z0-9_-]{8,64}$/, "a tunnel id is 8 to 64 letters, digits, '-' or '_', fresh for each connection");
+
+/**
+ * Opens one TCP connection to `port` on the session's own loopback (docs/sessions.md#ports) and
+ * relays its bytes over the tunnel's subjects, which the caller subscribes to (`.out`) before
+ * asking: the session's first bytes may come before the reply.
+ */
+export const ConnectRequest = z.strictObject({ id: SessionId, port: Port, tunnel: TunnelId });
+export type ConnectRequest = z.input<typeof ConnectRequest>;
+export const TunnelInfo = z.strictObject({
+  tunnel: TunnelId,
+  port: Port,
+  /** Where the caller sends the bytes for the port, and where the port's bytes come. */
+  in: z.string(),
+  out: z.string(),
+  /** The most bytes either end sends that the other has not acknowledged. */
+  window: z.number().int().positive(),
+  openedAt: z.iso.datetime(),
+});
+export type TunnelInfo = z.infer<typeof TunnelInfo>;
+export const ConnectReply = z.strictObject({ tunnel: TunnelInfo });
+/** What a dispatcher asks the session's worker: the request, and the user whose tunnel it is (its subjects carry the name). */
+export const WorkerConnect = ConnectRequest.extend({ user: z.string().regex(TOKEN_PATTERN) });
+
 export const ListSessionFiles = z.strictObject({
   id: SessionId,
   /** A folder of the workspace to list; default: all of it. */

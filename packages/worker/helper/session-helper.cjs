@@ -10,10 +10,22 @@
 //                      {"t":"mkdir","id":"6","path":"a/b"}
 //                      {"t":"list","id":"4","path":"a","limit":1000}
 //                      {"t":"remove","id":"5","path":"a/b"}
+//                      {"t":"connect","id":"7","port":8080}         (a TCP connection to 127.0.0.1, else ::1, here)
+//                      {"t":"send","id":"7","d":"<base64>"}         (bytes for it; "end":true ends its writing side)
+//                      {"t":"ack","id":"7","n":65536}               (bytes of its "data" the worker has taken)
+//                      {"t":"hangup","id":"7"}                      (drop it)
 //   helper -> worker   {"t":"ready"}
 //                      {"t":"out","id":"1","s":"stdout"|"stderr","d":"<base64>"}
 //                      {"t":"exit","id":"1","code":0,"signal":null}   or  ..."error":"why it did not start"
 //                      {"t":"done","id":"2",...}                      or  ..."error":"why","code":"ENOENT"
+//                      {"t":"data","id":"7","d":"<base64>"}         (bytes from a connection; "end":true: it sends no more)
+//                      {"t":"ack","id":"7","n":65536}               (bytes of "send" written to it)
+//                      {"t":"hangup","id":"7","error":"..."}        (it closed; "error" when it failed)
+//
+// A connection (docs/sessions.md#ports) is answered by a "done" once open (or with its "error"
+// and "code"), then its bytes go both ways as frames, each side sending at most TUNNEL_WINDOW
+// bytes the other has not acknowledged. It reaches only this container's loopback: the worker
+// names a port, never a host.
 //
 // Files are read and written here, inside the container, and not by the worker in the
 // bind-mounted folder: a command running meanwhile could swap a folder for a symlink under the
@@ -43,6 +55,7 @@ const { createHash } = require("node:crypto");
 const fs = require("node:fs/promises");
 const { constants: fsConstants, createReadStream, lstatSync, readdirSync, realpathSync, statSync, watch } = require("node:fs");
 const { dirname, join, relative, sep } = require("node:path");
+const { connect: netConnect } = require("node:net");
 const { createInterface } = require("node:readline");
 
 /** A verb run alone (`node -e <helper> watch PATH`, a host session's), in the current folder; else the container's workspace. */
@@ -390,6 +403,105 @@ function watchPath(path, out) {
   };
 }
 
+/** Open connections to ports of this container's loopback, by the id of their "connect". */
+const tunnels = new Map();
+/** The most bytes of a connection's sent to the worker and not acknowledged, and the most in one frame. */
+const TUNNEL_WINDOW = 256 * 1024;
+const TUNNEL_CHUNK = 48 * 1024;
+/** How long a connection may take to open. */
+const CONNECT_TIMEOUT_MS = 10000;
+
+/** Opens a connection to `req.port` on this container's loopback (127.0.0.1, else ::1) and relays its bytes. */
+function openTunnel(req) {
+  const id = req.id;
+  const port = req.port;
+  if (!Number.isInteger(port) || port < 1 || port > 65535 || tunnels.has(id)) {
+    send({ t: "done", id, error: `no port ${port}`, code: "EINVAL" });
+    return;
+  }
+  const attempt = (hosts, firstError) => {
+    const host = hosts[0];
+    if (host === undefined) {
+      send({ t: "done", id, error: firstError.message, code: firstError.code });
+      return;
+    }
+    const socket = netConnect({ host, port, allowHalfOpen: true });
+    const timer = setTimeout(
+      () => socket.destroy(Object.assign(new Error(`no answer from ${host}:${port}`), { code: "ETIMEDOUT" })),
+      CONNECT_TIMEOUT_MS,
+    );
+    socket.once("error", (err) => {
+      clearTimeout(timer);
+      const next = err.code === "ECONNREFUSED" || err.code === "EADDRNOTAVAIL" || err.code === "EAFNOSUPPORT";
+      if (next) attempt(hosts.slice(1), firstError ?? err);
+      else send({ t: "done", id, error: err.message, code: err.code });
+    });
+    socket.once("connect", () => {
+      clearTimeout(timer);
+      socket.removeAllListeners("error");
+      relay(id, socket);
+      send({ t: "done", id });
+    });
+  };
+  attempt(["127.0.0.1", "::1"], undefined);
+}
+
+/** Relays an open connection's bytes as frames, holding it back while the worker has a window's worth unacknowledged. */
+function relay(id, socket) {
+  const tunnel = { socket, unacked: 0, stdoutFull: false, error: undefined };
+  tunnels.set(id, tunnel);
+  const flow = () => {
+    if (tunnel.unacked >= TUNNEL_WINDOW || tunnel.stdoutFull) socket.pause();
+    else socket.resume();
+  };
+  socket.on("data", (chunk) => {
+    for (let at = 0; at < chunk.length; at += TUNNEL_CHUNK) {
+      const part = chunk.subarray(at, at + TUNNEL_CHUNK);
+      tunnel.unacked += part.length;
+      if (!send({ t: "data", id, d: part.toString("base64") }) && !tunnel.stdoutFull) {
+        tunnel.stdoutFull = true;
+        process.stdout.once("drain", () => {
+          tunnel.stdoutFull = false;
+          flow();
+        });
+      }
+    }
+    flow();
+  });
+  socket.on("end", () => send({ t: "data", id, end: true }));
+  socket.on("error", (err) => {
+    tunnel.error = err.message;
+  });
+  socket.on("close", () => {
+    if (tunnels.get(id) !== tunnel) return;
+    tunnels.delete(id);
+    send({ t: "hangup", id, ...(tunnel.error ? { error: tunnel.error } : {}) });
+  });
+  tunnel.ack = (n) => {
+    tunnel.unacked = Math.max(0, tunnel.unacked - n);
+    flow();
+  };
+}
+
+/** A frame of the worker's for an open connection: bytes for it, its end, an acknowledgement, or a hangup. */
+function tunnelFrame(req) {
+  const tunnel = tunnels.get(req.id);
+  if (!tunnel) return;
+  if (req.t === "ack") tunnel.ack(Number(req.n) || 0);
+  else if (req.t === "hangup") {
+    tunnels.delete(req.id);
+    tunnel.socket.destroy();
+  } else if (req.t === "send") {
+    if (typeof req.d === "string" && req.d !== "") {
+      const data = Buffer.from(req.d, "base64");
+      tunnel.socket.write(data, (err) => {
+        if (!err) send({ t: "ack", id: req.id, n: data.length });
+      });
+    }
+    if (req.end === true) tunnel.socket.end();
+  }
+}
+
 function kill(req) {
   const command = running.get(req.id);
   if (command?.stop) {
@@ -532,10 +644,13 @@ function serve() {
     }
     if (req.t === "exec") run(req);
     else if (req.t === "kill") kill(req);
+    else if (req.t === "connect") openTunnel(req);
+    else if (req.t === "send" || req.t === "ack" || req.t === "hangup") tunnelFrame(req);
     else if (Object.hasOwn(files, req.t)) fileOp(req);
   });
   // The worker is gone (or closed the session): nothing of the session runs on.
   lines.on("close", () => {
+    for (const { socket } of tunnels.values()) socket.destroy();
     for (const { child } of running.values()) if (child?.pid !== undefined) signalGroup(child.pid, "SIGKILL");
     process.exit(0);
   });

@@ -1,6 +1,15 @@
 import { createReadStream } from "node:fs";
 import { constants } from "node:os";
-import { MAX_EXEC_STDIN, MAX_PROCESS_INPUT, MAX_SESSION_FILE_BYTES, names, SessionState } from "@boxcar/protocol";
+import {
+  BoxcarError,
+  ErrorCode,
+  MAX_EXEC_STDIN,
+  MAX_PROCESS_INPUT,
+  MAX_SESSION_FILE_BYTES,
+  names,
+  Port,
+  SessionState,
+} from "@boxcar/protocol";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { optionalDuration } from "../flags.js";
@@ -16,7 +25,9 @@ const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
        boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH
        boxcar session cp LOCAL ID:PATH | cp ID:PATH LOCAL   (files and folders, any size, checked and resumed)
-       boxcar session watch ID [PATH] [--timeout 1h]    (its changes as they come, until Ctrl-C)`;
+       boxcar session watch ID [PATH] [--timeout 1h]    (its changes as they come, until Ctrl-C)
+       boxcar session port ID PORT [--local PORT] [--bind ADDRESS]   (a local port, default any free one on 127.0.0.1,
+                                                    relaying each connection to PORT on the session's own loopback, until Ctrl-C)`;
 
 export const session: Command = {
   usage,
@@ -40,6 +51,8 @@ export const session: Command = {
     stderr: { type: "boolean", default: false },
     "open-stdin": { type: "boolean", default: false },
     "keep-open": { type: "boolean", default: false },
+    local: { type: "string" },
+    bind: { type: "string" },
   },
   async run(ctx) {
     const [verb, first, ...rest] = ctx.positionals;
@@ -215,6 +228,32 @@ export const session: Command = {
         }
         return ExitCode.ok;
       }
+      case "port": {
+        if (!first || rest.length !== 1) throw new UsageError(`session port needs an ID and a PORT\n\nusage: ${usage}`);
+        const id = first;
+        const port = portOf(rest[0], "PORT");
+        const local = ctx.values.local === undefined ? 0 : portOf(ctx.values.local as string, "--local", true);
+        await using s = await ctx.session("boxcar-session");
+        const held = await s.client.getSession(id);
+        if (held.state !== "open")
+          throw new BoxcarError(ErrorCode.conflict, `session ${id} is ${held.state}${held.reason ? ` (${held.reason})` : ""}`);
+        await using forward = await s.client.forwardSessionPort(id, port, {
+          localPort: local,
+          ...(ctx.values.bind !== undefined ? { host: ctx.values.bind as string } : {}),
+          onError: (err) => ctx.io.stderr.write(`a connection to port ${port} of ${id}: ${err.message}\n`),
+        });
+        const where = forward.host.includes(":") ? `[${forward.host}]:${forward.port}` : `${forward.host}:${forward.port}`;
+        ctx.print(ctx.values.json ? JSON.stringify({ session: id, port, host: forward.host, localPort: forward.port }) : where);
+        ctx.io.stderr.write(`${where} relays each connection to port ${port} of ${id}; Ctrl-C stops\n`);
+        // Until Ctrl-C, or the session's end (which ends its connections).
+        let reason: string | undefined;
+        for await (const event of s.client.sessionEvents(id, { follow: true, signal: ctx.io.signal })) {
+          if (event.kind === "session" && event.type === "closed") reason = event.reason ?? "closed";
+        }
+        if (ctx.io.signal.aborted) return ExitCode.ok;
+        ctx.io.stderr.write(`session ${id} closed${reason ? ` (${reason})` : ""}: no more connections\n`);
+        return ExitCode.refused;
+      }
       case "exec": {
         if (!first || rest.length === 0) throw new UsageError(`session exec needs an ID and, after --, a command\n\nusage: ${usage}`);
         const env = envPairs(ctx.values.env as string[]);
@@ -365,6 +404,18 @@ export const session: Command = {
     }
   },
 };
+
+/** A TCP port given on the command line (`zero`: 0, any free one, too). */
+function portOf(text: string | undefined, what: string, zero = false): number {
+  const n = Number(text);
+  if (zero && n === 0 && text?.trim() === "0") return 0;
+  const parsed = Port.safeParse(text === undefined || text.trim() === "" ? Number.NaN : n);
+  if (!parsed.success)
+    throw new UsageError(
+      `${what}: a port is a whole number from 1 to 65535${zero ? " (0: any free one)" : ""}, got ${JSON.stringify(text)}`,
+    );
+  return parsed.data;
+}
 
 /** `ID:PATH`, a path in session ID (`ID:` alone: its workspace); undefined for a local path. */
 function inSession(arg: string): { id: string; path: string } | undefined {

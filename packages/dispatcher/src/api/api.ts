@@ -86,6 +86,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsInput]: (body, caller) => sessions.input(requestOf(ApiEndpoint.sessionsInput, body), caller),
     [ApiEndpoint.sessionsWatch]: (body, caller) => sessions.watch(requestOf(ApiEndpoint.sessionsWatch, body), caller),
     [ApiEndpoint.sessionsUnwatch]: (body, caller) => sessions.unwatch(requestOf(ApiEndpoint.sessionsUnwatch, body), caller),
+    [ApiEndpoint.sessionsConnect]: (body, caller) => sessions.connect(requestOf(ApiEndpoint.sessionsConnect, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
     }),

@@ -243,6 +243,16 @@ export class SessionDesk {
   }
 
   /**
+   * Opens a connection to a port of the session's loopback (docs/sessions.md#ports), relayed by its
+   * worker on the caller's own tunnel subjects (its name in them: only it, and admins, may use them).
+   */
+  async connect(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.connect">> {
+    const session = await this.usable(request.id, caller);
+    // The worker tries 127.0.0.1 then ::1, each for up to 10 s.
+    return (await this.held(session, "connect", { ...request, user: caller.user }, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.connect">;
+  }
+
+  /**
    * A part of a command's whole output, kept when it wrote past the live window
    * (docs/sessions.md#whole-output): read from the Object Store here, a segment at a time.
    */

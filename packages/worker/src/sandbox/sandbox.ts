@@ -1,4 +1,4 @@
-import type { Readable } from "node:stream";
+import type { Duplex, Readable } from "node:stream";
 import type { ResourceLimits, ResourceUsage, RuntimeWishes, SandboxBackend } from "@boxcar/protocol";
 import type { SessionFiles, WorkspaceFile } from "../workspace/files.js";
 import type { LocalWorkspace } from "../workspace/local-workspace.js";
@@ -163,6 +163,13 @@ export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace
   packWorkspace(): Promise<Readable>;
   /** Resolves, saying why, when the sandbox ended by itself (its container stopped, its quota was broken). */
   readonly ended?: Promise<string>;
+  /**
+   * Opens a TCP connection to `port` on the sandbox's own loopback (docs/sessions.md#ports):
+   * inside a Docker session's container (its helper connects, in the container's network
+   * namespace), the worker's own for a host session. Rejects `unavailable` when nothing listens
+   * there. Absent where it is not built (E2B).
+   */
+  connect?(port: number): Promise<Duplex>;
 }
 
 /** A sandbox that runs commands one after another, as a session's does, seen as a job's `Sandbox`. */

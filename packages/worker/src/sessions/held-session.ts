@@ -9,6 +9,7 @@
 import { BoxcarError, ErrorCode, type KeptOutput, type SessionRecord } from "@boxcar/protocol";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
 import type { BackgroundProcesses } from "./background-processes.js";
+import type { SessionTunnels } from "./session-tunnels.js";
 import type { SessionWatches } from "./workspace-watches.js";
 
 export interface HeldSession {
@@ -31,8 +32,12 @@ export interface HeldSession {
   copies: Map<string, number>;
   /** Its watches (`sessions.watch`), whose changes are its `file_changed` events. */
   watches: SessionWatches;
+  /** Its open connections to its ports (`sessions.connect`). */
+  tunnels: SessionTunnels;
   idle?: NodeJS.Timeout;
   lifetime?: NodeJS.Timeout;
+  /** When bytes last went through one of its tunnels (their traffic restarts the idle clock at most once a second). */
+  trafficAt?: number;
 }
 
 /** What holds a session's lock: one command, or one job. */

@@ -10,7 +10,8 @@
  * held session and its lock (held-session.ts), a command's environment and output
  * (session-commands.ts), background processes (background-*.ts, their input in
  * process-input.ts), file requests (file-requests.ts, big files by ranges in ranged-files.ts),
- * watches (workspace-watches.ts, through the helper's verbs in helper-verbs.ts), what a new
+ * watches (workspace-watches.ts, through the helper's verbs in helper-verbs.ts), connections to
+ * its ports (session-tunnels.ts), what a new
  * workspace starts with (session-seed.ts, git-seed.ts). */
 
 import { randomBytes } from "node:crypto";
@@ -46,6 +47,7 @@ import { commandRequests } from "./command-requests.js";
 import { fileRequests } from "./file-requests.js";
 import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
 import { seedOf } from "./session-seed.js";
+import { SessionTunnels, tunnelRequests } from "./session-tunnels.js";
 import { removeKeptOutput } from "./whole-output.js";
 import { SessionWatches, watchRequests } from "./workspace-watches.js";
 
@@ -137,6 +139,10 @@ export class SessionHost {
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
     ...fileRequests(this.withFiles.bind(this)),
     ...watchRequests((id) => this.holding(id)),
+    ...tunnelRequests(
+      (id) => this.holding(id),
+      () => this.ctx.topology,
+    ),
   };
 
   /** The session this worker holds; one it is closing is refused, saying so. */
@@ -244,6 +250,7 @@ export class SessionHost {
       kept: [],
       copies: new Map(),
       watches: new SessionWatches((change) => this.event(held, "file_changed", change)),
+      tunnels: new SessionTunnels(id, () => this.trafficIn(held), this.ctx.log),
     };
     this.held.set(id, held);
     void sandbox.ended?.then((reason) => {
@@ -403,6 +410,7 @@ export class SessionHost {
         held.running.closedWith = reason;
         held.running.stop.abort();
       }
+      held.tunnels.closeAll(`session ${id} closed (${reason})`);
       await Promise.all([held.background.stopAll(), held.watches.stopAll()]);
       void removeKeptOutput(this.ctx.topology, id, held.kept).catch((err: unknown) =>
         this.ctx.log.warn({ err, session: id }, "could not remove a session's kept output"),
@@ -420,6 +428,14 @@ export class SessionHost {
       this.closing.delete(id);
     }
     return held.record;
+  }
+
+  /** Bytes went through a tunnel of the session's: it is in use, and its idle clock starts again (at most once a second). */
+  private trafficIn(held: HeldSession): void {
+    const now = Date.now();
+    if (now - (held.trafficAt ?? 0) < 1_000) return;
+    held.trafficAt = now;
+    if (this.held.get(held.record.id) === held && !held.running && !held.snapshotting) this.idleFrom(held);
   }
 
   /** Starts the idle clock; a session with a process in the background is not idle, and its clock starts again. */

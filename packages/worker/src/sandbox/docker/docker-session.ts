@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { lchown } from "node:fs/promises";
-import { PassThrough, type Readable } from "node:stream";
+import { type Duplex, PassThrough, type Readable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 import { BoxcarError, ErrorCode, type ResourceLimits } from "@boxcar/protocol";
 import type Docker from "dockerode";
@@ -9,9 +9,11 @@ import type { LocalWorkspace } from "../../workspace/local-workspace.js";
 import { packFolder } from "../../workspace/workspace-archive.js";
 import { workspaceSegments } from "../../workspace/workspace-path.js";
 import { type WorkspaceLimits, WorkspaceQuota } from "../../workspace/workspace-quota.js";
+import { refusal } from "../loopback.js";
 import type { ExecOptions, ExecResult, JobFiles, SessionSandbox } from "../sandbox.js";
 import { filesInParts, type PartFiles } from "../session-job-sandbox.js";
 import { createAttached } from "./attached-container.js";
+import { type ConnectionFrame, HelperConnection } from "./helper-connection.js";
 
 /** The resident helper's source (helper/session-helper.cjs), run by the image's `node`. */
 const HELPER_SOURCE = readFileSync(new URL("../../../helper/session-helper.cjs", import.meta.url), "utf8");
@@ -56,6 +58,8 @@ interface Frame {
   truncated?: unknown;
   removed?: unknown;
   size?: unknown;
+  n?: unknown;
+  end?: unknown;
 }
 
 /** A request to the helper waiting for its answer: a command (output, then its exit) or a file operation. */
@@ -89,6 +93,8 @@ export class DockerSession implements SessionSandbox {
   private end!: (reason: string) => void;
   /** The requests the helper has not answered yet, by id. */
   private readonly pending = new Map<string, Pending>();
+  /** Connections the helper holds to ports of the container's loopback, by the id of their `connect`. */
+  private readonly connections = new Map<string, HelperConnection>();
   /** File operations sent and not yet answered. */
   private fileOperations = 0;
   /** Paused by the worker (a snapshot): the helper cannot answer, and is not counted late for it. */
@@ -117,6 +123,7 @@ export class DockerSession implements SessionSandbox {
         this.endedWith = reason;
         for (const pending of this.pending.values()) pending.failed(this.endedError());
         this.pending.clear();
+        for (const connection of this.connections.values()) connection.destroy(this.endedError());
         resolve(reason);
       };
     });
@@ -197,6 +204,10 @@ export class DockerSession implements SessionSandbox {
   }
 
   private take(frame: Frame): void {
+    if (frame.t === "data" || frame.t === "ack" || frame.t === "hangup") {
+      if (typeof frame.id === "string") this.connections.get(frame.id)?.hear(frame as ConnectionFrame);
+      return;
+    }
     const pending = typeof frame.id === "string" ? this.pending.get(frame.id) : undefined;
     if (!pending) return;
     if (frame.t === "out" && (frame.s === "stdout" || frame.s === "stderr") && typeof frame.d === "string") {
@@ -214,7 +225,10 @@ export class DockerSession implements SessionSandbox {
    */
   private ask(frame: Record<string, unknown>, onOutput?: ExecOptions["onOutput"], id = this.nextId()): Promise<Frame> {
     if (this.endedWith !== undefined) return Promise.reject(this.endedError());
-    const fileOperation = frame.t !== "exec";
+    // Answered within the same bound; a connection is not counted among the file operations (its
+    // session's tunnels are bounded on their own).
+    const fileOperation = frame.t !== "exec" && frame.t !== "connect";
+    const answerBound = frame.t !== "exec";
     if (fileOperation && this.fileOperations >= MAX_FILE_OPERATIONS) {
       return Promise.reject(
         new BoxcarError(
@@ -229,8 +243,8 @@ export class DockerSession implements SessionSandbox {
         clearTimeout(timer);
         if (fileOperation) this.fileOperations -= 1;
       };
-      if (fileOperation) {
-        this.fileOperations += 1;
+      if (fileOperation) this.fileOperations += 1;
+      if (answerBound) {
         timer = this.unlessPaused(
           () => this.kill(`its helper did not answer a file operation within ${FILE_OPERATION_TIMEOUT_MS / 1000} s`),
           FILE_OPERATION_TIMEOUT_MS,
@@ -258,6 +272,37 @@ export class DockerSession implements SessionSandbox {
   private nextId(): string {
     this.count += 1;
     return String(this.count);
+  }
+
+  /**
+   * A connection to `port` on the container's own loopback, opened by the helper inside the
+   * container's network namespace (which has its loopback even with no network): the worker names
+   * a port, never a host, so nothing but the container's own listeners is reached.
+   */
+  async connect(port: number): Promise<Duplex> {
+    if (this.endedWith !== undefined) throw this.endedError();
+    const id = this.nextId();
+    const write = (frame: Record<string, unknown>) => {
+      if (this.endedWith === undefined) this.stream.write(`${JSON.stringify(frame)}\n`);
+    };
+    // Known before it is asked: its first bytes may come right after the helper's answer.
+    const connection = new HelperConnection(id, write, () => {
+      if (this.connections.get(id) === connection) this.connections.delete(id);
+    });
+    connection.on("error", () => {}); // its user hears it; one that failed to open is thrown below
+    this.connections.set(id, connection);
+    let answer: Frame;
+    try {
+      answer = await this.ask({ t: "connect", port }, undefined, id);
+    } catch (err) {
+      connection.destroy();
+      throw err;
+    }
+    if (typeof answer.error === "string") {
+      connection.destroy();
+      throw refusal(port, new Error(answer.error.slice(0, 300)), typeof answer.code === "string" ? answer.code : undefined);
+    }
+    return connection;
   }
 
   /** Runs one command (the session host lets one run at a time). */

@@ -2,13 +2,14 @@ import { spawn } from "node:child_process";
 import { constants } from "node:fs";
 import { access, lchown, readdir, stat } from "node:fs/promises";
 import { join, resolve } from "node:path";
-import type { Readable, Writable } from "node:stream";
+import type { Duplex, Readable, Writable } from "node:stream";
 import { BoxcarError, ErrorCode } from "@boxcar/protocol";
 import { LocalFilesSandbox, LocalSessionFiles, type LocalWorkspace, WorkspaceRoot } from "../../workspace/local-workspace.js";
 import { defaultWorkRoot } from "../../workspace/work-root.js";
 import { packFolder } from "../../workspace/workspace-archive.js";
 import { workspaceDir, workspaceSegments } from "../../workspace/workspace-path.js";
 import { beatLine, underLifeline } from "../lifeline.js";
+import { connectLoopback } from "../loopback.js";
 import { signalGroup } from "../process-group.js";
 import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "../sandbox.js";
 
@@ -84,6 +85,12 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
   /** Read while its commands may run: a host session is an admin's, whose commands run as the worker anyway. */
   async packWorkspace(): Promise<Readable> {
     return packFolder(this.workspace, { uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0 });
+  }
+
+  /** A connection to a port of the worker's own loopback: a host session's commands run as the worker, and listen there. */
+  connect(port: number): Promise<Duplex> {
+    if (this.destroyed) return Promise.reject(new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`));
+    return connectLoopback(port);
   }
 
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {

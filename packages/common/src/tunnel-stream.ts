@@ -1,0 +1,280 @@
+/**
+ * One end of a tunnel over NATS (docs/sessions.md#ports): a byte stream, a TCP connection's, as
+ * core NATS messages, one subject each way, seen as a Node `Duplex`. The caller's end (the SDK)
+ * and the session's end (its worker) are the same code.
+ *
+ * Each message carries up to `chunkBytes` of data and these headers:
+ *
+ * - `Boxcar-Seq`: its number, from 1, each way. Core NATS keeps one publisher's order to one
+ *   subscriber but may drop messages (a slow consumer, a reconnect): a gap ends the tunnel
+ *   (`tunnel_lost`), since nothing is sent again.
+ * - `Boxcar-Ack`: how many bytes of the other way this end has taken so far. An end sends at
+ *   most `windowBytes` the other has not acknowledged, then waits, so a slow reader holds the
+ *   writer back and neither keeps more than a window of the other's bytes; one that sends more
+ *   than twice its window ends the tunnel (`tunnel_overrun`).
+ * - `Boxcar-End`: this end sends no more (a TCP half-close); its data, if any, comes first.
+ * - `Boxcar-Reset`: this end is gone (the connection failed, or was dropped), with why.
+ *
+ * An end that has said nothing for `heartbeatMs` sends an empty message (its acknowledgement), and
+ * one that hears nothing for `silenceMs` ends the tunnel (`tunnel_silent`): a caller that went
+ * away does not hold a connection in the session open.
+ *
+ * Nothing here is answered: a message's reply subject is its sender's to choose.
+ */
+
+import { Duplex } from "node:stream";
+import { type Msg, type NatsConnection, headers as natsHeaders, type Subscription } from "@nats-io/transport-node";
+
+/** The headers of a tunnel's messages. */
+export const TunnelHeader = {
+  seq: "Boxcar-Seq",
+  ack: "Boxcar-Ack",
+  end: "Boxcar-End",
+  reset: "Boxcar-Reset",
+} as const;
+export type TunnelHeader = (typeof TunnelHeader)[keyof typeof TunnelHeader];
+
+/** Why a tunnel ended before both its ends were done. */
+export const TunnelErrorCode = {
+  /** The other end closed the connection (its `Boxcar-Reset`). */
+  reset: "tunnel_reset",
+  /** A message went missing. */
+  lost: "tunnel_lost",
+  /** Nothing was heard from the other end for `silenceMs`. */
+  silent: "tunnel_silent",
+  /** The other end sent past its window, or broke the tunnel's rules. */
+  overrun: "tunnel_overrun",
+} as const;
+export type TunnelErrorCode = (typeof TunnelErrorCode)[keyof typeof TunnelErrorCode];
+
+export class TunnelError extends Error {
+  override readonly name = "TunnelError";
+  constructor(
+    readonly code: TunnelErrorCode,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export interface TunnelStreamOptions {
+  /** Where this end's bytes go, and where the other end's come. */
+  send: string;
+  receive: string;
+  /** The most bytes sent and not yet acknowledged. */
+  windowBytes: number;
+  /** The most bytes in one message. */
+  chunkBytes: number;
+  /** Default 5 s. */
+  heartbeatMs?: number;
+  /** Default 20 s. */
+  silenceMs?: number;
+  /** Called as bytes go through, either way. */
+  onTraffic?: () => void;
+}
+
+const EMPTY = new Uint8Array(0);
+/** How long a small acknowledgement waits for more to go with it. */
+const ACK_DELAY_MS = 10;
+
+/**
+ * One end of a tunnel. It listens on `receive` from the start (the caller's end subscribes
+ * before it asks for the tunnel, so the session's first bytes are not missed), and sends once
+ * `open()` is called: the other end is there.
+ */
+export class TunnelStream extends Duplex {
+  private readonly sub: Subscription;
+  private readonly heartbeatMs: number;
+  private readonly silenceMs: number;
+  private opened = false;
+  private seqOut = 0;
+  private seqIn = 0;
+  /** Bytes sent, and how many of them the other end said it took. */
+  private sent = 0;
+  private acked = 0;
+  /** Bytes received, and how many taken this end last said. */
+  private received = 0;
+  private ackSaid = 0;
+  private blocked: (() => void) | undefined;
+  private endSent = false;
+  private endHeard = false;
+  /** The other end reset the tunnel: nothing is said back. */
+  private peerGone = false;
+  private heardAt = Date.now();
+  private saidAt = Date.now();
+  private ticker: NodeJS.Timeout | undefined;
+  private ackTimer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly opts: TunnelStreamOptions,
+  ) {
+    super({ allowHalfOpen: true, readableHighWaterMark: opts.windowBytes, writableHighWaterMark: opts.chunkBytes });
+    this.heartbeatMs = opts.heartbeatMs ?? 5_000;
+    this.silenceMs = opts.silenceMs ?? 20_000;
+    this.sub = nc.subscribe(opts.receive, {
+      callback: (err, msg) => {
+        if (err) this.destroy(err);
+        else this.heard(msg);
+      },
+    });
+  }
+
+  /** The other end is there: this end may send, and listens for its silence. Says so with a first (empty) message. */
+  open(): void {
+    if (this.opened || this.destroyed) return;
+    this.opened = true;
+    this.heardAt = Date.now();
+    this.say();
+    this.ticker = setInterval(() => this.tick(), Math.max(50, Math.floor(this.heartbeatMs / 2)));
+    this.ticker.unref?.();
+  }
+
+  override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (error?: Error | null) => void): void {
+    if (!this.opened) {
+      callback(new Error("the tunnel is not open yet"));
+      return;
+    }
+    try {
+      for (let at = 0; at < chunk.length; at += this.opts.chunkBytes) {
+        const part = chunk.subarray(at, at + this.opts.chunkBytes);
+        this.sent += part.length;
+        this.say(part);
+      }
+    } catch (err) {
+      callback(err as Error);
+      return;
+    }
+    this.opts.onTraffic?.();
+    if (this.sent - this.acked >= this.opts.windowBytes) this.blocked = () => callback();
+    else callback();
+  }
+
+  override _final(callback: (error?: Error | null) => void): void {
+    try {
+      this.say(EMPTY, { end: true });
+      this.endSent = true;
+      callback();
+    } catch (err) {
+      callback(err as Error);
+    }
+  }
+
+  override _read(): void {
+    this.acknowledge();
+  }
+
+  override _destroy(error: Error | null, callback: (error?: Error | null) => void): void {
+    clearInterval(this.ticker);
+    clearTimeout(this.ackTimer);
+    this.blocked = undefined;
+    // Both ways ended: a clean close. Otherwise the other end is told, unless it is the one gone.
+    if (!(this.endSent && this.endHeard) && !this.peerGone) {
+      try {
+        this.say(EMPTY, { reset: error?.message ?? "closed" });
+      } catch {
+        // the connection to NATS is gone: the other end hears silence
+      }
+    }
+    this.sub.unsubscribe();
+    callback(error);
+  }
+
+  /** Publishes one message: `data`, this end's acknowledgement, and its end or reset. */
+  private say(data: Uint8Array = EMPTY, flags: { end?: boolean; reset?: string } = {}): void {
+    const h = natsHeaders();
+    this.seqOut += 1;
+    h.set(TunnelHeader.seq, String(this.seqOut));
+    const taken = this.taken();
+    h.set(TunnelHeader.ack, String(taken));
+    if (flags.end) h.set(TunnelHeader.end, "1");
+    if (flags.reset !== undefined) h.set(TunnelHeader.reset, oneLine(flags.reset) || "closed");
+    this.nc.publish(this.opts.send, data, { headers: h });
+    this.ackSaid = taken;
+    this.saidAt = Date.now();
+  }
+
+  /** The other end's bytes this end has passed on (received, less what waits to be read). */
+  private taken(): number {
+    return this.received - this.readableLength;
+  }
+
+  /** Says what was taken, at once when it is a quarter of the window, else shortly (with more, if more comes). */
+  private acknowledge(): void {
+    if (!this.opened || this.destroyed) return;
+    const owed = this.taken() - this.ackSaid;
+    if (owed <= 0) return;
+    if (owed >= this.opts.windowBytes / 4) {
+      clearTimeout(this.ackTimer);
+      this.ackTimer = undefined;
+      this.sayQuietly();
+    } else
+      this.ackTimer ??= setTimeout(() => {
+        this.ackTimer = undefined;
+        if (this.taken() > this.ackSaid) this.sayQuietly();
+      }, ACK_DELAY_MS);
+  }
+
+  private sayQuietly(): void {
+    try {
+      this.say();
+    } catch (err) {
+      this.destroy(err as Error);
+    }
+  }
+
+  private tick(): void {
+    // Both ways ended: nothing more is owed either way (what is left waits for this end's reader).
+    if (this.endSent && this.endHeard) return;
+    const now = Date.now();
+    if (now - this.heardAt > this.silenceMs) {
+      this.destroy(new TunnelError(TunnelErrorCode.silent, `nothing heard from the tunnel's other end for ${this.silenceMs / 1000} s`));
+    } else if (now - this.saidAt >= this.heartbeatMs) this.sayQuietly();
+  }
+
+  private heard(msg: Msg): void {
+    if (this.destroyed) return;
+    this.heardAt = Date.now();
+    const h = msg.headers;
+    const seq = Number(h?.get(TunnelHeader.seq));
+    if (seq !== this.seqIn + 1) {
+      this.destroy(new TunnelError(TunnelErrorCode.lost, `the tunnel lost messages (message ${seq} came after ${this.seqIn})`));
+      return;
+    }
+    this.seqIn = seq;
+    if (h?.has(TunnelHeader.reset)) {
+      this.peerGone = true;
+      this.destroy(new TunnelError(TunnelErrorCode.reset, `the connection was closed at the other end: ${h.get(TunnelHeader.reset)}`));
+      return;
+    }
+    const ack = Number(h?.get(TunnelHeader.ack) ?? "0");
+    if (!Number.isSafeInteger(ack) || ack < this.acked || ack > this.sent) {
+      this.destroy(new TunnelError(TunnelErrorCode.overrun, `the other end acknowledged ${ack} bytes of ${this.sent} sent`));
+      return;
+    }
+    this.acked = ack;
+    if (this.blocked && this.sent - this.acked < this.opts.windowBytes) {
+      const go = this.blocked;
+      this.blocked = undefined;
+      go();
+    }
+    if (msg.data.length > 0) {
+      if (this.endHeard || this.readableLength + msg.data.length > 2 * this.opts.windowBytes) {
+        this.destroy(new TunnelError(TunnelErrorCode.overrun, "the other end sent past its window, or after its end"));
+        return;
+      }
+      this.received += msg.data.length;
+      this.push(msg.data);
+      this.opts.onTraffic?.();
+    }
+    if (h?.has(TunnelHeader.end) && !this.endHeard) {
+      this.endHeard = true;
+      this.push(null);
+    }
+    this.acknowledge();
+  }
+}
+
+function oneLine(text: string): string {
+  return text.replace(/[\r\n]+/g, " ").slice(0, 300);
+}
