@@ -153,6 +153,24 @@ async function checkPorts(
   expect(sha256(again)).toBe(sha256(big));
   expect(up).toBe(`${upload.length} ${sha256(upload)}`);
 
+  // A reader that stops now and then holds the server back, and loses nothing (the flow control
+  // through the worker, and a Docker session's helper, waits for it).
+  const raw = await owner.client.connectToSession(session.id, ports.http);
+  raw.on("error", () => {}); // read to its end below, then let go
+  raw.write("GET /big HTTP/1.0\r\n\r\n");
+  const slow: Buffer[] = [];
+  let read = 0;
+  for await (const chunk of raw) {
+    slow.push(chunk as Buffer);
+    read += (chunk as Buffer).length;
+    if (slow.length % 16 === 0) await new Promise((r) => setTimeout(r, 20));
+  }
+  const response = Buffer.concat(slow);
+  const bodyAt = response.indexOf("\r\n\r\n") + 4;
+  expect(response.subarray(0, 12).toString()).toBe("HTTP/1.1 200");
+  expect(read - bodyAt).toBe(BIG);
+  expect(sha256(response.subarray(bodyAt))).toBe(sha256(big));
+
   // One connection as a stream, to a server that speaks first: its first bytes are not lost, and it echoes.
   const echo = await owner.client.connectToSession(session.id, ports.tcp);
   expect((await readUntil(echo, 23)).toString()).toBe("hello from the session\n");

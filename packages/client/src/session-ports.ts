@@ -95,6 +95,8 @@ export async function forwardPort(connect: () => Promise<Duplex>, opts: PortForw
           tunnel.destroy();
           return;
         }
+        // The pipeline says how it ended; an error after it did is no news.
+        tunnel.on("error", () => {});
         pipeline(socket, tunnel, socket, (err) => {
           if (err) said(err);
         });

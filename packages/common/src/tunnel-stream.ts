@@ -9,9 +9,10 @@
  *   subscriber but may drop messages (a slow consumer, a reconnect): a gap ends the tunnel
  *   (`tunnel_lost`), since nothing is sent again.
  * - `Boxcar-Ack`: how many bytes of the other way this end has taken so far. An end sends at
- *   most `windowBytes` the other has not acknowledged, then waits, so a slow reader holds the
- *   writer back and neither keeps more than a window of the other's bytes; one that sends more
- *   than twice its window ends the tunnel (`tunnel_overrun`).
+ *   most `windowBytes` the other has not acknowledged, then waits; the other acknowledges while
+ *   its reader wants more (what waits unread stays under a window), so a slow reader holds the
+ *   writer back and neither keeps more than two windows of the other's bytes; one that sends
+ *   past that ends the tunnel (`tunnel_overrun`).
  * - `Boxcar-End`: this end sends no more (a TCP half-close); its data, if any, comes first.
  * - `Boxcar-Reset`: this end is gone (the connection failed, or was dropped), with why.
  *
@@ -92,10 +93,12 @@ export class TunnelStream extends Duplex {
   /** Bytes sent, and how many of them the other end said it took. */
   private sent = 0;
   private acked = 0;
-  /** Bytes received, and how many taken this end last said. */
+  /** Bytes received; how many of them this end takes (its reader wants more), and last said it took. */
   private received = 0;
+  private taken = 0;
   private ackSaid = 0;
-  private blocked: (() => void) | undefined;
+  /** A write waiting for the window: the rest of its chunk, and its callback once all of it is sent. */
+  private pending: { chunk: Buffer; at: number; done: (error?: Error | null) => void } | undefined;
   private endSent = false;
   private endHeard = false;
   /** The other end reset the tunnel: nothing is said back. */
@@ -135,19 +138,30 @@ export class TunnelStream extends Duplex {
       callback(new Error("the tunnel is not open yet"));
       return;
     }
+    this.pending = { chunk, at: 0, done: callback };
+    this.opts.onTraffic?.();
+    this.pump();
+  }
+
+  /** Sends what is pending while the window has room (past it by a message's data at most); its write is done once all is sent. */
+  private pump(): void {
+    const pending = this.pending;
+    if (!pending) return;
     try {
-      for (let at = 0; at < chunk.length; at += this.opts.chunkBytes) {
-        const part = chunk.subarray(at, at + this.opts.chunkBytes);
+      while (pending.at < pending.chunk.length && this.sent - this.acked < this.opts.windowBytes) {
+        const part = pending.chunk.subarray(pending.at, pending.at + this.opts.chunkBytes);
+        pending.at += part.length;
         this.sent += part.length;
         this.say(part);
       }
     } catch (err) {
-      callback(err as Error);
+      this.pending = undefined;
+      pending.done(err as Error);
       return;
     }
-    this.opts.onTraffic?.();
-    if (this.sent - this.acked >= this.opts.windowBytes) this.blocked = () => callback();
-    else callback();
+    if (pending.at < pending.chunk.length) return;
+    this.pending = undefined;
+    pending.done();
   }
 
   override _final(callback: (error?: Error | null) => void): void {
@@ -161,13 +175,15 @@ export class TunnelStream extends Duplex {
   }
 
   override _read(): void {
+    // The reader wants more: all that came is taken (what waits unread is under a window).
+    this.taken = this.received;
     this.acknowledge();
   }
 
   override _destroy(error: Error | null, callback: (error?: Error | null) => void): void {
     clearInterval(this.ticker);
     clearTimeout(this.ackTimer);
-    this.blocked = undefined;
+    this.pending = undefined;
     // Both ways ended: a clean close. Otherwise the other end is told, unless it is the one gone.
     if (!(this.endSent && this.endHeard) && !this.peerGone) {
       try {
@@ -185,7 +201,7 @@ export class TunnelStream extends Duplex {
     const h = natsHeaders();
     this.seqOut += 1;
     h.set(TunnelHeader.seq, String(this.seqOut));
-    const taken = this.taken();
+    const taken = this.taken;
     h.set(TunnelHeader.ack, String(taken));
     if (flags.end) h.set(TunnelHeader.end, "1");
     if (flags.reset !== undefined) h.set(TunnelHeader.reset, oneLine(flags.reset) || "closed");
@@ -194,15 +210,10 @@ export class TunnelStream extends Duplex {
     this.saidAt = Date.now();
   }
 
-  /** The other end's bytes this end has passed on (received, less what waits to be read). */
-  private taken(): number {
-    return this.received - this.readableLength;
-  }
-
   /** Says what was taken, at once when it is a quarter of the window, else shortly (with more, if more comes). */
   private acknowledge(): void {
     if (!this.opened || this.destroyed) return;
-    const owed = this.taken() - this.ackSaid;
+    const owed = this.taken - this.ackSaid;
     if (owed <= 0) return;
     if (owed >= this.opts.windowBytes / 4) {
       clearTimeout(this.ackTimer);
@@ -211,7 +222,7 @@ export class TunnelStream extends Duplex {
     } else
       this.ackTimer ??= setTimeout(() => {
         this.ackTimer = undefined;
-        if (this.taken() > this.ackSaid) this.sayQuietly();
+        if (this.taken > this.ackSaid) this.sayQuietly();
       }, ACK_DELAY_MS);
   }
 
@@ -253,18 +264,16 @@ export class TunnelStream extends Duplex {
       return;
     }
     this.acked = ack;
-    if (this.blocked && this.sent - this.acked < this.opts.windowBytes) {
-      const go = this.blocked;
-      this.blocked = undefined;
-      go();
-    }
+    this.pump();
     if (msg.data.length > 0) {
-      if (this.endHeard || this.readableLength + msg.data.length > 2 * this.opts.windowBytes) {
+      // Unread, at most what waited when the reader last wanted more (under a window), and a window since.
+      if (this.endHeard || this.readableLength + msg.data.length > 2 * this.opts.windowBytes + this.opts.chunkBytes) {
         this.destroy(new TunnelError(TunnelErrorCode.overrun, "the other end sent past its window, or after its end"));
         return;
       }
       this.received += msg.data.length;
-      this.push(msg.data);
+      // Taken at once while the reader wants more; else once it does (`_read`).
+      if (this.push(msg.data)) this.taken = this.received;
       this.opts.onTraffic?.();
     }
     if (h?.has(TunnelHeader.end) && !this.endHeard) {

@@ -113,6 +113,9 @@ export class SessionTunnels {
       onTraffic: this.traffic,
     });
     this.byKey.set(key, { stream, info });
+    // The pipeline says how it ended; an error after it did (a reset once the port's side was done) is no news.
+    stream.on("error", () => {});
+    target.on("error", () => {});
     stream.open();
     pipeline(stream, target, stream, (err) => {
       if (this.byKey.get(key)?.stream === stream) this.byKey.delete(key);

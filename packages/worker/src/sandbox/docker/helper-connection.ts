@@ -29,8 +29,9 @@ export class HelperConnection extends Duplex {
   /** Bytes sent to the helper that it has not said it wrote. */
   private unacked = 0;
   private blocked: (() => void) | undefined;
-  /** Bytes from the helper, and how many of them were acknowledged. */
+  /** Bytes from the helper; how many of them are taken (the reader wants more), and were acknowledged. */
   private received = 0;
+  private taken = 0;
   private ackSaid = 0;
   private endHeard = false;
   private hungUp = false;
@@ -59,6 +60,8 @@ export class HelperConnection extends Duplex {
   }
 
   override _read(): void {
+    // The reader wants more: all that came is taken (what waits unread is under a window).
+    this.taken = this.received;
     this.acknowledge();
   }
 
@@ -84,12 +87,13 @@ export class HelperConnection extends Duplex {
     } else if (frame.t === "data") {
       if (typeof frame.d === "string" && frame.d !== "") {
         const data = Buffer.from(frame.d, "base64");
-        if (this.endHeard || this.readableLength + data.length > 2 * HELPER_WINDOW) {
+        if (this.endHeard || this.readableLength + data.length > 2 * HELPER_WINDOW + HELPER_CHUNK) {
           this.destroy(new Error("the session's helper sent past its window"));
           return;
         }
         this.received += data.length;
-        this.push(data);
+        // Taken at once while the reader wants more; else once it does (`_read`).
+        if (this.push(data)) this.taken = this.received;
       }
       if (frame.end === true && !this.endHeard) {
         this.endHeard = true;
@@ -108,7 +112,7 @@ export class HelperConnection extends Duplex {
 
   /** Tells the helper what was taken of its bytes. */
   private acknowledge(): void {
-    const owed = this.received - this.readableLength - this.ackSaid;
+    const owed = this.taken - this.ackSaid;
     if (owed <= 0 || this.hungUp) return;
     this.ackSaid += owed;
     this.send({ t: "ack", id: this.id, n: owed });
