@@ -10,9 +10,9 @@
  *   (`tunnel_lost`), since nothing is sent again.
  * - `Boxcar-Ack`: how many bytes of the other way this end has taken so far. An end sends at
  *   most `windowBytes` the other has not acknowledged, then waits; the other acknowledges while
- *   its reader wants more (what waits unread stays under a window), so a slow reader holds the
- *   writer back and neither keeps more than two windows of the other's bytes; one that sends
- *   past that ends the tunnel (`tunnel_overrun`).
+ *   its reader wants more (what waits unread stays under a message's worth), so a slow reader
+ *   holds the writer back and neither keeps more than a window and two messages of the other's
+ *   bytes; one that sends past that ends the tunnel (`tunnel_overrun`).
  * - `Boxcar-End`: this end sends no more (a TCP half-close); its data, if any, comes first.
  * - `Boxcar-Reset`: this end is gone (the connection failed, or was dropped), with why.
  *
@@ -112,7 +112,9 @@ export class TunnelStream extends Duplex {
     private readonly nc: NatsConnection,
     private readonly opts: TunnelStreamOptions,
   ) {
-    super({ allowHalfOpen: true, readableHighWaterMark: opts.windowBytes, writableHighWaterMark: opts.chunkBytes });
+    // Little waits unread before the reader is asked again: what one end holds of the other's is a
+    // window and two messages at most.
+    super({ allowHalfOpen: true, readableHighWaterMark: opts.chunkBytes, writableHighWaterMark: opts.chunkBytes });
     this.heartbeatMs = opts.heartbeatMs ?? 5_000;
     this.silenceMs = opts.silenceMs ?? 20_000;
     this.sub = nc.subscribe(opts.receive, {
@@ -175,7 +177,7 @@ export class TunnelStream extends Duplex {
   }
 
   override _read(): void {
-    // The reader wants more: all that came is taken (what waits unread is under a window).
+    // The reader wants more: all that came is taken (what waits unread is under a message's worth).
     this.taken = this.received;
     this.acknowledge();
   }
@@ -266,8 +268,9 @@ export class TunnelStream extends Duplex {
     this.acked = ack;
     this.pump();
     if (msg.data.length > 0) {
-      // Unread, at most what waited when the reader last wanted more (under a window), and a window since.
-      if (this.endHeard || this.readableLength + msg.data.length > 2 * this.opts.windowBytes + this.opts.chunkBytes) {
+      // Unread, at most what waited when the reader last wanted more (under a message's), and a
+      // window since (which a sender may pass by a message).
+      if (this.endHeard || this.readableLength + msg.data.length > this.opts.windowBytes + 2 * this.opts.chunkBytes) {
         this.destroy(new TunnelError(TunnelErrorCode.overrun, "the other end sent past its window, or after its end"));
         return;
       }

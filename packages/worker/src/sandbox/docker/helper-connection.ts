@@ -41,7 +41,8 @@ export class HelperConnection extends Duplex {
     private readonly send: (frame: Record<string, unknown>) => void,
     private readonly gone: () => void,
   ) {
-    super({ allowHalfOpen: true, readableHighWaterMark: HELPER_WINDOW, writableHighWaterMark: HELPER_CHUNK });
+    // Little waits unread before the reader is asked again: a window and two frames at most.
+    super({ allowHalfOpen: true, readableHighWaterMark: HELPER_CHUNK, writableHighWaterMark: HELPER_CHUNK });
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (error?: Error | null) => void): void {
@@ -60,7 +61,7 @@ export class HelperConnection extends Duplex {
   }
 
   override _read(): void {
-    // The reader wants more: all that came is taken (what waits unread is under a window).
+    // The reader wants more: all that came is taken (what waits unread is under a frame's worth).
     this.taken = this.received;
     this.acknowledge();
   }
@@ -87,7 +88,7 @@ export class HelperConnection extends Duplex {
     } else if (frame.t === "data") {
       if (typeof frame.d === "string" && frame.d !== "") {
         const data = Buffer.from(frame.d, "base64");
-        if (this.endHeard || this.readableLength + data.length > 2 * HELPER_WINDOW + HELPER_CHUNK) {
+        if (this.endHeard || this.readableLength + data.length > HELPER_WINDOW + 2 * HELPER_CHUNK) {
           this.destroy(new Error("the session's helper sent past its window"));
           return;
         }
