@@ -102,6 +102,11 @@ describe("sessions in E2B sandboxes (the real e2b SDK against the local stand-in
     await expect(alice.client.readSessionFile(session.id, "../etc/passwd")).rejects.toMatchObject({ code: "invalid" });
     await expect(alice.client.writeSessionFile(session.id, "/tmp/x", "no")).rejects.toMatchObject({ code: "invalid" });
     await expect(bob.client.execInSession({ id: session.id, argv: ["true"] })).rejects.toMatchObject({ code: "not_found" });
+    // A port's tunnel is not built for E2B sessions: refused, saying so.
+    await expect(alice.client.connectToSession(session.id, 8080)).rejects.toMatchObject({
+      code: "invalid",
+      message: expect.stringMatching(/not yet for e2b ones/),
+    });
 
     // Cancel ends a running command; the session goes on.
     const sleeping = alice.client.execInSession({ id: session.id, argv: ["sleep", "30"] });
