@@ -54,6 +54,10 @@ require("node:net").createServer((c) => { c.write("hello from the session\\n"); 
 /** Reads a stream until `want` bytes came, or it ended (leaving it open). */
 function readUntil(stream: Duplex, want: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
+    if (stream.destroyed) {
+      reject(stream.errored ?? new Error("the stream is closed"));
+      return;
+    }
     const chunks: Buffer[] = [];
     let got = 0;
     const done = () => {
@@ -222,6 +226,34 @@ describe("ports of a host session", () => {
   test("a server in the session is reached through a local port and a stream, byte for byte; refusals; closing ends them", async () => {
     await checkPorts(admin, { stranger: bob, viewer }, "shell", { http: await freePort(), tcp: await freePort(), idle: await freePort() });
   }, 120_000);
+
+  test("bytes through a tunnel are use: the session outlives its idle timeout while they go, and closes once they stop", async () => {
+    const session = await admin.client.openSession({ agent: "shell", idleTimeout: "2s" });
+    const tcp = await freePort();
+    // Out of the command's process group (a session of its own, made before the command ends), so
+    // that no process in the background keeps the session open.
+    const script = servers(await freePort(), tcp);
+    const detach = `require("node:child_process").spawn(process.execPath, ["-e", ${JSON.stringify(script)}], { detached: true, stdio: "ignore" }).unref()`;
+    const ran = await admin.client.execInSession({ id: session.id, argv: [process.execPath, "-e", detach] });
+    expect(ran.exitCode).toBe(0);
+    expect(await admin.client.sessionProcesses(session.id)).toEqual([]);
+    const echo = await eventually(
+      () => admin.client.connectToSession(session.id, tcp).catch(() => undefined),
+      "the session's server to listen",
+    );
+    await readUntil(echo, 23);
+    // Twice its idle timeout, a line every half second: it stays open.
+    for (let i = 0; i < 8; i++) {
+      echo.write(`line ${i}\n`);
+      expect((await readUntil(echo, 7)).toString()).toBe(`line ${i}\n`);
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    expect((await admin.client.getSession(session.id)).state).toBe("open");
+    // Nothing goes through the open tunnel any more: the session closes as idle, and the tunnel with it.
+    const ended = endOf(echo);
+    expect(await ended).toMatchObject({ code: "tunnel_reset", message: expect.stringMatching(/\(idle\)/) });
+    expect(await admin.client.getSession(session.id)).toMatchObject({ state: "closed", reason: "idle" });
+  }, 60_000);
 
   test("at most 32 connections to a session's ports at once", async () => {
     const session = await admin.client.openSession({ agent: "shell" });

@@ -260,7 +260,9 @@ export class TunnelStream extends Duplex {
       this.destroy(new TunnelError(TunnelErrorCode.reset, `the connection was closed at the other end: ${h.get(TunnelHeader.reset)}`));
       return;
     }
-    const ack = Number(h?.get(TunnelHeader.ack) ?? "0");
+    // Cumulative: a message without one acknowledges nothing more.
+    const said = h?.get(TunnelHeader.ack);
+    const ack = said ? Number(said) : this.acked;
     if (!Number.isSafeInteger(ack) || ack < this.acked || ack > this.sent) {
       this.destroy(new TunnelError(TunnelErrorCode.overrun, `the other end acknowledged ${ack} bytes of ${this.sent} sent`));
       return;
