@@ -10,11 +10,11 @@
 import { createHash } from "node:crypto";
 import { createServer, type Server } from "node:net";
 import type { Duplex } from "node:stream";
+import { dockerReady, eventually } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { type NatsConnection, errors as natsErrors } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { eventually, spawnBoxcar } from "./helpers/cli.js";
-import { dockerReady } from "./helpers/docker.js";
+import { spawnBoxcar } from "./helpers/cli.js";
 import { type Principal, type SecuredSystem, securedSystem } from "./helpers/secured.js";
 
 const ready = await dockerReady();

@@ -12,7 +12,6 @@ import { type Logger, TunnelStream } from "@boxcar/common";
 import {
   BoxcarError,
   ErrorCode,
-  MAX_SESSION_TUNNELS,
   type Names,
   parseWith,
   TUNNEL_CHUNK,
@@ -21,6 +20,7 @@ import {
   TunnelWay,
   WorkerConnect,
 } from "@boxcar/protocol";
+import { MAX_SESSION_TUNNELS } from "@boxcar/protocol/internal";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { SessionSandbox } from "../sandbox/sandbox.js";
 
