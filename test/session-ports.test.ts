@@ -252,7 +252,12 @@ describe("ports of a host session", () => {
     // Nothing goes through the open tunnel any more: the session closes as idle, and the tunnel with it.
     const ended = endOf(echo);
     expect(await ended).toMatchObject({ code: "tunnel_reset", message: expect.stringMatching(/\(idle\)/) });
-    expect(await admin.client.getSession(session.id)).toMatchObject({ state: "closed", reason: "idle" });
+    // The tunnels are ended as the close begins; the record says closed once it is done.
+    const closed = await eventually(async () => {
+      const now = await admin.client.getSession(session.id);
+      return now.state === "closed" ? now : undefined;
+    }, "the session's record to say closed");
+    expect(closed).toMatchObject({ state: "closed", reason: "idle" });
   }, 60_000);
 
   test("at most 32 connections to a session's ports at once", async () => {
