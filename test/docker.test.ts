@@ -642,7 +642,9 @@ time.sleep(10)
     await using folder = await scratch("boxcar-warm-config-");
     const config = join(folder.path, "worker.yaml");
     await writeFile(config, "sandbox:\n  docker:\n    warm: 2\n");
-    const frozen = spawnBoxcar(fast.url, prefix, ["worker", "--config", config]);
+    // Frozen just after its pool refills, its last presence may be an idle one: given an idle
+    // heartbeat of 5 s, it counts as gone 15 s after, as a busy one would.
+    const frozen = spawnBoxcar(fast.url, prefix, ["worker", "--config", config, "--idle-heartbeat", "5s"]);
     const untaken = async () => (await boxcarContainers(prefix)).filter((c) => c.Labels["boxcar.warm"] && !attemptOf(c));
     const ready = async () => (await untaken()).filter((c) => c.State === "running");
     try {
