@@ -124,7 +124,10 @@ describe("hand-backs and the retry budget", () => {
 
 describe("an overall deadline across attempts", () => {
   test("no attempt is retried past the job's deadline: it ends with the reason", async () => {
-    await agent("never", "exit 2", { maxAttempts: 20, backoff: "fixed", delay: "400ms" });
+    // Attempt 2 starts about 1 s in, with half a second to spare before the deadline (a busy CI
+    // machine once took longer than the 150 ms a 400 ms delay left, and the job timed out waiting);
+    // after it, another attempt could not start in time.
+    await agent("never", "exit 2", { maxAttempts: 20, backoff: "fixed", delay: "1s" });
     const { job } = await client.submit({ agent: "never", deadline: "1500ms" });
     const final = await client.waitForJob(job.id);
     expect(final.state).toBe("failed");

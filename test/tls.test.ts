@@ -135,7 +135,9 @@ describe("TLS from boxcar auth init", () => {
               () => undefined,
             ),
         "a stream of 3 replicas",
-        30_000,
+        // As long as a role waits for a new cluster's third server (ASKED_PLACEMENT_PATIENCE_MS):
+        // a busy CI machine took longer than 30 s to bring it into JetStream.
+        60_000,
       );
       expect(placed.cluster?.replicas?.length).toBe(2);
       // A fourth server that trusts the cluster's CA but has a certificate another CA signed dials
