@@ -3,9 +3,16 @@
  * One nats-server; BENCH_N job records (default 100 000, 1% failed, the rest succeeded, spread
  * over 10 agents) are written straight into the jobs bucket, then a dispatcher starts (in this
  * process) and replays them. Timed, BENCH_ROUNDS times each (default 50): `jobs.list` through the
- * SDK with a state filter, with an agent filter and with none (20 a page), and the `boxcar jobs`
- * command as a user runs it (a new process each time, so its start is counted). Also the
- * dispatcher's heap per job once it has replayed them (run with --expose-gc, as the script does).
+ * SDK with a state filter, with an agent filter and with none, at a few page sizes, one filter no
+ * job matches (the walk passes every job) and a page from the middle; and the `boxcar jobs`
+ * command as a user runs it (a new process each time, so its start is counted; BENCH_CLI=0 leaves
+ * it out). Also the dispatcher's start (until it counts every job: its replay is over), and
+ * the heap and resident memory it keeps per job once it has replayed them (run with --expose-gc,
+ * as the script does).
+ *
+ * BENCH_STORE: the server's store folder, kept after the run; when its jobs bucket already holds
+ * BENCH_N records they are not written again, so one store of a million jobs serves several runs
+ * (and builds: an A/B against an older commit runs its own copy of this file on the same store).
  */
 import { execFile } from "node:child_process";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -24,7 +31,8 @@ const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js"
 async function main(): Promise<void> {
   const n = envInt("BENCH_N", 100_000);
   const rounds = envInt("BENCH_ROUNDS", 50);
-  const server = await startNatsServer();
+  const storeDir = process.env.BENCH_STORE;
+  const server = await startNatsServer(storeDir ? { storeDir } : {});
   const nc = await connect({ servers: server.url, noAsyncTraces: true });
   const topology = await openTopology(nc, { prefix: "bench" });
   try {
@@ -49,43 +57,62 @@ async function main(): Promise<void> {
         ...(failed ? { error: { code: "agent_failed", message: "exit 1" } } : {}),
       } as JobRecord;
     };
+    const stored = (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.messages;
     const writeStart = performance.now();
-    for (let i = 0; i < n; i += 256) {
-      await Promise.all(Array.from({ length: Math.min(256, n - i) }, (_, k) => topology.jobStore.create({ record: record(i + k) })));
+    if (stored !== n) {
+      if (stored !== 0) throw new Error(`the store holds ${stored} job records, not ${n}: give BENCH_STORE a new folder`);
+      for (let i = 0; i < n; i += 256) {
+        await Promise.all(Array.from({ length: Math.min(256, n - i) }, (_, k) => topology.jobStore.create({ record: record(i + k) })));
+      }
     }
-    const writeSeconds = (performance.now() - writeStart) / 1000;
+    const written = stored === n ? "already stored" : `written in ${((performance.now() - writeStart) / 1000).toFixed(1)} s`;
 
     const heapBefore = settledHeap();
+    const rssBefore = process.memoryUsage().rss;
     const started = performance.now();
     const dispatcher = await startDispatcher({ topology });
+    const startedMs = performance.now() - started;
     const client = createClient(topology);
     const first = await client.listJobs({ state: "failed", limit: 20 });
     const firstMs = performance.now() - started;
     if (first.jobs.length !== 20 || first.jobs.some((j) => j.state !== "failed")) throw new Error("the first page is not 20 failed jobs");
+    // A list waits at most 5 s for the replay: caught up is when the dispatcher counts every job.
+    while ((await client.countJobs()).total < n) await sleep(50);
+    const caughtUpMs = performance.now() - started;
     await sleep(2_000); // the replay's garbage collected, what stays is what the dispatcher keeps
     const heapPerJob = (settledHeap() - heapBefore) / n;
+    const rssPerJob = (process.memoryUsage().rss - rssBefore) / n;
 
-    const time = async (request: Parameters<typeof client.listJobs>[0]) => {
+    const time = async (request: Parameters<typeof client.listJobs>[0], expected: number) => {
       const samples: number[] = [];
       for (let r = 0; r < rounds; r++) {
         const t = performance.now();
         const page = await client.listJobs(request);
         samples.push(performance.now() - t);
-        if (page.jobs.length !== 20) throw new Error(`a page of ${page.jobs.length}`);
+        if (page.jobs.length !== expected) throw new Error(`a page of ${page.jobs.length}, not ${expected}`);
       }
       return summarize(samples);
     };
+    // A cursor in the middle of the jobs: the id of job n/2.
+    const middle = record(Math.floor(n / 2)).id;
     const rows = [["request", "p50", "p99", "max"]];
-    for (const [name, request] of [
-      ["jobs.list state=failed limit=20", { state: "failed", limit: 20 }],
-      ["jobs.list agent=agent3 limit=20", { agent: "agent3", limit: 20 }],
-      ["jobs.list limit=20", { limit: 20 }],
+    for (const [name, request, expected] of [
+      ["jobs.list state=failed limit=20", { state: "failed", limit: 20 }, 20],
+      ["jobs.list state=failed limit=100", { state: "failed", limit: 100 }, 100],
+      ["jobs.list agent=agent3 limit=20", { agent: "agent3", limit: 20 }, 20],
+      ["jobs.list limit=20", { limit: 20 }, 20],
+      ["jobs.list limit=100", { limit: 100 }, 100],
+      ["jobs.list limit=1000", { limit: 1000 }, 1000],
+      ["jobs.list state=failed limit=20, after the middle job", { state: "failed", limit: 20, after: middle }, 20],
+      ["jobs.list state=running limit=20 (none: passes every job)", { state: "running", limit: 20 }, 0],
     ] as const) {
-      const s = await time(request);
+      const s = await time(request, expected).catch((err: unknown) => {
+        throw new Error(`${name}: ${(err as Error).message}`);
+      });
       rows.push([name, ms(s.p50), ms(s.p99), ms(s.max)]);
     }
     const cli: number[] = [];
-    for (let r = 0; r < Math.min(rounds, 10); r++) {
+    for (let r = 0; r < (process.env.BENCH_CLI === "0" ? 0 : Math.min(rounds, 10)); r++) {
       const t = performance.now();
       // Not execFileSync: the dispatcher answering it runs in this process.
       await run(process.execPath, [BOXCAR_BIN, "jobs", "--state", "failed", "--limit", "20", "--prefix", "bench"], {
@@ -94,17 +121,20 @@ async function main(): Promise<void> {
       cli.push(performance.now() - t);
     }
     const c = summarize(cli);
-    rows.push(["boxcar jobs --state failed --limit 20 (a new process)", ms(c.p50), ms(c.p99), ms(c.max)]);
+    if (cli.length > 0) rows.push(["boxcar jobs --state failed --limit 20 (a new process)", ms(c.p50), ms(c.p99), ms(c.max)]);
     const bare: number[] = [];
-    for (let r = 0; r < Math.min(rounds, 10); r++) {
+    for (let r = 0; r < cli.length; r++) {
       const t = performance.now();
       await run(process.execPath, [BOXCAR_BIN, "--help"]);
       bare.push(performance.now() - t);
     }
     const version = summarize(bare);
-    rows.push(["boxcar --help (the process start alone)", ms(version.p50), ms(version.p99), ms(version.max)]);
+    if (bare.length > 0) rows.push(["boxcar --help (the process start alone)", ms(version.p50), ms(version.p99), ms(version.max)]);
+    const mib = (bytes: number) => `${(bytes / 1024 ** 2).toFixed(0)} MiB`;
     process.stdout.write(
-      `${n} jobs written in ${writeSeconds.toFixed(1)} s; a dispatcher started and listed the first page in ${firstMs.toFixed(0)} ms, keeping ${heapPerJob.toFixed(0)} bytes of heap a job; RSS ${(process.memoryUsage().rss / 1024 ** 2).toFixed(0)} MiB (this process: server client, dispatcher)\n${table(rows)}\n`,
+      `${n} jobs ${written}; a dispatcher started in ${startedMs.toFixed(0)} ms and listed the first page in ${firstMs.toFixed(0)} ms, counted every job (its replay over) in ${caughtUpMs.toFixed(0)} ms, ` +
+        `keeping ${heapPerJob.toFixed(0)} bytes of heap and ${rssPerJob.toFixed(0)} of RSS a job; ` +
+        `RSS ${mib(rssBefore)} before it started, ${mib(process.memoryUsage().rss)} after (this process: a client, the dispatcher)\n${table(rows)}\n`,
     );
     await dispatcher.close();
   } finally {
