@@ -51,8 +51,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const workers = new WorkerDirectory(topology, log, intervals.goneWorkers);
   const policy = new PolicyBook(topology, log);
   const agents = new AgentCatalog(topology, log);
-  const load = new JobLoad();
+  // One entry a job, which the quotas' counts and retention read too.
   const index = new JobIndex();
+  const load = new JobLoad(index);
   const runIndex = new RunIndex();
   const metrics = resolved.metrics ? new DispatcherMetrics(resolved.metrics, topology, () => index.counts(() => true)) : undefined;
 
@@ -63,7 +64,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const expiry = new ExpirySweep(topology, log, intervals.expiry, (job) =>
     metrics?.jobAction(job.state === "timed_out" ? "timed_out" : "expire", job.agent),
   );
-  const retention = new RetentionSweep(topology, policy, log, intervals.retention);
+  const retention = new RetentionSweep(topology, policy, log, intervals.retention, index);
   const recovery = new RecoverySweep(topology, index, log, intervals.recovery, publishing);
   const admissions = new AdmissionSweep(topology, log, intervals.admission, publishing, recovery);
   const givenUp = new GivenUpSweep(topology, log, signer, intervals.givenUp, (job) => metrics?.jobAction("dead", job.agent));
@@ -100,9 +101,9 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     (key, job) => expiry.observe(key, job),
     (key, job) => admissions.observe(key, job),
     (key, job) => retention.observe(key, job),
+    // The quotas' counts (`load`) follow it.
     index.observe,
     follower.observeJob,
-    load.observe,
     limits.observe,
     providerPauses.observe,
     // Once the schedules have started: its jobs' ends let queued ticks fire.

@@ -25,15 +25,12 @@ export async function listJobs(
 ): Promise<ListJobsReply> {
   const req = parseWith(ListJobsRequest, raw, "list request");
   await caughtUp(jobs);
-  const matching = (function* (): Generator<[string, IndexedJob]> {
-    for (const [id, indexed] of jobs.index.newestFirst(req.after)) {
-      if (!mayAccess(caller, indexed.owner)) continue;
-      if (req.state && indexed.state !== req.state) continue;
-      if (req.agent && indexed.agent !== req.agent) continue;
-      if (req.pool && indexed.pool !== req.pool) continue;
-      yield [id, indexed];
-    }
-  })();
+  const matching = jobs.index.newestFirst(req.after, {
+    owner: (owner) => mayAccess(caller, owner),
+    ...(req.state ? { state: req.state } : {}),
+    ...(req.agent ? { agent: req.agent } : {}),
+    ...(req.pool ? { pool: req.pool } : {}),
+  });
   const read = async (id: string): Promise<JobRecord | null> => {
     const found = await getJson(topology.jobs, id, JobRecord, "job record").catch((err: unknown) => {
       if (!(err instanceof BoxcarError || err instanceof SyntaxError)) throw err;

@@ -2,7 +2,7 @@ import type { JobRecord, JobState } from "@boxcar/protocol";
 import { expect, test } from "vitest";
 import { JobIndex } from "./job-index.js";
 
-const job = (id: string, state: JobState = "queued", agent = "a") => ({ id, state, agent, owner: "alice" }) as JobRecord;
+const job = (id: string, state: JobState = "queued", agent = "a") => ({ id, state, agent, pool: "p", owner: "alice" }) as JobRecord;
 const ids = (index: JobIndex, after?: string) => [...index.newestFirst(after)].map(([id]) => id);
 
 test("jobs come newest first, each once, however their records arrive and change", () => {
@@ -19,8 +19,11 @@ test("jobs come newest first, each once, however their records arrive and change
   expect([...index.newestFirst()].find(([id]) => id === "j03")?.[1]).toEqual({
     state: "running",
     agent: "a",
+    pool: "p",
     owner: "alice",
     bytes: Buffer.byteLength(JSON.stringify(running)), // measured, when the watch does not say
+    artifacts: 0,
+    endedAt: Number.NaN, // not ended
   });
 
   // New jobs: at the end, or a little before it (another dispatcher's clock).
@@ -85,5 +88,89 @@ test("the index keeps each record's size as the watch gives it, so a list knows 
   expect([...index.newestFirst()].map(([id, indexed]) => [id, indexed.bytes])).toEqual([
     ["j2", 150],
     ["j1", 200_100],
+  ]);
+});
+
+test("a walk yields only the jobs its filter matches: by state, agent, pool and the owners a caller sees", () => {
+  const index = new JobIndex();
+  const of = (id: string, state: JobState, agent: string, pool: string, owner: string) => ({ id, state, agent, pool, owner }) as JobRecord;
+  index.observe("j1", of("j1", "failed", "a", "gpu", "alice"));
+  index.observe("j2", of("j2", "failed", "b", "cpu", "bob"));
+  index.observe("j3", of("j3", "queued", "a", "cpu", "alice"));
+  index.observe("j4", of("j4", "failed", "a", "cpu", "bob"));
+  const walk = (filter: Parameters<JobIndex["newestFirst"]>[1], after?: string) => [...index.newestFirst(after, filter)].map(([id]) => id);
+  expect(walk({ state: "failed" })).toEqual(["j4", "j2", "j1"]);
+  expect(walk({ state: "failed", agent: "a" })).toEqual(["j4", "j1"]);
+  expect(walk({ pool: "cpu", owner: (owner) => owner === "alice" })).toEqual(["j3"]);
+  expect(walk({ state: "failed" }, "j4")).toEqual(["j2", "j1"]);
+  expect(walk({ agent: "nobody" })).toEqual([]); // a name no job has
+  expect(walk({ pool: "gpu" })).toEqual(["j1"]);
+  // The owner predicate is asked once per owner a walk meets, not once per job.
+  const asked: string[] = [];
+  walk({
+    owner: (owner) => {
+      asked.push(owner);
+      return true;
+    },
+  });
+  expect(asked.sort()).toEqual(["alice", "bob"]);
+});
+
+test("names shared by many jobs are kept once, and a name no job has any more is forgotten and its number given to another", () => {
+  const index = new JobIndex();
+  const of = (id: string, agent: string, owner: string) => ({ id, state: "queued", agent, pool: "p", owner }) as JobRecord;
+  for (let i = 0; i < 100; i++) index.observe(`a${i}`, of(`a${i}`, "old-agent", "carol"));
+  expect([...index.newestFirst(undefined, { agent: "old-agent" })]).toHaveLength(100);
+  for (let i = 0; i < 100; i++) index.observe(`a${i}`, of(`a${i}`, "new-agent", "carol")); // the agent renamed
+  expect([...index.newestFirst(undefined, { agent: "old-agent" })]).toHaveLength(0);
+  index.observe("b1", of("b1", "third", "dave")); // takes the number old-agent had
+  expect([...index.newestFirst(undefined, { agent: "new-agent" })]).toHaveLength(100);
+  expect([...index.newestFirst(undefined, { agent: "third" })].map(([id, j]) => [id, j.agent, j.owner])).toEqual([["b1", "third", "dave"]]);
+  expect(index.counts((owner) => owner === "dave").queued).toBe(1);
+});
+
+test("deleted jobs' entries are used again by new jobs once compacted, and a job made again keeps its place", () => {
+  const index = new JobIndex();
+  const id = (i: number) => `j${String(i).padStart(5, "0")}`;
+  for (let i = 0; i < 4_000; i++) index.observe(id(i), job(id(i), "succeeded"));
+  for (let i = 0; i < 2_000; i++) index.observe(id(i), undefined); // compacted on the way
+  expect(index.size).toBe(2_000);
+  expect(index.has(id(0))).toBe(false);
+  for (let i = 4_000; i < 6_000; i++) index.observe(id(i), job(id(i), "running")); // in the freed entries
+  index.observe(id(2_500), undefined);
+  index.observe(id(2_500), job(id(2_500), "queued")); // deleted and made again before a compaction
+  expect(index.size).toBe(4_000);
+  const all = [...index.newestFirst()];
+  expect(all).toHaveLength(4_000);
+  expect(all[0]?.[0]).toBe(id(5_999));
+  expect(all.at(-1)?.[0]).toBe(id(2_000));
+  expect(all.find(([i]) => i === id(2_500))?.[1].state).toBe("queued");
+  expect(all.find(([i]) => i === id(4_000))?.[1].state).toBe("running");
+  expect([index.count("succeeded"), index.count("running"), index.count("queued")]).toEqual([1_999, 2_000, 1]);
+});
+
+test("ended jobs come oldest first with when each ended, and every change is told with what the job was", () => {
+  const index = new JobIndex();
+  const changes: [string, string | undefined, string | undefined][] = [];
+  index.onChange((id, before, after) => changes.push([id, before?.state, after?.state]));
+  const at = "2026-01-01T00:00:00.000Z";
+  const of = (id: string, state: JobState, finishedAt?: string) =>
+    ({ id, state, agent: "a", pool: "p", owner: "o", createdAt: at, finishedAt, artifacts: [{ size: 5 }, { size: 7 }] }) as JobRecord;
+  index.observe("j2", of("j2", "succeeded", "2026-01-02T00:00:00.000Z"));
+  index.observe("j1", of("j1", "cancelled")); // no finishedAt: its creation
+  index.observe("j3", of("j3", "running"));
+  index.observe("j3", of("j3", "failed", "2026-01-03T00:00:00.000Z"));
+  index.observe("j2", undefined);
+  expect([...index.ended()].map(([id, j]) => [id, j.state, new Date(j.endedAt).toISOString(), j.artifacts])).toEqual([
+    ["j1", "cancelled", at, 12],
+    ["j3", "failed", "2026-01-03T00:00:00.000Z", 12],
+  ]);
+  expect([index.isEnded("j1"), index.isEnded("j2"), index.isEnded("nope")]).toEqual([true, false, false]);
+  expect(changes).toEqual([
+    ["j2", undefined, "succeeded"],
+    ["j1", undefined, "cancelled"],
+    ["j3", undefined, "running"],
+    ["j3", "running", "failed"],
+    ["j2", "succeeded", undefined],
   ]);
 });

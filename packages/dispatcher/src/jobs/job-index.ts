@@ -1,6 +1,6 @@
-import { type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
+import { isTerminal, type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
 
-/** What the index keeps of a job: what a list filters on, and how big its record is. */
+/** What the index keeps of a job: what a list filters on, how big its record is, and what retention and quotas need. */
 export interface IndexedJob {
   state: JobState;
   agent: string;
@@ -8,57 +8,198 @@ export interface IndexedJob {
   owner: string;
   /** The record's size as stored, in bytes: a list reads only the records its page can hold. */
   bytes: number;
+  /** The sizes of its artifacts, summed. */
+  artifacts: number;
+  /** When it ended (its `finishedAt`, else its `createdAt`), in ms; NaN while it has not. */
+  endedAt: number;
+}
+
+/** Which jobs a walk of the index yields: all of these that are given. */
+export interface JobFilter {
+  state?: JobState;
+  agent?: string;
+  pool?: string;
+  /** Whether the jobs of `owner` are wanted (asked once per owner a walk meets). */
+  owner?: (owner: string) => boolean;
+}
+
+/** Told each change of a job the index has: what it was (undefined: unknown) and what it is (undefined: deleted). */
+export type JobChange = (id: string, before: IndexedJob | undefined, after: IndexedJob | undefined) => void;
+
+const STATES = JobState.options;
+const STATE_CODE = new Map(STATES.map((s, i) => [s, i]));
+/** A job deleted since its id was listed (its slot kept until a compaction). */
+const REMOVED = 255;
+
+/**
+ * Strings many jobs share (agents, pools, owners), each kept once, by a small number; a number
+ * no job uses any more is given to the next new string.
+ */
+class Names {
+  private readonly codes = new Map<string, number>();
+  private readonly names: string[] = [];
+  private readonly uses: number[] = [];
+  private readonly unused: number[] = [];
+
+  /** The code of `name`, counting one more use of it. */
+  take(name: string): number {
+    let code = this.codes.get(name);
+    if (code === undefined) {
+      code = this.unused.pop() ?? this.names.length;
+      this.codes.set(name, code);
+      this.names[code] = name;
+      this.uses[code] = 0;
+    }
+    this.uses[code] = (this.uses[code] as number) + 1;
+    return code;
+  }
+
+  /** One use of `code` less; at none, the code is free. */
+  drop(code: number): void {
+    const left = (this.uses[code] as number) - 1;
+    this.uses[code] = left;
+    if (left > 0) return;
+    this.codes.delete(this.names[code] as string);
+    this.unused.push(code);
+  }
+
+  name(code: number): string {
+    return this.names[code] as string;
+  }
+
+  /** The code of `name` if a job uses it. */
+  codeOf(name: string): number | undefined {
+    return this.codes.get(name);
+  }
 }
 
 /**
- * Every job the dispatcher's watch has shown it, by id, with what `jobs.list` filters on and the
- * size of its record: so a list walks this in memory, newest first, and reads only the records
- * its page can hold, however many jobs the bucket holds and however big their records are. It
- * trails the bucket by the watch's delay; a list reads each record it returns, so what it
- * returns is current.
+ * Every job the dispatcher's watch has shown it, by id, with what `jobs.list` filters on, the
+ * size of its record, when it ended and the sizes of its artifacts: so a list walks this in
+ * memory, newest first, and reads only the records its page can hold, however many jobs the
+ * bucket holds and however big their records are; retention finds the ended jobs due, and the
+ * quotas (`JobLoad`, told each change) count each owner's jobs, from this one entry a job.
+ *
+ * An entry is a slot in a few typed arrays: a state's number, the numbers of its agent, pool
+ * and owner (`Names`: each string kept once), its sizes and end time; the id, in a map to its
+ * slot and in the ids in order. About 100 bytes a job, where an object a job in each of three
+ * maps was about 400 (docs/benchmarks.md, "Listing jobs"). It trails the bucket by the watch's
+ * delay; a list reads each record it returns, so what it returns is current.
  */
 export class JobIndex {
-  private readonly jobs = new Map<string, IndexedJob>();
+  /** Each id's slot; a removed job's stays until a compaction (its state `REMOVED`). */
+  private readonly slots = new Map<string, number>();
+  private readonly names = new Names();
+  private capacity = 1024;
+  private stateOf = new Uint8Array(this.capacity);
+  private agentOf = new Uint32Array(this.capacity);
+  private poolOf = new Uint32Array(this.capacity);
+  private ownerOf = new Uint32Array(this.capacity);
+  private bytesOf = new Float64Array(this.capacity);
+  private artifactsOf = new Float64Array(this.capacity);
+  private endedAtOf = new Float64Array(this.capacity);
+  private nextSlot = 0;
+  private readonly freeSlots: number[] = [];
+  private readonly listeners: JobChange[] = [];
   /** How many jobs are in each state. */
   private readonly states = new Map<JobState, number>();
   /** How many jobs of each owner and agent are in each state (no empty entries: owners and agents come and go). */
   private readonly tallies = new Map<string, Map<string, Map<JobState, number>>>();
-  /** Ids in ascending order once sorted; may still hold ids removed since (skipped, then compacted). */
+  /** Ids in ascending order once sorted; holds removed ids until a compaction. Every id in `slots`. */
   private ids: string[] = [];
-  /** The ids in `ids`. */
-  private listed = new Set<string>();
   private sorted = true;
   private removed = 0;
+
+  /** Tells `listener` every change from now on, after the index has it. */
+  onChange(listener: JobChange): void {
+    this.listeners.push(listener);
+  }
 
   /**
    * Notes a job record's latest value (undefined: the record was deleted) and its size as stored
    * (the watch gives it; else it is measured).
    */
   readonly observe = (key: string, job: JobRecord | undefined, bytes?: number): void => {
-    const before = this.jobs.get(key);
+    let slot = this.slots.get(key);
+    const before = slot === undefined ? undefined : this.entry(slot);
     if (before) {
       this.states.set(before.state, (this.states.get(before.state) ?? 1) - 1);
       this.tally(before, -1);
+      this.release(slot as number);
     }
-    const after = job && {
-      state: job.state,
-      agent: job.agent,
-      pool: job.pool,
-      owner: ownerOf(job),
-      bytes: bytes ?? Buffer.byteLength(JSON.stringify(job)),
-    };
-    if (after) {
-      this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
-      this.tally(after, 1);
-    }
-    if (!after) {
-      if (this.jobs.delete(key)) this.removed += 1;
-      if (this.removed > 1_000 && this.removed > this.ids.length / 2) this.compact();
+    if (!job) {
+      if (before) {
+        this.stateOf[slot as number] = REMOVED;
+        this.removed += 1;
+        if (this.removed > 1_000 && this.removed > this.ids.length / 4) this.compact();
+      }
+      for (const listener of this.listeners) listener(key, before, undefined);
       return;
     }
-    if (!this.listed.has(key)) this.insert(key);
-    this.jobs.set(key, after);
+    if (slot === undefined) {
+      slot = this.newSlot();
+      this.slots.set(key, slot);
+      this.insert(key);
+    } else if (!before) this.removed -= 1; // made again with the same id: its slot and place are there
+    let artifacts = 0;
+    for (const a of job.artifacts ?? []) artifacts += a.size;
+    this.stateOf[slot] = STATE_CODE.get(job.state) as number;
+    this.agentOf[slot] = this.names.take(job.agent);
+    this.poolOf[slot] = this.names.take(job.pool);
+    this.ownerOf[slot] = this.names.take(ownerOf(job));
+    this.bytesOf[slot] = bytes ?? Buffer.byteLength(JSON.stringify(job));
+    this.artifactsOf[slot] = artifacts;
+    this.endedAtOf[slot] = isTerminal(job.state) ? Date.parse(job.finishedAt ?? job.createdAt) : Number.NaN;
+    const after = this.entry(slot) as IndexedJob;
+    this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
+    this.tally(after, 1);
+    for (const listener of this.listeners) listener(key, before, after);
   };
+
+  /** The job in `slot`, undefined if removed. */
+  private entry(slot: number): IndexedJob | undefined {
+    const state = this.stateOf[slot] as number;
+    if (state === REMOVED) return undefined;
+    return {
+      state: STATES[state] as JobState,
+      agent: this.names.name(this.agentOf[slot] as number),
+      pool: this.names.name(this.poolOf[slot] as number),
+      owner: this.names.name(this.ownerOf[slot] as number),
+      bytes: this.bytesOf[slot] as number,
+      artifacts: this.artifactsOf[slot] as number,
+      endedAt: this.endedAtOf[slot] as number,
+    };
+  }
+
+  /** Lets go of the names the job in `slot` uses. */
+  private release(slot: number): void {
+    this.names.drop(this.agentOf[slot] as number);
+    this.names.drop(this.poolOf[slot] as number);
+    this.names.drop(this.ownerOf[slot] as number);
+  }
+
+  private newSlot(): number {
+    const free = this.freeSlots.pop();
+    if (free !== undefined) return free;
+    if (this.nextSlot === this.capacity) this.grow();
+    return this.nextSlot++;
+  }
+
+  private grow(): void {
+    this.capacity *= 2;
+    const grown = <T extends Uint8Array | Uint32Array | Float64Array>(old: T, make: new (n: number) => T): T => {
+      const next = new make(this.capacity);
+      next.set(old);
+      return next;
+    };
+    this.stateOf = grown(this.stateOf, Uint8Array);
+    this.agentOf = grown(this.agentOf, Uint32Array);
+    this.poolOf = grown(this.poolOf, Uint32Array);
+    this.ownerOf = grown(this.ownerOf, Uint32Array);
+    this.bytesOf = grown(this.bytesOf, Float64Array);
+    this.artifactsOf = grown(this.artifactsOf, Float64Array);
+    this.endedAtOf = grown(this.endedAtOf, Float64Array);
+  }
 
   private tally(job: IndexedJob, by: 1 | -1): void {
     const agents = this.tallies.get(job.owner) ?? new Map<string, Map<JobState, number>>();
@@ -78,7 +219,6 @@ export class JobIndex {
    * first needs it.
    */
   private insert(id: string): void {
-    this.listed.add(id);
     const ids = this.ids;
     if (!this.sorted || ids.length === 0 || id > (ids[ids.length - 1] as string)) {
       ids.push(id);
@@ -106,7 +246,19 @@ export class JobIndex {
   }
 
   get size(): number {
-    return this.jobs.size;
+    return this.slots.size - this.removed;
+  }
+
+  /** Whether the index has job `id`. */
+  has(id: string): boolean {
+    const slot = this.slots.get(id);
+    return slot !== undefined && this.stateOf[slot] !== REMOVED;
+  }
+
+  /** Whether the index has job `id` as ended. */
+  isEnded(id: string): boolean {
+    const slot = this.slots.get(id);
+    return slot !== undefined && this.stateOf[slot] !== REMOVED && !Number.isNaN(this.endedAtOf[slot]);
   }
 
   /** How many jobs are in `state`. */
@@ -119,7 +271,7 @@ export class JobIndex {
    * lets through and, given `agent`, only its jobs: a sum over owners and agents, not over jobs.
    */
   counts(sees: (owner: string) => boolean, agent?: string): Record<JobState, number> {
-    const counts = Object.fromEntries(JobState.options.map((s) => [s, 0])) as Record<JobState, number>;
+    const counts = Object.fromEntries(STATES.map((s) => [s, 0])) as Record<JobState, number>;
     for (const [owner, agents] of this.tallies) {
       if (!sees(owner)) continue;
       for (const [name, states] of agents) {
@@ -130,8 +282,27 @@ export class JobIndex {
     return counts;
   }
 
-  /** The jobs, newest first, starting after `after` (a job id) when given. */
-  *newestFirst(after?: string): Generator<[string, IndexedJob]> {
+  /**
+   * The jobs that match `filter`, newest first, starting after `after` (a job id) when given.
+   * The filter is checked on the entry's numbers, so a walk passes the jobs it leaves out
+   * without making anything of them.
+   */
+  *newestFirst(after?: string, filter: JobFilter = {}): Generator<[string, IndexedJob]> {
+    yield* this.walk(after, filter, -1);
+  }
+
+  /** The ended jobs, oldest first. */
+  *ended(): Generator<[string, IndexedJob]> {
+    yield* this.walk(undefined, { ended: true }, 1);
+  }
+
+  private *walk(after: string | undefined, filter: JobFilter & { ended?: boolean }, step: 1 | -1): Generator<[string, IndexedJob]> {
+    const state = filter.state === undefined ? undefined : STATE_CODE.get(filter.state);
+    const agent = filter.agent === undefined ? undefined : this.names.codeOf(filter.agent);
+    const pool = filter.pool === undefined ? undefined : this.names.codeOf(filter.pool);
+    // A name no job has: none matches.
+    if ((filter.agent !== undefined && agent === undefined) || (filter.pool !== undefined && pool === undefined)) return;
+    const owners = new Map<string, boolean>(); // by name: a code may be given to another owner during the walk
     if (!this.sorted) {
       this.compact(); // a new array: a walk under way keeps the one it has
       this.ids.sort();
@@ -140,16 +311,41 @@ export class JobIndex {
     // This array as it is now: an insertion or a compaction later makes a new one, or adds
     // past the end, so the walk below stays in order.
     const ids = this.ids;
-    for (let i = after === undefined ? ids.length - 1 : this.position(after) - 1; i >= 0; i--) {
+    const first = step === -1 ? (after === undefined ? ids.length - 1 : this.position(after) - 1) : 0;
+    for (let i = first; i >= 0 && i < ids.length; i += step) {
       const id = ids[i] as string;
-      const job = this.jobs.get(id);
-      if (job) yield [id, job];
+      const slot = this.slots.get(id);
+      // The arrays are read at each step: they are replaced as they grow.
+      if (slot === undefined || this.stateOf[slot] === REMOVED) continue;
+      if (state !== undefined && this.stateOf[slot] !== state) continue;
+      if (agent !== undefined && this.agentOf[slot] !== agent) continue;
+      if (pool !== undefined && this.poolOf[slot] !== pool) continue;
+      if (filter.ended && Number.isNaN(this.endedAtOf[slot])) continue;
+      if (filter.owner) {
+        const owner = this.names.name(this.ownerOf[slot] as number);
+        let wanted = owners.get(owner);
+        if (wanted === undefined) {
+          wanted = filter.owner(owner);
+          owners.set(owner, wanted);
+        }
+        if (!wanted) continue;
+      }
+      yield [id, this.entry(slot) as IndexedJob];
     }
   }
 
+  /** Drops the removed jobs' ids and frees their slots. */
   private compact(): void {
-    this.ids = this.ids.filter((id) => this.jobs.has(id));
-    this.listed = new Set(this.ids);
+    const kept: string[] = [];
+    for (const id of this.ids) {
+      const slot = this.slots.get(id) as number;
+      if (this.stateOf[slot] !== REMOVED) kept.push(id);
+      else {
+        this.slots.delete(id);
+        this.freeSlots.push(slot);
+      }
+    }
+    this.ids = kept;
     this.removed = 0;
   }
 }

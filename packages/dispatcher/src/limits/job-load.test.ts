@@ -1,5 +1,6 @@
 import { type JobRecord, SystemPolicy } from "@boxcar/protocol";
 import { expect, test } from "vitest";
+import { JobIndex } from "../jobs/job-index.js";
 import { JobLoad } from "./policy.js";
 
 const job = (id: string, state: JobRecord["state"], owner = "alice", artifacts: number[] = []) =>
@@ -11,7 +12,7 @@ const job = (id: string, state: JobRecord["state"], owner = "alice", artifacts: 
   }) as JobRecord;
 
 test("the queue's jobs and bytes follow each record's latest state, and new work is refused at either limit", () => {
-  const load = new JobLoad();
+  const load = new JobLoad(new JobIndex());
   const policy = SystemPolicy.parse({ queue: { jobs: 3, bytes: "1Mi" } });
   load.observe("a", job("a", "queued"), 1_000);
   load.observe("b", job("b", "queued", "bob"), 2_000);
@@ -39,7 +40,7 @@ test("the queue's jobs and bytes follow each record's latest state, and new work
 });
 
 test("the bytes kept of each user's jobs (records and artifacts, every job not deleted) and of artifacts in all follow each record, and new jobs are refused at the quotas", () => {
-  const load = new JobLoad();
+  const load = new JobLoad(new JobIndex());
   const policy = SystemPolicy.parse({ quotas: { default: { bytes: "100Ki" }, users: { bob: {} }, artifacts: "150Ki" } });
   const alice = { user: "alice", role: "submitter" } as const;
   const bob = { user: "bob", role: "submitter" } as const;

@@ -10,12 +10,12 @@ import {
   type ErrorIssue,
   type Identity,
   type JobRecord,
-  ownerOf,
   parseWith,
   SystemPolicy,
 } from "@boxcar/protocol";
 import { DEFAULT_QUEUE_LIMITS, POLICY_KEY, policyViolations, quotaOf } from "@boxcar/protocol/internal";
 import type { KvEntry } from "@nats-io/kv";
+import type { IndexedJob, JobIndex } from "../jobs/job-index.js";
 import { StoreRoom } from "./store-room.js";
 
 /**
@@ -89,6 +89,11 @@ interface Counted {
   artifacts: number;
 }
 
+function countedOf(job: IndexedJob): Counted {
+  const state = job.state === "running" ? "running" : job.state === "accepted" || job.state === "queued" ? "queued" : undefined;
+  return { owner: job.owner, state, bytes: job.bytes, artifacts: job.artifacts };
+}
+
 const mib = (n: number) => (n < 1024 ** 2 ? `${Math.round(n / 1024)} KiB` : `${Math.round((n / 1024 ** 2) * 10) / 10} MiB`);
 
 /**
@@ -100,7 +105,8 @@ const mib = (n: number) => (n < 1024 ** 2 ? `${Math.round(n / 1024)} KiB` : `${M
  * store's room as this dispatcher knows it (`StoreRoom`), for the headroom.
  */
 export class JobLoad {
-  private readonly jobs = new Map<string, Counted>();
+  /** Jobs counted as waiting while their records are written (`counted`), until the index has them. */
+  private readonly holds = new Map<string, Counted>();
   private readonly counts = new Map<string, { queued: number; running: number }>();
   /** Bytes kept of each user's jobs: records and artifacts. */
   private readonly stored = new Map<string, number>();
@@ -108,32 +114,29 @@ export class JobLoad {
   private artifactsKept = 0;
   /** Jobs waiting to start in the whole system, and the bytes of their records. */
   private readonly queue = { jobs: 0, bytes: 0 };
-  /** One string per owner, shared by every job of theirs. */
-  private readonly owners = new Map<string, string>();
   private store: StoreRoom | undefined;
 
-  readonly observe = (key: string, job: JobRecord | undefined, bytes = 0): void => {
-    const before = this.jobs.get(key);
-    if (before) this.add(before, -1);
-    if (!job) {
-      this.jobs.delete(key);
-      return;
-    }
-    const state = job.state === "running" ? "running" : job.state === "accepted" || job.state === "queued" ? "queued" : undefined;
-    const owner = this.ownerString(ownerOf(job));
-    let artifacts = 0;
-    for (const a of job.artifacts) artifacts += a.size;
-    const now: Counted = { owner, state, bytes, artifacts };
-    this.jobs.set(key, now);
-    this.add(now, 1);
-  };
-
-  private ownerString(owner: string): string {
-    const known = this.owners.get(owner);
-    if (known !== undefined) return known;
-    this.owners.set(owner, owner);
-    return owner;
+  /** Counts the jobs of `index`, following each change it has. */
+  constructor(private readonly index: JobIndex) {
+    index.onChange((id, before, after) => {
+      const held = this.holds.get(id);
+      if (held) {
+        // Its record, seen: it takes the hold's place.
+        this.holds.delete(id);
+        this.add(held, -1);
+      }
+      if (before) this.add(countedOf(before), -1);
+      if (after) this.add(countedOf(after), 1);
+    });
   }
+
+  /**
+   * Notes a job record's latest value (undefined: deleted) and its size as stored: in the index,
+   * which counts it here. Admission does, not waiting for the watch.
+   */
+  readonly observe = (key: string, job: JobRecord | undefined, bytes?: number): void => {
+    this.index.observe(key, job, bytes);
+  };
 
   private add(job: Counted, n: number): void {
     if (job.state) {
@@ -144,10 +147,7 @@ export class JobLoad {
     }
     const kept = (this.stored.get(job.owner) ?? 0) + n * (job.bytes + job.artifacts);
     if (kept > 0) this.stored.set(job.owner, kept);
-    else {
-      this.stored.delete(job.owner);
-      this.owners.delete(job.owner);
-    }
+    else this.stored.delete(job.owner);
     this.artifactsKept += n * job.artifacts;
     if (job.state === "queued") {
       this.queue.jobs += n;
@@ -215,14 +215,17 @@ export class JobLoad {
    */
   async counted<T>(holder: Identity, id: string, policy: SystemPolicy, write: () => Promise<T>): Promise<T> {
     this.check(holder, policy);
-    if (this.jobs.has(id)) return write();
-    const held: Counted = { owner: this.ownerString(holder.user), state: "queued", bytes: 0, artifacts: 0 };
-    this.jobs.set(id, held);
+    if (this.index.has(id) || this.holds.has(id)) return write();
+    const held: Counted = { owner: holder.user, state: "queued", bytes: 0, artifacts: 0 };
+    this.holds.set(id, held);
     this.add(held, 1);
     try {
       return await write();
     } catch (err) {
-      if (this.jobs.get(id) === held) this.observe(id, undefined);
+      if (this.holds.get(id) === held) {
+        this.holds.delete(id);
+        this.add(held, -1);
+      }
       throw err;
     }
   }

@@ -2,6 +2,7 @@ import { silentLogger } from "@boxcar/common";
 import { natsTestServer } from "@boxcar/fabric/testing";
 import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { expect, test } from "vitest";
+import { JobIndex } from "../jobs/job-index.js";
 import { PolicyBook } from "../limits/policy.js";
 import { RetentionSweep } from "./retention.js";
 
@@ -11,7 +12,9 @@ test("one sweep deletes every job past its retention, however many: batch after 
   const topology = await nats.topology();
   const policy = await PolicyBook.open(topology, silentLogger);
   // Not started: the test makes the passes itself.
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  // The index a dispatcher's watch keeps, shown the records as they are written.
+  const index = new JobIndex();
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index);
   const ended = (id: string, finishedAt: Date): JobRecord => ({
     v: PROTOCOL_VERSION,
     id,
@@ -32,6 +35,7 @@ test("one sweep deletes every job past its retention, however many: batch after 
   ];
   for (const record of records) {
     await topology.jobStore.create({ record: record });
+    index.observe(record.id, record);
     sweeper.observe(record.id, record);
   }
   expect(await sweeper.run()).toBe(1_200);
@@ -46,7 +50,9 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   await using nats = await natsTestServer();
   const topology = await nats.topology();
   const policy = await PolicyBook.open(topology, silentLogger);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  // The index a dispatcher's watch keeps, shown the records as they are written.
+  const index = new JobIndex();
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index);
   const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
     v: PROTOCOL_VERSION,
@@ -71,6 +77,7 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   ];
   for (const r of records) {
     await topology.jobStore.create({ record: r });
+    index.observe(r.id, r);
     sweeper.observe(r.id, r);
   }
   expect(await sweeper.run()).toBe(100);
@@ -87,7 +94,9 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   const MiB = 1024 ** 2;
   const topology = await nats.topology({ streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
   const policy = await PolicyBook.open(topology, silentLogger);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000);
+  // The index a dispatcher's watch keeps, shown the records as they are written.
+  const index = new JobIndex();
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index);
   const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
   for (const id of ids) {
@@ -106,6 +115,7 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
       result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
     };
     await topology.jobStore.create({ record: record });
+    index.observe(id, record);
     sweeper.observe(id, record);
   }
   // A dispatcher's watch, from before the store filled.

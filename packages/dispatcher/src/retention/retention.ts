@@ -12,6 +12,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import { retentionOf } from "@boxcar/protocol/internal";
+import type { JobIndex } from "../jobs/job-index.js";
 import type { PolicyBook } from "../limits/policy.js";
 import { Sweep } from "../loops/sweep.js";
 import { checkMayPurge, objectsOf, remainsOf, removeRemains } from "./remains.js";
@@ -44,11 +45,14 @@ interface Ended {
  * to its last byte. Ended workflow runs likewise:
  * events, then record. It is shown every job record and every run by the dispatcher's watches
  * and keeps when each ended one ended. Several dispatchers may delete the same job; each step
- * is idempotent.
+ * is idempotent. The ended jobs, and when each ended, it reads from the job index.
  */
 export class RetentionSweep {
-  /** Ended jobs: when each ended, how, and its agent. */
-  private readonly ended = new Map<string, Ended & { state: JobState; agent: string }>();
+  /**
+   * Ended jobs this dispatcher found deleted (or deleted itself) that the index still has: passed
+   * over until the watch shows the index their deletion.
+   */
+  private readonly gone = new Set<string>();
   /** Ended runs with no job still going. */
   private readonly endedRuns = new Map<string, Ended>();
   /** The jobs not yet ended that name each object, and the objects each such job names. */
@@ -64,6 +68,7 @@ export class RetentionSweep {
     private readonly policy: PolicyBook,
     private readonly log: Logger,
     intervalMs: number,
+    private readonly index: JobIndex,
   ) {
     this.sweeps = new Sweep({
       pass: () => this.sweepOnce(),
@@ -99,12 +104,8 @@ export class RetentionSweep {
       if (users?.size === 0) this.users.delete(object);
     }
     this.openObjects.delete(key);
-    this.ended.delete(key);
-    if (!job) return;
-    if (isTerminal(job.state)) {
-      this.ended.set(key, { at: Date.parse(job.finishedAt ?? job.createdAt), state: job.state, agent: job.agent });
-      return;
-    }
+    this.gone.delete(key);
+    if (!job || isTerminal(job.state)) return;
     const objects = objectsOf(job);
     if (objects.length === 0) return;
     this.openObjects.set(key, objects);
@@ -171,8 +172,8 @@ export class RetentionSweep {
   ): Promise<CleanJobsReply> {
     const due: string[] = [];
     let more = false;
-    for (const [id, job] of this.ended) {
-      if (passed.has(id) || !matches(job)) continue;
+    for (const [id, job] of this.index.ended()) {
+      if (passed.has(id) || this.gone.has(id) || !matches({ at: job.endedAt, state: job.state, agent: job.agent })) continue;
       if (due.length === MAX_PER_BATCH) {
         more = true;
         break;
@@ -228,7 +229,7 @@ export class RetentionSweep {
     try {
       const found = await topology.jobStore.read(id);
       if (!found || !isTerminal(found.record.state)) {
-        this.ended.delete(id);
+        this.goneFromIndex(id);
         return { outcome: "gone" };
       }
       const job = found.record;
@@ -243,7 +244,7 @@ export class RetentionSweep {
         const message = `its record changed while it was being deleted (${what}): the record stays, its events, output and files had gone`;
         return { outcome: "kept", kept: { id, reason: "changed", message } };
       }
-      this.ended.delete(id);
+      this.goneFromIndex(id);
       if (erased.outcome === "unmarked") this.unmarked.set(`jobs/${id}`, { bucket: "jobs", key: id });
       // Its marker goes too (this one's, by its sequence; another deletion's marker, that one purges).
       if (erased.outcome === "erased" && erased.marker !== undefined) await purgeEntry(topology, "jobs", id, erased.marker);
@@ -254,6 +255,12 @@ export class RetentionSweep {
         : `nothing of it was removed: ${(err as Error).message}`;
       return { outcome: "kept", kept: { id, reason: "error", message } };
     }
+  }
+
+  /** Passes over `id`, deleted (or no longer ended), until the index has that from the watch. */
+  private goneFromIndex(id: string): void {
+    // Not there (the watch came first): nothing to wait for.
+    if (this.index.isEnded(id)) this.gone.add(id);
   }
 
   /**

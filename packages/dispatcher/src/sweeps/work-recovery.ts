@@ -90,9 +90,9 @@ export class RecoverySweep {
       if (id) withWork.add(id);
     }
     let recovered = 0;
-    for (const [id, indexed] of index.newestFirst()) {
+    for (const [id] of index.newestFirst(undefined, { state: "queued" })) {
       if (signal.aborted) break;
-      if (indexed.state !== "queued" || withWork.has(id)) continue;
+      if (withWork.has(id)) continue;
       const job = (await getJson(topology.jobs, id, JobRecord, "job record"))?.value;
       if (job?.state !== "queued" || Date.now() - Date.parse(job.queuedAt ?? job.createdAt) < DUPLICATE_WINDOW_MS) continue;
       await publishWorkItem(topology, job, await this.ctx.agents.get(job.agent), this.ctx, `${id}:recovered:${state.last_seq}`);
