@@ -25,12 +25,16 @@ fi
 if [ ! -x /usr/bin/chromium ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 fi
+# The session shell's tests drive `boxcar session shell` in Debian's tmux, as a person at a terminal.
+if ! command -v tmux >/dev/null; then
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux >/dev/null
+fi
 # The Kubernetes tests render deploy/kubernetes with `kubectl kustomize`, which needs Kustomize 5+:
 # this machine image's kubectl (1.32) has it. Debian 12's kubernetes-client (1.20) would not do
 # (its Kustomize 2.0.3 reads no folder as a resource), so there is nothing to install: where no
 # such kubectl is found the rendering tests say so and are skipped (BOXCAR_REQUIRE_KUBECTL=1 makes
 # that a failure).
-if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1 BOXCAR_REQUIRE_GO=1 BOXCAR_REQUIRE_BROWSER=1; fi
+if [ -n "${CI:-}" ]; then export BOXCAR_REQUIRE_DOCKER=1 BOXCAR_REQUIRE_GO=1 BOXCAR_REQUIRE_BROWSER=1 BOXCAR_REQUIRE_TMUX=1; fi
 export TESTCONTAINERS_RYUK_DISABLED=true
 pnpm run lint
 pnpm test

@@ -162,6 +162,8 @@ test("each API request and the data of its reply match the endpoint's published 
   const port = (listening.address() as AddressInfo).port;
   await call("sessions.connect", { id: session.id, port, tunnel: "wire-schemas-1" });
   listening.close();
+  // A shell on a terminal (through a tunnel of the caller's, nobody on it here: it exits, and its tunnel goes silent).
+  await call("sessions.shell", { id: session.id, tunnel: "wire-schemas-2", cols: 80, rows: 24, argv: ["true"] });
   await call("sessions.files.list", { id: session.id, path: "dir" });
   await call("sessions.files.remove", { id: session.id, path: "dir" });
   const { snapshot } = await call("sessions.snapshot", { id: session.id });

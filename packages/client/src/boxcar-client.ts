@@ -50,6 +50,7 @@ import type {
 } from "@boxcar/protocol";
 import type { FollowOptions } from "./follow.js";
 import type { PortForward, PortForwardOptions } from "./session-ports.js";
+import type { SessionShell, ShellOptions } from "./session-shell.js";
 import type { CopiedFile, CopyOptions } from "./session-transfers.js";
 
 export interface ClientOptions {
@@ -207,6 +208,13 @@ export interface BoxcarClient {
    * to `port` in the session, each through its own tunnel, until closed.
    */
   forwardSessionPort(id: string, port: number, opts?: PortForwardOptions): Promise<PortForward>;
+  /**
+   * Starts a shell (or `argv`) on a terminal of `cols` by `rows` in the session
+   * (docs/sessions.md#shell), a process of its background, and gives its terminal's bytes as a
+   * stream, with `resize` and how it `exited`. The session's owner (or an admin) only; Docker and
+   * host sessions.
+   */
+  openShell(id: string, opts: ShellOptions): Promise<SessionShell>;
   /** The regular files of the session's workspace, or of one folder of it. */
   listSessionFiles(request: ListSessionFilesInput): Promise<{ files: Array<{ path: string; size: number }>; truncated: boolean }>;
   /** Removes a file or folder of the session's workspace; false when there was none. */

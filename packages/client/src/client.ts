@@ -52,6 +52,7 @@ import { DispatcherApi } from "./dispatcher-api.js";
 import { downloadArtifacts, uploadInput } from "./file-transfers.js";
 import { type FollowOptions, followPages, type HistoryPage } from "./follow.js";
 import { connectTunnel, forwardPort, type PortForwardOptions } from "./session-ports.js";
+import { openShell, type ShellOptions } from "./session-shell.js";
 import { type CopyOptions, copyFromSession, copyToSession, HASHING_WAIT_MS } from "./session-transfers.js";
 
 /** How long a client waits for a session to open, and beyond an exec's timeout for its answer. */
@@ -294,6 +295,10 @@ class Client implements BoxcarClient, HistoryReader {
 
   forwardSessionPort(id: string, port: number, opts?: PortForwardOptions) {
     return forwardPort(() => connectTunnel(this.api, id, port), opts);
+  }
+
+  openShell(id: string, opts: ShellOptions) {
+    return openShell(this.api, id, opts);
   }
 
   async unwatchSession(id: string, watchId: string) {

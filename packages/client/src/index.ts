@@ -7,4 +7,5 @@ export type { ResolveConnectionOptions, ResolvedConnection } from "./connection.
 export { connectNats, DEFAULT_NATS_URL, identityOf, readNatsContext, resolveConnection } from "./connection.js";
 export type { FollowOptions } from "./follow.js";
 export type { PortForward, PortForwardOptions } from "./session-ports.js";
+export type { SessionShell, ShellExit, ShellOptions } from "./session-shell.js";
 export type { CopiedFile, CopyOptions } from "./session-transfers.js";

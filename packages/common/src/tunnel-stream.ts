@@ -15,6 +15,9 @@
  *   bytes; one that sends past that ends the tunnel (`tunnel_overrun`).
  * - `Boxcar-End`: this end sends no more (a TCP half-close); its data, if any, comes first.
  * - `Boxcar-Reset`: this end is gone (the connection failed, or was dropped), with why.
+ * - What a tunnel's use adds (a shell's `Boxcar-Resize` and `Boxcar-Exit`): an end sends them with
+ *   `control` (a message of its own, numbered as the others) or `endWith` (on its end), and the
+ *   other hears those it names in `controls` as a `control` event, in order with the bytes.
  *
  * An end that has said nothing for `heartbeatMs` sends an empty message (its acknowledgement), and
  * one that hears nothing for `silenceMs` ends the tunnel (`tunnel_silent`): a caller that went
@@ -32,6 +35,10 @@ export const TunnelHeader = {
   ack: "Boxcar-Ack",
   end: "Boxcar-End",
   reset: "Boxcar-Reset",
+  /** A shell's terminal changed size: `COLSxROWS` (from the caller). */
+  resize: "Boxcar-Resize",
+  /** A shell ended, on its tunnel's end: its exit code, or the signal that ended it (from the session). */
+  exit: "Boxcar-Exit",
 } as const;
 export type TunnelHeader = (typeof TunnelHeader)[keyof typeof TunnelHeader];
 
@@ -72,6 +79,8 @@ export interface TunnelStreamOptions {
   silenceMs?: number;
   /** Called as bytes go through, either way. */
   onTraffic?: () => void;
+  /** Headers of the other end's messages heard as a `control` event (a record of those a message has). */
+  controls?: readonly string[];
 }
 
 const EMPTY = new Uint8Array(0);
@@ -101,6 +110,8 @@ export class TunnelStream extends Duplex {
   private pending: { chunk: Buffer; at: number; done: (error?: Error | null) => void } | undefined;
   private endSent = false;
   private endHeard = false;
+  /** Headers this end's last message (its end) carries, set by `endWith`. */
+  private trailer: Record<string, string> | undefined;
   /** The other end reset the tunnel: nothing is said back. */
   private peerGone = false;
   private heardAt = Date.now();
@@ -166,9 +177,25 @@ export class TunnelStream extends Duplex {
     pending.done();
   }
 
+  /**
+   * Sends `fields` (headers, one line each) in a message of their own, after the bytes sent so far
+   * (a write waiting for the window goes after it): the other end hears them as a `control` event,
+   * if it listens for them.
+   */
+  control(fields: Readonly<Record<string, string>>): void {
+    if (!this.opened || this.destroyed || this.endSent) throw new Error("the tunnel is not open");
+    this.say(EMPTY, { extra: fields });
+  }
+
+  /** Ends this side (as `end()`), its last message carrying `fields`. */
+  endWith(fields: Readonly<Record<string, string>>): void {
+    this.trailer = { ...fields };
+    this.end();
+  }
+
   override _final(callback: (error?: Error | null) => void): void {
     try {
-      this.say(EMPTY, { end: true });
+      this.say(EMPTY, { end: true, ...(this.trailer ? { extra: this.trailer } : {}) });
       this.endSent = true;
       callback();
     } catch (err) {
@@ -199,8 +226,9 @@ export class TunnelStream extends Duplex {
   }
 
   /** Publishes one message: `data`, this end's acknowledgement, and its end or reset. */
-  private say(data: Uint8Array = EMPTY, flags: { end?: boolean; reset?: string } = {}): void {
+  private say(data: Uint8Array = EMPTY, flags: { end?: boolean; reset?: string; extra?: Readonly<Record<string, string>> } = {}): void {
     const h = natsHeaders();
+    for (const [name, value] of Object.entries(flags.extra ?? {})) h.set(name, oneLine(value));
     this.seqOut += 1;
     h.set(TunnelHeader.seq, String(this.seqOut));
     const taken = this.taken;
@@ -281,6 +309,8 @@ export class TunnelStream extends Duplex {
       if (this.push(msg.data)) this.taken = this.received;
       this.opts.onTraffic?.();
     }
+    const controls = this.opts.controls?.filter((name) => h?.has(name));
+    if (controls?.length) this.emit("control", Object.fromEntries(controls.map((name) => [name, h?.get(name) ?? ""])));
     if (h?.has(TunnelHeader.end) && !this.endHeard) {
       this.endHeard = true;
       this.push(null);

@@ -103,6 +103,8 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsUnwatch,
     // A tunnel's bytes go both ways (a connection can write): its owner's (and an admin's), never a viewer's.
     ApiEndpoint.sessionsConnect,
+    // A shell writes (its keys run commands): its owner's (and an admin's), never a viewer's.
+    ApiEndpoint.sessionsShell,
     ApiEndpoint.sessionsSnapshot,
     ApiEndpoint.snapshotsRemove,
     ApiEndpoint.schedulesCreate,

@@ -140,6 +140,7 @@ export type {
   OpenSessionRequest as OpenSessionRequestInput,
   OutputRequest as OutputRequestInput,
   ReadSessionFile as ReadSessionFileInput,
+  ShellRequest as ShellRequestInput,
   StartRequest as StartRequestInput,
   WaitRequest as WaitRequestInput,
   WatchRequest as WatchRequestInput,
@@ -178,6 +179,8 @@ export {
   SessionRef,
   SessionReply,
   SessionState,
+  ShellReply,
+  ShellRequest,
   SnapshotId,
   SnapshotInfo,
   StartRequest,
@@ -194,6 +197,7 @@ export {
   WorkerConnect,
   WorkerOpenSession,
   WorkerReply,
+  WorkerShell,
   WriteSessionFile,
 } from "./session.js";
 export { parseDurationMs, parseSizeBytes } from "./units.js";

@@ -216,6 +216,7 @@ export const ApiEndpoint = {
   sessionsWatch: "sessions.watch",
   sessionsUnwatch: "sessions.unwatch",
   sessionsConnect: "sessions.connect",
+  sessionsShell: "sessions.shell",
   sessionsSnapshot: "sessions.snapshot",
   snapshotsList: "snapshots.list",
   snapshotsRemove: "snapshots.remove",

@@ -243,6 +243,8 @@ export const ProcessInfo = z.strictObject({
   durationMs: z.number().nonnegative().optional(),
   /** Started with `openStdin`: whether its stdin still takes input (`sessions.input`), or was closed. */
   stdin: z.enum(["open", "closed"]).optional(),
+  /** A shell on a terminal (`sessions.shell`): its bytes go through its tunnel, not the session's log. */
+  terminal: z.literal(true).optional(),
 });
 export type ProcessInfo = z.infer<typeof ProcessInfo>;
 
@@ -436,6 +438,54 @@ export type TunnelInfo = z.infer<typeof TunnelInfo>;
 export const ConnectReply = z.strictObject({ tunnel: TunnelInfo });
 /** What a dispatcher asks the session's worker: the request, and the user whose tunnel it is (its subjects carry the name). */
 export const WorkerConnect = ConnectRequest.extend({ user: z.string().regex(TOKEN_PATTERN) });
+
+/** A terminal's width or height, in characters. */
+const TerminalCells = z.number().int("a terminal's size is whole characters").min(1).max(10_000);
+
+/**
+ * Starts a shell (or `argv`) on a terminal in the session (docs/sessions.md#shell): a process of
+ * its background whose terminal's bytes go through a tunnel of the caller's, as a port's do
+ * (`<prefix>.tunnel.<user>.<tunnel>.in|out`, `.out` listened on before asking), its window's size
+ * changed by a `Boxcar-Resize` message and its exit said on the tunnel's end (`Boxcar-Exit`).
+ */
+export const ShellRequest = z.strictObject({
+  id: SessionId,
+  tunnel: TunnelId,
+  cols: TerminalCells,
+  rows: TerminalCells,
+  /** What runs on the terminal; default: the session's `bash` if it has one, else `/bin/sh`. */
+  argv: z
+    .array(z.string().max(16 * 1024))
+    .min(1)
+    .max(256)
+    .optional(),
+  env: z.record(EnvName, z.string().max(16 * 1024)).default({}),
+  /** A folder of the workspace to start in; default: the workspace. */
+  cwd: SessionPath.optional(),
+  /** `TERM` for what runs on it (the caller's own, for its terminal's abilities); default `xterm-256color`. */
+  term: z
+    .string()
+    .regex(/^[A-Za-z0-9._+-]{1,64}$/, "a terminal type is letters, digits, '.', '_', '+' or '-'")
+    .default("xterm-256color"),
+  timeout: durationMs({ min: 1_000, max: 24 * HOUR })
+    .default(8 * HOUR)
+    .describe("the shell is ended (hung up) after this long"),
+});
+export type ShellRequest = z.input<typeof ShellRequest>;
+export const ShellReply = z.strictObject({
+  process: ProcessInfo,
+  /** Where the caller sends its keys (`in`) and reads the terminal (`out`), and the window of each way. */
+  tunnel: z.strictObject({
+    tunnel: TunnelId,
+    in: z.string(),
+    out: z.string(),
+    window: z.number().int().positive(),
+    openedAt: z.iso.datetime(),
+  }),
+});
+export type ShellReply = z.infer<typeof ShellReply>;
+/** What a dispatcher asks the session's worker: the request, and the user whose tunnel it is. */
+export const WorkerShell = ShellRequest.extend({ user: z.string().regex(TOKEN_PATTERN) });
 
 export const ListSessionFiles = z.strictObject({
   id: SessionId,

@@ -14,6 +14,9 @@
 //                      {"t":"send","id":"7","d":"<base64>"}         (bytes for it; "end":true ends its writing side)
 //                      {"t":"ack","id":"7","n":65536}               (bytes of its "data" the worker has taken)
 //                      {"t":"hangup","id":"7"}                      (drop it)
+//                      {"t":"pty","id":"8","argv":[...],"env":{...},"cwd":"sub","cols":80,"rows":24}
+//                                                                   (a process on a terminal: its bytes as a connection's)
+//                      {"t":"resize","id":"8","cols":120,"rows":40}
 //   helper -> worker   {"t":"ready"}
 //                      {"t":"out","id":"1","s":"stdout"|"stderr","d":"<base64>"}
 //                      {"t":"exit","id":"1","code":0,"signal":null}   or  ..."error":"why it did not start"
@@ -21,6 +24,12 @@
 //                      {"t":"data","id":"7","d":"<base64>"}         (bytes from a connection; "end":true: it sends no more)
 //                      {"t":"ack","id":"7","n":65536}               (bytes of "send" written to it)
 //                      {"t":"hangup","id":"7","error":"..."}        (it closed; "error" when it failed)
+//
+// A terminal (docs/sessions.md#shell) is util-linux's `script` running `argv` (default: bash, else
+// sh) on a new pseudo-terminal, answered by a "done" once started; its bytes go as a connection's
+// ("send"/"data"/"ack"/"hangup", the keys typed in and what it shows out), then an "exit" once it
+// ended. "resize" sets its window's size (`stty -F` on the terminal `script` holds); "kill" hangs
+// it up (SIGHUP to what runs on it, SIGKILL 2 s later).
 //
 // A connection (docs/sessions.md#ports) is answered by a "done" once open (or with its "error"
 // and "code"), then its bytes go both ways as frames, each side sending at most TUNNEL_WINDOW
@@ -50,12 +59,24 @@
 // Plain CommonJS for the Node.js of the agent image (18 and later; Node 18 has no recursive
 // fs.watch on Linux, so a watch walks its folders and watches each); no dependencies.
 "use strict";
-const { spawn } = require("node:child_process");
+const { execFile, spawn } = require("node:child_process");
 const { createHash } = require("node:crypto");
 const fs = require("node:fs/promises");
-const { constants: fsConstants, createReadStream, lstatSync, readdirSync, realpathSync, statSync, watch } = require("node:fs");
+const {
+  constants: fsConstants,
+  createReadStream,
+  existsSync,
+  lstatSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  realpathSync,
+  statSync,
+  watch,
+} = require("node:fs");
 const { dirname, join, relative, sep } = require("node:path");
 const { connect: netConnect } = require("node:net");
+const { Duplex } = require("node:stream");
 const { createInterface } = require("node:readline");
 
 /** A verb run alone (`node -e <helper> watch PATH`, a host session's), in the current folder; else the container's workspace. */
@@ -502,6 +523,159 @@ function tunnelFrame(req) {
   }
 }
 
+/** A shell word: single-quoted. */
+function quote(text) {
+  return `'${String(text).replaceAll("'", "'\\''")}'`;
+}
+
+/** Starts `req.argv` (default: bash, else sh) on a new pseudo-terminal (`script`'s) and relays its bytes as a connection's. */
+function openTerminal(req) {
+  const id = req.id;
+  const cols = Number(req.cols);
+  const rows = Number(req.rows);
+  if (running.has(id) || tunnels.has(id) || !Number.isInteger(cols) || !Number.isInteger(rows) || cols < 1 || rows < 1) {
+    send({ t: "done", id, error: "a terminal needs a fresh id and a size", code: "EINVAL" });
+    return;
+  }
+  let cwd;
+  try {
+    cwd = req.cwd ? inWorkspace(req.cwd) : WORKSPACE;
+  } catch (err) {
+    send({ t: "done", id, error: err.message, code: err.code });
+    return;
+  }
+  if (!isFolder(cwd)) {
+    send({ t: "done", id, error: `cwd ${req.cwd}: no such folder in the workspace`, code: "ENOENT" });
+    return;
+  }
+  const shell = ["/bin/bash", "/usr/bin/bash"].find((path) => existsSync(path)) ?? "/bin/sh";
+  const argv = Array.isArray(req.argv) && req.argv.length > 0 ? req.argv : [shell];
+  const env = { ...req.env };
+  for (const name of Object.keys(env)) if (name.startsWith("BOXCAR_HELPER")) delete env[name];
+  // `script` runs the line with $SHELL (sh); the line sets the window's size and the caller's SHELL, then runs argv.
+  const line = `stty rows ${rows} cols ${cols} 2>/dev/null; SHELL=${quote(env.SHELL ?? shell)}; export SHELL; exec ${argv.map(quote).join(" ")}`;
+  let child;
+  try {
+    child = spawn("script", ["-qfec", line, "/dev/null"], {
+      cwd,
+      env: { ...env, SHELL: "/bin/sh" },
+      detached: true,
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+  } catch (err) {
+    send({ t: "done", id, error: err.message, code: err.code });
+    return;
+  }
+  const entry = { child, timers: [] };
+  let started = false;
+  let shellPid;
+  child.once("error", (err) => {
+    if (started) return;
+    running.delete(id);
+    const why =
+      err.code === "ENOENT" ? "a terminal needs util-linux's `script` in the image (Debian's bsdutils), and it has none" : err.message;
+    send({ t: "done", id, error: why, code: err.code });
+  });
+  child.once("spawn", () => {
+    started = true;
+    child.stdin.on("error", () => {});
+    child.stderr.resume();
+    const io = Duplex.from({ readable: child.stdout, writable: child.stdin });
+    io.on("error", () => {});
+    entry.io = io;
+    relay(id, io);
+    send({ t: "done", id });
+    findChild(child.pid, (pid) => {
+      shellPid = pid;
+    });
+  });
+  entry.stop = () => {
+    // A hangup, as a terminal that closes gives; `script` ends once what ran on it has.
+    if (shellPid !== undefined) signalGroup(shellPid, "SIGHUP");
+    signalGroup(child.pid, "SIGTERM");
+    entry.timers.push(
+      setTimeout(() => {
+        if (shellPid !== undefined) signalGroup(shellPid, "SIGKILL");
+        signalGroup(child.pid, "SIGKILL");
+      }, GRACE_MS),
+    );
+  };
+  entry.resize = coalesced((c, r, done) => {
+    const tty = terminalOf(child.pid);
+    if (!tty) return done();
+    execFile("stty", ["-F", tty, "rows", String(r), "cols", String(c)], { env }, () => done());
+  });
+  running.set(id, entry);
+  child.once("close", (code, signal) => {
+    if (!started) return;
+    for (const timer of entry.timers) clearTimeout(timer);
+    running.delete(id);
+    send({ t: "exit", id, code, signal });
+    // What it showed went first; its connection ends with it.
+    entry.io.destroy();
+  });
+}
+
+/** A resize run one at a time, the last size asked winning over those that waited. */
+function coalesced(apply) {
+  let wanted;
+  let busy = false;
+  const next = () => {
+    if (!wanted) {
+      busy = false;
+      return;
+    }
+    const [c, r] = wanted;
+    wanted = undefined;
+    apply(c, r, next);
+  };
+  return (c, r) => {
+    wanted = [c, r];
+    if (busy) return;
+    busy = true;
+    next();
+  };
+}
+
+/** The terminal (`/dev/pts/N`) process `pid` holds open: `script` keeps its terminal's other end. */
+function terminalOf(pid) {
+  try {
+    for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+      try {
+        const target = readlinkSync(`/proc/${pid}/fd/${fd}`);
+        if (/^\/dev\/pts\/\d+$/.test(target)) return target;
+      } catch {
+        // closed meanwhile
+      }
+    }
+  } catch {
+    // gone
+  }
+  return undefined;
+}
+
+/** Tells `found` the first child of `pid` (the shell `script` started), looked for a little while it starts. */
+function findChild(pid, found, tries = 0) {
+  let children = "";
+  try {
+    children = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim();
+  } catch {
+    return;
+  }
+  const first = Number(children.split(/\s+/)[0]);
+  if (Number.isInteger(first) && first > 0) found(first);
+  else if (tries < 50) setTimeout(() => findChild(pid, found, tries + 1), 20);
+}
+
+/** A frame resizing a terminal. */
+function resize(req) {
+  const entry = running.get(req.id);
+  const cols = Number(req.cols);
+  const rows = Number(req.rows);
+  if (entry?.resize && Number.isInteger(cols) && Number.isInteger(rows) && cols >= 1 && rows >= 1 && cols <= 10000 && rows <= 10000)
+    entry.resize(cols, rows);
+}
+
 function kill(req) {
   const command = running.get(req.id);
   if (command?.stop) {
@@ -645,6 +819,8 @@ function serve() {
     if (req.t === "exec") run(req);
     else if (req.t === "kill") kill(req);
     else if (req.t === "connect") openTunnel(req);
+    else if (req.t === "pty") openTerminal(req);
+    else if (req.t === "resize") resize(req);
     else if (req.t === "send" || req.t === "ack" || req.t === "hangup") tunnelFrame(req);
     else if (Object.hasOwn(files, req.t)) fileOp(req);
   });

@@ -27,7 +27,11 @@ const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF
        boxcar session cp LOCAL ID:PATH | cp ID:PATH LOCAL   (files and folders, any size, checked and resumed)
        boxcar session watch ID [PATH] [--timeout 1h]    (its changes as they come, until Ctrl-C)
        boxcar session port ID PORT [--local PORT] [--bind ADDRESS]   (a local port, default any free one on 127.0.0.1,
-                                                    relaying each connection to PORT on the session's own loopback, until Ctrl-C)`;
+                                                    relaying each connection to PORT on the session's own loopback, until Ctrl-C)
+       boxcar session shell ID [--env NAME=VALUE]... [--cwd DIR] [--timeout 8h] [-- COMMAND [ARG...]]
+                                                   (this terminal, raw, on a shell in the session (bash, else sh; or COMMAND);
+                                                    Ctrl-C and Ctrl-D go to it, its size follows; exits with its exit code,
+                                                    255 when the connection ended first)`;
 
 export const session: Command = {
   usage,
@@ -254,6 +258,10 @@ export const session: Command = {
         ctx.io.stderr.write(`session ${id} closed${reason ? ` (${reason})` : ""}: no more connections\n`);
         return ExitCode.refused;
       }
+      case "shell": {
+        if (!first) throw new UsageError(`session shell needs an ID\n\nusage: ${usage}`);
+        return runShell(ctx, first, rest.length > 0 ? rest : undefined);
+      }
       case "exec": {
         if (!first || rest.length === 0) throw new UsageError(`session exec needs an ID and, after --, a command\n\nusage: ${usage}`);
         const env = envPairs(ctx.values.env as string[]);
@@ -404,6 +412,64 @@ export const session: Command = {
     }
   },
 };
+
+/** The code `session shell` exits with when the shell's connection ended before it said how it exited (as ssh's). */
+const SHELL_LOST = 255;
+
+/**
+ * `boxcar session shell`: this terminal, in raw mode, on a shell in the session. Keys go as they
+ * are typed (Ctrl-C and Ctrl-D among them), the window's size at start and at each SIGWINCH, and
+ * the shell's exit code is this command's.
+ */
+async function runShell(ctx: Parameters<Command["run"]>[0], id: string, argv: string[] | undefined): Promise<number> {
+  const stdin = ctx.io.stdin as (NodeJS.ReadableStream & { isTTY?: boolean; setRawMode?: (raw: boolean) => void }) | undefined;
+  if (!stdin) throw new UsageError("session shell reads this terminal's keys, and this command has no stdin");
+  const stdout = ctx.io.stdout as NodeJS.WritableStream & { isTTY?: boolean; columns?: number; rows?: number };
+  const size = () => ({ cols: stdout.columns || 80, rows: stdout.rows || 24 });
+  const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+  const term = ctx.io.env.TERM;
+  await using s = await ctx.session("boxcar-session");
+  const shell = await s.client.openShell(id, {
+    ...size(),
+    ...(argv ? { argv } : {}),
+    env: envPairs(ctx.values.env as string[]),
+    ...(ctx.values.cwd !== undefined ? { cwd: ctx.values.cwd as string } : {}),
+    ...(term && /^[A-Za-z0-9._+-]{1,64}$/.test(term) ? { term } : {}),
+    ...(timeout !== undefined ? { timeout } : {}),
+  });
+  const { stream } = shell;
+  const raw = stdin.isTTY === true && typeof stdin.setRawMode === "function";
+  if (raw) stdin.setRawMode?.(true);
+  const onKeys = (chunk: Buffer | string) => {
+    if (stream.destroyed || stream.writableEnded) return;
+    if (!stream.write(chunk)) {
+      stdin.pause();
+      stream.once("drain", () => stdin.resume());
+    }
+  };
+  const onResize = () => shell.resize(size().cols, size().rows);
+  const hangUp = () => shell.close();
+  stdin.on("data", onKeys);
+  stdin.resume();
+  (stdout as NodeJS.EventEmitter).on("resize", onResize);
+  ctx.io.signal.addEventListener("abort", hangUp, { once: true });
+  stream.pipe(stdout, { end: false });
+  try {
+    const exit = await shell.exited;
+    return exitOf(exit);
+  } catch (err) {
+    if (ctx.io.signal.aborted) return SHELL_LOST;
+    ctx.io.stderr.write(`${raw ? "\r\n" : ""}boxcar: the shell's connection ended: ${(err as Error).message}\n`);
+    return SHELL_LOST;
+  } finally {
+    stdin.off("data", onKeys);
+    stdin.pause();
+    if (raw) stdin.setRawMode?.(false);
+    (stdout as NodeJS.EventEmitter).off("resize", onResize);
+    ctx.io.signal.removeEventListener("abort", hangUp);
+    stream.unpipe(stdout as NodeJS.WritableStream);
+  }
+}
 
 /** A TCP port given on the command line (`zero`: 0, any free one, too). */
 function portOf(text: string | undefined, what: string, zero = false): number {

@@ -87,6 +87,7 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.sessionsWatch]: (body, caller) => sessions.watch(requestOf(ApiEndpoint.sessionsWatch, body), caller),
     [ApiEndpoint.sessionsUnwatch]: (body, caller) => sessions.unwatch(requestOf(ApiEndpoint.sessionsUnwatch, body), caller),
     [ApiEndpoint.sessionsConnect]: (body, caller) => sessions.connect(requestOf(ApiEndpoint.sessionsConnect, body), caller),
+    [ApiEndpoint.sessionsShell]: (body, caller) => sessions.shell(requestOf(ApiEndpoint.sessionsShell, body), caller),
     [ApiEndpoint.sessionsClose]: async (body, caller) => ({
       session: await sessions.close(requestOf(ApiEndpoint.sessionsClose, body).id, caller),
     }),

@@ -253,6 +253,15 @@ export class SessionDesk {
   }
 
   /**
+   * Starts a shell on a terminal in the session (docs/sessions.md#shell), a process of its
+   * background whose terminal's bytes its worker relays on the caller's own tunnel subjects.
+   */
+  async shell(request: { id: string }, caller: Identity): Promise<ApiReplyData<"sessions.shell">> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "shell", { ...request, user: caller.user }, WORKER_ANSWER_MS)) as ApiReplyData<"sessions.shell">;
+  }
+
+  /**
    * A part of a command's whole output, kept when it wrote past the live window
    * (docs/sessions.md#whole-output): read from the Object Store here, a segment at a time.
    */

@@ -170,6 +170,33 @@ export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace
    * there. Absent where it is not built (E2B).
    */
   connect?(port: number): Promise<Duplex>;
+  /**
+   * Starts `argv` (default: the sandbox's `bash`, else `/bin/sh`) on a pseudo-terminal of its own
+   * (docs/sessions.md#shell), as its commands run (its user, limits, environment, a folder of
+   * the workspace). Absent where it is not built (E2B).
+   */
+  openTerminal?(argv: readonly string[] | undefined, opts: TerminalOptions): Promise<Terminal>;
+}
+
+export interface TerminalOptions {
+  /** The complete environment (`TERM` in it): nothing else is inherited. */
+  env: Record<string, string>;
+  /** A folder of the workspace (relative); default: the workspace. */
+  cwd?: string;
+  cols: number;
+  rows: number;
+}
+
+/** A process on a pseudo-terminal, as its sandbox runs it. */
+export interface Terminal {
+  /** The terminal's bytes: what is written is typed on it, what is read is what it shows. */
+  readonly io: Duplex;
+  /** Its window is `cols` by `rows` now (what runs on it hears SIGWINCH). */
+  resize(cols: number, rows: number): void;
+  /** Hangs it up: SIGHUP to what runs on it, SIGKILL a moment later to what is left. Safe to call twice. */
+  kill(): void;
+  /** How it ended (`aborted` once killed). */
+  readonly exited: Promise<ExecResult>;
 }
 
 /** A sandbox that runs commands one after another, as a session's does, seen as a job's `Sandbox`. */

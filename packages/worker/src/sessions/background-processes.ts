@@ -18,18 +18,30 @@ export class BackgroundProcesses {
     return [...this.byId.values()].filter((p) => p.info.running).length;
   }
 
-  /** Starts `run` in the background; `ended` is told once it ended (its reply). */
-  start(execId: string, argv: readonly string[], { run, output, timeoutMs, ended, stdin }: StartParts): ProcessInfo {
+  /** Throws `conflict` when as many run as may. */
+  checkRoom(): void {
     if (this.running >= MAX_BACKGROUND_PROCESSES) {
       throw new BoxcarError(
         ErrorCode.conflict,
         `the session runs ${MAX_BACKGROUND_PROCESSES} processes in the background already, the most it may: wait for one or kill it`,
       );
     }
+  }
+
+  /** Starts `run` in the background; `ended` is told once it ended (its reply). */
+  start(execId: string, argv: readonly string[], { run, output, timeoutMs, ended, stdin, terminal }: StartParts): ProcessInfo {
+    this.checkRoom();
     const stop = new AbortController();
     const started = Date.now();
     const process: Background = {
-      info: { execId, argv: [...argv], startedAt: new Date(started).toISOString(), running: true, ...(stdin ? { stdin: "open" } : {}) },
+      info: {
+        execId,
+        argv: [...argv],
+        startedAt: new Date(started).toISOString(),
+        running: true,
+        ...(stdin ? { stdin: "open" } : {}),
+        ...(terminal ? { terminal: true } : {}),
+      },
       stop,
       killed: false,
       timedOut: false,
@@ -194,4 +206,6 @@ export interface StartParts {
   ended(reply: ExecReply): void;
   /** Its stdin, kept open for input (`openStdin`). */
   stdin?: ProcessStdin | undefined;
+  /** It runs on a terminal (`sessions.shell`). */
+  terminal?: boolean;
 }

@@ -11,7 +11,7 @@
  * (session-commands.ts), background processes (background-*.ts, their input in
  * process-input.ts), file requests (file-requests.ts, big files by ranges in ranged-files.ts),
  * watches (workspace-watches.ts, through the helper's verbs in helper-verbs.ts), connections to
- * its ports (session-tunnels.ts), what a new
+ * its ports (session-tunnels.ts), shells on a terminal (session-shells.ts), what a new
  * workspace starts with (session-seed.ts, git-seed.ts). */
 
 import { randomBytes } from "node:crypto";
@@ -47,6 +47,7 @@ import { commandRequests } from "./command-requests.js";
 import { fileRequests } from "./file-requests.js";
 import { type HeldSession, handOn, NotHeld, type Running, waitFor } from "./held-session.js";
 import { seedOf } from "./session-seed.js";
+import { shellRequests } from "./session-shells.js";
 import { SessionTunnels, tunnelRequests } from "./session-tunnels.js";
 import { removeKeptOutput } from "./whole-output.js";
 import { SessionWatches, watchRequests } from "./workspace-watches.js";
@@ -143,6 +144,16 @@ export class SessionHost {
       (id) => this.holding(id),
       () => this.ctx.topology,
     ),
+    ...shellRequests({
+      holding: (id) => this.holding(id),
+      topology: () => this.ctx.topology,
+      event: (held, type, extra) => this.event(held, type, extra),
+      save: (held) => this.save(held),
+      idle: (held) => {
+        if (this.held.get(held.record.id) === held && !held.running) this.idleFrom(held);
+      },
+      traffic: (held) => this.trafficIn(held),
+    }),
   };
 
   /** The session this worker holds; one it is closing is refused, saying so. */

@@ -45,7 +45,7 @@ export function tunnelRequests(
 }
 
 export class SessionTunnels {
-  private readonly byKey = new Map<string, { stream: TunnelStream; info: TunnelInfo }>();
+  private readonly byKey = new Map<string, { stream: TunnelStream }>();
   /** Connections being opened: counted toward the bound. */
   private opening = 0;
   private closedWith: string | undefined;
@@ -112,7 +112,7 @@ export class SessionTunnels {
       chunkBytes: TUNNEL_CHUNK,
       onTraffic: this.traffic,
     });
-    this.byKey.set(key, { stream, info });
+    this.byKey.set(key, { stream });
     // The pipeline says how it ended; an error after it did (a reset once the port's side was done) is no news.
     stream.on("error", () => {});
     target.on("error", () => {});
@@ -122,6 +122,30 @@ export class SessionTunnels {
       if (err) this.log.debug({ err: err.message, session: this.sessionId, port, tunnel }, "a tunnel ended early");
     });
     return info;
+  }
+
+  /** Throws, saying why, when tunnel `tunnel` of `user` may not open now (it is open already, the session has as many as it may, or closed). */
+  checkRoom(user: string, tunnel: string): void {
+    if (this.closedWith !== undefined) throw new BoxcarError(ErrorCode.conflict, `session ${this.sessionId} closed meanwhile`);
+    if (this.byKey.has(`${user}.${tunnel}`)) {
+      throw new BoxcarError(ErrorCode.conflict, `tunnel ${tunnel} is open already: each connection takes a fresh id`);
+    }
+    if (this.byKey.size + this.opening >= MAX_SESSION_TUNNELS) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `session ${this.sessionId} has ${MAX_SESSION_TUNNELS} tunnels (connections to its ports, shells) open, the most it may: close one`,
+      );
+    }
+  }
+
+  /** Keeps a tunnel opened elsewhere (a shell's) among the session's: counted toward the bound, and ended when the session closes. */
+  adopt(user: string, tunnel: string, stream: TunnelStream): void {
+    this.checkRoom(user, tunnel);
+    const key = `${user}.${tunnel}`;
+    this.byKey.set(key, { stream });
+    stream.once("close", () => {
+      if (this.byKey.get(key)?.stream === stream) this.byKey.delete(key);
+    });
   }
 
   /** Ends every tunnel (the session closes): the callers are told why. */

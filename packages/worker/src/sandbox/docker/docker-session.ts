@@ -10,7 +10,7 @@ import { packFolder } from "../../workspace/workspace-archive.js";
 import { workspaceSegments } from "../../workspace/workspace-path.js";
 import { type WorkspaceLimits, WorkspaceQuota } from "../../workspace/workspace-quota.js";
 import { refusal } from "../loopback.js";
-import type { ExecOptions, ExecResult, JobFiles, SessionSandbox } from "../sandbox.js";
+import type { ExecOptions, ExecResult, JobFiles, SessionSandbox, Terminal, TerminalOptions } from "../sandbox.js";
 import { filesInParts, type PartFiles } from "../session-job-sandbox.js";
 import { createAttached } from "./attached-container.js";
 import { type ConnectionFrame, HelperConnection } from "./helper-connection.js";
@@ -95,6 +95,8 @@ export class DockerSession implements SessionSandbox {
   private readonly pending = new Map<string, Pending>();
   /** Connections the helper holds to ports of the container's loopback, by the id of their `connect`. */
   private readonly connections = new Map<string, HelperConnection>();
+  /** Terminals running, by the id of their `pty`: told their exit, or that the session ended. */
+  private readonly terminals = new Map<string, { exited(frame: Frame): void; failed(err: Error): void }>();
   /** File operations sent and not yet answered. */
   private fileOperations = 0;
   /** Paused by the worker (a snapshot): the helper cannot answer, and is not counted late for it. */
@@ -124,6 +126,8 @@ export class DockerSession implements SessionSandbox {
         for (const pending of this.pending.values()) pending.failed(this.endedError());
         this.pending.clear();
         for (const connection of this.connections.values()) connection.destroy(this.endedError());
+        for (const terminal of this.terminals.values()) terminal.failed(this.endedError());
+        this.terminals.clear();
         resolve(reason);
       };
     });
@@ -208,6 +212,11 @@ export class DockerSession implements SessionSandbox {
       if (typeof frame.id === "string") this.connections.get(frame.id)?.hear(frame as ConnectionFrame);
       return;
     }
+    if (frame.t === "exit" && typeof frame.id === "string" && this.terminals.has(frame.id)) {
+      this.terminals.get(frame.id)?.exited(frame);
+      this.terminals.delete(frame.id);
+      return;
+    }
     const pending = typeof frame.id === "string" ? this.pending.get(frame.id) : undefined;
     if (!pending) return;
     if (frame.t === "out" && (frame.s === "stdout" || frame.s === "stderr") && typeof frame.d === "string") {
@@ -227,7 +236,7 @@ export class DockerSession implements SessionSandbox {
     if (this.endedWith !== undefined) return Promise.reject(this.endedError());
     // Answered within the same bound; a connection is not counted among the file operations (its
     // session's tunnels are bounded on their own).
-    const fileOperation = frame.t !== "exec" && frame.t !== "connect";
+    const fileOperation = frame.t !== "exec" && frame.t !== "connect" && frame.t !== "pty";
     const answerBound = frame.t !== "exec";
     if (fileOperation && this.fileOperations >= MAX_FILE_OPERATIONS) {
       return Promise.reject(
@@ -303,6 +312,89 @@ export class DockerSession implements SessionSandbox {
       throw refusal(port, new Error(answer.error.slice(0, 300)), typeof answer.code === "string" ? answer.code : undefined);
     }
     return connection;
+  }
+
+  /**
+   * Starts `argv` (default: the image's bash, else sh) on a pseudo-terminal in the container: the
+   * helper runs it under `script` as it runs commands (the agent's user, the container's limits,
+   * nothing of it in the container's configuration) and relays its bytes as a connection's.
+   */
+  async openTerminal(argv: readonly string[] | undefined, opts: TerminalOptions): Promise<Terminal> {
+    if (this.endedWith !== undefined) throw this.endedError();
+    const id = this.nextId();
+    const write = (frame: Record<string, unknown>) => {
+      if (this.endedWith === undefined) this.stream.write(`${JSON.stringify(frame)}\n`);
+    };
+    // Known before it is asked: what it shows first may come right after the helper's answer.
+    const io = new HelperConnection(id, write, () => {
+      if (this.connections.get(id) === io) this.connections.delete(id);
+    });
+    io.on("error", () => {});
+    this.connections.set(id, io);
+    const startedAt = performance.now();
+    let killed = false;
+    let backstop: NodeJS.Timeout | undefined;
+    const exited = new Promise<ExecResult>((resolve, reject) => {
+      this.terminals.set(id, {
+        exited: (frame) => {
+          clearTimeout(backstop);
+          resolve({
+            exitCode: Number.isInteger(frame.code) ? (frame.code as number) : null,
+            signal: typeof frame.signal === "string" ? frame.signal.slice(0, 16) : null,
+            aborted: killed,
+            durationMs: performance.now() - startedAt,
+          });
+        },
+        failed: (err) => {
+          clearTimeout(backstop);
+          reject(err);
+        },
+      });
+    });
+    exited.catch(() => {});
+    const forget = () => {
+      this.terminals.delete(id);
+      io.destroy();
+    };
+    let answer: Frame;
+    try {
+      answer = await this.ask(
+        {
+          t: "pty",
+          ...(argv ? { argv } : {}),
+          env: opts.env,
+          ...(opts.cwd !== undefined ? { cwd: relative(opts.cwd) } : {}),
+          cols: opts.cols,
+          rows: opts.rows,
+        },
+        undefined,
+        id,
+      );
+    } catch (err) {
+      forget();
+      throw err;
+    }
+    if (typeof answer.error === "string") {
+      forget();
+      throw new BoxcarError(ErrorCode.invalid, `cannot start a terminal: ${answer.error.slice(0, 500)}`);
+    }
+    return {
+      io,
+      exited,
+      resize: (cols, rows) => write({ t: "resize", id, cols, rows }),
+      kill: () => {
+        if (killed) return;
+        killed = true;
+        write({ t: "kill", id });
+        backstop = this.unlessPaused(
+          () => this.kill(`its helper did not end terminal ${id} within ${KILL_TIMEOUT_MS / 1000} s of being told to`),
+          KILL_TIMEOUT_MS,
+          (next) => {
+            backstop = next;
+          },
+        );
+      },
+    };
   }
 
   /** Runs one command (the session host lets one run at a time). */

@@ -11,7 +11,8 @@ import { workspaceDir, workspaceSegments } from "../../workspace/workspace-path.
 import { beatLine, underLifeline } from "../lifeline.js";
 import { connectLoopback } from "../loopback.js";
 import { signalGroup } from "../process-group.js";
-import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox } from "../sandbox.js";
+import type { ExecOptions, ExecResult, JobFiles, Sandbox, SandboxProvider, SessionSandbox, Terminal, TerminalOptions } from "../sandbox.js";
+import { openHostTerminal } from "./host-terminal.js";
 
 export interface HostSandboxOptions {
   /** Folder under which workspaces are created; default {@link defaultWorkRoot}. */
@@ -59,6 +60,8 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
   readonly kind = "host";
   /** Process groups started here that may still have members. */
   private readonly groups = new Set<number>();
+  /** The process groups of its terminals that may still run (`script`'s, and the shell's once known). */
+  private readonly terminals = new Set<readonly number[]>();
   private destroyed: Promise<void> | undefined;
 
   readonly workspace: string;
@@ -91,6 +94,19 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
   connect(port: number): Promise<Duplex> {
     if (this.destroyed) return Promise.reject(new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`));
     return connectLoopback(port);
+  }
+
+  /** A process on a pseudo-terminal of the worker's machine (`script`'s), as the session's commands run. */
+  async openTerminal(argv: readonly string[] | undefined, opts: TerminalOptions): Promise<Terminal> {
+    if (this.destroyed) throw new BoxcarError(ErrorCode.sandboxFailed, `sandbox ${this.id} is destroyed`);
+    if (this.user) await chownTree(this.workspace, this.user.uid, this.user.gid);
+    const cwd = opts.cwd === undefined ? this.workspace : await workspaceDir(this.workspace, workspaceSegments(opts.cwd), opts.cwd, false);
+    if (cwd === null) throw new BoxcarError(ErrorCode.invalid, `cwd ${JSON.stringify(opts.cwd)}: no such folder in the workspace`);
+    const terminal = await openHostTerminal(argv, { ...opts, cwd, user: this.user, killGraceMs: this.killGraceMs });
+    // Killed with the sandbox: `script`'s group, and the shell's (a session of its own).
+    this.terminals.add(terminal.pids);
+    void terminal.exited.then(() => this.terminals.delete(terminal.pids));
+    return terminal;
   }
 
   async exec(argv: string[], opts: ExecOptions): Promise<ExecResult> {
@@ -175,8 +191,9 @@ class HostSandbox extends LocalFilesSandbox implements Sandbox, SessionSandbox {
 
   destroy(): Promise<void> {
     this.destroyed ??= (async () => {
-      for (const pgid of this.groups) signalGroup(pgid, "SIGKILL");
+      for (const pgid of [...this.groups, ...[...this.terminals].flat()]) signalGroup(pgid, "SIGKILL");
       this.groups.clear();
+      this.terminals.clear();
       await this.files.remove();
     })();
     return this.destroyed;
