@@ -107,6 +107,11 @@ describe("sessions in E2B sandboxes (the real e2b SDK against the local stand-in
       code: "invalid",
       message: expect.stringMatching(/not yet for e2b ones/),
     });
+    // A shell on a terminal too.
+    await expect(alice.client.openShell(session.id, { cols: 80, rows: 24 })).rejects.toMatchObject({
+      code: "invalid",
+      message: expect.stringMatching(/a shell on a terminal is built for Docker and host sessions, not yet for e2b ones/),
+    });
 
     // Cancel ends a running command; the session goes on.
     const sleeping = alice.client.execInSession({ id: session.id, argv: ["sleep", "30"] });

@@ -5,7 +5,8 @@
  * what a person cannot type: who may open one, and how it ends.
  */
 
-import { dockerReady } from "@boxcar/testing";
+import { readFileSync } from "node:fs";
+import { dockerReady, eventually } from "@boxcar/testing";
 import { createDockerSandboxProvider } from "@boxcar/worker";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { BOXCAR_BIN } from "./helpers/cli.js";
@@ -36,7 +37,7 @@ function untilShown(stream: NodeJS.ReadableStream, pattern: RegExp): Promise<str
  * output, the terminal's size before and after the window is resized, Ctrl-C stopping a `sleep`,
  * and `exit 3` ending the CLI with code 3.
  */
-async function usedAsAPerson(system: SecuredSystem, owner: Principal, session: string): Promise<void> {
+async function usedAsAPerson(system: SecuredSystem, owner: Principal, session: string, user?: string): Promise<void> {
   await using term = await tmuxTerminal(
     [process.execPath, BOXCAR_BIN, "session", "--prefix", system.prefix, "shell", session],
     { BOXCAR_NATS_URL: system.url, NATS_CREDS: owner.creds, TERM: "screen" },
@@ -47,6 +48,12 @@ async function usedAsAPerson(system: SecuredSystem, owner: Principal, session: s
   await term.type("echo hello-$((6 * 7))");
   await term.press("Enter");
   await term.waitFor(/^hello-42$/m, "the command's output");
+  if (user !== undefined) {
+    // As the session's commands run: the agent's user.
+    await term.type("echo uid-$(id -u)");
+    await term.press("Enter");
+    await term.waitFor(new RegExp(`^uid-${user}$`, "m"), `the agent's user (${user})`);
+  }
   // The terminal's size is the window's.
   await term.type("stty size");
   await term.press("Enter");
@@ -77,6 +84,33 @@ async function usedAsAPerson(system: SecuredSystem, owner: Principal, session: s
   // It was a process of the session's, now ended with that code.
   const [shell] = (await owner.client.sessionProcesses(session)).filter((p) => p.terminal);
   expect(shell).toMatchObject({ running: false, exitCode: 3, terminal: true });
+
+  // Another shell, and the session closes under it: the CLI says so and exits 255 (as ssh does).
+  await using again = await tmuxTerminal(
+    [process.execPath, BOXCAR_BIN, "session", "--prefix", system.prefix, "shell", session],
+    { BOXCAR_NATS_URL: system.url, NATS_CREDS: owner.creds, TERM: "screen" },
+    { cols: 100, rows: 30 },
+  );
+  await again.waitFor(/[$#] ?$/m, "a prompt");
+  await again.type("echo pid-$$");
+  await again.press("Enter");
+  const pid = Number(/^pid-(\d+)$/m.exec(await again.waitFor(/^pid-\d+$/m, "the shell's pid"))?.[1]);
+  await owner.client.closeSession(session);
+  const ended = await again.waitFor(/^\[exited 255\]$/m, "the CLI's exit code, 255");
+  expect(ended).toMatch(new RegExp(`the shell's connection ended: .*session ${session} closed`));
+  // A host session's shell is a process of this machine: it is gone (a Docker session's went with its container).
+  if (user === undefined) {
+    await eventually(async () => (isRunning(pid) ? undefined : true), "the shell to end");
+  }
+}
+
+/** Whether process `pid` of this machine still runs (a zombie does not). */
+function isRunning(pid: number): boolean {
+  try {
+    return !/^\S+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
+  }
 }
 
 /** Who may open one, bad input, and how it ends: through the SDK. */
@@ -156,10 +190,9 @@ describe.skipIf(!tmux)("a shell in a host session", () => {
     await system?.[Symbol.asyncDispose]();
   });
 
-  test("boxcar session shell in tmux: a command, the window's size and its resize, Ctrl-C, and exit 3 as the CLI's code", async () => {
+  test("boxcar session shell in tmux: a command, the window's size and its resize, Ctrl-C, exit 3 as the CLI's code; closing the session ends it", async () => {
     const session = await admin.client.openSession({ agent: "shell" });
     await usedAsAPerson(system, admin, session.id);
-    await admin.client.closeSession(session.id);
   }, 120_000);
 
   test("refusals (another user, a viewer, an unknown session, too many processes); a command of its own; closing the session ends it", async () => {
@@ -186,10 +219,9 @@ describe.skipIf(!tmux || !ready)("a shell in a Docker session", () => {
     await system?.[Symbol.asyncDispose]();
   });
 
-  test("boxcar session shell in tmux: a command, the window's size and its resize, Ctrl-C, and exit 3 as the CLI's code", async () => {
+  test("boxcar session shell in tmux: a command, the window's size and its resize, Ctrl-C, exit 3 as the CLI's code; closing the session ends it", async () => {
     const session = await alice.client.openSession({ agent: "box" });
-    await usedAsAPerson(system, alice, session.id);
-    await alice.client.closeSession(session.id);
+    await usedAsAPerson(system, alice, session.id, "1000");
   }, 120_000);
 
   test("refusals (another user, a viewer, an unknown session, too many processes); a command of its own; closing the session ends it", async () => {

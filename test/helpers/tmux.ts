@@ -29,7 +29,7 @@ export interface TmuxTerminal extends AsyncDisposable {
   type(text: string): Promise<void>;
   /** Presses keys by tmux's names: `Enter`, `C-c`, `C-d`. */
   press(...keys: string[]): Promise<void>;
-  /** What the window shows now, line by line (trailing blanks trimmed). */
+  /** What the window shows now, line by line (a line wrapped at its edge joined again; trailing blanks trimmed). */
   screen(): Promise<string>;
   /** Waits (up to 30 s) until the screen matches `pattern`; returns the screen. */
   waitFor(pattern: RegExp, what: string): Promise<string>;
@@ -57,7 +57,7 @@ export async function tmuxTerminal(
   const target = `w${randomBytes(4).toString("hex")}`;
   await tmux("new-session", "-d", "-s", target, "-x", String(size.cols), "-y", String(size.rows), line);
   const screen = async () =>
-    (await tmux("capture-pane", "-p", "-t", target)).stdout
+    (await tmux("capture-pane", "-p", "-J", "-t", target)).stdout
       .split("\n")
       .map((l) => l.trimEnd())
       .join("\n")
