@@ -374,12 +374,12 @@ const NAME_ROWS: readonly NameRow[] = [
     kind: () => "core NATS subject, from dispatchers to one worker",
   },
   {
-    what: "a tunnel's bytes into a session's port",
+    what: "a tunnel's bytes into a session's port or shell",
     name: (n, x) => n.subjects.tunnel(x("user", LOCAL_OWNER), x("tunnelId", "<tunnelId>"), "in"),
     kind: () => "core NATS subject, from its user to the session's worker",
   },
   {
-    what: "a tunnel's bytes out of a session's port",
+    what: "a tunnel's bytes out of a session's port or shell",
     name: (n, x) => n.subjects.tunnel(x("user", LOCAL_OWNER), x("tunnelId", "<tunnelId>"), "out"),
     kind: () => "core NATS subject, from the session's worker to its user",
   },

@@ -120,9 +120,11 @@ export const session: Command = {
               processes.map((p) => [
                 p.execId,
                 p.running
-                  ? p.stdin === "open"
-                    ? "running, stdin open"
-                    : "running"
+                  ? p.terminal
+                    ? "running, terminal"
+                    : p.stdin === "open"
+                      ? "running, stdin open"
+                      : "running"
                   : p.killed
                     ? "killed"
                     : p.timedOut
