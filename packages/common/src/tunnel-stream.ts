@@ -298,9 +298,11 @@ export class TunnelStream extends Duplex {
     this.acked = ack;
     this.pump();
     if (msg.data.length > 0) {
-      // Unread, at most what waited when the reader last wanted more (under a message's), and a
-      // window since (which a sender may pass by a message).
-      if (this.endHeard || this.readableLength + msg.data.length > this.opts.windowBytes + 2 * this.opts.chunkBytes) {
+      // Not yet acknowledged by this end: at most what the other end counts as unacknowledged
+      // (acknowledgements may still be on their way), a window, which a sender may pass by a
+      // message. (Counting what waits unread instead took bytes acknowledged while a slow reader
+      // left them unread for an overrun.)
+      if (this.endHeard || this.received + msg.data.length - this.ackSaid > this.opts.windowBytes + 2 * this.opts.chunkBytes) {
         this.destroy(new TunnelError(TunnelErrorCode.overrun, "the other end sent past its window, or after its end"));
         return;
       }

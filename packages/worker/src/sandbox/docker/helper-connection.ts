@@ -15,6 +15,12 @@ import { Duplex } from "node:stream";
 export const HELPER_WINDOW = 256 * 1024;
 /** The most bytes in one frame: a line of base64 well within the helper's 1 MiB. */
 const HELPER_CHUNK = 48 * 1024;
+/**
+ * How far past its window the helper may go: one read of its socket (64 KiB on Linux), which it
+ * relays whole before it pauses the socket; doubled for slack. Counting what waited unread
+ * instead (as before) took bytes already acknowledged for an overrun when the reader was slow.
+ */
+const HELPER_READ_OVERSHOOT = 128 * 1024;
 
 /** A frame of the helper's about a connection (untrusted: every field checked here). */
 export interface ConnectionFrame {
@@ -88,7 +94,10 @@ export class HelperConnection extends Duplex {
     } else if (frame.t === "data") {
       if (typeof frame.d === "string" && frame.d !== "") {
         const data = Buffer.from(frame.d, "base64");
-        if (this.endHeard || this.readableLength + data.length > HELPER_WINDOW + 2 * HELPER_CHUNK) {
+        // What it sent that this side has not acknowledged is at most what the helper counts as
+        // unacknowledged (acknowledgements may still be on their way to it): its window, and the
+        // one read of its socket it relays whole before it pauses.
+        if (this.endHeard || this.received + data.length - this.ackSaid > HELPER_WINDOW + HELPER_READ_OVERSHOOT) {
           this.destroy(new Error("the session's helper sent past its window"));
           return;
         }
