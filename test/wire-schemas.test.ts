@@ -164,6 +164,18 @@ test("each API request and the data of its reply match the endpoint's published 
   listening.close();
   // A shell on a terminal (through a tunnel of the caller's, nobody on it here: it exits, and its tunnel goes silent).
   await call("sessions.shell", { id: session.id, tunnel: "wire-schemas-2", cols: 80, rows: 24, argv: ["true"] });
+  // Pausing is built for Docker sessions (test/session-pause.test.ts checks its replies against
+  // these schemas): a host session's requests are checked here, and refused, saying why.
+  for (const [endpoint, body] of [
+    ["sessions.pause", { id: session.id, timeout: "1m" }],
+    ["sessions.resume", { id: session.id }],
+  ] as const) {
+    const request = validator(endpoint, "request");
+    expect(request(body) ? [] : request.errors, `${endpoint} request`).toEqual([]);
+    const msg = await nc.request(names.subjects.api({ role: "admin", user: "local" }, endpoint), JSON.stringify(body), { timeout: 10_000 });
+    expect(msg.json(), endpoint).toMatchObject({ ok: false, error: { code: endpoint === "sessions.pause" ? "invalid" : "conflict" } });
+    called.add(endpoint);
+  }
   await call("sessions.files.list", { id: session.id, path: "dir" });
   await call("sessions.files.remove", { id: session.id, path: "dir" });
   const { snapshot } = await call("sessions.snapshot", { id: session.id });

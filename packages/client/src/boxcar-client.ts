@@ -224,6 +224,14 @@ export interface BoxcarClient {
   /** Your snapshots (a viewer or an admin: everyone's), newest first. */
   listSnapshots(): Promise<SnapshotInfo[]>;
   removeSnapshot(id: string): Promise<SnapshotInfo>;
+  /**
+   * Pauses the session (docs/sessions.md#pause): every process of it held where it is, its
+   * memory kept, until `resumeSession`, its close, or `timeout` (default 1h, at most 24h; then it
+   * closes). Docker sessions only; its owner (or an admin).
+   */
+  pauseSession(id: string, opts?: { timeout?: string | number }): Promise<SessionRecord>;
+  /** Lets a paused session's processes go on from where they were. */
+  resumeSession(id: string): Promise<SessionRecord>;
   closeSession(id: string): Promise<SessionRecord>;
   getSession(id: string): Promise<SessionRecord>;
   listSessions(request?: ListSessionsRequestInput): Promise<SessionRecord[]>;

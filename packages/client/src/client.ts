@@ -326,6 +326,15 @@ class Client implements BoxcarClient, HistoryReader {
     return (await this.api.request(ApiEndpoint.snapshotsRemove, { id })).snapshot;
   }
 
+  async pauseSession(id: string, opts: { timeout?: string | number } = {}) {
+    return (await this.api.request(ApiEndpoint.sessionsPause, { id, ...(opts.timeout !== undefined ? { timeout: opts.timeout } : {}) }))
+      .session;
+  }
+
+  async resumeSession(id: string) {
+    return (await this.api.request(ApiEndpoint.sessionsResume, { id })).session;
+  }
+
   async closeSession(id: string) {
     return (await this.api.request(ApiEndpoint.sessionsClose, { id })).session;
   }

@@ -105,6 +105,9 @@ export const ROLE_ENDPOINTS: Readonly<Record<Role, readonly ApiEndpoint[]>> = {
     ApiEndpoint.sessionsConnect,
     // A shell writes (its keys run commands): its owner's (and an admin's), never a viewer's.
     ApiEndpoint.sessionsShell,
+    // Holding a session's processes still, and letting them go on: its owner's (and an admin's), never a viewer's.
+    ApiEndpoint.sessionsPause,
+    ApiEndpoint.sessionsResume,
     ApiEndpoint.sessionsSnapshot,
     ApiEndpoint.snapshotsRemove,
     ApiEndpoint.schedulesCreate,

@@ -189,6 +189,8 @@ export const SessionEventType = z.enum([
   "job_ended",
   "snapshot",
   "file_changed",
+  "paused",
+  "resumed",
   "closed",
 ]);
 export type SessionEventType = z.infer<typeof SessionEventType>;
@@ -210,7 +212,7 @@ export const SessionEvent = z.looseObject({
   /** On job events: the job run in the session (`submit --session`) and, once it ended, its state. */
   jobId: z.string().optional(),
   state: z.string().optional(),
-  /** On `closed`: why (`closed`, `idle`, `lifetime`, `worker_stopped`). */
+  /** On `closed`: why (`closed`, `idle`, `lifetime`, `pause_timeout`, `worker_stopped`). */
   reason: z.string().optional(),
   /** On `snapshot`: the snapshot taken; on `opened`: the one it started from, if any. */
   snapshot: z.string().optional(),

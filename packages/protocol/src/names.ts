@@ -217,6 +217,8 @@ export const ApiEndpoint = {
   sessionsUnwatch: "sessions.unwatch",
   sessionsConnect: "sessions.connect",
   sessionsShell: "sessions.shell",
+  sessionsPause: "sessions.pause",
+  sessionsResume: "sessions.resume",
   sessionsSnapshot: "sessions.snapshot",
   snapshotsList: "snapshots.list",
   snapshotsRemove: "snapshots.remove",

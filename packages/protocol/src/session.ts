@@ -39,8 +39,15 @@ export const SessionRecord = z.looseObject({
   expiresAt: z.iso.datetime(),
   /** How many commands it has run. */
   execs: z.number().int().nonnegative(),
+  /**
+   * Paused (`sessions.pause`, docs/sessions.md#pause): since when, and when it closes if it is
+   * still paused then (`pause_timeout`). Its processes are held where they were; its idle clock
+   * waits; its lifetime runs on. Absent once resumed.
+   */
+  pausedAt: z.iso.datetime().optional(),
+  pauseEndsAt: z.iso.datetime().optional(),
   closedAt: z.iso.datetime().optional(),
-  /** Why it closed: `closed` (asked), `idle`, `lifetime`, `worker_stopped`. */
+  /** Why it closed: `closed` (asked), `idle`, `lifetime`, `pause_timeout`, `worker_stopped`. */
   reason: z.string().optional(),
   /** What its workspace started with: a snapshot, or a git repository at a commit. */
   source: z
@@ -121,6 +128,18 @@ export const ListSnapshotsReply = z.strictObject({ snapshots: z.array(SnapshotIn
 
 export const SessionRef = z.strictObject({ id: SessionId });
 export const SessionReply = z.strictObject({ session: SessionRecord });
+
+/**
+ * Pauses a session (docs/sessions.md#pause): every process of it held where it is (a Docker
+ * session's container frozen), until `sessions.resume`, its close, or `timeout`.
+ */
+export const PauseRequest = z.strictObject({
+  id: SessionId,
+  timeout: durationMs({ min: 1_000, max: 24 * HOUR })
+    .default(HOUR)
+    .describe("closed (pause_timeout) if it is still paused this long after"),
+});
+export type PauseRequest = z.input<typeof PauseRequest>;
 
 /** A path in a session's workspace: relative, `/`-separated; the worker refuses `..` and symlinks out. */
 export const SessionPath = z.string().min(1).max(4096);

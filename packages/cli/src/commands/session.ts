@@ -23,6 +23,8 @@ const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF
        boxcar session ps ID | wait ID EXEC [--timeout 30s] | kill ID EXEC | output ID EXEC [--stderr]
        boxcar session input ID EXEC [--keep-open]      (this shell's stdin to a process started with --open-stdin)
        boxcar session cancel ID | close ID | get ID | events ID [-f] | logs ID [-f]
+       boxcar session pause ID [--timeout 1h] | resume ID   (every process of a Docker session held where it is, its memory
+                                                    kept, until resumed; closed if still paused after --timeout, at most 24h)
        boxcar session ls ID [DIR] [--limit N] | read ID PATH | write ID PATH [--file FILE|-] [--executable] | rm ID PATH
        boxcar session cp LOCAL ID:PATH | cp ID:PATH LOCAL   (files and folders, any size, checked and resumed)
        boxcar session watch ID [PATH] [--timeout 1h]    (its changes as they come, until Ctrl-C)
@@ -331,6 +333,19 @@ export const session: Command = {
         ctx.print(ctx.values.json ? json(taken) : taken.id);
         return ExitCode.ok;
       }
+      case "pause": {
+        const timeout = optionalDuration(ctx.values.timeout, "--timeout");
+        await using s = await ctx.session("boxcar-session");
+        const paused = await s.client.pauseSession(one("ID"), timeout !== undefined ? { timeout } : {});
+        ctx.print(ctx.values.json ? json(paused) : `paused ${paused.id} until it is resumed (closed at ${paused.pauseEndsAt} if not)`);
+        return ExitCode.ok;
+      }
+      case "resume": {
+        await using s = await ctx.session("boxcar-session");
+        const resumed = await s.client.resumeSession(one("ID"));
+        ctx.print(ctx.values.json ? json(resumed) : `resumed ${resumed.id}`);
+        return ExitCode.ok;
+      }
       case "cancel": {
         await using s = await ctx.session("boxcar-session");
         await s.client.cancelInSession(one("ID"));
@@ -541,7 +556,7 @@ export const sessions: Command = {
         ["SESSION", "STATE", "OWNER", "AGENT", "WORKER", "COMMANDS", "LAST USED"],
         list.map((x) => [
           x.id,
-          x.reason && x.state !== "open" ? `${x.state} (${x.reason})` : x.state,
+          x.reason && x.state !== "open" ? `${x.state} (${x.reason})` : x.state === "open" && x.pausedAt ? "open (paused)" : x.state,
           x.owner,
           x.agent,
           x.workerId,

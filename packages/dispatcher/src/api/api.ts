@@ -123,6 +123,12 @@ export function apiHandlers(topology: Topology, ctx: AdmissionContext, { runs, r
     [ApiEndpoint.snapshotsRemove]: async (body, caller) => ({
       snapshot: await sessions.removeSnapshot(requestOf(ApiEndpoint.snapshotsRemove, body).id, caller),
     }),
+    [ApiEndpoint.sessionsPause]: async (body, caller) => ({
+      session: await sessions.pause(requestOf(ApiEndpoint.sessionsPause, body), caller),
+    }),
+    [ApiEndpoint.sessionsResume]: async (body, caller) => ({
+      session: await sessions.resume(requestOf(ApiEndpoint.sessionsResume, body).id, caller),
+    }),
     [ApiEndpoint.sessionsCancel]: async (body, caller) => ({
       session: await sessions.cancel(requestOf(ApiEndpoint.sessionsCancel, body).id, caller),
     }),

@@ -303,6 +303,21 @@ export class SessionDesk {
     return { data: Buffer.concat(parts).toString("base64"), offset, size };
   }
 
+  /**
+   * Pauses the session (docs/sessions.md#pause): its worker holds every process of it still until
+   * `resume`; its owner's (or an admin's), not a viewer's.
+   */
+  async pause(request: { id: string; timeout: number }, caller: Identity): Promise<SessionRecord> {
+    const session = await this.usable(request.id, caller);
+    return (await this.held(session, "pause", request, WORKER_ANSWER_MS)) as SessionRecord;
+  }
+
+  /** Lets a paused session's processes go on from where they were. */
+  async resume(id: string, caller: Identity): Promise<SessionRecord> {
+    const session = await this.usable(id, caller);
+    return (await this.held(session, "resume", { id }, WORKER_ANSWER_MS)) as SessionRecord;
+  }
+
   /** Stops the command running in the session; its `exec` answers with `cancelled`. */
   async cancel(id: string, caller: Identity): Promise<SessionRecord> {
     const session = await this.usable(id, caller);

@@ -176,6 +176,14 @@ export interface SessionSandbox extends Pick<Sandbox, "id" | "kind" | "workspace
    * the workspace). Absent where it is not built (E2B).
    */
   openTerminal?(argv: readonly string[] | undefined, opts: TerminalOptions): Promise<Terminal>;
+  /**
+   * Holds every process of the sandbox where it is, its memory kept (docs/sessions.md#pause): a
+   * container frozen by the cgroup freezer. Nothing of it runs until `resume`. Absent where the
+   * backend cannot hold them all (host, E2B).
+   */
+  pause?(): Promise<void>;
+  /** Lets what `pause` held go on from where it was. */
+  resume?(): Promise<void>;
 }
 
 export interface TerminalOptions {

@@ -13,6 +13,8 @@ import type { ProcessStdin } from "./process-input.js";
  */
 export class BackgroundProcesses {
   private readonly byId = new Map<string, Background>();
+  /** The session is paused: the processes' timeouts wait (docs/sessions.md#pause). */
+  private paused = false;
 
   get running(): number {
     return [...this.byId.values()].filter((p) => p.info.running).length;
@@ -48,10 +50,12 @@ export class BackgroundProcesses {
       done: undefined as unknown as Promise<ExecReply>,
       ...(stdin ? { stdin, input: Promise.resolve() } : {}),
     };
-    const timer = setTimeout(() => {
+    const timer = new Countdown(() => {
       process.timedOut = true;
       stop.abort();
     }, timeoutMs);
+    process.timer = timer;
+    if (this.paused) timer.hold();
     process.done = run(stop.signal)
       .then(async (result): Promise<ExecReply> => {
         const kept = await output.end();
@@ -84,7 +88,7 @@ export class BackgroundProcesses {
         };
       })
       .then((reply) => {
-        clearTimeout(timer);
+        timer.clear();
         process.stdin?.dispose();
         process.info = {
           ...process.info,
@@ -102,6 +106,18 @@ export class BackgroundProcesses {
       });
     this.byId.set(execId, process);
     return process.info;
+  }
+
+  /** The session is paused: each running process's timeout stops counting, what is left of it kept. */
+  pause(): void {
+    this.paused = true;
+    for (const process of this.byId.values()) process.timer?.hold();
+  }
+
+  /** The session runs again: each timeout counts on from what was left of it. */
+  resume(): void {
+    this.paused = false;
+    for (const process of this.byId.values()) process.timer?.go();
   }
 
   list(): ProcessInfo[] {
@@ -181,9 +197,49 @@ export class BackgroundProcesses {
   }
 }
 
+/** A timeout that can be held (a paused session's): `hold` keeps what is left of it, `go` counts on from there. */
+class Countdown {
+  private timer: NodeJS.Timeout | undefined;
+  private left: number;
+  private since = 0;
+  private cleared = false;
+
+  constructor(
+    private readonly fire: () => void,
+    ms: number,
+  ) {
+    this.left = ms;
+    this.go();
+  }
+
+  hold(): void {
+    if (this.timer === undefined) return;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.left = Math.max(0, this.left - (Date.now() - this.since));
+  }
+
+  go(): void {
+    if (this.cleared || this.timer !== undefined) return;
+    this.since = Date.now();
+    this.timer = setTimeout(() => {
+      this.cleared = true;
+      this.fire();
+    }, this.left);
+  }
+
+  clear(): void {
+    this.cleared = true;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+}
+
 interface Background {
   info: ProcessInfo;
   stop: AbortController;
+  /** Its timeout (held while the session is paused). */
+  timer?: Countdown;
   killed: boolean;
   timedOut: boolean;
   done: Promise<ExecReply>;

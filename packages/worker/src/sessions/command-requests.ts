@@ -22,7 +22,8 @@ import { commandOptions, liveOutput } from "./session-commands.js";
 
 /** What the session host lends the command requests. */
 export interface CommandHost {
-  holding(id: string): HeldSession;
+  /** The session held here; a paused one is refused unless `whilePaused` (what needs nothing of its sandbox). */
+  holding(id: string, whilePaused?: boolean): HeldSession;
   topology(): Pick<Topology, "nc" | "names" | "artifacts">;
   event(held: HeldSession, type: SessionEvent["type"], extra?: Partial<SessionEvent>): Promise<void>;
   save(held: HeldSession): Promise<void>;
@@ -37,10 +38,11 @@ export function commandRequests(host: CommandHost): Record<string, (body: unknow
   return {
     exec: (body) => exec(host, body),
     start: (body) => startInBackground(host, body),
-    processes: async (body) => ({ processes: host.holding(parseWith(SessionRef, body, "request").id).background.list() }),
+    // Listing and waiting ask nothing of the sandbox: a paused session answers them.
+    processes: async (body) => ({ processes: host.holding(parseWith(SessionRef, body, "request").id, true).background.list() }),
     wait: async (body) => {
       const { id, execId, timeout } = parseWith(WaitRequest, body, "request");
-      return host.holding(id).background.wait(execId, timeout);
+      return host.holding(id, true).background.wait(execId, timeout);
     },
     kill: async (body) => {
       const { id, execId } = parseWith(ProcessRef, body, "request");

@@ -20,6 +20,12 @@ export interface HeldSession {
   env: Record<string, string>;
   /** A snapshot is being taken (one at a time; the idle clock waits). */
   snapshotting?: boolean;
+  /**
+   * Paused (`sessions.pause`): its sandbox holds every process still; requests that need it
+   * running are refused, its idle clock and its processes' timeouts wait, jobs wait in line.
+   * `resuming`: its sandbox is being let go. `pauseEnds` closes it if it is still paused then.
+   */
+  paused?: { resuming: boolean; pauseEnds: NodeJS.Timeout };
   /** The command or job running now, if any: its id, how to stop it, and whether its owner cancelled it. */
   running?: Running;
   /** Jobs waiting for the lock, first come first served: each takes it as the one before it lets go. */
@@ -94,9 +100,10 @@ export function waitFor(held: HeldSession, running: Running, signal: AbortSignal
   });
 }
 
-/** Gives the free lock to the first job waiting for it, if any (it holds the session from now: its idle clock stops). */
+/** Gives the free lock to the first job waiting for it, if any (it holds the session from now: its idle clock stops); none while it is paused. */
 export function handOn(held: HeldSession): void {
-  if (held.running) return;
+  // A paused session's lock stays free: its jobs wait until it is resumed.
+  if (held.running || held.paused) return;
   const next = held.waiting.shift();
   if (!next) return;
   held.running = next.running;

@@ -12,7 +12,7 @@
  * process-input.ts), file requests (file-requests.ts, big files by ranges in ranged-files.ts),
  * watches (workspace-watches.ts, through the helper's verbs in helper-verbs.ts), connections to
  * its ports (session-tunnels.ts), shells on a terminal (session-shells.ts), what a new
- * workspace starts with (session-seed.ts, git-seed.ts). */
+ * workspace starts with (session-seed.ts, git-seed.ts). Pausing is here (`pause`, `resume`). */
 
 import { randomBytes } from "node:crypto";
 import { Readable } from "node:stream";
@@ -23,6 +23,7 @@ import {
   AgentDefinition,
   BoxcarError,
   ErrorCode,
+  PauseRequest,
   PROTOCOL_VERSION,
   parseWith,
   type ResolvedRuntime,
@@ -51,6 +52,17 @@ import { shellRequests } from "./session-shells.js";
 import { SessionTunnels, tunnelRequests } from "./session-tunnels.js";
 import { removeKeptOutput } from "./whole-output.js";
 import { SessionWatches, watchRequests } from "./workspace-watches.js";
+
+/** Why a session of this kind of sandbox cannot be paused. */
+function cannotPause(kind: string): string {
+  if (kind === "host") {
+    return "a host session cannot be paused: its commands run as the worker's own user, so a SIGSTOP of their process groups would miss what left them (setsid) and any of them could undo it (SIGCONT); snapshot it and close it instead";
+  }
+  if (kind === "e2b") {
+    return "an E2B session cannot be paused here: E2B's own pause is a beta feature of its API, not built in Boxcar; snapshot it and close it instead";
+  }
+  return `a ${kind} session cannot be paused`;
+}
 
 /** How long opening a session waits for a slot to free (a pool's sweep holds its free slots for a moment while it asks for work). */
 const SLOT_WAIT_MS = 2_000;
@@ -120,7 +132,7 @@ export class SessionHost {
     open: (body) => this.open(body),
     cancel: async (body) => this.cancel(parseWith(SessionRef, body, "request").id),
     ...commandRequests({
-      holding: (id) => this.holding(id),
+      holding: (id, whilePaused) => this.holding(id, whilePaused),
       topology: () => this.ctx.topology,
       event: (held, type, extra) => this.event(held, type, extra),
       save: (held) => this.save(held),
@@ -137,6 +149,11 @@ export class SessionHost {
       },
     }),
     snapshot: (body) => this.snapshot(parseWith(SessionRef, body, "request").id),
+    pause: (body) => {
+      const { id, timeout } = parseWith(PauseRequest, body, "request");
+      return this.pause(id, timeout);
+    },
+    resume: (body) => this.resume(parseWith(SessionRef, body, "request").id),
     close: (body) => this.close(parseWith(SessionRef, body, "request").id, "closed"),
     ...fileRequests(this.withFiles.bind(this)),
     ...watchRequests((id) => this.holding(id)),
@@ -156,11 +173,21 @@ export class SessionHost {
     }),
   };
 
-  /** The session this worker holds; one it is closing is refused, saying so. */
-  private holding(id: string): HeldSession {
+  /**
+   * The session this worker holds; one it is closing is refused, saying so, and a paused one
+   * too unless `whilePaused` (the request needs nothing of its sandbox): it would wait, held
+   * still with the rest, for as long as the pause lasts.
+   */
+  private holding(id: string, whilePaused = false): HeldSession {
     if (this.closing.has(id)) throw new BoxcarError(ErrorCode.conflict, `session ${id} is closing`);
     const held = this.held.get(id);
     if (!held) throw new NotHeld(this.ctx.workerId, id);
+    if (held.paused && !whilePaused) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `session ${id} is paused: resume it first (boxcar session resume ${id}; the SDK's resumeSession)`,
+      );
+    }
     return held;
   }
 
@@ -312,7 +339,8 @@ export class SessionHost {
       );
     }
     const running: Running = { execId: job.jobId, stop: new AbortController(), cancelled: false };
-    if (held.running || held.waiting.length > 0) await waitFor(held, running, signal);
+    // A paused session's job waits in line until it is resumed (`handOn` gives it the lock then).
+    if (held.running || held.waiting.length > 0 || held.paused) await waitFor(held, running, signal);
     else held.running = running;
     clearTimeout(held.idle);
     let released = false;
@@ -400,6 +428,73 @@ export class SessionHost {
     return snapshot;
   }
 
+  /**
+   * Pauses the session (docs/sessions.md#pause): its sandbox holds every process where it is (a
+   * container frozen), its idle clock and its processes' timeouts wait, and requests that need
+   * it running are refused until `resume`; it closes (`pause_timeout`) if still paused after
+   * `timeoutMs`. Refused while a command or job holds its lock or a snapshot is taken, and where
+   * the backend cannot hold its processes (host, E2B).
+   */
+  private async pause(id: string, timeoutMs: number): Promise<SessionRecord> {
+    const held = this.holding(id, true);
+    if (held.paused) throw new BoxcarError(ErrorCode.conflict, `session ${id} is paused already`);
+    if (!held.sandbox.pause || !held.sandbox.resume) throw new BoxcarError(ErrorCode.invalid, cannotPause(held.sandbox.kind));
+    if (held.running) {
+      throw new BoxcarError(
+        ErrorCode.conflict,
+        `session ${id} is running ${held.running.execId}: pause it once that ends, or cancel it (boxcar session cancel ${id})`,
+      );
+    }
+    if (held.snapshotting) throw new BoxcarError(ErrorCode.conflict, `session ${id} is being snapshotted: pause it once that is done`);
+    // Paused from now, before the first wait: a request meanwhile is refused, as it will be.
+    held.paused = { resuming: false, pauseEnds: setTimeout(() => void this.close(id, "pause_timeout").catch(() => {}), timeoutMs) };
+    clearTimeout(held.idle);
+    held.background.pause();
+    try {
+      await held.sandbox.pause();
+    } catch (err) {
+      clearTimeout(held.paused.pauseEnds);
+      held.paused = undefined;
+      held.background.resume();
+      if (this.held.get(id) === held) this.idleFrom(held);
+      throw err;
+    }
+    const now = Date.now();
+    held.record = { ...held.record, pausedAt: new Date(now).toISOString(), pauseEndsAt: new Date(now + timeoutMs).toISOString() };
+    await this.event(held, "paused");
+    await this.save(held);
+    return held.record;
+  }
+
+  /** Lets a paused session go on: its processes from where they were, its idle clock from now, its waiting jobs in turn. */
+  private async resume(id: string): Promise<SessionRecord> {
+    const held = this.holding(id, true);
+    const { paused } = held;
+    if (!paused) throw new BoxcarError(ErrorCode.conflict, `session ${id} is not paused`);
+    if (paused.resuming) throw new BoxcarError(ErrorCode.conflict, `session ${id} is being resumed`);
+    paused.resuming = true;
+    try {
+      await held.sandbox.resume?.();
+    } catch (err) {
+      paused.resuming = false;
+      throw err;
+    }
+    // Closed meanwhile: its close let the sandbox go and wrote its record.
+    if (this.held.get(id) !== held) throw new BoxcarError(ErrorCode.conflict, `session ${id} closed while it was resumed`);
+    clearTimeout(paused.pauseEnds);
+    held.paused = undefined;
+    held.background.resume();
+    const { pausedAt: _at, pauseEndsAt: _ends, ...record } = held.record;
+    held.record = { ...record, lastUsedAt: nowIso() };
+    if (this.held.get(id) === held) {
+      handOn(held);
+      if (!held.running) this.idleFrom(held);
+    }
+    await this.event(held, "resumed");
+    await this.save(held);
+    return held.record;
+  }
+
   /** Stops the command running in the session (as a timeout does); its exec's reply says `cancelled`. */
   private cancel(id: string): SessionRecord {
     const held = this.holding(id);
@@ -411,12 +506,22 @@ export class SessionHost {
 
   /** Ends the session: its command, its sandbox, its slot; its record says why. */
   private async close(id: string, reason: string): Promise<SessionRecord> {
-    const held = this.holding(id);
+    const held = this.holding(id, true);
     this.closing.add(id);
     this.held.delete(id);
     try {
       clearTimeout(held.idle);
       clearTimeout(held.lifetime);
+      if (held.paused) {
+        // Let go first, so its processes can be stopped as any session's are; a sandbox that
+        // cannot be is removed at once (which ends what waited on it).
+        clearTimeout(held.paused.pauseEnds);
+        await (held.paused.resuming ? Promise.resolve() : (held.sandbox.resume?.() ?? Promise.resolve())).catch(async (err: unknown) => {
+          this.ctx.log.warn({ err, session: id }, "could not resume a paused session to close it: removing its sandbox");
+          await held.sandbox.destroy().catch(() => {});
+        });
+        held.paused = undefined;
+      }
       if (held.running) {
         held.running.closedWith = reason;
         held.running.stop.abort();
@@ -452,6 +557,8 @@ export class SessionHost {
   /** Starts the idle clock; a session with a process in the background is not idle, and its clock starts again. */
   private idleFrom(held: HeldSession): void {
     clearTimeout(held.idle);
+    // A paused session is not idle: its clock starts again once it is resumed.
+    if (held.paused) return;
     held.idle = setTimeout(() => {
       if (held.background.running > 0) this.idleFrom(held);
       else void this.close(held.record.id, "idle").catch(() => {});

@@ -99,7 +99,7 @@ export class DockerSession implements SessionSandbox {
   private readonly terminals = new Map<string, { exited(frame: Frame): void; failed(err: Error): void }>();
   /** File operations sent and not yet answered. */
   private fileOperations = 0;
-  /** Paused by the worker (a snapshot): the helper cannot answer, and is not counted late for it. */
+  /** Paused by the worker (a snapshot, or the session's pause): the helper cannot answer, and is not counted late for it. */
   private paused = false;
   private count = 0;
   private buffered = "";
@@ -477,7 +477,34 @@ export class DockerSession implements SessionSandbox {
   }
 
   /**
-   * Runs `late` after `ms`, unless the container is paused then (a snapshot): the helper is held
+   * Pauses the container (the cgroup freezer: every process of it, the helper, background
+   * processes and shells, held where it is, its memory kept) until `resume`. The helper's
+   * deadlines wait meanwhile, as during a snapshot.
+   */
+  async pause(): Promise<void> {
+    if (this.endedWith !== undefined) throw this.endedError();
+    this.paused = true;
+    try {
+      await this.container.pause();
+    } catch (err) {
+      this.paused = false;
+      throw new BoxcarError(ErrorCode.sandboxFailed, `could not pause the session's container: ${(err as Error).message}`);
+    }
+  }
+
+  /** Unpauses the container: what it held goes on from where it was. */
+  async resume(): Promise<void> {
+    if (this.endedWith !== undefined) throw this.endedError();
+    try {
+      await this.container.unpause();
+    } catch (err) {
+      throw new BoxcarError(ErrorCode.sandboxFailed, `could not resume the session's container: ${(err as Error).message}`);
+    }
+    this.paused = false;
+  }
+
+  /**
+   * Runs `late` after `ms`, unless the container is paused then (a snapshot, a pause): the helper is held
    * still by the worker, not failing; the wait starts again once it runs. `rearmed` gets each new timer.
    */
   private unlessPaused(late: () => void, ms: number, rearmed: (timer: NodeJS.Timeout) => void): NodeJS.Timeout {
@@ -506,6 +533,8 @@ export class DockerSession implements SessionSandbox {
       this.quota.stop();
       this.end("closed");
       try {
+        // A paused container is let go first: the engine may refuse to kill one (its removal's SIGKILL).
+        if (this.paused) await this.container.unpause().catch(() => undefined);
         await this.container.remove({ force: true, v: true }).catch((err: { statusCode?: number }) => {
           // 409: another removal (the reaper's) is under way; 404: gone.
           if (err.statusCode !== 404 && err.statusCode !== 409) throw err;
