@@ -113,7 +113,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   },
   {
     name: "session",
-    summary: "open a session (a sandbox kept between commands), run commands in it, open a shell in it, close it",
+    summary: "open a session (a sandbox kept between commands), run commands in it, open a shell in it, pause and resume it, close it",
     load: async () => (await import("./commands/session.js")).session,
   },
   { name: "sessions", summary: "list sessions, newest first", load: async () => (await import("./commands/session.js")).sessions },
