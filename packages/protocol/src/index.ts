@@ -181,6 +181,8 @@ export {
   SessionRef,
   SessionReply,
   SessionState,
+  SessionTemplate,
+  SessionTemplateName,
   ShellReply,
   ShellRequest,
   SnapshotId,

@@ -4,6 +4,7 @@ import { type AgentDefinition, AgentName, EnvName, MAX_TIMEOUT_MS, NetworkWish, 
 import { BoxcarError, ErrorCode, type ErrorIssue } from "./errors.js";
 import { ModelProvider } from "./models.js";
 import { BuiltinTool } from "./prompt-agent.js";
+import { SessionTemplate, SessionTemplateName } from "./session.js";
 import { durationMs, sizeBytes } from "./units.js";
 import { Budget, MODEL_NAME } from "./usage.js";
 
@@ -241,6 +242,17 @@ export const SystemPolicy = z.strictObject({
     .max(256)
     .default([])
     .describe("fleet-wide limits on model calls through the workers' gateways (docs/models.md#limits)"),
+  sessions: z
+    .strictObject({
+      templates: z
+        .record(SessionTemplateName, SessionTemplate)
+        .default({})
+        .describe(
+          "session templates by name: images any submitter may open a Docker session's container from (docs/sessions.md#templates)",
+        ),
+    })
+    .default({ templates: {} })
+    .describe("what sessions may be opened from"),
   queue: QueueLimits.default({}).describe(
     "the most the system holds queued: a submission or workflow start beyond it is refused with queue_full; " +
       "jobs that continue admitted work (handoffs, workflow steps, retries) are not",

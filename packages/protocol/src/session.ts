@@ -21,6 +21,9 @@ export type SessionState = z.infer<typeof SessionState>;
 
 const HOUR = 3_600_000;
 
+/** A session template's name (docs/sessions.md#templates). */
+export const SessionTemplateName = z.string().regex(TOKEN_PATTERN, "a template name is 1-64 letters, digits, '-' or '_'");
+
 /** Loose, like job records: an older reader ignores fields a newer writer adds. */
 export const SessionRecord = z.looseObject({
   v: z.literal(PROTOCOL_VERSION),
@@ -57,8 +60,22 @@ export const SessionRecord = z.looseObject({
       z.strictObject({ git: z.strictObject({ url: z.string(), ref: z.string().optional(), commit: z.string() }) }),
     ])
     .optional(),
+  /** The template (of the system policy's `sessions.templates`) whose image its container was made from. */
+  template: SessionTemplateName.optional(),
 });
 export type SessionRecord = z.infer<typeof SessionRecord>;
+
+/** A session template an admin allows in the system policy: a Docker image a session's container is made from. */
+export const SessionTemplate = z.strictObject({
+  image: z
+    .string()
+    .min(1)
+    .max(512)
+    .regex(/^\S+$/, "an image reference, with no spaces")
+    .describe("the image the session's container is made from, present on the workers' engines (an admin builds or pulls it)"),
+  description: z.string().max(1024).optional().describe("what it holds, for those who open sessions"),
+});
+export type SessionTemplate = z.infer<typeof SessionTemplate>;
 
 export const SnapshotId = z.string().regex(/^snap-[a-z0-9]{1,60}$/, "a snapshot id is snap- and lowercase letters or digits");
 
@@ -92,6 +109,8 @@ export const OpenSessionRequest = z
     git: GitSeed.optional(),
     /** A job of the caller's whose artifacts the workspace starts with, at their paths. */
     artifactsOf: z.string().regex(TOKEN_PATTERN, "a job id").optional(),
+    /** A template of the system policy's (`sessions.templates`): its image in place of the agent's, for a Docker session. */
+    template: SessionTemplateName.optional(),
     idleTimeout: durationMs({ min: 1_000, max: 24 * HOUR })
       .default(10 * 60_000)
       .describe("closed after this long without a command"),
@@ -543,6 +562,8 @@ export const WorkerOpenSession = z.strictObject({
    * gets, its caller can read).
    */
   byAdmin: z.boolean(),
+  /** The template asked for, as the system policy has it: its image in place of the agent's. */
+  template: z.strictObject({ name: SessionTemplateName, image: z.string().min(1) }).optional(),
   /** The agent definition, as the dispatcher read it. */
   agent: z.unknown(),
 });

@@ -16,7 +16,7 @@ import { optionalDuration } from "../flags.js";
 import { describeEvent, json, table } from "../output.js";
 import { UsageError } from "../usage-error.js";
 
-const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--idle 10m] [--lifetime 8h]
+const usage = `boxcar session open AGENT [--from SNAPSHOT | --git URL [--ref REF] [--depth N] | --artifacts-of JOB] [--template NAME] [--idle 10m] [--lifetime 8h]
        boxcar session snapshot ID
        boxcar session exec ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] -- COMMAND [ARG...]
        boxcar session start ID [--timeout 10m] [--env NAME=VALUE]... [--cwd DIR] [--stdin FILE|-] [--open-stdin] -- COMMAND [ARG...]   (in the background)
@@ -48,6 +48,7 @@ export const session: Command = {
     from: { type: "string" },
     git: { type: "string" },
     "artifacts-of": { type: "string" },
+    template: { type: "string" },
     ref: { type: "string" },
     depth: { type: "string" },
     file: { type: "string", default: "-" },
@@ -87,6 +88,7 @@ export const session: Command = {
           ...(from !== undefined ? { from } : {}),
           ...(git ? { git } : {}),
           ...(ctx.values["artifacts-of"] !== undefined ? { artifactsOf: ctx.values["artifacts-of"] as string } : {}),
+          ...(ctx.values.template !== undefined ? { template: ctx.values.template as string } : {}),
           ...(idle !== undefined ? { idleTimeout: idle } : {}),
           ...(lifetime !== undefined ? { maxLifetime: lifetime } : {}),
         });

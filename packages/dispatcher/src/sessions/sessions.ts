@@ -45,6 +45,7 @@ interface OpenRequest {
   agent?: string | undefined;
   from?: string | undefined;
   artifactsOf?: string | undefined;
+  template?: string | undefined;
   idleTimeout: number;
   maxLifetime: number;
 }
@@ -117,6 +118,7 @@ export class SessionDesk {
         `agent ${agent.name} does not allow sessions: an admin sets \`sessions: true\` on it (docs/sessions.md)`,
       );
     }
+    const template = request.template === undefined ? undefined : this.template(request.template, agent);
     const worker = this.workers.pickForSession(agent, agent.pool);
     const id = `ses-${Date.now().toString(36)}${randomBytes(6).toString("hex")}`;
     // A host sandbox runs commands as the worker's own user (its credential, other jobs' files):
@@ -130,8 +132,35 @@ export class SessionDesk {
       byAdmin: caller.role === "admin",
       ...(snapshot ? { from: snapshot.id } : {}),
       ...(job ? { artifacts: { job: job.id, files: job.artifacts } } : {}),
+      ...(template ? { template } : {}),
     };
     return (await this.ask(worker.id, "open", asked, OPEN_TIMEOUT_MS)) as SessionRecord;
+  }
+
+  /**
+   * The template `name` of the system policy, for a session of `agent`: refused (`invalid`) when
+   * the policy has none of that name, or when the agent's sessions are not Docker ones (a template
+   * is a Docker image). An agent whose sandbox is `auto` is left to its worker, which refuses it
+   * there if it would not be Docker.
+   */
+  private template(name: string, agent: AgentDefinition): { name: string; image: string } {
+    const templates = this.policy().policy.sessions.templates;
+    const template = templates[name];
+    if (!template) {
+      const known = Object.keys(templates).sort();
+      throw new BoxcarError(
+        ErrorCode.invalid,
+        `no session template ${name} (${known.length === 0 ? "the system policy allows none" : `known: ${known.join(", ")}`}; an admin sets them in the policy's sessions.templates)`,
+      );
+    }
+    const kind = agent.runtime.sandbox;
+    if (kind !== "docker" && kind !== "auto") {
+      throw new BoxcarError(
+        ErrorCode.invalid,
+        `template ${name} is a Docker image, and agent ${agent.name}'s sessions run in ${kind} sandboxes: templates are for Docker sessions`,
+      );
+    }
+    return { name, image: template.image };
   }
 
   /**

@@ -29,6 +29,8 @@ export interface SandboxSpec {
   commands?: "one" | "many";
   /** A session's: the longest its sandbox may live (default: a job's timeout); a backend whose sandboxes end by themselves (E2B) keeps it alive that long. */
   lifetimeMs?: number;
+  /** A session opened from a template (docs/sessions.md#templates): `runtime.image` is its image, which must be on the engine already (never pulled). */
+  template?: { name: string; image: string };
 }
 
 /** Creates sandboxes of one backend. */

@@ -225,11 +225,19 @@ export class SessionHost {
   }
 
   private async open(body: unknown): Promise<SessionRecord> {
-    const { id, owner, request, agent: raw, byAdmin, from, artifacts } = parseWith(WorkerOpenSession, body, "request");
-    const agent = parseWith(AgentDefinition, raw, "agent");
+    const { id, owner, request, agent: raw, byAdmin, from, artifacts, template } = parseWith(WorkerOpenSession, body, "request");
+    const asDefined = parseWith(AgentDefinition, raw, "agent");
+    // A template's image in place of the agent's; the rest of its runtime (limits, network) as the agent says.
+    const agent = template ? { ...asDefined, runtime: { ...asDefined.runtime, image: template.image } } : asDefined;
     const { options } = this.ctx;
     checkAgentPolicy(agent, options.agentPolicy, "this worker's policy");
     const runtime = resolveRuntime(agent.runtime, agent.trusted, this.ctx.capabilities(), options.policy);
+    if (template && runtime.kind !== "docker") {
+      throw new BoxcarError(
+        ErrorCode.invalid,
+        `template ${template.name} is a Docker image, and a session of ${agent.name} would run in a ${runtime.kind} sandbox here (${runtime.reason}): templates are for Docker sessions`,
+      );
+    }
     if (runtime.kind === "host" && !byAdmin) {
       throw new BoxcarError(
         ErrorCode.forbidden,
@@ -254,7 +262,15 @@ export class SessionHost {
     let sandbox: SessionSandbox;
     try {
       sandbox = await provider.createSession(
-        { id: `sbx-${id}`, jobId: id, attempt: 0, workerId: this.ctx.workerId, runtime: agent.runtime, lifetimeMs: request.maxLifetime },
+        {
+          id: `sbx-${id}`,
+          jobId: id,
+          attempt: 0,
+          workerId: this.ctx.workerId,
+          runtime: agent.runtime,
+          lifetimeMs: request.maxLifetime,
+          ...(template ? { template } : {}),
+        },
         seed,
       );
     } catch (err) {
@@ -277,6 +293,7 @@ export class SessionHost {
       expiresAt: new Date(now + request.maxLifetime).toISOString(),
       execs: 0,
       ...(seeded.source ? { source: seeded.source } : {}),
+      ...(template ? { template: template.name } : {}),
     };
     const held: HeldSession = {
       record,

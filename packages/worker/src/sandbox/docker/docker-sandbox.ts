@@ -14,7 +14,7 @@ import { type SandboxOwner, type SandboxProvider, type SandboxSpec, sandboxOfSes
 import { CONTAINER_WORKSPACE, ContainerLabel, containerLabels, hardenedHostConfig, ownerOf, takenName } from "./container-config.js";
 import { DockerSandbox } from "./docker-job-sandbox.js";
 import { DockerSession } from "./docker-session.js";
-import { checkNetwork, ensureImage, ignoreGone, isMissingImage, networksOf, selfContainer } from "./engine.js";
+import { checkNetwork, ensureImage, ignoreGone, isMissingImage, networksOf, selfContainer, statusOf } from "./engine.js";
 import { WarmContainer, type WarmKey, type WarmMaker, WarmPool } from "./warm-pool.js";
 import { bindable, giveTo, sharesFolder, type WorkspaceMounting } from "./workspace-mounting.js";
 
@@ -240,6 +240,25 @@ export function createDockerSandboxProvider(opts: DockerSandboxOptions): Sandbox
         ErrorCode.noSandbox,
         "Docker sessions need the workspace bind-mounted, and this worker copies workspaces into containers (docs/docker.md#how-the-workspace-reaches-the-container)",
       );
+    }
+    if (spec.template) {
+      // An admin's image, built or pulled on the engine: never pulled for a session.
+      const present = await docker
+        .getImage(container.image)
+        .inspect()
+        .then(
+          () => true,
+          (err: unknown) => {
+            if (statusOf(err) === 404) return false;
+            throw err;
+          },
+        );
+      if (!present) {
+        throw new BoxcarError(
+          ErrorCode.noSandbox,
+          `image ${container.image} of template ${spec.template.name} is not on this worker's engine; an admin builds or pulls it`,
+        );
+      }
     }
     const agentPath = await imagePath(container.image);
     const files = await settings.root.create({ workerId: spec.workerId, sandboxId: spec.id });
