@@ -34,11 +34,10 @@ export interface PortForwardOptions {
 }
 
 /**
- * Opens one connection to `port` on session `id`'s loopback, as a stream. Its subjects are the
- * caller's (`<prefix>.tunnel.<user>.<tunnelId>.in|out`), listened on before it asks, so nothing the
- * session's side sends first is missed.
+ * A tunnel on the caller's own subjects (`<prefix>.tunnel.<user>.<tunnel>.in|out`), listened on
+ * from now, so nothing the session's side sends first is missed; not open until `openTunnel`.
  */
-export async function connectTunnel(api: DispatcherApi, id: string, port: number): Promise<Duplex> {
+export function newTunnel(api: DispatcherApi, controls?: string[]): { tunnel: string; stream: TunnelStream } {
   const { nc, names } = api.link;
   const tunnel = randomBytes(12).toString("hex");
   const user = api.identity.user;
@@ -47,21 +46,32 @@ export async function connectTunnel(api: DispatcherApi, id: string, port: number
     receive: names.subjects.tunnel(user, tunnel, TunnelWay.out),
     windowBytes: TUNNEL_WINDOW,
     chunkBytes: TUNNEL_CHUNK,
+    ...(controls ? { controls } : {}),
   });
-  // Until it is the caller's: a refused subscription (a credential from before tunnels) is said below.
+  return { tunnel, stream };
+}
+
+/**
+ * Has the session's worker take the other end of `stream` (`ask`, the API request naming the
+ * tunnel), then opens it. A refusal of the tunnel's subjects (a credential from before tunnels)
+ * is said as such; a stream already ended is one only when `done` says its other end finished.
+ */
+export async function openTunnel<T>(stream: TunnelStream, ask: () => Promise<T>, done: () => boolean = () => false): Promise<T> {
+  // Until it is the caller's: a refused subscription is said below.
   let failed: Error | undefined;
   const early = (err: Error) => {
     failed ??= err;
   };
   stream.on("error", early);
+  let reply: T;
   try {
-    await api.request(ApiEndpoint.sessionsConnect, { id, port, tunnel }, Math.max(api.timeoutMs, CONNECT_WAIT_MS));
+    reply = await ask();
   } catch (err) {
     stream.destroy();
     throw err;
   }
   stream.off("error", early);
-  if (failed || stream.destroyed) {
+  if (failed || (stream.destroyed && !done())) {
     stream.destroy();
     throw new BoxcarError(
       ErrorCode.forbidden,
@@ -70,6 +80,13 @@ export async function connectTunnel(api: DispatcherApi, id: string, port: number
     );
   }
   stream.open();
+  return reply;
+}
+
+/** Opens one connection to `port` on session `id`'s loopback, as a stream. */
+export async function connectTunnel(api: DispatcherApi, id: string, port: number): Promise<Duplex> {
+  const { tunnel, stream } = newTunnel(api);
+  await openTunnel(stream, () => api.request(ApiEndpoint.sessionsConnect, { id, port, tunnel }, Math.max(api.timeoutMs, CONNECT_WAIT_MS)));
   return stream;
 }
 

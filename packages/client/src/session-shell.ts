@@ -4,11 +4,11 @@
  * a `Boxcar-Resize` message on it, and its end says how the shell exited (`Boxcar-Exit`).
  */
 
-import { randomBytes } from "node:crypto";
 import type { Duplex } from "node:stream";
-import { TunnelHeader, TunnelStream } from "@boxcar/common";
-import { ApiEndpoint, BoxcarError, ErrorCode, type ProcessInfo, TUNNEL_CHUNK, TUNNEL_WINDOW, TunnelWay } from "@boxcar/protocol";
+import { TunnelHeader } from "@boxcar/common";
+import { ApiEndpoint, BoxcarError, ErrorCode, type ProcessInfo } from "@boxcar/protocol";
 import type { DispatcherApi } from "./dispatcher-api.js";
+import { newTunnel, openTunnel } from "./session-ports.js";
 
 /** How a session's shell ended: its exit code, or the signal that ended it. */
 export interface ShellExit {
@@ -50,16 +50,7 @@ export interface SessionShell {
 }
 
 export async function openShell(api: DispatcherApi, id: string, opts: ShellOptions): Promise<SessionShell> {
-  const { nc, names } = api.link;
-  const tunnel = randomBytes(12).toString("hex");
-  const user = api.identity.user;
-  const stream = new TunnelStream(nc, {
-    send: names.subjects.tunnel(user, tunnel, TunnelWay.in),
-    receive: names.subjects.tunnel(user, tunnel, TunnelWay.out),
-    windowBytes: TUNNEL_WINDOW,
-    chunkBytes: TUNNEL_CHUNK,
-    controls: [TunnelHeader.exit],
-  });
+  const { tunnel, stream } = newTunnel(api, [TunnelHeader.exit]);
   let exit: ShellExit | undefined;
   stream.on("control", (fields: Record<string, string>) => {
     const said = fields[TunnelHeader.exit] ?? "";
@@ -81,39 +72,22 @@ export async function openShell(api: DispatcherApi, id: string, opts: ShellOptio
     });
   });
   exited.catch(() => {});
-  // Until it is the caller's: a refused subscription (a credential from before tunnels) is said below.
-  let failed: Error | undefined;
-  const early = (err: Error) => {
-    failed ??= err;
-  };
-  stream.on("error", early);
-  let reply: Awaited<ReturnType<typeof api.request<"sessions.shell">>>;
-  try {
-    reply = await api.request(ApiEndpoint.sessionsShell, {
-      id,
-      tunnel,
-      cols: opts.cols,
-      rows: opts.rows,
-      ...(opts.argv ? { argv: opts.argv } : {}),
-      ...(opts.env ? { env: opts.env } : {}),
-      ...(opts.cwd !== undefined ? { cwd: opts.cwd } : {}),
-      ...(opts.term !== undefined ? { term: opts.term } : {}),
-      ...(opts.timeout !== undefined ? { timeout: opts.timeout } : {}),
-    });
-  } catch (err) {
-    stream.destroy();
-    throw err;
-  }
-  stream.off("error", early);
-  if (failed || (stream.destroyed && !exit)) {
-    stream.destroy();
-    throw new BoxcarError(
-      ErrorCode.forbidden,
-      `the tunnel's subjects were refused (${failed?.message ?? "closed"}): a credential minted before tunnels needs the account pushed again (boxcar auth push)`,
-      { cause: failed },
-    );
-  }
-  stream.open();
+  const reply = await openTunnel(
+    stream,
+    () =>
+      api.request(ApiEndpoint.sessionsShell, {
+        id,
+        tunnel,
+        cols: opts.cols,
+        rows: opts.rows,
+        ...(opts.argv ? { argv: opts.argv } : {}),
+        ...(opts.env ? { env: opts.env } : {}),
+        ...(opts.cwd !== undefined ? { cwd: opts.cwd } : {}),
+        ...(opts.term !== undefined ? { term: opts.term } : {}),
+        ...(opts.timeout !== undefined ? { timeout: opts.timeout } : {}),
+      }),
+    () => exit !== undefined,
+  );
   return {
     process: reply.process,
     stream,

@@ -283,6 +283,29 @@ export class DockerSession implements SessionSandbox {
     return String(this.count);
   }
 
+  /** Sends the helper a frame, unless the session has ended. */
+  private writeFrame(frame: Record<string, unknown>): void {
+    if (this.endedWith === undefined) this.stream.write(`${JSON.stringify(frame)}\n`);
+  }
+
+  /**
+   * The worker's end of a byte stream the helper relays (a port's connection, a terminal), known
+   * before the helper is asked: its first bytes may come right after the helper's answer. Its
+   * errors are its user's to hear; one that fails to open is thrown by the asker.
+   */
+  private newConnection(id: string): HelperConnection {
+    const connection = new HelperConnection(
+      id,
+      (frame) => this.writeFrame(frame),
+      () => {
+        if (this.connections.get(id) === connection) this.connections.delete(id);
+      },
+    );
+    connection.on("error", () => {});
+    this.connections.set(id, connection);
+    return connection;
+  }
+
   /**
    * A connection to `port` on the container's own loopback, opened by the helper inside the
    * container's network namespace (which has its loopback even with no network): the worker names
@@ -291,15 +314,7 @@ export class DockerSession implements SessionSandbox {
   async connect(port: number): Promise<Duplex> {
     if (this.endedWith !== undefined) throw this.endedError();
     const id = this.nextId();
-    const write = (frame: Record<string, unknown>) => {
-      if (this.endedWith === undefined) this.stream.write(`${JSON.stringify(frame)}\n`);
-    };
-    // Known before it is asked: its first bytes may come right after the helper's answer.
-    const connection = new HelperConnection(id, write, () => {
-      if (this.connections.get(id) === connection) this.connections.delete(id);
-    });
-    connection.on("error", () => {}); // its user hears it; one that failed to open is thrown below
-    this.connections.set(id, connection);
+    const connection = this.newConnection(id);
     let answer: Frame;
     try {
       answer = await this.ask({ t: "connect", port }, undefined, id);
@@ -322,15 +337,7 @@ export class DockerSession implements SessionSandbox {
   async openTerminal(argv: readonly string[] | undefined, opts: TerminalOptions): Promise<Terminal> {
     if (this.endedWith !== undefined) throw this.endedError();
     const id = this.nextId();
-    const write = (frame: Record<string, unknown>) => {
-      if (this.endedWith === undefined) this.stream.write(`${JSON.stringify(frame)}\n`);
-    };
-    // Known before it is asked: what it shows first may come right after the helper's answer.
-    const io = new HelperConnection(id, write, () => {
-      if (this.connections.get(id) === io) this.connections.delete(id);
-    });
-    io.on("error", () => {});
-    this.connections.set(id, io);
+    const io = this.newConnection(id);
     const startedAt = performance.now();
     let killed = false;
     let backstop: NodeJS.Timeout | undefined;
@@ -381,11 +388,11 @@ export class DockerSession implements SessionSandbox {
     return {
       io,
       exited,
-      resize: (cols, rows) => write({ t: "resize", id, cols, rows }),
+      resize: (cols, rows) => this.writeFrame({ t: "resize", id, cols, rows }),
       kill: () => {
         if (killed) return;
         killed = true;
-        write({ t: "kill", id });
+        this.writeFrame({ t: "kill", id });
         backstop = this.unlessPaused(
           () => this.kill(`its helper did not end terminal ${id} within ${KILL_TIMEOUT_MS / 1000} s of being told to`),
           KILL_TIMEOUT_MS,
