@@ -96,12 +96,13 @@ test("an ended job past its retention is deleted with its events, output, input 
   expect(before.logs).toBeGreaterThan(0);
   expect(before.record).toBeGreaterThan(0);
 
-  // Two seconds after it ended, and a sweep: nothing of it is left, not even a delete marker.
+  // Two seconds after it ended, and a sweep: nothing of it is left but its record's delete marker,
+  // which a sweep purges 30 s later (once every dispatcher's watch has shown it).
   await eventually(
     async () => ((await client.getJob(made.id).catch((e: { code?: string }) => e.code)) === "not_found" ? true : undefined),
     "the job to be deleted",
   );
-  expect(await leftOf(made.id)).toEqual({ events: 0, logs: 0, record: 0 });
+  expect(await leftOf(made.id)).toEqual({ events: 0, logs: 0, record: 1 });
   expect(await stored(input)).toEqual(GONE);
   expect(await stored(artifact)).toEqual(GONE);
   // A failed job is kept for the longer `failed` retention.
@@ -167,8 +168,9 @@ test("an agent's own retention replaces the system's for its jobs; an ended work
     async () => ((await gone(() => client.getJob(dropped.id))) && (await gone(() => client.getRun(run.id))) ? true : undefined),
     "the failed job and the run to be deleted",
   );
-  expect(await leftOf(dropped.id)).toEqual({ events: 0, logs: 0, record: 0 });
-  expect(await runLeft()).toEqual({ events: 0, record: 0 });
+  // Each record's delete marker is left, for a later sweep to purge.
+  expect(await leftOf(dropped.id)).toEqual({ events: 0, logs: 0, record: 1 });
+  expect(await runLeft()).toEqual({ events: 0, record: 1 });
   expect((await client.getJob(kept.id)).state).toBe("succeeded");
   const stepJob = (await client.listJobs({ agent: "keeper", limit: 100 })).jobs.find((j) => j.chain?.run === run.id);
   expect(stepJob?.state).toBe("succeeded");
@@ -207,7 +209,7 @@ test("boxcar clean deletes now the ended jobs that match, as an admin asks; a su
   expect(cleaned.stdout).toContain("deleted 2 ended jobs");
   for (const id of made) {
     expect(await gone(id)).toBe(true);
-    expect(await leftOf(id)).toEqual({ events: 0, logs: 0, record: 0 });
+    expect(await leftOf(id)).toEqual({ events: 0, logs: 0, record: 1 }); // its delete marker
   }
   expect((await client.getJob(broken)).state).toBe("failed");
 }, 60_000);

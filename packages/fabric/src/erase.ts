@@ -2,7 +2,8 @@
  * Deleting a job's or a run's record for good, on a full store too: what retention and `boxcar
  * clean` do to a record once the rest of its job (or run) is gone. A record goes in two steps:
  * its delete marker, by compare-and-swap on the revision read (so that every dispatcher's watch
- * forgets it), then the marker itself, purged, so that nothing of it stays in the bucket.
+ * forgets it), then the marker itself, purged (by the caller, once every watch has had time to
+ * show it: JetStream skips a purged message unseen), so that nothing of it stays in the bucket.
  * Nothing here needs more room than it has just freed: where the store has none for the marker,
  * the record's own bytes are purged first (a purge writes nothing), and the marker, never bigger
  * than the record, is written in the room they leave.

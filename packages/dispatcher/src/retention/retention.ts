@@ -21,6 +21,12 @@ import { checkMayPurge, objectsOf, remainsOf, removeRemains } from "./remains.js
 const MAX_PER_BATCH = 500;
 /** Deletions under way at once within a sweep. */
 const PARALLEL = 8;
+/**
+ * How long a delete marker stays before it is purged: a watch shows a marker only if it reaches
+ * it before the purge (JetStream skips a purged message unseen), and a dispatcher whose watch
+ * missed one would count the deleted job for good. A later pass (sweep or clean) purges it.
+ */
+const MARKER_LINGER_MS = 30_000;
 
 type KeptJob = NonNullable<CleanJobsReply["keptJobs"]>[number];
 
@@ -42,7 +48,8 @@ interface Ended {
  * the record's delete marker is a purge, which writes nothing, and on a full store the record's
  * own bytes are purged before its marker is written (the batch's markers once the whole batch
  * has freed room; one with no room yet at a later batch or sweep), so it works on a store filled
- * to its last byte. Ended workflow runs likewise:
+ * to its last byte. The markers themselves are purged by a later pass, once every dispatcher's
+ * watch has had time to show them. Ended workflow runs likewise:
  * events, then record. It is shown every job record and every run by the dispatcher's watches
  * and keeps when each ended one ended. Several dispatchers may delete the same job; each step
  * is idempotent. The ended jobs, and when each ended, it reads from the job index.
@@ -60,6 +67,8 @@ export class RetentionSweep {
   private readonly openObjects = new Map<string, string[]>();
   /** Records deleted (purged) whose delete marker the store had no room for yet: written after the batch, or at a later one. */
   private readonly unmarked = new Map<string, { bucket: ErasableBucket; key: string }>();
+  /** Delete markers written, oldest first, each purged by a pass at least `markerLingerMs` after it was written. */
+  private readonly lingering: { bucket: ErasableBucket; key: string; marker: number; at: number }[] = [];
   private readonly sweeps: Sweep<number>;
 
   /** Sweeps every `intervalMs` once started. */
@@ -69,6 +78,7 @@ export class RetentionSweep {
     private readonly log: Logger,
     intervalMs: number,
     private readonly index: JobIndex,
+    private readonly markerLingerMs = MARKER_LINGER_MS,
   ) {
     this.sweeps = new Sweep({
       pass: () => this.sweepOnce(),
@@ -126,6 +136,7 @@ export class RetentionSweep {
     const now = Date.now();
     const policy = this.policy.policy;
     await this.writeOwedMarkers();
+    await this.purgeLingeringMarkers();
     let deleted = 0;
     // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
     // that one dispatcher can delete them.
@@ -153,6 +164,7 @@ export class RetentionSweep {
     const { olderThan, state, agent } = parseWith(CleanJobsRequest, request, "request");
     const before = Date.now() - olderThan;
     await this.writeOwedMarkers();
+    await this.purgeLingeringMarkers();
     const result = await this.deleteMatching(
       (job) => job.at <= before && (state === undefined || job.state === state) && (agent === undefined || job.agent === agent),
     );
@@ -246,8 +258,8 @@ export class RetentionSweep {
       }
       this.goneFromIndex(id);
       if (erased.outcome === "unmarked") this.unmarked.set(`jobs/${id}`, { bucket: "jobs", key: id });
-      // Its marker goes too (this one's, by its sequence; another deletion's marker, that one purges).
-      if (erased.outcome === "erased" && erased.marker !== undefined) await purgeEntry(topology, "jobs", id, erased.marker);
+      // Its marker goes too, later (this one's, by its sequence; another deletion's marker, that one purges).
+      if (erased.outcome === "erased" && erased.marker !== undefined) this.linger("jobs", id, erased.marker);
       return { outcome: "deleted" };
     } catch (err) {
       const message = removing
@@ -293,10 +305,30 @@ export class RetentionSweep {
         const marked = await markErased(this.topology, bucket, key);
         if (marked.outcome === "unmarked") continue; // still no room
         this.unmarked.delete(owed);
-        if (marked.outcome === "erased" && marked.marker !== undefined) await purgeEntry(this.topology, bucket, key, marked.marker);
+        if (marked.outcome === "erased" && marked.marker !== undefined) this.linger(bucket, key, marked.marker);
       } catch (err) {
         this.log.warn({ err, bucket, key }, "could not write a deleted record's marker; trying again at the next sweep");
       }
+    }
+  }
+
+  /** Keeps a delete marker just written for `markerLingerMs`, long enough for every dispatcher's watch to show it. */
+  private linger(bucket: ErasableBucket, key: string, marker: number): void {
+    this.lingering.push({ bucket, key, marker, at: Date.now() });
+  }
+
+  /** Purges the delete markers that have lingered long enough (a later message of the key, a record written again, stays). */
+  private async purgeLingeringMarkers(): Promise<void> {
+    const due = Date.now() - this.markerLingerMs;
+    while (!this.closed && (this.lingering[0]?.at ?? Number.POSITIVE_INFINITY) <= due) {
+      const { bucket, key, marker } = this.lingering[0] as (typeof this.lingering)[number];
+      try {
+        await purgeEntry(this.topology, bucket, key, marker);
+      } catch (err) {
+        this.log.warn({ err, bucket, key }, "could not purge a deleted record's marker; trying again at the next sweep");
+        return;
+      }
+      this.lingering.shift();
     }
   }
 
@@ -333,7 +365,7 @@ export class RetentionSweep {
     if (erased.outcome === "changed") return false; // changed meanwhile: the watch says what it is now
     this.endedRuns.delete(id);
     if (erased.outcome === "unmarked") this.unmarked.set(`workflows/${id}`, { bucket: "workflows", key: id });
-    if (erased.outcome === "erased" && erased.marker !== undefined) await purgeEntry(topology, "workflows", id, erased.marker);
+    if (erased.outcome === "erased" && erased.marker !== undefined) this.linger("workflows", id, erased.marker);
     return true;
   }
 }
