@@ -103,54 +103,69 @@ describe("TLS from boxcar auth init", () => {
     await using dir = await scratch("boxcar-tls-");
     const auth = await AuthDir.init(join(dir.path, "auth"));
     const rogue = await AuthDir.init(join(dir.path, "rogue"));
-    const routePorts = [await freePort(), await freePort(), await freePort(), await freePort()];
-    const clientPorts = [await freePort(), await freePort(), await freePort(), await freePort()];
-    const monitorPort = await freePort();
-    const routes = routePorts
-      .slice(0, 3)
-      .map((p) => `"nats://localhost:${p}"`)
-      .join(", ");
-    const config = (i: number, folder: AuthDir, trusts = folder) =>
-      [
-        `server_name: s${i}`,
-        `listen: "127.0.0.1:${clientPorts[i]}"`,
-        i === 0 ? `http: "127.0.0.1:${monitorPort}"` : "",
-        `tls { cert_file: "${folder.dir}/tls/server.pem", key_file: "${folder.dir}/tls/server-key.pem" }`,
-        `jetstream { store_dir: "${join(dir.path, `js${i}`)}", max_file_store: 256MB }`,
-        `cluster { name: c, listen: "127.0.0.1:${routePorts[i]}", routes: [${routes}]`,
-        `  tls { cert_file: "${folder.dir}/tls/server.pem", key_file: "${folder.dir}/tls/server-key.pem", ca_file: "${trusts.dir}/tls/ca.pem", verify: true } }`,
-      ].join("\n");
-    for (const i of [0, 1, 2]) await natsServer(dir.path, `s${i}`, config(i, auth));
-    const nc = await connectNats(
-      resolveConnection({ flags: { nats: `tls://localhost:${clientPorts[0]}`, tlsCa: auth.caFile as string }, env: {} }),
-      "tls-test",
-    );
-    try {
-      const placed = await eventually(
-        () =>
-          jetstreamManager(nc)
-            .then((jsm) => jsm.streams.add({ name: "TLS3", subjects: ["tls3.>"], num_replicas: 3 }))
-            .then(
-              (info) => info,
-              () => undefined,
-            ),
-        "a stream of 3 replicas",
-        // As long as a role waits for a new cluster's third server (ASKED_PLACEMENT_PATIENCE_MS):
-        // a busy CI machine took longer than 30 s to bring it into JetStream.
-        60_000,
+    // A meta group formed without one of the three servers ("no suitable peers for placement")
+    // has not been seen to take it in later (here, 1 start in 5 under load; `natsCluster` starts
+    // again for the same reason): the three are started again, on new ports and stores.
+    for (let attempt = 1; ; attempt++) {
+      const routePorts = [await freePort(), await freePort(), await freePort(), await freePort()];
+      const clientPorts = [await freePort(), await freePort(), await freePort(), await freePort()];
+      const monitorPort = await freePort();
+      const routes = routePorts
+        .slice(0, 3)
+        .map((p) => `"nats://localhost:${p}"`)
+        .join(", ");
+      const config = (i: number, folder: AuthDir, trusts = folder) =>
+        [
+          `server_name: s${i}`,
+          `listen: "127.0.0.1:${clientPorts[i]}"`,
+          i === 0 ? `http: "127.0.0.1:${monitorPort}"` : "",
+          `tls { cert_file: "${folder.dir}/tls/server.pem", key_file: "${folder.dir}/tls/server-key.pem" }`,
+          `jetstream { store_dir: "${join(dir.path, `js${attempt}-${i}`)}", max_file_store: 256MB }`,
+          `cluster { name: c, listen: "127.0.0.1:${routePorts[i]}", routes: [${routes}]`,
+          `  tls { cert_file: "${folder.dir}/tls/server.pem", key_file: "${folder.dir}/tls/server-key.pem", ca_file: "${trusts.dir}/tls/ca.pem", verify: true } }`,
+        ].join("\n");
+      for (const i of [0, 1, 2]) await natsServer(dir.path, `s${i}-${attempt}`, config(i, auth));
+      const nc = await connectNats(
+        resolveConnection({ flags: { nats: `tls://localhost:${clientPorts[0]}`, tlsCa: auth.caFile as string }, env: {} }),
+        "tls-test",
       );
-      expect(placed.cluster?.replicas?.length).toBe(2);
-      // A fourth server that trusts the cluster's CA but has a certificate another CA signed dials
-      // the cluster's routes: the cluster's servers verify it (verify: true) and refuse it.
-      await natsServer(dir.path, "rogue", config(3, rogue, auth));
-      await new Promise((r) => setTimeout(r, 3_000));
-      const routez = (await (await fetch(`http://127.0.0.1:${monitorPort}/routez`)).json()) as { routes: { remote_name?: string }[] };
-      const peers = new Set(routez.routes.map((r) => r.remote_name));
-      expect(peers).toEqual(new Set(["s1", "s2"]));
-    } finally {
-      await nc.close();
+      try {
+        let refusal = "none yet";
+        const placed = await eventually(
+          () =>
+            jetstreamManager(nc)
+              .then((jsm) => jsm.streams.add({ name: "TLS3", subjects: ["tls3.>"], num_replicas: 3 }))
+              .then(
+                (info) => info,
+                (e: Error) => {
+                  refusal = e.message;
+                  return undefined;
+                },
+              ),
+          () => `a stream of 3 replicas (the last refusal: ${refusal})`,
+          20_000,
+        ).catch((err: Error) => {
+          if (attempt === 3 || !refusal.includes("no suitable peers")) throw err;
+          return undefined;
+        });
+        if (!placed) {
+          for (const server of servers.splice(0)) server.kill("SIGKILL");
+          continue;
+        }
+        expect(placed.cluster?.replicas?.length).toBe(2);
+        // A fourth server that trusts the cluster's CA but has a certificate another CA signed dials
+        // the cluster's routes: the cluster's servers verify it (verify: true) and refuse it.
+        await natsServer(dir.path, `rogue-${attempt}`, config(3, rogue, auth));
+        await new Promise((r) => setTimeout(r, 3_000));
+        const routez = (await (await fetch(`http://127.0.0.1:${monitorPort}/routez`)).json()) as { routes: { remote_name?: string }[] };
+        const peers = new Set(routez.routes.map((r) => r.remote_name));
+        expect(peers).toEqual(new Set(["s1", "s2"]));
+        return;
+      } finally {
+        await nc.close();
+      }
     }
-  }, 90_000);
+  }, 120_000);
 
   test("auth tls issues a new certificate from the same CA with more names; --no-tls makes none; a bad name is refused", async () => {
     await using dir = await scratch("boxcar-tls-");
