@@ -1,7 +1,7 @@
 /**
  * Concurrency limits (issue 21, part 1): an agent's `concurrency` lets at most `limit` of its
  * jobs (of each value of its key) hold a place at once, across every dispatcher and worker,
- * against a real nats-server. What runs at once is read from the jobs' own events as they come.
+ * against a real nats-server. What runs at once is read from the jobs' own events, in the order they were decided.
  */
 
 import { mkdtemp, writeFile } from "node:fs/promises";
