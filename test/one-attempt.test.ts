@@ -365,17 +365,24 @@ test("host: a concurrency limit of 2 per key holds through a SIGKILLed worker: n
     expect(done.filter((j) => j.attempt > 1).length).toBeGreaterThanOrEqual(1);
 
     // From the agents' own stamps: each agent from its start to its stop, or, for one killed
-    // (no stop stamp), to the last sample that saw its processes alive. (It died between that
-    // sample and the next, which on a loaded machine can come long after: the first sample to
-    // find it gone once made a killed agent outlive its death by the poller's stall. The
-    // process table's own count below is the check of the moments between.)
+    // (no stop stamp), to the last sample after its start that saw its processes alive. (It died
+    // between that sample and the next, which on a loaded machine can come long after: the first
+    // sample to find it gone once made a killed agent outlive its death by the poller's stall.)
+    // One killed before any sample after its start saw it ends at the first sample after its
+    // start, which found it gone. The process table's own count below is the check of the
+    // moments between.
     const all = await stampsIn(stamps);
     const stops = new Map(all.filter((t) => t.what === "stop").map((t) => [`${t.job}:${t.attempt}`, t.at]));
+    const killedAt = (key: string, from: number) => {
+      const seen = lastSeen.get(key);
+      if (seen !== undefined && seen >= from) return seen;
+      return samples.find((sm) => sm.at >= from && !sm.alive.has(key))?.at ?? Number.POSITIVE_INFINITY;
+    };
     const spans = all
       .filter((t) => t.what === "start")
       .map((t) => {
         const key = `${t.job}:${t.attempt}`;
-        return { key, from: t.at, to: stops.get(key) ?? lastSeen.get(key) ?? firstGone.get(key) ?? Number.POSITIVE_INFINITY };
+        return { key, from: t.at, to: stops.get(key) ?? killedAt(key, t.at) };
       });
     const gaps = samples.slice(1).map((sm, i) => sm.at - (samples[i] as { at: number }).at);
     const described = () =>
