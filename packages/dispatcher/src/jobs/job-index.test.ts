@@ -105,7 +105,7 @@ test("a walk yields only the jobs its filter matches: by state, agent, pool and 
   expect(walk({ state: "failed" }, "j4")).toEqual(["j2", "j1"]);
   expect(walk({ agent: "nobody" })).toEqual([]); // a name no job has
   expect(walk({ pool: "gpu" })).toEqual(["j1"]);
-  // The owner predicate is asked once per owner a walk meets, not once per job.
+  // The owner predicate is asked once per owner, not once per job.
   const asked: string[] = [];
   walk({
     owner: (owner) => {
@@ -147,6 +147,34 @@ test("deleted jobs' entries are used again by new jobs once compacted, and a job
   expect(all.find(([i]) => i === id(2_500))?.[1].state).toBe("queued");
   expect(all.find(([i]) => i === id(4_000))?.[1].state).toBe("running");
   expect([index.count("succeeded"), index.count("running"), index.count("queued")]).toEqual([1_999, 2_000, 1]);
+});
+
+test("a walk begun before a compaction never yields a deleted job, nor another job's entry under its id", () => {
+  const index = new JobIndex();
+  const id = (i: number) => `j${String(i).padStart(5, "0")}`;
+  for (let i = 0; i < 4_000; i++) index.observe(id(i), job(id(i), "succeeded"));
+  const walk = index.newestFirst();
+  const seen = [walk.next().value];
+  for (let i = 0; i < 2_000; i++) index.observe(id(i), undefined); // compacted on the way
+  for (let i = 4_000; i < 6_000; i++) index.observe(id(i), job(id(i), "running")); // in the freed entries
+  for (let next = walk.next(); !next.done; next = walk.next()) seen.push(next.value);
+  expect(seen.map((s) => s?.[0])).toEqual(Array.from({ length: 2_000 }, (_, i) => id(3_999 - i)));
+  expect(new Set(seen.map((s) => s?.[1].state))).toEqual(new Set(["succeeded"]));
+});
+
+test("a filter no job matches, by the counts, walks nothing; one that matches a few finds them however old", () => {
+  const index = new JobIndex();
+  const id = (i: number) => `j${String(i).padStart(6, "0")}`;
+  for (let i = 0; i < 100_000; i++) index.observe(id(i), job(id(i), i % 1_000 === 0 ? "failed" : "succeeded", `agent${i % 10}`));
+  expect([...index.newestFirst(undefined, { state: "running" })]).toEqual([]);
+  expect([...index.newestFirst(undefined, { state: "failed", agent: "agent1" })]).toEqual([]);
+  expect([...index.newestFirst(undefined, { state: "failed", owner: (o) => o !== "alice" })]).toEqual([]);
+  const failed = [...index.newestFirst(undefined, { state: "failed", agent: "agent0" })].map(([i]) => i);
+  expect(failed).toHaveLength(100);
+  expect(failed.at(-1)).toBe(id(0));
+  // A pool is not counted: the walk decides.
+  expect([...index.newestFirst(undefined, { state: "failed", pool: "p" })]).toHaveLength(100);
+  expect([...index.newestFirst(undefined, { state: "running", pool: "p" })]).toEqual([]);
 });
 
 test("ended jobs come oldest first with when each ended, and every change is told with what the job was", () => {

@@ -19,7 +19,7 @@ export interface JobFilter {
   state?: JobState;
   agent?: string;
   pool?: string;
-  /** Whether the jobs of `owner` are wanted (asked once per owner a walk meets). */
+  /** Whether the jobs of `owner` are wanted (asked at most once per owner in a walk). */
   owner?: (owner: string) => boolean;
 }
 
@@ -107,6 +107,13 @@ export class JobIndex {
   private readonly tallies = new Map<string, Map<string, Map<JobState, number>>>();
   /** Ids in ascending order once sorted; holds removed ids until a compaction. Every id in `slots`. */
   private ids: string[] = [];
+  /**
+   * The slot of each id in `ids`, at the same place (`ids[i]`'s is `order[i]`): a walk reads the
+   * typed arrays by place, with no lookup in `slots` for each job it passes.
+   */
+  private order = new Int32Array(1024);
+  /** Compactions so far: after one, a slot may be another job's, so a walk begun before it looks each id up. */
+  private compactions = 0;
   private sorted = true;
   private removed = 0;
 
@@ -139,7 +146,7 @@ export class JobIndex {
     if (slot === undefined) {
       slot = this.newSlot();
       this.slots.set(key, slot);
-      this.insert(key);
+      this.insert(key, slot);
     } else if (!before) this.removed -= 1; // made again with the same id: its slot and place are there
     let artifacts = 0;
     for (const a of job.artifacts ?? []) artifacts += a.size;
@@ -218,19 +225,43 @@ export class JobIndex {
    * clock); the watch's replay at start comes in store order, which is sorted once, when a list
    * first needs it.
    */
-  private insert(id: string): void {
+  private insert(id: string, slot: number): void {
     const ids = this.ids;
     if (!this.sorted || ids.length === 0 || id > (ids[ids.length - 1] as string)) {
-      ids.push(id);
+      this.append(id, slot);
       return;
     }
     const at = this.position(id);
-    if (ids.length - at <= 1_000)
-      this.ids = [...ids.slice(0, at), id, ...ids.slice(at)]; // a new array: see newestFirst
-    else {
-      ids.push(id);
+    if (ids.length - at <= 1_000) {
+      // New arrays: see walk.
+      this.ids = [...ids.slice(0, at), id, ...ids.slice(at)];
+      const order = new Int32Array(Math.max(this.order.length, this.ids.length));
+      order.set(this.order.subarray(0, at));
+      order[at] = slot;
+      order.set(this.order.subarray(at, ids.length), at + 1);
+      this.order = order;
+    } else {
+      this.append(id, slot);
       this.sorted = false;
     }
+  }
+
+  /** Adds `id` (in `slot`) after the last id. */
+  private append(id: string, slot: number): void {
+    this.ids.push(id);
+    if (this.ids.length > this.order.length) {
+      const order = new Int32Array(this.order.length * 2);
+      order.set(this.order);
+      this.order = order;
+    }
+    this.order[this.ids.length - 1] = slot;
+  }
+
+  /** Each id's slot in `order`, at its place in `ids`, read from `slots` (after a sort or compaction). */
+  private reorder(): void {
+    const order = new Int32Array(Math.max(1024, this.ids.length * 2));
+    for (let i = 0; i < this.ids.length; i++) order[i] = this.slots.get(this.ids[i] as string) as number;
+    this.order = order;
   }
 
   /** The index of the first id not below `id` (binary search; the ids are sorted). */
@@ -303,35 +334,54 @@ export class JobIndex {
     // A name no job has: none matches.
     if ((filter.agent !== undefined && agent === undefined) || (filter.pool !== undefined && pool === undefined)) return;
     const owners = new Map<string, boolean>(); // by name: a code may be given to another owner during the walk
+    const wants = (owner: string): boolean => {
+      let wanted = owners.get(owner);
+      if (wanted === undefined) {
+        wanted = filter.owner?.(owner) ?? true;
+        owners.set(owner, wanted);
+      }
+      return wanted;
+    };
+    // No job of the owners wanted has that state and agent: nothing to walk.
+    if (filter.pool === undefined && !filter.ended && !this.anyTallied(filter, wants)) return;
     if (!this.sorted) {
-      this.compact(); // a new array: a walk under way keeps the one it has
+      this.compact(); // new arrays: a walk under way keeps the ones it has
       this.ids.sort();
+      this.reorder();
       this.sorted = true;
     }
-    // This array as it is now: an insertion or a compaction later makes a new one, or adds
-    // past the end, so the walk below stays in order.
+    // These arrays as they are now: an insertion or a compaction later makes new ones, or adds
+    // past the end, so the walk below stays in order. It ends where the ids ended when it began.
     const ids = this.ids;
-    const first = step === -1 ? (after === undefined ? ids.length - 1 : this.position(after) - 1) : 0;
-    for (let i = first; i >= 0 && i < ids.length; i += step) {
-      const id = ids[i] as string;
-      const slot = this.slots.get(id);
-      // The arrays are read at each step: they are replaced as they grow.
+    const order = this.order;
+    const end = ids.length;
+    const compactions = this.compactions;
+    const first = step === -1 ? (after === undefined ? end - 1 : this.position(after) - 1) : 0;
+    for (let i = first; i >= 0 && i < end; i += step) {
+      // A slot is given to another job only after a compaction (which makes new `ids` and
+      // `order`): from then on, this walk finds each id's slot by its id.
+      const slot = compactions === this.compactions ? order[i] : this.slots.get(ids[i] as string);
+      // The slot's arrays are read at each step: they are replaced as they grow.
       if (slot === undefined || this.stateOf[slot] === REMOVED) continue;
       if (state !== undefined && this.stateOf[slot] !== state) continue;
       if (agent !== undefined && this.agentOf[slot] !== agent) continue;
       if (pool !== undefined && this.poolOf[slot] !== pool) continue;
       if (filter.ended && Number.isNaN(this.endedAtOf[slot])) continue;
-      if (filter.owner) {
-        const owner = this.names.name(this.ownerOf[slot] as number);
-        let wanted = owners.get(owner);
-        if (wanted === undefined) {
-          wanted = filter.owner(owner);
-          owners.set(owner, wanted);
-        }
-        if (!wanted) continue;
-      }
-      yield [id, this.entry(slot) as IndexedJob];
+      if (filter.owner && !wants(this.names.name(this.ownerOf[slot] as number))) continue;
+      yield [ids[i] as string, this.entry(slot) as IndexedJob];
     }
+  }
+
+  /** Whether any job has the filter's state and agent, of an owner it wants, by the tallies (the pool is not tallied). */
+  private anyTallied(filter: JobFilter, wants: (owner: string) => boolean): boolean {
+    for (const [owner, agents] of this.tallies) {
+      if (!wants(owner)) continue;
+      for (const [name, states] of agents) {
+        if (filter.agent !== undefined && name !== filter.agent) continue;
+        if (filter.state === undefined || (states.get(filter.state) ?? 0) > 0) return true;
+      }
+    }
+    return false;
   }
 
   /** Drops the removed jobs' ids and frees their slots. */
@@ -346,6 +396,8 @@ export class JobIndex {
       }
     }
     this.ids = kept;
+    this.reorder();
     this.removed = 0;
+    this.compactions += 1;
   }
 }
