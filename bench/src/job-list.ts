@@ -3,8 +3,9 @@
  * One nats-server; BENCH_N job records (default 100 000, 1% failed, the rest succeeded, spread
  * over 10 agents) are written straight into the jobs bucket, then a dispatcher starts (in this
  * process) and replays them. Timed, BENCH_ROUNDS times each (default 50): `jobs.list` through the
- * SDK with a state filter, with an agent filter and with none, at a few page sizes, one filter no
- * job matches (the walk passes every job) and a page from the middle; and the `boxcar jobs`
+ * SDK with a state filter, with an agent filter and with none, at a few page sizes, two filters no
+ * job matches (one the index's counts answer, one whose walk passes every job) and a page from
+ * the middle; and the `boxcar jobs`
  * command as a user runs it (a new process each time, so its start is counted; BENCH_CLI=0 leaves
  * it out). Also the dispatcher's start (until it counts every job: its replay is over), and
  * the heap and resident memory it keeps per job once it has replayed them (run with --expose-gc,
@@ -104,7 +105,13 @@ async function main(): Promise<void> {
       ["jobs.list limit=100", { limit: 100 }, 100],
       ["jobs.list limit=1000", { limit: 1000 }, 1000],
       ["jobs.list state=failed limit=20, after the middle job", { state: "failed", limit: 20, after: middle }, 20],
-      ["jobs.list state=running limit=20 (none: passes every job)", { state: "running", limit: 20 }, 0],
+      // No job matches: the first by the counts, the second (a pool: not counted) by a walk past every job.
+      ["jobs.list state=running limit=20 (none)", { state: "running", limit: 20 }, 0],
+      [
+        "jobs.list state=failed agent=agent3 pool=default (none; walks all)",
+        { state: "failed", agent: "agent3", pool: "default", limit: 20 },
+        0,
+      ],
     ] as const) {
       const s = await time(request, expected).catch((err: unknown) => {
         throw new Error(`${name}: ${(err as Error).message}`);

@@ -53,6 +53,23 @@ test("a walk under way keeps its order while jobs are added and removed", () => 
   expect(seen).toEqual(expected);
 });
 
+test("ids that arrive out of order, past several merges, come newest first and oldest first, each once; a walk under way keeps its order", () => {
+  const index = new JobIndex();
+  const id = (i: number) => `j${String(i).padStart(6, "0")}`;
+  const ended = (i: number) => ({ ...job(id(i), "succeeded"), finishedAt: "2026-11-29T00:00:00.000Z" }) as JobRecord;
+  for (let i = 0; i < 20_000; i += 2) index.observe(id(i), ended(i));
+  const walk = index.newestFirst(); // sorts the replay once
+  const seen = [walk.next().value?.[0]];
+  // The odd ones, each before the last: 10 000 go among the others, 4 096 at a time merged in.
+  for (let i = 19_999; i > 0; i -= 2) index.observe(id(i), ended(i));
+  for (let next = walk.next(); !next.done; next = walk.next()) seen.push(next.value[0]);
+  expect(seen).toEqual(Array.from({ length: 10_000 }, (_, k) => id(19_998 - 2 * k)));
+  const all = Array.from({ length: 20_000 }, (_, k) => id(k));
+  expect([...index.newestFirst()].map(([i]) => i)).toEqual([...all].reverse());
+  expect([...index.ended()].map(([i]) => i)).toEqual(all);
+  expect([...index.newestFirst(id(10_001))].map(([i]) => i)).toEqual(all.slice(0, 10_001).reverse());
+});
+
 test("many deletions are compacted away", () => {
   const index = new JobIndex();
   for (let i = 0; i < 5_000; i++) index.observe(`j${String(i).padStart(5, "0")}`, job(`j${i}`));

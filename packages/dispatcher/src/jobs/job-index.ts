@@ -1,4 +1,5 @@
 import { isTerminal, type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
+import { IdOrder } from "./id-order.js";
 
 /** What the index keeps of a job: what a list filters on, how big its record is, and what retention and quotas need. */
 export interface IndexedJob {
@@ -105,16 +106,8 @@ export class JobIndex {
   private readonly states = new Map<JobState, number>();
   /** How many jobs of each owner and agent are in each state (no empty entries: owners and agents come and go). */
   private readonly tallies = new Map<string, Map<string, Map<JobState, number>>>();
-  /** Ids in ascending order once sorted; holds removed ids until a compaction. Every id in `slots`. */
-  private ids: string[] = [];
-  /**
-   * The slot of each id in `ids`, at the same place (`ids[i]`'s is `order[i]`): a walk reads the
-   * typed arrays by place, with no lookup in `slots` for each job it passes.
-   */
-  private order = new Int32Array(1024);
-  /** Compactions so far: after one, a slot may be another job's, so a walk begun before it looks each id up. */
-  private compactions = 0;
-  private sorted = true;
+  /** Every id in `slots`, in order, with its slot; removed ones until a compaction. */
+  private readonly order = new IdOrder();
   private removed = 0;
 
   /** Tells `listener` every change from now on, after the index has it. */
@@ -138,7 +131,7 @@ export class JobIndex {
       if (before) {
         this.stateOf[slot as number] = REMOVED;
         this.removed += 1;
-        if (this.removed > 1_000 && this.removed > this.ids.length / 4) this.compact();
+        if (this.removed > 1_000 && this.removed > this.order.size / 4) this.compact();
       }
       for (const listener of this.listeners) listener(key, before, undefined);
       return;
@@ -146,7 +139,7 @@ export class JobIndex {
     if (slot === undefined) {
       slot = this.newSlot();
       this.slots.set(key, slot);
-      this.insert(key, slot);
+      this.order.add(key, slot);
     } else if (!before) this.removed -= 1; // made again with the same id: its slot and place are there
     let artifacts = 0;
     for (const a of job.artifacts ?? []) artifacts += a.size;
@@ -220,62 +213,6 @@ export class JobIndex {
     else this.tallies.delete(job.owner);
   }
 
-  /**
-   * Ids sort by creation time, so a new job goes at the end, or near it (another dispatcher's
-   * clock); the watch's replay at start comes in store order, which is sorted once, when a list
-   * first needs it.
-   */
-  private insert(id: string, slot: number): void {
-    const ids = this.ids;
-    if (!this.sorted || ids.length === 0 || id > (ids[ids.length - 1] as string)) {
-      this.append(id, slot);
-      return;
-    }
-    const at = this.position(id);
-    if (ids.length - at <= 1_000) {
-      // New arrays: see walk.
-      this.ids = [...ids.slice(0, at), id, ...ids.slice(at)];
-      const order = new Int32Array(Math.max(this.order.length, this.ids.length));
-      order.set(this.order.subarray(0, at));
-      order[at] = slot;
-      order.set(this.order.subarray(at, ids.length), at + 1);
-      this.order = order;
-    } else {
-      this.append(id, slot);
-      this.sorted = false;
-    }
-  }
-
-  /** Adds `id` (in `slot`) after the last id. */
-  private append(id: string, slot: number): void {
-    this.ids.push(id);
-    if (this.ids.length > this.order.length) {
-      const order = new Int32Array(this.order.length * 2);
-      order.set(this.order);
-      this.order = order;
-    }
-    this.order[this.ids.length - 1] = slot;
-  }
-
-  /** Each id's slot in `order`, at its place in `ids`, read from `slots` (after a sort or compaction). */
-  private reorder(): void {
-    const order = new Int32Array(Math.max(1024, this.ids.length * 2));
-    for (let i = 0; i < this.ids.length; i++) order[i] = this.slots.get(this.ids[i] as string) as number;
-    this.order = order;
-  }
-
-  /** The index of the first id not below `id` (binary search; the ids are sorted). */
-  private position(id: string): number {
-    let lo = 0;
-    let hi = this.ids.length;
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1;
-      if ((this.ids[mid] as string) < id) lo = mid + 1;
-      else hi = mid;
-    }
-    return lo;
-  }
-
   get size(): number {
     return this.slots.size - this.removed;
   }
@@ -344,31 +281,16 @@ export class JobIndex {
     };
     // No job of the owners wanted has that state and agent: nothing to walk.
     if (filter.pool === undefined && !filter.ended && !this.anyTallied(filter, wants)) return;
-    if (!this.sorted) {
-      this.compact(); // new arrays: a walk under way keeps the ones it has
-      this.ids.sort();
-      this.reorder();
-      this.sorted = true;
-    }
-    // These arrays as they are now: an insertion or a compaction later makes new ones, or adds
-    // past the end, so the walk below stays in order. It ends where the ids ended when it began.
-    const ids = this.ids;
-    const order = this.order;
-    const end = ids.length;
-    const compactions = this.compactions;
-    const first = step === -1 ? (after === undefined ? end - 1 : this.position(after) - 1) : 0;
-    for (let i = first; i >= 0 && i < end; i += step) {
-      // A slot is given to another job only after a compaction (which makes new `ids` and
-      // `order`): from then on, this walk finds each id's slot by its id.
-      const slot = compactions === this.compactions ? order[i] : this.slots.get(ids[i] as string);
-      // The slot's arrays are read at each step: they are replaced as they grow.
-      if (slot === undefined || this.stateOf[slot] === REMOVED) continue;
-      if (state !== undefined && this.stateOf[slot] !== state) continue;
-      if (agent !== undefined && this.agentOf[slot] !== agent) continue;
-      if (pool !== undefined && this.poolOf[slot] !== pool) continue;
-      if (filter.ended && Number.isNaN(this.endedAtOf[slot])) continue;
-      if (filter.owner && !wants(this.names.name(this.ownerOf[slot] as number))) continue;
-      yield [ids[i] as string, this.entry(slot) as IndexedJob];
+    const wantedSlot = (slot: number): boolean =>
+      this.stateOf[slot] !== REMOVED &&
+      (state === undefined || this.stateOf[slot] === state) &&
+      (agent === undefined || this.agentOf[slot] === agent) &&
+      (pool === undefined || this.poolOf[slot] === pool) &&
+      !(filter.ended && Number.isNaN(this.endedAtOf[slot])) &&
+      !(filter.owner && !wants(this.names.name(this.ownerOf[slot] as number)));
+    // The slot's arrays are read at each step: they are replaced as they grow.
+    for (const [id, slot] of this.order.walk(after, step, (id) => this.slots.get(id), wantedSlot)) {
+      yield [id, this.entry(slot) as IndexedJob];
     }
   }
 
@@ -386,18 +308,10 @@ export class JobIndex {
 
   /** Drops the removed jobs' ids and frees their slots. */
   private compact(): void {
-    const kept: string[] = [];
-    for (const id of this.ids) {
-      const slot = this.slots.get(id) as number;
-      if (this.stateOf[slot] !== REMOVED) kept.push(id);
-      else {
-        this.slots.delete(id);
-        this.freeSlots.push(slot);
-      }
+    for (const { id, slot } of this.order.compact((slot) => this.stateOf[slot] === REMOVED)) {
+      this.slots.delete(id);
+      this.freeSlots.push(slot);
     }
-    this.ids = kept;
-    this.reorder();
     this.removed = 0;
-    this.compactions += 1;
   }
 }

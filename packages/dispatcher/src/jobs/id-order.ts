@@ -1,0 +1,166 @@
+/** New ids kept apart, in order, before they are merged into the main array: a merge copies it whole. */
+const RECENT_MAX = 4_096;
+
+/** The first place in `ids[0, end)` whose id is not below `id` (the ids are sorted). */
+function lowerBound(ids: readonly string[], id: string, end = ids.length): number {
+  let lo = 0;
+  let hi = end;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if ((ids[mid] as string) < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/**
+ * The job index's ids in ascending order, each with its slot, for walks newest or oldest first
+ * that stay in order while jobs are added and removed, and that make nothing of the ids they
+ * pass over.
+ *
+ * Ids sort by creation time, so most new ids go after the last one: pushed onto the main array.
+ * One that goes before it (created in the same millisecond as another, or by another dispatcher
+ * whose clock is behind) goes into a small sorted array of recent ids, a new one each time, and
+ * every `RECENT_MAX` of those are merged into a new main array: inserting into the main array
+ * itself copied it whole, 12 ms a job at a million (docs/benchmarks.md, "Listing jobs"). The
+ * watch's replay at start comes in store order: pushed as it comes and sorted once, when a walk
+ * first needs it.
+ *
+ * A walk keeps the arrays it began with: a merge or a compaction makes new ones, and a push
+ * lands past the end it began with. A slot is given to another job only after a compaction:
+ * a walk begun before one looks its ids' slots up again.
+ */
+export class IdOrder {
+  private main: string[] = [];
+  /** `main[i]`'s slot is `mainSlots[i]`. */
+  private mainSlots = new Int32Array(1_024);
+  private recent: string[] = [];
+  private recentSlots: number[] = [];
+  /** Whether `main` is in order: not until the first walk after a start. */
+  private sorted = false;
+  /** Compactions so far. */
+  private compactions = 0;
+
+  /** How many ids it holds, those of jobs removed since the last compaction included. */
+  get size(): number {
+    return this.main.length + this.recent.length;
+  }
+
+  add(id: string, slot: number): void {
+    const main = this.main;
+    if (!this.sorted || main.length === 0 || id > (main[main.length - 1] as string)) {
+      this.push(id, slot);
+      return;
+    }
+    const at = lowerBound(this.recent, id);
+    this.recent = [...this.recent.slice(0, at), id, ...this.recent.slice(at)];
+    this.recentSlots = [...this.recentSlots.slice(0, at), slot, ...this.recentSlots.slice(at)];
+    if (this.recent.length >= RECENT_MAX) this.rebuild(() => true);
+  }
+
+  private push(id: string, slot: number): void {
+    this.main.push(id);
+    if (this.main.length > this.mainSlots.length) {
+      const grown = new Int32Array(this.mainSlots.length * 2);
+      grown.set(this.mainSlots);
+      this.mainSlots = grown;
+    }
+    this.mainSlots[this.main.length - 1] = slot;
+  }
+
+  /**
+   * Drops the ids whose slot `removed` says is free now (new arrays); resolves with what it
+   * dropped, whose slots may then be given to other jobs.
+   */
+  compact(removed: (slot: number) => boolean): { id: string; slot: number }[] {
+    const dropped: { id: string; slot: number }[] = [];
+    this.rebuild((id, slot) => {
+      if (!removed(slot)) return true;
+      dropped.push({ id, slot });
+      return false;
+    });
+    this.compactions += 1;
+    return dropped;
+  }
+
+  /**
+   * The ids in order whose slot `wanted` wants, with it, newest first (`step` -1) or oldest
+   * first (1), starting after `after` when given. A slot is as it was when the walk began until
+   * a compaction: from then on (it may be another job's) it is looked up by `slotOf`, and an id
+   * it has not (its job removed) is passed over.
+   */
+  *walk(
+    after: string | undefined,
+    step: 1 | -1,
+    slotOf: (id: string) => number | undefined,
+    wanted: (slot: number) => boolean,
+  ): Generator<[string, number]> {
+    if (!this.sorted) {
+      this.rebuild(() => true, slotOf);
+      this.sorted = true;
+    }
+    const { main, mainSlots, recent, recentSlots, compactions } = this;
+    const end = main.length;
+    const slotAt = (ids: readonly string[], slots: ArrayLike<number>, k: number) =>
+      compactions === this.compactions ? slots[k] : slotOf(ids[k] as string);
+    // Main's first place from `from` on, short of `stop`, whose slot is wanted (else `stop`): a
+    // plain loop, which V8 optimizes while it runs, where a generator's first long walk would not be.
+    const scan = (from: number, stop: number): number => {
+      for (let k = from; k !== stop; k += step) {
+        const slot = slotAt(main, mainSlots, k);
+        if (slot !== undefined && wanted(slot)) return k;
+      }
+      return stop;
+    };
+    // Two cursors merged: `i` in main, `j` in recent (few, if any).
+    let i = step === 1 ? 0 : after === undefined ? end - 1 : lowerBound(main, after, end) - 1;
+    let j = step === 1 ? 0 : after === undefined ? recent.length - 1 : lowerBound(recent, after) - 1;
+    for (;;) {
+      const next = j >= 0 && j < recent.length ? (recent[j] as string) : undefined;
+      // Main's ids that come before recent's next: up to where it would go in main.
+      const bound = next === undefined ? (step === 1 ? end : 0) : lowerBound(main, next, end);
+      const stop = step === 1 ? Math.max(bound, i) : Math.min(bound - 1, i);
+      for (i = scan(i, stop); i !== stop; i = scan(i + step, stop)) yield [main[i] as string, slotAt(main, mainSlots, i) as number];
+      if (next === undefined) return;
+      const slot = slotAt(recent, recentSlots, j);
+      if (slot !== undefined && wanted(slot)) yield [next, slot];
+      j += step;
+    }
+  }
+
+  /**
+   * New arrays of the ids `keep` keeps, the recent ones merged in (in order when the main array
+   * is; else sorted, their slots looked up again by `slotOf`).
+   */
+  private rebuild(keep: (id: string, slot: number) => boolean, slotOf?: (id: string) => number | undefined): void {
+    const { main, mainSlots, recent, recentSlots } = this;
+    const ids: string[] = [];
+    const slots: number[] = [];
+    const take = (id: string, slot: number) => {
+      if (!keep(id, slot)) return;
+      ids.push(id);
+      slots.push(slot);
+    };
+    let i = 0;
+    let j = 0;
+    while (i < main.length || j < recent.length) {
+      // Unsorted, the order does not matter yet: it is sorted below.
+      if (j >= recent.length || (i < main.length && (main[i] as string) < (recent[j] as string))) {
+        take(main[i] as string, mainSlots[i] as number);
+        i += 1;
+      } else {
+        take(recent[j] as string, recentSlots[j] as number);
+        j += 1;
+      }
+    }
+    if (slotOf) {
+      ids.sort();
+      for (let k = 0; k < ids.length; k++) slots[k] = slotOf(ids[k] as string) as number;
+    }
+    this.main = ids;
+    this.mainSlots = new Int32Array(Math.max(1_024, ids.length * 2));
+    this.mainSlots.set(slots);
+    this.recent = [];
+    this.recentSlots = [];
+  }
+}
