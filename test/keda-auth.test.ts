@@ -207,4 +207,4 @@ test("three servers, the account named after the prefix: KEDA 2.16 finds no cons
       30_000,
     );
   }
-}, 180_000);
+}, 240_000);
