@@ -7,9 +7,11 @@
  * job matches (one the index's counts answer, one whose walk passes every job) and a page from
  * the middle; and the `boxcar jobs`
  * command as a user runs it (a new process each time, so its start is counted; BENCH_CLI=0 leaves
- * it out). Also the dispatcher's start (until it counts every job: its replay is over), and
- * the heap and resident memory it keeps per job once it has replayed them (run with --expose-gc,
- * as the script does).
+ * it out). Also the dispatcher's start (until it counts every job: its replay is over), the
+ * heap and resident memory it keeps per job once it has replayed them (run with --expose-gc,
+ * as the script does), how fast new jobs are submitted beside them (BENCH_SUBMITS, default
+ * 2 000, 64 at once; purged after), and what removing one record from so big a bucket costs,
+ * by a purge filtered on its key and by its sequence.
  *
  * BENCH_STORE: the server's store folder, kept after the run; when its jobs bucket already holds
  * BENCH_N records they are not written again, so one store of a million jobs serves several runs
@@ -118,6 +120,26 @@ async function main(): Promise<void> {
       });
       rows.push([name, ms(s.p50), ms(s.p99), ms(s.max)]);
     }
+    // Removing one record from the bucket, as retention does: a purge filtered on its key's
+    // subject, or a delete by its sequence (a key of the bench's own, written each round).
+    const bucket = topology.names.buckets.jobs;
+    for (const [name, remove] of [
+      [
+        "a record removed by a purge filtered on its key",
+        (_seq: number) => topology.jsm.streams.purge(`KV_${bucket}`, { filter: `$KV.${bucket}.bench-removal` }),
+      ],
+      ["a record removed by its sequence", (seq: number) => topology.jsm.streams.deleteMessage(`KV_${bucket}`, seq, false)],
+    ] as const) {
+      const samples: number[] = [];
+      for (let r = 0; r < rounds; r++) {
+        const seq = await topology.jobs.put("bench-removal", "{}");
+        const t = performance.now();
+        await remove(seq);
+        samples.push(performance.now() - t);
+      }
+      const s = summarize(samples);
+      rows.push([name, ms(s.p50), ms(s.p99), ms(s.max)]);
+    }
     const cli: number[] = [];
     for (let r = 0; r < (process.env.BENCH_CLI === "0" ? 0 : Math.min(rounds, 10)); r++) {
       const t = performance.now();
@@ -137,11 +159,50 @@ async function main(): Promise<void> {
     }
     const version = summarize(bare);
     if (bare.length > 0) rows.push(["boxcar --help (the process start alone)", ms(version.p50), ms(version.p99), ms(version.max)]);
+    // New jobs while the index holds them all: their ids come in the order their submits end,
+    // not the order they were made, as a busy dispatcher's do. Taken back after (purged), so
+    // the store holds its n records for the next run.
+    const submits = envInt("BENCH_SUBMITS", 2_000);
+    await client.applyAgent({ name: "bench-new", command: ["true"], trusted: true, runtime: { sandbox: "host" } });
+    const made: string[] = [];
+    const failures = new Map<string, number>();
+    let asked = 0;
+    const submitStart = performance.now();
+    await Promise.all(
+      Array.from({ length: 64 }, async () => {
+        while (asked < submits) {
+          asked += 1;
+          await client.submit({ agent: "bench-new", input: { asked } }).then(
+            ({ job }) => made.push(job.id),
+            (err: Error) => failures.set(err.message, (failures.get(err.message) ?? 0) + 1),
+          );
+        }
+      }),
+    );
+    const submitSeconds = (performance.now() - submitStart) / 1000;
+    // Every bench-new record goes, those of a submit that timed out too (once the dispatcher has them).
+    const gone = new Set<string>();
+    for (let round = 0; round < 30; round++) {
+      for (const id of made) {
+        // By sequence: a purge filtered on the key takes the server 0.2 s in a bucket this big.
+        const entry = gone.has(id) ? null : await topology.jobs.get(id);
+        if (entry) await topology.jsm.streams.deleteMessage(`KV_${bucket}`, entry.revision, false);
+      }
+      for (const id of made) gone.add(id);
+      if ((await topology.jsm.streams.info(`KV_${bucket}`)).state.messages <= n) break;
+      await sleep(1_000);
+      const left = await client.listJobs({ agent: "bench-new", limit: 1_000 }).catch(() => ({ jobs: [] }));
+      made.push(...left.jobs.map((j) => j.id));
+    }
+    const failed = [...failures].map(([message, times]) => `${times} x ${message}`).join("; ");
+    const accepted = submits - [...failures.values()].reduce((a, b) => a + b, 0);
+    const submitted = `${accepted} of ${submits} new jobs submitted 64 at once beside them in ${submitSeconds.toFixed(1)} s (${(accepted / submitSeconds).toFixed(0)} jobs/s)${failed ? `; failed: ${failed}` : ""}`;
     const mib = (bytes: number) => `${(bytes / 1024 ** 2).toFixed(0)} MiB`;
     process.stdout.write(
       `${n} jobs ${written}; a dispatcher started in ${startedMs.toFixed(0)} ms and counted every job (its replay over) in ${caughtUpMs.toFixed(0)} ms, ` +
         `keeping ${heapPerJob.toFixed(0)} bytes of heap and ${rssPerJob.toFixed(0)} of RSS a job; ` +
-        `RSS ${mib(rssBefore)} before it started, ${mib(process.memoryUsage().rss)} after (this process: a client, the dispatcher)\n${table(rows)}\n`,
+        `RSS ${mib(rssBefore)} before it started, ${mib(process.memoryUsage().rss)} after (this process: a client, the dispatcher); ` +
+        `${submitted}\n${table(rows)}\n`,
     );
     await dispatcher.close();
   } finally {

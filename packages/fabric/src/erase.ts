@@ -2,15 +2,16 @@
  * Deleting a job's or a run's record for good, on a full store too: what retention and `boxcar
  * clean` do to a record once the rest of its job (or run) is gone. A record goes in two steps:
  * its delete marker, by compare-and-swap on the revision read (so that every dispatcher's watch
- * forgets it), then the marker itself, purged (by the caller, once every watch has had time to
- * show it: JetStream skips a purged message unseen), so that nothing of it stays in the bucket.
+ * forgets it), then the marker itself, removed (by the caller, once every watch has had time to
+ * show it: JetStream skips a removed message unseen), so that nothing of it stays in the bucket.
  * Nothing here needs more room than it has just freed: where the store has none for the marker,
- * the record's own bytes are purged first (a purge writes nothing), and the marker, never bigger
- * than the record, is written in the room they leave.
+ * the record's own bytes are removed first (by sequence, which writes nothing), and the marker,
+ * never bigger than the record, is written in the room they leave.
  */
 
 import { headers } from "@nats-io/transport-node";
 import { isRevisionConflict, isStorageFull } from "./nats-errors.js";
+import { removeMessage } from "./remove-message.js";
 import type { Topology } from "./topology.js";
 
 /** The buckets whose records are deleted for good. */
@@ -19,9 +20,9 @@ export type ErasableBucket = "jobs" | "workflows";
 /** What `eraseEntry` did to a record. */
 export type Erasure =
   /**
-   * Gone, and its delete marker written: at `marker` when it is this call's (purge it with
-   * `purgeEntry` once the rest is removed); absent when another deletion's marker stands
-   * (another dispatcher deleting the same record), which that one purges.
+   * Gone, and its delete marker written: at `marker` when it is this call's (remove it with
+   * `removeRevision` once the rest is removed); absent when another deletion's marker stands
+   * (another dispatcher deleting the same record), which that one removes.
    */
   | { outcome: "erased"; marker?: number }
   /** Gone (purged), but the store had no room for its marker yet: watchers still count it until `markErased` writes one. */
@@ -46,9 +47,9 @@ export async function eraseEntry(topology: Topology, bucket: ErasableBucket, key
     if (isRevisionConflict(err)) return (await latest(topology, bucket, key)) === "DEL" ? { outcome: "erased" } : { outcome: "changed" };
     if (!isStorageFull(err)) throw err;
   }
-  // No room for the marker: the revision read goes first (up to it: a later one stays), freeing
-  // more than the marker takes.
-  await purgeEntry(topology, bucket, key, revision);
+  // No room for the marker: the revision read goes first (a later one stays), freeing more than
+  // the marker takes.
+  await removeRevision(topology, bucket, key, revision);
   if ((await latest(topology, bucket, key)) === "PUT") return { outcome: "changed" };
   return markErased(topology, bucket, key);
 }
@@ -69,13 +70,12 @@ export async function markErased(topology: Topology, bucket: ErasableBucket, key
 }
 
 /**
- * Purges `key`'s messages from the bucket's stream (writes nothing): all of them, or those up to
- * sequence `upTo` included (a message written after it stays). Resolves with how many went.
+ * Removes one revision of `key`'s record (or its delete marker) from the bucket's stream by its
+ * sequence, writing nothing; a later message of the key stays. Resolves with whether it was
+ * there (false: gone already, or replaced by a later revision: a bucket keeps one per key).
  */
-export async function purgeEntry(topology: Topology, bucket: ErasableBucket, key: string, upTo?: number): Promise<number> {
-  const filter = subjectOf(topology, bucket, key);
-  const opts = upTo === undefined ? { filter } : { filter, seq: upTo + 1 };
-  return (await topology.jsm.streams.purge(streamOf(topology, bucket), opts)).purged;
+export function removeRevision(topology: Topology, bucket: ErasableBucket, key: string, seq: number): Promise<boolean> {
+  return removeMessage(topology.jsm, streamOf(topology, bucket), subjectOf(topology, bucket, key), seq);
 }
 
 /** A KV delete marker, written only if the key's last message is at `after` (0: the key has none). */

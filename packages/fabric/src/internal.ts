@@ -4,7 +4,7 @@
  * the events, event publishing, KV and stream reading, erasure, and NATS's errors told apart.
  */
 
-export { type ErasableBucket, type Erasure, eraseEntry, markErased, purgeEntry } from "./erase.js";
+export { type ErasableBucket, type Erasure, eraseEntry, markErased, removeRevision } from "./erase.js";
 export { type EventStream, nowIso, publishEvent } from "./events.js";
 export * from "./index.js";
 export { type Announce, EventNotStored, type JobChange, type JobHandle, type JobKeys, JobStore } from "./job-store.js";

@@ -36,10 +36,10 @@ const MAX_TRIES = 10;
 /** What the store does to a key in the bucket's stream, beyond what KV does. */
 export interface JobKeys {
   /**
-   * Removes the key's messages (a purge filtered on its subject, which writes nothing): all of
-   * them, or those up to `upToRevision` included. Resolves with how many it removed.
+   * Removes one revision of a record from the bucket's stream by its sequence (which writes
+   * nothing). Resolves with whether it was there (false: gone, or replaced by a later one).
    */
-  purge(id: string, upToRevision?: number): Promise<number>;
+  removeRevision(id: string, revision: number): Promise<boolean>;
   /**
    * Writes a delete marker for a key that has no message left (the write expects none), so that
    * watchers forget the job; refused when a record of that id was written since.
@@ -106,7 +106,7 @@ export class JobStore {
    * could not finish takes back its job. True when removed; false when it changed meanwhile.
    *
    * It works on a full store too, which refuses the delete marker a KV delete writes: then the
-   * revision itself is purged (a purge writes nothing, and frees the record's bytes), and the
+   * revision itself is removed (which writes nothing, and frees the record's bytes), and the
    * marker is written in the room that freed, so watchers forget the job. Should the store fill
    * again first, the record is gone all the same (a read finds nothing), and the marker is tried
    * again in the background until there is room (for 15 minutes): till then, watchers that saw
@@ -121,7 +121,7 @@ export class JobStore {
       if (isRevisionConflict(err)) return false;
       if (!isStorageFull(err)) throw err;
     }
-    await this.keys.purge(id, handle.revision);
+    await this.keys.removeRevision(id, handle.revision);
     // A later revision stands (with one kept per key, it had already replaced this one): changed meanwhile.
     if (await this.read(id)) return false;
     await this.markDeleted(id);

@@ -51,6 +51,17 @@ export function isStorageFull(err: unknown): boolean {
   return false;
 }
 
+/** JetStream's "no message found" (and "stream store EOF", past the last sequence): a message asked for by sequence is not there. */
+const NO_MESSAGE = 10057;
+
+/** True when JetStream answered that the message asked for (by sequence) is not in the stream. */
+export function isNoMessage(err: unknown): boolean {
+  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
+    if (e instanceof JetStreamApiError && e.code === NO_MESSAGE) return true;
+  }
+  return false;
+}
+
 const MAX_BACKOFF_MS = 5_000;
 
 /**

@@ -27,6 +27,7 @@ import { publishEvent } from "./events.js";
 import { JobStore } from "./job-store.js";
 import { isNotFound } from "./nats-errors.js";
 import { retryingPublish } from "./publish-retry.js";
+import { removeMessage } from "./remove-message.js";
 import {
   ASKED_PLACEMENT_PATIENCE_MS,
   createIfPlaceable,
@@ -304,12 +305,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     jobStore: new JobStore(
       jobs,
       {
-        purge: async (id, upToRevision) => {
-          const name = names.buckets.jobs;
-          const filter = `$KV.${name}.${id}`;
-          const opts = upToRevision === undefined ? { filter } : { filter, seq: upToRevision + 1 };
-          return (await jsm.streams.purge(`KV_${name}`, opts)).purged;
-        },
+        removeRevision: (id, revision) => removeMessage(jsm, `KV_${names.buckets.jobs}`, `$KV.${names.buckets.jobs}.${id}`, revision),
         async markDeleted(id) {
           const marker = headers();
           marker.set("KV-Operation", "DEL");

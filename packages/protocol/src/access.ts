@@ -206,6 +206,10 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             ...[obj(b.artifacts), obj(b.snapshots), st.events, st.logs, kv(b.jobs), kv(b.workflows), kv(b.limits)].map(
               (stream) => `$JS.API.STREAM.PURGE.${stream}`,
             ),
+            // A deleted record's revision and its delete marker go by their sequence (a purge by
+            // subject scans the whole bucket).
+            `$JS.API.STREAM.MSG.DELETE.${kv(b.jobs)}`,
+            `$JS.API.STREAM.MSG.DELETE.${kv(b.workflows)}`,
             // Replies go only to inboxes: with leave to answer on any reply subject, a caller could
             // aim a dispatcher's reply at JetStream's API (say, a stream's purge).
             "_INBOX.>",

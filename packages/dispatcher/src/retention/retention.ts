@@ -1,6 +1,6 @@
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
-import { type ErasableBucket, eraseEntry, getJson, markErased, purgeEntry } from "@boxcar/fabric/internal";
+import { type ErasableBucket, eraseEntry, getJson, markErased, removeRevision } from "@boxcar/fabric/internal";
 import {
   type CleanJobsReply,
   CleanJobsRequest,
@@ -323,7 +323,7 @@ export class RetentionSweep {
     while (!this.closed && (this.lingering[0]?.at ?? Number.POSITIVE_INFINITY) <= due) {
       const { bucket, key, marker } = this.lingering[0] as (typeof this.lingering)[number];
       try {
-        await purgeEntry(this.topology, bucket, key, marker);
+        await removeRevision(this.topology, bucket, key, marker);
       } catch (err) {
         this.log.warn({ err, bucket, key }, "could not purge a deleted record's marker; trying again at the next sweep");
         return;

@@ -1,0 +1,55 @@
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect } from "@nats-io/transport-node";
+import { afterAll, beforeAll, expect, test } from "vitest";
+import { removeMessage } from "./remove-message.js";
+import { type NatsTestServer, natsTestServer } from "./testing.js";
+import type { Topology } from "./topology.js";
+
+let nats: NatsTestServer;
+let topology: Topology;
+beforeAll(async () => {
+  // The test's own connection may do anything; user "old" is refused deletes by sequence, as a
+  // dispatcher's credential made before they were allowed.
+  nats = await natsTestServer({
+    extraConfig: [
+      "authorization { users: [",
+      "  { user: all, password: all },",
+      '  { user: old, password: old, permissions: { publish: { allow: [">"], deny: ["$JS.API.STREAM.MSG.DELETE.>"] } } }',
+      "] }",
+      "no_auth_user: all",
+    ].join("\n"),
+  });
+  topology = await nats.topology();
+});
+afterAll(() => nats?.close());
+
+test("a revision goes by its sequence; one replaced or gone already is not there; a later one stays", async () => {
+  const stream = `KV_${topology.names.buckets.jobs}`;
+  const subject = (key: string) => `$KV.${topology.names.buckets.jobs}.${key}`;
+  const first = await topology.jobs.put("a", "1");
+  const second = await topology.jobs.put("a", "2"); // the bucket keeps one a key: the first is gone
+  expect(await removeMessage(topology.jsm, stream, subject("a"), first)).toBe(false);
+  expect((await topology.jobs.get("a"))?.string()).toBe("2");
+  expect(await removeMessage(topology.jsm, stream, subject("a"), second)).toBe(true);
+  expect(await topology.jobs.get("a")).toBeNull();
+  expect(await removeMessage(topology.jsm, stream, subject("a"), second)).toBe(false);
+});
+
+test("a credential refused deletes by sequence purges up to the sequence instead", async () => {
+  const stream = `KV_${topology.names.buckets.jobs}`;
+  const subject = `$KV.${topology.names.buckets.jobs}.b`;
+  const nc = await connect({ servers: nats.url, user: "old", pass: "old" });
+  try {
+    const jsm = await jetstreamManager(nc);
+    await expect(jsm.streams.deleteMessage(stream, 1, false)).rejects.toThrow(/Permissions Violation/);
+    const first = await topology.jobs.put("b", "1");
+    expect(await removeMessage(jsm, stream, subject, first)).toBe(true);
+    expect(await topology.jobs.get("b")).toBeNull();
+    const again = await topology.jobs.put("b", "2");
+    await topology.jobs.put("b", "3");
+    expect(await removeMessage(jsm, stream, subject, again)).toBe(false); // a later one stays
+    expect((await topology.jobs.get("b"))?.string()).toBe("3");
+  } finally {
+    await nc.close();
+  }
+});
