@@ -1,4 +1,5 @@
 import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import { connect } from "@nats-io/transport-node";
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { removeMessage } from "./remove-message.js";
@@ -52,4 +53,18 @@ test("a credential refused deletes by sequence purges up to the sequence instead
   } finally {
     await nc.close();
   }
+});
+
+test("in a bucket made to keep 5 revisions a key (as before), the revision and every earlier one go, by a purge", async () => {
+  const kv = await new Kvm(nats.nc).create(`${topology.names.prefix}_five`, { history: 5 });
+  const stream = `KV_${topology.names.prefix}_five`;
+  const subject = `$KV.${topology.names.prefix}_five.c`;
+  await kv.put("c", "queued");
+  const read = await kv.put("c", "succeeded");
+  const held = async () => (await topology.jsm.streams.info(stream, { subjects_filter: subject })).state.messages;
+  expect(await held()).toBe(2);
+  // A delete by sequence would leave the first revision, and a read would find the job again.
+  expect(await removeMessage(topology.jsm, stream, subject, read)).toBe(true);
+  expect(await held()).toBe(0);
+  expect(await kv.get("c")).toBeNull();
 });
