@@ -97,18 +97,23 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const follower = new RunFollower(topology, runs, ctx);
   const schedules = new Schedules(topology, ctx, log, intervals.schedules);
   const usage = new UsageLedger(topology, { policy: () => policy.policy, index, metrics }, log);
-  const jobWatch = new JobWatch(topology, log, [
-    (key, job) => expiry.observe(key, job),
-    (key, job) => admissions.observe(key, job),
-    (key, job) => retention.observe(key, job),
-    // The quotas' counts (`load`) follow it.
-    index.observe,
-    follower.observeJob,
-    limits.observe,
-    providerPauses.observe,
-    // Once the schedules have started: its jobs' ends let queued ticks fire.
-    schedules.observe,
-  ]);
+  const jobWatch = new JobWatch(
+    topology,
+    log,
+    [
+      (key, job) => expiry.observe(key, job),
+      (key, job) => admissions.observe(key, job),
+      (key, job) => retention.observe(key, job),
+      // The quotas' counts (`load`) follow it.
+      index.observe,
+      follower.observeJob,
+      limits.observe,
+      providerPauses.observe,
+      // Once the schedules have started: its jobs' ends let queued ticks fire.
+      schedules.observe,
+    ],
+    (key, revision) => retention.observeMarker("jobs", key, revision),
+  );
   // Ends seen from now on free their places; what the replay shows, the sweep deals with.
   void jobWatch.caughtUp.then(() => limits.followEnds());
   const api = new ApiService(
@@ -142,6 +147,7 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
               metrics?.observeRun(key, run);
             },
             () => runIndex.caughtUpNow(),
+            (key, revision) => retention.observeMarker("workflows", key, revision),
           ),
         stop: () => follower.stop(),
       },

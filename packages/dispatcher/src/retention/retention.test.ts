@@ -144,3 +144,26 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   await sweeper.stop();
   policy.close();
 }, 60_000);
+
+test("markers go once they have lingered, whoever wrote them, though a sweep and two cleans remove them at once", async () => {
+  await using nats = await natsTestServer();
+  const topology = await nats.topology();
+  const policy = await PolicyBook.open(topology, silentLogger);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, new JobIndex(), 0);
+  // Markers another dispatcher left (a stop cut its removal short) or a taken-back submit wrote,
+  // as a dispatcher's watch shows them at its start.
+  for (let i = 0; i < 40; i++) {
+    await topology.jobs.put(`gone${i}`, "{}");
+    await topology.jobs.delete(`gone${i}`);
+    const marker = await topology.jobs.get(`gone${i}`);
+    expect(marker?.operation).toBe("DEL");
+    sweeper.observeMarker("jobs", `gone${i}`, marker?.revision as number);
+  }
+  const messages = async () => (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.messages;
+  expect(await messages()).toBe(40);
+  // The passes take their shares of the markers; none is passed over.
+  await Promise.all([sweeper.run(), sweeper.clean({ olderThan: 0 }), sweeper.clean({ olderThan: 0 })]);
+  expect(await messages()).toBe(0);
+  await sweeper.stop();
+  policy.close();
+});

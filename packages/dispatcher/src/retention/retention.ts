@@ -312,23 +312,38 @@ export class RetentionSweep {
     }
   }
 
-  /** Keeps a delete marker just written for `markerLingerMs`, long enough for every dispatcher's watch to show it. */
+  /** Keeps a delete marker for `markerLingerMs` from now, long enough for every dispatcher's watch to show it, then removes it. */
   private linger(bucket: ErasableBucket, key: string, marker: number): void {
     this.lingering.push({ bucket, key, marker, at: Date.now() });
   }
 
-  /** Purges the delete markers that have lingered long enough (a later message of the key, a record written again, stays). */
+  /**
+   * Notes a delete marker the watch showed (`revision`, its sequence): one this dispatcher did
+   * not write (another's, whose own removal a stop cut short; a submit taken back) goes the same
+   * way as its own, once it has lingered. One it wrote is noted twice; the second removal finds
+   * nothing.
+   */
+  observeMarker(bucket: ErasableBucket, key: string, revision: number): void {
+    this.linger(bucket, key, revision);
+  }
+
+  /** Removes the delete markers that have lingered long enough (a later message of the key, a record written again, stays). */
   private async purgeLingeringMarkers(): Promise<void> {
+    // Taken off the list before the first wait: a clean and a sweep may run this at once.
     const due = Date.now() - this.markerLingerMs;
-    while (!this.closed && (this.lingering[0]?.at ?? Number.POSITIVE_INFINITY) <= due) {
-      const { bucket, key, marker } = this.lingering[0] as (typeof this.lingering)[number];
+    let n = 0;
+    while (n < this.lingering.length && (this.lingering[n]?.at as number) <= due) n += 1;
+    const batch = this.lingering.splice(0, n);
+    for (const [i, { bucket, key, marker }] of batch.entries()) {
       try {
+        if (this.closed) throw new Error("stopped");
         await removeRevision(this.topology, bucket, key, marker);
       } catch (err) {
-        this.log.warn({ err, bucket, key }, "could not purge a deleted record's marker; trying again at the next sweep");
+        // The rest wait for the next pass, ahead of the newer ones.
+        this.lingering.unshift(...batch.slice(i));
+        if (!this.closed) this.log.warn({ err, bucket, key }, "could not remove a deleted record's marker; trying again at the next sweep");
         return;
       }
-      this.lingering.shift();
     }
   }
 

@@ -51,9 +51,14 @@ export class RunFollower {
    * Follows the workflows bucket (replaying every run at start), telling `observe` each run's
    * latest value and whether it has ended for good (final, no job of it going).
    */
-  async start(observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void, caughtUp?: () => void): Promise<void> {
+  async start(
+    observe?: (key: string, run: WorkflowRun | undefined, ended: boolean) => void,
+    caughtUp?: () => void,
+    onMarker?: (key: string, revision: number) => void,
+  ): Promise<void> {
     const replay = await replayBucket(this.topology, "workflows", (entry) => {
       this.clearTimers(entry.key);
+      if (entry.operation !== "PUT") onMarker?.(entry.key, entry.revision);
       const parsed = entry.operation === "PUT" ? WorkflowRun.safeParse(jsonOf(entry)) : undefined;
       const run = parsed?.success ? parsed.data : undefined;
       observe?.(entry.key, run, run !== undefined && !hasWorkLeft(run));
