@@ -1,6 +1,12 @@
 /** New ids kept apart, in order, before they are merged into the main array: a merge copies it whole. */
 const RECENT_MAX = 4_096;
 
+/** The first place in `ids[0, end)` whose id is past `id` (the ids are sorted, each once). */
+function firstPast(ids: readonly string[], id: string, end: number): number {
+  const at = lowerBound(ids, id, end);
+  return ids[at] === id ? at + 1 : at;
+}
+
 /** The first place in `ids[0, end)` whose id is not below `id` (the ids are sorted). */
 function lowerBound(ids: readonly string[], id: string, end = ids.length): number {
   let lo = 0;
@@ -20,11 +26,11 @@ function lowerBound(ids: readonly string[], id: string, end = ids.length): numbe
  *
  * Ids sort by creation time, so most new ids go after the last one: pushed onto the main array.
  * One that goes before it (created in the same millisecond as another, or by another dispatcher
- * whose clock is behind) goes into a small sorted array of recent ids, a new one each time, and
- * every `RECENT_MAX` of those are merged into a new main array: inserting into the main array
- * itself copied it whole, 12 ms a job at a million (docs/benchmarks.md, "Listing jobs"). The
- * watch's replay at start comes in store order: pushed as it comes and sorted once, when a walk
- * first needs it.
+ * whose clock is behind) is pushed onto a small array of recent ids, sorted when a walk needs
+ * it, and every `RECENT_MAX` of those are merged into a new main array: inserting into the main
+ * array itself copied it whole, 12 ms a job at a million (docs/benchmarks.md, "Listing jobs").
+ * The watch's replay at start comes in store order: pushed as it comes and sorted once, when a
+ * walk first needs it; so are recent ids that fill up with no walk since the last merge.
  *
  * A walk keeps the arrays it began with: a merge or a compaction makes new ones, and a push
  * lands past the end it began with. A slot is given to another job only after a compaction:
@@ -34,12 +40,17 @@ export class IdOrder {
   private main: string[] = [];
   /** `main[i]`'s slot is `mainSlots[i]`. */
   private mainSlots = new Int32Array(1_024);
+  /** New ids that go before main's last, and their slots, as they came. */
   private recent: string[] = [];
   private recentSlots: number[] = [];
+  /** The same in order, made when a walk or a merge needs them (a walk keeps the one it began with). */
+  private recentInOrder: { ids: string[]; slots: number[] } | undefined;
   /** Whether `main` is in order: not until the first walk after a start. */
   private sorted = false;
   /** Compactions so far. */
   private compactions = 0;
+  /** Whether a walk began since the recent ids were last merged in. */
+  private walkedSinceMerge = false;
 
   /** How many ids it holds, those of jobs removed since the last compaction included. */
   get size(): number {
@@ -52,10 +63,21 @@ export class IdOrder {
       this.push(id, slot);
       return;
     }
-    const at = lowerBound(this.recent, id);
-    this.recent = [...this.recent.slice(0, at), id, ...this.recent.slice(at)];
-    this.recentSlots = [...this.recentSlots.slice(0, at), slot, ...this.recentSlots.slice(at)];
-    if (this.recent.length >= RECENT_MAX) this.rebuild(() => true);
+    this.recent.push(id);
+    this.recentSlots.push(slot);
+    this.recentInOrder = undefined;
+    if (this.recent.length < RECENT_MAX) return;
+    // Merged in, if a walk came since the last merge; else (a replay still under way, say) left
+    // for the next walk to sort with the rest, once: a merge per `RECENT_MAX` ids made a replay
+    // of a million in random order take 30 s.
+    if (this.walkedSinceMerge) this.rebuild(() => true);
+    else {
+      for (const [k, recentId] of this.recent.entries()) this.push(recentId, this.recentSlots[k] as number);
+      this.recent = [];
+      this.recentSlots = [];
+      this.sorted = false;
+    }
+    this.walkedSinceMerge = false;
   }
 
   private push(id: string, slot: number): void {
@@ -96,10 +118,12 @@ export class IdOrder {
     wanted: (slot: number) => boolean,
   ): Generator<[string, number]> {
     if (!this.sorted) {
-      this.rebuild(() => true, slotOf);
+      this.rebuild(() => true, true);
       this.sorted = true;
     }
-    const { main, mainSlots, recent, recentSlots, compactions } = this;
+    this.walkedSinceMerge = true;
+    const { main, mainSlots, compactions } = this;
+    const { ids: recent, slots: recentSlots } = this.ordered();
     const end = main.length;
     const slotAt = (ids: readonly string[], slots: ArrayLike<number>, k: number) =>
       compactions === this.compactions ? slots[k] : slotOf(ids[k] as string);
@@ -113,8 +137,13 @@ export class IdOrder {
       return stop;
     };
     // Two cursors merged: `i` in main, `j` in recent (few, if any).
-    let i = step === 1 ? 0 : after === undefined ? end - 1 : lowerBound(main, after, end) - 1;
-    let j = step === 1 ? 0 : after === undefined ? recent.length - 1 : lowerBound(recent, after) - 1;
+    // Where a walk begins in `ids[0, n)`: past `after` in the walk's direction, if given.
+    const first = (ids: readonly string[], n: number): number => {
+      if (step === 1) return after === undefined ? 0 : firstPast(ids, after, n);
+      return (after === undefined ? n : lowerBound(ids, after, n)) - 1;
+    };
+    let i = first(main, end);
+    let j = first(recent, recent.length);
     for (;;) {
       const next = j >= 0 && j < recent.length ? (recent[j] as string) : undefined;
       // Main's ids that come before recent's next: up to where it would go in main.
@@ -130,10 +159,11 @@ export class IdOrder {
 
   /**
    * New arrays of the ids `keep` keeps, the recent ones merged in (in order when the main array
-   * is; else sorted, their slots looked up again by `slotOf`).
+   * is; else sorted, `sort`).
    */
-  private rebuild(keep: (id: string, slot: number) => boolean, slotOf?: (id: string) => number | undefined): void {
-    const { main, mainSlots, recent, recentSlots } = this;
+  private rebuild(keep: (id: string, slot: number) => boolean, sort = false): void {
+    const { main, mainSlots } = this;
+    const { ids: recent, slots: recentSlots } = this.ordered();
     const ids: string[] = [];
     const slots: number[] = [];
     const take = (id: string, slot: number) => {
@@ -153,14 +183,27 @@ export class IdOrder {
         j += 1;
       }
     }
-    if (slotOf) {
-      ids.sort();
-      for (let k = 0; k < ids.length; k++) slots[k] = slotOf(ids[k] as string) as number;
-    }
-    this.main = ids;
     this.mainSlots = new Int32Array(Math.max(1_024, ids.length * 2));
-    this.mainSlots.set(slots);
+    if (sort) {
+      const places = ids.map((_, k) => k).sort((a, b) => ((ids[a] as string) < (ids[b] as string) ? -1 : 1));
+      this.main = places.map((k) => ids[k] as string);
+      for (const [at, k] of places.entries()) this.mainSlots[at] = slots[k] as number;
+    } else {
+      this.main = ids;
+      this.mainSlots.set(slots);
+    }
     this.recent = [];
     this.recentSlots = [];
+    this.recentInOrder = undefined;
+  }
+
+  /** The recent ids in order, with their slots. */
+  private ordered(): { ids: string[]; slots: number[] } {
+    if (!this.recentInOrder) {
+      const { recent, recentSlots } = this;
+      const places = recent.map((_, k) => k).sort((a, b) => ((recent[a] as string) < (recent[b] as string) ? -1 : 1));
+      this.recentInOrder = { ids: places.map((k) => recent[k] as string), slots: places.map((k) => recentSlots[k] as number) };
+    }
+    return this.recentInOrder;
   }
 }
