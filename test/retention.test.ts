@@ -213,3 +213,13 @@ test("boxcar clean deletes now the ended jobs that match, as an admin asks; a su
   }
   expect((await client.getJob(broken)).state).toBe("failed");
 }, 60_000);
+
+test("the dispatcher's credential may remove a record's revision by its sequence, as retention does; a worker's may not", async () => {
+  const stream = `KV_${nats.topology.names.buckets.jobs}`;
+  const seq = await nats.topology.jobs.put("by-sequence", "{}");
+  // A worker may write job records, but never remove one: the bucket is the jobs' history.
+  await expect(nats.workerRole.topology.jsm.streams.deleteMessage(stream, seq, false)).rejects.toThrow(/Permissions Violation/);
+  expect((await nats.topology.jobs.get("by-sequence"))?.operation).toBe("PUT");
+  expect(await nats.dispatcherRole.topology.jsm.streams.deleteMessage(stream, seq, false)).toBe(true);
+  expect(await nats.topology.jobs.get("by-sequence")).toBeNull();
+});
