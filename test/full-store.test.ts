@@ -153,8 +153,9 @@ test("buckets made on first use fit a small server; with role credentials, a ref
 }, 60_000);
 
 test("eight submitters fill a small store to its last byte: every refused job is absent, or kept and reported accepted_pending", async () => {
-  // Without credentials: a dispatcher's may not answer a KV watch's flow control ($JS.FC), so its
-  // watch of the jobs bucket stops after a few MiB of records (access.ts; another change's).
+  // Without credentials, as written when a dispatcher's could not answer a KV watch's flow control
+  // ($JS.FC, allowed since in access.ts). A dispatcher on its own credential on a full store is in
+  // test/full-store-recovery.test.ts.
   await using server = await startNatsServer({ maxFileStore: 32 * MiB });
   const streamLimits = { events: MiB, logs: MiB, dead: MiB, submit: MiB };
   const prefix = uniquePrefix();
