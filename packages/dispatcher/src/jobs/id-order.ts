@@ -7,6 +7,12 @@ function firstPast(ids: readonly string[], id: string, end: number): number {
   return ids[at] === id ? at + 1 : at;
 }
 
+/** `ids` and their `slots` (at the same places), in the ids' order. */
+function inOrder(ids: readonly string[], slots: ArrayLike<number>): { ids: string[]; slots: number[] } {
+  const places = ids.map((_, k) => k).sort((a, b) => ((ids[a] as string) < (ids[b] as string) ? -1 : 1));
+  return { ids: places.map((k) => ids[k] as string), slots: places.map((k) => slots[k] as number) };
+}
+
 /** The first place in `ids[0, end)` whose id is not below `id` (the ids are sorted). */
 function lowerBound(ids: readonly string[], id: string, end = ids.length): number {
   let lo = 0;
@@ -136,12 +142,12 @@ export class IdOrder {
       }
       return stop;
     };
-    // Two cursors merged: `i` in main, `j` in recent (few, if any).
     // Where a walk begins in `ids[0, n)`: past `after` in the walk's direction, if given.
     const first = (ids: readonly string[], n: number): number => {
       if (step === 1) return after === undefined ? 0 : firstPast(ids, after, n);
       return (after === undefined ? n : lowerBound(ids, after, n)) - 1;
     };
+    // Two cursors merged: `i` in main, `j` in recent (few, if any).
     let i = first(main, end);
     let j = first(recent, recent.length);
     for (;;) {
@@ -183,15 +189,10 @@ export class IdOrder {
         j += 1;
       }
     }
+    const kept = sort ? inOrder(ids, slots) : { ids, slots };
+    this.main = kept.ids;
     this.mainSlots = new Int32Array(Math.max(1_024, ids.length * 2));
-    if (sort) {
-      const places = ids.map((_, k) => k).sort((a, b) => ((ids[a] as string) < (ids[b] as string) ? -1 : 1));
-      this.main = places.map((k) => ids[k] as string);
-      for (const [at, k] of places.entries()) this.mainSlots[at] = slots[k] as number;
-    } else {
-      this.main = ids;
-      this.mainSlots.set(slots);
-    }
+    this.mainSlots.set(kept.slots);
     this.recent = [];
     this.recentSlots = [];
     this.recentInOrder = undefined;
@@ -199,11 +200,7 @@ export class IdOrder {
 
   /** The recent ids in order, with their slots. */
   private ordered(): { ids: string[]; slots: number[] } {
-    if (!this.recentInOrder) {
-      const { recent, recentSlots } = this;
-      const places = recent.map((_, k) => k).sort((a, b) => ((recent[a] as string) < (recent[b] as string) ? -1 : 1));
-      this.recentInOrder = { ids: places.map((k) => recent[k] as string), slots: places.map((k) => recentSlots[k] as number) };
-    }
+    this.recentInOrder ??= inOrder(this.recent, this.recentSlots);
     return this.recentInOrder;
   }
 }
