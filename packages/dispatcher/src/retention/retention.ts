@@ -67,8 +67,12 @@ export class RetentionSweep {
   private readonly openObjects = new Map<string, string[]>();
   /** Records deleted (purged) whose delete marker the store had no room for yet: written after the batch, or at a later one. */
   private readonly unmarked = new Map<string, { bucket: ErasableBucket; key: string }>();
-  /** Delete markers written, oldest first, each purged by a pass at least `markerLingerMs` after it was written. */
-  private readonly lingering: { bucket: ErasableBucket; key: string; marker: number; at: number }[] = [];
+  /**
+   * Delete markers to remove, by bucket, key and sequence (this dispatcher's own, noted when it
+   * writes them and again when its watch shows them, are kept once), each removed by a pass at
+   * least `markerLingerMs` after it was first noted.
+   */
+  private readonly lingering = new Map<string, { bucket: ErasableBucket; key: string; marker: number; at: number }>();
   private readonly sweeps: Sweep<number>;
 
   /** Sweeps every `intervalMs` once started. */
@@ -314,14 +318,14 @@ export class RetentionSweep {
 
   /** Keeps a delete marker for `markerLingerMs` from now, long enough for every dispatcher's watch to show it, then removes it. */
   private linger(bucket: ErasableBucket, key: string, marker: number): void {
-    this.lingering.push({ bucket, key, marker, at: Date.now() });
+    const id = `${bucket} ${key} ${marker}`;
+    if (!this.lingering.has(id)) this.lingering.set(id, { bucket, key, marker, at: Date.now() });
   }
 
   /**
    * Notes a delete marker the watch showed (`revision`, its sequence): one this dispatcher did
    * not write (another's, whose own removal a stop cut short; a submit taken back) goes the same
-   * way as its own, once it has lingered. One it wrote is noted twice; the second removal finds
-   * nothing.
+   * way as its own, once it has lingered.
    */
   observeMarker(bucket: ErasableBucket, key: string, revision: number): void {
     this.linger(bucket, key, revision);
@@ -331,16 +335,15 @@ export class RetentionSweep {
   private async purgeLingeringMarkers(): Promise<void> {
     // Taken off the list before the first wait: a clean and a sweep may run this at once.
     const due = Date.now() - this.markerLingerMs;
-    let n = 0;
-    while (n < this.lingering.length && (this.lingering[n]?.at as number) <= due) n += 1;
-    const batch = this.lingering.splice(0, n);
-    for (const [i, { bucket, key, marker }] of batch.entries()) {
+    const batch = [...this.lingering].filter(([, m]) => m.at <= due);
+    for (const [id] of batch) this.lingering.delete(id);
+    for (const [i, [, { bucket, key, marker }]] of batch.entries()) {
       try {
         if (this.closed) throw new Error("stopped");
         await removeRevision(this.topology, bucket, key, marker);
       } catch (err) {
-        // The rest wait for the next pass, ahead of the newer ones.
-        this.lingering.unshift(...batch.slice(i));
+        // The rest wait for the next pass.
+        for (const [id, m] of batch.slice(i)) this.lingering.set(id, m);
         if (!this.closed) this.log.warn({ err, bucket, key }, "could not remove a deleted record's marker; trying again at the next sweep");
         return;
       }
