@@ -457,14 +457,7 @@ export class DockerSession implements SessionSandbox {
    * the bind-mounted folder; unpaused once the archive has been read, or has failed.
    */
   async packWorkspace(): Promise<Readable> {
-    if (this.endedWith !== undefined) throw this.endedError();
-    this.paused = true;
-    try {
-      await this.container.pause();
-    } catch (err) {
-      this.paused = false;
-      throw err;
-    }
+    await this.pause();
     let resumed = false;
     const resume = () => {
       if (resumed) return;
