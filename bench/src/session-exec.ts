@@ -12,12 +12,9 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import { createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
-import { openTopology, startNatsServer } from "@boxcar/fabric";
-import { createDockerSandboxProvider, createHostSandboxProvider, createWorker, hardenedHostConfig } from "@boxcar/worker";
-import { connect } from "@nats-io/transport-node";
+import { hardenedHostConfig } from "@boxcar/worker";
 import Docker from "dockerode";
+import { openSessionSystem } from "./session-system.js";
 import { envInt, gitCommit, ms, summarize, table } from "./stats.js";
 
 const N = envInt("BENCH_SESSION_N", 300);
@@ -27,20 +24,8 @@ const PREFIX = "benchsession";
 const IMAGE = process.env.BOXCAR_AGENT_IMAGE ?? "boxcar-agent:latest";
 
 const docker = new Docker();
-const engine = await docker.info();
-const server = await startNatsServer();
-const connections = await Promise.all(["client", "dispatcher", "worker"].map((name) => connect({ servers: server.url, name })));
-const [clientNc, dispatcherNc, workerNc] = connections as [(typeof connections)[0], (typeof connections)[0], (typeof connections)[0]];
-const dispatcher = await startDispatcher({ topology: await openTopology(dispatcherNc, { prefix: PREFIX }) });
-const workerTopology = await openTopology(workerNc, { prefix: PREFIX });
-const worker = createWorker({
-  topology: workerTopology,
-  concurrency: 4,
-  providers: [createHostSandboxProvider(), createDockerSandboxProvider({ prefix: PREFIX, system: workerTopology.systemId })],
-});
-void worker.run();
-// On a server without authentication every client is the admin: it applies the agents and opens a host session.
-const client = createClient(await openTopology(clientNc, { prefix: PREFIX }));
+const system = await openSessionSystem(PREFIX);
+const { engine, client } = system;
 await client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker" } });
 await client.applyAgent({ name: "hosted", command: ["true"], sessions: true, trusted: true, runtime: { sandbox: "host" } });
 
@@ -132,8 +117,5 @@ try {
   process.stdout.write(`results: ${file}\n`);
 } finally {
   await bare.remove({ force: true });
-  await worker.close();
-  await dispatcher.close();
-  for (const nc of connections) await nc.drain();
-  await server.stop();
+  await system.close();
 }

@@ -11,12 +11,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import { createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
-import { openTopology, startNatsServer } from "@boxcar/fabric";
-import { createDockerSandboxProvider, createHostSandboxProvider, createWorker } from "@boxcar/worker";
-import { connect } from "@nats-io/transport-node";
-import Docker from "dockerode";
+import { openSessionSystem } from "./session-system.js";
 import { envInt, gitCommit, summarize, table } from "./stats.js";
 
 const MB = envInt("BENCH_PORTS_MB", 50);
@@ -60,19 +55,8 @@ async function upload(url: string, body: Uint8Array): Promise<number> {
   return (performance.now() - started) / 1000;
 }
 
-const engine = await new Docker().info();
-const nats = await startNatsServer();
-const connections = await Promise.all(["client", "dispatcher", "worker"].map((name) => connect({ servers: nats.url, name })));
-const [clientNc, dispatcherNc, workerNc] = connections as [(typeof connections)[0], (typeof connections)[0], (typeof connections)[0]];
-const dispatcher = await startDispatcher({ topology: await openTopology(dispatcherNc, { prefix: PREFIX }) });
-const workerTopology = await openTopology(workerNc, { prefix: PREFIX });
-const worker = createWorker({
-  topology: workerTopology,
-  concurrency: 4,
-  providers: [createHostSandboxProvider(), createDockerSandboxProvider({ prefix: PREFIX, system: workerTopology.systemId })],
-});
-void worker.run();
-const client = createClient(await openTopology(clientNc, { prefix: PREFIX }));
+const system = await openSessionSystem(PREFIX);
+const { engine, client } = system;
 try {
   await client.applyAgent({ name: "box", command: ["true"], sessions: true, runtime: { sandbox: "docker", limits: { memory: "1Gi" } } });
   await client.applyAgent({ name: "hosted", command: ["true"], sessions: true, trusted: true, runtime: { sandbox: "host" } });
@@ -142,8 +126,5 @@ try {
   );
   process.stdout.write(`results: ${file}\n`);
 } finally {
-  await worker.close();
-  await dispatcher.close();
-  for (const nc of connections) await nc.drain();
-  await nats.stop();
+  await system.close();
 }
