@@ -33,6 +33,12 @@ export interface DispatcherOptions {
   /** How often workers that stopped heartbeating are forgotten; default 60000 ms. */
   goneWorkersIntervalMs?: number;
   /**
+   * How often the job index's snapshot, which a dispatcher starts from, is written (by one
+   * dispatcher, when jobs changed); default 600000 ms. A jobs bucket's delete marker is removed
+   * once a snapshot covers it, at most this and two minutes after it was written.
+   */
+  indexSnapshotIntervalMs?: number;
+  /**
    * Signs every work item (see `WorkSigner`); workers configured with its public key run only
    * items it signed. The CLI makes one from the dispatcher's NATS credential.
    */
@@ -57,6 +63,7 @@ export interface SweepIntervals {
   schedules: number;
   admission: number;
   goneWorkers: number;
+  indexSnapshot: number;
 }
 
 export interface ResolvedDispatcherOptions {
@@ -91,6 +98,7 @@ export function resolveDispatcherOptions(opts: DispatcherOptions): ResolvedDispa
       schedules: opts.schedulesIntervalMs ?? givenUp,
       admission: opts.admissionIntervalMs ?? 1_000,
       goneWorkers: opts.goneWorkersIntervalMs ?? 60_000,
+      indexSnapshot: opts.indexSnapshotIntervalMs ?? 600_000,
     },
     signer: opts.signer,
     signal: opts.signal,

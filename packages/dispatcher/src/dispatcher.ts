@@ -7,6 +7,7 @@ import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { type DispatcherOptions, resolveDispatcherOptions } from "./dispatcher-options.js";
 import type { AdmissionContext } from "./intake/admission.js";
 import { IntakeConsumer } from "./intake/intake.js";
+import { IndexSnapshots } from "./jobs/index-snapshots.js";
 import { JobIndex } from "./jobs/job-index.js";
 import { JobWatch } from "./jobs/job-watch.js";
 import { ConcurrencyLimits } from "./limits/concurrency.js";
@@ -64,7 +65,16 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
   const expiry = new ExpirySweep(topology, log, intervals.expiry, (job) =>
     metrics?.jobAction(job.state === "timed_out" ? "timed_out" : "expire", job.agent),
   );
-  const retention = new RetentionSweep(topology, policy, log, intervals.retention, index);
+  // Written from the watch's position (`jobWatch`, below); read at start and by retention.
+  const snapshots = new IndexSnapshots(
+    topology,
+    index,
+    () => jobWatch.position(),
+    log,
+    intervals.indexSnapshot,
+    Math.min(intervals.indexSnapshot, SNAPSHOT_COVER_GRACE_MS),
+  );
+  const retention = new RetentionSweep(topology, policy, log, intervals.retention, index, snapshots);
   const recovery = new RecoverySweep(topology, index, log, intervals.recovery, publishing);
   const admissions = new AdmissionSweep(topology, log, intervals.admission, publishing, recovery);
   const givenUp = new GivenUpSweep(topology, log, signer, intervals.givenUp, (job) => metrics?.jobAction("dead", job.agent));
@@ -136,7 +146,19 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       { name: "the recovery sweep", start: () => recovery.start(), stop: () => recovery.stop() },
       { name: "the admission sweep", start: () => admissions.start(), stop: () => admissions.stop() },
       { name: "the workflow runs' advances", stop: () => runs.stop() },
-      { name: "the job records", start: () => jobWatch.start(), stop: () => jobWatch.stop() },
+      {
+        name: "the job records",
+        start: async () => {
+          const from = await snapshots.restore();
+          if (from) {
+            const { unsettled, ...rest } = from;
+            log.info({ ...rest, unsettled: unsettled.length }, "the job index starts from a snapshot");
+          }
+          await jobWatch.start(from);
+        },
+        stop: () => jobWatch.stop(),
+      },
+      { name: "the job index's snapshots", start: () => snapshots.start(), stop: () => snapshots.stop() },
       {
         name: "the workflow runs",
         start: () =>
@@ -185,3 +207,6 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     })());
   return { id, closed, close, [Symbol.asyncDispose]: close };
 }
+
+/** How long a dispatcher knows a job index snapshot before retention removes the delete markers it covers. */
+const SNAPSHOT_COVER_GRACE_MS = 120_000;

@@ -90,6 +90,8 @@ export interface Topology {
   usageOf(day: string, kind: "agent" | "user", name: string): Promise<Usage>;
   /** Snapshots of sessions' workspaces (an Object Store), made on first use as the sessions bucket is. */
   snapshots(): Promise<ObjectStore>;
+  /** The job index's snapshots (an Object Store), made on first use: the dispatchers' alone. */
+  jobIndex(): Promise<ObjectStore>;
   readonly artifacts: ObjectStore;
   /** The admin's system policy (`SystemPolicy`, under the key `system`). */
   readonly policy: KV;
@@ -248,6 +250,7 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
   const systemId = (await jsm.streams.info(names.streams.work)).created;
 
   let snapshots: Promise<ObjectStore> | undefined;
+  let jobIndex: Promise<ObjectStore> | undefined;
   let usageView: Promise<KV> | undefined;
   /** A bucket made on first use; one its credentials cannot open names the fix. */
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
@@ -344,6 +347,16 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
         },
       );
       return snapshots;
+    },
+    jobIndex: () => {
+      jobIndex ??= onFirstUse(
+        "job index store",
+        () => new Objm(js).create(names.buckets.jobIndex, { replicas: num_replicas }),
+        () => {
+          jobIndex = undefined;
+        },
+      );
+      return jobIndex;
     },
     artifacts,
     policy,

@@ -181,10 +181,11 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
           allow: [
             ...common,
             ...allStreams.flatMap((stream) => streamApi(stream, "manage")),
-            // Rate limits' state and the schedules are the dispatchers' alone (workers get no access to them).
-            ...[b.limits, b.schedules, b.usage].flatMap((bucket) => [
-              `$JS.API.STREAM.INFO.${kv(bucket)}`,
-              ...streamApi(kv(bucket), "manage"),
+            // Rate limits' state, the schedules and the job index's snapshots are the dispatchers'
+            // alone (workers get no access to them).
+            ...[kv(b.limits), kv(b.schedules), kv(b.usage), obj(b.jobIndex)].flatMap((stream) => [
+              `$JS.API.STREAM.INFO.${stream}`,
+              ...streamApi(stream, "manage"),
             ]),
             // The durable consumers they share: the intake, the delayed jobs' markers (work) and the
             // usage events (events), each message acked once summed.
@@ -200,10 +201,11 @@ export function rolePermissions(names: Names, role: Role, user: string = USER_TE
             s.sessionAll,
             objSubjects(b.artifacts),
             objSubjects(b.snapshots),
+            objSubjects(b.jobIndex),
             // An object's chunks are removed by a purge filtered on them (deletes, overwrites),
             // and so are an ended job's events, output and record (and an ended run's) once its
             // retention is over, and an agent's rate limits' states when its limit changes.
-            ...[obj(b.artifacts), obj(b.snapshots), st.events, st.logs, kv(b.jobs), kv(b.workflows), kv(b.limits)].map(
+            ...[obj(b.artifacts), obj(b.snapshots), obj(b.jobIndex), st.events, st.logs, kv(b.jobs), kv(b.workflows), kv(b.limits)].map(
               (stream) => `$JS.API.STREAM.PURGE.${stream}`,
             ),
             // A deleted record's revision and its delete marker go by their sequence (a purge by

@@ -405,6 +405,11 @@ const NAME_ROWS: readonly NameRow[] = [
       "KV bucket, key = `<provider>.<model>.<per>.<window>` (the model in base64url, `_` for a whole provider), written by workers' model gateways",
   },
   { what: "session snapshots", name: (n) => n.buckets.snapshots, kind: () => "Object Store, name = snapshot id" },
+  {
+    what: "job index snapshots",
+    name: (n) => n.buckets.jobIndex,
+    kind: () => "Object Store, name = `jobs-<sequence>`, written by dispatchers",
+  },
   { what: "input files and artifacts", name: (n) => n.buckets.artifacts, kind: () => "Object Store" },
   { what: "reply inboxes", name: (n, x) => n.inboxPrefix(x("user", LOCAL_OWNER)), kind: () => "inbox prefix of every connection" },
 ];

@@ -58,6 +58,8 @@ export interface Names {
     readonly modelUse: string;
     /** Snapshots of sessions' workspaces (an Object Store), written by the workers that hold the sessions. */
     readonly snapshots: string;
+    /** Snapshots of the dispatchers' job index (an Object Store), which a dispatcher starts from: the dispatchers' alone. */
+    readonly jobIndex: string;
   };
   /** The durable consumer all dispatchers share on the intake stream. */
   readonly intakeConsumer: string;
@@ -265,6 +267,7 @@ export function names(prefix: string = DEFAULT_PREFIX): Names {
       usage: `${bucket}_usage`,
       modelUse: `${bucket}_model_use`,
       snapshots: `${bucket}_snapshots`,
+      jobIndex: `${bucket}_job_index`,
     },
     intakeConsumer: "dispatcher",
     poolConsumer: (pool, priority = "normal") => (priority === "normal" ? `pool-${pool}` : `${priority}-${pool}`),

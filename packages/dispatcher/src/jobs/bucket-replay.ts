@@ -11,20 +11,27 @@ export interface BucketReplay {
 /**
  * Watches one of the system's buckets (`jobs` or `workflows`): every key's latest value at
  * start, then each change, each shown to `onEntry`. Because it replays, a dispatcher that starts
- * after a crash picks up whatever was left; `caughtUp` says when that replay is over.
+ * after a crash picks up whatever was left; `caughtUp` says when that replay is over. Given
+ * `after` (a sequence), it replays only what was written after it.
  */
 export async function replayBucket(
   topology: Topology,
   bucket: "jobs" | "workflows",
   onEntry: (entry: KvWatchEntry) => void,
+  after = 0,
 ): Promise<BucketReplay> {
   let markCaughtUp!: () => void;
   const caughtUp = new Promise<void>((resolve) => {
     markCaughtUp = resolve;
   });
-  const stored = (await topology.jsm.streams.info(`KV_${topology.names.buckets[bucket]}`)).state.messages;
-  if (stored === 0) markCaughtUp();
-  const watch = await topology[bucket].watch();
+  const name = topology.names.buckets[bucket];
+  const { state } = await topology.jsm.streams.info(`KV_${name}`);
+  // Nothing to replay: no entry will say the replay is over. (After `after`, the stream's last
+  // sequences may be messages since removed, never shown.)
+  const nothingAfter = async () =>
+    state.last_seq <= after || !(await topology.jsm.direct.getMessage(`KV_${name}`, { seq: after + 1, next_by_subj: `$KV.${name}.>` }));
+  if (state.messages === 0 || (after > 0 && (await nothingAfter()))) markCaughtUp();
+  const watch = await topology[bucket].watch(after > 0 ? { resumeFromRevision: after + 1 } : {});
   void (async () => {
     for await (const entry of watch) {
       onEntry(entry);

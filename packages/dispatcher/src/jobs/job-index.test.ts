@@ -1,5 +1,6 @@
 import type { JobRecord, JobState } from "@boxcar/protocol";
 import { expect, test } from "vitest";
+import { decodeImage, encodeImage } from "./index-image.js";
 import { JobIndex } from "./job-index.js";
 
 const job = (id: string, state: JobState = "queued", agent = "a") => ({ id, state, agent, pool: "p", owner: "alice" }) as JobRecord;
@@ -218,4 +219,67 @@ test("ended jobs come oldest first with when each ended, and every change is tol
     ["j3", "running", "failed"],
     ["j2", "succeeded", undefined],
   ]);
+});
+
+test("an image, written as bytes and read back into a new index, gives it every settled job as it was, and names the rest", () => {
+  const index = new JobIndex();
+  const at = "2026-11-29T00:00:00.000Z";
+  const ended = (id: string, state: JobState, agent: string, owner: string, extra: Partial<JobRecord> = {}) =>
+    ({ id, state, agent, pool: "p", owner, createdAt: at, finishedAt: at, ...extra }) as JobRecord;
+  for (let i = 0; i < 300; i++)
+    index.observe(`s${String(i).padStart(3, "0")}`, ended("", i % 3 ? "succeeded" : "failed", `a${i % 4}`, `u${i % 5}`), 100 + i);
+  index.observe("q1", job("q1", "queued"));
+  index.observe("r1", job("r1", "running"));
+  // Ended, with something still to do: a handoff not yet decided, a provider pause still to come.
+  index.observe(
+    "h1",
+    ended("h1", "succeeded", "a0", "u0", {
+      result: {
+        exitCode: 0,
+        signal: null,
+        output: null,
+        durationMs: 1,
+        handoff: { to: "b", input: null, carryFiles: false, stayInSession: false },
+      },
+    }),
+  );
+  index.observe("p1", ended("p1", "failed", "a0", "u0", { providerLimitedUntil: new Date(Date.now() + 60_000).toISOString() }));
+  index.observe("s000", undefined); // deleted: in neither list
+  const { meta, image } = decodeImage(encodeImage(index.image(), { seq: 42 }));
+  expect(meta).toEqual({ seq: 42 });
+  expect(image.unsettled.sort()).toEqual(["h1", "p1", "q1", "r1"]);
+  expect(image.ids).toHaveLength(299);
+
+  const restored = new JobIndex();
+  const changes: string[] = [];
+  restored.onChange((id, before, after) => changes.push(`${id} ${before?.state} ${after?.state}`));
+  restored.restore(image);
+  expect(changes).toHaveLength(299); // the quotas' counts follow
+  const settled = (i: JobIndex) => [...i.newestFirst()].filter(([id]) => id.startsWith("s"));
+  expect(settled(restored)).toEqual(settled(index));
+  const everyone = () => true;
+  const counts = index.counts(everyone);
+  counts.queued -= 1;
+  counts.running -= 1;
+  counts.succeeded -= 1;
+  counts.failed -= 1;
+  expect(restored.counts(everyone)).toEqual(counts);
+  expect([...restored.newestFirst(undefined, { agent: "a2", owner: (o) => o === "u3" })]).toEqual([
+    ...index.newestFirst(undefined, { agent: "a2", owner: (o) => o === "u3" }),
+  ]);
+});
+
+test("bytes that are not an image are refused, naming what is wrong", () => {
+  const index = new JobIndex();
+  index.observe("j1", { ...job("j1", "succeeded"), createdAt: "2026-11-29T00:00:00.000Z" } as JobRecord);
+  const bytes = Buffer.from(encodeImage(index.image(), {}));
+  expect(() => decodeImage(Buffer.from("hello there"))).toThrow(/does not begin with BXIX/);
+  expect(() => decodeImage(bytes.subarray(0, bytes.length - 1))).toThrow(/bytes, its header says/);
+  const badState = Buffer.from(bytes);
+  badState[9 + badState.readUInt32LE(5)] = 200; // the first job's state
+  expect(() => decodeImage(badState)).toThrow(/job j1 has no state numbered 200/);
+  const badName = Buffer.from(bytes);
+  badName.writeUInt32LE(7, 9 + badName.readUInt32LE(5) + 1); // its agent
+  expect(() => decodeImage(badName)).toThrow(/job j1 names name 7 of/);
+  expect(() => decodeImage(Buffer.concat([bytes.subarray(0, 4), Buffer.of(9), bytes.subarray(5)]))).toThrow(/version is 9/);
 });

@@ -1,4 +1,4 @@
-import { isTerminal, type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
+import { handoffPending, isTerminal, type JobRecord, JobState, ownerOf } from "@boxcar/protocol";
 import { IdOrder } from "./id-order.js";
 
 /** What the index keeps of a job: what a list filters on, how big its record is, and what retention and quotas need. */
@@ -22,6 +22,38 @@ export interface JobFilter {
   pool?: string;
   /** Whether the jobs of `owner` are wanted (asked at most once per owner in a walk). */
   owner?: (owner: string) => boolean;
+}
+
+/**
+ * The index's settled jobs, as columns oldest first, and the ids of the rest: what a snapshot of
+ * it keeps (`index-image.ts` writes it as bytes). A settled job is one only the index needs at a
+ * start: ended, with nothing left to do for it (see `isSettled`).
+ */
+export interface IndexImage {
+  ids: string[];
+  states: Uint8Array;
+  /** Numbers in `names`. */
+  agents: Uint32Array;
+  pools: Uint32Array;
+  owners: Uint32Array;
+  names: string[];
+  bytes: Float64Array;
+  artifacts: Float64Array;
+  endedAt: Float64Array;
+  /** The jobs not settled: a start reads their records again and shows them to every observer. */
+  unsettled: string[];
+}
+
+/**
+ * Whether only the job index needs `job`'s record at a start: it has ended, and nothing is left
+ * to do for it. Of the watch's other observers, only two act on an ended record: the handoffs
+ * (a handoff not yet decided) and the provider pauses (a pause still to come); the rest look at
+ * jobs waiting or running, or (a workflow run's step, a schedule's tick) are found again from
+ * their own buckets.
+ */
+export function isSettled(job: JobRecord, now = Date.now()): boolean {
+  if (!isTerminal(job.state) || handoffPending(job)) return false;
+  return job.providerLimitedUntil === undefined || Date.parse(job.providerLimitedUntil) <= now;
 }
 
 /** Told each change of a job the index has: what it was (undefined: unknown) and what it is (undefined: deleted). */
@@ -68,6 +100,11 @@ class Names {
     return this.names[code] as string;
   }
 
+  /** Every name by its code (a free code's is a name no job uses). */
+  all(): string[] {
+    return [...this.names];
+  }
+
   /** The code of `name` if a job uses it. */
   codeOf(name: string): number | undefined {
     return this.codes.get(name);
@@ -99,6 +136,8 @@ export class JobIndex {
   private bytesOf = new Float64Array(this.capacity);
   private artifactsOf = new Float64Array(this.capacity);
   private endedAtOf = new Float64Array(this.capacity);
+  /** 1 where the job is settled (`isSettled`). */
+  private settledOf = new Uint8Array(this.capacity);
   private nextSlot = 0;
   private readonly freeSlots: number[] = [];
   private readonly listeners: JobChange[] = [];
@@ -120,6 +159,26 @@ export class JobIndex {
    * (the watch gives it; else it is measured).
    */
   readonly observe = (key: string, job: JobRecord | undefined, bytes?: number): void => {
+    if (!job) {
+      this.note(key, undefined, false);
+      return;
+    }
+    let artifacts = 0;
+    for (const a of job.artifacts ?? []) artifacts += a.size;
+    const entry: IndexedJob = {
+      state: job.state,
+      agent: job.agent,
+      pool: job.pool,
+      owner: ownerOf(job),
+      bytes: bytes ?? Buffer.byteLength(JSON.stringify(job)),
+      artifacts,
+      endedAt: isTerminal(job.state) ? Date.parse(job.finishedAt ?? job.createdAt) : Number.NaN,
+    };
+    this.note(key, entry, isSettled(job));
+  };
+
+  /** Notes a job's entry (undefined: deleted), and whether it is settled. */
+  private note(key: string, job: IndexedJob | undefined, settled: boolean): void {
     let slot = this.slots.get(key);
     const before = slot === undefined ? undefined : this.entry(slot);
     if (before) {
@@ -141,20 +200,75 @@ export class JobIndex {
       this.slots.set(key, slot);
       this.order.add(key, slot);
     } else if (!before) this.removed -= 1; // made again with the same id: its slot and place are there
-    let artifacts = 0;
-    for (const a of job.artifacts ?? []) artifacts += a.size;
     this.stateOf[slot] = STATE_CODE.get(job.state) as number;
     this.agentOf[slot] = this.names.take(job.agent);
     this.poolOf[slot] = this.names.take(job.pool);
-    this.ownerOf[slot] = this.names.take(ownerOf(job));
-    this.bytesOf[slot] = bytes ?? Buffer.byteLength(JSON.stringify(job));
-    this.artifactsOf[slot] = artifacts;
-    this.endedAtOf[slot] = isTerminal(job.state) ? Date.parse(job.finishedAt ?? job.createdAt) : Number.NaN;
-    const after = this.entry(slot) as IndexedJob;
-    this.states.set(after.state, (this.states.get(after.state) ?? 0) + 1);
-    this.tally(after, 1);
-    for (const listener of this.listeners) listener(key, before, after);
-  };
+    this.ownerOf[slot] = this.names.take(job.owner);
+    this.bytesOf[slot] = job.bytes;
+    this.artifactsOf[slot] = job.artifacts;
+    this.endedAtOf[slot] = job.endedAt;
+    this.settledOf[slot] = settled ? 1 : 0;
+    this.states.set(job.state, (this.states.get(job.state) ?? 0) + 1);
+    this.tally(job, 1);
+    for (const listener of this.listeners) listener(key, before, job);
+  }
+
+  /** The settled jobs' entries and the other jobs' ids, as they stand: what a snapshot keeps. */
+  image(): IndexImage {
+    const n = this.size;
+    const [states, agents, pools, owners] = [new Uint8Array(n), new Uint32Array(n), new Uint32Array(n), new Uint32Array(n)];
+    const [bytes, artifacts, endedAt] = [new Float64Array(n), new Float64Array(n), new Float64Array(n)];
+    const ids: string[] = [];
+    const unsettled: string[] = [];
+    const present = (slot: number) => this.stateOf[slot] !== REMOVED;
+    for (const [id, slot] of this.order.walk(undefined, 1, (id) => this.slots.get(id), present)) {
+      if (this.settledOf[slot] !== 1) {
+        unsettled.push(id);
+        continue;
+      }
+      const i = ids.push(id) - 1;
+      states[i] = this.stateOf[slot] as number;
+      agents[i] = this.agentOf[slot] as number;
+      pools[i] = this.poolOf[slot] as number;
+      owners[i] = this.ownerOf[slot] as number;
+      bytes[i] = this.bytesOf[slot] as number;
+      artifacts[i] = this.artifactsOf[slot] as number;
+      endedAt[i] = this.endedAtOf[slot] as number;
+    }
+    const k = ids.length;
+    return {
+      ids,
+      states: states.subarray(0, k),
+      agents: agents.subarray(0, k),
+      pools: pools.subarray(0, k),
+      owners: owners.subarray(0, k),
+      names: this.names.all(),
+      bytes: bytes.subarray(0, k),
+      artifacts: artifacts.subarray(0, k),
+      endedAt: endedAt.subarray(0, k),
+      unsettled,
+    };
+  }
+
+  /**
+   * Notes every settled job of `image` (a snapshot's, checked when it was read) as the watch
+   * would have; the unsettled ones are left to their records, which the caller reads.
+   */
+  restore(image: IndexImage): void {
+    const { names } = image;
+    for (const [i, id] of image.ids.entries()) {
+      const entry: IndexedJob = {
+        state: STATES[image.states[i] as number] as JobState,
+        agent: names[image.agents[i] as number] as string,
+        pool: names[image.pools[i] as number] as string,
+        owner: names[image.owners[i] as number] as string,
+        bytes: image.bytes[i] as number,
+        artifacts: image.artifacts[i] as number,
+        endedAt: image.endedAt[i] as number,
+      };
+      this.note(id, entry, true);
+    }
+  }
 
   /** The job in `slot`, undefined if removed. */
   private entry(slot: number): IndexedJob | undefined {
@@ -199,6 +313,7 @@ export class JobIndex {
     this.bytesOf = grown(this.bytesOf, Float64Array);
     this.artifactsOf = grown(this.artifactsOf, Float64Array);
     this.endedAtOf = grown(this.endedAtOf, Float64Array);
+    this.settledOf = grown(this.settledOf, Uint8Array);
   }
 
   private tally(job: IndexedJob, by: 1 | -1): void {

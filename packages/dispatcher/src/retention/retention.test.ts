@@ -1,12 +1,28 @@
 import { silentLogger } from "@boxcar/common";
+import type { Topology } from "@boxcar/fabric";
 import { natsTestServer } from "@boxcar/fabric/testing";
 import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { expect, test } from "vitest";
+import { IndexSnapshots } from "../jobs/index-snapshots.js";
 import { JobIndex } from "../jobs/job-index.js";
 import { PolicyBook } from "../limits/policy.js";
 import { RetentionSweep } from "./retention.js";
 
 // Against a real nats-server. The job-level behaviour (events, output, files) is in test/retention.test.ts.
+
+/**
+ * The job index's snapshots, as a dispatcher keeps them, covering the jobs bucket as far as
+ * `cover()` (which writes one at the bucket's last sequence) last took them: at first, nowhere.
+ */
+function snapshotsOf(topology: Topology, index: JobIndex) {
+  let at: number | undefined;
+  const snapshots = new IndexSnapshots(topology, index, () => at, silentLogger, 0, 0);
+  const cover = async () => {
+    at = (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.last_seq;
+    expect(await snapshots.write()).toBe(true);
+  };
+  return { snapshots, cover };
+}
 test("one sweep deletes every job past its retention, however many: batch after batch, and no other", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
@@ -14,7 +30,7 @@ test("one sweep deletes every job past its retention, however many: batch after 
   // Not started: the test makes the passes itself.
   // The index a dispatcher's watch keeps, shown the records as they are written.
   const index = new JobIndex();
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
   const ended = (id: string, finishedAt: Date): JobRecord => ({
     v: PROTOCOL_VERSION,
     id,
@@ -52,7 +68,7 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   const policy = await PolicyBook.open(topology, silentLogger);
   // The index a dispatcher's watch keeps, shown the records as they are written.
   const index = new JobIndex();
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
   const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
     v: PROTOCOL_VERSION,
@@ -96,8 +112,9 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   const policy = await PolicyBook.open(topology, silentLogger);
   // The index a dispatcher's watch keeps, shown the records as they are written.
   const index = new JobIndex();
-  // Markers purged by the first pass after the one that wrote them.
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, 0);
+  // Markers purged by the first pass after the one that wrote them, once a snapshot covers them.
+  const { snapshots, cover } = snapshotsOf(topology, index);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, 0);
   const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
   for (const id of ids) {
@@ -138,6 +155,10 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   const messages = async () => (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.messages;
   expect(await messages()).toBe(20);
   await expect.poll(() => seen.sort()).toEqual([...ids].sort());
+  // Not before a snapshot of the job index covers them (it fits in the room the batch freed).
+  expect(await sweeper.run()).toBe(0);
+  expect(await messages()).toBe(20);
+  await cover();
   expect(await sweeper.run()).toBe(0);
   expect(await messages()).toBe(0);
   watch.stop();
@@ -149,7 +170,9 @@ test("markers go once they have lingered, whoever wrote them, though a sweep and
   await using nats = await natsTestServer();
   const topology = await nats.topology();
   const policy = await PolicyBook.open(topology, silentLogger);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, new JobIndex(), 0);
+  const index = new JobIndex();
+  const { snapshots, cover } = snapshotsOf(topology, index);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, 0);
   // Markers another dispatcher left (a stop cut its removal short) or a taken-back submit wrote,
   // as a dispatcher's watch shows them at its start.
   for (let i = 0; i < 40; i++) {
@@ -161,9 +184,15 @@ test("markers go once they have lingered, whoever wrote them, though a sweep and
   }
   const messages = async () => (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.messages;
   expect(await messages()).toBe(40);
+  await cover();
+  // One written after the snapshot stays: a dispatcher that starts from it sees that deletion only by its marker.
+  await topology.jobs.put("later", "{}");
+  await topology.jobs.delete("later");
+  sweeper.observeMarker("jobs", "later", (await topology.jobs.get("later"))?.revision as number);
   // The passes take their shares of the markers; none is passed over.
   await Promise.all([sweeper.run(), sweeper.clean({ olderThan: 0 }), sweeper.clean({ olderThan: 0 })]);
-  expect(await messages()).toBe(0);
+  expect(await messages()).toBe(1);
+  expect((await topology.jobs.get("later"))?.operation).toBe("DEL");
   await sweeper.stop();
   policy.close();
 });

@@ -12,6 +12,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import { retentionOf } from "@boxcar/protocol/internal";
+import type { IndexSnapshots } from "../jobs/index-snapshots.js";
 import type { JobIndex } from "../jobs/job-index.js";
 import type { PolicyBook } from "../limits/policy.js";
 import { Sweep } from "../loops/sweep.js";
@@ -82,6 +83,8 @@ export class RetentionSweep {
     private readonly log: Logger,
     intervalMs: number,
     private readonly index: JobIndex,
+    /** Up to which sequence the job index's snapshots cover the jobs bucket: its delete markers are kept until then. */
+    private readonly snapshots: Pick<IndexSnapshots, "coveredSeq">,
     private readonly markerLingerMs = MARKER_LINGER_MS,
   ) {
     this.sweeps = new Sweep({
@@ -331,11 +334,21 @@ export class RetentionSweep {
     this.linger(bucket, key, revision);
   }
 
-  /** Removes the delete markers that have lingered long enough (a later message of the key, a record written again, stays). */
+  /**
+   * Removes the delete markers that have lingered long enough (a later message of the key, a
+   * record written again, stays): a jobs bucket's once a snapshot of the job index covers it too,
+   * since a dispatcher that starts from that snapshot sees the deletion only by its marker.
+   */
   private async purgeLingeringMarkers(): Promise<void> {
-    // Taken off the list before the first wait: a clean and a sweep may run this at once.
     const due = Date.now() - this.markerLingerMs;
-    const batch = [...this.lingering].filter(([, m]) => m.at <= due);
+    const covered = [...this.lingering.values()].some((m) => m.at <= due && m.bucket === "jobs")
+      ? await this.snapshots.coveredSeq().catch((err: unknown) => {
+          this.log.warn({ err }, "could not read the job index's snapshots; the jobs bucket's delete markers stay for now");
+          return 0;
+        })
+      : 0;
+    // Taken off the list before the first wait: a clean and a sweep may run this at once.
+    const batch = [...this.lingering].filter(([, m]) => m.at <= due && (m.bucket !== "jobs" || m.marker <= covered));
     for (const [id] of batch) this.lingering.delete(id);
     for (const [i, [, { bucket, key, marker }]] of batch.entries()) {
       try {

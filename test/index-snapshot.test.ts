@@ -1,0 +1,115 @@
+/**
+ * A dispatcher starts from a snapshot of the job index (issue 44): the settled jobs from the
+ * snapshot, then the records written after it and the records of the jobs not settled, where it
+ * read every record before. What it knows must be what a full read would have given it: every
+ * job listed and counted, deletions after the snapshot seen, and a job still waiting acted on.
+ * Against a real nats-server, each role on its own credential.
+ */
+
+import { createClient } from "@boxcar/client";
+import type { Logger } from "@boxcar/common";
+import { startDispatcher } from "@boxcar/dispatcher";
+import type { JobRecord } from "@boxcar/protocol";
+import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
+import { Objm } from "@nats-io/obj";
+import { expect, test } from "vitest";
+
+/** A logger that keeps each line's level and message. */
+function noting(lines: string[]): Logger {
+  const keep = (level: string) => (_obj: object, msg?: string) => void lines.push(`${level} ${msg ?? ""}`);
+  return { debug: keep("debug"), info: keep("info"), warn: keep("warn"), error: keep("error"), child: () => noting(lines) };
+}
+
+/** The newest snapshot's sequence, 0 if none. */
+async function snapshotSeq(nats: NatsFixture): Promise<number> {
+  const store = await new Objm(nats.topology.js).create(nats.topology.names.buckets.jobIndex);
+  return Math.max(0, ...(await store.list()).map((info) => Number(info.metadata?.seq)));
+}
+
+async function lastSeq(nats: NatsFixture): Promise<number> {
+  return (await nats.topology.jsm.streams.info(`KV_${nats.topology.names.buckets.jobs}`)).state.last_seq;
+}
+
+/** Every job the bucket holds, by id. */
+async function stored(nats: NatsFixture): Promise<string[]> {
+  const keys: string[] = [];
+  for await (const key of await nats.topology.jobs.keys()) keys.push(key);
+  return keys.sort();
+}
+
+test("a dispatcher started from the job index's snapshot lists and counts what the bucket holds, sees deletions after it, and expires a job that waited through it", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
+  // No worker serves its pool: its jobs wait until cancelled or expired.
+  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
+  const cancelled: string[] = [];
+  for (let i = 0; i < 120; i++) {
+    const { job } = await client.submit({ agent: "idle", input: { i } });
+    await client.cancelJob(job.id);
+    cancelled.push(job.id);
+  }
+  // Not settled when the snapshot is cut: waiting, to expire 6 s after it was queued.
+  const { job: waiting } = await client.submit({ agent: "idle", queueTimeout: "6s" });
+  const upTo = await lastSeq(nats);
+  await eventually(async () => ((await snapshotSeq(nats)) >= upTo ? true : undefined), "a snapshot covering every job");
+  const template = (await nats.topology.jobStore.read(cancelled[0] as string))?.record as JobRecord;
+  await first.close();
+
+  // After the snapshot, with no dispatcher running: ten deleted (their markers), five more ended.
+  for (const id of cancelled.slice(0, 10)) await nats.topology.jobs.delete(id);
+  const later = Array.from({ length: 5 }, (_, i) => `zzzlater${i}`);
+  for (const id of later) await nats.topology.jobStore.create({ record: { ...template, id } });
+
+  const lines: string[] = [];
+  const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
+  try {
+    expect(lines).toContain("info the job index starts from a snapshot");
+    const counts = await client.countJobs();
+    expect(counts.counts.cancelled).toBe(120 - 10 + 5);
+    const listed: string[] = [];
+    for (let page = await client.listJobs({ limit: 100 }); ; page = await client.listJobs({ limit: 100, after: page.next })) {
+      listed.push(...page.jobs.map((j) => j.id));
+      if (!page.next) break;
+    }
+    expect(listed.sort()).toEqual(await stored(nats));
+    expect(listed).not.toContain(cancelled[0]);
+    expect(listed).toContain(later[0]);
+    // Its record was read again at the start, and shown to the expiry sweep.
+    await eventually(async () => ((await client.getJob(waiting.id)).state === "expired" ? true : undefined), "the waiting job to expire");
+    expect((await client.countJobs()).counts.queued).toBe(0);
+  } finally {
+    await second.close();
+  }
+}, 60_000);
+
+test("a snapshot that is not one is passed over, every record read instead; a worker's credential can neither read nor write the snapshots", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
+  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
+  const { job } = await client.submit({ agent: "idle" });
+  await client.cancelJob(job.id);
+  await eventually(async () => ((await snapshotSeq(nats)) >= (await lastSeq(nats)) ? true : undefined), "a snapshot");
+  await first.close();
+  // Bytes in its place, named as a newer snapshot of the same bucket.
+  const store = await new Objm(nats.topology.js).create(nats.topology.names.buckets.jobIndex);
+  const newest = (await store.list()).at(-1);
+  const metadata = { ...newest?.metadata, seq: String(await lastSeq(nats)) };
+  await store.putBlob({ name: "jobs-9999999999999999", metadata }, new TextEncoder().encode("not an index"));
+
+  const lines: string[] = [];
+  const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
+  try {
+    expect(lines).toContain("warn could not start from the job index's snapshot; reading every job record instead");
+    expect((await client.listJobs()).jobs.map((j) => j.id)).toEqual([job.id]);
+  } finally {
+    await second.close();
+  }
+
+  // The attack: a worker poisons what dispatchers start from, or reads it.
+  const worker = nats.workerRole.topology;
+  await expect(worker.jobIndex()).rejects.toThrow(/cannot be opened/);
+  await expect(worker.js.publish(`$O.${nats.topology.names.buckets.jobIndex}.C.forged`, "x")).rejects.toThrow(/Permissions Violation/i);
+  await expect(worker.jsm.streams.info(`OBJ_${nats.topology.names.buckets.jobIndex}`)).rejects.toThrow(/Permissions Violation/i);
+}, 60_000);
