@@ -83,6 +83,28 @@ test("a dispatcher started from the job index's snapshot lists and counts what t
   }
 }, 60_000);
 
+test("a snapshot whose jobs are mostly still waiting is passed over: reading their records one by one would be slower than reading every record", async () => {
+  await using nats = await natsFixture();
+  const client = createClient(nats.topology);
+  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
+  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
+  const { job: ended } = await client.submit({ agent: "idle" });
+  await client.cancelJob(ended.id);
+  const waiting = await Promise.all([1, 2, 3].map(async () => (await client.submit({ agent: "idle" })).job.id));
+  const upTo = await lastSeq(nats);
+  await eventually(async () => ((await snapshotSeq(nats)) >= upTo ? true : undefined), "a snapshot");
+  await first.close();
+
+  const lines: string[] = [];
+  const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
+  try {
+    expect(lines).toContain("info the job index starts by reading every job record: 3 of its 4 jobs are not settled");
+    expect((await client.listJobs()).jobs.map((j) => j.id).sort()).toEqual([ended.id, ...waiting].sort());
+  } finally {
+    await second.close();
+  }
+}, 60_000);
+
 test("a snapshot that is not one is passed over, every record read instead; a worker's credential can neither read nor write the snapshots", async () => {
   await using nats = await natsFixture();
   const client = createClient(nats.topology);

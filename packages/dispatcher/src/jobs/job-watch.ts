@@ -84,4 +84,4 @@ export class JobWatch {
 }
 
 /** How many unsettled jobs' records a start from a snapshot reads at once. */
-const READ_AT_ONCE = 64;
+const READ_AT_ONCE = 256;
