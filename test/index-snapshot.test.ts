@@ -49,8 +49,9 @@ test("a dispatcher started from the job index's snapshot lists and counts what t
     await client.cancelJob(job.id);
     cancelled.push(job.id);
   }
-  // Not settled when the snapshot is cut: waiting, to expire 6 s after it was queued.
+  // Not settled when the snapshot is cut: waiting, one to expire 6 s after it was queued, one to end after the snapshot.
   const { job: waiting } = await client.submit({ agent: "idle", queueTimeout: "6s" });
+  const { job: endsAfter } = await client.submit({ agent: "idle", queueTimeout: "6s" });
   const upTo = await lastSeq(nats);
   await eventually(async () => ((await snapshotSeq(nats)) >= upTo ? true : undefined), "a snapshot covering every job");
   const template = (await nats.topology.jobStore.read(cancelled[0] as string))?.record as JobRecord;
@@ -60,13 +61,15 @@ test("a dispatcher started from the job index's snapshot lists and counts what t
   for (const id of cancelled.slice(0, 10)) await nats.topology.jobs.delete(id);
   const later = Array.from({ length: 5 }, (_, i) => `zzzlater${i}`);
   for (const id of later) await nats.topology.jobStore.create({ record: { ...template, id } });
+  const cancelledAt = new Date().toISOString();
+  await nats.topology.jobs.put(endsAfter.id, JSON.stringify({ ...endsAfter, state: "cancelled", finishedAt: cancelledAt }));
 
   const lines: string[] = [];
   const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
   try {
     expect(lines).toContain("info the job index starts from a snapshot");
     const counts = await client.countJobs();
-    expect(counts.counts.cancelled).toBe(120 - 10 + 5);
+    expect(counts.counts.cancelled).toBe(120 - 10 + 5 + 1);
     const listed: string[] = [];
     for (let page = await client.listJobs({ limit: 100 }); ; page = await client.listJobs({ limit: 100, after: page.next })) {
       listed.push(...page.jobs.map((j) => j.id));
@@ -78,6 +81,8 @@ test("a dispatcher started from the job index's snapshot lists and counts what t
     // Its record was read again at the start, and shown to the expiry sweep.
     await eventually(async () => ((await client.getJob(waiting.id)).state === "expired" ? true : undefined), "the waiting job to expire");
     expect((await client.countJobs()).counts.queued).toBe(0);
+    // The one that ended after the snapshot is as its last record says, not expired.
+    expect((await client.getJob(endsAfter.id)).state).toBe("cancelled");
   } finally {
     await second.close();
   }

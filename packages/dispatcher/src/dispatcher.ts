@@ -7,7 +7,7 @@ import { DispatcherMetrics } from "./dispatcher-metrics.js";
 import { type DispatcherOptions, resolveDispatcherOptions } from "./dispatcher-options.js";
 import type { AdmissionContext } from "./intake/admission.js";
 import { IntakeConsumer } from "./intake/intake.js";
-import { IndexSnapshots } from "./jobs/index-snapshots.js";
+import { IndexSnapshots, type StartingPoint } from "./jobs/index-snapshots.js";
 import { JobIndex } from "./jobs/job-index.js";
 import { JobWatch } from "./jobs/job-watch.js";
 import { ConcurrencyLimits } from "./limits/concurrency.js";
@@ -70,11 +70,13 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     topology,
     index,
     () => jobWatch.position(),
+    (): [string, number][] => retention.markersOf("jobs"),
     log,
     intervals.indexSnapshot,
     Math.min(intervals.indexSnapshot, SNAPSHOT_COVER_GRACE_MS),
   );
-  const retention = new RetentionSweep(topology, policy, log, intervals.retention, index, snapshots);
+  const retention: RetentionSweep = new RetentionSweep(topology, policy, log, intervals.retention, index, snapshots);
+  let startingPoint: Promise<StartingPoint | undefined> | undefined;
   const recovery = new RecoverySweep(topology, index, log, intervals.recovery, publishing);
   const admissions = new AdmissionSweep(topology, log, intervals.admission, publishing, recovery);
   const givenUp = new GivenUpSweep(topology, log, signer, intervals.givenUp, (job) => metrics?.jobAction("dead", job.agent));
@@ -149,12 +151,17 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
       {
         name: "the job records",
         start: async () => {
-          const from = await snapshots.restore();
-          if (from) {
-            const { unsettled, ...rest } = from;
-            log.info({ ...rest, unsettled: unsettled.length }, "the job index starts from a snapshot");
-          }
-          await jobWatch.start(from);
+          // Once: a start tried again (JetStream recovering) goes on from the same point.
+          startingPoint ??= snapshots.restore().then((from) => {
+            if (from) {
+              const { unsettled, markers, ...rest } = from;
+              log.info({ ...rest, unsettled: unsettled.length }, "the job index starts from a snapshot");
+              for (const [key, seq] of markers) retention.observeMarker("jobs", key, seq);
+            }
+            return from;
+          });
+          await jobWatch.start(await startingPoint);
+          void jobWatch.caughtUp.then(() => snapshots.release());
         },
         stop: () => jobWatch.stop(),
       },

@@ -7,10 +7,14 @@ test("a replay after a sequence shows what was written after it, and is over at 
   await using nats = await natsTestServer();
   const topology = await nats.topology();
   const stream = `KV_${topology.names.buckets.jobs}`;
+  // As a replicated bucket is: no direct gets.
+  const { config } = await topology.jsm.streams.info(stream);
+  await topology.jsm.streams.update(stream, { ...config, allow_direct: false });
   for (const key of ["a", "b", "c"]) await topology.jobs.put(key, "{}");
   // Written then removed by sequence, as a job's delete marker is: the stream's last sequence, never shown.
   await topology.jobs.put("gone", "{}");
-  await topology.jsm.streams.deleteMessage(stream, (await topology.jobs.get("gone"))?.revision as number, false);
+  const gone = await topology.jsm.streams.getMessage(stream, { last_by_subj: `$KV.${topology.names.buckets.jobs}.gone` });
+  await topology.jsm.streams.deleteMessage(stream, gone?.seq as number, false);
 
   const shown: string[] = [];
   const after2 = await replayBucket(topology, "jobs", (entry) => shown.push(entry.key), 2);

@@ -1,4 +1,5 @@
 import type { Topology } from "@boxcar/fabric";
+import type { MsgRequest } from "@nats-io/jetstream";
 import type { KvWatchEntry } from "@nats-io/kv";
 
 /** A dispatcher's watch on a bucket, replayed from its start. */
@@ -27,9 +28,10 @@ export async function replayBucket(
   const name = topology.names.buckets[bucket];
   const { state } = await topology.jsm.streams.info(`KV_${name}`);
   // Nothing to replay: no entry will say the replay is over. (After `after`, the stream's last
-  // sequences may be messages since removed, never shown.)
-  const nothingAfter = async () =>
-    state.last_seq <= after || !(await topology.jsm.direct.getMessage(`KV_${name}`, { seq: after + 1, next_by_subj: `$KV.${name}.>` }));
+  // sequences may be messages since removed, never shown.) Asked of the stream's leader: a
+  // replicated bucket allows no direct gets.
+  const firstAfter = { seq: after + 1, next_by_subj: `$KV.${name}.>` } as unknown as MsgRequest;
+  const nothingAfter = async () => state.last_seq <= after || !(await topology.jsm.streams.getMessage(`KV_${name}`, firstAfter));
   if (state.messages === 0 || (after > 0 && (await nothingAfter()))) markCaughtUp();
   const watch = await topology[bucket].watch(after > 0 ? { resumeFromRevision: after + 1 } : {});
   void (async () => {

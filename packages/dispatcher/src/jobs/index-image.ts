@@ -1,5 +1,5 @@
 import { endianness } from "node:os";
-import { JobState } from "@boxcar/protocol";
+import { isTerminal, JobState } from "@boxcar/protocol";
 import type { IndexImage } from "./job-index.js";
 
 /**
@@ -15,6 +15,8 @@ import type { IndexImage } from "./job-index.js";
  */
 
 const MAGIC = "BXIX";
+/** A KV key, as a job id must be. */
+const KEY = /^[-/_=.a-zA-Z0-9]+$/;
 const VERSION = 1;
 
 interface Header<Meta> {
@@ -70,6 +72,7 @@ export function decodeImage(bytes: Uint8Array): { meta: unknown; image: IndexIma
   } catch (err) {
     throw bad(`its header is not JSON (${(err as Error).message})`);
   }
+  if (typeof header !== "object" || header === null) throw bad("its header is not an object");
   const { settled: n, unsettled: m, names, idBytes } = header;
   if (header.order !== endianness()) throw bad(`its numbers are ${header.order}, this machine's are ${endianness()}`);
   if (!Number.isSafeInteger(n) || n < 0 || !Number.isSafeInteger(m) || m < 0) throw bad("its job counts are not counts");
@@ -91,7 +94,9 @@ export function decodeImage(bytes: Uint8Array): { meta: unknown; image: IndexIma
   const ids = (count: number, length: number): string[] => {
     const list = count === 0 ? [] : buf.toString("utf8", at, at + length).split("\n");
     at += length;
-    if (list.length !== count || list.some((id) => id === "")) throw bad(`it lists ${list.length} ids where its header says ${count}`);
+    if (list.length !== count) throw bad(`it lists ${list.length} ids where its header says ${count}`);
+    const wrong = list.find((id) => !KEY.test(id));
+    if (wrong !== undefined) throw bad(`${JSON.stringify(wrong)} is not a job id`);
     return list;
   };
   const image: IndexImage = {
@@ -106,11 +111,16 @@ export function decodeImage(bytes: Uint8Array): { meta: unknown; image: IndexIma
     endedAt,
     unsettled: ids(m, idBytes[1]),
   };
-  const stateCount = JobState.options.length;
+  const stateOf = JobState.options;
   for (let i = 0; i < n; i++) {
-    if ((states[i] as number) >= stateCount) throw bad(`job ${image.ids[i]} has no state numbered ${states[i]}`);
+    const state = stateOf[states[i] as number];
+    if (state === undefined) throw bad(`job ${image.ids[i]} has no state numbered ${states[i]}`);
+    if (!isTerminal(state)) throw bad(`job ${image.ids[i]} is ${state}, not ended`);
     for (const codes of [agents, pools, owners])
       if ((codes[i] as number) >= names.length) throw bad(`job ${image.ids[i]} names name ${codes[i]} of ${names.length}`);
+    if (!Number.isFinite(endedAt[i])) throw bad(`job ${image.ids[i]} has no end time`);
+    if (!((sizes[i] as number) >= 0 && (artifacts[i] as number) >= 0 && Number.isFinite((sizes[i] as number) + (artifacts[i] as number))))
+      throw bad(`job ${image.ids[i]}'s sizes are not sizes`);
   }
   return { meta: header.meta, image };
 }

@@ -278,6 +278,14 @@ test("bytes that are not an image are refused, naming what is wrong", () => {
   const badState = Buffer.from(bytes);
   badState[9 + badState.readUInt32LE(5)] = 200; // the first job's state
   expect(() => decodeImage(badState)).toThrow(/job j1 has no state numbered 200/);
+  badState[9 + badState.readUInt32LE(5)] = 1; // queued: not ended, so not settled
+  expect(() => decodeImage(badState)).toThrow(/job j1 is queued, not ended/);
+  const badSize = Buffer.from(bytes);
+  badSize.writeDoubleLE(Number.NaN, 9 + badSize.readUInt32LE(5) + 1 + 12); // its record's size
+  expect(() => decodeImage(badSize)).toThrow(/job j1's sizes are not sizes/);
+  const badId = Buffer.from(bytes);
+  badId.write("*", badId.length - 2); // a wildcard in its id
+  expect(() => decodeImage(badId)).toThrow(/is not a job id/);
   const badName = Buffer.from(bytes);
   badName.writeUInt32LE(7, 9 + badName.readUInt32LE(5) + 1); // its agent
   expect(() => decodeImage(badName)).toThrow(/job j1 names name 7 of/);

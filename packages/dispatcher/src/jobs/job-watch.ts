@@ -41,6 +41,7 @@ export class JobWatch {
 
   /** Starts, from `from` when a snapshot gave the index its settled jobs; resolves once the watch is set. */
   async start(from?: StartingPoint): Promise<void> {
+    this.replay?.stop(); // a start tried again
     if (from) {
       this.shown = from.seq;
       await this.showAsAt(from.unsettled, from.seq);

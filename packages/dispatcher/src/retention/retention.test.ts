@@ -16,7 +16,15 @@ import { RetentionSweep } from "./retention.js";
  */
 function snapshotsOf(topology: Topology, index: JobIndex) {
   let at: number | undefined;
-  const snapshots = new IndexSnapshots(topology, index, () => at, silentLogger, 0, 0);
+  const snapshots = new IndexSnapshots(
+    topology,
+    index,
+    () => at,
+    () => [],
+    silentLogger,
+    0,
+    0,
+  );
   const cover = async () => {
     at = (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.last_seq;
     expect(await snapshots.write()).toBe(true);
@@ -114,7 +122,7 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   const index = new JobIndex();
   // Markers purged by the first pass after the one that wrote them, once a snapshot covers them.
   const { snapshots, cover } = snapshotsOf(topology, index);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, 0);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, { markerLingerMs: 0, ghostMs: 0 });
   const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
   for (const id of ids) {
@@ -172,7 +180,7 @@ test("markers go once they have lingered, whoever wrote them, though a sweep and
   const policy = await PolicyBook.open(topology, silentLogger);
   const index = new JobIndex();
   const { snapshots, cover } = snapshotsOf(topology, index);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, 0);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, { markerLingerMs: 0, ghostMs: 0 });
   // Markers another dispatcher left (a stop cut its removal short) or a taken-back submit wrote,
   // as a dispatcher's watch shows them at its start.
   for (let i = 0; i < 40; i++) {
@@ -193,6 +201,43 @@ test("markers go once they have lingered, whoever wrote them, though a sweep and
   await Promise.all([sweeper.run(), sweeper.clean({ olderThan: 0 }), sweeper.clean({ olderThan: 0 })]);
   expect(await messages()).toBe(1);
   expect((await topology.jobs.get("later"))?.operation).toBe("DEL");
+  await sweeper.stop();
+  policy.close();
+});
+
+test("a job whose record is gone with no delete marker (a full store's purge whose dispatcher died, say) is taken out of the index once it has waited for one", async () => {
+  await using nats = await natsTestServer();
+  const topology = await nats.topology();
+  const policy = await PolicyBook.open(topology, silentLogger);
+  const index = new JobIndex();
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots, {
+    markerLingerMs: 0,
+    ghostMs: 0,
+  });
+  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+  const ended = (id: string): JobRecord => ({
+    v: PROTOCOL_VERSION,
+    id,
+    agent: "noop",
+    pool: "default",
+    owner: "local",
+    state: "succeeded",
+    attempt: 1,
+    createdAt: old,
+    finishedAt: old,
+    artifacts: [],
+    history: [],
+  });
+  // The index has both (a snapshot gave them, say); the bucket only one, whose deletion the watch would show.
+  index.observe("ghost", ended("ghost"));
+  await topology.jobStore.create({ record: ended("real") });
+  index.observe("real", ended("real"));
+  await sweeper.run(); // finds the ghost gone and deletes the other (the watch not being there to show it)
+  expect(index.has("ghost")).toBe(true);
+  await sweeper.run();
+  expect(index.has("ghost")).toBe(false);
+  // The one it deleted itself is gone from the bucket; its marker, which a watch would show, is what takes it out.
+  expect(await topology.jobStore.read("real")).toBeNull();
   await sweeper.stop();
   policy.close();
 });

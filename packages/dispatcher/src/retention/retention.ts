@@ -28,6 +28,8 @@ const PARALLEL = 8;
  * missed one would count the deleted job for good. A later pass (sweep or clean) purges it.
  */
 const MARKER_LINGER_MS = 30_000;
+/** How long a job found gone may stay in the index, waiting for its delete marker, before it is taken out. */
+const GHOST_MS = 10 * 60_000;
 
 type KeptJob = NonNullable<CleanJobsReply["keptJobs"]>[number];
 
@@ -60,7 +62,7 @@ export class RetentionSweep {
    * Ended jobs this dispatcher found deleted (or deleted itself) that the index still has: passed
    * over until the watch shows the index their deletion.
    */
-  private readonly gone = new Set<string>();
+  private readonly gone = new Map<string, number>();
   /** Ended runs with no job still going. */
   private readonly endedRuns = new Map<string, Ended>();
   /** The jobs not yet ended that name each object, and the objects each such job names. */
@@ -85,7 +87,8 @@ export class RetentionSweep {
     private readonly index: JobIndex,
     /** Up to which sequence the job index's snapshots cover the jobs bucket: its delete markers are kept until then. */
     private readonly snapshots: Pick<IndexSnapshots, "coveredSeq">,
-    private readonly markerLingerMs = MARKER_LINGER_MS,
+    /** How long a delete marker lingers, and a job found gone waits for its marker (tests shorten them). */
+    private readonly waits: { markerLingerMs: number; ghostMs: number } = { markerLingerMs: MARKER_LINGER_MS, ghostMs: GHOST_MS },
   ) {
     this.sweeps = new Sweep({
       pass: () => this.sweepOnce(),
@@ -144,6 +147,7 @@ export class RetentionSweep {
     const policy = this.policy.policy;
     await this.writeOwedMarkers();
     await this.purgeLingeringMarkers();
+    await this.forgetGhosts(now);
     let deleted = 0;
     // Batch after batch while there is more due: a sweep keeps up with any rate jobs end at
     // that one dispatcher can delete them.
@@ -276,10 +280,30 @@ export class RetentionSweep {
     }
   }
 
+  /**
+   * Takes out of the index the jobs found gone `ghostMs` ago that it still has: their deletion's
+   * marker never came. That is a record purged on a full store whose dispatcher died before it
+   * could write the marker, or a deletion a start from a snapshot missed (an older dispatcher
+   * removing markers that no snapshot covers).
+   */
+  private async forgetGhosts(now: number): Promise<void> {
+    const ghosts: string[] = [];
+    for (const [id, since] of this.gone) {
+      if (now - since < this.waits.ghostMs || this.closed) continue;
+      if (this.index.has(id) && !(await this.topology.jobStore.read(id))) {
+        ghosts.push(id);
+        this.index.observe(id, undefined);
+      }
+      this.gone.delete(id);
+    }
+    if (ghosts.length > 0)
+      this.log.warn({ jobs: ghosts.length, first: ghosts[0] }, "forgot jobs whose records are gone though no delete marker of theirs came");
+  }
+
   /** Passes over `id`, deleted (or no longer ended), until the index has that from the watch. */
   private goneFromIndex(id: string): void {
     // Not there (the watch came first): nothing to wait for.
-    if (this.index.isEnded(id)) this.gone.add(id);
+    if (this.index.isEnded(id) && !this.gone.has(id)) this.gone.set(id, Date.now());
   }
 
   /**
@@ -334,13 +358,18 @@ export class RetentionSweep {
     this.linger(bucket, key, revision);
   }
 
+  /** The delete markers of `bucket` still to remove, each key and sequence (a snapshot of the job index keeps them). */
+  markersOf(bucket: ErasableBucket): [string, number][] {
+    return [...this.lingering.values()].filter((m) => m.bucket === bucket).map((m) => [m.key, m.marker]);
+  }
+
   /**
    * Removes the delete markers that have lingered long enough (a later message of the key, a
    * record written again, stays): a jobs bucket's once a snapshot of the job index covers it too,
    * since a dispatcher that starts from that snapshot sees the deletion only by its marker.
    */
   private async purgeLingeringMarkers(): Promise<void> {
-    const due = Date.now() - this.markerLingerMs;
+    const due = Date.now() - this.waits.markerLingerMs;
     const covered = [...this.lingering.values()].some((m) => m.at <= due && m.bucket === "jobs")
       ? await this.snapshots.coveredSeq().catch((err: unknown) => {
           this.log.warn({ err }, "could not read the job index's snapshots; the jobs bucket's delete markers stay for now");
