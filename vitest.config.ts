@@ -10,6 +10,7 @@ const ALONE = ["test/chaos.test.ts", "test/compose.test.ts", "test/ride-out.test
 
 export default defineConfig({
   test: {
+    globalSetup: ["test/helpers/bundle-cli.ts"],
     testTimeout: 60_000,
     hookTimeout: 60_000,
     projects: [

@@ -5,12 +5,13 @@
  * One nats-server and one dispatcher (in this process) with BENCH_JOBS job records (default
  * 1000) written straight into the jobs bucket. Each round runs, one after the other, `node -e 0`
  * (the floor: Node's own start), `boxcar --version`, `boxcar --help` and `boxcar jobs --limit 20`
- * against that system, so the machine's noise falls on all alike; BENCH_ROUNDS rounds (default
+ * against that system, as `bin/boxcar` runs them (the bundle) and as `tsc` wrote them (not
+ * bundled), so the machine's noise falls on all alike; BENCH_ROUNDS rounds (default
  * 30) after 2 that are not counted. Wall time from spawn to exit, p50 and p90.
  *
  * BENCH_CLI_COMPARE=LABEL=PATH[,LABEL=PATH...] adds the same three commands of other builds (an
  * older checkout, `git worktree add /tmp/cli-before COMMIT`, PATH its
- * packages/cli/dist/bin/boxcar.js) to each round, to compare in one run. Their `--version` may be
+ * packages/cli/dist/bin/boxcar.js, or its dist/bundle/boxcar.js once built) to each round, to compare in one run. Their `--version` may be
  * an unknown command (exit 2, before it existed): its time is counted all the same.
  */
 import { execFile } from "node:child_process";
@@ -22,7 +23,9 @@ import { type JobRecord, PROTOCOL_VERSION } from "@boxcar/protocol";
 import { connect } from "@nats-io/transport-node";
 import { envInt, gitCommit, ms, summarize, table } from "./stats.js";
 
-const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bundle/boxcar.js", import.meta.url));
+/** The same CLI as `tsc` wrote it, not bundled: what the bundle buys, in the same run. */
+const UNBUNDLED_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
 const settings = { jobs: envInt("BENCH_JOBS", 1000), rounds: envInt("BENCH_ROUNDS", 30) };
 const WARM_UP_ROUNDS = 2;
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -127,6 +130,7 @@ async function main(): Promise<void> {
     const variants: Variant[] = [
       { name: "node -e 0", args: ["-e", "0"], codes: [0], check: () => {} },
       ...variantsOf("", BOXCAR_BIN, false),
+      ...variantsOf("not bundled: ", UNBUNDLED_BIN, false),
       ...comparedBuilds(process.env.BENCH_CLI_COMPARE).flatMap(({ label, bin }) => variantsOf(`${label}: `, bin, true)),
     ];
     const samples = new Map<string, number[]>(variants.map((v) => [v.name, []]));

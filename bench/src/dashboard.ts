@@ -36,7 +36,7 @@ import { isTerminal, type JobState, names } from "@boxcar/protocol";
 import { type Browser, chromium, type Page } from "playwright-core";
 import { envInt, gitCommit, type LatencySummary, ms, summarize, table } from "./stats.js";
 
-const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bundle/boxcar.js", import.meta.url));
 const CHROMIUM = process.env.BOXCAR_CHROMIUM || "/usr/bin/chromium";
 const PAGE = 25;
 const NEXT_CLICKS = 10;

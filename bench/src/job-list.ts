@@ -30,7 +30,7 @@ import { connect } from "@nats-io/transport-node";
 import { envInt, ms, summarize, table } from "./stats.js";
 
 const run = promisify(execFile);
-const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bundle/boxcar.js", import.meta.url));
 
 async function main(): Promise<void> {
   const n = envInt("BENCH_N", 100_000);

@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { authFor } from "@boxcar/testing";
 
-export const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bin/boxcar.js", import.meta.url));
+export const BOXCAR_BIN = fileURLToPath(new URL("../../packages/cli/dist/bundle/boxcar.js", import.meta.url));
 
 export interface CliResult {
   code: number;

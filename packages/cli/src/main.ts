@@ -1,5 +1,7 @@
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { names } from "@boxcar/protocol/names";
+import { cliPackageDir } from "./cli-package.js";
 import type { Values } from "./command.js";
 import { parseCommandLine } from "./command-line.js";
 import { COMMANDS } from "./command-table.js";
@@ -42,7 +44,7 @@ const EVERY_COMMAND = [
 
 /** This CLI's version, from its package.json. */
 function version(): string {
-  return (JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8")) as { version: string }).version;
+  return (JSON.parse(readFileSync(join(cliPackageDir(), "package.json"), "utf8")) as { version: string }).version;
 }
 
 /** Runs one `boxcar` command line and returns its exit code. Never exits the process. */

@@ -208,15 +208,28 @@ export const ErrorInfo = z.strictObject({
 export type ErrorInfo = z.infer<typeof ErrorInfo>;
 
 /** Base of every Boxcar error: a stable `code` plus the field paths at fault, if any. */
+/** Marks a BoxcarError, whichever copy of this package made it. */
+const BRAND = Symbol.for("boxcar.BoxcarError");
+
 export class BoxcarError extends Error {
   override readonly name: string = "BoxcarError";
   readonly code: ErrorCode;
   readonly issues: readonly ErrorIssue[];
+  private readonly [BRAND] = true;
 
   constructor(code: ErrorCode, message: string, options: { issues?: readonly ErrorIssue[]; cause?: unknown } = {}) {
     super(message, { cause: options.cause });
     this.code = code;
     this.issues = options.issues ?? [];
+  }
+
+  /**
+   * `instanceof BoxcarError` holds for a BoxcarError of another copy of this package too: the
+   * bundled CLI has its own, and the role packages it loads theirs. A subclass checks as usual.
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (this !== BoxcarError) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return typeof value === "object" && value !== null && (value as { [BRAND]?: unknown })[BRAND] === true;
   }
 
   toInfo(): ErrorInfo {

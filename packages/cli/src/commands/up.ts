@@ -1,13 +1,13 @@
 import { existsSync } from "node:fs";
 import { readdir, readFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { AuthDir } from "@boxcar/auth";
 import { resolveConnection } from "@boxcar/client";
 import { freePort, type NatsServer, startNatsServer, WorkSigner } from "@boxcar/fabric";
 import { isTerminal } from "@boxcar/protocol";
 import type { UiServer, UiServerOptions } from "@boxcar/ui";
 import type { Worker } from "@boxcar/worker";
+import { cliPackageDir } from "../cli-package.js";
 import type { Command } from "../command.js";
 import { ExitCode } from "../exit-codes.js";
 import { logFormat, positiveInt, readLogFormat, wholeNumber } from "../flags.js";
@@ -22,7 +22,7 @@ import { serveDashboard } from "./ui.js";
 const DASHBOARD_PORT = 4280;
 
 /** The examples shipped with Boxcar, at the root of the checkout this CLI runs from. */
-const EXAMPLE_AGENTS = fileURLToPath(new URL("../../../../examples/agents", import.meta.url));
+const EXAMPLE_AGENTS = join(cliPackageDir(), "../../examples/agents");
 
 const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["queue", "workers", "sandboxes"] };
 
