@@ -9,8 +9,9 @@
 import { createClient } from "@boxcar/client";
 import type { Logger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
+import { openTopology } from "@boxcar/fabric";
 import type { JobRecord } from "@boxcar/protocol";
-import { eventually, type NatsFixture, natsFixture } from "@boxcar/testing";
+import { eventually, type NatsFixture, natsCluster, natsFixture, uniquePrefix } from "@boxcar/testing";
 import { Objm } from "@nats-io/obj";
 import { expect, test } from "vitest";
 
@@ -140,3 +141,40 @@ test("a snapshot that is not one is passed over, every record read instead; a wo
   await expect(worker.js.publish(`$O.${nats.topology.names.buckets.jobIndex}.C.forged`, "x")).rejects.toThrow(/Permissions Violation/i);
   await expect(worker.jsm.streams.info(`OBJ_${nats.topology.names.buckets.jobIndex}`)).rejects.toThrow(/Permissions Violation/i);
 }, 60_000);
+
+test("on a three-server cluster, with 3 replicas (no direct gets), a dispatcher starts from the snapshot and sees the deletions after it", async () => {
+  await using cluster = await natsCluster(3);
+  const nc = await cluster.connect();
+  const topology = await openTopology(nc, { prefix: uniquePrefix(), replicas: 3 });
+  const jobsStream = `KV_${topology.names.buckets.jobs}`;
+  try {
+    expect((await topology.jsm.streams.info(jobsStream)).config.allow_direct).toBe(false);
+    const first = await startDispatcher({ topology, indexSnapshotIntervalMs: 300 });
+    const client = createClient(topology);
+    await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
+    const ids: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const { job } = await client.submit({ agent: "idle", input: { i } });
+      await client.cancelJob(job.id);
+      ids.push(job.id);
+    }
+    const upTo = (await topology.jsm.streams.info(jobsStream)).state.last_seq;
+    const store = await topology.jobIndex();
+    const newest = async () => Math.max(0, ...(await store.list()).map((info) => Number(info.metadata?.seq) || 0));
+    await eventually(async () => ((await newest()) >= upTo ? true : undefined), "a snapshot covering every job");
+    await first.close();
+    for (const id of ids.slice(0, 3)) await topology.jobs.delete(id);
+
+    const lines: string[] = [];
+    const second = await startDispatcher({ topology, logger: noting(lines) });
+    try {
+      expect(lines).toContain("info the job index starts from a snapshot");
+      expect((await client.countJobs()).counts.cancelled).toBe(17);
+      expect((await client.listJobs({ limit: 100 })).jobs.map((j) => j.id).sort()).toEqual(ids.slice(3).sort());
+    } finally {
+      await second.close();
+    }
+  } finally {
+    await nc.close();
+  }
+}, 240_000); // natsCluster may start the cluster again
