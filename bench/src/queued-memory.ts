@@ -35,8 +35,10 @@ try {
   const agent = { runtime: { sandbox: "host" as const }, trusted: true };
   await client.applyAgent({ name: "blocker", command: ["sleep", "3600"], ...agent });
   await client.applyAgent({ name: "noop", command: ["true"], ...agent });
-  // Room for every checkpoint: the system's default queue limit is 100 000 jobs.
-  await client.setPolicy({ queue: { jobs: Math.max(...CHECKPOINTS) + 10 } });
+  // Room for every checkpoint: the system's default queue limit is 100 000 jobs and 256 MiB.
+  // Records of about 340 bytes: a megabyte a thousand jobs is room enough.
+  const most = Math.max(...CHECKPOINTS);
+  await client.setPolicy({ queue: { jobs: most + 10, bytes: `${Math.max(256, Math.ceil(most / 1000))}Mi` } });
   const blocker = (await client.submit({ agent: "blocker", input: null })).job.id;
   while ((await client.getJob(blocker)).state !== "running") await sleep(100);
 

@@ -215,7 +215,6 @@ export class BoxcarError extends Error {
   override readonly name: string = "BoxcarError";
   readonly code: ErrorCode;
   readonly issues: readonly ErrorIssue[];
-  private readonly [BRAND] = true;
 
   constructor(code: ErrorCode, message: string, options: { issues?: readonly ErrorIssue[]; cause?: unknown } = {}) {
     super(message, { cause: options.cause });
@@ -242,6 +241,9 @@ export class BoxcarError extends Error {
     return new BoxcarError(info.code as ErrorCode, info.message, { issues: info.issues ?? [] });
   }
 }
+
+// On the prototype: every BoxcarError has it, and it is no field of one (nor shown by inspect).
+Object.defineProperty(BoxcarError.prototype, BRAND, { value: true });
 
 /**
  * The same error with each issue's path put under `field`, the field of the request the checked
