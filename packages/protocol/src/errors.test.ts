@@ -13,6 +13,9 @@ test("a BoxcarError of another copy of the package is a BoxcarError here (the bu
   expect(new other.ValidationError("bad", [])).toBeInstanceOf(BoxcarError);
   expect(new Error("plain")).not.toBeInstanceOf(BoxcarError);
   expect({ code: ErrorCode.notFound }).not.toBeInstanceOf(BoxcarError);
+  for (const value of [null, undefined, "BoxcarError", 0]) expect(value).not.toBeInstanceOf(BoxcarError);
+  // A subclass of another copy is a BoxcarError here, but not this copy's subclass.
+  expect(new other.ValidationError("bad", [])).not.toBeInstanceOf(ValidationError);
   // A subclass is still its own: a BoxcarError is not a ValidationError.
   expect(new BoxcarError(ErrorCode.invalid, "x")).not.toBeInstanceOf(ValidationError);
   expect(new ValidationError("bad", [])).toBeInstanceOf(ValidationError);

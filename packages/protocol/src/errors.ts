@@ -207,10 +207,10 @@ export const ErrorInfo = z.strictObject({
 });
 export type ErrorInfo = z.infer<typeof ErrorInfo>;
 
-/** Base of every Boxcar error: a stable `code` plus the field paths at fault, if any. */
 /** Marks a BoxcarError, whichever copy of this package made it. */
 const BRAND = Symbol.for("boxcar.BoxcarError");
 
+/** Base of every Boxcar error: a stable `code` plus the field paths at fault, if any. */
 export class BoxcarError extends Error {
   override readonly name: string = "BoxcarError";
   readonly code: ErrorCode;
@@ -224,9 +224,11 @@ export class BoxcarError extends Error {
 
   /**
    * `instanceof BoxcarError` holds for a BoxcarError of another copy of this package too: the
-   * bundled CLI has its own, and the role packages it loads theirs. A subclass checks as usual.
+   * bundled CLI has its own, and the role packages it loads theirs. A subclass checks as usual
+   * (another copy's `ValidationError` is not this copy's).
    */
   static override [Symbol.hasInstance](value: unknown): boolean {
+    // biome-ignore lint/complexity/noThisInStatic: `this` is the class asked about, a subclass's included.
     if (this !== BoxcarError) return Function.prototype[Symbol.hasInstance].call(this, value);
     return typeof value === "object" && value !== null && (value as { [BRAND]?: unknown })[BRAND] === true;
   }

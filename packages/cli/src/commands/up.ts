@@ -22,7 +22,7 @@ import { serveDashboard } from "./ui.js";
 const DASHBOARD_PORT = 4280;
 
 /** The examples shipped with Boxcar, at the root of the checkout this CLI runs from. */
-const EXAMPLE_AGENTS = join(cliPackageDir(), "../../examples/agents");
+const exampleAgents = () => join(cliPackageDir(), "../../examples/agents");
 
 const DEMO_INPUT = { prompt: "Write a short report about Boxcar", sections: ["queue", "workers", "sandboxes"] };
 
@@ -48,7 +48,7 @@ export const up: Command = {
     const port = positiveInt(ctx.values.port, "--port", 4222, 65_535);
     const workerCount = positiveInt(ctx.values.workers, "--workers", 2);
     const concurrency = positiveInt(ctx.values.concurrency, "--concurrency", 4);
-    const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [EXAMPLE_AGENTS];
+    const agentDirs = (ctx.values.agents as string[]).length > 0 ? (ctx.values.agents as string[]) : [exampleAgents()];
     const storeDir = resolve((ctx.values.data as string | undefined) ?? join(".boxcar", "data"));
     const demo = ctx.values.demo as boolean;
     const listen = (ctx.values.listen as string | undefined) ?? "127.0.0.1";
