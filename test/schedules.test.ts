@@ -46,11 +46,12 @@ test("a schedule fires exactly once per tick with two dispatcher processes, one 
     await client.applyAgent({ name: "tick", ...quick });
     const created = await client.createSchedule({ name: "every-2s", cron: "*/2 * * * * *", job: { agent: "tick" }, overlap: "allow" });
     expect(created.next).toBeDefined();
-    await new Promise((r) => setTimeout(r, 20_000));
+    // Five or six ticks with both, then as many with one.
+    await new Promise((r) => setTimeout(r, 11_000));
     const killed = dispatchers[0];
     killed?.kill("SIGKILL");
     if (killed) await exited(killed);
-    await new Promise((r) => setTimeout(r, 20_000));
+    await new Promise((r) => setTimeout(r, 11_000));
     const paused = await client.pauseSchedule("every-2s");
     expect(paused.paused).toBe(true);
     // What was claimed before the pause is admitted (a claim's job may come a moment after).
@@ -59,7 +60,7 @@ test("a schedule fires exactly once per tick with two dispatcher processes, one 
     const jobs = await jobsOf(client, "every-2s");
     const ticks = jobs.map((j) => Date.parse(j.schedule?.tick ?? ""));
     expect(new Set(ticks).size).toBe(ticks.length); // never twice
-    expect(ticks.length).toBeGreaterThanOrEqual(18);
+    expect(ticks.length).toBeGreaterThanOrEqual(10);
     for (let i = 1; i < ticks.length; i++) expect((ticks[i] as number) - (ticks[i - 1] as number)).toBe(2_000); // never a gap
     const final = await client.getSchedule("every-2s");
     expect(final.state).toMatchObject({ fired: ticks.length, skipped: 0 });
