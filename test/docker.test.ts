@@ -283,13 +283,23 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
         // `sleep` itself may fail to fork while the bomb holds every process the limit allows (in a
         // warm container the bomb starts at once, and the job was once over in 123 ms, before its
         // usage was sampled): the agent tries again until it forks, or its timeout ends it.
-        const { final, sandboxEvents } = await runIn(
-          "forkbomb",
-          "bomb() { bomb | bomb & }; bomb; until sleep 4; do :; done; echo survived",
-          {
+        // A warm container's run was once killed (exit 137, by neither the worker nor the OOM
+        // killer) 168 ms in, under CI's load: too soon to be sampled. Such a run is told apart
+        // (no usage, under a second) and made again, twice at most; every run is contained.
+        const bomb = () =>
+          runIn("forkbomb", "bomb() { bomb | bomb & }; bomb; until sleep 4; do :; done; echo survived", {
             runtime: { timeout: "8s", limits: { pids: 48 } },
-          },
-        );
+          });
+        let run = await bomb();
+        const tooShort = (r: typeof run) => {
+          const ended = r.sandboxEvents.find((e) => e.type === "exec_exited");
+          return !ended?.usage && Date.parse(r.final.finishedAt ?? "") - Date.parse(r.final.startedAt ?? "") < 1_000;
+        };
+        for (let again = 0; again < 2 && tooShort(run); again++) {
+          expect(await boxcarContainers(nats.topology.names.prefix, run.final.id)).toEqual([]);
+          run = await bomb();
+        }
+        const { final, sandboxEvents } = run;
         // Say what happened if it fails again.
         const seen = JSON.stringify({
           state: final.state,

@@ -155,7 +155,16 @@ describe("TLS from boxcar auth init", () => {
         expect(placed.cluster?.replicas?.length).toBe(2);
         // A fourth server that trusts the cluster's CA but has a certificate another CA signed dials
         // the cluster's routes: the cluster's servers verify it (verify: true) and refuse it.
-        await natsServer(dir.path, `rogue-${attempt}`, config(3, rogue, auth));
+        // Its ports taken now: taken with the others, one was once another test's by this time.
+        for (let tries = 1; ; tries++) {
+          routePorts[3] = await freePort();
+          clientPorts[3] = await freePort();
+          const started = await natsServer(dir.path, `rogue-${attempt}-${tries}`, config(3, rogue, auth)).catch((err: Error) => {
+            if (tries === 3 || !err.message.includes("address already in use")) throw err;
+            return undefined;
+          });
+          if (started) break;
+        }
         await new Promise((r) => setTimeout(r, 3_000));
         const routez = (await (await fetch(`http://127.0.0.1:${monitorPort}/routez`)).json()) as { routes: { remote_name?: string }[] };
         const peers = new Set(routez.routes.map((r) => r.remote_name));
