@@ -284,8 +284,10 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
         // warm container the bomb starts at once, and the job was once over in 123 ms, before its
         // usage was sampled): the agent tries again until it forks, or its timeout ends it.
         // A warm container's run was once killed (exit 137, by neither the worker nor the OOM
-        // killer) 168 ms in, under CI's load: too soon to be sampled. Such a run is told apart
-        // (no usage, under a second) and made again, twice at most; every run is contained.
+        // killer) 168 ms in, under CI's load: too soon to be sampled. Likely its lifeline's
+        // sentinel, which forks to read each beat and kills the agent's group when it cannot
+        // (lifeline.ts), as at a full pids limit. Such a run is told apart (no usage, under a
+        // second) and made again, twice at most; every run is contained.
         const bomb = () =>
           runIn("forkbomb", "bomb() { bomb | bomb & }; bomb; until sleep 4; do :; done; echo survived", {
             runtime: { timeout: "8s", limits: { pids: 48 } },
