@@ -284,10 +284,12 @@ describe.skipIf(!ready)("Docker sandboxes (real engine)", () => {
         // warm container the bomb starts at once, and the job was once over in 123 ms, before its
         // usage was sampled): the agent tries again until it forks, or its timeout ends it.
         // A warm container's run was once killed (exit 137, by neither the worker nor the OOM
-        // killer) 168 ms in, under CI's load: too soon to be sampled. Likely its lifeline's
-        // sentinel, which forks to read each beat and kills the agent's group when it cannot
-        // (lifeline.ts), as at a full pids limit. Such a run is told apart (no usage, under a
-        // second) and made again, twice at most; every run is contained.
+        // killer) 168 ms in, under CI's load: too soon to be sampled. It was the agent's
+        // lifeline: its sentinel forks to read each beat, and a fork refused at the full pids
+        // limit reads as an empty beat, the worker gone, so it kills the agent's group
+        // (lifeline.ts; `docker run --pids-limit 12` with its loop and a bomb showed it, 3 runs
+        // of 3). Such a run is told apart (no usage, under a second) and made again, twice at
+        // most; every run is contained.
         const bomb = () =>
           runIn("forkbomb", "bomb() { bomb | bomb & }; bomb; until sleep 4; do :; done; echo survived", {
             runtime: { timeout: "8s", limits: { pids: 48 } },
