@@ -1,5 +1,4 @@
 import { createClient } from "@boxcar/client";
-import type { Logger } from "@boxcar/common";
 import { startDispatcher } from "@boxcar/dispatcher";
 import { openTopology } from "@boxcar/fabric";
 import { type JobRecord, PRIORITIES } from "@boxcar/protocol";
@@ -7,22 +6,11 @@ import { eventually, natsCluster, uniquePrefix } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker, type Worker } from "@boxcar/worker";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { expect, test } from "vitest";
+import { noting } from "./helpers/noting.js";
 
 const WORKERS = 4;
 /** How soon a worker must notice that the server holding its waiting pulls is gone: the issue's bound. */
 const NOTICE_MS = 30_000;
-
-/** What the workers said about their waiting pulls (info and above), for the failure message. */
-function noting(lines: string[]): Logger {
-  const log: Logger = {
-    debug() {},
-    info: (_obj, msg) => void lines.push(`info ${msg}`),
-    warn: (_obj, msg) => void lines.push(`warn ${msg}`),
-    error: (_obj, msg) => void lines.push(`error ${msg}`),
-    child: () => log,
-  };
-  return log;
-}
 
 test("idle workers whose pool consumers' leader is killed still run a job of each priority submitted afterwards, each within 30 s", async () => {
   await using cluster = await natsCluster(3);

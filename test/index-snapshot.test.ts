@@ -6,29 +6,47 @@
  * Against a real nats-server, each role on its own credential.
  */
 
-import { createClient } from "@boxcar/client";
-import type { Logger } from "@boxcar/common";
+import { type BoxcarClient, createClient } from "@boxcar/client";
 import { startDispatcher } from "@boxcar/dispatcher";
-import { openTopology } from "@boxcar/fabric";
+import { openTopology, type Topology } from "@boxcar/fabric";
 import type { JobRecord } from "@boxcar/protocol";
 import { eventually, type NatsFixture, natsCluster, natsFixture, uniquePrefix } from "@boxcar/testing";
-import { Objm } from "@nats-io/obj";
 import { expect, test } from "vitest";
+import { noting } from "./helpers/noting.js";
 
-/** A logger that keeps each line's level and message. */
-function noting(lines: string[]): Logger {
-  const keep = (level: string) => (_obj: object, msg?: string) => void lines.push(`${level} ${msg ?? ""}`);
-  return { debug: keep("debug"), info: keep("info"), warn: keep("warn"), error: keep("error"), child: () => noting(lines) };
+type Role = Parameters<typeof startDispatcher>[0];
+
+/**
+ * A first dispatcher (as `role`), writing a snapshot of the job index every 300 ms, and an agent
+ * no worker serves, applied through `client`: its jobs wait until cancelled or expired.
+ */
+async function snapshotting(role: Role, client: BoxcarClient) {
+  const dispatcher = await startDispatcher({ ...role, indexSnapshotIntervalMs: 300 });
+  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
+  return dispatcher;
 }
 
-/** The newest snapshot's sequence, 0 if none. */
-async function snapshotSeq(nats: NatsFixture): Promise<number> {
-  const store = await new Objm(nats.topology.js).create(nats.topology.names.buckets.jobIndex);
-  return Math.max(0, ...(await store.list()).map((info) => Number(info.metadata?.seq)));
+/** `n` jobs of the idle agent, each cancelled: ended, settled. */
+async function cancelledJobs(client: BoxcarClient, n: number): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const { job } = await client.submit({ agent: "idle", input: { i } });
+    await client.cancelJob(job.id);
+    ids.push(job.id);
+  }
+  return ids;
 }
 
-async function lastSeq(nats: NatsFixture): Promise<number> {
-  return (await nats.topology.jsm.streams.info(`KV_${nats.topology.names.buckets.jobs}`)).state.last_seq;
+/** Until a snapshot covers every job the bucket holds now. */
+async function snapshotted(topology: Topology): Promise<void> {
+  const upTo = await lastSeq(topology);
+  const store = await topology.jobIndex();
+  const newest = async () => Math.max(0, ...(await store.list()).map((info) => Number(info.metadata?.seq) || 0));
+  await eventually(async () => ((await newest()) >= upTo ? true : undefined), "a snapshot covering every job");
+}
+
+async function lastSeq(topology: Topology): Promise<number> {
+  return (await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).state.last_seq;
 }
 
 /** Every job the bucket holds, by id. */
@@ -41,20 +59,12 @@ async function stored(nats: NatsFixture): Promise<string[]> {
 test("a dispatcher started from the job index's snapshot lists and counts what the bucket holds, sees deletions after it, and expires a job that waited through it", async () => {
   await using nats = await natsFixture();
   const client = createClient(nats.topology);
-  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
-  // No worker serves its pool: its jobs wait until cancelled or expired.
-  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
-  const cancelled: string[] = [];
-  for (let i = 0; i < 120; i++) {
-    const { job } = await client.submit({ agent: "idle", input: { i } });
-    await client.cancelJob(job.id);
-    cancelled.push(job.id);
-  }
+  const first = await snapshotting(nats.dispatcherRole, client);
+  const cancelled = await cancelledJobs(client, 120);
   // Not settled when the snapshot is cut: waiting, one to expire 6 s after it was queued, one to end after the snapshot.
   const { job: waiting } = await client.submit({ agent: "idle", queueTimeout: "6s" });
   const { job: endsAfter } = await client.submit({ agent: "idle", queueTimeout: "6s" });
-  const upTo = await lastSeq(nats);
-  await eventually(async () => ((await snapshotSeq(nats)) >= upTo ? true : undefined), "a snapshot covering every job");
+  await snapshotted(nats.topology);
   const template = (await nats.topology.jobStore.read(cancelled[0] as string))?.record as JobRecord;
   await first.close();
 
@@ -92,20 +102,17 @@ test("a dispatcher started from the job index's snapshot lists and counts what t
 test("a snapshot whose jobs are mostly still waiting is passed over: reading their records one by one would be slower than reading every record", async () => {
   await using nats = await natsFixture();
   const client = createClient(nats.topology);
-  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
-  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
-  const { job: ended } = await client.submit({ agent: "idle" });
-  await client.cancelJob(ended.id);
+  const first = await snapshotting(nats.dispatcherRole, client);
+  const [ended] = await cancelledJobs(client, 1);
   const waiting = await Promise.all([1, 2, 3].map(async () => (await client.submit({ agent: "idle" })).job.id));
-  const upTo = await lastSeq(nats);
-  await eventually(async () => ((await snapshotSeq(nats)) >= upTo ? true : undefined), "a snapshot");
+  await snapshotted(nats.topology);
   await first.close();
 
   const lines: string[] = [];
   const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
   try {
     expect(lines).toContain("info the job index starts by reading every job record: 3 of its 4 jobs are not settled");
-    expect((await client.listJobs()).jobs.map((j) => j.id).sort()).toEqual([ended.id, ...waiting].sort());
+    expect((await client.listJobs()).jobs.map((j) => j.id).sort()).toEqual([ended, ...waiting].sort());
   } finally {
     await second.close();
   }
@@ -114,23 +121,21 @@ test("a snapshot whose jobs are mostly still waiting is passed over: reading the
 test("a snapshot that is not one is passed over, every record read instead; a worker's credential can neither read nor write the snapshots", async () => {
   await using nats = await natsFixture();
   const client = createClient(nats.topology);
-  const first = await startDispatcher({ ...nats.dispatcherRole, indexSnapshotIntervalMs: 300 });
-  await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
-  const { job } = await client.submit({ agent: "idle" });
-  await client.cancelJob(job.id);
-  await eventually(async () => ((await snapshotSeq(nats)) >= (await lastSeq(nats)) ? true : undefined), "a snapshot");
+  const first = await snapshotting(nats.dispatcherRole, client);
+  const [job] = await cancelledJobs(client, 1);
+  await snapshotted(nats.topology);
   await first.close();
   // Bytes in its place, named as a newer snapshot of the same bucket.
-  const store = await new Objm(nats.topology.js).create(nats.topology.names.buckets.jobIndex);
+  const store = await nats.topology.jobIndex();
   const newest = (await store.list()).at(-1);
-  const metadata = { ...newest?.metadata, seq: String(await lastSeq(nats)) };
+  const metadata = { ...newest?.metadata, seq: String(await lastSeq(nats.topology)) };
   await store.putBlob({ name: "jobs-9999999999999999", metadata }, new TextEncoder().encode("not an index"));
 
   const lines: string[] = [];
   const second = await startDispatcher({ ...nats.dispatcherRole, logger: noting(lines) });
   try {
     expect(lines).toContain("warn could not start from the job index's snapshot; reading every job record instead");
-    expect((await client.listJobs()).jobs.map((j) => j.id)).toEqual([job.id]);
+    expect((await client.listJobs()).jobs.map((j) => j.id)).toEqual([job]);
   } finally {
     await second.close();
   }
@@ -146,22 +151,12 @@ test("on a three-server cluster, with 3 replicas (no direct gets), a dispatcher 
   await using cluster = await natsCluster(3);
   const nc = await cluster.connect();
   const topology = await openTopology(nc, { prefix: uniquePrefix(), replicas: 3 });
-  const jobsStream = `KV_${topology.names.buckets.jobs}`;
   try {
-    expect((await topology.jsm.streams.info(jobsStream)).config.allow_direct).toBe(false);
-    const first = await startDispatcher({ topology, indexSnapshotIntervalMs: 300 });
+    expect((await topology.jsm.streams.info(`KV_${topology.names.buckets.jobs}`)).config.allow_direct).toBe(false);
     const client = createClient(topology);
-    await client.applyAgent({ name: "idle", trusted: true, pool: "nobody", runtime: { sandbox: "host" }, command: ["true"] });
-    const ids: string[] = [];
-    for (let i = 0; i < 20; i++) {
-      const { job } = await client.submit({ agent: "idle", input: { i } });
-      await client.cancelJob(job.id);
-      ids.push(job.id);
-    }
-    const upTo = (await topology.jsm.streams.info(jobsStream)).state.last_seq;
-    const store = await topology.jobIndex();
-    const newest = async () => Math.max(0, ...(await store.list()).map((info) => Number(info.metadata?.seq) || 0));
-    await eventually(async () => ((await newest()) >= upTo ? true : undefined), "a snapshot covering every job");
+    const first = await snapshotting({ topology }, client);
+    const ids = await cancelledJobs(client, 20);
+    await snapshotted(topology);
     await first.close();
     for (const id of ids.slice(0, 3)) await topology.jobs.delete(id);
 

@@ -126,8 +126,12 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
     ],
     (key, revision) => retention.observeMarker("jobs", key, revision),
   );
-  // Ends seen from now on free their places; what the replay shows, the sweep deals with.
-  void jobWatch.caughtUp.then(() => limits.followEnds());
+  // Ends seen from now on free their places; what the replay shows, the sweep deals with. And
+  // the markers past the snapshot it started from, read, may go.
+  void jobWatch.caughtUp.then(() => {
+    limits.followEnds();
+    return snapshots.release();
+  });
   const api = new ApiService(
     topology,
     ctx,
@@ -161,7 +165,6 @@ export async function startDispatcher(opts: DispatcherOptions): Promise<Dispatch
             return from;
           });
           await jobWatch.start(await startingPoint);
-          void jobWatch.caughtUp.then(() => snapshots.release());
         },
         stop: () => jobWatch.stop(),
       },

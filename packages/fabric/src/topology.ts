@@ -249,8 +249,6 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
 
   const systemId = (await jsm.streams.info(names.streams.work)).created;
 
-  let snapshots: Promise<ObjectStore> | undefined;
-  let jobIndex: Promise<ObjectStore> | undefined;
   let usageView: Promise<KV> | undefined;
   /** A bucket made on first use; one its credentials cannot open names the fix. */
   const onFirstUse = <T>(what: string, open: () => Promise<T>, forget: () => void): Promise<T> =>
@@ -285,6 +283,20 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
       opened ??= onFirstUse(
         what,
         async () => kv(bucket, await sized(bucket, bounds)),
+        () => {
+          opened = undefined;
+        },
+      );
+      return opened;
+    };
+  };
+  /** An Object Store made on first use (and asked again after a failure). */
+  const objOnFirstUse = (what: string, bucket: string) => {
+    let opened: Promise<ObjectStore> | undefined;
+    return () => {
+      opened ??= onFirstUse(
+        what,
+        () => new Objm(js).create(bucket, { replicas: num_replicas }),
         () => {
           opened = undefined;
         },
@@ -338,26 +350,8 @@ export async function openTopology(nc: NatsConnection, opts: TopologyOptions = {
     },
     // A window's count is of no use once the window is over (a window is at most a day).
     modelUse: kvOnFirstUse("model use bucket", names.buckets.modelUse, { ttl: 2 * 24 * 3_600_000, max_bytes: 64 * 1024 * 1024 }),
-    snapshots: () => {
-      snapshots ??= onFirstUse(
-        "snapshots store",
-        () => new Objm(js).create(names.buckets.snapshots, { replicas: num_replicas }),
-        () => {
-          snapshots = undefined;
-        },
-      );
-      return snapshots;
-    },
-    jobIndex: () => {
-      jobIndex ??= onFirstUse(
-        "job index store",
-        () => new Objm(js).create(names.buckets.jobIndex, { replicas: num_replicas }),
-        () => {
-          jobIndex = undefined;
-        },
-      );
-      return jobIndex;
-    },
+    snapshots: objOnFirstUse("snapshots store", names.buckets.snapshots),
+    jobIndex: objOnFirstUse("job index store", names.buckets.jobIndex),
     artifacts,
     policy,
     purgeKey,

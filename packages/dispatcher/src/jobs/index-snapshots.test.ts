@@ -19,6 +19,17 @@ test("markers are covered up to a snapshot known for the grace, never past a sta
     0,
     0,
   );
+  /** Another dispatcher's, which writes none, knowing a snapshot for `graceMs` before it covers. */
+  const other = (graceMs: number) =>
+    new IndexSnapshots(
+      topology,
+      new JobIndex(),
+      () => undefined,
+      () => [],
+      silentLogger,
+      0,
+      graceMs,
+    );
   const written = async () => {
     await topology.jobs.put(`k${await lastSeq()}`, "{}");
     at = await lastSeq();
@@ -29,15 +40,7 @@ test("markers are covered up to a snapshot known for the grace, never past a sta
   expect(await writer.coveredSeq()).toBe(first);
 
   // A dispatcher starts from it: its lease holds the markers past it, though newer snapshots come.
-  const starter = new IndexSnapshots(
-    topology,
-    new JobIndex(),
-    () => undefined,
-    () => [],
-    silentLogger,
-    0,
-    0,
-  );
+  const starter = other(0);
   const from = await starter.restore();
   expect(from).toMatchObject({ seq: first, markers: [["gone", 1]], settled: 0 });
   const second = await written();
@@ -50,14 +53,6 @@ test("markers are covered up to a snapshot known for the grace, never past a sta
   expect(await writer.coveredSeq()).toBe(third);
 
   // Another dispatcher knows the newest only from now: not covered until it has known it for its grace.
-  const patient = new IndexSnapshots(
-    topology,
-    new JobIndex(),
-    () => undefined,
-    () => [],
-    silentLogger,
-    0,
-    60_000,
-  );
+  const patient = other(60_000);
   expect(await patient.coveredSeq()).toBe(0);
 });

@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@boxcar/common";
 import type { Topology } from "@boxcar/fabric";
-import type { ObjectInfo, ObjectStore } from "@nats-io/obj";
+import type { ObjectStore } from "@nats-io/obj";
 import { Sweep } from "../loops/sweep.js";
 import { decodeImage, encodeImage } from "./index-image.js";
 import type { JobIndex } from "./job-index.js";
@@ -33,6 +33,16 @@ interface Cut {
 /** What a snapshot's header keeps besides the image. */
 interface Meta extends Cut {
   markers: [string, number][];
+}
+
+/** What the store holds: the snapshots of the jobs stream as it is now (oldest first, each with when it was written), the leases, and the rest. */
+interface Listing {
+  store: ObjectStore;
+  stream: { created: string; lastSeq: number };
+  cuts: (Cut & { writtenAt: number })[];
+  leases: { name: string; seq: number; until: number }[];
+  /** Every object's name. */
+  names: string[];
 }
 
 /**
@@ -96,11 +106,10 @@ export class IndexSnapshots {
   async restore(): Promise<StartingPoint | undefined> {
     let cut: Cut | undefined;
     try {
-      const store = await this.topology.jobIndex();
-      const stream = await this.jobsStream();
       // Read again once if removed as it was read: newer ones were written meanwhile.
       for (let attempt = 0; attempt < 2; attempt++) {
-        cut = parse(await store.list(), stream.created).at(-1);
+        const { store, stream, cuts } = await this.listing();
+        cut = cuts.at(-1);
         if (!cut) return undefined;
         if (cut.seq > stream.lastSeq) throw new Error(`it is at sequence ${cut.seq}, past the bucket's last, ${stream.lastSeq}`);
         await this.hold(store, cut.seq);
@@ -140,13 +149,9 @@ export class IndexSnapshots {
   async write(): Promise<boolean> {
     const seq = this.position();
     if (seq === undefined) return false;
-    const store = await this.topology.jobIndex();
-    const stream = await this.jobsStream();
-    const infos = await store.list();
-    const cuts = parse(infos, stream.created);
+    const { store, stream, cuts, leases, names } = await this.listing();
     const newest = cuts.at(-1);
-    const newestInfo = infos.find((i) => i.name === newest?.name);
-    if (newest && (newest.seq >= seq || Date.now() - Date.parse(newestInfo?.mtime ?? "") < this.intervalMs)) return false;
+    if (newest && (newest.seq >= seq || Date.now() - newest.writtenAt < this.intervalMs)) return false;
     // Cut at once: the index is as the watch left it at `seq` until the next entry it shows.
     const began = performance.now();
     const at = this.position() ?? seq;
@@ -157,12 +162,9 @@ export class IndexSnapshots {
     const writeMs = Math.round(performance.now() - began);
     this.log.info({ seq: meta.seq, bytes: bytes.length, cutMs, writeMs }, "wrote a snapshot of the job index");
     // The one before stays, for a start reading it; older ones, any of another stream and leases run out go.
-    const kept = new Set([meta.name, ...(newest ? [newest.name] : [])]);
     const now = Date.now();
-    for (const info of infos) {
-      const lease = leaseOf(info);
-      if (lease ? lease.until < now : !kept.has(info.name)) await store.delete(info.name).catch(() => {});
-    }
+    const kept = new Set([meta.name, newest?.name, ...leases.filter((l) => l.until >= now).map((l) => l.name)]);
+    for (const name of names) if (!kept.has(name)) await store.delete(name).catch(() => {});
     return true;
   }
 
@@ -172,9 +174,7 @@ export class IndexSnapshots {
    * there is none).
    */
   async coveredSeq(): Promise<number> {
-    const stream = await this.jobsStream();
-    const infos = await (await this.topology.jobIndex()).list();
-    const cuts = parse(infos, stream.created);
+    const { cuts, leases } = await this.listing();
     const now = Date.now();
     for (const { seq } of cuts) if (!this.seen.has(seq)) this.seen.set(seq, now);
     let covered = 0;
@@ -182,10 +182,7 @@ export class IndexSnapshots {
       if (!cuts.some((c) => c.seq === seq)) this.seen.delete(seq);
       else if (now - since >= this.coverGraceMs) covered = Math.max(covered, seq);
     }
-    for (const info of infos) {
-      const lease = leaseOf(info);
-      if (lease && lease.until >= now) covered = Math.min(covered, lease.seq);
-    }
+    for (const lease of leases) if (lease.until >= now) covered = Math.min(covered, lease.seq);
     return covered;
   }
 
@@ -198,9 +195,21 @@ export class IndexSnapshots {
     this.lease = name;
   }
 
-  private async jobsStream(): Promise<{ created: string; lastSeq: number }> {
-    const info = await this.topology.jsm.streams.info(`KV_${this.topology.names.buckets.jobs}`);
-    return { created: info.created, lastSeq: info.state.last_seq };
+  private async listing(): Promise<Listing> {
+    const store = await this.topology.jobIndex();
+    const { created, state } = await this.topology.jsm.streams.info(`KV_${this.topology.names.buckets.jobs}`);
+    const infos = await store.list();
+    const cuts = infos
+      .flatMap((info) => {
+        const seq = Number(info.metadata?.seq);
+        const ok = info.name.startsWith("jobs-") && info.metadata?.created === created && Number.isSafeInteger(seq) && seq > 0;
+        return ok ? [{ name: info.name, seq, created, writtenAt: Date.parse(info.mtime) }] : [];
+      })
+      .sort((a, b) => a.seq - b.seq);
+    const leases = infos
+      .filter((info) => info.name.startsWith("lease-"))
+      .map((info) => ({ name: info.name, seq: Number(info.metadata?.seq) || 0, until: Number(info.metadata?.until) || 0 }));
+    return { store, stream: { created, lastSeq: state.last_seq }, cuts, leases, names: infos.map((i) => i.name) };
   }
 }
 
@@ -241,21 +250,4 @@ function checkMeta(meta: unknown, cut: Cut): [string, number][] {
   if (!Array.isArray(markers) || !markers.every((x) => Array.isArray(x) && typeof x[0] === "string" && Number.isSafeInteger(x[1])))
     throw new Error("its delete markers are not keys and sequences");
   return markers;
-}
-
-/** A lease's sequence and end, if `info` is one. */
-function leaseOf(info: ObjectInfo): { seq: number; until: number } | undefined {
-  if (!info.name.startsWith("lease-")) return undefined;
-  return { seq: Number(info.metadata?.seq) || 0, until: Number(info.metadata?.until) || 0 };
-}
-
-/** The snapshots among `infos` cut from the stream created at `created`, oldest first. */
-function parse(infos: ObjectInfo[], created: string): Cut[] {
-  return infos
-    .flatMap((info) => {
-      const seq = Number(info.metadata?.seq);
-      const ok = info.name.startsWith("jobs-") && info.metadata?.created === created && Number.isSafeInteger(seq) && seq > 0;
-      return ok ? [{ name: info.name, seq, created }] : [];
-    })
-    .sort((a, b) => a.seq - b.seq);
 }

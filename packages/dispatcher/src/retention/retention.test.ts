@@ -31,6 +31,27 @@ function snapshotsOf(topology: Topology, index: JobIndex) {
   };
   return { snapshots, cover };
 }
+
+/** Past the default retention, 7 days. */
+const eightDaysAgo = () => new Date(Date.now() - 8 * 24 * 3_600_000);
+
+/** The record of job `id`, which succeeded at `at`. */
+function ended(id: string, at: Date, extra: Partial<JobRecord> = {}): JobRecord {
+  return {
+    v: PROTOCOL_VERSION,
+    id,
+    agent: "noop",
+    pool: "default",
+    owner: "local",
+    state: "succeeded",
+    attempt: 1,
+    createdAt: at.toISOString(),
+    finishedAt: at.toISOString(),
+    artifacts: [],
+    history: [],
+    ...extra,
+  };
+}
 test("one sweep deletes every job past its retention, however many: batch after batch, and no other", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
@@ -39,20 +60,7 @@ test("one sweep deletes every job past its retention, however many: batch after 
   // The index a dispatcher's watch keeps, shown the records as they are written.
   const index = new JobIndex();
   const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
-  const ended = (id: string, finishedAt: Date): JobRecord => ({
-    v: PROTOCOL_VERSION,
-    id,
-    agent: "noop",
-    pool: "default",
-    owner: "local",
-    state: "succeeded",
-    attempt: 1,
-    createdAt: finishedAt.toISOString(),
-    finishedAt: finishedAt.toISOString(),
-    artifacts: [],
-    history: [],
-  });
-  const old = new Date(Date.now() - 8 * 24 * 3_600_000); // past the default 7 days
+  const old = eightDaysAgo();
   const records = [
     ...Array.from({ length: 1_200 }, (_, i) => ended(`old${i}`, old)),
     ...Array.from({ length: 5 }, (_, i) => ended(`new${i}`, new Date())),
@@ -77,7 +85,7 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   // The index a dispatcher's watch keeps, shown the records as they are written.
   const index = new JobIndex();
   const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
-  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
+  const old = eightDaysAgo().toISOString();
   const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
     v: PROTOCOL_VERSION,
     id,
@@ -123,23 +131,9 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   // Markers purged by the first pass after the one that wrote them, once a snapshot covers them.
   const { snapshots, cover } = snapshotsOf(topology, index);
   const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, { markerLingerMs: 0, ghostMs: 0 });
-  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
   const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
   for (const id of ids) {
-    const record: JobRecord = {
-      v: PROTOCOL_VERSION,
-      id,
-      agent: "noop",
-      pool: "default",
-      owner: "local",
-      state: "succeeded",
-      attempt: 1,
-      createdAt: old,
-      finishedAt: old,
-      artifacts: [],
-      history: [],
-      result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 },
-    };
+    const record = ended(id, eightDaysAgo(), { result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 } });
     await topology.jobStore.create({ record: record });
     index.observe(id, record);
     sweeper.observe(id, record);
@@ -214,24 +208,11 @@ test("a job whose record is gone with no delete marker (a full store's purge who
     markerLingerMs: 0,
     ghostMs: 0,
   });
-  const old = new Date(Date.now() - 8 * 24 * 3_600_000).toISOString();
-  const ended = (id: string): JobRecord => ({
-    v: PROTOCOL_VERSION,
-    id,
-    agent: "noop",
-    pool: "default",
-    owner: "local",
-    state: "succeeded",
-    attempt: 1,
-    createdAt: old,
-    finishedAt: old,
-    artifacts: [],
-    history: [],
-  });
+  const old = eightDaysAgo();
   // The index has both (a snapshot gave them, say); the bucket only one, whose deletion the watch would show.
-  index.observe("ghost", ended("ghost"));
-  await topology.jobStore.create({ record: ended("real") });
-  index.observe("real", ended("real"));
+  index.observe("ghost", ended("ghost", old));
+  await topology.jobStore.create({ record: ended("real", old) });
+  index.observe("real", ended("real", old));
   await sweeper.run(); // finds the ghost gone and deletes the other (the watch not being there to show it)
   expect(index.has("ghost")).toBe(true);
   await sweeper.run();
