@@ -3,6 +3,16 @@ import type { Logger } from "@boxcar/common";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { errors as natsErrors } from "@nats-io/transport-node";
 
+/** Whether `err` or an error it was caused by passes `test`. */
+function anyCause(err: unknown, test: (e: Error) => boolean): boolean {
+  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) if (test(e)) return true;
+  return false;
+}
+
+/** Whether JetStream answered an API request with one of `codes`, somewhere in `err`'s causes. */
+const jetStreamAnswered = (err: unknown, codes: readonly number[]) =>
+  anyCause(err, (e) => e instanceof JetStreamApiError && codes.includes(e.code));
+
 /** nats.js reports a publish nobody answered as "JetStream not enabled", caused by a no-responders error. */
 export function isNoResponders(err: unknown): boolean {
   const cause = err instanceof Error ? err.cause : undefined;
@@ -34,10 +44,7 @@ const TEMPORARILY_UNAVAILABLE = 10008;
  * meta leader. Anything else (a refusal, a configuration the server rejects) is not transient.
  */
 export function isTransientJetStreamError(err: unknown): boolean {
-  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
-    if (e instanceof JetStreamApiError && e.code === TEMPORARILY_UNAVAILABLE) return true;
-  }
-  return isTransientNatsError(err);
+  return jetStreamAnswered(err, [TEMPORARILY_UNAVAILABLE]) || isTransientNatsError(err);
 }
 
 /** JetStream's refusals for want of storage: "insufficient resources" and "insufficient storage resources available". */
@@ -45,10 +52,7 @@ const STORAGE_REFUSALS: readonly number[] = [10023, 10047];
 
 /** True when JetStream refused a write because its store (the server's or the account's) has no room left. */
 export function isStorageFull(err: unknown): boolean {
-  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
-    if (e instanceof JetStreamApiError && STORAGE_REFUSALS.includes(e.code)) return true;
-  }
-  return false;
+  return jetStreamAnswered(err, STORAGE_REFUSALS);
 }
 
 /** JetStream's "no message found" (and "stream store EOF", past the last sequence): a message asked for by sequence is not there. */
@@ -56,10 +60,12 @@ const NO_MESSAGE = 10057;
 
 /** True when JetStream answered that the message asked for (by sequence) is not in the stream. */
 export function isNoMessage(err: unknown): boolean {
-  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
-    if (e instanceof JetStreamApiError && e.code === NO_MESSAGE) return true;
-  }
-  return false;
+  return jetStreamAnswered(err, [NO_MESSAGE]);
+}
+
+/** Whether `err` (or a cause of it) is NATS refusing what the connection's permissions do not allow. */
+export function isPermissionViolation(err: unknown): boolean {
+  return anyCause(err, (e) => e instanceof natsErrors.PermissionViolationError);
 }
 
 const MAX_BACKOFF_MS = 5_000;

@@ -1,14 +1,5 @@
 import type { JetStreamManager } from "@nats-io/jetstream";
-import { errors as natsErrors } from "@nats-io/transport-node";
-import { isNoMessage } from "./nats-errors.js";
-
-/** Whether `err` (or a cause of it) is NATS refusing a publish the connection's permissions do not allow. */
-function isPermissionViolation(err: unknown): boolean {
-  for (let e = err; e instanceof Error; e = e.cause === e ? undefined : e.cause) {
-    if (e instanceof natsErrors.PermissionViolationError) return true;
-  }
-  return false;
-}
+import { isNoMessage, isPermissionViolation } from "./nats-errors.js";
 
 /** Per stream, whether it keeps one message a subject (asked once a process). */
 const oneASubject = new WeakMap<JetStreamManager, Map<string, Promise<boolean>>>();
