@@ -127,6 +127,28 @@ test("a zombie attempt that finishes late cannot overwrite the outcome of a newe
   }
 });
 
+test("a worker that died between writing a job's end and publishing its event: the next to get the work item publishes it, dated when the job ended", async () => {
+  await using s = await system();
+  await s.client.applyAgent({ name: "quick", command: "echo ran", trusted: true, runtime: { sandbox: "host" } });
+  const { job } = await s.client.submit({ agent: "quick" });
+  // What the dead worker left: the record ended (claimed and finished), no event, the work item unacknowledged.
+  const entry = await s.nats.topology.jobs.get(job.id);
+  const queued = entry?.json<JobRecord>() as JobRecord;
+  const finishedAt = new Date(Date.now() - 3_000).toISOString();
+  const ended: JobRecord = { ...queued, state: "succeeded", attempt: 1, workerId: "w-gone", startedAt: finishedAt, finishedAt };
+  await s.nats.topology.jobs.update(job.id, JSON.stringify(ended), entry?.revision as number);
+
+  await using worker = createWorker({ ...s.nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const outcome = await eventually(async () => {
+    for await (const e of s.client.events(job.id)) if (e.kind === "job" && e.type === "succeeded") return e;
+    return undefined;
+  }, "the outcome event to be published again");
+  expect(outcome).toMatchObject({ attempt: 1, state: "succeeded", at: finishedAt, workerId: "w-gone" });
+  // Not run again.
+  expect(await s.client.getJob(job.id)).toEqual(ended);
+});
+
 test("an admission cut short by a dispatcher crash (record written, work item not) is finished by a dispatcher; a job that only waits is not doubled", async () => {
   await using s = await system();
   await s.client.applyAgent({ name: "quick", command: "echo ran >> runs.txt; cat runs.txt", trusted: true, runtime: { sandbox: "host" } });

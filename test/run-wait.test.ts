@@ -1,7 +1,7 @@
 /**
  * `boxcar run --wait` rides out a dispatcher restart (issue 45, item 8): the run goes on while no
- * dispatcher answers, and the wait asks again instead of giving up (exit 4). Against a real
- * nats-server, a dispatcher stopped and started again mid-run, and a host worker.
+ * dispatcher answers, and the wait asks again instead of giving up (exit 4), from its first read
+ * on. Against a real nats-server, a dispatcher stopped and started again mid-run, and a host worker.
  */
 
 import { writeFile } from "node:fs/promises";
@@ -40,6 +40,29 @@ test("run --wait outlasts a dispatcher that stops mid-run and starts again: it e
     expect(run?.state).toBe("succeeded");
   } finally {
     waiting.kill("SIGKILL");
+    await dispatcher.close();
+  }
+});
+
+test("a wait that begins while no dispatcher answers asks again until one does: for a run and for a chain", async () => {
+  await using nats = await natsFixture();
+  let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+  void worker.run();
+  const client = createClient(nats.topology);
+  await client.applyAgent({ name: "nap", command: "sleep 2; echo rested", trusted: true, runtime: { sandbox: "host" } });
+  const { run } = await client.startRun({ workflow: { name: "nap-run", steps: [{ name: "nap", agent: "nap" }] } });
+  const { job } = await client.submit({ agent: "nap" });
+  await dispatcher.close();
+  try {
+    // Their first reads meet nobody (CI saw `run --wait` exit 4 when its first read came just after a dispatcher stopped).
+    const waits = Promise.all([client.waitForRun(run.id), client.waitForChain(job.id)]);
+    await new Promise((r) => setTimeout(r, 3_000));
+    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    const [ran, chained] = await waits;
+    expect(ran.state).toBe("succeeded");
+    expect(chained).toMatchObject({ id: job.id, state: "succeeded" });
+  } finally {
     await dispatcher.close();
   }
 });

@@ -1,3 +1,4 @@
+import { setTimeout as delay } from "node:timers/promises";
 import { jsonOf } from "@boxcar/common";
 import {
   BoxcarError,
@@ -57,27 +58,36 @@ async function waitUntil<T>(
     return event !== undefined && matters(event);
   });
   // Read again now that the subscription stands: the record may have changed in between.
-  let unanswered: number | undefined;
   for (;;) {
-    let value: T;
-    try {
-      value = await read();
-      unanswered = undefined;
-    } catch (err) {
-      // No dispatcher answers (one restarting, a cluster electing leaders): the job or run goes on
-      // without them; ask again for a while before giving up.
-      if (!(err instanceof BoxcarError && err.code === ErrorCode.unavailable)) throw err;
-      unanswered ??= Date.now();
-      if (Date.now() - unanswered > RIDE_OUT_MS) throw err;
-      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
-      await wake.wait(RECHECK_MS, signal);
-      continue;
-    }
+    const value = await ridingOut(read, () => wake.wait(RECHECK_MS, signal), signal);
     if (done(value)) return value;
     if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
     await wake.wait(RECHECK_MS, signal);
   }
 }
+
+/**
+ * `read`, asked again after each `pause` while no dispatcher answers (one restarting, a cluster
+ * electing leaders): the job or run goes on without them. Gives up after `RIDE_OUT_MS`.
+ */
+async function ridingOut<T>(read: () => Promise<T>, pause: () => Promise<unknown>, signal?: AbortSignal): Promise<T> {
+  let unanswered: number | undefined;
+  for (;;) {
+    try {
+      return await read();
+    } catch (err) {
+      if (!(err instanceof BoxcarError && err.code === ErrorCode.unavailable)) throw err;
+      unanswered ??= Date.now();
+      if (Date.now() - unanswered > RIDE_OUT_MS) throw err;
+      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
+      await pause();
+    }
+  }
+}
+
+/** `ridingOut` for a wait's first read, before it knows what to listen to: it pauses `RECHECK_MS` between asks. */
+const firstRead = <T>(read: () => Promise<T>, signal?: AbortSignal): Promise<T> =>
+  ridingOut(read, () => delay(RECHECK_MS, undefined, { signal }).catch(() => undefined), signal);
 
 /** How long waiting for a job or run rides out dispatchers that do not answer before it gives up. */
 const RIDE_OUT_MS = 60_000;
@@ -114,7 +124,7 @@ export function waitForJobRecord(
 /** The last job of the chain `jobId` starts, once it has ended (its handoff, if any, decided and followed). */
 export async function waitForChainEnd(link: ClientLink, reader: HistoryReader, jobId: string, signal?: AbortSignal): Promise<JobRecord> {
   for (let id = jobId; ; ) {
-    const record = await reader.getJob(id);
+    const record = await firstRead(() => reader.getJob(id), signal);
     const job = await waitForJobRecord(
       link,
       reader,
@@ -129,7 +139,7 @@ export async function waitForChainEnd(link: ClientLink, reader: HistoryReader, j
 
 /** A run once it has ended and none of its jobs is still going. */
 export async function waitForRunEnd(link: ClientLink, reader: HistoryReader, runId: string, signal?: AbortSignal): Promise<Run> {
-  const run = await reader.getRun(runId);
+  const run = await firstRead(() => reader.getRun(runId), signal);
   const owner = ownerOf(run);
   // The run's events and its jobs' final events, all under its owner.
   return waitUntil(

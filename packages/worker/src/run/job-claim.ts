@@ -123,8 +123,10 @@ export async function removeEarlierAttempts(worker: ClaimWorker, jobId: string, 
 export async function republishOutcome(topology: Topology, record: JobRecord, log: Logger): Promise<void> {
   if (!isTerminal(record.state) || record.attempt === 0 || !record.finishedAt) return;
   if (Date.now() - Date.parse(record.finishedAt) > REPUBLISH_WITHIN_MS) return;
-  // A final state is also the type of the event that announces it.
+  // A final state is also the type of the event that announces it, dated when the job ended
+  // (a reader that orders events by `at` sees the end where it happened, not when it was noticed).
   const event = jobEvent(record, record.state as JobEventType, {
+    at: record.finishedAt,
     ...(record.workerId ? { workerId: record.workerId } : {}),
     ...(record.sandbox ? { sandbox: record.sandbox } : {}),
     ...(record.error ? { message: record.error.message } : {}),
