@@ -1,7 +1,7 @@
 import { chmod, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { BoxcarError, ErrorCode, LOCAL_OWNER, names, ROLE_TAG, ROLES, type Role, rolePermissions, UserName } from "@boxcar/protocol";
-import { Algorithms, encodeAccount, encodeOperator, encodeUser, fmtCreds, newScopedSigner } from "@nats-io/jwt";
+import { Algorithms, decode, encodeAccount, encodeOperator, encodeUser, fmtCreds, newScopedSigner } from "@nats-io/jwt";
 import { createAccount, createOperator, createUser, fromSeed, type KeyPair } from "@nats-io/nkeys";
 import { z } from "zod";
 import { DEFAULT_SERVER_HOSTS, newAuthority, newServerCertificate } from "./tls.js";
@@ -355,17 +355,20 @@ export class AuthDir {
     const account = this.state.account;
     const kp = createUser();
     const signer = await this.seed(`role-${role}`);
-    // Read from the clock just before encodeUser stamps its issue time (it awaits nothing before
-    // that): computed before the seed was read, a lifetime could come out a second short.
-    const exp = ttlSeconds === undefined ? undefined : Math.floor(Date.now() / 1000) + ttlSeconds;
-    const jwt = await encodeUser(
-      user,
-      kp,
-      account,
-      { tags: [`${ROLE_TAG}:${role}`], issuer_account: account },
-      { signer, scopedUser: true, algorithm: Algorithms.v2, ...(exp !== undefined ? { exp } : {}) },
-    );
-    return { jwt, kp };
+    for (;;) {
+      // encodeUser stamps its own issue time, a moment after this clock read: should a second
+      // begin between the two (a busy machine), the lifetime comes out a second short, and the
+      // credential is made again.
+      const exp = ttlSeconds === undefined ? undefined : Math.floor(Date.now() / 1000) + ttlSeconds;
+      const jwt = await encodeUser(
+        user,
+        kp,
+        account,
+        { tags: [`${ROLE_TAG}:${role}`], issuer_account: account },
+        { signer, scopedUser: true, algorithm: Algorithms.v2, ...(exp !== undefined ? { exp } : {}) },
+      );
+      if (exp === undefined || decode(jwt).iat === exp - (ttlSeconds as number)) return { jwt, kp };
+    }
   }
 
   private async writeUser(user: string, role: Role): Promise<string> {
