@@ -527,22 +527,78 @@ describe.skipIf(!dockerOk)("Docker: a worker SIGKILLed mid-job leaves no running
       } finally {
         worker.kill("SIGKILL");
         await exited(worker);
-        // Twice: a container the engine was still making when the worker died shows up late.
-        const docker = new Docker();
-        for (const pause of [0, 1_000]) {
-          await sleep(pause);
-          const left = await boxcarContainers(s.prefix);
-          await Promise.all(
-            left.map((c) =>
-              docker
-                .getContainer(c.Id)
-                .remove({ force: true, v: true })
-                .catch(() => {}),
-            ),
-          );
-        }
+        await removeContainers(s.prefix);
       }
     },
     90_000,
   );
 });
+
+describe.skipIf(!dockerOk)("Docker: an agent at its pids limit", () => {
+  test("attack: a fork bomb that holds every process its pids limit allows cannot stop its lifeline: it runs on while beats come, and is gone by its stop time once its worker freezes", async () => {
+    await using s = await system();
+    await s.client.applyAgent({
+      name: "pid-hog",
+      // A sentinel that forked for each beat was refused its fork once the bomb held every process:
+      // it killed the agent, or died and left it to outlive its worker (lifeline.ts).
+      // It forks without pause, so each process freed (the sentinel's own, as a beat ends) is taken at once.
+      command: ["perl", "-e", "while (1) { my $p = fork; if (defined $p && $p == 0) { sleep 300; exit } }"],
+      runtime: { sandbox: "docker", timeout: "5m", limits: { pids: 16, cpus: 0.5 } },
+    });
+    const worker = spawnBoxcar(s.nats.url, s.prefix, ["worker", "--sandboxes", "docker", "--heartbeat", "500ms"]);
+    try {
+      await eventually(
+        async () => ((await s.client.listWorkers()).some((w) => w.pid === worker.pid) ? true : undefined),
+        "the worker",
+        60_000,
+      );
+      const { job } = await s.client.submit({ agent: "pid-hog" });
+      const running = async () => {
+        const record = await s.client.getJob(job.id);
+        if (isTerminal(record.state)) throw new Error(`the job ended while its bomb held its processes: ${JSON.stringify(record.error)}`);
+        const [found] = (await boxcarContainers(s.prefix, job.id)).filter((c) => c.State === "running");
+        return found && new Docker().getContainer(found.Id);
+      };
+      const container = await eventually(async () => {
+        const found = await running();
+        const stats = found && ((await found.stats({ stream: false })) as { pids_stats?: { current?: number } });
+        return (stats?.pids_stats?.current ?? 0) >= 16 ? found : undefined;
+      }, "the bomb to hold every process the limit allows");
+      // Three beats (a third of the lease apart) while it holds them: the job and its container run on.
+      await sleep(LEASE_MS);
+      expect(await running(), "the job's container after three beats").toBeDefined();
+
+      worker.kill("SIGSTOP"); // frozen: no more beats, nor anything from the worker
+      const frozenAt = Date.now();
+      // Its stop time is at most 5/6 of the lease after the last renewal, which came before the freeze.
+      let up = true;
+      while (up && Date.now() < frozenAt + LEASE_MS + 2_000) {
+        await sleep(100);
+        up = (await container.inspect()).State.Running;
+      }
+      expect(up, `the agent's container running ${Date.now() - frozenAt} ms after its worker froze`).toBe(false);
+    } finally {
+      worker.kill("SIGCONT");
+      worker.kill("SIGKILL");
+      await exited(worker);
+      await removeContainers(s.prefix);
+    }
+  }, 90_000);
+});
+
+/** Removes every container of the system, twice: a container the engine was still making when its worker died shows up late. */
+async function removeContainers(prefix: string): Promise<void> {
+  const docker = new Docker();
+  for (const pause of [0, 1_000]) {
+    await sleep(pause);
+    const left = await boxcarContainers(prefix);
+    await Promise.all(
+      left.map((c) =>
+        docker
+          .getContainer(c.Id)
+          .remove({ force: true, v: true })
+          .catch(() => {}),
+      ),
+    );
+  }
+}

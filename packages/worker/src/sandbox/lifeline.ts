@@ -32,17 +32,37 @@ export function lifelineScript(lifeline: "fd3" | "stdin"): string {
 export const LIFELINE_FROM_STDIN = "exec 3<&0 </dev/null";
 
 /**
+ * The sentinel's wait for beats with a shell's own `read -t` (bash, busybox's ash): it makes no
+ * process, so an agent that holds every process its pids limit allows cannot stop it. Each beat
+ * must come before the time the one before gave.
+ */
+const READ_BEATS = `boxcar_wait=$boxcar_stop_s; while read -r -t "$boxcar_wait" boxcar_beat && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done`;
+
+/**
  * The shell line that starts the sentinel on the lifeline at fd 3, the seconds it first waits in
- * `$boxcar_stop_s` (empty: no stop time). With `timeout` and `head` (coreutils or busybox) and a
- * stop time, each beat must come before the time the one before gave (`timeout -s KILL`: the
- * sentinel ignores SIGTERM, and `head` would inherit that); without, only the pipe's end counts.
+ * `$boxcar_stop_s` (empty: no stop time). How it waits for each beat, the first that the image has:
+ * - the shell's own `read -t` (bash or busybox's ash as `sh`), in place: no process per beat;
+ * - bash, where `sh` is another shell (Debian's dash): the same loop in `bash -p`, which takes no
+ *   functions, startup file or options from the environment;
+ * - `timeout` and `head` (coreutils or busybox), which fork for each beat (`timeout -s KILL`: the
+ *   sentinel ignores SIGTERM, and `head` would inherit that). A fork refused (an agent at its pids
+ *   limit) ends the sentinel, and its EXIT trap kills the group: the agent may be stopped early,
+ *   never left running;
+ * - none: only the pipe's end counts (`read` with no time limit).
  * Then it SIGKILLs its process group, the agent's. It is forked twice (so it is no child of the
  * agent's, which may wait for any child), keeps the pipe to itself (the agent's commands are run
  * with `3<&-`), and shrugs off the SIGTERM a stop sends the group first (so the lifeline holds
  * through the grace period). Its stdin is named outright: a background command's would otherwise
- * be /dev/null.
+ * be /dev/null. Whatever ends it (an error, a fork refused), its EXIT trap kills the group.
  */
-export const SENTINEL = `( ( trap '' HUP INT TERM; if [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1 && command -v head >/dev/null 2>&1; then boxcar_wait=$boxcar_stop_s; while boxcar_beat=$(timeout -s KILL "$boxcar_wait" head -n 1) && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done; else while read -r boxcar_beat; do :; done; fi; kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )`;
+export const SENTINEL = [
+  "( ( trap '' HUP INT TERM; trap 'kill -KILL 0' EXIT;",
+  `if [ -n "$boxcar_stop_s" ] && { read -r -t 1 boxcar_beat </dev/null; [ $? -eq 1 ]; } 2>/dev/null; then ${READ_BEATS};`,
+  `elif [ -n "$boxcar_stop_s" ] && command -v bash >/dev/null 2>&1; then exec bash -p -c 'boxcar_stop_s=$1; ${READ_BEATS}; kill -KILL 0' boxcar-sentinel "$boxcar_stop_s";`,
+  'elif [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1 && command -v head >/dev/null 2>&1; then boxcar_wait=$boxcar_stop_s; while boxcar_beat=$(timeout -s KILL "$boxcar_wait" head -n 1) && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done;',
+  "else while read -r boxcar_beat; do :; done; fi;",
+  "kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )",
+].join(" ");
 
 /**
  * Seconds as the sentinel's `timeout` takes them: to a tenth, cut down, at least one (busybox
