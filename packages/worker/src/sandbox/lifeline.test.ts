@@ -99,7 +99,7 @@ if (existsSync("/bin/busybox")) {
   shells.push(["busybox", { argv: ["/bin/busybox", "sh"], path: only(applets), forksPerBeat: false }]);
 }
 
-describe.each(shells)("the sentinel (%s)", (_name, shell) => {
+describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
   test("with no beat the agent is killed at its first wait, though it and the sentinel ignore SIGTERM", async () => {
     const ended = await underSentinel(shell, "trap '' TERM; sleep 30", 1_000);
     expect(ended.signal).toBe("SIGKILL");
