@@ -20,9 +20,11 @@ export default defineConfig({
           name: "suite",
           include: ["packages/*/src/**/*.test.ts", "test/**/*.test.ts"],
           exclude: [...configDefaults.exclude, ...ALONE],
-          // Integration tests start real nats-servers and child processes: keep the 2-core CI
-          // machine from being oversubscribed.
-          maxWorkers: 2,
+          // Integration tests start real nats-servers and child processes, and spend most of
+          // their time waiting on them: with 3 files at once the 2-core CI machine was 40-95%
+          // busy, and the whole run took 658 s against 848 s with 2 (2026-11-29). More would
+          // oversubscribe it.
+          maxWorkers: 3,
           sequence: { groupOrder: 0 },
         },
       },
