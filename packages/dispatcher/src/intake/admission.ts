@@ -240,7 +240,7 @@ async function createJob(
       log.error({ err: removeErr, jobId: id }, "a job refused for want of storage could not be removed; it runs once space frees");
       return false;
     });
-    if (!removed) throw pending(id);
+    if (!removed) throw new JobKeptError(record);
     log.warn({ jobId: id }, "job taken back: JetStream's store filled while it was admitted");
     ctx.load.observe(id, undefined);
     if (record.concurrency) await ctx.limits.leave(placesOf(record.concurrency), id);
@@ -328,13 +328,33 @@ async function noRoom(topology: Topology, ctx: Pick<AdmissionContext, "load">, i
   );
 }
 
-/** A submission the store filled under whose record could not be taken back: kept, and run once space frees. */
-function pending(id: string): BoxcarError {
-  return new BoxcarError(
-    ErrorCode.acceptedPending,
-    `job ${id} is kept and runs once space frees: JetStream's store filled before its work item was stored, and its record could not be taken back. ` +
-      "Do not submit it again (with its idempotency key, a resubmission returns this job); follow it with boxcar status",
-  );
+/**
+ * A submission the store filled under whose record could not be taken back (`accepted_pending`):
+ * the job is kept, queued, and runs once space frees (the admission sweep publishes its work item).
+ */
+export class JobKeptError extends BoxcarError {
+  constructor(readonly job: JobRecord) {
+    super(
+      ErrorCode.acceptedPending,
+      `job ${job.id} is kept and runs once space frees: JetStream's store filled before its work item was stored, and its record could not be taken back. ` +
+        "Do not submit it again (with its idempotency key, a resubmission returns this job); follow it with boxcar status",
+    );
+  }
+}
+
+/**
+ * `admit` for work the system continues itself (a handoff's next job, a workflow step's, a
+ * schedule's tick): a job the store kept though it filled (`JobKeptError`) is admitted as far
+ * as they are concerned. It runs once space frees, and an admission under its key returns it
+ * again; taken for a refusal, it would run all the same, unknown to its chain, run or schedule.
+ */
+export async function admitContinued(topology: Topology, raw: unknown, ctx: AdmissionContext, opts: AdmitOptions): Promise<Admitted> {
+  try {
+    return await admit(topology, raw, ctx, opts);
+  } catch (err) {
+    if (err instanceof JobKeptError) return { job: err.job, duplicate: false };
+    throw err;
+  }
 }
 
 async function checkInputFiles(topology: Topology, spec: JobSpec): Promise<void> {

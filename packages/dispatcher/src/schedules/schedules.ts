@@ -19,7 +19,7 @@ import {
 import { mayAccess, seesAll } from "@boxcar/protocol/internal";
 import type { KV } from "@nats-io/kv";
 import { Cron } from "croner";
-import { type AdmissionContext, admit, recordRejection } from "../intake/admission.js";
+import { type AdmissionContext, admitContinued, recordRejection } from "../intake/admission.js";
 import { KeyTimers, MAX_TIMER_MS } from "../loops/key-timers.js";
 import { PassPerKey } from "../loops/pass-per-key.js";
 import { Sweep } from "../loops/sweep.js";
@@ -376,7 +376,7 @@ export class Schedules {
     let refused: ErrorInfo | undefined;
     try {
       // Its owner's quota, as for a submit of its own (admins have none).
-      const { job } = await admit(this.topology, record.definition.job, this.ctx, {
+      const { job } = await admitContinued(this.topology, record.definition.job, this.ctx, {
         owner: record.owner,
         ownerRole: Role.safeParse(record.role).data,
         implicitKey,

@@ -17,7 +17,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import { DEFAULT_CHAIN_LIMITS, JobTransitions } from "@boxcar/protocol/internal";
-import { type AdmissionContext, admit } from "../intake/admission.js";
+import { type AdmissionContext, admitContinued } from "../intake/admission.js";
 import { cancelJob } from "../jobs/jobs.js";
 import { withinStep } from "./step-limits.js";
 
@@ -42,7 +42,7 @@ export async function continueChain(topology: Topology, job: JobRecord, ctx: Adm
     await checkHandoff(topology, job, request, link, from);
     // A hop of a workflow step's chain runs within the step's limits (step-limits.ts).
     const bounds = link.stepLimits ? withinStep(link.stepLimits, await ctx.agents.get(request.to)) : {};
-    const next = await admit(topology, { ...nextSpec(job, request), ...bounds }, ctx, {
+    const next = await admitContinued(topology, { ...nextSpec(job, request), ...bounds }, ctx, {
       owner: ownerOf(job),
       ownerRole: job.role,
       implicitKey: `handoff:${job.id}`,

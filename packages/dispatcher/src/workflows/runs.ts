@@ -18,7 +18,7 @@ import {
   WorkflowRun,
 } from "@boxcar/protocol";
 import { mayAccess } from "@boxcar/protocol/internal";
-import { type AdmissionContext, admit } from "../intake/admission.js";
+import { type AdmissionContext, admitContinued } from "../intake/admission.js";
 import { newJobId } from "../jobs/job-id.js";
 import { cancelJob, caughtUp, LIST_REPLY_BUDGET, signalJob } from "../jobs/jobs.js";
 import { KeyTimers } from "../loops/key-timers.js";
@@ -315,7 +315,7 @@ export class Runs {
           const step = run.workflow.steps.find((s) => s.name === start.step);
           const limits = stepLimitsOf(step);
           const spec = limits ? { ...start.spec, ...withinStep(limits, await this.ctx.agents.get(start.spec.agent)) } : start.spec;
-          const { job } = await admit(this.topology, spec, this.ctx, {
+          const { job } = await admitContinued(this.topology, spec, this.ctx, {
             owner: ownerOf(run),
             ownerRole: run.role,
             implicitKey: `workflow:${id}:${start.step}:${start.index}`,
