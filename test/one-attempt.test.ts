@@ -572,7 +572,7 @@ describe.skipIf(!dockerOk)("Docker: an agent at its pids limit", () => {
       const frozenAt = Date.now();
       // Its stop time is at most 5/6 of the lease after the last renewal, which came before the freeze.
       let up = true;
-      while (up && Date.now() < frozenAt + LEASE_MS + 2_000) {
+      while (up && Date.now() < frozenAt + (LEASE_MS * 5) / 6 + 1_000) {
         await sleep(100);
         up = (await container.inspect()).State.Running;
       }

@@ -44,7 +44,7 @@ test("run --wait outlasts a dispatcher that stops mid-run and starts again: it e
   }
 });
 
-test("a wait that begins while no dispatcher answers asks again until one does: for a run and for a chain", async () => {
+test("a wait that begins while no dispatcher answers asks again until one does: for a run, a chain, and boxcar status --wait", async () => {
   await using nats = await natsFixture();
   let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
   await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
@@ -57,11 +57,13 @@ test("a wait that begins while no dispatcher answers asks again until one does: 
   try {
     // Their first reads meet nobody (CI saw `run --wait` exit 4 when its first read came just after a dispatcher stopped).
     const waits = Promise.all([client.waitForRun(run.id), client.waitForChain(job.id)]);
+    const status = spawnBoxcar(nats.url, nats.topology.names.prefix, ["status", job.id, "--wait"]);
     await new Promise((r) => setTimeout(r, 3_000));
     dispatcher = await startDispatcher({ ...nats.dispatcherRole });
     const [ran, chained] = await waits;
     expect(ran.state).toBe("succeeded");
     expect(chained).toMatchObject({ id: job.id, state: "succeeded" });
+    expect((await exited(status)).code, status.output()).toBe(0);
   } finally {
     await dispatcher.close();
   }

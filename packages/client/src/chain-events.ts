@@ -81,6 +81,7 @@ async function ridingOut<T>(read: () => Promise<T>, pause: () => Promise<unknown
       if (Date.now() - unanswered > RIDE_OUT_MS) throw err;
       if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
       await pause();
+      if (signal?.aborted) throw new BoxcarError(ErrorCode.cancelled, "stopped waiting");
     }
   }
 }

@@ -1,7 +1,7 @@
 import { stat } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import type { BoxcarClient, LocalInputFile } from "@boxcar/client";
-import { type BoxcarEvent, isTerminal, type JobRecord, type JobSpecInput, JobState, type ModelCall, Priority } from "@boxcar/protocol";
+import { type BoxcarEvent, type JobRecord, type JobSpecInput, JobState, type ModelCall, Priority } from "@boxcar/protocol";
 import type { Command, Values } from "../command.js";
 import type { OptionsConfig } from "../command-line.js";
 import type { CommandContext } from "../context.js";
@@ -214,8 +214,8 @@ export const status: Command = {
   async run(ctx) {
     const id = one(ctx, "JOB", this.usage);
     await using session = await ctx.session("boxcar-status");
-    let job = await session.client.getJob(id);
-    if (ctx.values.wait && !isTerminal(job.state)) job = await session.client.waitForJob(id, ctx.io.signal);
+    // Waiting rides out dispatchers that do not answer from its first read on.
+    const job = ctx.values.wait ? await session.client.waitForJob(id, ctx.io.signal) : await session.client.getJob(id);
     if (ctx.values.json) {
       ctx.print(json(job));
       return ctx.values.wait ? exitFor(job) : ExitCode.ok;

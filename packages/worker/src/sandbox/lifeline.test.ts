@@ -2,6 +2,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import Docker from "dockerode";
 import { describe, expect, test } from "vitest";
 import { AttemptLease, beatLine, underLifeline } from "./lifeline.js";
 
@@ -9,8 +10,6 @@ import { AttemptLease, beatLine, underLifeline } from "./lifeline.js";
 interface Shell {
   argv: string[];
   path: () => string;
-  /** Whether the sentinel makes processes for each beat (`timeout` and `head`), or waits with the shell's `read -t`. */
-  forksPerBeat: boolean;
 }
 
 /**
@@ -24,7 +23,21 @@ function underSentinel(
   shell: Shell,
   script: string,
   waitMs: number,
-  { beats = [], watch, endAtMs }: { beats?: { atMs: number; msLeft: number }[]; watch?: [number, number]; endAtMs?: number } = {},
+  {
+    beats = [],
+    watch,
+    endAtMs,
+    signalsAtMs,
+    env = {},
+  }: {
+    beats?: { atMs: number; msLeft: number }[];
+    watch?: [number, number];
+    endAtMs?: number;
+    /** Signals sent to the whole group then, as an agent may (`kill -USR1 0`). */
+    signalsAtMs?: [number, NodeJS.Signals[]];
+    /** The agent's environment, over the shell's PATH. */
+    env?: NodeJS.ProcessEnv;
+  } = {},
 ): Promise<{ signal: string | null; code: number | null; afterMs: number; gained?: number[] }> {
   const [, , lifelineScript, name, wait, ...argv] = underLifeline(["sh", "-c", script], "fd3", waitMs);
   const [cmd, ...args] = shell.argv as [string, ...string[]];
@@ -32,7 +45,7 @@ function underSentinel(
   const child = spawn(cmd, [...args, "-c", lifelineScript as string, name as string, wait as string, ...argv], {
     detached: true,
     stdio: ["ignore", "ignore", "ignore", "pipe"],
-    env: { PATH: shell.path() },
+    env: { PATH: shell.path(), ...env },
   });
   const pipe = child.stdio[3] as NodeJS.WritableStream;
   const timers = beats.map(({ atMs, msLeft }) => setTimeout(() => pipe.write(beatLine(msLeft)), atMs));
@@ -43,6 +56,14 @@ function underSentinel(
     timers.push(setTimeout(() => (gained = sessionPids(child.pid as number).filter((pid) => !first.includes(pid))), watch[1]));
   }
   if (endAtMs !== undefined) timers.push(setTimeout(() => pipe.end(), endAtMs));
+  if (signalsAtMs) {
+    const [atMs, signals] = signalsAtMs;
+    timers.push(
+      setTimeout(() => {
+        for (const signal of signals) process.kill(-(child.pid as number), signal);
+      }, atMs),
+    );
+  }
   return new Promise((resolve) =>
     child.on("exit", (code, signal) => {
       for (const t of timers) clearTimeout(t);
@@ -80,39 +101,36 @@ function only(commands: Record<string, string>): () => string {
 
 const which = (command: string) => execFileSync("sh", ["-c", `command -v ${command}`], { encoding: "utf8" }).trim();
 
-// Each way the sentinel can wait for beats (lifeline.ts, SENTINEL): Debian's dash with bash beside
-// it, bash as sh, dash with coreutils' timeout and no bash, and busybox's ash (Alpine-like), where there is one.
+// The shells the sentinel waits for beats with, fork-free (lifeline.ts, SENTINEL): Debian's dash
+// with bash beside it, bash as sh, and busybox's ash (Alpine-like), where there is one. (An image
+// without bash or busybox, where it forks `timeout` for each beat, is tried in Docker:
+// test/one-attempt.test.ts.)
 const shells: [string, Shell][] = [
-  ["dash, bash beside it", { argv: ["/bin/sh"], path: () => "/usr/bin:/bin", forksPerBeat: false }],
-  ["bash as sh", { argv: [which("bash")], path: () => "/usr/bin:/bin", forksPerBeat: false }],
-  [
-    "dash and coreutils' timeout, no bash",
-    {
-      argv: ["/bin/sh"],
-      path: only({ sh: which("dash"), timeout: which("timeout"), head: which("head"), sleep: which("sleep") }),
-      forksPerBeat: true,
-    },
-  ],
+  ["dash, bash beside it", { argv: ["/bin/sh"], path: () => "/usr/bin:/bin" }],
+  ["bash as sh", { argv: [which("bash")], path: () => "/usr/bin:/bin" }],
 ];
 if (existsSync("/bin/busybox")) {
   const applets = Object.fromEntries(["sh", "timeout", "head", "sleep", "kill"].map((a) => [a, "/bin/busybox"]));
-  shells.push(["busybox", { argv: ["/bin/busybox", "sh"], path: only(applets), forksPerBeat: false }]);
+  shells.push(["busybox", { argv: ["/bin/busybox", "sh"], path: only(applets) }]);
 }
 
+/** The signals an agent may send its own group that it ignores itself: none may end the sentinel. */
+const GROUP_SIGNALS: NodeJS.Signals[] = ["SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE", "SIGTSTP"];
+const IGNORING = `trap '' TERM HUP INT QUIT USR1 USR2 ALRM PIPE TSTP`;
+
 describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
-  test("with no beat the agent is killed at its first wait, though it and the sentinel ignore SIGTERM", async () => {
-    const ended = await underSentinel(shell, "trap '' TERM; sleep 30", 1_000);
+  test("with no beat the agent is killed at its first wait, though the agent signals its whole group (TERM, USR1, ALRM...) meanwhile", async () => {
+    const ended = await underSentinel(shell, `${IGNORING}; sleep 30`, 1_000, { signalsAtMs: [300, GROUP_SIGNALS] });
     expect(ended.signal).toBe("SIGKILL");
-    expect(ended.afterMs).toBeLessThan(10_000);
+    expect(ended.afterMs).toBeLessThan(3_000);
   });
 
-  test("each beat's time left holds it: beats saying 1 s, every 300 ms, keep a 2 s agent to its end; the sentinel makes a process per beat only where it must", async () => {
+  test("each beat's time left holds it: beats saying 1 s, every 300 ms, keep a 2 s agent to its end, and the sentinel makes no process for them", async () => {
     const beats = Array.from({ length: 8 }, (_, i) => ({ atMs: 300 * (i + 1), msLeft: 1_000 }));
     // Watched from between the first and second beats to between the fifth and sixth.
     const ended = await underSentinel(shell, "sleep 2", 1_000, { beats, watch: [450, 1_650] });
     expect(ended).toMatchObject({ code: 0, signal: null });
-    if (shell.forksPerBeat) expect(ended.gained?.length).toBeGreaterThan(0);
-    else expect(ended.gained, "processes made while beats came").toEqual([]);
+    expect(ended.gained, "processes made while beats came").toEqual([]);
   });
 
   test("a beat giving more time is waited for that long, and no longer", async () => {
@@ -120,6 +138,7 @@ describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
     const ended = await underSentinel(shell, "sleep 30", 1_000, { beats: [{ atMs: 300, msLeft: 2_500 }] });
     expect(ended.signal).toBe("SIGKILL");
     expect(ended.afterMs).toBeGreaterThan(1_500);
+    expect(ended.afterMs).toBeLessThan(4_500);
   });
 
   test("the pipe's end (the worker gone) kills the agent at once", async () => {
@@ -127,6 +146,65 @@ describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
     expect(ended.signal).toBe("SIGKILL");
     expect(ended.afterMs).toBeLessThan(5_000);
   });
+
+  test("the agent's environment does not take the stop time away: job control asked for (SHELLOPTS), a PATH without the tools, a `bash` that is not bash", async () => {
+    const fake = only({ sh: which("sh"), sleep: which("sleep"), bash: which("true"), timeout: which("true") })();
+    for (const env of [{ SHELLOPTS: "monitor" }, { PATH: fake }, { PATH: fake, IFS: "1" }]) {
+      const ended = await underSentinel(shell, "sleep 30", 1_000, { env });
+      expect(ended.signal, JSON.stringify(env)).toBe("SIGKILL");
+      expect(ended.afterMs, JSON.stringify(env)).toBeLessThan(3_000);
+    }
+  });
+});
+
+/** The image the Docker sandbox runs agents in by default (scripts/build-images.sh makes it). */
+const AGENT_IMAGE = process.env.BOXCAR_AGENT_IMAGE ?? "boxcar-agent:latest";
+const dockerUp = await new Docker()
+  .getImage(AGENT_IMAGE)
+  .inspect()
+  .then(
+    () => true,
+    () => false,
+  );
+if (!dockerUp && process.env.BOXCAR_REQUIRE_DOCKER)
+  throw new Error(`BOXCAR_REQUIRE_DOCKER is set, but no Docker engine has ${AGENT_IMAGE}`);
+
+describe.skipIf(!dockerUp)("the sentinel where it must fork for each beat (a container of dash and coreutils, no bash)", () => {
+  test("attack: an agent that forks without pause at its pids limit is stopped by its stop time, never left running", async () => {
+    const docker = new Docker();
+    const container = await docker.createContainer({
+      Image: AGENT_IMAGE,
+      Entrypoint: [],
+      // Forks without pause: each process freed (the sentinel's own, as a beat ends) is taken at once.
+      Cmd: underLifeline(["perl", "-e", "while (1) { my $p = fork; if (defined $p && $p == 0) { sleep 300; exit } }"], "stdin", 2_000),
+      AttachStdin: true,
+      AttachStdout: true,
+      AttachStderr: true,
+      OpenStdin: true,
+      StdinOnce: true,
+      // No bash: /dev/null, not executable, in its place.
+      HostConfig: { Init: true, PidsLimit: 16, Binds: ["/dev/null:/usr/bin/bash:ro"] },
+    });
+    try {
+      const lifeline = await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true });
+      await container.start();
+      const top: { Processes?: string[][] } = await container.top();
+      expect(top.Processes?.some((p) => (p.at(-1) ?? "").startsWith("timeout -s KILL"))).toBe(true);
+      // Beats saying 2 s are left, for 3 s; then none, as from a frozen worker.
+      const beating = setInterval(() => lifeline.write(beatLine(2_000)), 500);
+      await new Promise((r) => setTimeout(r, 3_000));
+      clearInterval(beating);
+      const lastBeat = Date.now();
+      let running = (await container.inspect()).State.Running;
+      while (running && Date.now() < lastBeat + 2_000 + 1_500) {
+        await new Promise((r) => setTimeout(r, 100));
+        running = (await container.inspect()).State.Running;
+      }
+      expect(running, "the agent's container past its stop time").toBe(false);
+    } finally {
+      await container.remove({ force: true });
+    }
+  }, 30_000);
 });
 
 test("a lease lapses at its stop time unless renewed, and stays lapsed: a renewal confirmed after it counts for nothing", () => {

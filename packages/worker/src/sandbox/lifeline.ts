@@ -34,31 +34,49 @@ export const LIFELINE_FROM_STDIN = "exec 3<&0 </dev/null";
 /**
  * The sentinel's wait for beats with a shell's own `read -t` (bash, busybox's ash): it makes no
  * process, so an agent that holds every process its pids limit allows cannot stop it. Each beat
- * must come before the time the one before gave.
+ * must come before the time the one before gave. (The probe before it asks for tenths: a busybox
+ * built without them refuses `-t 0.5`, and the sentinel takes the next way.)
  */
 const READ_BEATS = `boxcar_wait=$boxcar_stop_s; while read -r -t "$boxcar_wait" boxcar_beat && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done`;
 
 /**
+ * The signals the sentinel ignores: every one whose default would end or stop it, save KILL and
+ * STOP, which cannot be (an agent may signal its own group: `kill -USR1 0` must not end the
+ * lifeline with the default action, which runs no EXIT trap).
+ */
+const IGNORED_SIGNALS = [
+  ...[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 24, 25, 26, 27, 29, 30, 31],
+  ...Array.from({ length: 31 }, (_, i) => 34 + i), // the real-time signals
+].join(" ");
+
+/** Where the sentinel looks for its tools after the agent's own `PATH`: a `PATH` that leaves them out does not take the stop time away. */
+const TOOL_DIRS = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/**
  * The shell line that starts the sentinel on the lifeline at fd 3, the seconds it first waits in
  * `$boxcar_stop_s` (empty: no stop time). How it waits for each beat, the first that the image has:
- * - the shell's own `read -t` (bash or busybox's ash as `sh`), in place: no process per beat;
+ * - the shell's own `read -t` taking tenths of a second (bash, or busybox's ash, as `sh`), in
+ *   place: no process per beat;
  * - bash, where `sh` is another shell (Debian's dash): the same loop in `bash -p`, which takes no
- *   functions, startup file or options from the environment;
+ *   functions, startup file or options from the environment, run as a child, so that the EXIT
+ *   trap kills the group however it ends (a `bash` that is not bash included);
  * - `timeout` and `head` (coreutils or busybox), which fork for each beat (`timeout -s KILL`: the
  *   sentinel ignores SIGTERM, and `head` would inherit that). A fork refused (an agent at its pids
- *   limit) ends the sentinel, and its EXIT trap kills the group: the agent may be stopped early,
- *   never left running;
+ *   limit) ends the sentinel, and its EXIT trap kills the group: the agent is stopped early;
  * - none: only the pipe's end counts (`read` with no time limit).
- * Then it SIGKILLs its process group, the agent's. It is forked twice (so it is no child of the
- * agent's, which may wait for any child), keeps the pipe to itself (the agent's commands are run
- * with `3<&-`), and shrugs off the SIGTERM a stop sends the group first (so the lifeline holds
- * through the grace period). Its stdin is named outright: a background command's would otherwise
- * be /dev/null. Whatever ends it (an error, a fork refused), its EXIT trap kills the group.
+ * It looks for `bash`, `timeout` and `head` on the agent's `PATH`, then in `TOOL_DIRS`. Then it SIGKILLs its process group, the agent's. Job control is turned off first (`set +m`: a
+ * `SHELLOPTS=monitor` would give the sentinel a group of its own). It is forked twice (so it is no
+ * child of the agent's, which may wait for any child), keeps the pipe to itself (the agent's
+ * commands are run with `3<&-`), and ignores the signals an agent or a stop may send the group
+ * (so the lifeline holds through a stop's grace period). Its stdin is named outright: a
+ * background command's would otherwise be /dev/null. Whatever else ends it (an error, a fork
+ * refused), its EXIT trap kills the group. What it cannot withstand is an agent that means to
+ * end it: a SIGKILL, or beats written into its pipe (docs/reliability.md, "What is not covered").
  */
 export const SENTINEL = [
-  "( ( trap '' HUP INT TERM; trap 'kill -KILL 0' EXIT;",
-  `if [ -n "$boxcar_stop_s" ] && { read -r -t 1 boxcar_beat </dev/null; [ $? -eq 1 ]; } 2>/dev/null; then ${READ_BEATS};`,
-  `elif [ -n "$boxcar_stop_s" ] && command -v bash >/dev/null 2>&1; then exec bash -p -c 'boxcar_stop_s=$1; ${READ_BEATS}; kill -KILL 0' boxcar-sentinel "$boxcar_stop_s";`,
+  `set +m; ( ( trap '' ${IGNORED_SIGNALS}; trap 'kill -KILL 0' EXIT; unset IFS; PATH="$PATH:${TOOL_DIRS}";`,
+  `if [ -n "$boxcar_stop_s" ] && { read -r -t 0.5 boxcar_beat </dev/null; [ "$?" -eq 1 ]; } 2>/dev/null; then ${READ_BEATS};`,
+  `elif [ -n "$boxcar_stop_s" ] && command -v bash >/dev/null 2>&1; then bash -p -c 'boxcar_stop_s=$1; ${READ_BEATS}; kill -KILL 0' boxcar-sentinel "$boxcar_stop_s";`,
   'elif [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1 && command -v head >/dev/null 2>&1; then boxcar_wait=$boxcar_stop_s; while boxcar_beat=$(timeout -s KILL "$boxcar_wait" head -n 1) && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done;',
   "else while read -r boxcar_beat; do :; done; fi;",
   "kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )",
