@@ -1,4 +1,4 @@
-#!/usr/bin/env node
+/** Runs the command line in this process: `boxcar.ts` loads it, from the bundle or not. */
 import { main } from "../main.js";
 
 // Output piped into a reader that stops early (`| head`): stop quietly, as other tools do.
