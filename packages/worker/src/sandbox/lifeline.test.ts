@@ -1,5 +1,5 @@
 import { execFileSync, spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Docker from "dockerode";
@@ -133,6 +133,16 @@ describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
     expect(ended.gained, "processes made while beats came").toEqual([]);
   });
 
+  test("an agent's SIGALRM to its group while beats come does not cut the wait short, in POSIX mode too", async () => {
+    const beats = Array.from({ length: 6 }, (_, i) => ({ atMs: 300 * (i + 1), msLeft: 1_000 }));
+    const ended = await underSentinel(shell, "trap '' ALRM; sleep 1.5", 1_000, {
+      beats,
+      signalsAtMs: [500, ["SIGALRM"]],
+      env: { POSIXLY_CORRECT: "1" },
+    });
+    expect(ended).toMatchObject({ code: 0, signal: null });
+  });
+
   test("a beat giving more time is waited for that long, and no longer", async () => {
     // The first wait is 1 s; a beat at 300 ms says 2.5 s are left: the agent lives past 1 s, and dies by the new time.
     const ended = await underSentinel(shell, "sleep 30", 1_000, { beats: [{ atMs: 300, msLeft: 2_500 }] });
@@ -147,9 +157,21 @@ describe.concurrent.each(shells)("the sentinel (%s)", (_name, shell) => {
     expect(ended.afterMs).toBeLessThan(5_000);
   });
 
-  test("the agent's environment does not take the stop time away: job control asked for (SHELLOPTS), a PATH without the tools, a `bash` that is not bash", async () => {
-    const fake = only({ sh: which("sh"), sleep: which("sleep"), bash: which("true"), timeout: which("true") })();
-    for (const env of [{ SHELLOPTS: "monitor" }, { PATH: fake }, { PATH: fake, IFS: "1" }]) {
+  test("the agent's environment does not take the stop time away: job control asked for (SHELLOPTS), a PATH without the tools, a `bash` that is not bash, a ~/.bashrc of the workspace's", async () => {
+    const bare = only({ sh: which("sh"), sleep: which("sleep") })();
+    const fake = only({ sh: which("sh"), sleep: which("sleep"), bash: "/usr/bin/true", timeout: "/usr/bin/true" })();
+    // The host's lifeline is a socket, on which Debian's bash reads ~/.bashrc (HOME is the workspace).
+    const home = mkdtempSync(join(tmpdir(), "boxcar-home-"));
+    writeFileSync(join(home, ".bashrc"), "exec sleep 100\n");
+    const environments = [
+      { SHELLOPTS: "monitor" },
+      { PATH: bare },
+      { PATH: fake },
+      { PATH: fake, IFS: "1" },
+      { HOME: home },
+      { POSIXLY_CORRECT: "1", TMOUT: "1" },
+    ];
+    for (const env of environments) {
       const ended = await underSentinel(shell, "sleep 30", 1_000, { env });
       expect(ended.signal, JSON.stringify(env)).toBe("SIGKILL");
       expect(ended.afterMs, JSON.stringify(env)).toBeLessThan(3_000);
@@ -188,14 +210,21 @@ describe.skipIf(!dockerUp)("the sentinel where it must fork for each beat (a con
     try {
       const lifeline = await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true });
       await container.start();
-      const top: { Processes?: string[][] } = await container.top();
-      expect(top.Processes?.some((p) => (p.at(-1) ?? "").startsWith("timeout -s KILL"))).toBe(true);
-      // Beats saying 2 s are left, for 3 s; then none, as from a frozen worker.
+      // Beats saying 2 s are left, for 3 s; then none, as from a frozen worker. Meanwhile its
+      // processes show which way the sentinel waits: `timeout`, never bash (unless a refused fork
+      // ended it, and the group, first).
       const beating = setInterval(() => lifeline.write(beatLine(2_000)), 500);
-      await new Promise((r) => setTimeout(r, 3_000));
+      const seen = new Set<string>();
+      for (const until = Date.now() + 3_000; Date.now() < until; ) {
+        const top: { Processes?: string[][] } | undefined = await container.top().catch(() => undefined);
+        for (const p of top?.Processes ?? []) seen.add((p.at(-1) ?? "").split(" ")[0] as string);
+        await new Promise((r) => setTimeout(r, 100));
+      }
       clearInterval(beating);
       const lastBeat = Date.now();
+      expect([...seen].filter((command) => command.endsWith("bash"))).toEqual([]);
       let running = (await container.inspect()).State.Running;
+      if (running) expect(seen.has("timeout")).toBe(true);
       while (running && Date.now() < lastBeat + 2_000 + 1_500) {
         await new Promise((r) => setTimeout(r, 100));
         running = (await container.inspect()).State.Running;

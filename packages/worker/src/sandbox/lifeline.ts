@@ -41,8 +41,9 @@ const READ_BEATS = `boxcar_wait=$boxcar_stop_s; while read -r -t "$boxcar_wait" 
 
 /**
  * The signals the sentinel ignores: every one whose default would end or stop it, save KILL and
- * STOP, which cannot be (an agent may signal its own group: `kill -USR1 0` must not end the
- * lifeline with the default action, which runs no EXIT trap).
+ * STOP, which cannot be, and 32 and 33, which the C library keeps for itself (an agent may signal
+ * its own group: `kill -USR1 0` must not end the lifeline with the default action, which runs no
+ * EXIT trap).
  */
 const IGNORED_SIGNALS = [
   ...[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 24, 25, 26, 27, 29, 30, 31],
@@ -57,9 +58,11 @@ const TOOL_DIRS = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
  * `$boxcar_stop_s` (empty: no stop time). How it waits for each beat, the first that the image has:
  * - the shell's own `read -t` taking tenths of a second (bash, or busybox's ash, as `sh`), in
  *   place: no process per beat;
- * - bash, where `sh` is another shell (Debian's dash): the same loop in `bash -p`, which takes no
- *   functions, startup file or options from the environment, run as a child, so that the EXIT
- *   trap kills the group however it ends (a `bash` that is not bash included);
+ * - bash, where `sh` is another shell (Debian's dash): the same loop in `bash --norc -p`, which
+ *   takes no functions, startup file or options from the environment (`--norc`: Debian's bash
+ *   reads `~/.bashrc`, the agent's workspace's, when its stdin is a socket, as the host's
+ *   lifeline is), run as a child, so that the EXIT trap kills the group however it ends (a `bash`
+ *   that is not bash included);
  * - `timeout` and `head` (coreutils or busybox), which fork for each beat (`timeout -s KILL`: the
  *   sentinel ignores SIGTERM, and `head` would inherit that). A fork refused (an agent at its pids
  *   limit) ends the sentinel, and its EXIT trap kills the group: the agent is stopped early;
@@ -74,9 +77,9 @@ const TOOL_DIRS = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
  * end it: a SIGKILL, or beats written into its pipe (docs/reliability.md, "What is not covered").
  */
 export const SENTINEL = [
-  `set +m; ( ( trap '' ${IGNORED_SIGNALS}; trap 'kill -KILL 0' EXIT; unset IFS; PATH="$PATH:${TOOL_DIRS}";`,
+  `set +m; ( ( trap '' ${IGNORED_SIGNALS}; trap 'kill -KILL 0' EXIT; unset IFS POSIXLY_CORRECT TMOUT; PATH="\${PATH:+$PATH:}${TOOL_DIRS}";`,
   `if [ -n "$boxcar_stop_s" ] && { read -r -t 0.5 boxcar_beat </dev/null; [ "$?" -eq 1 ]; } 2>/dev/null; then ${READ_BEATS};`,
-  `elif [ -n "$boxcar_stop_s" ] && command -v bash >/dev/null 2>&1; then bash -p -c 'boxcar_stop_s=$1; ${READ_BEATS}; kill -KILL 0' boxcar-sentinel "$boxcar_stop_s";`,
+  `elif [ -n "$boxcar_stop_s" ] && command -v bash >/dev/null 2>&1; then bash --norc -p -c 'boxcar_stop_s=$1; ${READ_BEATS}; kill -KILL 0' boxcar-sentinel "$boxcar_stop_s";`,
   'elif [ -n "$boxcar_stop_s" ] && command -v timeout >/dev/null 2>&1 && command -v head >/dev/null 2>&1; then boxcar_wait=$boxcar_stop_s; while boxcar_beat=$(timeout -s KILL "$boxcar_wait" head -n 1) && [ -n "$boxcar_beat" ]; do boxcar_wait=$boxcar_beat; done;',
   "else while read -r boxcar_beat; do :; done; fi;",
   "kill -KILL 0 ) <&3 3<&- >/dev/null 2>&1 & )",
