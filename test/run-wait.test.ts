@@ -7,19 +7,41 @@
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createClient } from "@boxcar/client";
-import { startDispatcher } from "@boxcar/dispatcher";
+import { type Dispatcher, startDispatcher as start } from "@boxcar/dispatcher";
 import { eventually, natsFixture, scratch } from "@boxcar/testing";
 import { createHostSandboxProvider, createWorker } from "@boxcar/worker";
 import { expect, test } from "vitest";
 import { exited, spawnBoxcar } from "./helpers/cli.js";
 
-test("run --wait outlasts a dispatcher that stops mid-run and starts again: it ends with the run, exit 0", async () => {
-  await using nats = await natsFixture();
-  let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
+/** A nats-server, a host worker and a dispatcher that can be stopped and started again; the agent `nap` sleeps `napS` seconds. */
+async function napSystem(napS: number) {
+  const nats = await natsFixture();
+  let dispatcher: Dispatcher | undefined = await start({ ...nats.dispatcherRole });
+  const worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
   void worker.run();
   const client = createClient(nats.topology);
-  await client.applyAgent({ name: "nap", command: "sleep 3; echo rested", trusted: true, runtime: { sandbox: "host" } });
+  await client.applyAgent({ name: "nap", command: `sleep ${napS}; echo rested`, trusted: true, runtime: { sandbox: "host" } });
+  return {
+    nats,
+    client,
+    async stopDispatcher() {
+      await dispatcher?.close();
+      dispatcher = undefined;
+    },
+    async startDispatcher() {
+      dispatcher = await start({ ...nats.dispatcherRole });
+    },
+    async [Symbol.asyncDispose]() {
+      await dispatcher?.close();
+      await worker[Symbol.asyncDispose]();
+      await nats[Symbol.asyncDispose]();
+    },
+  };
+}
+
+test("run --wait outlasts a dispatcher that stops mid-run and starts again: it ends with the run, exit 0", async () => {
+  await using system = await napSystem(3);
+  const { nats, client } = system;
   await using dir = await scratch("boxcar-run-wait-");
   const file = join(dir.path, "nap.yaml");
   await writeFile(file, "name: nap-run\nsteps:\n  - name: nap\n    agent: nap\n");
@@ -31,40 +53,31 @@ test("run --wait outlasts a dispatcher that stops mid-run and starts again: it e
       return run?.steps.nap?.instances[0]?.state === "running" ? run : undefined;
     }, "the run's step to run");
     // No dispatcher while the step ends: the wait's reads meet nobody for a while.
-    await dispatcher.close();
+    await system.stopDispatcher();
     await new Promise((r) => setTimeout(r, 6_000));
-    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
+    await system.startDispatcher();
     const { code } = await exited(waiting);
     expect(code, waiting.output()).toBe(0);
     const [run] = await client.listRuns({ workflow: "nap-run" });
     expect(run?.state).toBe("succeeded");
   } finally {
     waiting.kill("SIGKILL");
-    await dispatcher.close();
   }
 });
 
 test("a wait that begins while no dispatcher answers asks again until one does: for a run, a chain, and boxcar status --wait", async () => {
-  await using nats = await natsFixture();
-  let dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-  await using worker = createWorker({ ...nats.workerRole, providers: [createHostSandboxProvider()] });
-  void worker.run();
-  const client = createClient(nats.topology);
-  await client.applyAgent({ name: "nap", command: "sleep 2; echo rested", trusted: true, runtime: { sandbox: "host" } });
+  await using system = await napSystem(2);
+  const { nats, client } = system;
   const { run } = await client.startRun({ workflow: { name: "nap-run", steps: [{ name: "nap", agent: "nap" }] } });
   const { job } = await client.submit({ agent: "nap" });
-  await dispatcher.close();
-  try {
-    // Their first reads meet nobody (CI saw `run --wait` exit 4 when its first read came just after a dispatcher stopped).
-    const waits = Promise.all([client.waitForRun(run.id), client.waitForChain(job.id)]);
-    const status = spawnBoxcar(nats.url, nats.topology.names.prefix, ["status", job.id, "--wait"]);
-    await new Promise((r) => setTimeout(r, 3_000));
-    dispatcher = await startDispatcher({ ...nats.dispatcherRole });
-    const [ran, chained] = await waits;
-    expect(ran.state).toBe("succeeded");
-    expect(chained).toMatchObject({ id: job.id, state: "succeeded" });
-    expect((await exited(status)).code, status.output()).toBe(0);
-  } finally {
-    await dispatcher.close();
-  }
+  await system.stopDispatcher();
+  // Their first reads meet nobody (CI saw `run --wait` exit 4 when its first read came just after a dispatcher stopped).
+  const waits = Promise.all([client.waitForRun(run.id), client.waitForChain(job.id)]);
+  const status = spawnBoxcar(nats.url, nats.topology.names.prefix, ["status", job.id, "--wait"]);
+  await new Promise((r) => setTimeout(r, 3_000));
+  await system.startDispatcher();
+  const [ran, chained] = await waits;
+  expect(ran.state).toBe("succeeded");
+  expect(chained).toMatchObject({ id: job.id, state: "succeeded" });
+  expect((await exited(status)).code, status.output()).toBe(0);
 });

@@ -32,6 +32,27 @@ function snapshotsOf(topology: Topology, index: JobIndex) {
   return { snapshots, cover };
 }
 
+/**
+ * A retention sweep on `topology` as a dispatcher runs one, not started (the test makes the passes
+ * itself): the index its watch keeps (the test shows it the records as it writes them), and the
+ * index's snapshots (`cover()`). Stopped, with its policy, when disposed.
+ */
+async function sweeping(topology: Topology, opts?: ConstructorParameters<typeof RetentionSweep>[6]) {
+  const policy = await PolicyBook.open(topology, silentLogger);
+  const index = new JobIndex();
+  const { snapshots, cover } = snapshotsOf(topology, index);
+  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, opts);
+  return {
+    index,
+    sweeper,
+    cover,
+    async [Symbol.asyncDispose]() {
+      await sweeper.stop();
+      policy.close();
+    },
+  };
+}
+
 /** Past the default retention, 7 days. */
 const eightDaysAgo = () => new Date(Date.now() - 8 * 24 * 3_600_000);
 
@@ -55,11 +76,8 @@ function ended(id: string, at: Date, extra: Partial<JobRecord> = {}): JobRecord 
 test("one sweep deletes every job past its retention, however many: batch after batch, and no other", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
-  const policy = await PolicyBook.open(topology, silentLogger);
-  // Not started: the test makes the passes itself.
-  // The index a dispatcher's watch keeps, shown the records as they are written.
-  const index = new JobIndex();
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
+  await using sweep = await sweeping(topology);
+  const { index, sweeper } = sweep;
   const old = eightDaysAgo();
   const records = [
     ...Array.from({ length: 1_200 }, (_, i) => ended(`old${i}`, old)),
@@ -74,17 +92,13 @@ test("one sweep deletes every job past its retention, however many: batch after 
   const left: string[] = [];
   for await (const key of await topology.jobs.keys()) left.push(key);
   expect(left.sort()).toEqual(["new0", "new1", "new2", "new3", "new4"]);
-  await sweeper.stop();
-  policy.close();
 }, 60_000);
 
 test("jobs kept because a job not yet ended uses their files do not hold back the jobs due behind them", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
-  const policy = await PolicyBook.open(topology, silentLogger);
-  // The index a dispatcher's watch keeps, shown the records as they are written.
-  const index = new JobIndex();
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots);
+  await using sweep = await sweeping(topology);
+  const { index, sweeper } = sweep;
   const old = eightDaysAgo().toISOString();
   const record = (id: string, state: JobRecord["state"], files: { path: string; object: string }[]): JobRecord => ({
     v: PROTOCOL_VERSION,
@@ -117,20 +131,15 @@ test("jobs kept because a job not yet ended uses their files do not hold back th
   for await (const key of await topology.jobs.keys()) left.push(key);
   expect(left).toHaveLength(551);
   expect(left.some((k) => k.startsWith("free"))).toBe(false);
-  await sweeper.stop();
-  policy.close();
 }, 60_000);
 
 test("on a store filled to its last byte, a sweep deletes jobs that are nothing but their record: the records' bytes go before their delete markers are written", async () => {
   await using nats = await natsTestServer({ maxFileStore: 8 * 1024 ** 2 });
   const MiB = 1024 ** 2;
   const topology = await nats.topology({ streamLimits: { events: MiB, logs: MiB, dead: MiB, submit: MiB } });
-  const policy = await PolicyBook.open(topology, silentLogger);
-  // The index a dispatcher's watch keeps, shown the records as they are written.
-  const index = new JobIndex();
   // Markers purged by the first pass after the one that wrote them, once a snapshot covers them.
-  const { snapshots, cover } = snapshotsOf(topology, index);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, { markerLingerMs: 0, ghostMs: 0 });
+  await using sweep = await sweeping(topology, { markerLingerMs: 0, ghostMs: 0 });
+  const { index, sweeper, cover } = sweep;
   const ids = Array.from({ length: 20 }, (_, i) => `full${i}`);
   for (const id of ids) {
     const record = ended(id, eightDaysAgo(), { result: { exitCode: 0, signal: null, output: "r".repeat(20_000), durationMs: 1 } });
@@ -164,17 +173,13 @@ test("on a store filled to its last byte, a sweep deletes jobs that are nothing 
   expect(await sweeper.run()).toBe(0);
   expect(await messages()).toBe(0);
   watch.stop();
-  await sweeper.stop();
-  policy.close();
 }, 60_000);
 
 test("markers go once they have lingered, whoever wrote them, though a sweep and two cleans remove them at once", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
-  const policy = await PolicyBook.open(topology, silentLogger);
-  const index = new JobIndex();
-  const { snapshots, cover } = snapshotsOf(topology, index);
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshots, { markerLingerMs: 0, ghostMs: 0 });
+  await using sweep = await sweeping(topology, { markerLingerMs: 0, ghostMs: 0 });
+  const { sweeper, cover } = sweep;
   // Markers another dispatcher left (a stop cut its removal short) or a taken-back submit wrote,
   // as a dispatcher's watch shows them at its start.
   for (let i = 0; i < 40; i++) {
@@ -195,19 +200,13 @@ test("markers go once they have lingered, whoever wrote them, though a sweep and
   await Promise.all([sweeper.run(), sweeper.clean({ olderThan: 0 }), sweeper.clean({ olderThan: 0 })]);
   expect(await messages()).toBe(1);
   expect((await topology.jobs.get("later"))?.operation).toBe("DEL");
-  await sweeper.stop();
-  policy.close();
 });
 
 test("a job whose record is gone with no delete marker (a full store's purge whose dispatcher died, say) is taken out of the index once it has waited for one", async () => {
   await using nats = await natsTestServer();
   const topology = await nats.topology();
-  const policy = await PolicyBook.open(topology, silentLogger);
-  const index = new JobIndex();
-  const sweeper = new RetentionSweep(topology, policy, silentLogger, 3_600_000, index, snapshotsOf(topology, index).snapshots, {
-    markerLingerMs: 0,
-    ghostMs: 0,
-  });
+  await using sweep = await sweeping(topology, { markerLingerMs: 0, ghostMs: 0 });
+  const { index, sweeper } = sweep;
   const old = eightDaysAgo();
   // The index has both (a snapshot gave them, say); the bucket only one, whose deletion the watch would show.
   index.observe("ghost", ended("ghost", old));
@@ -219,6 +218,4 @@ test("a job whose record is gone with no delete marker (a full store's purge who
   expect(index.has("ghost")).toBe(false);
   // The one it deleted itself is gone from the bucket; its marker, which a watch would show, is what takes it out.
   expect(await topology.jobStore.read("real")).toBeNull();
-  await sweeper.stop();
-  policy.close();
 });
